@@ -1,0 +1,27 @@
+"""Errors losscheck raises on bad input or an unusable configuration.
+
+Each message names the offending thing and the fix; none is raised for a losslessness failure
+(those are test failures with a divergence or statistical report).
+"""
+
+from __future__ import annotations
+
+
+class LosscheckError(Exception):
+    """Base class: a configuration or input problem, not a losslessness verdict."""
+
+
+class DrafterOutputError(LosscheckError):
+    """A drafter returned a malformed `Proposal` (shape, dtype, range, NaN, unnormalised q)."""
+
+
+class TargetError(LosscheckError):
+    """The target could not be loaded or returned unusable logits."""
+
+
+class UnderpoweredError(LosscheckError):
+    """A statistical test's sample size cannot detect the configured effect at the configured power."""
+
+
+class OptionError(LosscheckError):
+    """A `--losscheck-*` option or CLI argument has a bad value."""
