@@ -1,0 +1,83 @@
+"""Family A: a small causal LM that drafts k tokens with k serial forwards.
+
+Also the self-draft oracle: the target drafting for itself, whose drafts the target must accept
+with probability 1 (greedy exactly; sampling up to float round-off between batch shapes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from losscheck.contract import DraftContext, Proposal, Target
+from losscheck.ragged import RaggedLM
+from losscheck.sampling import process_logits, sample
+from losscheck.target import HFTarget, load_causal_lm
+
+
+class AutoregressiveDrafter:
+    """Drafts with its own ragged KV cache; after a rejection it keeps only the cache entries of
+    committed tokens and re-reads the rest on the next `propose`."""
+
+    block_lengths = (1, 2, 4, 8, 16)
+    widths: tuple[int | None, ...] = ()
+    uses_hidden = False
+
+    def __init__(self, model: torch.nn.Module, name: str) -> None:
+        self.lm = RaggedLM(model)
+        self.name = name
+        self.cached = torch.zeros(0, dtype=torch.long)  # [B] committed tokens in the draft cache
+        self._proposed_at = torch.zeros(0, dtype=torch.long)  # [B] committed length at propose
+        self._k = 0
+
+    def reset(self, batch_size: int, capacity: int) -> None:
+        self.lm.reset(batch_size, capacity)
+        self.cached = torch.zeros(batch_size, dtype=torch.long)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        lengths, k = ctx.lengths, ctx.k
+        # Rows cut short by EOS or the budget committed fewer tokens than they accepted; the
+        # pending token is never cached, so re-reading it yields its next-token logits.
+        self.cached = torch.minimum(self.cached, lengths - 1)
+        # Catch up on committed tokens not yet read (always at least the pending one).
+        behind = int((lengths - self.cached).max())
+        read = (self.cached[:, None] + torch.arange(behind)).clamp_max(ctx.tokens.shape[1] - 1)
+        logits, _ = self.lm.forward(ctx.tokens.gather(1, read), self.cached)
+        last = logits[torch.arange(len(lengths)), lengths - 1 - self.cached]  # [B, V]
+
+        drafts, dists = [], []
+        for j in range(k):
+            q = process_logits(last, ctx.params)  # [B, V]
+            token = q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)
+            drafts.append(token)
+            dists.append(q)
+            if j + 1 < k:
+                logits, _ = self.lm.forward(token[:, None], lengths - 1 + j + 1)
+                last = logits[:, 0]
+        self._proposed_at, self._k = lengths.clone(), k
+        tokens = torch.stack(drafts, 1)  # [B, k]
+        probs = None if ctx.params.greedy else torch.stack(dists, 1)  # [B, k, V]
+        return Proposal(tokens, probs)
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        # The cache read drafts 1..k-1; of those, the accepted ones are now committed tokens.
+        self.cached = self._proposed_at + torch.clamp(accepted, max=self._k - 1)
+
+
+def from_path(path: str | Path, target: Target, precision: str = "fp32") -> AutoregressiveDrafter:
+    """A family-A drafter from a local Hugging Face model directory."""
+    model = load_causal_lm(path, precision)
+    if model.config.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"drafter at {str(path)!r} has vocab_size {model.config.vocab_size}, the target "
+            f"{target.vocab_size}; a drafter must share the target's vocabulary"
+        )
+    return AutoregressiveDrafter(model, name=f"A:{Path(path).name}")
+
+
+def self_draft(target: Target) -> AutoregressiveDrafter:
+    """The oracle: the target's own model as the drafter (acceptance must be 1)."""
+    if not isinstance(target, HFTarget):
+        raise TypeError("self_draft needs an HFTarget (it reuses the target's module)")
+    return AutoregressiveDrafter(target.model, name="self-draft")

@@ -1,0 +1,103 @@
+"""A Hugging Face causal LM driven with a per-row (ragged) KV cache.
+
+Batched speculative decoding leaves rows at different lengths after every round. Instead of
+re-padding, each row keeps its own write offset into a fixed buffer: a forward pass writes its
+`m` new keys/values at slots `start[b] .. start[b]+m-1` and attends through an explicit 4-D mask
+to slots `<= start[b] + i`. Rolling a row back is just passing a smaller `start` next time;
+stale slots past it are masked out and later overwritten.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+
+class RaggedKVCache:
+    """Per-layer key/value buffers `[B, H_kv, capacity, D]` written at per-row offsets.
+
+    Implements the one method Hugging Face attention layers call on a cache, `update`.
+    """
+
+    def __init__(self, batch_size: int, capacity: int) -> None:
+        self.batch_size = batch_size
+        self.capacity = capacity
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.slots: torch.Tensor | None = None  # [B, m] write slots of the current forward
+        self.visible = 0  # slots [0, visible) are read by the current forward
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # key, value: [B, H_kv, m, D]
+        if layer_idx not in self.keys:
+            shape = (self.batch_size, key.shape[1], self.capacity, key.shape[3])
+            self.keys[layer_idx] = key.new_zeros(shape)
+            self.values[layer_idx] = value.new_zeros(shape)
+        assert self.slots is not None
+        index = self.slots[:, None, :, None].expand_as(key)
+        self.keys[layer_idx].scatter_(2, index, key)
+        self.values[layer_idx].scatter_(2, index, value)
+        return (
+            self.keys[layer_idx][:, :, : self.visible],
+            self.values[layer_idx][:, :, : self.visible],
+        )
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.visible
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """transformers 5 renamed `past_key_values` to `cache`; accept either."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class RaggedLM:
+    """Wraps a `*ForCausalLM` module; see the module docstring for the cache layout."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model.eval()
+        self.dtype = next(model.parameters()).dtype
+        self._cache_kw = _cache_keyword(model)
+        self.cache: RaggedKVCache | None = None
+
+    def reset(self, batch_size: int, capacity: int) -> None:
+        self.cache = RaggedKVCache(batch_size, capacity)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [B, m], start [B] → logits [B, m, V] (float32), hidden [B, m, H].
+
+        `positions [B, m]` are the rotary positions (default `start + i`, equal to the slots).
+        """
+        cache = self.cache
+        if cache is None or cache.batch_size != tokens.shape[0]:
+            raise RuntimeError("RaggedLM.forward called before reset() for this batch size")
+        m = tokens.shape[1]
+        slots = start[:, None] + torch.arange(m)  # [B, m]
+        visible = int(slots.max()) + 1
+        if visible > cache.capacity:
+            raise RuntimeError(f"ragged cache overflow: need {visible} slots, capacity {cache.capacity}")
+        cache.slots, cache.visible = slots, visible
+        allowed = torch.arange(visible)[None, None, :] <= slots[:, :, None]  # [B, m, S]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(
+            ~allowed, torch.finfo(self.dtype).min
+        )[:, None]  # [B, 1, m, S] additive
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=slots if positions is None else positions,
+            use_cache=True,
+            output_hidden_states=True,
+            **{self._cache_kw: cache},
+        )
+        return out.logits.float(), out.hidden_states[-1]

@@ -1,0 +1,92 @@
+"""The target adapter: a Hugging Face causal LM loaded from a local path, with a ragged cache."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from losscheck.errors import TargetError
+from losscheck.ragged import RaggedLM
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def content_hash(path: Path) -> str:
+    """sha256 over the weight and config files of a model directory (sorted by name)."""
+    digest = hashlib.sha256()
+    for file in sorted(path.glob("*")):
+        if file.suffix in {".safetensors", ".json"} and file.name != "BUILD.json":
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def load_causal_lm(
+    path: str | Path, precision: str = "fp32", trust_remote_code: bool = False
+) -> torch.nn.Module:
+    """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    if precision not in DTYPES:
+        raise TargetError(f"precision {precision!r} is not one of {sorted(DTYPES)}")
+    path = Path(path)
+    if not path.is_dir():
+        raise TargetError(
+            f"model directory {str(path)!r} does not exist; pass a local Hugging Face model "
+            "directory (config.json + *.safetensors)"
+        )
+    if not any(path.glob("*.safetensors")):
+        raise TargetError(
+            f"{str(path)!r} has no *.safetensors weights; losscheck loads safetensors only "
+            "(convert with model.save_pretrained(dir, safe_serialization=True))"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=DTYPES[precision],
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            local_files_only=True,
+            attn_implementation="sdpa",
+        )
+    except Exception as exc:  # transformers raises many types; name the model and the cause
+        raise TargetError(f"could not load a causal LM from {str(path)!r}: {exc}") from exc
+    return model.eval()
+
+
+class HFTarget:
+    """A `losscheck.contract.Target` over any Hugging Face `*ForCausalLM` module."""
+
+    def __init__(self, model: torch.nn.Module, name: str, identity: dict[str, str]) -> None:
+        config = model.config
+        self.model = model
+        self.lm = RaggedLM(model)
+        self.name = name
+        self.identity = identity
+        self.vocab_size = int(config.vocab_size)
+        self.hidden_size = int(config.hidden_size)
+        eos = config.eos_token_id
+        self.eos_id = eos[0] if isinstance(eos, list) else eos
+        self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False
+    ) -> "HFTarget":
+        path = Path(path)
+        model = load_causal_lm(path, precision, trust_remote_code)
+        identity = {"path": str(path.resolve()), "sha256": content_hash(path), "precision": precision}
+        return cls(model, name=path.name, identity=identity)
+
+    def reset(self, batch_size: int, capacity: int) -> None:
+        self.lm.reset(batch_size, capacity)
+
+    def forward(
+        self, tokens: torch.Tensor, start: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = self.lm.forward(tokens, start, positions)
+        if not torch.isfinite(logits).all():
+            raise TargetError(f"target {self.name!r} produced NaN/inf logits")
+        return logits, hidden

@@ -1,0 +1,80 @@
+"""Verification of one drafted block: pure tensor functions, no state.
+
+Terms (Leviathan et al. 2023; Chen et al. 2023), for a block of `k` drafted tokens:
+
+- *accepted*: the leading drafts the verifier keeps. Greedy: a draft is kept while it equals the
+  target's argmax. Sampling: draft `x_j` is kept with probability `min(1, p_j(x_j) / q_j(x_j))`.
+- *recovered*: at the first rejected slot `a`, a token drawn from the residual
+  `norm(max(0, p_a - q_a))`; this is what makes the output distributed exactly as `p`.
+- *bonus*: when all `k` drafts are kept, a token drawn from `p_k`, the target's distribution at
+  the position after the block (the `k+1`-th scored position).
+
+A round therefore emits `accepted + 1` tokens. A point-mass drafter (`q is None`) proposed each
+draft with probability 1; the verifier must use that point mass, not some softmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from losscheck.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one block for every row."""
+
+    accepted: torch.Tensor  # [B] long, drafts kept (0..k)
+    tokens: torch.Tensor  # [B, k+1] long; tokens[b, :accepted[b]+1] are emitted, the rest is junk
+
+
+def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> Verdict:
+    """Greedy verification. `p [B, k+1, V]` target scores (logits or probs), `drafts [B, k]`."""
+    best = p.argmax(-1)  # [B, k+1]
+    k = drafts.shape[1]
+    accepted = (drafts == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]
+    rows = torch.arange(drafts.shape[0])
+    tokens = torch.cat([drafts, best[:, k:]], dim=1)  # [B, k+1]
+    tokens[rows, accepted] = best[rows, accepted]  # recovered (= target argmax) or bonus
+    return Verdict(accepted=accepted, tokens=tokens)
+
+
+def point_mass(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`q [B, k, V]` of a deterministic drafter: one-hot at each drafted token."""
+    return torch.zeros(*drafts.shape, vocab_size).scatter_(-1, drafts[..., None], 1.0)
+
+
+def verify_rejection(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator,
+) -> Verdict:
+    """Speculative rejection sampling for a batch of blocks.
+
+    p: [B, k+1, V] target distributions after logits processing; slot k is the bonus slot.
+    drafts: [B, k] drafted ids.
+    q: [B, k, V] the distributions the drafts were drawn from, or None for a point mass.
+    generator: source of the `B*k` acceptance uniforms and the recovered/bonus draws.
+    """
+    batch, k = drafts.shape
+    if q is None:
+        q = point_mass(drafts, p.shape[-1])
+    p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    u = torch.rand(batch, k, generator=generator, dtype=torch.float64)
+    keep = u * q_draft.double() < p_draft.double()  # P(keep) = min(1, p/q)
+    accepted = keep.long().cumprod(-1).sum(-1)  # [B]
+
+    rows = torch.arange(batch)
+    p_at = p[rows, accepted]  # [B, V]
+    q_padded = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)  # [B, k+1, V]; bonus slot q = 0
+    residual = (p_at - q_padded[rows, accepted]).clamp_min(0.0)  # [B, V]
+    mass = residual.sum(-1, keepdim=True)
+    # mass == 0 only when p_a == q_a, where a rejection has probability 0 (float round-off).
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_at)
+    tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
+    tokens[rows, accepted] = sample(residual, generator)
+    return Verdict(accepted=accepted, tokens=tokens)
