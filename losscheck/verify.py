@@ -75,6 +75,6 @@ def verify_rejection(
     mass = residual.sum(-1, keepdim=True)
     # mass == 0 only when p_a == q_a, where a rejection has probability 0 (float round-off).
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_at)
-    tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
+    tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
     tokens[rows, accepted] = sample(residual, generator)
     return Verdict(accepted=accepted, tokens=tokens)
