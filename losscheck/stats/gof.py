@@ -1,0 +1,75 @@
+"""Sample counts against counts known exactly under H0: binned goodness of fit and support.
+
+Shared by the PIT mode (bins of [0, 1], uniform under H0) and the exact mode (bins of
+enumerated sequences, exact target probabilities).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+from losscheck.stats.power import chisquare_detectable_w
+from losscheck.stats.result import TestResult
+
+
+def describe_worst_bin(observed: np.ndarray, expected: np.ndarray, label: str = "bin") -> str:
+    """The bin with the largest standardized residual (O - E) / sqrt(E), in words."""
+    residual = (observed - expected) / np.sqrt(expected)  # [K]
+    k = int(np.argmax(np.abs(residual)))
+    return (
+        f"{label} {k} of {len(expected)} furthest off: {observed[k]:g} samples where "
+        f"{expected[k]:.1f} were expected (standardized residual {residual[k]:+.2f})"
+    )
+
+
+def goodness_of_fit(
+    name: str,
+    expected_desc: str,
+    observed: ArrayLike,
+    expected: ArrayLike,
+    alpha: float,
+    power: float,
+    statistic: Literal["pearson", "log-likelihood"] = "pearson",
+) -> TestResult:
+    """Pearson χ² (or G-test, statistic="log-likelihood") of counts `observed` [K] against
+    `expected` [K] (same total, K >= 2), with the detectable w and binned TV = w/2."""
+    obs = np.asarray(observed, dtype=np.float64)  # [K]
+    exp = np.asarray(expected, dtype=np.float64)  # [K]
+    n = int(round(obs.sum()))
+    result = stats.power_divergence(obs, exp, lambda_=statistic)
+    w = chisquare_detectable_w(n, len(exp), alpha, power)
+    return TestResult(
+        name=name,
+        expected=expected_desc,
+        observed=describe_worst_bin(obs, exp),
+        statistic=float(result.statistic),
+        p_value=float(result.pvalue),
+        alpha=alpha,
+        n=n,
+        power=power,
+        detectable={"w": w, "tv": w / 2},
+    )
+
+
+def support_check(name: str, n_impossible: int, n: int, power: float, what: str) -> TestResult:
+    """Fails when any of `n` sampled `what`s has probability 0 under the target.
+
+    Under H0 that has probability 0, so the exact p-value is 1 with no such sample and 0 with
+    one: the check spends no share of the false-alarm budget (alpha = 0). It catches any mass
+    m >= 1 - (1 - power)^(1/n) outside the support with probability >= power.
+    """
+    return TestResult(
+        name=name,
+        expected=f"every sampled {what} to have positive probability under the target",
+        observed=f"{n_impossible} of {n} sampled {what}s have probability 0 under the target",
+        statistic=float(n_impossible),
+        p_value=1.0 if n_impossible == 0 else 0.0,
+        alpha=0.0,
+        n=n,
+        power=power,
+        detectable={"mass": 1.0 - (1.0 - power) ** (1.0 / n) if n > 0 else float("inf")},
+    )

@@ -1,0 +1,237 @@
+"""Teacher-forced PIT mode: uniformity tests of randomized probability integral transforms.
+
+At each generated position the target's distribution p (after the request's logits processing)
+is known from one teacher-forced pass. Order the vocabulary by descending p, ties by token id;
+F(x⁻) is the mass of the tokens ranked before x. With v ~ U(0,1) independent of everything,
+
+    u = F(x⁻) + v·p(x)
+
+is exactly U(0,1) when x ~ p, and, conditioning position by position (Rosenblatt), the u's of
+one sequence are iid U(0,1) under H0. A distortion of total variation δ at one prefix moves the
+law of u by exactly δ in total variation (u has density q(x)/p(x) on the interval of x), so
+uniformity tests of u are tests of the token distribution.
+
+Masking positions after EOS keeps the tests valid as long as the mask is predictable — whether
+position l counts depends only on tokens before l. The per-position counts are then exactly
+multinomial given the past, and the pooled counts are martingale sums whose covariance is the
+multinomial one (Wald), so the pooled χ² and KS tests keep their asymptotic level.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy import stats
+
+from losscheck.errors import LosscheckError, UnderpoweredError
+from losscheck.stats._checks import check_open_unit, check_tv
+from losscheck.stats.budget import per_test_alpha
+from losscheck.stats.gof import describe_worst_bin, goodness_of_fit, support_check
+from losscheck.stats.power import (
+    chisquare_detectable_w,
+    chisquare_required_n,
+    dkwm_detectable,
+    dkwm_required_n,
+    require_power,
+)
+from losscheck.stats.result import TestResult
+
+# pooled χ², pooled KS, position × bin χ²; the support check spends no alpha.
+_N_TESTS = 3
+# Rows of a distribution may miss 1 by float32 softmax rounding, not by more.
+_SUM_TOL = 1e-3
+
+
+def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Randomized PIT u = F(x⁻) + v·p(x) of every generated token, computed in float64.
+
+    probs  [N, L, V]  target distribution at each generated position (teacher-forced)
+    tokens [N, L]     generated token ids; pad positions after EOS with any valid id
+    v      [N, L]     independent U(0,1) draws from the run's generator
+    returns u [N, L]  float64 in [0, 1]; NaN where the token has probability 0 under the target
+                      (impossible under H0: `pit_tests` fails such samples through its support
+                      check).
+
+    Rows are independent, so a caller short of memory may call this per batch of rows: it builds
+    a few [N, L, V] temporaries.
+    """
+    if probs.dim() != 3 or tokens.shape != probs.shape[:2] or v.shape != tokens.shape:
+        raise LosscheckError(
+            f"randomized_pit needs probs [N, L, V], tokens [N, L], v [N, L]; got "
+            f"{tuple(probs.shape)}, {tuple(tokens.shape)}, {tuple(v.shape)}"
+        )
+    vocab = probs.shape[-1]
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise LosscheckError(f"token ids must lie in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
+    p = probs.to(torch.float64)  # [N, L, V]
+    total = p.sum(-1, keepdim=True)  # [N, L, 1]
+    if not torch.isfinite(p).all() or (p < 0).any() or ((total - 1).abs() > _SUM_TOL).any():
+        raise LosscheckError("randomized_pit: probs must be finite, >= 0 and sum to 1 over the vocabulary")
+    p = p / total
+    x = tokens.long().unsqueeze(-1)  # [N, L, 1]
+    p_x = p.gather(-1, x)  # [N, L, 1]
+    ids = torch.arange(vocab, device=p.device)  # [V]
+    ranked_before = (p > p_x) | ((p == p_x) & (ids < x))  # [N, L, V]
+    f_before = torch.where(ranked_before, p, 0.0).sum(-1)  # [N, L]
+    p_x = p_x.squeeze(-1)  # [N, L]
+    u = (f_before + v.to(torch.float64) * p_x).clamp(0.0, 1.0)  # [N, L]
+    return u.masked_fill(p_x == 0, math.nan)
+
+
+def pit_tests(
+    u: torch.Tensor,
+    mask: torch.Tensor,
+    alpha: float,
+    power: float,
+    target_tv: float,
+    n_bins: int = 10,
+    min_expected: float = 5.0,
+) -> list[TestResult]:
+    """Uniformity tests of the randomized PITs `u` [N, L] at the positions where `mask` [N, L]
+    (bool, predictable: e.g. "not after EOS") is true, under the cell budget `alpha`.
+
+    Returns, in order:
+      pit.support           NaN u's (tokens of probability 0), alpha 0;
+      pit.pooled_chisquare  Pearson χ² of all u's on `n_bins` equal bins of [0, 1];
+      pit.pooled_ks         KS of all u's against U(0,1), DKWM detectable Kolmogorov distance;
+      pit.position_chisquare  χ² of the position × bin table, uniform within each position
+                            (df = positions × (n_bins - 1)); positions with fewer than
+                            `min_expected` expected per bin are left out (decided by their
+                            count, which depends only on earlier tokens).
+    The three tests split `alpha` by Bonferroni. The pooled tests first raise
+    `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
+    `target_tv` at `power`; the per-position test only reports what it detects.
+    """
+    u = torch.as_tensor(u, dtype=torch.float64)  # [N, L]
+    mask = torch.as_tensor(mask, dtype=torch.bool)  # [N, L]
+    if u.dim() != 2 or mask.shape != u.shape:
+        raise LosscheckError(f"pit_tests needs u [N, L] and mask [N, L]; got {tuple(u.shape)}, {tuple(mask.shape)}")
+    check_open_unit("power", power)
+    check_tv("target TV", target_tv)
+    a = per_test_alpha(alpha, _N_TESTS)
+
+    impossible = mask & torch.isnan(u)  # [N, L]
+    valid = mask & ~impossible  # [N, L]
+    values = u[valid]  # [n], row-major like valid.nonzero()
+    n = len(values)
+    if n == 0:
+        raise UnderpoweredError("pit_tests: no PIT value to test (the mask selects no position of positive probability)")
+    if ((values < 0) | (values > 1)).any():
+        raise LosscheckError("pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)")
+    _require_pooled_power(n, n_bins, a, power, target_tv)
+
+    bins = (values * n_bins).long().clamp(max=n_bins - 1)  # [n]
+    position = valid.nonzero()[:, 1]  # [n]
+    cell = position * n_bins + bins  # [n]
+    counts = torch.bincount(cell, minlength=u.shape[1] * n_bins).view(-1, n_bins).numpy()  # [L, B]
+
+    pooled_counts = counts.sum(0)  # [B]
+    return [
+        support_check("pit.support", int(impossible.sum()), int(mask.sum()), power, "token"),
+        goodness_of_fit(
+            "pit.pooled_chisquare",
+            f"PIT values uniform over {n_bins} equal bins of [0, 1]",
+            pooled_counts,
+            np.full(n_bins, n / n_bins),
+            a,
+            power,
+        ),
+        _pooled_ks(values.numpy(), a, power),
+        _position_chisquare(counts, a, power, min_expected),
+    ]
+
+
+def _require_pooled_power(n: int, n_bins: int, alpha: float, power: float, target_tv: float) -> None:
+    w = chisquare_detectable_w(n, n_bins, alpha, power)
+    require_power(
+        w / 2,
+        target_tv,
+        f"pooled PIT χ² ({n_bins} bins, alpha = {alpha:.3g}, power = {power:g})",
+        n=n,
+        required_n=chisquare_required_n(2 * target_tv, n_bins, alpha, power),
+        unit="PIT values",
+    )
+    require_power(
+        dkwm_detectable(n, alpha, power),
+        target_tv,
+        f"pooled PIT KS (alpha = {alpha:.3g}, power = {power:g})",
+        n=n,
+        required_n=dkwm_required_n(target_tv, alpha, power),
+        unit="PIT values",
+    )
+
+
+def _pooled_ks(values: np.ndarray, alpha: float, power: float) -> TestResult:
+    """KS of `values` [n] against U(0,1)."""
+    ks = stats.kstest(values, "uniform")
+    return TestResult(
+        name="pit.pooled_ks",
+        expected="PIT values with CDF of U(0, 1)",
+        observed=(
+            f"empirical CDF {ks.statistic:.4g} away from the uniform CDF at u = "
+            f"{ks.statistic_location:.4g}"
+        ),
+        statistic=float(ks.statistic),
+        p_value=float(ks.pvalue),
+        alpha=alpha,
+        n=len(values),
+        power=power,
+        detectable={"ks": dkwm_detectable(len(values), alpha, power)},
+    )
+
+
+def _position_chisquare(counts: np.ndarray, alpha: float, power: float, min_expected: float) -> TestResult:
+    """Sum over positions of the per-position Pearson χ² of `counts` [L, B] against uniform.
+
+    Detectable effects: "w" over the position × bin cells (noncentrality n·w², df = K(B-1));
+    "tv" = w/2 bounds the n_l-weighted average of the per-position binned TVs (w_l >= 2δ_l and
+    Jensen); "tv_one_position" is the binned TV detected when the whole distortion sits at the
+    least-populated tested position (its noncentrality is n_l·w_l²).
+    """
+    n_bins = counts.shape[1]
+    per_position_n = counts.sum(1)  # [L]
+    tested = np.flatnonzero(per_position_n >= min_expected * n_bins)  # [K]
+    expected_desc = (
+        f"PIT values uniform over {n_bins} equal bins at each position with >= "
+        f"{min_expected:g} expected per bin"
+    )
+    n = int(per_position_n[tested].sum())
+    if len(tested) == 0:
+        return TestResult(
+            name="pit.position_chisquare",
+            expected=expected_desc,
+            observed="no position has enough PIT values to test",
+            statistic=0.0,
+            p_value=1.0,
+            alpha=alpha,
+            n=0,
+            power=power,
+            detectable={"w": math.inf, "tv": math.inf, "tv_one_position": math.inf},
+        )
+    per_position = stats.chisquare(counts[tested], axis=1)  # statistic, pvalue: [K]
+    df = len(tested) * (n_bins - 1)
+    statistic = float(per_position.statistic.sum())
+    worst = int(np.argmin(per_position.pvalue))
+    l_worst = int(tested[worst])
+    w = chisquare_detectable_w(n, df + 1, alpha, power)
+    return TestResult(
+        name="pit.position_chisquare",
+        expected=expected_desc,
+        observed=(
+            f"{len(tested)} positions tested; worst is position {l_worst} "
+            f"(χ² = {per_position.statistic[worst]:.4g}, p = {per_position.pvalue[worst]:.3g}; "
+            f"{describe_worst_bin(counts[l_worst], np.full(n_bins, per_position_n[l_worst] / n_bins))})"
+        ),
+        statistic=statistic,
+        p_value=float(stats.chi2.sf(statistic, df)),
+        alpha=alpha,
+        n=n,
+        power=power,
+        detectable={
+            "w": w,
+            "tv": w / 2,
+            "tv_one_position": w / 2 * math.sqrt(n / per_position_n[tested].min()),
+        },
+    )
