@@ -1,0 +1,42 @@
+"""The statistical core of losscheck's sampling certification (DESIGN §4.2).
+
+Pure functions: tensors and arrays in, `TestResult`s out; no engine, no pytest. One module per
+concept: `result` (what a test found, cell verdicts), `budget` (splitting α), `power`
+(detectable effects, required sample sizes), `gof` (counts against exact expected counts),
+and one module per test mode — `exact`, `pit`, `two_sample`.
+"""
+
+from losscheck.stats.budget import per_test_alpha
+from losscheck.stats.exact import enumerate_continuations, exact_tests, probability_bins
+from losscheck.stats.pit import pit_tests, randomized_pit
+from losscheck.stats.power import (
+    chisquare_detectable_w,
+    chisquare_required_n,
+    dkwm_detectable,
+    dkwm_required_n,
+    dkwm_two_sample_detectable,
+    predicted_power,
+    require_power,
+)
+from losscheck.stats.result import CellVerdict, TestResult, combine
+from losscheck.stats.two_sample import two_sample_tests
+
+__all__ = [
+    "CellVerdict",
+    "TestResult",
+    "chisquare_detectable_w",
+    "chisquare_required_n",
+    "combine",
+    "dkwm_detectable",
+    "dkwm_required_n",
+    "dkwm_two_sample_detectable",
+    "enumerate_continuations",
+    "exact_tests",
+    "per_test_alpha",
+    "pit_tests",
+    "predicted_power",
+    "probability_bins",
+    "randomized_pit",
+    "require_power",
+    "two_sample_tests",
+]
