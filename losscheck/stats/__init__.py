@@ -7,8 +7,8 @@ and one module per test mode — `exact`, `pit`, `two_sample`.
 """
 
 from losscheck.stats.budget import per_test_alpha
-from losscheck.stats.exact import enumerate_continuations, exact_tests, probability_bins
-from losscheck.stats.pit import pit_tests, randomized_pit
+from losscheck.stats.exact import enumerate_continuations, exact_required_n, exact_tests, probability_bins
+from losscheck.stats.pit import PIT_TESTS, pit_required_values, pit_tests, randomized_pit
 from losscheck.stats.power import (
     chisquare_detectable_w,
     chisquare_required_n,
@@ -22,6 +22,7 @@ from losscheck.stats.result import CellVerdict, TestResult, combine
 from losscheck.stats.two_sample import two_sample_tests
 
 __all__ = [
+    "PIT_TESTS",
     "CellVerdict",
     "TestResult",
     "chisquare_detectable_w",
@@ -31,8 +32,10 @@ __all__ = [
     "dkwm_required_n",
     "dkwm_two_sample_detectable",
     "enumerate_continuations",
+    "exact_required_n",
     "exact_tests",
     "per_test_alpha",
+    "pit_required_values",
     "pit_tests",
     "predicted_power",
     "probability_bins",

@@ -159,8 +159,9 @@ def exact_tests(
                              certain tokens, are not testable and not counted).
     The tests split `alpha` by Bonferroni; the number of tests follows from the probabilities
     and N only. The joint tests first raise `UnderpoweredError` when they cannot detect binned
-    TV `target_tv` at `power`; the per-position tests only report what they detect.
-    Samples outside the support fail the support check and are left out of the other tests.
+    TV `target_tv` at `power` (`exact_required_n` says how many samples suffice); the
+    per-position tests only report what they detect. Samples outside the support fail the support check and are left out of the
+    other tests.
     """
     samples = torch.as_tensor(samples, dtype=torch.long)
     seqs = torch.as_tensor(seqs, dtype=torch.long)
@@ -180,7 +181,10 @@ def exact_tests(
     marginals = [_marginal_bins(seqs[:, l], probs, n, min_expected, max_bins) for l in range(seqs.shape[1])]
     testable = [l for l, (_, _, expected) in enumerate(marginals) if len(expected) >= 2]
     a = per_test_alpha(alpha, 2 + len(testable))
-    _require_joint_power(n, len(joint_expected), min(len(probs), max_bins), a, power, target_tv)
+    _require_joint_power(
+        n, len(joint_expected), a, power, target_tv,
+        required_n=exact_required_n(len(probs), seqs.shape[1], alpha, power, target_tv, max_bins),
+    )
 
     index = locate(samples, seqs)  # [N]
     inside = index[index >= 0]  # [N_inside]
@@ -225,16 +229,20 @@ def _marginal_bins(
     return token_of_seq, bin_of_token, expected
 
 
-def _require_joint_power(
-    n: int, n_bins: int, n_bins_at_scale: int, alpha: float, power: float, target_tv: float
-) -> None:
-    """Raise unless the joint χ² on `n_bins` bins detects binned TV `target_tv`.
+def exact_required_n(
+    n_sequences: int, horizon: int, alpha: float, power: float, target_tv: float, max_bins: int = 50
+) -> int:
+    """Samples enough for `exact_tests`' joint tests to detect binned TV `target_tv`, however the
+    bins fall: `alpha` split over the most tests a cell can have (2 + horizon) and the most bins
+    (min(n_sequences, max_bins)); fewer tests or bins only need fewer samples."""
+    n_tests = 2 + horizon
+    n_bins = max(min(n_sequences, max_bins), 2)
+    return chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, per_test_alpha(alpha, n_tests), power)
 
-    The n it would need is stated for `n_bins_at_scale` bins (the most bins a larger sample
-    can get), which asks for at least as many samples as fewer bins would.
-    """
+
+def _require_joint_power(n: int, n_bins: int, alpha: float, power: float, target_tv: float, required_n: int) -> None:
+    """Raise unless the joint χ² on `n_bins` bins at level `alpha` detects binned TV `target_tv`."""
     what = f"exact joint χ² ({n_bins} bins, alpha = {alpha:.3g}, power = {power:g})"
-    required_n = chisquare_required_n(2 * target_tv, max(n_bins_at_scale, 2), alpha, power)
     if n_bins < 2:
         raise UnderpoweredError(
             f"{what} is underpowered: {n} samples are too few to fill two bins of exact "

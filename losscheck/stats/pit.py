@@ -38,8 +38,9 @@ from losscheck.stats.power import (
 )
 from losscheck.stats.result import TestResult
 
-# pooled χ², pooled KS, position × bin χ²; the support check spends no alpha.
-_N_TESTS = 3
+# Tests that share a PIT cell's budget: pooled χ², pooled KS, position × bin χ² (the support
+# check spends no alpha).
+PIT_TESTS = 3
 # Rows of a distribution may miss 1 by float32 softmax rounding, not by more.
 _SUM_TOL = 1e-3
 
@@ -102,7 +103,8 @@ def pit_tests(
                             count, which depends only on earlier tokens).
     The three tests split `alpha` by Bonferroni. The pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
-    `target_tv` at `power`; the per-position test only reports what it detects.
+    `target_tv` at `power` (`pit_required_values` says how many values suffice); the
+    per-position test only reports what it detects.
     """
     u = torch.as_tensor(u, dtype=torch.float64)  # [N, L]
     mask = torch.as_tensor(mask, dtype=torch.bool)  # [N, L]
@@ -110,7 +112,7 @@ def pit_tests(
         raise LosscheckError(f"pit_tests needs u [N, L] and mask [N, L]; got {tuple(u.shape)}, {tuple(mask.shape)}")
     check_open_unit("power", power)
     check_tv("target TV", target_tv)
-    a = per_test_alpha(alpha, _N_TESTS)
+    a = per_test_alpha(alpha, PIT_TESTS)
 
     impossible = mask & torch.isnan(u)  # [N, L]
     valid = mask & ~impossible  # [N, L]
@@ -120,7 +122,7 @@ def pit_tests(
         raise UnderpoweredError("pit_tests: no PIT value to test (the mask selects no position of positive probability)")
     if ((values < 0) | (values > 1)).any():
         raise LosscheckError("pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)")
-    _require_pooled_power(n, n_bins, a, power, target_tv)
+    _require_pooled_power(n, n_bins, a, power, target_tv, pit_required_values(alpha, power, target_tv, n_bins))
 
     bins = (values * n_bins).long().clamp(max=n_bins - 1)  # [n]
     position = valid.nonzero()[:, 1]  # [n]
@@ -143,23 +145,23 @@ def pit_tests(
     ]
 
 
-def _require_pooled_power(n: int, n_bins: int, alpha: float, power: float, target_tv: float) -> None:
-    w = chisquare_detectable_w(n, n_bins, alpha, power)
-    require_power(
-        w / 2,
-        target_tv,
-        f"pooled PIT χ² ({n_bins} bins, alpha = {alpha:.3g}, power = {power:g})",
-        n=n,
-        required_n=chisquare_required_n(2 * target_tv, n_bins, alpha, power),
-        unit="PIT values",
+def pit_required_values(alpha: float, power: float, target_tv: float, n_bins: int = 10) -> int:
+    """PIT values (unmasked tokens) `pit_tests`' pooled χ² and KS need, under the cell budget
+    `alpha`, to detect `target_tv` at `power`."""
+    a = per_test_alpha(alpha, PIT_TESTS)
+    return max(
+        chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, a, power),
+        dkwm_required_n(target_tv, a, power),
     )
+
+
+def _require_pooled_power(n: int, n_bins: int, alpha: float, power: float, target_tv: float, required_n: int) -> None:
+    w = chisquare_detectable_w(n, n_bins, alpha, power)
+    levels = f"alpha = {alpha:.3g}, power = {power:g}"
+    unit = "PIT values"
+    require_power(w / 2, target_tv, f"pooled PIT χ² ({n_bins} bins, {levels})", n=n, required_n=required_n, unit=unit)
     require_power(
-        dkwm_detectable(n, alpha, power),
-        target_tv,
-        f"pooled PIT KS (alpha = {alpha:.3g}, power = {power:g})",
-        n=n,
-        required_n=dkwm_required_n(target_tv, alpha, power),
-        unit="PIT values",
+        dkwm_detectable(n, alpha, power), target_tv, f"pooled PIT KS ({levels})", n=n, required_n=required_n, unit=unit
     )
 
 

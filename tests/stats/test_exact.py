@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from losscheck.errors import LosscheckError, UnderpoweredError
-from losscheck.stats.exact import enumerate_continuations, exact_tests, locate, probability_bins
+from losscheck.stats.exact import enumerate_continuations, exact_required_n, exact_tests, locate, probability_bins
 from losscheck.stats.power import predicted_power
 
 V, EOS, PROMPT, HORIZON = 5, 4, [1, 2], 4
@@ -161,3 +161,9 @@ def test_too_few_samples_raise_underpowered_with_the_needed_n(n):
     seqs, probs = enumerate_continuations(_next_probs(_markov_table(3)), PROMPT, HORIZON, EOS)
     with pytest.raises(UnderpoweredError, match=rf"{n} samples.*needs n >= \d+ samples"):
         exact_tests(_draw(seqs, probs, n, seed=7), seqs, probs, ALPHA, POWER, TARGET_TV)
+
+
+def test_exact_required_n_is_enough_samples():
+    seqs, probs = enumerate_continuations(_next_probs(_markov_table(3)), PROMPT, HORIZON, EOS)
+    needed = exact_required_n(len(seqs), HORIZON, ALPHA, POWER, TARGET_TV)
+    exact_tests(_draw(seqs, probs, needed, seed=8), seqs, probs, ALPHA, POWER, TARGET_TV)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from losscheck.errors import UnderpoweredError
-from losscheck.stats.pit import pit_tests, randomized_pit
+from losscheck.stats.pit import pit_required_values, pit_tests, randomized_pit
 from losscheck.stats.power import predicted_power
 
 EOS = 0
@@ -134,6 +134,14 @@ def test_too_few_pit_values_raise_underpowered_with_the_needed_n():
     u = _uniforms((50, 4), seed=40)
     with pytest.raises(UnderpoweredError, match=r"n = 200 PIT values.*needs n >= \d+ PIT values"):
         pit_tests(u, torch.ones(50, 4, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.05)
+
+
+def test_pit_required_values_is_the_smallest_sample_the_pooled_tests_accept():
+    needed = pit_required_values(alpha=0.01, power=0.99, target_tv=0.05)
+    u = _uniforms((needed, 1), seed=41)
+    pit_tests(u, torch.ones(needed, 1, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.05)
+    with pytest.raises(UnderpoweredError, match=f"needs n >= {needed} PIT values"):
+        pit_tests(u[1:], torch.ones(needed - 1, 1, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.05)
 
 
 def test_eos_mask_keeps_the_level():
