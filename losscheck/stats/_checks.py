@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from losscheck.errors import LosscheckError
+
+# Rows may miss 1 by the rounding of a reduced-precision softmax (bf16: up to ~1e-2), not more.
+_PROB_SUM_TOL = 1e-2
 
 
 def check_open_unit(name: str, value: float) -> float:
@@ -26,3 +31,13 @@ def check_positive(name: str, value: float) -> float:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise LosscheckError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+def normalized_rows(probs: torch.Tensor, what: str) -> torch.Tensor:
+    """`probs` [..., V] in float64, each row renormalised to sum to 1 exactly, after checking
+    that it is a distribution up to rounding (finite, >= 0, sum within 1e-2 of 1)."""
+    p = probs.to(torch.float64)
+    total = p.sum(-1, keepdim=True)  # [..., 1]
+    if not torch.isfinite(p).all() or (p < 0).any() or ((total - 1).abs() > _PROB_SUM_TOL).any():
+        raise LosscheckError(f"{what}: rows must be probability distributions (finite, >= 0, summing to 1)")
+    return p / total

@@ -14,16 +14,13 @@ import torch
 from numpy.typing import ArrayLike
 
 from losscheck.errors import LosscheckError, UnderpoweredError
-from losscheck.stats._checks import check_open_unit, check_positive, check_tv
+from losscheck.stats._checks import check_open_unit, check_positive, check_tv, normalized_rows
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import goodness_of_fit, support_check
 from losscheck.stats.power import chisquare_detectable_w, chisquare_required_n, require_power
 from losscheck.stats.result import TestResult
 
 NextProbs = Callable[[torch.Tensor], torch.Tensor]  # context LongTensor [M, t] -> probs [M, V]
-
-# A model's rows may miss 1 by float32 softmax rounding, not by more.
-_SUM_TOL = 1e-4
 
 
 def enumerate_continuations(
@@ -82,11 +79,7 @@ def _checked_step(step: torch.Tensor, rows: int, t: int) -> torch.Tensor:
     """`step` [rows, V] as float64, renormalised, after checking it is a batch of distributions."""
     if step.dim() != 2 or step.shape[0] != rows:
         raise LosscheckError(f"next_probs returned shape {tuple(step.shape)} for {rows} contexts at step {t}; expected [{rows}, V]")
-    step = step.to(torch.float64)
-    total = step.sum(-1, keepdim=True)  # [rows, 1]
-    if not torch.isfinite(step).all() or (step < 0).any() or ((total - 1).abs() > _SUM_TOL).any():
-        raise LosscheckError(f"next_probs returned rows that are not probability distributions at step {t}")
-    return step / total
+    return normalized_rows(step, f"next_probs at step {t}")
 
 
 def probability_bins(
@@ -160,8 +153,8 @@ def exact_tests(
     The tests split `alpha` by Bonferroni; the number of tests follows from the probabilities
     and N only. The joint tests first raise `UnderpoweredError` when they cannot detect binned
     TV `target_tv` at `power` (`exact_required_n` says how many samples suffice); the
-    per-position tests only report what they detect. Samples outside the support fail the support check and are left out of the
-    other tests.
+    per-position tests only report what they detect. Samples outside the support fail the
+    support check and are left out of the other tests.
     """
     samples = torch.as_tensor(samples, dtype=torch.long)
     seqs = torch.as_tensor(seqs, dtype=torch.long)

@@ -16,12 +16,12 @@ from losscheck.stats.power import chisquare_detectable_w
 from losscheck.stats.result import TestResult
 
 
-def describe_worst_bin(observed: np.ndarray, expected: np.ndarray, label: str = "bin") -> str:
+def describe_worst_bin(observed: np.ndarray, expected: np.ndarray) -> str:
     """The bin with the largest standardized residual (O - E) / sqrt(E), in words."""
     residual = (observed - expected) / np.sqrt(expected)  # [K]
     k = int(np.argmax(np.abs(residual)))
     return (
-        f"{label} {k} of {len(expected)} furthest off: {observed[k]:g} samples where "
+        f"bin {k} of {len(expected)} furthest off: {observed[k]:g} samples where "
         f"{expected[k]:.1f} were expected (standardized residual {residual[k]:+.2f})"
     )
 

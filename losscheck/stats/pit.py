@@ -26,7 +26,7 @@ import torch
 from scipy import stats
 
 from losscheck.errors import LosscheckError, UnderpoweredError
-from losscheck.stats._checks import check_open_unit, check_tv
+from losscheck.stats._checks import check_open_unit, check_tv, normalized_rows
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import describe_worst_bin, goodness_of_fit, support_check
 from losscheck.stats.power import (
@@ -41,8 +41,6 @@ from losscheck.stats.result import TestResult
 # Tests that share a PIT cell's budget: pooled χ², pooled KS, position × bin χ² (the support
 # check spends no alpha).
 PIT_TESTS = 3
-# Rows of a distribution may miss 1 by float32 softmax rounding, not by more.
-_SUM_TOL = 1e-3
 
 
 def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -66,11 +64,7 @@ def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor) -
     vocab = probs.shape[-1]
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
         raise LosscheckError(f"token ids must lie in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
-    p = probs.to(torch.float64)  # [N, L, V]
-    total = p.sum(-1, keepdim=True)  # [N, L, 1]
-    if not torch.isfinite(p).all() or (p < 0).any() or ((total - 1).abs() > _SUM_TOL).any():
-        raise LosscheckError("randomized_pit: probs must be finite, >= 0 and sum to 1 over the vocabulary")
-    p = p / total
+    p = normalized_rows(probs, "randomized_pit probs")  # [N, L, V]
     x = tokens.long().unsqueeze(-1)  # [N, L, 1]
     p_x = p.gather(-1, x)  # [N, L, 1]
     ids = torch.arange(vocab, device=p.device)  # [V]

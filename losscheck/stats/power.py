@@ -22,8 +22,8 @@ import functools
 import math
 
 import numpy as np
-from scipy import optimize
 from numpy.typing import ArrayLike
+from scipy import optimize
 from statsmodels.stats.gof import chisquare_effectsize
 from statsmodels.stats.power import GofChisquarePower
 

@@ -75,7 +75,7 @@ def test_enumeration_refuses_a_space_too_large():
 
 def test_enumeration_rejects_rows_that_are_not_distributions():
     bad = torch.full((V, V), 0.3, dtype=torch.float64)
-    with pytest.raises(LosscheckError, match="not probability distributions"):
+    with pytest.raises(LosscheckError, match="rows must be probability distributions"):
         enumerate_continuations(_next_probs(bad), PROMPT, 2, EOS)
 
 
