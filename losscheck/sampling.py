@@ -37,12 +37,12 @@ class SamplingParams:
         return self.temperature == 0
 
     def label(self) -> str:
-        parts = ["greedy" if self.greedy else f"T={self.temperature:g}"]
+        parts = ["greedy" if self.greedy else f"T{self.temperature:g}"]
         if self.top_k:
-            parts.append(f"top_k={self.top_k}")
+            parts.append(f"topk{self.top_k}")
         if self.top_p < 1:
-            parts.append(f"top_p={self.top_p:g}")
-        return ",".join(parts)
+            parts.append(f"topp{self.top_p:g}")
+        return "-".join(parts)
 
 
 GREEDY = SamplingParams(temperature=0.0)

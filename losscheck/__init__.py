@@ -1,0 +1,31 @@
+"""losscheck: certify that speculative decoding is lossless.
+
+The public contract (DESIGN §3): `Proposal`, `DraftContext`, `Drafter`, `Target`,
+`SamplingParams`, and `Engine` to drive them. Imported lazily so that loading the pytest plugin
+does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Proposal": "losscheck.contract",
+    "DraftContext": "losscheck.contract",
+    "Drafter": "losscheck.contract",
+    "Target": "losscheck.contract",
+    "SamplingParams": "losscheck.sampling",
+    "Engine": "losscheck.engine",
+    "HFTarget": "losscheck.target",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'losscheck' has no attribute {name!r}")

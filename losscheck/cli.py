@@ -1,0 +1,43 @@
+"""`losscheck certify`: run the lossless gate and write a certificate (exit 0 only if all pass)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+
+
+def certify_args(ns: argparse.Namespace) -> list[str]:
+    """The pytest command line that `losscheck certify` runs."""
+    args = ["--pyargs", "losscheck.certify", "-m", "lossless", "-p", "no:cacheprovider",
+            f"--losscheck-out={ns.out}", f"--losscheck-seed={ns.seed}", f"--losscheck-profile={ns.profile}",
+            f"--losscheck-alpha={ns.alpha}", "-q", "-rfE"]
+    if ns.target:
+        args.append(f"--losscheck-target={ns.target}")
+    if ns.drafter:
+        args.append(f"--losscheck-drafter={ns.drafter}")
+    if ns.workers:
+        args += ["-n", str(ns.workers)]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="losscheck", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cert = sub.add_parser("certify", help="certify a drafter (default: the bundled one on the bundled target)")
+    cert.add_argument("--target", help="local Hugging Face model directory of the target")
+    cert.add_argument("--drafter", help="import path pkg.mod:factory; factory(target) returns a Drafter")
+    cert.add_argument("--out", default="reports", help="reports directory (default: %(default)s)")
+    cert.add_argument("--seed", type=int, default=20261129)
+    cert.add_argument("--profile", default="ci", choices=("ci", "thorough"))
+    cert.add_argument("--alpha", type=float, default=0.01)
+    cert.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers (0 = in process)")
+    ns = parser.parse_args(argv)
+    if ns.command == "certify":
+        return int(pytest.main(certify_args(ns)))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

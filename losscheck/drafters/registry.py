@@ -1,0 +1,41 @@
+"""Which drafters a run certifies: the bundled references, a user's factory, the oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from losscheck import bundled as fixtures
+from losscheck.contract import Drafter, Target
+from losscheck.drafters import autoregressive
+from losscheck.errors import OptionError
+from losscheck.loading import load_object
+
+
+def bundled(target_name: str, target: Target) -> dict[str, Drafter]:
+    """The reference drafters trained against the bundled target `target_name`."""
+    root = fixtures.fixtures_dir()
+    if target_name == "small":
+        return {"A": autoregressive.from_path(root / "small_drafter_a", target)}
+    return {"A": autoregressive.from_path(root / "drafter_a", target)}
+
+
+def from_factory(spec: str, target: Target) -> Drafter:
+    """`--losscheck-drafter=pkg.mod:factory`: call factory(target) and check the result."""
+    factory = load_object(spec, "--losscheck-drafter")
+    drafter: Any = factory(target)
+    missing = [
+        a for a in ("name", "block_lengths", "widths", "uses_hidden", "reset", "propose", "commit")
+        if not hasattr(drafter, a)
+    ]
+    if missing:
+        raise OptionError(
+            f"--losscheck-drafter={spec!r} returned {type(drafter).__name__}, which lacks "
+            f"{missing}; a drafter implements losscheck.Drafter (see losscheck/contract.py)"
+        )
+    if not drafter.block_lengths or any(int(k) < 1 for k in drafter.block_lengths):
+        raise OptionError(f"drafter {drafter.name!r} declares block_lengths {drafter.block_lengths!r}; need k >= 1")
+    return drafter
+
+
+def self_draft(target: Target) -> Drafter:
+    return autoregressive.self_draft(target)

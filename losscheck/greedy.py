@@ -1,0 +1,96 @@
+"""Greedy certification: speculative output must equal baseline output token for token.
+
+On a divergence the report names the prompt, the position, both tokens and the target's top-2
+logit margin at that prefix recomputed in float64, which separates an algorithmic bug (a clear
+margin) from a reduced-precision near-tie (batch-shape numerics).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import torch
+
+from losscheck.engine import Generation
+
+# Logit margin below which a reduced-precision divergence counts as a numerical near-tie: about
+# the accumulated round-off of logits of magnitude ~10 at the format's unit round-off.
+NEAR_TIE_MARGIN = {"fp32": 0.0, "bf16": 0.0625, "fp16": 0.0078}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    tier: str
+    prompt_index: int
+    prompt: list[int]
+    position: int  # index into the generated tokens
+    spec_token: int | None  # None: the speculative output ended here
+    base_token: int | None  # None: the baseline ended here
+    top1: int
+    top2: int
+    margin: float  # float64 logit(top1) - logit(top2) of the target at the baseline prefix
+    near_tie: bool
+
+    def describe(self) -> str:
+        kind = "numerical near-tie" if self.near_tie else "divergence"
+        return (
+            f"{kind} on {self.tier}-entropy prompt #{self.prompt_index} {self.prompt} at generated "
+            f"position {self.position}: speculative emitted {self.spec_token}, baseline "
+            f"{self.base_token}; target float64 top-2 there: {self.top1} vs {self.top2}, margin "
+            f"{self.margin:.4g}"
+        )
+
+
+def first_divergence(spec: Generation, base: Generation, b: int) -> int | None:
+    """Generated position where row b of the two runs first differs, or None if identical."""
+    a, c = spec.row(b), base.row(b)
+    for i, (x, y) in enumerate(zip(a, c)):
+        if x != y:
+            return i
+    return None if len(a) == len(c) else min(len(a), len(c))
+
+
+def top2_float64(model: torch.nn.Module, prefix: list[int]) -> tuple[int, int, float]:
+    """The target's two best next tokens after `prefix` and their logit margin, in float64."""
+    exact = copy.deepcopy(model).double()
+    with torch.inference_mode():
+        logits = exact(input_ids=torch.tensor([prefix])).logits[0, -1]
+    top = logits.topk(2)
+    return int(top.indices[0]), int(top.indices[1]), float(top.values[0] - top.values[1])
+
+
+def find_divergences(
+    model: torch.nn.Module,
+    tier: str,
+    prompts: list[list[int]],
+    spec: Generation,
+    base: Generation,
+    precision: str,
+) -> list[Divergence]:
+    found = []
+    for b, prompt in enumerate(prompts):
+        pos = first_divergence(spec, base, b)
+        if pos is None:
+            continue
+        spec_row, base_row = spec.row(b), base.row(b)
+        top1, top2, margin = top2_float64(model, prompt + base_row[:pos])
+        found.append(
+            Divergence(
+                tier=tier,
+                prompt_index=b,
+                prompt=prompt,
+                position=pos,
+                spec_token=spec_row[pos] if pos < len(spec_row) else None,
+                base_token=base_row[pos] if pos < len(base_row) else None,
+                top1=top1,
+                top2=top2,
+                margin=margin,
+                near_tie=margin < NEAR_TIE_MARGIN.get(precision, 0.0),
+            )
+        )
+    return found
+
+
+def divergence_dict(d: Divergence) -> dict[str, object]:
+    return asdict(d)

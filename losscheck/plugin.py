@@ -1,0 +1,158 @@
+"""The pytest plugin: options, the session object, cell parametrisation, result channels.
+
+Hooks only; state lives in `losscheck.session.Session`, built once per process from the options.
+Nothing heavy (torch, transformers) is imported until a hook needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from losscheck.profiles import PROFILES, get_profile
+from losscheck.session import Options, Session
+
+SESSION_KEY = pytest.StashKey[Session]()
+RECORD_PROPERTY = "losscheck"
+CELL_ARGS = ("greedy_cell", "sampling_cell", "exact_cell")
+
+MARKERS = {
+    "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
+    "perf": "performance sweep; refuses to time under xdist",
+    "slow": "long-running material (calibration over many seeds, pairwise matrix)",
+    "mutants": "planted losslessness bugs that the gate must catch",
+    "statistical": "a test that spends a Bonferroni share of the run's family-wise alpha",
+}
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("losscheck", "speculative-decoding losslessness certification")
+    group.addoption("--losscheck-target", metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)")
+    group.addoption("--losscheck-drafter", metavar="MOD:FACTORY", help="import path of a factory(target) -> Drafter (default: the bundled drafters)")
+    group.addoption("--losscheck-seed", type=int, default=20261129, help="run seed; every random draw derives from it (default: %(default)s)")
+    group.addoption("--losscheck-out", metavar="DIR", help="write DIR/<run>/certificate.json and summary.md")
+    group.addoption("--losscheck-alpha", type=_probability, default=0.01, help="family-wise false-alarm rate of the run (default: %(default)s)")
+    group.addoption("--losscheck-detect-tv", type=_probability, default=None, help="total variation every sampled cell must detect (default: the profile's, 0.02 for ci)")
+    group.addoption("--losscheck-profile", choices=sorted(PROFILES), default="ci", help="named sample-size profile (default: %(default)s)")
+    group.addoption("--losscheck-strict", action="store_true", help="reduced-precision near-ties fail too")
+    group.addoption("--losscheck-trust-remote-code", action="store_true", help="let the target load custom modelling code")
+    group.addoption("--losscheck-mutant", metavar="NAME", help="run the gate against a planted bug (see `losscheck mutants`)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    out = config.getoption("losscheck_out")
+    options = Options(
+        target=config.getoption("losscheck_target"),
+        drafter=config.getoption("losscheck_drafter"),
+        seed=config.getoption("losscheck_seed"),
+        out=Path(out) if out else None,
+        alpha=config.getoption("losscheck_alpha"),
+        profile=get_profile(config.getoption("losscheck_profile")).with_detect_tv(
+            config.getoption("losscheck_detect_tv")
+        ),
+        strict=config.getoption("losscheck_strict"),
+        trust_remote_code=config.getoption("losscheck_trust_remote_code"),
+        mutant=config.getoption("losscheck_mutant"),
+    )
+    config.stash[SESSION_KEY] = Session(options)
+    config.pluginmanager.register(RecordCollector(config), "losscheck-records")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    o = config.stash[SESSION_KEY].options
+    return [
+        f"losscheck: seed={o.seed} alpha={o.alpha} profile={o.profile.name} detect_tv={o.profile.detect_tv} "
+        f"target={o.target or 'bundled'} drafter={o.drafter or 'bundled'}"
+        + (f" mutant={o.mutant}" if o.mutant else "")
+    ]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    for arg in CELL_ARGS:
+        if arg in metafunc.fixturenames:
+            from losscheck.cells import cells_for
+
+            cells = cells_for(metafunc.config.stash[SESSION_KEY], arg)
+            metafunc.parametrize(arg, cells, ids=[c.id for c in cells])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # After -m/-k deselection: the alpha is split over the statistical tests that will run.
+    config.stash[SESSION_KEY].n_statistical = sum(1 for i in items if i.get_closest_marker("statistical"))
+
+
+@pytest.fixture(scope="session")
+def losscheck_session(request: pytest.FixtureRequest) -> Session:
+    """The run's `Session`: options, lazily loaded models, the per-test alpha."""
+    return request.config.stash[SESSION_KEY]
+
+
+_RECORD_KEY = pytest.StashKey[dict]()
+
+
+@pytest.fixture
+def losscheck_record(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """A dict a certification test fills; it travels on the test report into the certificate."""
+    record: dict[str, Any] = {}
+    request.node.stash[_RECORD_KEY] = record
+    return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    record = item.stash.get(_RECORD_KEY, None)
+    if report.when == "call" and record:
+        # JSON text survives xdist's report serialisation unchanged.
+        report.user_properties.append((RECORD_PROPERTY, json.dumps(record)))
+    return report
+
+
+class RecordCollector:
+    """Gathers the records of certification tests (on the xdist controller too) and writes the
+    terminal section and the certificate at the end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[dict[str, Any]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        found = [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
+        for record in found:
+            record.update(nodeid=report.nodeid, outcome=report.outcome)
+            self.records.append(record)
+        if report.failed and not found and "lossless" in report.keywords:
+            # A cell that errored (underpowered, malformed drafter output) is a failed cell.
+            self.records.append(
+                {"nodeid": report.nodeid, "outcome": "error", "passed": False, "kind": "error",
+                 "cell": report.nodeid.rpartition("[")[2].rstrip("]"), "error": report.longreprtext[-2000:]}
+            )
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        if not self.records or hasattr(self.config, "workerinput"):
+            return
+        from losscheck.report.summary import summary_lines
+
+        terminalreporter.section("losscheck certificate")
+        for line in summary_lines(self.records):
+            terminalreporter.write_line(line)
+        session = self.config.stash[SESSION_KEY]
+        if session.options.out is not None:
+            from losscheck.report.certificate import write_run
+
+            path = write_run(session, self.records, int(exitstatus))
+            terminalreporter.write_line(f"certificate written to {path}")

@@ -1,0 +1,34 @@
+"""Named settings profiles: sample sizes and detectable effect chosen together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from losscheck.errors import OptionError
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    greedy_max_new: int = 64  # tokens generated per prompt in greedy cells
+    horizon: int = 16  # L: generated tokens per sequence tested in PIT cells
+    exact_horizon: int = 3  # L for exact enumeration on the small-vocabulary target (V**L sequences)
+    detect_tv: float = 0.02  # the total-variation distance every sampled cell must detect
+    power: float = 0.99  # at this power, under the per-test alpha
+    batch: int = 4096  # most rows the engine runs at once
+    pit_bins: int = 10  # fixed equal-width bins of the PIT chi-square test
+
+    def with_detect_tv(self, tv: float | None) -> "Profile":
+        return self if tv is None else replace(self, detect_tv=tv)
+
+
+PROFILES = {
+    "ci": Profile("ci"),
+    "thorough": Profile("thorough", greedy_max_new=128, horizon=32, exact_horizon=4, detect_tv=0.01),
+}
+
+
+def get_profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise OptionError(f"--losscheck-profile={name!r} is not one of {sorted(PROFILES)}")
+    return PROFILES[name]

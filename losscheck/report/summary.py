@@ -1,0 +1,44 @@
+"""The per-cell table, shared by the terminal summary and the Markdown report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = ("cell", "kind", "verdict", "tau", "min p", "alpha", "detect TV", "n")
+
+
+def _row(record: dict[str, Any]) -> tuple[str, ...]:
+    verdict = "PASS" if record.get("passed") else ("ERROR" if record.get("outcome") == "error" else "FAIL")
+    acceptance = record.get("acceptance") or {}
+    if acceptance and "acceptance_length" not in acceptance:  # greedy: per tier
+        taus = [t["acceptance_length"] for t in acceptance.values()]
+        tau = "/".join(f"{t:.2f}" for t in taus)
+    else:
+        tau = f"{acceptance['acceptance_length']:.2f}" if acceptance else "-"
+    results = (record.get("verdict") or {}).get("results", [])
+    tested = [r for r in results if r.get("alpha")]
+    min_p = f"{min(r['p_value'] for r in tested):.3g}" if tested else "-"
+    alpha = f"{tested[0]['alpha']:.2g}" if tested else "-"
+    tvs = [r["detectable"].get("tv") for r in tested if r["detectable"].get("tv") is not None]
+    tv = f"{min(tvs):.4f}" if tvs else "-"
+    n = str(record.get("sequences", record.get("max_new_tokens", "-")))
+    return (record.get("cell", "?"), record.get("kind", "?"), verdict, tau, min_p, alpha, tv, n)
+
+
+def summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    return [_row(r) for r in sorted(records, key=lambda r: (r.get("kind", ""), r.get("cell", "")))]
+
+
+def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+    rows = [COLUMNS, *summary_rows(records)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    failed = sum(1 for r in records if not r.get("passed"))
+    lines.append(f"{len(records) - failed}/{len(records)} cells passed")
+    return lines
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    rows = summary_rows(records)
+    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
+    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
