@@ -19,7 +19,6 @@ from losscheck.matrix import Cell
 from losscheck.sampling import GREEDY, make_generator, process_logits
 from losscheck.session import Session
 
-PIT_TESTS_PER_CELL = 3  # pooled chi-square, pooled KS, position x bin chi-square
 SAMPLE_MARGIN = 1.1  # draw 10% more than the power calculation needs (EOS shortens rows)
 
 
@@ -149,14 +148,10 @@ def _sampling_outcome(
 # --- sampling: teacher-forced PIT ---------------------------------------------------------------
 def pit_sample_size(session: Session, horizon: int) -> int:
     """Sequences a PIT cell needs so its pooled tests detect the profile's TV at its power."""
-    from losscheck.stats.power import chisquare_required_n, dkwm_required_n
+    from losscheck.stats.pit import pit_required_values
 
     profile = session.options.profile
-    a = session.per_test_alpha / PIT_TESTS_PER_CELL
-    values = max(
-        chisquare_required_n(2 * profile.detect_tv, profile.pit_bins, a, profile.power),
-        dkwm_required_n(profile.detect_tv, a, profile.power),
-    )
+    values = pit_required_values(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
     return math.ceil(values * SAMPLE_MARGIN / horizon)
 
 
@@ -206,12 +201,11 @@ def exact_prompt() -> list[int]:
 
 
 def exact_sample_size(session: Session, n_sequences: int, horizon: int) -> int:
-    from losscheck.stats.power import chisquare_required_n
+    from losscheck.stats.exact import exact_required_n
 
     profile = session.options.profile
-    bins = min(n_sequences, 50)
-    a = session.per_test_alpha / (2 + horizon)
-    return math.ceil(chisquare_required_n(2 * profile.detect_tv, bins, a, profile.power) * SAMPLE_MARGIN)
+    need = exact_required_n(n_sequences, horizon, session.per_test_alpha, profile.power, profile.detect_tv)
+    return math.ceil(need * SAMPLE_MARGIN)
 
 
 def run_exact(session: Session, cell: Cell) -> CellOutcome:

@@ -64,7 +64,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         logits = logits.masked_fill(logits < kth, -math.inf)
     probs = logits.softmax(-1)
     if params.top_p < 1:
-        sorted_probs, order = probs.sort(-1, descending=True, stable=True)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
         drop_sorted = mass_before >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
