@@ -6,6 +6,7 @@ whole process, so every cell of a worker shares one target and one instance of e
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -58,9 +59,14 @@ class Session:
     def targets(self) -> dict[str, Any]:
         """"main": the target under test; "small": the small-vocabulary exact-mode fixture
         (only with the bundled models: a user's drafter is built for the user's target)."""
+        import torch
+
         from losscheck import bundled
         from losscheck.target import HFTarget
 
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # xdist already runs one worker per core; more threads per worker only contend.
+            torch.set_num_threads(1)
         opts = self.options
         path = opts.target or bundled.target_path()
         found = {"main": HFTarget.from_pretrained(path, trust_remote_code=opts.trust_remote_code)}

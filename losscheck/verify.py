@@ -46,6 +46,24 @@ def point_mass(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.zeros(*drafts.shape, vocab_size).scatter_(-1, drafts[..., None], 1.0)
 
 
+def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+    """`min(1, p(x) / q(x))` for each draft; p_draft, q_draft [B, k] (q > 0 by validation)."""
+    return (p_draft.double() / q_draft.double()).clamp(max=1.0)
+
+
+def recovery_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Distribution of the token emitted at each slot if verification stops there.
+
+    p: [B, k+1, V], q: [B, k, V] → [B, k+1, V]: `norm(max(0, p_j - q_j))` for the recovered token
+    at slot j < k, and `p_k` for the bonus token.
+    """
+    q_padded = torch.cat([q, q.new_zeros(q.shape[0], 1, q.shape[-1])], dim=1)  # bonus slot: q = 0
+    residual = (p - q_padded).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    # mass == 0 only when p_j == q_j, where a rejection has probability 0 (float round-off).
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+
+
 def verify_rejection(
     p: torch.Tensor,
     drafts: torch.Tensor,
@@ -65,16 +83,11 @@ def verify_rejection(
     p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     u = torch.rand(batch, k, generator=generator, dtype=torch.float64)
-    keep = u * q_draft.double() < p_draft.double()  # P(keep) = min(1, p/q)
+    keep = u < acceptance_probability(p_draft, q_draft)  # [B, k]
     accepted = keep.long().cumprod(-1).sum(-1)  # [B]
 
     rows = torch.arange(batch)
-    p_at = p[rows, accepted]  # [B, V]
-    q_padded = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)  # [B, k+1, V]; bonus slot q = 0
-    residual = (p_at - q_padded[rows, accepted]).clamp_min(0.0)  # [B, V]
-    mass = residual.sum(-1, keepdim=True)
-    # mass == 0 only when p_a == q_a, where a rejection has probability 0 (float round-off).
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_at)
+    stop = recovery_distribution(p, q)[rows, accepted]  # [B, V]
     tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
-    tokens[rows, accepted] = sample(residual, generator)
+    tokens[rows, accepted] = sample(stop, generator)
     return Verdict(accepted=accepted, tokens=tokens)
