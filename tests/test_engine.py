@@ -1,0 +1,123 @@
+"""The batched loop against its own baseline on tiny random Llamas (fast, no fixtures).
+
+A noisy copy of the target as drafter makes rows accept different counts every round, which
+exercises the ragged cache rollback and position bookkeeping.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from losscheck.contract import Proposal
+from losscheck.drafters.autoregressive import AutoregressiveDrafter, self_draft
+from losscheck.engine import Engine
+from losscheck.errors import DrafterOutputError, LosscheckError
+from losscheck.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.target import HFTarget
+from tests.toy import tiny_llama
+
+PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
+
+
+def make_target(max_positions: int = 128) -> HFTarget:
+    return HFTarget(tiny_llama(max_positions=max_positions), "toy", {"precision": "fp32"})
+
+
+def noisy_drafter(target: HFTarget, noise: float = 0.6, seed: int = 1) -> AutoregressiveDrafter:
+    model = copy.deepcopy(target.model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+    return AutoregressiveDrafter(model, "noisy")
+
+
+@pytest.fixture(scope="module")
+def target() -> HFTarget:
+    return make_target()
+
+
+def greedy(engine: Engine, prompts=PROMPTS, max_new: int = 24):
+    return engine.generate(prompts, max_new, GREEDY, make_generator(0, "g"))
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_ragged_greedy_spec_equals_baseline(target, k):
+    base = greedy(Engine(target))
+    spec = greedy(Engine(target, noisy_drafter(target), k))
+    assert torch.equal(spec.tokens, base.tokens) and torch.equal(spec.lengths, base.lengths)
+    accepted = spec.stats.accepted.sum()
+    assert 0 < accepted < spec.stats.proposed.sum()  # rows really did accept different counts
+
+
+def test_each_row_decodes_as_if_alone(target):
+    batch = greedy(Engine(target, noisy_drafter(target), 4))
+    for b, prompt in enumerate(PROMPTS):
+        alone = greedy(Engine(target, noisy_drafter(target), 4), [prompt])
+        assert alone.row(0) == batch.row(b)
+
+
+def test_self_draft_is_always_accepted(target):
+    out = greedy(Engine(target, self_draft(target), 4))
+    assert torch.equal(out.stats.accepted, out.stats.proposed)
+
+
+@pytest.mark.parametrize("max_new", [0, 1])
+def test_tiny_budgets(target, max_new):
+    base = greedy(Engine(target), max_new=max_new)
+    spec = greedy(Engine(target, noisy_drafter(target), 4), max_new=max_new)
+    assert spec.lengths.tolist() == [max_new] * len(PROMPTS)
+    assert torch.equal(spec.tokens, base.tokens)
+
+
+def test_eos_mid_block_stops_the_row_there(target):
+    plain = greedy(Engine(target))
+    eos = plain.row(2)[5]  # a token row 2 emits at its 6th step
+    target_eos = copy.copy(target)
+    target_eos.eos_id = eos
+    base = greedy(Engine(target_eos))
+    spec = greedy(Engine(target_eos, self_draft(target), 8))  # k=8: EOS lands mid-block
+    assert torch.equal(spec.tokens, base.tokens) and torch.equal(spec.lengths, base.lengths)
+    assert spec.row(2)[-1] == eos and spec.lengths[2] <= 6
+
+
+def test_context_near_the_maximum_position():
+    small = make_target(max_positions=24)
+    prompt = [[0] + list(range(2, 18))]  # 17 tokens + 7 new = 24 positions
+    base = greedy(Engine(small), prompt, max_new=7)
+    spec = greedy(Engine(small, noisy_drafter(small), 8), prompt, max_new=7)
+    assert torch.equal(spec.tokens, base.tokens)
+    with pytest.raises(LosscheckError, match="exceeds the target's 24 positions"):
+        greedy(Engine(small), prompt, max_new=8)
+
+
+def test_sampling_is_reproducible_from_the_seed(target):
+    engine = Engine(target, noisy_drafter(target), 4)
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    a = engine.generate(PROMPTS * 20, 16, params, make_generator(3, "s"))
+    b = engine.generate(PROMPTS * 20, 16, params, make_generator(3, "s"))
+    c = engine.generate(PROMPTS * 20, 16, params, make_generator(4, "s"))
+    assert torch.equal(a.tokens, b.tokens)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_bad_prompts_are_named(target):
+    with pytest.raises(LosscheckError, match="prompt 1 is empty"):
+        greedy(Engine(target), [[0], []])
+    with pytest.raises(LosscheckError, match="outside the vocabulary"):
+        greedy(Engine(target), [[0, 999]])
+
+
+class NaNDrafter(AutoregressiveDrafter):
+    def propose(self, ctx):
+        proposal = super().propose(ctx)
+        return Proposal(proposal.tokens, torch.full_like(proposal.probs, float("nan")))
+
+
+def test_malformed_drafter_output_fails_naming_the_drafter(target):
+    engine = Engine(target, NaNDrafter(target.model, "nan-drafter"), 2)
+    with pytest.raises(DrafterOutputError, match="drafter 'nan-drafter'.*NaN"):
+        engine.generate(PROMPTS, 4, SamplingParams(), make_generator(0, "n"))
