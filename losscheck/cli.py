@@ -33,9 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     cert.add_argument("--profile", default="ci", choices=("ci", "thorough"))
     cert.add_argument("--alpha", type=float, default=0.01)
     cert.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers (0 = in process)")
+    bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
+    bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
     ns = parser.parse_args(argv)
     if ns.command == "certify":
         return int(pytest.main(certify_args(ns)))
+    if ns.command == "bench":
+        from pathlib import Path
+
+        from losscheck.bench import run_benchmarks
+
+        run_benchmarks(Path(ns.out))
+        return 0
     return 2
 
 

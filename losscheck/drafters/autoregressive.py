@@ -48,8 +48,7 @@ class AutoregressiveDrafter:
 
         drafts, dists = [], []
         for j in range(k):
-            q = process_logits(last, ctx.params)  # [B, V]
-            token = q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)
+            token, q = self.draw(last, ctx)  # [B], [B, V]
             drafts.append(token)
             dists.append(q)
             if j + 1 < k:
@@ -59,6 +58,11 @@ class AutoregressiveDrafter:
         tokens = torch.stack(drafts, 1)  # [B, k]
         probs = None if ctx.params.greedy else torch.stack(dists, 1)  # [B, k, V]
         return Proposal(tokens, probs)
+
+    def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """One slot: logits [B, V] → (token [B], the q [B, V] it was drawn from)."""
+        q = process_logits(logits, ctx.params)
+        return (q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)), q
 
     def commit(self, accepted: torch.Tensor) -> None:
         # The cache read drafts 1..k-1; of those, the accepted ones are now committed tokens.

@@ -1,0 +1,117 @@
+"""Benchmarks of the loop on the bundled models (`losscheck bench`); figures go to the README.
+
+Timings, not tests: nothing here asserts a speed. Each figure is the best of `repeats` runs after
+one warm-up, on whatever threads torch uses (the command prints them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from losscheck import bundled
+from losscheck.drafters.autoregressive import from_path
+from losscheck.engine import Engine
+from losscheck.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.target import HFTarget
+
+
+def best_seconds(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    run()  # warm-up
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def prompts_for(batch: int) -> list[list[int]]:
+    pool = [p for tier in bundled.PROMPT_TIERS for p in bundled.load_prompts(tier)]
+    return [pool[i % len(pool)] for i in range(batch)]
+
+
+def loop_throughput(target: HFTarget, drafter: Any, batch: int, new: int, params: SamplingParams,
+                    k: int, repeats: int) -> dict[str, float]:
+    """Generated tokens per second of the spec loop and of the baseline, same prompts."""
+    prompts = prompts_for(batch)
+    row: dict[str, float] = {"batch": batch, "new_tokens": new, "k": k}
+    for name, engine in (("baseline", Engine(target)), ("spec", Engine(target, drafter, k))):
+        seconds, gen = best_seconds(lambda: engine.generate(prompts, new, params, make_generator(0, "bench")), repeats)
+        row[f"{name}_tokens_per_s"] = float(gen.lengths.sum()) / seconds
+        if name == "spec":
+            row["acceptance_length"] = gen.stats.acceptance_length
+            row["draft_time_fraction"] = gen.stats.draft_seconds / max(gen.stats.total_seconds, 1e-12)
+    row["speedup"] = row["spec_tokens_per_s"] / row["baseline_tokens_per_s"]
+    return row
+
+
+def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int) -> float:
+    """Hugging Face assisted generation, batch 1 (its only supported batch), sampling at T=1."""
+    prompts = prompts_for(n)
+    model, assistant = target.model, drafter.lm.model
+
+    def run() -> None:
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant, do_sample=True,
+                           temperature=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
+                           pad_token_id=0)
+
+    torch.manual_seed(0)
+    seconds, _ = best_seconds(run, 1)
+    return n / seconds
+
+
+def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
+    target = HFTarget.from_pretrained(bundled.target_path())
+    drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    horizon = 16
+    results: dict[str, Any] = {"threads": torch.get_num_threads(), "torch": torch.__version__, "rows": []}
+    for batch in (1, 64, 1024):
+        for params in (GREEDY, SamplingParams(temperature=1.0)):
+            row = loop_throughput(target, drafter, batch, 64 if batch == 1 else horizon, params, 4, repeats)
+            row["params"] = params.label()
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    # Samples per second: our loop at batch 1024 vs HF assisted generation at batch 1.
+    seconds, _ = best_seconds(
+        lambda: Engine(target, drafter, 4).generate(prompts_for(1024), horizon, SamplingParams(), make_generator(1, "b")),
+        repeats,
+    )
+    ours = 1024 / seconds
+    theirs = hf_assisted_samples_per_s(target, drafter, horizon, 32)
+    results["samples_per_s"] = {"losscheck_batch1024": ours, "hf_assisted_batch1": theirs, "ratio": ours / theirs,
+                                "horizon": horizon, "k": 4}
+    print(json.dumps(results["samples_per_s"]), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    (out / "bench.md").write_text(markdown(results))
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"torch {results['torch']}, {results['threads']} threads; best of repeats after a warm-up.",
+        "",
+        "| batch | params | new tokens | k | baseline tok/s | spec tok/s | speedup | tau | draft time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        lines.append(
+            f"| {r['batch']} | {r['params']} | {r['new_tokens']} | {r['k']} | {r['baseline_tokens_per_s']:.0f} | "
+            f"{r['spec_tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r['acceptance_length']:.2f} | "
+            f"{r['draft_time_fraction']:.0%} |"
+        )
+    s = results["samples_per_s"]
+    lines += [
+        "",
+        f"Sampled sequences per second ({s['horizon']} tokens, T=1, k={s['k']}): losscheck loop at batch 1024 "
+        f"{s['losscheck_batch1024']:.0f}/s; Hugging Face assisted generation (batch 1) {s['hf_assisted_batch1']:.1f}/s; "
+        f"ratio {s['ratio']:.0f}x.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,127 @@
+"""The plugin end to end, run by pytest itself (pytester, in a subprocess).
+
+Each run uses the bundled fixtures and selects a few gate cells with -k to stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from losscheck import bundled
+
+pytest_plugins = ["pytester"]
+
+HONEST = """
+from losscheck.drafters.autoregressive import from_path
+from losscheck import bundled
+
+def factory(target):
+    return from_path(bundled.fixtures_dir() / "drafter_a", target)
+"""
+
+# Proposes its argmax but reports its softmax as q (a real bug of a popular library).
+SOFTMAX_Q_FOR_ARGMAX = """
+from losscheck import bundled
+from losscheck.drafters.autoregressive import AutoregressiveDrafter, from_path
+from losscheck.sampling import process_logits
+
+class ArgmaxWithSoftmaxQ(AutoregressiveDrafter):
+    def draw(self, logits, ctx):
+        q = process_logits(logits, ctx.params)
+        return q.argmax(-1), q
+
+def factory(target):
+    honest = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    return ArgmaxWithSoftmaxQ(honest.lm.model, "argmax-softmax-q")
+"""
+
+# Samples at the request's temperature but reports q at temperature 1.
+Q_AT_T1 = """
+import dataclasses
+from losscheck import bundled
+from losscheck.drafters.autoregressive import AutoregressiveDrafter, from_path
+from losscheck.sampling import SamplingParams, process_logits
+
+class WrongTemperatureQ(AutoregressiveDrafter):
+    def draw(self, logits, ctx):
+        token, _ = super().draw(logits, ctx)
+        return token, process_logits(logits, dataclasses.replace(ctx.params, temperature=1.0))
+
+def factory(target):
+    honest = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    return WrongTemperatureQ(honest.lm.model, "q-at-T1")
+"""
+
+BASE_PIT_CELL = "test_pit_uniform and user-k4-T1 and not topk and not topp"
+
+
+def run_gate(pytester: pytest.Pytester, module: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(mydrafter=textwrap.dedent(module))
+    pytester.syspathinsert()
+    return pytester.runpytest_subprocess(
+        "--pyargs", "losscheck.certify", "-m", "lossless", "-p", "no:cacheprovider",
+        "--losscheck-drafter=mydrafter:factory", *args,
+    )
+
+
+def test_an_external_drafter_runs_through_the_same_greedy_tests(pytester):
+    result = run_gate(pytester, HONEST, "-k", "user-k4-greedy or user-k1-greedy")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*losscheck: seed=* drafter=mydrafter:factory*", "*user-k4-greedy*PASS*"])
+
+
+def test_softmax_q_reported_for_argmax_drafts_fails_the_sampling_gate(pytester):
+    result = run_gate(pytester, SOFTMAX_Q_FOR_ARGMAX, "-k", BASE_PIT_CELL)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*pit.pooled_* FAILED*p = *alpha = *detects*"])
+
+
+def test_q_reported_at_the_wrong_temperature_fails_the_sampling_gate(pytester):
+    result = run_gate(pytester, Q_AT_T1, "-k", "test_pit_uniform and user-k4-T0.3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAILED*p = *alpha = *"])
+
+
+def test_an_honest_external_drafter_passes_the_sampling_gate(pytester):
+    result = run_gate(pytester, HONEST, "-k", "test_pit_uniform and user-k4-T0.3")
+    result.assert_outcomes(passed=1)
+
+
+def test_certificate_is_written(pytester, tmp_path):
+    out = tmp_path / "reports"
+    result = run_gate(pytester, HONEST, "-k", "user-k2-greedy", f"--losscheck-out={out}")
+    result.assert_outcomes(passed=1)
+    [run] = list(out.iterdir())
+    cert = json.loads((run / "certificate.json").read_text())
+    assert cert["schema"] == "losscheck.certificate/1" and cert["verdict"] == "pass"
+    assert len(cert["targets"]["main"]["sha256"]) == 64
+    [cell] = cert["cells"]
+    assert cell["cell"] == "user-k2-greedy" and cell["passed"] and "acceptance" in cell
+    assert (run / "summary.md").read_text().startswith("# losscheck certificate — PASS")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--losscheck-alpha=2"], "must be in (0, 1)"),
+        (["--losscheck-profile=fast"], "invalid choice"),
+    ],
+)
+def test_bad_options_are_rejected(pytester, args, message):
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    assert result.ret != 0
+    assert message in result.stderr.str()
+
+
+def test_an_unimportable_drafter_is_named(pytester):
+    result = pytester.runpytest_subprocess("--pyargs", "losscheck.certify", "-p", "no:cacheprovider",
+                                           "--losscheck-drafter=no_such_module:factory")
+    assert result.ret != 0
+    assert "cannot import module 'no_such_module'" in result.stdout.str() + result.stderr.str()
+
+
+def test_fixtures_are_bundled():
+    assert (bundled.fixtures_dir() / "target" / "config.json").is_file()
