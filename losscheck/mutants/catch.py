@@ -1,0 +1,213 @@
+"""Running the gate's own cells against a mutant, and the catch table.
+
+A mutant is *caught* when at least one of its cells fails under exactly the gate's settings:
+the same runner functions (`run_greedy`, `run_exact`, `run_pit`), the same profile, seeds and
+sample sizes, and the same per-test α as `pytest -m lossless` — α split over the gate's
+statistical tests (`gate_statistical_tests`), not over whatever this run collected.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from losscheck.matrix import Cell
+from losscheck.mutants.registry import Mutant
+from losscheck.mutants.power import predict
+
+
+def gate_statistical_tests(session) -> int:
+    """Statistical tests `pytest -m lossless` collects: one per cell of every parametrised
+    sampling argument (every cell argument but the greedy one)."""
+    from losscheck.cells import cells_for
+    from losscheck.plugin import CELL_ARGS
+
+    return sum(len(cells_for(session, arg)) for arg in CELL_ARGS if arg != "greedy_cell")
+
+
+def gate_session(base, mutant: str | None):
+    """`base`'s options and models with `mutant` planted and the gate's per-test α."""
+    base.drafters("main")  # load the models once, so every derived session shares them
+    run = base.derive(mutant=mutant)
+    run.n_statistical = gate_statistical_tests(base)
+    return run
+
+
+def run_cell(session, cell: Cell):
+    from losscheck import runner
+
+    if cell.params.greedy:
+        return runner.run_greedy(session, cell)
+    return runner.run_exact(session, cell) if cell.target == "small" else runner.run_pit(session, cell)
+
+
+@dataclass
+class CellCatch:
+    """One gate cell run against a mutant (or the unmodified engine)."""
+
+    cell: str
+    test: str  # "greedy" | "exact" | "pit"
+    failed: bool
+    failing: list[str]  # names of the failing tests (greedy: "equality", oracle problems)
+    p_value: float | None  # smallest p-value among the failing statistical tests
+    evidence: str  # the first divergence, or the failing tests' message
+    seconds: float
+    prediction: dict[str, Any] = field(default_factory=dict)
+
+
+def _catch(session, cell: Cell, mutant: Mutant | None) -> CellCatch:
+    started = time.perf_counter()
+    outcome = run_cell(session, cell)
+    seconds = time.perf_counter() - started
+    record = outcome.record
+    failing, p_value, evidence = [], None, ""
+    if outcome.kind == "greedy":
+        divergences = [d for d in record["divergences"] if session.options.strict or not d["near_tie"]]
+        if divergences:
+            d = divergences[0]
+            failing.append("equality")
+            evidence = (f"{len(divergences)} prompts diverge; first: {d['tier']} #{d['prompt_index']} at "
+                        f"position {d['position']}, spec {d['spec_token']} vs base {d['base_token']} "
+                        f"(margin {d['margin']:.3g})")
+        if not outcome.passed and not divergences:
+            failing.append("oracle")
+            evidence = outcome.message.splitlines()[-1].strip()
+    else:
+        bad = [r for r in record["verdict"]["results"] if not r["passed"]]
+        failing = [r["name"] for r in bad]
+        if bad:
+            worst = min(bad, key=lambda r: r["p_value"])
+            p_value = worst["p_value"]
+            evidence = f"{worst['name']}: {worst['observed']}"
+        if record.get("oracle_problem"):
+            failing.append("oracle")
+            evidence = evidence or record["oracle_problem"]
+    prediction = predict(session, mutant, cell).to_dict() if mutant is not None and outcome.kind == "exact" else {}
+    return CellCatch(cell.id, outcome.kind, not outcome.passed, failing, p_value, evidence, seconds, prediction)
+
+
+@dataclass
+class MutantReport:
+    name: str
+    bug_class: str
+    kind: str
+    cells: list[str]  # the gate cells it manifests in, in run order
+    runs: list[CellCatch]  # the cells actually run (up to the first catch, or all)
+    seconds: float
+    prediction: dict[str, Any] = field(default_factory=dict)  # best exact-mode prediction
+
+    @property
+    def caught(self) -> bool:
+        return any(r.failed for r in self.runs)
+
+    @property
+    def catch(self) -> CellCatch | None:
+        return next((r for r in self.runs if r.failed), None)
+
+    def message(self) -> str:
+        lines = [f"mutant {self.name} ({self.bug_class}): {'CAUGHT' if self.caught else 'NOT CAUGHT'} "
+                 f"after {len(self.runs)} of {len(self.cells)} cells"]
+        for r in self.runs:
+            verdict = "FAIL" if r.failed else "pass"
+            lines.append(f"  {r.cell} [{r.test}] {verdict} {', '.join(r.failing)} {r.evidence}".rstrip())
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "caught": self.caught}
+
+
+def run_mutant(base, mutant: Mutant, all_cells: bool = False) -> MutantReport:
+    """Run `mutant`'s cells through the gate, stopping at the first catch unless `all_cells`."""
+    started = time.perf_counter()
+    session = gate_session(base, mutant.name)
+    cells = mutant.cells(session)
+    runs: list[CellCatch] = []
+    for cell in cells:
+        runs.append(_catch(session, cell, mutant))
+        if runs[-1].failed and not all_cells:
+            break
+    prediction = _headline_prediction(session, mutant, cells, runs)
+    return MutantReport(mutant.name, mutant.bug_class, mutant.kind, [c.id for c in cells], runs,
+                        time.perf_counter() - started, prediction)
+
+
+def _headline_prediction(session, mutant: Mutant, cells: list[Cell], runs: list[CellCatch]) -> dict[str, Any]:
+    """The catching cell's prediction when it is an exact cell, else the first exact cell's (or,
+    with none, the first cell's n/a and its reason)."""
+    catch = next((r for r in runs if r.failed), None)
+    if catch is not None and catch.prediction:
+        return {"cell": catch.cell, **catch.prediction}
+    cell = next((c for c in cells if c.target == "small"), cells[0] if cells else None)
+    if cell is None:
+        return {"cell": None, "power": None, "tv": None, "note": "n/a: the mutant shows in no cell of this run"}
+    return {"cell": cell.id, **predict(session, mutant, cell).to_dict()}
+
+
+def run_control(base, cells: list[Cell]) -> list[CellCatch]:
+    """The unmodified engine on `cells`, under the same settings: none may fail."""
+    session = gate_session(base, None)
+    return [_catch(session, cell, None) for cell in cells]
+
+
+# --- the catch table ------------------------------------------------------------------------------
+TABLE_COLUMNS = ("mutant", "bug class", "kind", "caught", "caught by (cell: test)", "p-value / divergence",
+                 "predicted power (exact pos-0)", "TV pos-0", "cells run", "s")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def table_rows(reports: list[MutantReport]) -> list[tuple[str, ...]]:
+    rows = []
+    for r in reports:
+        catch = r.catch
+        if catch is None:
+            by, evidence = "-", "-"
+        else:
+            by = f"{catch.cell}: {', '.join(catch.failing)}"
+            evidence = f"p = {catch.p_value:.3g}" if catch.p_value is not None else catch.evidence
+        pred = r.prediction
+        power = _fmt(pred.get("power"), ".4f")
+        if pred.get("power") is not None and pred.get("cell") != (catch.cell if catch else None):
+            power += f" ({pred['cell']})"
+        rows.append((r.name, r.bug_class, r.kind, "yes" if r.caught else "NO", by, evidence, power,
+                     _fmt(pred.get("tv"), ".3f"), f"{len(r.runs)}/{len(r.cells)}", f"{r.seconds:.0f}"))
+    return rows
+
+
+def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any]) -> str:
+    head = "| " + " | ".join(TABLE_COLUMNS) + " |\n|" + "---|" * len(TABLE_COLUMNS) + "\n"
+    body = "".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |\n" for row in table_rows(reports))
+    caught = sum(r.caught for r in reports)
+    lines = [
+        "# Mutant catch table",
+        "",
+        f"{caught}/{len(reports)} planted bugs caught by the lossless gate (seed {meta['seed']}, profile "
+        f"{meta['profile']}, family-wise alpha {meta['alpha']}, per-test alpha {meta['per_test_alpha']:.3g} "
+        f"= alpha / {meta['gate_statistical_tests']} gate statistical tests).",
+        "",
+        head + body,
+        "Predicted power: power of the exact-mode `exact.position[0]` test (same bins, n and level as the "
+        "gate) against the mutant's exact first-token law; a lower bound on the cell's catch probability. "
+        "n/a rows say why in the JSON (`prediction.note`).",
+    ]
+    if control:
+        failed = [c for c in control if c.failed]
+        lines += ["", f"Unmodified engine on the same {len(control)} cells: "
+                  + ("no false alarm." if not failed else "FALSE ALARM in " + ", ".join(c.cell for c in failed))]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / "catch_table.md", out / "catch_table.json"
+    md.write_text(markdown(reports, control, meta))
+    payload = {"schema": 1, **meta, "mutants": [r.to_dict() for r in reports],
+               "control": [asdict(c) for c in control]}
+    js.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return md, js
+
