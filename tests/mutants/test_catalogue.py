@@ -1,0 +1,114 @@
+"""The catalogue's bookkeeping on the bundled fixtures: names, cells, the gate's α, predicted
+power, the catch table and the `losscheck mutants` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from losscheck.errors import OptionError
+from losscheck.mutants import MUTANT_NAMES, catalogue, check_name, get_mutant
+from losscheck.session import Options, Session
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_light_name_list_is_the_catalogue():
+    assert tuple(m.name for m in catalogue()) == MUTANT_NAMES
+    assert len(set(MUTANT_NAMES)) == len(MUTANT_NAMES) >= 14
+    for m in catalogue():
+        assert m.kind in ("greedy", "sampling")
+        assert m.bug_class and "\n" not in m.bug_class
+        assert (m.first_token is None) == bool(m.no_law), m.name  # a law, or the reason there is none
+
+
+def test_an_unknown_mutant_is_an_option_error_listing_the_catalogue():
+    with pytest.raises(OptionError, match="rows_mixed_up"):
+        check_name("residual_not_normalized")
+    with pytest.raises(OptionError, match="not in the mutant catalogue"):
+        Session(Options(mutant="nope")).engine_factory()
+    assert Session(Options(mutant="shared_uniform")).engine_factory() is get_mutant("shared_uniform").engine
+
+
+@pytest.fixture(scope="module")
+def session():
+    from losscheck.mutants.catch import gate_session
+
+    return gate_session(Session(Options()), None)
+
+
+def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
+    from losscheck.cells import cells_for
+
+    greedy = {c.id for c in cells_for(session, "greedy_cell")}
+    statistical = {c.id for arg in ("sampling_cell", "exact_cell") for c in cells_for(session, arg)}
+    for m in catalogue():
+        ids = [c.id for c in m.cells(session)]
+        assert ids, f"{m.name} shows in no gate cell"
+        assert set(ids) <= (greedy if m.kind == "greedy" else statistical), m.name
+    assert [c.id for c in get_mutant("temperature_q_only").cells(session)] == [
+        "A-k4-T0.3-small", "A-k4-T1.5-small", "A-k4-T0.3", "A-k4-T1.5"]
+
+
+def test_the_mutant_tier_uses_the_alpha_of_the_lossless_gate(session):
+    """The count behind the per-test α equals what `pytest -m lossless` collects as statistical."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+         "lossless and statistical", str(ROOT / "losscheck" / "certify")],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    ).stdout
+    collected = sum(1 for line in out.splitlines() if "::" in line)
+    assert session.n_statistical == collected
+    assert session.per_test_alpha == pytest.approx(0.01 / collected)
+
+
+def test_predicted_power_is_alpha_for_a_lossless_law_and_high_for_a_lossy_one(session):
+    from dataclasses import replace
+
+    from losscheck.matrix import Cell
+    from losscheck.mutants import laws
+    from losscheck.mutants.power import position0_level, predict
+    from losscheck.sampling import SamplingParams
+
+    cell = Cell("A", 4, SamplingParams(temperature=0.3), target="small")
+    honest = replace(get_mutant("temperature_q_only"), first_token=laws.correct)
+    none = predict(session, honest, cell)
+    _, alpha = position0_level(session, cell, None)
+    assert none.tv < 1e-6 and none.power == pytest.approx(alpha, rel=1e-3)
+    lossy = predict(session, get_mutant("temperature_q_only"), cell)
+    assert lossy.tv > 0.1 and lossy.power > 0.999
+    greedy = predict(session, get_mutant("rows_mixed_up"), Cell("A", 4, SamplingParams(temperature=0.0)))
+    assert greedy.power is None and greedy.note.startswith("n/a")
+
+
+def test_catch_table_rows_and_files(tmp_path):
+    from losscheck.mutants.catch import CellCatch, MutantReport, write_table
+
+    caught = MutantReport("m1", "Bug class one", "sampling", ["c1", "c2"],
+                          [CellCatch("c1", "exact", True, ["exact.position[0]"], 1e-30, "x", 1.0,
+                                     {"power": 1.0, "tv": 0.2, "note": "exact.position[0]"})],
+                          1.0, {"cell": "c1", "power": 1.0, "tv": 0.2, "note": "exact.position[0]"})
+    missed = MutantReport("m2", "Bug | two", "greedy", ["g1"], [CellCatch("g1", "greedy", False, [], None, "", 1.0)],
+                          1.0, {"cell": "g1", "power": None, "tv": None, "note": "n/a: greedy"})
+    meta = {"seed": 1, "profile": "ci", "alpha": 0.01, "per_test_alpha": 0.01 / 18, "gate_statistical_tests": 18}
+    md, js = write_table([caught, missed], [], meta, tmp_path)
+    text = md.read_text()
+    assert "1/2 planted bugs caught" in text
+    assert "| m1 | Bug class one | sampling | yes | c1: exact.position[0] | p = 1e-30 | 1.0000 | 0.200 | 1/2 |" in text
+    assert "Bug \\| two" in text and "| NO |" in text
+    assert [m["caught"] for m in json.loads(js.read_text())["mutants"]] == [True, False]
+
+
+def test_the_mutants_command_writes_the_catch_table(tmp_path, capsys):
+    from losscheck.cli import main
+
+    assert main(["mutants", "rows_mixed_up", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "catch_table.json").read_text())
+    assert [m["name"] for m in table["mutants"]] == ["rows_mixed_up"] and table["mutants"][0]["caught"]
+    assert table["control"] and not any(c["failed"] for c in table["control"])
+    assert "rows_mixed_up" in (tmp_path / "catch_table.md").read_text()
+    assert "1/1 planted bugs caught" in capsys.readouterr().out

@@ -1,0 +1,76 @@
+"""Mutant engines on a tiny random Llama: the baseline stays plain decoding, the greedy mutants
+really diverge, the wrappers refuse drafters they cannot plant a bug in."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from losscheck.drafters.autoregressive import AutoregressiveDrafter
+from losscheck.engine import Engine
+from losscheck.errors import LosscheckError
+from losscheck.mutants import catalogue, get_mutant
+from losscheck.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.target import HFTarget
+from tests.toy import tiny_llama
+
+PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def target() -> HFTarget:
+    """A tiny random Llama with sharp attention: at random-init scale attention is nearly uniform
+    and position ids barely matter, which would hide the position mutant."""
+    model = tiny_llama()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
+    return HFTarget(model, "toy", {"precision": "fp32"})
+
+
+def noisy_drafter(target: HFTarget, noise: float = 0.05) -> AutoregressiveDrafter:
+    """A perturbed copy of the target: rows accept different counts every round."""
+    model = copy.deepcopy(target.model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+    return AutoregressiveDrafter(model, "noisy")
+
+
+def run(engine: Engine, params: SamplingParams = GREEDY):
+    return engine.generate(PROMPTS, MAX_NEW, params, make_generator(0, "mutant-test"))
+
+
+@pytest.mark.parametrize("mutant", catalogue(), ids=lambda m: m.name)
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.7, top_k=5)], ids=lambda p: p.label())
+def test_the_baseline_of_every_mutant_is_plain_decoding(target, mutant, params):
+    planted, plain = run(mutant.engine(target), params), run(Engine(target), params)
+    assert torch.equal(planted.tokens, plain.tokens) and torch.equal(planted.lengths, plain.lengths)
+
+
+@pytest.mark.parametrize("name", [m.name for m in catalogue() if m.kind == "greedy"] + ["recovered_after_rejected"])
+def test_greedy_mutants_diverge_from_the_baseline(target, name):
+    base = run(Engine(target))
+    honest = run(Engine(target, noisy_drafter(target), 3))
+    assert torch.equal(honest.tokens, base.tokens)  # the toy loop is lossless without the bug
+    planted = run(get_mutant(name).engine(target, noisy_drafter(target), 3))
+    assert not torch.equal(planted.tokens, base.tokens), f"{name} left greedy output unchanged"
+
+
+def test_stale_cache_gives_the_target_room_for_the_stale_entries(target):
+    engine = get_mutant("stale_target_cache").engine(target, noisy_drafter(target), 4)
+    run(engine)  # stale entries pile up past the engine's capacity: this would overflow without them
+    assert engine.target.extra == MAX_NEW * 4
+
+
+def test_wrapping_mutants_refuse_a_drafter_that_is_not_family_a(target):
+    class Other:
+        name, block_lengths, widths, uses_hidden = "block", (4,), (), False
+
+    with pytest.raises(LosscheckError, match="family-A"):
+        get_mutant("greedy_draft_softmax_q").engine(target, Other(), 4)

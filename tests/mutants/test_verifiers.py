@@ -1,0 +1,142 @@
+"""Planted verifier bugs on a closed-form toy: a Markov-table target and drafter.
+
+For each mutant the exact law of the first emitted token (`losscheck.mutants.laws`) is computed
+from the tables, checked to be far from the target's p (the bug is really lossy), and checked
+against 100k seeded rounds of the mutant's actual code (the law describes the code). The
+correct verifier goes through the same harness and must give p exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from losscheck.contract import DraftContext, Proposal
+from losscheck.engine import Engine
+from losscheck.mutants import drafters as planted
+from losscheck.mutants import engines, laws
+from losscheck.mutants.verifiers import inverse_cdf, leave_bonus_unwritten, rows_sorted_by_acceptance
+from losscheck.sampling import SamplingParams, process_logits, sample
+from losscheck.verify import Verdict
+from tests.toy import markov_table
+
+V, START, ROWS, K = 6, 0, 100_000, 2
+_gen = torch.Generator().manual_seed(7)
+TARGET = markov_table(V, _gen)  # [V, V] logits, row = previous token
+DRAFTER = 0.6 * TARGET + markov_table(V, _gen, sharpness=1.0)  # a plausible, imperfect drafter
+
+
+def honest_draw(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    q = process_logits(logits, ctx.params)
+    return sample(q, ctx.generator), q
+
+
+def one_round(verify, draw, params: SamplingParams, k: int = K, seed: int = 0) -> Verdict:
+    """ROWS independent rounds from START: k drafts by `draw` on the drafter table, verified by
+    `verify(logits, proposal, params, gen)` on the target table's logits."""
+    gen = torch.Generator().manual_seed(seed)
+    ctx = DraftContext(torch.zeros(ROWS, 1, dtype=torch.long), torch.ones(ROWS, dtype=torch.long), None, k,
+                       None, params, gen)
+    prev = torch.full((ROWS,), START)
+    drafts, reports = [], []
+    for _ in range(k):
+        token, q = draw(DRAFTER[prev].float(), ctx)
+        drafts.append(token)
+        reports.append(q)
+        prev = token
+    tokens = torch.stack(drafts, 1)  # [ROWS, k]
+    scored = torch.cat([torch.full((ROWS, 1), START), tokens], 1)  # [ROWS, k+1]
+    return verify(TARGET[scored].float(), Proposal(tokens, torch.stack(reports, 1)), params, gen)
+
+
+def engine_verify(cls):
+    """The engine's verify step with a drafter present (the mutant path)."""
+    return cls(None, object(), K).verify
+
+
+def first_slot(params: SamplingParams) -> laws.FirstSlot:
+    return laws.FirstSlot(params, TARGET[START], DRAFTER[START], TARGET)
+
+
+def assert_follows(tokens: torch.Tensor, law: torch.Tensor) -> None:
+    """χ² of `tokens` against `law` on ids with >= 5 expected (the rest pooled); alpha 1e-6."""
+    observed = torch.bincount(tokens, minlength=V).double()
+    assert observed[law == 0].sum() == 0, "a token of probability 0 under the law was emitted"
+    expected = law * len(tokens)
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    assert chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-6
+
+
+T1, COLD, TOPK = SamplingParams(), SamplingParams(temperature=0.5), SamplingParams(top_k=3)
+CASES = {  # name: (verify, draw, exact law, params)
+    "unnormalised_residual": (engine_verify(engines.UnnormalisedResidual), honest_draw, laws.unnormalised_residual, T1),
+    "residual_is_p": (engine_verify(engines.ResidualIsP), honest_draw, laws.residual_is_p, T1),
+    "inverted_ratio": (engine_verify(engines.InvertedRatio), honest_draw, laws.inverted_ratio, T1),
+    "shared_uniform": (engine_verify(engines.SharedUniform), honest_draw, laws.shared_uniform, T1),
+    "typical_acceptance": (engine_verify(engines.TypicalAcceptance), honest_draw, laws.typical, T1),
+    "recovered_after_rejected": (engine_verify(engines.RecoveredAfterRejected), honest_draw,
+                                 laws.recovered_after_rejected, T1),
+    "temperature_q_only": (engine_verify(engines.TemperatureOnQOnly), honest_draw, laws.temperature_q_only, COLD),
+    "truncation_draft_only": (engine_verify(engines.TruncationOnDraftOnly), honest_draw,
+                              laws.truncation_draft_only, TOPK),
+    "temperature_p_only": (engine_verify(Engine), planted.untempered_report, laws.temperature_p_only, COLD),
+    "greedy_draft_softmax_q": (engine_verify(Engine), planted.argmax_with_softmax_report,
+                               laws.greedy_draft_softmax_q, T1),
+    "truncated_candidates_full_q": (engine_verify(Engine), planted.top_w_with_full_report,
+                                    laws.truncated_candidates_full_q, T1),
+}
+
+
+@pytest.mark.parametrize("params", [T1, COLD, TOPK, SamplingParams(top_p=0.8)], ids=lambda p: p.label())
+def test_the_correct_verifier_gives_p_exactly_and_the_harness_agrees(params):
+    slot = first_slot(params)
+    law = laws.correct(slot)
+    assert torch.allclose(law, slot.p(), atol=1e-9)
+    assert_follows(one_round(engine_verify(Engine), honest_draw, params).tokens[:, 0], slot.p())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_mutant_first_token_law_is_lossy_and_describes_the_code(name):
+    verify, draw, law_of, params = CASES[name]
+    slot = first_slot(params)
+    law = law_of(slot)
+    assert law.sum() == pytest.approx(1.0, abs=1e-9) and (law >= 0).all()
+    tv = float((law - slot.p()).abs().sum() / 2)
+    assert tv > 0.01, f"{name}: first-token TV {tv:.4f} from p; the planted bug would not be lossy here"
+    assert_follows(one_round(verify, draw, params).tokens[:, 0], law)
+
+
+def test_bonus_from_wrong_slot_draws_the_bonus_without_the_last_draft():
+    verdict = one_round(engine_verify(engines.BonusFromWrongSlot), honest_draw, T1, k=1)
+    kept = verdict.accepted == 1
+    p_start = process_logits(TARGET[START], T1).double()
+    assert_follows(verdict.tokens[kept, 1], p_start)  # the bonus ignores the accepted draft
+    honest = one_round(engine_verify(Engine), honest_draw, T1, k=1)
+    honest_kept = honest.accepted == 1
+    bonus_law = process_logits(TARGET[honest.tokens[honest_kept, 0]], T1).double().mean(0)
+    assert float((bonus_law - p_start).abs().sum() / 2) > 0.05  # ...which is far from its right law
+
+
+def test_inverse_cdf_runs_off_an_unnormalised_residual_onto_the_last_id():
+    residual = torch.tensor([[0.0, 0.02, 0.01, 0.0]])
+    assert inverse_cdf(residual, torch.tensor([0.015], dtype=torch.float64), clamp_to_support=False).item() == 1
+    assert inverse_cdf(residual, torch.tensor([0.5], dtype=torch.float64), clamp_to_support=False).item() == 3
+    normalised = residual / residual.sum()
+    assert inverse_cdf(normalised, torch.tensor([0.9999999999], dtype=torch.float64)).item() == 2
+
+
+def test_bonus_left_unwritten_only_when_every_draft_is_kept():
+    verdict = Verdict(torch.tensor([2, 1]), torch.tensor([[5, 6, 7], [5, 4, 0]]))
+    planted_verdict = leave_bonus_unwritten(verdict, k=2)
+    assert planted_verdict.tokens.tolist() == [[5, 6, 0], [5, 4, 0]]
+
+
+def test_rows_are_permuted_only_when_they_accept_different_counts():
+    same = Verdict(torch.tensor([1, 1, 1]), torch.arange(6).view(3, 2))
+    assert torch.equal(rows_sorted_by_acceptance(same).tokens, same.tokens)
+    ragged = Verdict(torch.tensor([1, 0]), torch.tensor([[3, 4], [8, 9]]))
+    assert rows_sorted_by_acceptance(ragged).tokens.tolist() == [[8, 9], [3, 4]]
