@@ -35,9 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     cert.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers (0 = in process)")
     bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
     bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
+    mut = sub.add_parser("mutants", help="run the gate against the planted-bug catalogue; write the catch table")
+    mut.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
+    mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
+    mut.add_argument("--seed", type=int, default=20261129)
+    mut.add_argument("--profile", default="ci", choices=("ci", "thorough"))
+    mut.add_argument("--alpha", type=float, default=0.01)
+    mut.add_argument("--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch")
     ns = parser.parse_args(argv)
     if ns.command == "certify":
         return int(pytest.main(certify_args(ns)))
+    if ns.command == "mutants":
+        from pathlib import Path
+
+        from losscheck.mutants.command import run
+
+        return run(Path(ns.out), ns.seed, ns.profile, ns.alpha, ns.names, ns.all_cells)
     if ns.command == "bench":
         from pathlib import Path
 
