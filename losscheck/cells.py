@@ -24,6 +24,8 @@ def cells_for(session: Session, arg: str) -> list[Cell]:
         return _sampled(session, "main", SAMPLING_VARIANTS)
     if arg == "exact_cell":
         return _sampled(session, "small", SMALL_VARIANTS) if "small" in session.targets else []
+    if arg == "engine_cell":  # black-box engines: the sampling variants, block length is theirs
+        return [Cell("engine", 0, params) for params in SAMPLING_VARIANTS] if session.options.engine else []
     raise ValueError(f"unknown cell argument {arg!r}")
 
 

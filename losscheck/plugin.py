@@ -18,7 +18,14 @@ from losscheck.session import Options, Session
 
 SESSION_KEY = pytest.StashKey[Session]()
 RECORD_PROPERTY = "losscheck"
-CELL_ARGS = ("greedy_cell", "sampling_cell", "exact_cell")
+CELL_ARGS = ("greedy_cell", "sampling_cell", "exact_cell", "engine_cell")
+
+OFF_REASONS = {
+    "greedy_cell": "no drafter declares a block length",
+    "sampling_cell": "no drafter declares a block length",
+    "exact_cell": "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only",
+    "engine_cell": "no --losscheck-engine given: black-box two-sample mode is off",
+}
 
 MARKERS = {
     "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
@@ -40,6 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("losscheck", "speculative-decoding losslessness certification")
     group.addoption("--losscheck-target", metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)")
     group.addoption("--losscheck-drafter", metavar="MOD:FACTORY", help="import path of a factory(target) -> Drafter (default: the bundled drafters)")
+    group.addoption("--losscheck-engine", metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified in two-sample mode")
     group.addoption("--losscheck-seed", type=int, default=20261129, help="run seed; every random draw derives from it (default: %(default)s)")
     group.addoption("--losscheck-out", metavar="DIR", help="write DIR/<run>/certificate.json and summary.md")
     group.addoption("--losscheck-alpha", type=_probability, default=0.01, help="family-wise false-alarm rate of the run (default: %(default)s)")
@@ -57,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = Options(
         target=config.getoption("losscheck_target"),
         drafter=config.getoption("losscheck_drafter"),
+        engine=config.getoption("losscheck_engine"),
         seed=config.getoption("losscheck_seed"),
         out=Path(out) if out else None,
         alpha=config.getoption("losscheck_alpha"),
@@ -86,7 +95,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             from losscheck.cells import cells_for
 
             cells = cells_for(metafunc.config.stash[SESSION_KEY], arg)
-            metafunc.parametrize(arg, cells, ids=[c.id for c in cells])
+            if cells:
+                metafunc.parametrize(arg, cells, ids=[c.id for c in cells])
+            else:
+                reason = OFF_REASONS[arg]
+                metafunc.parametrize(arg, [pytest.param(None, marks=pytest.mark.skip(reason=reason))], ids=["off"])
 
 
 @pytest.hookimpl(trylast=True)

@@ -17,6 +17,8 @@ class Profile:
     power: float = 0.99  # at this power, under the per-test alpha
     batch: int = 4096  # most rows the engine runs at once
     pit_bins: int = 10  # fixed equal-width bins of the PIT chi-square test
+    two_sample_horizon: int = 4  # L for black-box engines (two-sample mode needs ~2x the samples)
+    two_sample_bins: int = 20  # most pooled-frequency bins per position in two-sample mode
 
     def with_detect_tv(self, tv: float | None) -> "Profile":
         return self if tv is None else replace(self, detect_tv=tv)

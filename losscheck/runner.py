@@ -6,6 +6,7 @@ record for the certificate. The certification tests only assert on it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 
 from losscheck import bundled
 from losscheck.engine import Generation, LoopStats
+from losscheck.errors import TargetError
 from losscheck.greedy import divergence_dict, find_divergences
 from losscheck.matrix import Cell
 from losscheck.sampling import GREEDY, make_generator, process_logits
@@ -33,6 +35,8 @@ class CellOutcome:
 
 def _engine(session: Session, cell: Cell) -> Any:
     target = session.targets[cell.target]
+    if cell.drafter == "baseline":
+        return session.engine_factory()(target)
     drafter = session.drafters(cell.target)[cell.drafter]
     return session.engine_factory()(target, drafter, cell.k, cell.width)
 
@@ -234,3 +238,39 @@ def run_exact(session: Session, cell: Cell) -> CellOutcome:
 
 
 
+
+
+# --- sampling: black-box engine, two-sample ------------------------------------------------------
+def two_sample_size(session: Session, horizon: int) -> int:
+    """Rows per sample (equal sizes) for the per-position tests to detect the profile's TV."""
+    from losscheck.stats.power import chisquare_required_n
+
+    profile = session.options.profile
+    a = session.per_test_alpha / (horizon + 1)
+    n_eff = chisquare_required_n(2 * profile.detect_tv, profile.two_sample_bins, a, profile.power)
+    return math.ceil(2 * n_eff * SAMPLE_MARGIN)  # n_eff = n/2 for two samples of n
+
+
+def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
+    """The black-box engine's samples against plain decoding of the same target."""
+    from losscheck.stats.two_sample import two_sample_tests
+
+    profile = session.options.profile
+    horizon, target = profile.two_sample_horizon, session.targets["main"]
+    prompt = max(bundled.load_prompts("mid"), key=len)
+    n = two_sample_size(session, horizon)
+    seed = session.options.seed
+    spec = torch.as_tensor(session.blackbox.generate(prompt, n, cell.params, seed, horizon), dtype=torch.long)
+    if tuple(spec.shape) != (n, horizon):
+        raise TargetError(f"engine {session.blackbox.name!r} returned shape {tuple(spec.shape)}, expected ({n}, {horizon})")
+    eos = target.eos_id if target.eos_id is not None else 0
+    _, base = generate_rows(session, dataclasses.replace(cell, drafter="baseline"), [prompt], n, horizon, "baseline")
+    base_ids = torch.where(base.mask(), base.tokens, eos)
+    results = two_sample_tests(spec, base_ids, target.vocab_size, session.per_test_alpha, profile.power,
+                               profile.detect_tv, max_bins=profile.two_sample_bins)
+    from losscheck.stats.result import combine
+
+    verdict = combine(cell.id, results, session.per_test_alpha)
+    record = _record(cell, "two-sample", verdict.passed, sequences=n, horizon=horizon, engine=session.blackbox.name,
+                     verdict=verdict.to_dict())
+    return CellOutcome(cell, "two-sample", verdict.passed, verdict.message(), record)

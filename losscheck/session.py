@@ -6,6 +6,7 @@ whole process, so every cell of a worker shares one target and one instance of e
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,6 +23,7 @@ class Options:
 
     target: str | None = None  # model directory; None = the bundled tiny target
     drafter: str | None = None  # pkg.mod:factory; None = the bundled drafters
+    engine: str | None = None  # pkg.mod:factory of a black-box engine (two-sample mode)
     seed: int = 20261129
     out: Path | None = None  # write the certificate under this directory
     alpha: float = 0.01  # family-wise false-alarm rate of the whole run
@@ -43,6 +45,16 @@ class Session:
         self.n_statistical = 0  # statistical tests collected; set by the plugin
         self.records: list[dict[str, Any]] = []
         self._baselines: dict[Any, Any] = {}
+
+    def derive(self, **changes: Any) -> "Session":
+        """A session with some options changed (seed, alpha, mutant…) that shares this one's
+        loaded models and its statistical-test count."""
+        new = Session(dataclasses.replace(self.options, **changes))
+        new.n_statistical = self.n_statistical
+        for cached in ("targets", "_drafters"):  # functools.cached_property storage
+            if cached in self.__dict__:
+                new.__dict__[cached] = self.__dict__[cached]
+        return new
 
     @property
     def per_test_alpha(self) -> float:
@@ -90,6 +102,21 @@ class Session:
                 out[name] = registry.bundled(name, target)
             out[name]["self"] = registry.self_draft(target)
         return out
+
+    @cached_property
+    def blackbox(self) -> Any:
+        """The `--losscheck-engine` black-box engine, built from the main target (or None)."""
+        if self.options.engine is None:
+            return None
+        from losscheck.loading import load_object
+
+        engine = load_object(self.options.engine, "--losscheck-engine")(self.targets["main"])
+        if not callable(getattr(engine, "generate", None)):
+            raise OptionError(
+                f"--losscheck-engine={self.options.engine!r} returned {type(engine).__name__} without a "
+                "generate(prompt, n, params, seed, max_new_tokens) method (see losscheck/blackbox.py)"
+            )
+        return engine
 
     def engine_factory(self) -> Callable[..., Any]:
         """`Engine`, or the mutant's engine when the run plants a bug."""

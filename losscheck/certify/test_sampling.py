@@ -27,3 +27,12 @@ def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
     outcome = run_exact(losscheck_session, exact_cell)
     losscheck_record.update(outcome.record)
     assert outcome.passed, outcome.message
+
+
+def test_engine_matches_baseline(engine_cell, losscheck_session, losscheck_record):
+    """Two-sample mode for a black-box engine named with --losscheck-engine."""
+    from losscheck.runner import run_two_sample
+
+    outcome = run_two_sample(losscheck_session, engine_cell)
+    losscheck_record.update(outcome.record)
+    assert outcome.passed, outcome.message
