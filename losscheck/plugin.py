@@ -105,7 +105,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # After -m/-k deselection: the alpha is split over the statistical tests that will run.
-    config.stash[SESSION_KEY].n_statistical = sum(1 for i in items if i.get_closest_marker("statistical"))
+    config.stash[SESSION_KEY].n_statistical = sum(
+        1 for i in items if i.get_closest_marker("statistical") and not i.get_closest_marker("skip")
+    )
 
 
 @pytest.fixture(scope="session")

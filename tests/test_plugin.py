@@ -90,6 +90,34 @@ def test_an_honest_external_drafter_passes_the_sampling_gate(pytester):
     result.assert_outcomes(passed=1)
 
 
+# A black-box engine that drops top-p (a real bug class: sampling parameters lost on one path).
+TOP_P_DROPPED_ENGINE = """
+import dataclasses
+from losscheck.blackbox import spec_loop
+
+class DropsTopP:
+    def __init__(self, inner):
+        self.inner, self.name = inner, "drops-top-p"
+    def generate(self, prompt, n, params, seed, max_new_tokens):
+        return self.inner.generate(prompt, n, dataclasses.replace(params, top_p=1.0), seed, max_new_tokens)
+
+def factory(target):
+    return DropsTopP(spec_loop(target))
+"""
+
+
+@pytest.mark.parametrize("engine, outcome", [("losscheck.blackbox:spec_loop", "passed"), ("bb:factory", "failed")])
+def test_two_sample_mode_for_black_box_engines(pytester, engine, outcome):
+    """At --losscheck-detect-tv=0.1 (a few thousand rows a side) to keep the test fast."""
+    pytester.makepyfile(bb=textwrap.dedent(TOP_P_DROPPED_ENGINE))
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "losscheck.certify", "-p", "no:cacheprovider", "-k", "engine-k0-T1-topp0.9",
+        f"--losscheck-engine={engine}", "--losscheck-detect-tv=0.1",
+    )
+    result.assert_outcomes(**{outcome: 1})
+
+
 def test_certificate_is_written(pytester, tmp_path):
     out = tmp_path / "reports"
     result = run_gate(pytester, HONEST, "-k", "user-k2-greedy", f"--losscheck-out={out}")
