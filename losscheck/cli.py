@@ -35,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     cert.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers (0 = in process)")
     bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
     bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
+    fam = sub.add_parser("families", help="compare the bundled drafter families' acceptance on the bundled target")
+    fam.add_argument("--out", default="reports/families", help="output directory (default: %(default)s)")
+    fam.add_argument("--seed", type=int, default=20261129)
+    fam.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16], help="block lengths (default: 4 8 16)")
+    fam.add_argument("--max-new", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
+    fam.add_argument("--repeats", type=int, default=8, help="T=1 draws per prompt (default: %(default)s)")
     mut = sub.add_parser("mutants", help="run the gate against the planted-bug catalogue; write the catch table")
     mut.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
@@ -51,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         from losscheck.mutants.command import run
 
         return run(Path(ns.out), ns.seed, ns.profile, ns.alpha, ns.names, ns.all_cells)
+    if ns.command == "families":
+        from pathlib import Path
+
+        from losscheck.report.families import compare_families
+
+        compare_families(Path(ns.out), ns.seed, tuple(ns.ks), ns.max_new, ns.repeats)
+        print(f"wrote {ns.out}/table.md, table.json, slot_acceptance.png")
+        return 0
     if ns.command == "bench":
         from pathlib import Path
 

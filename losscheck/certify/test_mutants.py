@@ -21,11 +21,11 @@ def test_mutant_is_caught(name, losscheck_session):
     from losscheck.mutants import get_mutant
     from losscheck.mutants.catch import run_mutant
 
+    options = losscheck_session.options
+    if options.drafter or options.target:
+        pytest.skip("the mutant tier plants its bugs in the bundled models; drop --losscheck-drafter/-target")
     report = run_mutant(losscheck_session, get_mutant(name))
-    assert report.cells, (
-        f"mutant {name} shows in none of this run's gate cells; the tier runs on the bundled "
-        "family-A drafter (no --losscheck-drafter / --losscheck-target)"
-    )
+    assert report.cells, f"mutant {name} shows in none of the gate's cells"
     assert report.caught, report.message()
 
 
@@ -33,8 +33,10 @@ def test_unmodified_engine_passes_the_catching_cells(losscheck_session):
     from losscheck.mutants import catalogue
     from losscheck.mutants.catch import gate_session, run_control
 
+    if losscheck_session.options.drafter or losscheck_session.options.target:
+        pytest.skip("the mutant tier runs on the bundled models")
     session = gate_session(losscheck_session, None)
-    first = {m.cells(session)[0].id: m.cells(session)[0] for m in catalogue() if m.cells(session)}
-    control = run_control(losscheck_session, list(first.values()))
-    alarms = [f"{c.cell}: {', '.join(c.failing)} {c.evidence}" for c in control if c.failed]
+    heads = [cells[0] for cells in (m.cells(session) for m in catalogue()) if cells]
+    control = run_control(losscheck_session, list({c.id: c for c in heads}.values()))
+    alarms = [f"{c.cell}: {', '.join(c.failing)} {c.evidence}{c.error}" for c in control if c.failed or c.error]
     assert not alarms, "the unmodified engine fails cells the mutant tier relies on:\n" + "\n".join(alarms)

@@ -8,7 +8,8 @@ placeholder *slots*. Slot j (0-based) predicts the token `j + 1` places after th
     attention  ctx -> ctx;  s_j -> {ctx, s_j}   # slots are blind to each other
     per layer  (E) inject  s_j += W_l · E(forming prediction of s_{j-1})   (s_0: E(pending))
                attention, (D) two-tap dynamic causal conv over neighbouring slots, SwiGLU MLP
-    out        z [B, k, d] slot features, base logits [B, k, V] (the per-slot marginals)
+    out        z [B, k, d] slot features; base logits [B, k, V] = z_j @ W_j, one output head
+               per slot (multi-head, as Medusa); trained as the per-slot marginals
 
 Families:
 
@@ -137,7 +138,9 @@ class Backbone(nn.Module):
         self.slots = nn.Parameter(0.02 * torch.randn(cfg.max_slots, cfg.dim))
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
         self.norm = nn.RMSNorm(cfg.dim)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        # one output head per slot (multi-head, as Medusa): the slots share the backbone's
+        # capacity, the 16 different read-outs would not fit one shared head of a d=64 model
+        self.lm_heads = nn.Parameter(torch.randn(cfg.max_slots, cfg.dim, cfg.vocab_size) / math.sqrt(cfg.dim))
 
     def forward(self, feature: torch.Tensor, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # feature [B, H] (zeros where no position is scored yet), pending [B] long
@@ -150,12 +153,13 @@ class Backbone(nn.Module):
             predecessor = self._forming_predecessor(x, pending) if self.cfg.mixing == "inject" else None
             x = layer(x, allowed, predecessor)
         z = self.norm(x[:, 1:])  # [B, k, d]
-        return z, self.lm_head(z)
+        return z, torch.einsum("bkd,kdv->bkv", z, self.lm_heads[:k])
 
     def _forming_predecessor(self, x: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
         """Family E: each slot's predecessor as an expected token embedding [B, k, d] — slot j-1's
-        current prediction read through the LM head; the pending token itself for slot 0."""
-        forming = self.lm_head(self.norm(x[:, 1:-1])).softmax(-1)  # [B, k-1, V]
+        current prediction read through its output head; the pending token itself for slot 0."""
+        k = x.shape[1] - 1
+        forming = torch.einsum("bkd,kdv->bkv", self.norm(x[:, 1:-1]), self.lm_heads[: k - 1]).softmax(-1)
         return torch.cat([self.embed(pending)[:, None], forming @ self.embed.weight], 1)
 
 
@@ -166,24 +170,25 @@ class SerialHead(nn.Module):
     def __init__(self, cfg: BlockConfig) -> None:
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab_size, cfg.head_dim)
-        self.cell = nn.GRUCell(cfg.head_dim, cfg.head_dim)
+        self.rnn = nn.GRU(cfg.head_dim, cfg.head_dim, batch_first=True)
         self.mix = nn.Linear(cfg.head_dim + cfg.dim, cfg.head_dim)
         self.out = nn.Linear(cfg.head_dim, cfg.vocab_size)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
+    def _correction(self, state: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(torch.cat([state, z], -1))))
+
     def step(self, state: torch.Tensor | None, prev: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """state [B, r] | None (block start), prev [B] chosen predecessor, z [B, d] → (state, correction [B, V])"""
-        state = self.cell(self.embed(prev), state)
-        return state, self.out(torch.tanh(self.mix(torch.cat([state, z], -1))))
+        """state [1, B, r] | None (block start), prev [B] chosen predecessor, z [B, d] →
+        (state, correction [B, V])"""
+        out, state = self.rnn(self.embed(prev)[:, None], state)
+        return state, self._correction(out[:, 0], z)
 
     def teacher_forced(self, z: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """z [B, K, d], prev [B, K] (pending, x_1 .. x_{K-1}) → corrections [B, K, V]"""
-        state, out = None, []
-        for j in range(z.shape[1]):
-            state, corr = self.step(state, prev[:, j], z[:, j])
-            out.append(corr)
-        return torch.stack(out, 1)
+        out, _ = self.rnn(self.embed(prev))  # [B, K, r]
+        return self._correction(out, z)
 
 
 class TransitionHead(nn.Module):
@@ -234,12 +239,14 @@ class BlockModel(nn.Module):
         prev = torch.cat([pending[:, None], following[:, :-1]], 1)  # [B, K]
         return base, base + self.head.teacher_forced(z, prev)
 
-    def save(self, path: Path, extra: dict | None = None) -> None:
+    def save(self, path: Path) -> None:
+        """`config.json` + `model.safetensors`, weights stored in float16 (half the bytes; `load`
+        returns a float32 model whose weights are those float16 values exactly)."""
         from safetensors.torch import save_file
 
         path.mkdir(parents=True, exist_ok=True)
-        (path / CONFIG_FILE).write_text(json.dumps({**asdict(self.cfg), **(extra or {})}, indent=2) + "\n")
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, path / WEIGHTS_FILE)
+        (path / CONFIG_FILE).write_text(json.dumps({**asdict(self.cfg), "stored_dtype": "float16"}, indent=2) + "\n")
+        save_file({k: v.to(torch.float16).contiguous() for k, v in self.state_dict().items()}, path / WEIGHTS_FILE)
 
     @classmethod
     def load(cls, path: Path) -> "BlockModel":
@@ -248,5 +255,5 @@ class BlockModel(nn.Module):
         raw = json.loads((path / CONFIG_FILE).read_text())
         fields = BlockConfig.__dataclass_fields__
         model = cls(BlockConfig(**{k: v for k, v in raw.items() if k in fields}))
-        model.load_state_dict(load_file(path / WEIGHTS_FILE))
+        model.load_state_dict(load_file(path / WEIGHTS_FILE))  # copied into the float32 parameters
         return model.eval()

@@ -6,9 +6,11 @@ from typing import Any
 
 from losscheck import bundled as fixtures
 from losscheck.contract import Drafter, Target
-from losscheck.drafters import autoregressive
+from losscheck.drafters import autoregressive, parallel
 from losscheck.errors import OptionError
 from losscheck.loading import load_object
+
+BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.drafters.parallel
 
 
 def bundled(target_name: str, target: Target) -> dict[str, Drafter]:
@@ -16,7 +18,10 @@ def bundled(target_name: str, target: Target) -> dict[str, Drafter]:
     root = fixtures.fixtures_dir()
     if target_name == "small":
         return {"A": autoregressive.from_path(root / "small_drafter_a", target)}
-    return {"A": autoregressive.from_path(root / "drafter_a", target)}
+    drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target)}
+    for family in BLOCK_FAMILIES:
+        drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target)
+    return drafters
 
 
 def from_factory(spec: str, target: Target) -> Drafter:

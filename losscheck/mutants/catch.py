@@ -14,9 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from losscheck.errors import LosscheckError
 from losscheck.matrix import Cell
-from losscheck.mutants.registry import Mutant
 from losscheck.mutants.power import predict
+from losscheck.mutants.registry import Mutant
 
 
 def gate_statistical_tests(session) -> int:
@@ -49,44 +50,54 @@ class CellCatch:
     """One gate cell run against a mutant (or the unmodified engine)."""
 
     cell: str
-    test: str  # "greedy" | "exact" | "pit"
+    mode: str  # "greedy" | "exact" | "pit"
     failed: bool
     failing: list[str]  # names of the failing tests (greedy: "equality", oracle problems)
-    p_value: float | None  # smallest p-value among the failing statistical tests
+    test_name: str  # the failing test with the smallest p-value (greedy: "equality")
+    p_value: float | None  # its p-value
     evidence: str  # the first divergence, or the failing tests' message
     seconds: float
     prediction: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # the cell errored instead of reaching a verdict (not a catch)
 
 
 def _catch(session, cell: Cell, mutant: Mutant | None) -> CellCatch:
     started = time.perf_counter()
-    outcome = run_cell(session, cell)
+    mode = "greedy" if cell.params.greedy else ("exact" if cell.target == "small" else "pit")
+    try:
+        outcome = run_cell(session, cell)
+    except LosscheckError as exc:
+        # The gate errors on this cell (e.g. the bug shortened sequences below the sample the test
+        # needs): the cell does not pass, but no test caught the bug either.
+        return CellCatch(cell.id, mode, False, [], "", None, "", time.perf_counter() - started,
+                         error=f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
+    failing, test_name, p_value, evidence = _evidence(outcome, session.options.strict)
+    prediction = predict(session, mutant, cell).to_dict() if mutant is not None and mode == "exact" else {}
+    return CellCatch(cell.id, mode, not outcome.passed, failing, test_name, p_value, evidence, seconds, prediction)
+
+
+def _evidence(outcome, strict: bool) -> tuple[list[str], str, float | None, str]:
+    """(failing tests, the most significant one, its p-value, what it saw) of a cell outcome."""
     record = outcome.record
-    failing, p_value, evidence = [], None, ""
     if outcome.kind == "greedy":
-        divergences = [d for d in record["divergences"] if session.options.strict or not d["near_tie"]]
+        divergences = [d for d in record["divergences"] if strict or not d["near_tie"]]
         if divergences:
             d = divergences[0]
-            failing.append("equality")
-            evidence = (f"{len(divergences)} prompts diverge; first: {d['tier']} #{d['prompt_index']} at "
-                        f"position {d['position']}, spec {d['spec_token']} vs base {d['base_token']} "
-                        f"(margin {d['margin']:.3g})")
-        if not outcome.passed and not divergences:
-            failing.append("oracle")
-            evidence = outcome.message.splitlines()[-1].strip()
-    else:
-        bad = [r for r in record["verdict"]["results"] if not r["passed"]]
-        failing = [r["name"] for r in bad]
-        if bad:
-            worst = min(bad, key=lambda r: r["p_value"])
-            p_value = worst["p_value"]
-            evidence = f"{worst['name']}: {worst['observed']}"
-        if record.get("oracle_problem"):
-            failing.append("oracle")
-            evidence = evidence or record["oracle_problem"]
-    prediction = predict(session, mutant, cell).to_dict() if mutant is not None and outcome.kind == "exact" else {}
-    return CellCatch(cell.id, outcome.kind, not outcome.passed, failing, p_value, evidence, seconds, prediction)
+            return ["equality"], "equality", None, (
+                f"{len(divergences)} prompts diverge; first: {d['tier']} #{d['prompt_index']} at position "
+                f"{d['position']}, spec {d['spec_token']} vs base {d['base_token']} (margin {d['margin']:.3g})")
+        if not outcome.passed:
+            return ["oracle"], "oracle", None, outcome.message.splitlines()[-1].strip()
+        return [], "", None, ""
+    bad = [r for r in record["verdict"]["results"] if not r["passed"]]
+    failing = [r["name"] for r in bad] + (["oracle"] if record.get("oracle_problem") else [])
+    if bad:
+        worst = min(bad, key=lambda r: r["p_value"])
+        return failing, worst["name"], worst["p_value"], f"{worst['name']}: {worst['observed']}"
+    if failing:
+        return failing, "oracle", None, record["oracle_problem"]
+    return [], "", None, ""
 
 
 @dataclass
@@ -108,11 +119,12 @@ class MutantReport:
         return next((r for r in self.runs if r.failed), None)
 
     def message(self) -> str:
-        lines = [f"mutant {self.name} ({self.bug_class}): {'CAUGHT' if self.caught else 'NOT CAUGHT'} "
-                 f"after {len(self.runs)} of {len(self.cells)} cells"]
+        failed = sum(r.failed for r in self.runs)
+        lines = [f"mutant {self.name} ({self.bug_class}): {'CAUGHT' if self.caught else 'NOT CAUGHT'}, "
+                 f"{failed} of {len(self.runs)} cells run fail ({len(self.cells)} cells show the bug)"]
         for r in self.runs:
-            verdict = "FAIL" if r.failed else "pass"
-            lines.append(f"  {r.cell} [{r.test}] {verdict} {', '.join(r.failing)} {r.evidence}".rstrip())
+            verdict = "FAIL" if r.failed else ("ERROR" if r.error else "pass")
+            lines.append(f"  {r.cell} [{r.mode}] {verdict} {', '.join(r.failing)} {r.evidence}{r.error}".rstrip())
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,7 +166,7 @@ def run_control(base, cells: list[Cell]) -> list[CellCatch]:
 
 # --- the catch table ------------------------------------------------------------------------------
 TABLE_COLUMNS = ("mutant", "bug class", "kind", "caught", "caught by (cell: test)", "p-value / divergence",
-                 "predicted power (exact pos-0)", "TV pos-0", "cells run", "s")
+                 "predicted power (exact pos-0)", "TV pos-0", "cells failed / run (of)", "s")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -168,15 +180,23 @@ def table_rows(reports: list[MutantReport]) -> list[tuple[str, ...]]:
         if catch is None:
             by, evidence = "-", "-"
         else:
-            by = f"{catch.cell}: {', '.join(catch.failing)}"
+            more = f" (+{len(catch.failing) - 1} more)" if len(catch.failing) > 1 else ""
+            by = f"{catch.cell}: {catch.test_name}{more}"
             evidence = f"p = {catch.p_value:.3g}" if catch.p_value is not None else catch.evidence
         pred = r.prediction
         power = _fmt(pred.get("power"), ".4f")
         if pred.get("power") is not None and pred.get("cell") != (catch.cell if catch else None):
             power += f" ({pred['cell']})"
         rows.append((r.name, r.bug_class, r.kind, "yes" if r.caught else "NO", by, evidence, power,
-                     _fmt(pred.get("tv"), ".3f"), f"{len(r.runs)}/{len(r.cells)}", f"{r.seconds:.0f}"))
+                     _fmt(pred.get("tv"), ".3f"),
+                     _cell_counts(r), f"{r.seconds:.0f}"))
     return rows
+
+
+def _cell_counts(report: MutantReport) -> str:
+    errors = sum(bool(c.error) for c in report.runs)
+    text = f"{sum(c.failed for c in report.runs)}/{len(report.runs)} ({len(report.cells)})"
+    return text + (f", {errors} errored" if errors else "")
 
 
 def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any]) -> str:
@@ -196,7 +216,7 @@ def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[s
         "n/a rows say why in the JSON (`prediction.note`).",
     ]
     if control:
-        failed = [c for c in control if c.failed]
+        failed = [c for c in control if c.failed or c.error]
         lines += ["", f"Unmodified engine on the same {len(control)} cells: "
                   + ("no false alarm." if not failed else "FALSE ALARM in " + ", ".join(c.cell for c in failed))]
     return "\n".join(lines) + "\n"

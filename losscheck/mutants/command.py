@@ -34,4 +34,4 @@ def run(out: Path, seed: int, profile: str, alpha: float, names: list[str] | Non
     print()
     print(markdown(reports, control, meta))
     print(f"wrote {md} and {js} in {meta['seconds']:.0f} s")
-    return 0 if all(r.caught for r in reports) and not any(c.failed for c in control) else 1
+    return 0 if all(r.caught for r in reports) and not any(c.failed or c.error for c in control) else 1

@@ -17,6 +17,7 @@ from losscheck.engine import Engine
 from losscheck.matrix import Cell
 from losscheck.mutants import engines as planted
 from losscheck.mutants import laws
+from losscheck.mutants.drafters import TRUNCATION_WIDTH
 
 GREEDY_ARG, SAMPLING_ARGS = "greedy_cell", ("exact_cell", "sampling_cell")
 FAMILY_A = ("A", "self")  # the bundled family-A drafter and the self-draft oracle (also family A)
@@ -63,6 +64,11 @@ def _tempered(cell: Cell, horizon: int) -> bool:
 
 def _truncated(cell: Cell, horizon: int) -> bool:
     return _sampled()(cell, horizon) and (cell.params.top_k > 0 or cell.params.top_p < 1.0)
+
+
+def _more_candidates_than_drafted(cell: Cell, horizon: int) -> bool:
+    # With top-k <= w the drafter's top-w candidates are all of q: nothing is truncated.
+    return _sampled(FAMILY_A)(cell, horizon) and not 0 < cell.params.top_k <= TRUNCATION_WIDTH
 
 
 def _bonus_in_horizon(cell: Cell, horizon: int) -> bool:
@@ -121,8 +127,8 @@ CATALOGUE: tuple[Mutant, ...] = (
         "truncated_candidates_full_q", planted.TruncatedCandidatesFullQ, "sampling",
         "Drafts only ever come from the top-4 candidates, but q reports mass on the rest, so the "
         "residual max(0, p - q) gives the tail back only what p exceeds q by: tail tokens are "
-        "under-emitted by about their q mass.",
-        _sampled(FAMILY_A), laws.truncated_candidates_full_q,
+        "under-emitted by about their q mass. Shows where q has more than 4 candidates (not top-k <= 4).",
+        _more_candidates_than_drafted, laws.truncated_candidates_full_q,
     ),
     Mutant(
         "bonus_from_wrong_slot", planted.BonusFromWrongSlot, "sampling",

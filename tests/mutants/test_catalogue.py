@@ -89,16 +89,16 @@ def test_catch_table_rows_and_files(tmp_path):
     from losscheck.mutants.catch import CellCatch, MutantReport, write_table
 
     caught = MutantReport("m1", "Bug class one", "sampling", ["c1", "c2"],
-                          [CellCatch("c1", "exact", True, ["exact.position[0]"], 1e-30, "x", 1.0,
+                          [CellCatch("c1", "exact", True, ["exact.joint_gtest", "exact.position[0]"], "exact.position[0]", 1e-30, "x", 1.0,
                                      {"power": 1.0, "tv": 0.2, "note": "exact.position[0]"})],
                           1.0, {"cell": "c1", "power": 1.0, "tv": 0.2, "note": "exact.position[0]"})
-    missed = MutantReport("m2", "Bug | two", "greedy", ["g1"], [CellCatch("g1", "greedy", False, [], None, "", 1.0)],
+    missed = MutantReport("m2", "Bug | two", "greedy", ["g1"], [CellCatch("g1", "greedy", False, [], "", None, "", 1.0)],
                           1.0, {"cell": "g1", "power": None, "tv": None, "note": "n/a: greedy"})
     meta = {"seed": 1, "profile": "ci", "alpha": 0.01, "per_test_alpha": 0.01 / 18, "gate_statistical_tests": 18}
     md, js = write_table([caught, missed], [], meta, tmp_path)
     text = md.read_text()
     assert "1/2 planted bugs caught" in text
-    assert "| m1 | Bug class one | sampling | yes | c1: exact.position[0] | p = 1e-30 | 1.0000 | 0.200 | 1/2 |" in text
+    assert "| m1 | Bug class one | sampling | yes | c1: exact.position[0] (+1 more) | p = 1e-30 | 1.0000 | 0.200 | 1/1 (2) |" in text
     assert "Bug \\| two" in text and "| NO |" in text
     assert [m["caught"] for m in json.loads(js.read_text())["mutants"]] == [True, False]
 
