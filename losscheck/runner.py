@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from losscheck import bundled
-from losscheck.engine import Generation, LoopStats
+from losscheck.engine import Generation, LoopStats, pad_prompts
 from losscheck.errors import TargetError
 from losscheck.greedy import divergence_dict, find_divergences
 from losscheck.matrix import Cell
@@ -76,9 +76,10 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     target = session.targets[cell.target]
     max_new = session.options.profile.greedy_max_new
     engine = _engine(session, cell)
-    divergences, acceptance = [], {}
+    divergences, acceptance, n_prompts = [], {}, 0
     for tier in bundled.PROMPT_TIERS:
         prompts = bundled.load_prompts(tier)
+        n_prompts += len(prompts)
         gen = make_generator(session.options.seed, cell.id, tier)
         spec = engine.generate(prompts, max_new, GREEDY, gen)
         base = session.baseline(
@@ -99,7 +100,7 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
                 )
     passed = not failing and not problems
     lines = [f"cell {cell.id}: greedy output {'equals' if passed else 'DIFFERS FROM'} the baseline "
-             f"on {3 * len(prompts)} prompts x {max_new} tokens"]
+             f"on {n_prompts} prompts x {max_new} tokens"]
     lines += ["  " + d.describe() for d in divergences[:10]] + ["  " + p for p in problems]
     record = _record(cell, "greedy", passed, divergences=[divergence_dict(d) for d in divergences],
                      acceptance=acceptance, max_new_tokens=max_new)
@@ -166,11 +167,9 @@ def teacher_forced_probs(target: Any, rows: list[list[int]], gen: Generation) ->
     out = []
     for start in range(0, n, 4096):
         chunk = rows[start : start + 4096]
-        plen = torch.tensor([len(r) for r in chunk])
-        width = int(plen.max()) + horizon
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        for i, r in enumerate(chunk):
-            ids[i, : len(r)] = torch.tensor(r)
+        prompt_ids, plen = pad_prompts(chunk, target.vocab_size)
+        width = prompt_ids.shape[1] + horizon
+        ids = torch.cat([prompt_ids, prompt_ids.new_zeros(len(chunk), horizon)], dim=1)  # [n, P+L]
         at = plen[:, None] + torch.arange(horizon)  # [n, L] where generated tokens go
         ids.scatter_(1, at, gen.tokens[start : start + len(chunk)])
         target.reset(len(chunk), width)
