@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     fam.add_argument("--seed", type=int, default=20261129)
     fam.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16], help="block lengths (default: 4 8 16)")
     fam.add_argument("--max-new", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
-    fam.add_argument("--repeats", type=int, default=8, help="T=1 draws per prompt (default: %(default)s)")
+    fam.add_argument("--repeats", type=int, default=16, help="T=1 draws per prompt (default: %(default)s)")
     mut = sub.add_parser("mutants", help="run the gate against the planted-bug catalogue; write the catch table")
     mut.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
