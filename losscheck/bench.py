@@ -1,4 +1,5 @@
-"""Benchmarks of the loop on the bundled models (`losscheck bench`); figures go to the README.
+"""Benchmarks of the loop on the bundled models (`losscheck bench`), written out by
+`losscheck.report.bench`; figures go to the README.
 
 Timings, not tests: nothing here asserts a speed. Each figure is the best of `repeats` runs after
 one warm-up, on whatever threads torch uses (the command prints them).
@@ -16,6 +17,7 @@ import torch
 from losscheck import bundled
 from losscheck.drafters.autoregressive import from_path
 from losscheck.engine import Engine
+from losscheck.report.bench import write_report
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.target import HFTarget
 
@@ -88,30 +90,5 @@ def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
     results["samples_per_s"] = {"losscheck_batch1024": ours, "hf_assisted_batch1": theirs, "ratio": ours / theirs,
                                 "horizon": horizon, "k": 4}
     print(json.dumps(results["samples_per_s"]), flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(results, indent=2))
-    (out / "bench.md").write_text(markdown(results))
+    write_report(results, out)
     return results
-
-
-def markdown(results: dict[str, Any]) -> str:
-    lines = [
-        f"torch {results['torch']}, {results['threads']} threads; best of repeats after a warm-up.",
-        "",
-        "| batch | params | new tokens | k | baseline tok/s | spec tok/s | speedup | tau | draft time |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results["rows"]:
-        lines.append(
-            f"| {r['batch']} | {r['params']} | {r['new_tokens']} | {r['k']} | {r['baseline_tokens_per_s']:.0f} | "
-            f"{r['spec_tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r['acceptance_length']:.2f} | "
-            f"{r['draft_time_fraction']:.0%} |"
-        )
-    s = results["samples_per_s"]
-    lines += [
-        "",
-        f"Sampled sequences per second ({s['horizon']} tokens, T=1, k={s['k']}): losscheck loop at batch 1024 "
-        f"{s['losscheck_batch1024']:.0f}/s; Hugging Face assisted generation (batch 1) {s['hf_assisted_batch1']:.1f}/s; "
-        f"ratio {s['ratio']:.0f}x.",
-    ]
-    return "\n".join(lines) + "\n"

@@ -10,7 +10,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from losscheck.contract import Target
+from losscheck.contract import Drafter, Target
+from losscheck.profiles import ENGINE_BATCH
 from losscheck.sampling import SamplingParams
 
 
@@ -30,13 +31,13 @@ class BlackBoxEngine(Protocol):
 class SpecLoopEngine:
     """losscheck's own batched spec loop behind the black-box interface (family-A drafter)."""
 
-    def __init__(self, target: Target, drafter: object, k: int = 4) -> None:
+    def __init__(self, target: Target, drafter: Drafter, k: int = 4, batch: int = ENGINE_BATCH) -> None:
         from losscheck.engine import Engine
 
-        self.engine = Engine(target, drafter, k)  # type: ignore[arg-type]
+        self.engine = Engine(target, drafter, k)
         self.eos = target.eos_id if target.eos_id is not None else 0
         self.name = f"spec-loop(k={k})"
-        self.batch = 4096  # rows per engine call
+        self.batch = batch  # rows per engine call
 
     def generate(self, prompt: list[int], n: int, params: SamplingParams, seed: int, max_new_tokens: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed)

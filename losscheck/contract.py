@@ -103,9 +103,7 @@ class Target(Protocol):
 
     def reset(self, batch_size: int, capacity: int) -> None: ...
 
-    def forward(
-        self, tokens: torch.Tensor, start: torch.Tensor, positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def validate_proposal(proposal: object, drafter: str, batch: int, k: int, vocab: int) -> Proposal:

@@ -1,15 +1,31 @@
-"""The experiment matrix: which cells a run certifies.
+"""The experiment matrix: which cells each certification test runs. Pure planning, no models.
 
 One variable changes per cell, starting from the base cell (fp32, k=4, full width, T=1); a
-drafter only gets the block lengths and widths it declares.
+drafter only gets the block lengths and widths it declares. `plan` maps the drafters of each
+target to the cells of every certification test argument (`CELL_ARGS`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from losscheck.contract import Drafter
 from losscheck.sampling import GREEDY, SamplingParams
+
+ORACLE = "self"  # the self-draft oracle: the target drafting for itself, acceptance must be 1
+ENGINE = "engine"  # the black-box engine's cells (its block length is its own)
+
+# The certification tests' cell arguments, and why a test has no cells when it has none.
+GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL = "greedy_cell", "sampling_cell", "exact_cell", "engine_cell"
+CELL_ARGS = (GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL)
+STATISTICAL_ARGS = (PIT_CELL, EXACT_CELL, ENGINE_CELL)  # one Bonferroni share of alpha per cell
+OFF_REASONS = {
+    GREEDY_CELL: "no drafter declares a block length",
+    PIT_CELL: "no drafter declares a block length",
+    EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only",
+    ENGINE_CELL: "no --losscheck-engine given: black-box two-sample mode is off",
+}
 
 BASE_K = 4
 GREEDY_KS = (1, 2, 4, 8, 16)
@@ -21,13 +37,32 @@ SAMPLING_VARIANTS = (
     SamplingParams(temperature=1.0, top_k=8),
     SamplingParams(temperature=1.0, top_p=0.9),
 )
+# The small target has 8 tokens: top-k / top-p values that actually cut its distributions.
+SMALL_VARIANTS = (
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.3),
+    SamplingParams(temperature=1.5),
+    SamplingParams(temperature=1.0, top_k=3),
+    SamplingParams(temperature=1.0, top_p=0.8),
+)
+# The bundled parallel families share one verifier path with A, which carries the full sweep of
+# sampling parameters and block lengths; each family keeps the sampled cells that exercise its
+# own drafting code (its processing of q, its longest block, its truncation widths), so the whole
+# gate stays within its time budget. Their greedy cells cover every declared k and width.
+# family -> (sampling variants, extra block lengths, widths)
+FAMILY_SAMPLING = {
+    "B": (SAMPLING_VARIANTS[:2], (16,), ()),
+    "C": (SAMPLING_VARIANTS[:1], (), (1, 4)),
+    "D": (SAMPLING_VARIANTS[:1], (16,), ()),
+    "E": (SAMPLING_VARIANTS[:2], (16,), (1, 4)),
+}
 
 
 @dataclass(frozen=True)
 class Cell:
     """One certified configuration."""
 
-    drafter: str  # key in the session's drafter registry
+    drafter: str  # key in the session's drafter registry, or ENGINE
     k: int
     params: SamplingParams = field(default_factory=SamplingParams)
     width: int | None = None  # transition width; None = full / not applicable
@@ -42,26 +77,71 @@ class Cell:
             parts.append(self.target)
         return "-".join(parts)
 
+    @property
+    def mode(self) -> str:
+        """How the cell is certified: "greedy", "exact", "pit" or "two-sample"."""
+        if self.drafter == ENGINE:
+            return "two-sample"
+        if self.params.greedy:
+            return "greedy"
+        return "exact" if self.target == "small" else "pit"
 
-def greedy_cells(name: str, drafter: Drafter, ks: tuple[int, ...] = GREEDY_KS) -> list[Cell]:
+
+def plan(
+    drafters: Mapping[str, Mapping[str, Drafter]], bundled_families: bool, engine: bool
+) -> dict[str, list[Cell]]:
+    """The cells of every certification test argument.
+
+    drafters: target ("main", and "small" when exact mode is on) -> drafter name -> drafter.
+    bundled_families: the drafters are losscheck's bundled families (`FAMILY_SAMPLING` applies).
+    engine: a black-box engine is certified (`ENGINE_CELL`).
+    """
+    small = drafters.get("small", {})
+    return {
+        GREEDY_CELL: [c for name, d in drafters["main"].items() for c in greedy_cells(name, d)],
+        PIT_CELL: _sampled(drafters["main"], "main", SAMPLING_VARIANTS, bundled_families),
+        EXACT_CELL: _sampled(small, "small", SMALL_VARIANTS, bundled_families),
+        ENGINE_CELL: [Cell(ENGINE, 0, params) for params in SAMPLING_VARIANTS] if engine else [],
+    }
+
+
+def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
+    """Statistical tests a plan collects: one per cell of every statistical argument."""
+    return sum(len(cells[arg]) for arg in STATISTICAL_ARGS)
+
+
+def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:
     """Every declared block length, plus every declared width at the base k."""
-    cells = [Cell(name, k, GREEDY) for k in ks if k in drafter.block_lengths]
+    cells = [Cell(name, k, GREEDY) for k in GREEDY_KS if k in drafter.block_lengths]
     cells += [Cell(name, _base_k(drafter), GREEDY, w) for w in drafter.widths if w is not None]
     return cells
 
 
 def sampling_cells(
-    name: str,
-    drafter: Drafter,
-    ks: tuple[int, ...] = SAMPLING_KS,
-    variants: tuple[SamplingParams, ...] = SAMPLING_VARIANTS,
-    target: str = "main",
+    name: str, drafter: Drafter, variants: tuple[SamplingParams, ...], target: str = "main"
 ) -> list[Cell]:
     """The base cell, then one change at a time: sampling parameters, block length, width."""
     base_k = _base_k(drafter)
     cells = [Cell(name, base_k, params, target=target) for params in variants]
-    cells += [Cell(name, k, variants[0], target=target) for k in ks if k != base_k and k in drafter.block_lengths]
+    cells += [Cell(name, k, variants[0], target=target) for k in SAMPLING_KS if k != base_k and k in drafter.block_lengths]
     cells += [Cell(name, base_k, variants[0], w, target) for w in drafter.widths if w is not None]
+    return cells
+
+
+def _sampled(
+    drafters: Mapping[str, Drafter], target: str, variants: tuple[SamplingParams, ...], bundled_families: bool
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for name, drafter in drafters.items():
+        if name == ORACLE:  # the oracle checks the loop, not a drafter: the base cell suffices
+            cells.append(Cell(ORACLE, BASE_K, variants[0], target=target))
+        elif bundled_families and name in FAMILY_SAMPLING:
+            params, ks, widths = FAMILY_SAMPLING[name]
+            cells += [Cell(name, BASE_K, p, target=target) for p in params]
+            cells += [Cell(name, k, params[0], target=target) for k in ks]
+            cells += [Cell(name, BASE_K, params[0], w, target) for w in widths]
+        else:
+            cells += sampling_cells(name, drafter, variants, target)
     return cells
 
 

@@ -6,77 +6,34 @@ Nothing heavy (torch, transformers) is imported until a hook needs it.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from losscheck.profiles import PROFILES, get_profile
-from losscheck.session import Options, Session
+from losscheck.options import add_options, from_parsed
+from losscheck.session import Session
 
 SESSION_KEY = pytest.StashKey[Session]()
 RECORD_PROPERTY = "losscheck"
-CELL_ARGS = ("greedy_cell", "sampling_cell", "exact_cell", "engine_cell")
-
-OFF_REASONS = {
-    "greedy_cell": "no drafter declares a block length",
-    "sampling_cell": "no drafter declares a block length",
-    "exact_cell": "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only",
-    "engine_cell": "no --losscheck-engine given: black-box two-sample mode is off",
-}
 
 MARKERS = {
     "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
-    "perf": "performance sweep; refuses to time under xdist",
-    "slow": "long-running material (calibration over many seeds, pairwise matrix)",
+    "slow": "long-running material (calibration over many seeds)",
     "mutants": "planted losslessness bugs that the gate must catch",
     "statistical": "a test that spends a Bonferroni share of the run's family-wise alpha",
 }
 
 
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
-    return value
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("losscheck", "speculative-decoding losslessness certification")
-    group.addoption("--losscheck-target", metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)")
-    group.addoption("--losscheck-drafter", metavar="MOD:FACTORY", help="import path of a factory(target) -> Drafter (default: the bundled drafters)")
-    group.addoption("--losscheck-engine", metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified in two-sample mode")
-    group.addoption("--losscheck-seed", type=int, default=20261129, help="run seed; every random draw derives from it (default: %(default)s)")
-    group.addoption("--losscheck-out", metavar="DIR", help="write DIR/<run>/certificate.json and summary.md")
-    group.addoption("--losscheck-alpha", type=_probability, default=0.01, help="family-wise false-alarm rate of the run (default: %(default)s)")
-    group.addoption("--losscheck-detect-tv", type=_probability, default=None, help="total variation every sampled cell must detect (default: the profile's, 0.02 for ci)")
-    group.addoption("--losscheck-profile", choices=sorted(PROFILES), default="ci", help="named sample-size profile (default: %(default)s)")
-    group.addoption("--losscheck-strict", action="store_true", help="reduced-precision near-ties fail too")
-    group.addoption("--losscheck-trust-remote-code", action="store_true", help="let the target load custom modelling code")
-    group.addoption("--losscheck-mutant", metavar="NAME", help="run the gate against a planted bug (see `losscheck mutants`)")
+    add_options(group.addoption, "--losscheck-")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    out = config.getoption("losscheck_out")
-    options = Options(
-        target=config.getoption("losscheck_target"),
-        drafter=config.getoption("losscheck_drafter"),
-        engine=config.getoption("losscheck_engine"),
-        seed=config.getoption("losscheck_seed"),
-        out=Path(out) if out else None,
-        alpha=config.getoption("losscheck_alpha"),
-        profile=get_profile(config.getoption("losscheck_profile")).with_detect_tv(
-            config.getoption("losscheck_detect_tv")
-        ),
-        strict=config.getoption("losscheck_strict"),
-        trust_remote_code=config.getoption("losscheck_trust_remote_code"),
-        mutant=config.getoption("losscheck_mutant"),
-    )
-    config.stash[SESSION_KEY] = Session(options)
+    config.stash[SESSION_KEY] = Session(from_parsed(config.getoption))
     config.pluginmanager.register(RecordCollector(config), "losscheck-records")
 
 
@@ -90,16 +47,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    from losscheck.matrix import CELL_ARGS, OFF_REASONS
+
     for arg in CELL_ARGS:
         if arg in metafunc.fixturenames:
-            from losscheck.cells import cells_for
-
-            cells = cells_for(metafunc.config.stash[SESSION_KEY], arg)
+            cells = metafunc.config.stash[SESSION_KEY].plan[arg]
             if cells:
                 metafunc.parametrize(arg, cells, ids=[c.id for c in cells])
             else:
-                reason = OFF_REASONS[arg]
-                metafunc.parametrize(arg, [pytest.param(None, marks=pytest.mark.skip(reason=reason))], ids=["off"])
+                off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
+                metafunc.parametrize(arg, [off], ids=["off"])
 
 
 @pytest.hookimpl(trylast=True)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, replace
 
 from losscheck.errors import OptionError
 
+ENGINE_BATCH = 4096  # most rows one engine call runs at once (memory bound on the tiny fixtures)
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -15,7 +17,7 @@ class Profile:
     exact_horizon: int = 3  # L for exact enumeration on the small-vocabulary target (V**L sequences)
     detect_tv: float = 0.02  # the total-variation distance every sampled cell must detect
     power: float = 0.99  # at this power, under the per-test alpha
-    batch: int = 4096  # most rows the engine runs at once
+    batch: int = ENGINE_BATCH  # most rows one engine call (or teacher-forced pass) runs at once
     pit_bins: int = 10  # fixed equal-width bins of the PIT chi-square test
     two_sample_horizon: int = 4  # L for black-box engines (two-sample mode needs ~2x the samples)
     two_sample_bins: int = 20  # most pooled-frequency bins per position in two-sample mode

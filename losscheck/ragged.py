@@ -77,7 +77,8 @@ class RaggedLM:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, m], start [B] → logits [B, m, V] (float32), hidden [B, m, H].
 
-        `positions [B, m]` are the rotary positions (default `start + i`, equal to the slots).
+        `positions [B, m]` are the rotary positions when they differ from the cache slots
+        `start + i` (an engine that keeps padding in its cache would pass them).
         """
         cache = self.cache
         if cache is None or cache.batch_size != tokens.shape[0]:

@@ -8,42 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
-from losscheck.profiles import Profile
+from losscheck.options import Options
 
-
-@dataclass(frozen=True)
-class Options:
-    """Parsed `--losscheck-*` options (see `losscheck.plugin` for their help)."""
-
-    target: str | None = None  # model directory; None = the bundled tiny target
-    drafter: str | None = None  # pkg.mod:factory; None = the bundled drafters
-    engine: str | None = None  # pkg.mod:factory of a black-box engine (two-sample mode)
-    seed: int = 20261129
-    out: Path | None = None  # write the certificate under this directory
-    alpha: float = 0.01  # family-wise false-alarm rate of the whole run
-    profile: Profile = field(default_factory=lambda: Profile("ci"))
-    strict: bool = False  # reduced-precision near-ties fail too
-    trust_remote_code: bool = False
-    mutant: str | None = None  # run the gate against a planted bug (losscheck.mutants)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 1:
-            raise OptionError(f"--losscheck-alpha must be in (0, 1), got {self.alpha}")
-        if not 0 < self.profile.detect_tv < 1:
-            raise OptionError(f"--losscheck-detect-tv must be in (0, 1), got {self.profile.detect_tv}")
+if TYPE_CHECKING:
+    from losscheck.blackbox import BlackBoxEngine
+    from losscheck.contract import Drafter
+    from losscheck.engine import Engine
+    from losscheck.matrix import Cell
+    from losscheck.mutants.registry import Mutant
+    from losscheck.target import HFTarget
 
 
 class Session:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.n_statistical = 0  # statistical tests collected; set by the plugin
-        self.records: list[dict[str, Any]] = []
         self._baselines: dict[Any, Any] = {}
 
     def derive(self, **changes: Any) -> "Session":
@@ -63,12 +47,8 @@ class Session:
 
         return per_test_alpha(self.options.alpha, max(self.n_statistical, 1))
 
-    @property
-    def bundled(self) -> bool:
-        return self.options.target is None
-
     @cached_property
-    def targets(self) -> dict[str, Any]:
+    def targets(self) -> "dict[str, HFTarget]":
         """"main": the target under test; "small": the small-vocabulary exact-mode fixture
         (only with the bundled models: a user's drafter is built for the user's target)."""
         import torch
@@ -82,29 +62,74 @@ class Session:
         opts = self.options
         path = opts.target or bundled.target_path()
         found = {"main": HFTarget.from_pretrained(path, trust_remote_code=opts.trust_remote_code)}
-        if self.bundled and opts.drafter is None:
+        if opts.target is None and opts.drafter is None:
             found["small"] = HFTarget.from_pretrained(bundled.small_target_path())
         return found
 
-    def drafters(self, target: str = "main") -> dict[str, Any]:
+    def drafters(self, target: str = "main") -> "dict[str, Drafter]":
         """Drafters certified against `target`, by cell name; the self-draft oracle always."""
         return self._drafters[target]
 
     @cached_property
-    def _drafters(self) -> dict[str, dict[str, Any]]:
+    def _drafters(self) -> "dict[str, dict[str, Drafter]]":
         from losscheck.drafters import registry
+        from losscheck.matrix import ORACLE
 
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, Drafter]] = {}
         for name, target in self.targets.items():
             if name == "main" and self.options.drafter:
                 out[name] = {"user": registry.from_factory(self.options.drafter, target)}
             else:
                 out[name] = registry.bundled(name, target)
-            out[name]["self"] = registry.self_draft(target)
+            out[name][ORACLE] = registry.self_draft(target)
         return out
 
     @cached_property
-    def blackbox(self) -> Any:
+    def plan(self) -> "dict[str, list[Cell]]":
+        """The cells of every certification test argument (`losscheck.matrix.plan`)."""
+        from losscheck import matrix
+
+        drafters = {name: self.drafters(name) for name in self.targets}
+        bundled_families = self.options.target is None and self.options.drafter is None
+        return matrix.plan(drafters, bundled_families, engine=self.options.engine is not None)
+
+    def prompts(self, tier: str) -> list[list[int]]:
+        """Prompt set `tier`: "low" / "mid" / "high" entropy for the main target, "small" for the
+        exact-mode target."""
+        from losscheck import bundled
+
+        return bundled.load_prompts(tier)
+
+    @property
+    def prompt_tiers(self) -> tuple[str, ...]:
+        from losscheck.bundled import PROMPT_TIERS
+
+        return PROMPT_TIERS
+
+    @cached_property
+    def mutant(self) -> "Mutant | None":
+        """The planted bug of `--losscheck-mutant`, or None."""
+        from losscheck.mutants import get_mutant
+
+        return None if self.options.mutant is None else get_mutant(self.options.mutant)
+
+    def engine(self, cell: "Cell") -> "Engine":
+        """The speculative engine of `cell`: its drafter, k and width, with the run's planted bug."""
+        from losscheck.engine import Engine
+
+        target, drafter = self.targets[cell.target], self.drafters(cell.target)[cell.drafter]
+        if self.mutant is not None:
+            return self.mutant.engine(target, drafter, cell.k, cell.width)
+        return Engine(target, drafter, cell.k, cell.width)
+
+    def baseline_engine(self, target: str) -> "Engine":
+        """Plain decoding of `target`: the same loop with no drafter (never planted)."""
+        from losscheck.engine import Engine
+
+        return Engine(self.targets[target])
+
+    @cached_property
+    def blackbox(self) -> "BlackBoxEngine | None":
         """The `--losscheck-engine` black-box engine, built from the main target (or None)."""
         if self.options.engine is None:
             return None
@@ -118,18 +143,8 @@ class Session:
             )
         return engine
 
-    def engine_factory(self) -> Callable[..., Any]:
-        """`Engine`, or the mutant's engine when the run plants a bug."""
-        from losscheck.engine import Engine
-
-        if self.options.mutant is None:
-            return Engine
-        from losscheck.mutants import get_mutant
-
-        return get_mutant(self.options.mutant).engine
-
     def baseline(self, key: Any, make: Callable[[], Any]) -> Any:
-        """Memoise a baseline generation (shared by every cell of the same prompts and params)."""
+        """Memoise a baseline result (shared by every cell of the same prompts and params)."""
         if key not in self._baselines:
             self._baselines[key] = make()
         return self._baselines[key]

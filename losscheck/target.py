@@ -83,10 +83,11 @@ class HFTarget:
     def reset(self, batch_size: int, capacity: int) -> None:
         self.lm.reset(batch_size, capacity)
 
-    def forward(
-        self, tokens: torch.Tensor, start: torch.Tensor, positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, hidden = self.lm.forward(tokens, start, positions)
-        if not torch.isfinite(logits).all():
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.checked(self.lm.forward(tokens, start))
+
+    def checked(self, out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`out` = (logits, hidden) if every logit is finite, else `TargetError` naming the target."""
+        if not torch.isfinite(out[0]).all():
             raise TargetError(f"target {self.name!r} produced NaN/inf logits")
-        return logits, hidden
+        return out

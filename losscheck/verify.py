@@ -15,22 +15,23 @@ draft with probability 1; the verifier must use that point mass, not some softma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from losscheck.sampling import sample
+from losscheck.sampling import SamplingParams, process_logits, sample
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The outcome of verifying one block for every row."""
+class BlockOutcome:
+    """What verification decided for one drafted block, per row."""
 
     accepted: torch.Tensor  # [B] long, drafts kept (0..k)
     tokens: torch.Tensor  # [B, k+1] long; tokens[b, :accepted[b]+1] are emitted, the rest is junk
 
 
-def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> Verdict:
+def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> BlockOutcome:
     """Greedy verification. `p [B, k+1, V]` target scores (logits or probs), `drafts [B, k]`."""
     best = p.argmax(-1)  # [B, k+1]
     k = drafts.shape[1]
@@ -38,7 +39,7 @@ def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> Verdict:
     rows = torch.arange(drafts.shape[0])
     tokens = torch.cat([drafts, best[:, k:]], dim=1)  # [B, k+1]
     tokens[rows, accepted] = best[rows, accepted]  # recovered (= target argmax) or bonus
-    return Verdict(accepted=accepted, tokens=tokens)
+    return BlockOutcome(accepted=accepted, tokens=tokens)
 
 
 def point_mass(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -69,7 +70,7 @@ def verify_rejection(
     drafts: torch.Tensor,
     q: torch.Tensor | None,
     generator: torch.Generator,
-) -> Verdict:
+) -> BlockOutcome:
     """Speculative rejection sampling for a batch of blocks.
 
     p: [B, k+1, V] target distributions after logits processing; slot k is the bonus slot.
@@ -90,4 +91,25 @@ def verify_rejection(
     stop = recovery_distribution(p, q)[rows, accepted]  # [B, V]
     tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
     tokens[rows, accepted] = sample(stop, generator)
-    return Verdict(accepted=accepted, tokens=tokens)
+    return BlockOutcome(accepted=accepted, tokens=tokens)
+
+
+# The verifier the engine is given: (raw target logits [B, k+1, V], drafts [B, k], q [B, k, V] or
+# None, the request's sampling parameters, generator) -> BlockOutcome.
+Verifier = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", SamplingParams, torch.Generator], BlockOutcome
+]
+
+
+def verify_block(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> BlockOutcome:
+    """The correct `Verifier`: greedy verification at temperature 0, otherwise rejection sampling
+    against the target's logits processed exactly as the drafter's `q` was."""
+    if params.greedy:
+        return verify_greedy(logits, drafts)
+    return verify_rejection(process_logits(logits, params), drafts, q, generator)

@@ -136,6 +136,7 @@ def test_certificate_is_written(pytester, tmp_path):
     [
         (["--losscheck-alpha=2"], "must be in (0, 1)"),
         (["--losscheck-profile=fast"], "invalid choice"),
+        (["--losscheck-mutant=residual_not_normalized"], "not in the mutant catalogue; choose one of: "),
     ],
 )
 def test_bad_options_are_rejected(pytester, args, message):
@@ -153,3 +154,18 @@ def test_an_unimportable_drafter_is_named(pytester):
 
 def test_fixtures_are_bundled():
     assert (bundled.fixtures_dir() / "target" / "config.json").is_file()
+
+
+def test_the_cli_and_the_plugin_share_option_definitions():
+    """`losscheck certify --X` passes `--losscheck-X` on to pytest, with the same parsers."""
+    from losscheck.cli import certify_args, parser
+
+    ns = parser().parse_args(["certify", "--seed", "7", "--alpha", "0.05", "--trust-remote-code",
+                              "--mutant", "rows_mixed_up", "-n", "2"])
+    args = certify_args(ns)
+    for expected in ("--losscheck-seed=7", "--losscheck-alpha=0.05", "--losscheck-trust-remote-code",
+                     "--losscheck-mutant=rows_mixed_up", "--losscheck-out=reports", "--losscheck-profile=ci"):
+        assert expected in args
+    assert args[-2:] == ["-n", "2"] and not any(a.startswith("--losscheck-target") for a in args)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["certify", "--alpha", "1.5"])

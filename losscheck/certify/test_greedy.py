@@ -11,5 +11,5 @@ def test_greedy_equals_baseline(greedy_cell, losscheck_session, losscheck_record
     from losscheck.runner import run_greedy
 
     outcome = run_greedy(losscheck_session, greedy_cell)
-    losscheck_record.update(outcome.record)
-    assert outcome.passed, outcome.message
+    losscheck_record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import pytest
 
-from losscheck.mutants import MUTANT_NAMES
+from losscheck.mutants import names
 
 pytestmark = pytest.mark.mutants
 
+BUNDLED_ONLY = "the mutant tier plants its bugs in the bundled models; drop --losscheck-drafter/-target"
 
-@pytest.mark.parametrize("name", MUTANT_NAMES)
+
+@pytest.mark.parametrize("name", names())
 def test_mutant_is_caught(name, losscheck_session):
     from losscheck.mutants import get_mutant
     from losscheck.mutants.catch import run_mutant
 
-    options = losscheck_session.options
-    if options.drafter or options.target:
-        pytest.skip("the mutant tier plants its bugs in the bundled models; drop --losscheck-drafter/-target")
+    if losscheck_session.options.drafter or losscheck_session.options.target:
+        pytest.skip(BUNDLED_ONLY)
     report = run_mutant(losscheck_session, get_mutant(name))
     assert report.cells, f"mutant {name} shows in none of the gate's cells"
     assert report.caught, report.message()
@@ -34,9 +35,9 @@ def test_unmodified_engine_passes_the_catching_cells(losscheck_session):
     from losscheck.mutants.catch import gate_session, run_control
 
     if losscheck_session.options.drafter or losscheck_session.options.target:
-        pytest.skip("the mutant tier runs on the bundled models")
+        pytest.skip(BUNDLED_ONLY)
     session = gate_session(losscheck_session, None)
-    heads = [cells[0] for cells in (m.cells(session) for m in catalogue()) if cells]
+    heads = [cells[0] for cells in (m.cells(session.plan, session.options.profile) for m in catalogue()) if cells]
     control = run_control(losscheck_session, list({c.id: c for c in heads}.values()))
     alarms = [f"{c.cell}: {', '.join(c.failing)} {c.evidence}{c.error}" for c in control if c.failed or c.error]
     assert not alarms, "the unmodified engine fails cells the mutant tier relies on:\n" + "\n".join(alarms)

@@ -16,8 +16,8 @@ def test_pit_uniform(sampling_cell, losscheck_session, losscheck_record):
     from losscheck.runner import run_pit
 
     outcome = run_pit(losscheck_session, sampling_cell)
-    losscheck_record.update(outcome.record)
-    assert outcome.passed, outcome.message
+    losscheck_record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()
 
 
 def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
@@ -25,8 +25,8 @@ def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
     from losscheck.runner import run_exact
 
     outcome = run_exact(losscheck_session, exact_cell)
-    losscheck_record.update(outcome.record)
-    assert outcome.passed, outcome.message
+    losscheck_record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()
 
 
 def test_engine_matches_baseline(engine_cell, losscheck_session, losscheck_record):
@@ -34,5 +34,5 @@ def test_engine_matches_baseline(engine_cell, losscheck_session, losscheck_recor
     from losscheck.runner import run_two_sample
 
     outcome = run_two_sample(losscheck_session, engine_cell)
-    losscheck_record.update(outcome.record)
-    assert outcome.passed, outcome.message
+    losscheck_record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()

@@ -15,34 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.errors import LosscheckError
-from losscheck.matrix import Cell
+from losscheck.matrix import Cell, statistical_tests
 from losscheck.mutants.power import predict
 from losscheck.mutants.registry import Mutant
+from losscheck.report.markdown import markdown_table
+from losscheck.runner import CellOutcome, run_cell
+from losscheck.session import Session
 
 
-def gate_statistical_tests(session) -> int:
-    """Statistical tests `pytest -m lossless` collects: one per cell of every parametrised
-    sampling argument (every cell argument but the greedy one)."""
-    from losscheck.cells import cells_for
-    from losscheck.plugin import CELL_ARGS
-
-    return sum(len(cells_for(session, arg)) for arg in CELL_ARGS if arg != "greedy_cell")
-
-
-def gate_session(base, mutant: str | None):
-    """`base`'s options and models with `mutant` planted and the gate's per-test α."""
+def gate_session(base: Session, mutant: str | None) -> Session:
+    """`base`'s options and models with `mutant` planted and the per-test α of `pytest -m lossless`
+    (split over every statistical cell of the gate's plan)."""
     base.drafters("main")  # load the models once, so every derived session shares them
     run = base.derive(mutant=mutant)
-    run.n_statistical = gate_statistical_tests(base)
+    run.n_statistical = statistical_tests(base.plan)
     return run
-
-
-def run_cell(session, cell: Cell):
-    from losscheck import runner
-
-    if cell.params.greedy:
-        return runner.run_greedy(session, cell)
-    return runner.run_exact(session, cell) if cell.target == "small" else runner.run_pit(session, cell)
 
 
 @dataclass
@@ -61,9 +48,9 @@ class CellCatch:
     error: str = ""  # the cell errored instead of reaching a verdict (not a catch)
 
 
-def _catch(session, cell: Cell, mutant: Mutant | None) -> CellCatch:
+def _catch(session: Session, cell: Cell, mutant: Mutant | None) -> CellCatch:
     started = time.perf_counter()
-    mode = "greedy" if cell.params.greedy else ("exact" if cell.target == "small" else "pit")
+    mode = cell.mode
     try:
         outcome = run_cell(session, cell)
     except LosscheckError as exc:
@@ -72,31 +59,25 @@ def _catch(session, cell: Cell, mutant: Mutant | None) -> CellCatch:
         return CellCatch(cell.id, mode, False, [], "", None, "", time.perf_counter() - started,
                          error=f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
-    failing, test_name, p_value, evidence = _evidence(outcome, session.options.strict)
+    failing, test_name, p_value, evidence = _evidence(outcome)
     prediction = predict(session, mutant, cell).to_dict() if mutant is not None and mode == "exact" else {}
     return CellCatch(cell.id, mode, not outcome.passed, failing, test_name, p_value, evidence, seconds, prediction)
 
 
-def _evidence(outcome, strict: bool) -> tuple[list[str], str, float | None, str]:
+def _evidence(outcome: CellOutcome) -> tuple[list[str], str, float | None, str]:
     """(failing tests, the most significant one, its p-value, what it saw) of a cell outcome."""
-    record = outcome.record
-    if outcome.kind == "greedy":
-        divergences = [d for d in record["divergences"] if strict or not d["near_tie"]]
-        if divergences:
-            d = divergences[0]
-            return ["equality"], "equality", None, (
-                f"{len(divergences)} prompts diverge; first: {d['tier']} #{d['prompt_index']} at position "
-                f"{d['position']}, spec {d['spec_token']} vs base {d['base_token']} (margin {d['margin']:.3g})")
-        if not outcome.passed:
-            return ["oracle"], "oracle", None, outcome.message.splitlines()[-1].strip()
-        return [], "", None, ""
-    bad = [r for r in record["verdict"]["results"] if not r["passed"]]
-    failing = [r["name"] for r in bad] + (["oracle"] if record.get("oracle_problem") else [])
+    if outcome.divergences:
+        d = outcome.divergences[0]
+        return ["equality"], "equality", None, (
+            f"{len(outcome.divergences)} prompts diverge; first: {d.tier} #{d.prompt_index} at position "
+            f"{d.position}, spec {d.spec_token} vs base {d.base_token} (margin {d.margin:.3g})")
+    bad = [r for r in outcome.verdict.results if not r.passed] if outcome.verdict is not None else []
+    failing = [r.name for r in bad] + (["oracle"] if outcome.problems else [])
     if bad:
-        worst = min(bad, key=lambda r: r["p_value"])
-        return failing, worst["name"], worst["p_value"], f"{worst['name']}: {worst['observed']}"
+        worst = min(bad, key=lambda r: r.p_value)
+        return failing, worst.name, worst.p_value, f"{worst.name}: {worst.observed}"
     if failing:
-        return failing, "oracle", None, record["oracle_problem"]
+        return failing, "oracle", None, outcome.problems[0]
     return [], "", None, ""
 
 
@@ -131,11 +112,11 @@ class MutantReport:
         return {**asdict(self), "caught": self.caught}
 
 
-def run_mutant(base, mutant: Mutant, all_cells: bool = False) -> MutantReport:
+def run_mutant(base: Session, mutant: Mutant, all_cells: bool = False) -> MutantReport:
     """Run `mutant`'s cells through the gate, stopping at the first catch unless `all_cells`."""
     started = time.perf_counter()
     session = gate_session(base, mutant.name)
-    cells = mutant.cells(session)
+    cells = mutant.cells(session.plan, session.options.profile)
     runs: list[CellCatch] = []
     for cell in cells:
         runs.append(_catch(session, cell, mutant))
@@ -146,7 +127,7 @@ def run_mutant(base, mutant: Mutant, all_cells: bool = False) -> MutantReport:
                         time.perf_counter() - started, prediction)
 
 
-def _headline_prediction(session, mutant: Mutant, cells: list[Cell], runs: list[CellCatch]) -> dict[str, Any]:
+def _headline_prediction(session: Session, mutant: Mutant, cells: list[Cell], runs: list[CellCatch]) -> dict[str, Any]:
     """The catching cell's prediction when it is an exact cell, else the first exact cell's (or,
     with none, the first cell's n/a and its reason)."""
     catch = next((r for r in runs if r.failed), None)
@@ -158,7 +139,7 @@ def _headline_prediction(session, mutant: Mutant, cells: list[Cell], runs: list[
     return {"cell": cell.id, **predict(session, mutant, cell).to_dict()}
 
 
-def run_control(base, cells: list[Cell]) -> list[CellCatch]:
+def run_control(base: Session, cells: list[Cell]) -> list[CellCatch]:
     """The unmodified engine on `cells`, under the same settings: none may fail."""
     session = gate_session(base, None)
     return [_catch(session, cell, None) for cell in cells]
@@ -200,8 +181,6 @@ def _cell_counts(report: MutantReport) -> str:
 
 
 def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any]) -> str:
-    head = "| " + " | ".join(TABLE_COLUMNS) + " |\n|" + "---|" * len(TABLE_COLUMNS) + "\n"
-    body = "".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |\n" for row in table_rows(reports))
     caught = sum(r.caught for r in reports)
     lines = [
         "# Mutant catch table",
@@ -210,7 +189,7 @@ def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[s
         f"{meta['profile']}, family-wise alpha {meta['alpha']}, per-test alpha {meta['per_test_alpha']:.3g} "
         f"= alpha / {meta['gate_statistical_tests']} gate statistical tests).",
         "",
-        head + body,
+        markdown_table(TABLE_COLUMNS, table_rows(reports)),
         "Predicted power: power of the exact-mode `exact.position[0]` test (same bins, n and level as the "
         "gate) against the mutant's exact first-token law; a lower bound on the cell's catch probability. "
         "n/a rows say why in the JSON (`prediction.note`).",

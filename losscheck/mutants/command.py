@@ -6,17 +6,16 @@ import time
 from pathlib import Path
 
 from losscheck.mutants import catalogue, get_mutant
+from losscheck.mutants.catch import gate_session, markdown, run_control, run_mutant, write_table
+from losscheck.options import Options
+from losscheck.session import Session
 
 
-def run(out: Path, seed: int, profile: str, alpha: float, names: list[str] | None, all_cells: bool) -> int:
+def run(out: Path, options: Options, names: list[str], all_cells: bool) -> int:
     """Catch table under `out` (catch_table.md / .json); exit status 0 only when every mutant is
     caught and the unmodified engine passes every cell that caught one."""
-    from losscheck.mutants.catch import gate_session, markdown, run_control, run_mutant, write_table
-    from losscheck.profiles import get_profile
-    from losscheck.session import Options, Session
-
     mutants = [get_mutant(n) for n in names] if names else list(catalogue())
-    base = Session(Options(seed=seed, alpha=alpha, profile=get_profile(profile)))
+    base = Session(options)
     started = time.perf_counter()
     reports = []
     for mutant in mutants:
@@ -25,11 +24,11 @@ def run(out: Path, seed: int, profile: str, alpha: float, names: list[str] | Non
         print(report.message(), flush=True)
     catching = {r.catch.cell for r in reports if r.catch is not None}
     session = gate_session(base, None)
-    control_cells = [c for c in {c.id: c for m in mutants for c in m.cells(session)}.values() if c.id in catching]
-    control = run_control(base, control_cells)
-    meta = {"seed": seed, "profile": profile, "alpha": alpha, "per_test_alpha": session.per_test_alpha,
-            "gate_statistical_tests": session.n_statistical, "all_cells": all_cells,
-            "seconds": round(time.perf_counter() - started, 1)}
+    planned = {c.id: c for m in mutants for c in m.cells(session.plan, options.profile)}
+    control = run_control(base, [c for c in planned.values() if c.id in catching])
+    meta = {"seed": options.seed, "profile": options.profile.name, "alpha": options.alpha,
+            "per_test_alpha": session.per_test_alpha, "gate_statistical_tests": session.n_statistical,
+            "all_cells": all_cells, "seconds": round(time.perf_counter() - started, 1)}
     md, js = write_table(reports, control, meta, out)
     print()
     print(markdown(reports, control, meta))

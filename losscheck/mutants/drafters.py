@@ -63,10 +63,15 @@ class MisreportingDrafter(AutoregressiveDrafter):
         return self.step(logits, ctx)
 
 
-def misreporting(drafter: Drafter, step: DraftStep, tag: str, mutant: str) -> MisreportingDrafter:
-    if not isinstance(drafter, AutoregressiveDrafter):
-        raise LosscheckError(
-            f"mutant {mutant!r} plants its bug in a family-A (autoregressive) drafter; drafter "
-            f"{drafter.name!r} is a {type(drafter).__name__}. Run it on the bundled drafters' A / self cells."
-        )
-    return MisreportingDrafter(drafter, step, tag)
+def misreporting(step: DraftStep, tag: str, mutant: str) -> Callable[[Drafter], MisreportingDrafter]:
+    """The drafter wrapper of mutant `mutant`: a family-A drafter drafting with `step`."""
+
+    def wrap(drafter: Drafter) -> MisreportingDrafter:
+        if not isinstance(drafter, AutoregressiveDrafter):
+            raise LosscheckError(
+                f"mutant {mutant!r} plants its bug in a family-A (autoregressive) drafter; drafter "
+                f"{drafter.name!r} is a {type(drafter).__name__}. Run it on the bundled drafters' A / self cells."
+            )
+        return MisreportingDrafter(drafter, step, tag)
+
+    return wrap

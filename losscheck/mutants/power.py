@@ -15,9 +15,11 @@ import torch
 
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.matrix import Cell
-from losscheck.mutants.registry import Mutant
 from losscheck.mutants.laws import FirstSlot
-from losscheck.sampling import process_logits
+from losscheck.mutants.registry import Mutant
+from losscheck.runner import exact_cell_size, exact_continuations, exact_prompt
+from losscheck.session import Session
+from losscheck.stats import per_test_alpha, predicted_power, probability_bins
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,10 @@ class Prediction:
 
 
 @torch.inference_mode()
-def first_slot(session, cell: Cell) -> FirstSlot:
-    from losscheck.runner import exact_prompt
-
+def first_slot(session: Session, cell: Cell) -> FirstSlot:
     target = session.targets[cell.target]
     drafter = session.drafters(cell.target)[cell.drafter]
-    prompt = torch.tensor([exact_prompt()])
+    prompt = torch.tensor([exact_prompt(session)])
     vocab = target.vocab_size
     after = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, P+1]
     return FirstSlot(
@@ -47,33 +47,22 @@ def first_slot(session, cell: Cell) -> FirstSlot:
     )
 
 
-def position0_level(session, cell: Cell, p0: torch.Tensor) -> tuple[int, float]:
+def position0_level(session: Session, cell: Cell) -> tuple[int, float]:
     """(n, alpha) of `exact.position[0]` in `run_exact` for `cell`: the cell's sample size and its
     Bonferroni share of the cell budget among the cell's tests (support, joint χ², joint G, and
     one per position with at least two bins)."""
-    from losscheck.runner import exact_prompt, exact_sample_size
-    from losscheck.stats import enumerate_continuations, per_test_alpha, probability_bins
-
     target = session.targets[cell.target]
-    horizon = session.options.profile.exact_horizon
-
-    @torch.inference_mode()
-    def next_probs(context: torch.Tensor) -> torch.Tensor:
-        return process_logits(target.model(input_ids=context).logits[:, -1], cell.params).double()
-
-    seqs, probs = enumerate_continuations(next_probs, exact_prompt(), horizon, target.eos_id)
-    n = exact_sample_size(session, len(seqs), horizon)
+    seqs, probs = exact_continuations(session, cell.target, cell.params)
+    n = exact_cell_size(session, len(seqs))
     testable = 0
-    for l in range(horizon):
+    for l in range(seqs.shape[1]):
         marginal = torch.zeros(target.vocab_size, dtype=torch.float64).index_add_(0, seqs[:, l], probs)
         testable += len(probability_bins(marginal[marginal > 0], n)[1]) >= 2
     return n, per_test_alpha(session.per_test_alpha, 2 + testable)
 
 
-def predict(session, mutant: Mutant, cell: Cell) -> Prediction:
+def predict(session: Session, mutant: Mutant, cell: Cell) -> Prediction:
     """Predicted power of `cell`'s position-0 test against `mutant`, or n/a with the reason."""
-    from losscheck.stats import predicted_power, probability_bins
-
     if mutant.first_token is None:
         return Prediction(None, None, f"n/a: {mutant.no_law}")
     if cell.target != "small":
@@ -84,7 +73,7 @@ def predict(session, mutant: Mutant, cell: Cell) -> Prediction:
     slot = first_slot(session, cell)
     p0 = slot.p()
     law = mutant.first_token(slot)
-    n, alpha = position0_level(session, cell, p0)
+    n, alpha = position0_level(session, cell)
     support = p0 > 0
     bin_of, _ = probability_bins(p0[support], n)
     n_bins = int(bin_of.max()) + 1

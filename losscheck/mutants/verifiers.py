@@ -1,18 +1,36 @@
-"""Planted verification bugs: `verify_rejection` (losscheck.verify) with one thing done wrong.
+"""Planted verification bugs: the verifier (losscheck.verify) with one thing done wrong.
 
-Each function has the signature of `verify_rejection` — p [B, k+1, V] processed target
+Most functions have the signature of `verify_rejection` — p [B, k+1, V] processed target
 distributions (slot k is the bonus slot), drafts [B, k], q [B, k, V] or None (point mass), a
-generator — and returns a `Verdict`. The line that differs from the correct verifier is marked
-`# BUG:`. They reuse the correct pieces (`acceptance_probability`, `recovery_distribution`)
-everywhere else, so each one is lossy for exactly the reason its docstring gives.
+generator — and return a `BlockOutcome`; `in_sampled_rounds` makes such a bug a `Verifier` the
+engine can be given. Bugs that also live in greedy rounds or in the processing of `p` are
+`Verifier`s themselves (raw logits and the sampling parameters in). The line that differs from
+the correct verifier is marked `# BUG:`. They reuse the correct pieces (`acceptance_probability`,
+`recovery_distribution`, `verify_block`) everywhere else, so each one is lossy for exactly the
+reason its docstring gives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import torch
 
-from losscheck.sampling import sample
-from losscheck.verify import Verdict, acceptance_probability, point_mass, recovery_distribution
+from losscheck.sampling import SamplingParams, process_logits, sample
+from losscheck.verify import (
+    BlockOutcome,
+    Verifier,
+    acceptance_probability,
+    point_mass,
+    recovery_distribution,
+    verify_block,
+    verify_greedy,
+    verify_rejection,
+)
+
+# (p [B, k+1, V], drafts [B, k], q [B, k, V] | None, generator) -> BlockOutcome
+RejectionSampler = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Generator], BlockOutcome]
 
 # Medusa's typical-acceptance defaults (posterior_threshold ε, posterior_alpha δ).
 TYPICAL_EPSILON = 0.09
@@ -45,12 +63,12 @@ def _draft_probs(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None):
     return q, p_draft, q_draft
 
 
-def _emit(drafts: torch.Tensor, accepted: torch.Tensor, stop_token: torch.Tensor) -> Verdict:
-    """Verdict with the drafts, then `stop_token` [B] (recovered or bonus) at slot `accepted`."""
+def _emit(drafts: torch.Tensor, accepted: torch.Tensor, stop_token: torch.Tensor) -> BlockOutcome:
+    """BlockOutcome with the drafts, then `stop_token` [B] (recovered or bonus) at slot `accepted`."""
     rows = torch.arange(drafts.shape[0])
     tokens = torch.cat([drafts, drafts.new_zeros(drafts.shape[0], 1)], dim=1)  # [B, k+1]
     tokens[rows, accepted] = stop_token
-    return Verdict(accepted=accepted, tokens=tokens)
+    return BlockOutcome(accepted=accepted, tokens=tokens)
 
 
 def _accept(keep: torch.Tensor) -> torch.Tensor:
@@ -58,7 +76,7 @@ def _accept(keep: torch.Tensor) -> torch.Tensor:
     return keep.long().cumprod(-1).sum(-1)
 
 
-def verify_unnormalised_residual(p, drafts, q, generator) -> Verdict:
+def verify_unnormalised_residual(p, drafts, q, generator) -> BlockOutcome:
     """Recovered token by inverse CDF on max(0, p - q) without dividing by its mass β = Σ max(0, p - q).
 
     A rejection happens with probability β, but the draw then falls past the residual's total mass
@@ -75,7 +93,7 @@ def verify_unnormalised_residual(p, drafts, q, generator) -> Verdict:
     return _emit(drafts, accepted, inverse_cdf(residual, u, clamp_to_support=False))
 
 
-def verify_residual_is_p(p, drafts, q, generator) -> Verdict:
+def verify_residual_is_p(p, drafts, q, generator) -> BlockOutcome:
     """Recovered token drawn from p itself instead of norm(max(0, p - q)).
 
     The accepted drafts already supply min(p, q); resampling from p adds β·p on top, so tokens
@@ -89,7 +107,7 @@ def verify_residual_is_p(p, drafts, q, generator) -> Verdict:
     return _emit(drafts, accepted, sample(stop, generator))
 
 
-def verify_inverted_ratio(p, drafts, q, generator) -> Verdict:
+def verify_inverted_ratio(p, drafts, q, generator) -> BlockOutcome:
     """Acceptance probability min(1, q/p) instead of min(1, p/q) (ratio written upside down)."""
     batch, k = drafts.shape
     q, p_draft, q_draft = _draft_probs(p, drafts, q)
@@ -100,7 +118,7 @@ def verify_inverted_ratio(p, drafts, q, generator) -> Verdict:
     return _emit(drafts, accepted, sample(stop, generator))
 
 
-def verify_shared_uniform(p, drafts, q, generator) -> Verdict:
+def verify_shared_uniform(p, drafts, q, generator) -> BlockOutcome:
     """One uniform per row for every slot's acceptance test and the recovered/bonus draw.
 
     The acceptance tests of a block become correlated, and — the first-order effect — a rejection
@@ -122,7 +140,7 @@ def typical_threshold(p: torch.Tensor) -> torch.Tensor:
     return torch.minimum(torch.full_like(entropy, TYPICAL_EPSILON), TYPICAL_DELTA * torch.exp(-entropy))
 
 
-def verify_typical(p, drafts, q, generator) -> Verdict:
+def verify_typical(p, drafts, q, generator) -> BlockOutcome:
     """Medusa-style typical acceptance: keep a draft when p(x) > min(ε, δ·exp(-H(p))), whatever q
     was; at the first rejected slot emit a token drawn from p (not the residual).
 
@@ -137,7 +155,7 @@ def verify_typical(p, drafts, q, generator) -> Verdict:
     return _emit(drafts, accepted, sample(stop, generator))
 
 
-def verify_recovered_after_rejected(p, drafts, q, generator) -> Verdict:
+def verify_recovered_after_rejected(p, drafts, q, generator) -> BlockOutcome:
     """At the first rejection (slot a), the emitted token is drawn from p at slot a+1 — the target's
     distribution *after* the rejected draft — instead of the residual at slot a (off-by-one)."""
     batch, k = drafts.shape
@@ -150,7 +168,7 @@ def verify_recovered_after_rejected(p, drafts, q, generator) -> Verdict:
     return _emit(drafts, accepted, sample(stop, generator))
 
 
-def greedy_recovered_after_rejected(p: torch.Tensor, drafts: torch.Tensor) -> Verdict:
+def greedy_recovered_after_rejected(p: torch.Tensor, drafts: torch.Tensor) -> BlockOutcome:
     """Greedy form of `verify_recovered_after_rejected`: argmax of slot a+1 after a mismatch at a."""
     best = p.argmax(-1)  # [B, k+1]
     k = drafts.shape[1]
@@ -160,25 +178,69 @@ def greedy_recovered_after_rejected(p: torch.Tensor, drafts: torch.Tensor) -> Ve
     return _emit(drafts, accepted, stop)
 
 
-def bonus_from_last_draft_slot(p: torch.Tensor) -> torch.Tensor:
-    """p with the bonus slot's distribution replaced by the last draft's slot (p[:, k] ← p[:, k-1]):
-    the bonus is drawn without conditioning on the last accepted draft."""
+def verify_bonus_from_wrong_slot(p, drafts, q, generator) -> BlockOutcome:
+    """After k accepted drafts the bonus is drawn from p at the last draft's slot (p[:, k-1]) instead
+    of the slot after it: the bonus is not conditioned on the last accepted draft."""
+    if drafts.shape[1] == 0:  # no draft slot to take it from
+        return verify_rejection(p, drafts, q, generator)
     wrong = p.clone()
     wrong[:, -1] = p[:, -2]  # BUG: slot k-1 for the bonus
-    return wrong
+    return verify_rejection(wrong, drafts, q, generator)
 
 
-def leave_bonus_unwritten(verdict: Verdict, k: int, placeholder: int = 0) -> Verdict:
+def in_sampled_rounds(sampler: RejectionSampler) -> Verifier:
+    """A `Verifier` with `sampler` in place of `verify_rejection`; greedy rounds verify correctly."""
+
+    def verifier(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
+        if params.greedy:
+            return verify_greedy(logits, drafts)
+        return sampler(process_logits(logits, params), drafts, q, generator)
+
+    verifier.__doc__ = sampler.__doc__
+    return verifier
+
+
+def verify_recovered_after_rejected_any(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
+    """Both decoding modes: after a rejection at slot a the emitted token comes from slot a+1."""
+    if params.greedy:
+        return greedy_recovered_after_rejected(logits, drafts)
+    return verify_recovered_after_rejected(process_logits(logits, params), drafts, q, generator)
+
+
+def verify_temperature_on_q_only(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
+    """The verifier's p skips the temperature the drafter's q was processed with."""
+    if params.greedy:
+        return verify_greedy(logits, drafts)
+    p = process_logits(logits, replace(params, temperature=1.0))  # BUG: no temperature on p
+    return verify_rejection(p, drafts, q, generator)
+
+
+def verify_truncation_on_draft_only(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
+    """The verifier's p skips the top-k / top-p truncation the drafter's q was processed with."""
+    if params.greedy:
+        return verify_greedy(logits, drafts)
+    p = process_logits(logits, replace(params, top_k=0, top_p=1.0))  # BUG: no top-k / top-p on p
+    return verify_rejection(p, drafts, q, generator)
+
+
+def verify_bonus_counted_not_written(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
     """When every draft is kept the bonus is counted in the emitted length but never written: the
-    row emits the buffer's placeholder id instead."""
-    tokens = verdict.tokens.clone()
-    tokens[:, k] = torch.where(verdict.accepted == k, placeholder, tokens[:, k])  # BUG
-    return Verdict(verdict.accepted, tokens)
+    row emits the buffer's placeholder id 0 instead.
+
+    Dropping the bonus outright — committing only the k accepted drafts — would be lossless (the
+    next round samples that position afresh from p); the lossy real-world form is this off-by-one
+    between the count and the write.
+    """
+    outcome = verify_block(logits, drafts, q, params, generator)
+    tokens = outcome.tokens.clone()
+    k = drafts.shape[1]
+    tokens[:, k] = torch.where(outcome.accepted == k, 0, tokens[:, k])  # BUG: placeholder, not the bonus
+    return BlockOutcome(outcome.accepted, tokens)
 
 
-def rows_sorted_by_acceptance(verdict: Verdict) -> Verdict:
+def verify_rows_mixed_up(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
     """Rows sorted by accepted count (e.g. for a ragged commit kernel) and never unsorted: row b
-    commits the verdict of another row whenever rows accepted different counts."""
-    order = torch.argsort(verdict.accepted, stable=True)
-    return Verdict(verdict.accepted[order], verdict.tokens[order])  # BUG: no inverse permutation
-
+    commits another row's tokens whenever rows accepted different counts."""
+    outcome = verify_block(logits, drafts, q, params, generator)
+    order = torch.argsort(outcome.accepted, stable=True)
+    return BlockOutcome(outcome.accepted[order], outcome.tokens[order])  # BUG: no inverse permutation

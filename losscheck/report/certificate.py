@@ -55,7 +55,6 @@ def build(session: Session, records: list[dict[str, Any]], exit_status: int) -> 
             "per_test_alpha": session.per_test_alpha,
             "statistical_tests": session.n_statistical,
             "profile": o.profile.__dict__,
-            "strict": o.strict,
             "mutant": o.mutant,
             "drafter_option": o.drafter,
         },

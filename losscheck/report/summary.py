@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from losscheck.report import markdown
+
 COLUMNS = ("cell", "kind", "verdict", "tau", "min p", "alpha", "detect TV", "n")
 
 
 def _row(record: dict[str, Any]) -> tuple[str, ...]:
     verdict = "PASS" if record.get("passed") else ("ERROR" if record.get("outcome") == "error" else "FAIL")
-    acceptance = record.get("acceptance") or {}
-    if acceptance and "acceptance_length" not in acceptance:  # greedy: per tier
-        taus = [t["acceptance_length"] for t in acceptance.values()]
-        tau = "/".join(f"{t:.2f}" for t in taus)
-    else:
-        tau = f"{acceptance['acceptance_length']:.2f}" if acceptance else "-"
+    groups = (record.get("acceptance") or {}).values()  # prompt group -> loop counters
+    tau = "/".join(f"{g['acceptance_length']:.2f}" for g in groups) or "-"
     results = (record.get("verdict") or {}).get("results", [])
     tested = [r for r in results if r.get("alpha")]
     min_p = f"{min(r['p_value'] for r in tested):.3g}" if tested else "-"
@@ -39,6 +37,5 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown_table(records: list[dict[str, Any]]) -> str:
-    rows = summary_rows(records)
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    """The per-cell table as Markdown, for the certificate."""
+    return markdown.markdown_table(COLUMNS, summary_rows(records))

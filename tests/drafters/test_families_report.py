@@ -1,12 +1,13 @@
 """`losscheck families` on a tiny budget: every drafter, group, k and mode gets a row, the files
-are written and the self-draft oracle accepts everything."""
+are written and the self-draft oracle accepts everything; the rendering needs only the document."""
 
 from __future__ import annotations
 
 import json
 
 from losscheck.cli import main
-from losscheck.report.families import prompt_groups
+from losscheck.families import prompt_groups
+from losscheck.report.families import markdown
 
 
 def test_one_token_prompts_form_their_own_group():
@@ -29,3 +30,4 @@ def test_families_command_writes_table_json_and_plot(tmp_path):
     table = (out / "table.md").read_text()
     assert "| E w4 | 2 |" in table and "## T1" in table
     assert (out / "slot_acceptance.png").stat().st_size > 10_000
+    assert markdown(doc) == table  # table.md is the document's rendering, nothing else

@@ -12,13 +12,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from losscheck.contract import DraftContext, Proposal
-from losscheck.engine import Engine
+from losscheck.contract import DraftContext
 from losscheck.mutants import drafters as planted
-from losscheck.mutants import engines, laws
-from losscheck.mutants.verifiers import inverse_cdf, leave_bonus_unwritten, rows_sorted_by_acceptance
-from losscheck.sampling import SamplingParams, process_logits, sample
-from losscheck.verify import Verdict
+from losscheck.mutants import get_mutant, laws
+from losscheck.mutants.verifiers import inverse_cdf, verify_bonus_counted_not_written, verify_rows_mixed_up
+from losscheck.sampling import GREEDY, SamplingParams, process_logits, sample
+from losscheck.verify import BlockOutcome, Verifier, verify_block
 from tests.toy import markov_table
 
 V, START, ROWS, K = 6, 0, 100_000, 2
@@ -32,9 +31,9 @@ def honest_draw(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, 
     return sample(q, ctx.generator), q
 
 
-def one_round(verify, draw, params: SamplingParams, k: int = K, seed: int = 0) -> Verdict:
+def one_round(verify: Verifier, draw, params: SamplingParams, k: int = K, seed: int = 0) -> BlockOutcome:
     """ROWS independent rounds from START: k drafts by `draw` on the drafter table, verified by
-    `verify(logits, proposal, params, gen)` on the target table's logits."""
+    `verify` on the target table's logits."""
     gen = torch.Generator().manual_seed(seed)
     ctx = DraftContext(torch.zeros(ROWS, 1, dtype=torch.long), torch.ones(ROWS, dtype=torch.long), None, k,
                        None, params, gen)
@@ -47,12 +46,11 @@ def one_round(verify, draw, params: SamplingParams, k: int = K, seed: int = 0) -
         prev = token
     tokens = torch.stack(drafts, 1)  # [ROWS, k]
     scored = torch.cat([torch.full((ROWS, 1), START), tokens], 1)  # [ROWS, k+1]
-    return verify(TARGET[scored].float(), Proposal(tokens, torch.stack(reports, 1)), params, gen)
+    return verify(TARGET[scored].float(), tokens, torch.stack(reports, 1), params, gen)
 
 
-def engine_verify(cls):
-    """The engine's verify step with a drafter present (the mutant path)."""
-    return cls(None, object(), K).verify
+def planted_verifier(name: str) -> Verifier:
+    return get_mutant(name).verifier
 
 
 def first_slot(params: SamplingParams) -> laws.FirstSlot:
@@ -73,20 +71,20 @@ def assert_follows(tokens: torch.Tensor, law: torch.Tensor) -> None:
 
 T1, COLD, TOPK = SamplingParams(), SamplingParams(temperature=0.5), SamplingParams(top_k=3)
 CASES = {  # name: (verify, draw, exact law, params)
-    "unnormalised_residual": (engine_verify(engines.UnnormalisedResidual), honest_draw, laws.unnormalised_residual, T1),
-    "residual_is_p": (engine_verify(engines.ResidualIsP), honest_draw, laws.residual_is_p, T1),
-    "inverted_ratio": (engine_verify(engines.InvertedRatio), honest_draw, laws.inverted_ratio, T1),
-    "shared_uniform": (engine_verify(engines.SharedUniform), honest_draw, laws.shared_uniform, T1),
-    "typical_acceptance": (engine_verify(engines.TypicalAcceptance), honest_draw, laws.typical, T1),
-    "recovered_after_rejected": (engine_verify(engines.RecoveredAfterRejected), honest_draw,
+    "unnormalised_residual": (planted_verifier("unnormalised_residual"), honest_draw, laws.unnormalised_residual, T1),
+    "residual_is_p": (planted_verifier("residual_is_p"), honest_draw, laws.residual_is_p, T1),
+    "inverted_ratio": (planted_verifier("inverted_ratio"), honest_draw, laws.inverted_ratio, T1),
+    "shared_uniform": (planted_verifier("shared_uniform"), honest_draw, laws.shared_uniform, T1),
+    "typical_acceptance": (planted_verifier("typical_acceptance"), honest_draw, laws.typical, T1),
+    "recovered_after_rejected": (planted_verifier("recovered_after_rejected"), honest_draw,
                                  laws.recovered_after_rejected, T1),
-    "temperature_q_only": (engine_verify(engines.TemperatureOnQOnly), honest_draw, laws.temperature_q_only, COLD),
-    "truncation_draft_only": (engine_verify(engines.TruncationOnDraftOnly), honest_draw,
+    "temperature_q_only": (planted_verifier("temperature_q_only"), honest_draw, laws.temperature_q_only, COLD),
+    "truncation_draft_only": (planted_verifier("truncation_draft_only"), honest_draw,
                               laws.truncation_draft_only, TOPK),
-    "temperature_p_only": (engine_verify(Engine), planted.untempered_report, laws.temperature_p_only, COLD),
-    "greedy_draft_softmax_q": (engine_verify(Engine), planted.argmax_with_softmax_report,
+    "temperature_p_only": (verify_block, planted.untempered_report, laws.temperature_p_only, COLD),
+    "greedy_draft_softmax_q": (verify_block, planted.argmax_with_softmax_report,
                                laws.greedy_draft_softmax_q, T1),
-    "truncated_candidates_full_q": (engine_verify(Engine), planted.top_w_with_full_report,
+    "truncated_candidates_full_q": (verify_block, planted.top_w_with_full_report,
                                     laws.truncated_candidates_full_q, T1),
 }
 
@@ -96,7 +94,7 @@ def test_the_correct_verifier_gives_p_exactly_and_the_harness_agrees(params):
     slot = first_slot(params)
     law = laws.correct(slot)
     assert torch.allclose(law, slot.p(), atol=1e-9)
-    assert_follows(one_round(engine_verify(Engine), honest_draw, params).tokens[:, 0], slot.p())
+    assert_follows(one_round(verify_block, honest_draw, params).tokens[:, 0], slot.p())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -111,11 +109,11 @@ def test_mutant_first_token_law_is_lossy_and_describes_the_code(name):
 
 
 def test_bonus_from_wrong_slot_draws_the_bonus_without_the_last_draft():
-    verdict = one_round(engine_verify(engines.BonusFromWrongSlot), honest_draw, T1, k=1)
+    verdict = one_round(planted_verifier("bonus_from_wrong_slot"), honest_draw, T1, k=1)
     kept = verdict.accepted == 1
     p_start = process_logits(TARGET[START], T1).double()
     assert_follows(verdict.tokens[kept, 1], p_start)  # the bonus ignores the accepted draft
-    honest = one_round(engine_verify(Engine), honest_draw, T1, k=1)
+    honest = one_round(verify_block, honest_draw, T1, k=1)
     honest_kept = honest.accepted == 1
     bonus_law = process_logits(TARGET[honest.tokens[honest_kept, 0]], T1).double().mean(0)
     assert float((bonus_law - p_start).abs().sum() / 2) > 0.05  # ...which is far from its right law
@@ -129,14 +127,23 @@ def test_inverse_cdf_runs_off_an_unnormalised_residual_onto_the_last_id():
     assert inverse_cdf(normalised, torch.tensor([0.9999999999], dtype=torch.float64)).item() == 2
 
 
+def greedy_logits(best: list[list[int]], vocab: int = 10) -> torch.Tensor:
+    """Logits [B, k+1, V] whose argmax at slot j of row b is best[b][j]."""
+    return torch.nn.functional.one_hot(torch.tensor(best), vocab).float()
+
+
 def test_bonus_left_unwritten_only_when_every_draft_is_kept():
-    verdict = Verdict(torch.tensor([2, 1]), torch.tensor([[5, 6, 7], [5, 4, 0]]))
-    planted_verdict = leave_bonus_unwritten(verdict, k=2)
-    assert planted_verdict.tokens.tolist() == [[5, 6, 0], [5, 4, 0]]
+    drafts = torch.tensor([[5, 6], [5, 4]])
+    logits = greedy_logits([[5, 6, 7], [5, 3, 9]])  # row 0 keeps both drafts (bonus 7), row 1 one
+    assert verify_block(logits, drafts, None, GREEDY, None).tokens.tolist() == [[5, 6, 7], [5, 3, 9]]
+    planted_outcome = verify_bonus_counted_not_written(logits, drafts, None, GREEDY, None)
+    assert planted_outcome.tokens.tolist() == [[5, 6, 0], [5, 3, 9]]
 
 
 def test_rows_are_permuted_only_when_they_accept_different_counts():
-    same = Verdict(torch.tensor([1, 1, 1]), torch.arange(6).view(3, 2))
-    assert torch.equal(rows_sorted_by_acceptance(same).tokens, same.tokens)
-    ragged = Verdict(torch.tensor([1, 0]), torch.tensor([[3, 4], [8, 9]]))
-    assert rows_sorted_by_acceptance(ragged).tokens.tolist() == [[8, 9], [3, 4]]
+    drafts = torch.tensor([[1], [2], [3]])
+    same = greedy_logits([[1, 4], [2, 5], [3, 6]])
+    assert torch.equal(verify_rows_mixed_up(same, drafts, None, GREEDY, None).tokens,
+                       verify_block(same, drafts, None, GREEDY, None).tokens)
+    ragged = greedy_logits([[1, 4], [7, 5], [3, 6]])  # row 1 rejects its draft
+    assert verify_rows_mixed_up(ragged, drafts, None, GREEDY, None).tokens.tolist() == [[7, 5], [1, 4], [3, 6]]

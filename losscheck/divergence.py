@@ -1,8 +1,8 @@
-"""Greedy certification: speculative output must equal baseline output token for token.
+"""Divergence analysis for the greedy gate: where speculative output first leaves the baseline.
 
-On a divergence the report names the prompt, the position, both tokens and the target's top-2
-logit margin at that prefix recomputed in float64, which separates an algorithmic bug (a clear
-margin) from a reduced-precision near-tie (batch-shape numerics).
+Each divergence names the prompt, the position, both tokens and the target's top-2 logit margin
+at that prefix recomputed in float64 — a clear margin marks an algorithmic bug; a margin near zero
+would mark a numerical near-tie (triaged once reduced precision is an axis of the matrix).
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from losscheck.engine import Generation
-
-# Logit margin below which a reduced-precision divergence counts as a numerical near-tie: about
-# the accumulated round-off of logits of magnitude ~10 at the format's unit round-off.
-NEAR_TIE_MARGIN = {"fp32": 0.0, "bf16": 0.0625, "fp16": 0.0078}
+from losscheck.generation import Generation
 
 
 @dataclass(frozen=True)
@@ -30,16 +26,17 @@ class Divergence:
     top1: int
     top2: int
     margin: float  # float64 logit(top1) - logit(top2) of the target at the baseline prefix
-    near_tie: bool
 
     def describe(self) -> str:
-        kind = "numerical near-tie" if self.near_tie else "divergence"
         return (
-            f"{kind} on {self.tier}-entropy prompt #{self.prompt_index} {self.prompt} at generated "
+            f"divergence on {self.tier}-entropy prompt #{self.prompt_index} {self.prompt} at generated "
             f"position {self.position}: speculative emitted {self.spec_token}, baseline "
             f"{self.base_token}; target float64 top-2 there: {self.top1} vs {self.top2}, margin "
             f"{self.margin:.4g}"
         )
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
 
 
 def first_divergence(spec: Generation, base: Generation, b: int) -> int | None:
@@ -66,8 +63,8 @@ def find_divergences(
     prompts: list[list[int]],
     spec: Generation,
     base: Generation,
-    precision: str,
 ) -> list[Divergence]:
+    """The first divergence of every row of `spec` from `base` (rows = `prompts` of `tier`)."""
     found = []
     for b, prompt in enumerate(prompts):
         pos = first_divergence(spec, base, b)
@@ -86,11 +83,6 @@ def find_divergences(
                 top1=top1,
                 top2=top2,
                 margin=margin,
-                near_tie=margin < NEAR_TIE_MARGIN.get(precision, 0.0),
             )
         )
     return found
-
-
-def divergence_dict(d: Divergence) -> dict[str, object]:
-    return asdict(d)

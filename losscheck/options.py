@@ -1,0 +1,116 @@
+"""The `--losscheck-*` options, defined once for the pytest plugin and the `losscheck` CLI.
+
+As pytest-benchmark does, one table declares every option; `add_options` hands it to pytest's
+`addoption` (prefix `--losscheck-`) or to argparse's `add_argument` (prefix `--`), both storing
+under the same `dest`, so `from_parsed` builds `Options` the same way from either.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from losscheck.errors import OptionError
+from losscheck.profiles import PROFILES, Profile, get_profile
+
+DEFAULT_SEED = 20261129
+DEFAULT_ALPHA = 0.01
+DEFAULT_PROFILE = "ci"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Parsed `--losscheck-*` options (see `SPECS` for their help)."""
+
+    target: str | None = None  # model directory; None = the bundled tiny target
+    drafter: str | None = None  # pkg.mod:factory; None = the bundled drafters
+    engine: str | None = None  # pkg.mod:factory of a black-box engine (two-sample mode)
+    seed: int = DEFAULT_SEED
+    out: Path | None = None  # write the certificate under this directory
+    alpha: float = DEFAULT_ALPHA  # family-wise false-alarm rate of the whole run
+    profile: Profile = field(default_factory=lambda: PROFILES[DEFAULT_PROFILE])
+    trust_remote_code: bool = False
+    mutant: str | None = None  # run the gate against a planted bug (losscheck.mutants)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise OptionError(f"--losscheck-alpha must be in (0, 1), got {self.alpha}")
+        if not 0 < self.profile.detect_tv < 1:
+            raise OptionError(f"--losscheck-detect-tv must be in (0, 1), got {self.profile.detect_tv}")
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
+def _mutant(name: str) -> str:
+    from losscheck import mutants  # the catalogue loads only when the option is given
+
+    if name not in mutants.names():
+        raise argparse.ArgumentTypeError(f"{name!r} is not in the mutant catalogue; choose one of: "
+                                         + ", ".join(mutants.names()))
+    return name
+
+
+# name -> keyword arguments of addoption / add_argument
+SPECS: dict[str, dict[str, Any]] = {
+    "target": dict(metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)"),
+    "drafter": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> Drafter (default: the bundled drafters)"),
+    "engine": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified in two-sample mode"),
+    "seed": dict(type=int, default=DEFAULT_SEED, help="run seed; every random draw derives from it (default: %(default)s)"),
+    "out": dict(metavar="DIR", help="write DIR/<run>/certificate.json and summary.md"),
+    "alpha": dict(type=_probability, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default: %(default)s)"),
+    "detect-tv": dict(type=_probability, default=None, help="total variation every sampled cell must detect (default: the profile's, 0.02 for ci)"),
+    "profile": dict(choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="named sample-size profile (default: %(default)s)"),
+    "trust-remote-code": dict(action="store_true", help="let the target load custom modelling code"),
+    "mutant": dict(metavar="NAME", type=_mutant, help="run the gate against a planted bug (see `losscheck mutants`)"),
+}
+
+
+def dest(name: str) -> str:
+    return "losscheck_" + name.replace("-", "_")
+
+
+def add_options(add: Callable[..., Any], prefix: str, names: Iterable[str] = tuple(SPECS)) -> None:
+    """Declare the options `names` with `add` (pytest's `addoption` or argparse's `add_argument`)."""
+    for name in names:
+        add(prefix + name, dest=dest(name), **SPECS[name])
+
+
+def from_parsed(get: Callable[[str], Any]) -> Options:
+    """`Options` from parsed values, `get(dest)`; options not declared keep their defaults."""
+
+    def value(name: str, default: Any = None) -> Any:
+        try:
+            return get(dest(name))
+        except (AttributeError, ValueError):  # argparse namespace / pytest config without it
+            return default
+
+    out = value("out")
+    return Options(
+        target=value("target"),
+        drafter=value("drafter"),
+        engine=value("engine"),
+        seed=value("seed", DEFAULT_SEED),
+        out=Path(out) if out else None,
+        alpha=value("alpha", DEFAULT_ALPHA),
+        profile=get_profile(value("profile", DEFAULT_PROFILE)).with_detect_tv(value("detect-tv")),
+        trust_remote_code=bool(value("trust-remote-code", False)),
+        mutant=value("mutant"),
+    )
+
+
+def pytest_args(options_given: dict[str, Any]) -> list[str]:
+    """The `--losscheck-*` command-line arguments that pass `options_given` (name -> value) on."""
+    args = []
+    for name, val in options_given.items():
+        if val is None or val is False:
+            continue
+        args.append(f"--losscheck-{name}" if val is True else f"--losscheck-{name}={val}")
+    return args
