@@ -1,7 +1,8 @@
 """losscheck: certify that speculative decoding is lossless.
 
 The public contract (DESIGN §3): `Proposal`, `DraftContext`, `Drafter`, `Target`,
-`SamplingParams`, and `Engine` to drive them. Imported lazily so that loading the pytest plugin
+`SamplingParams`, and `Engine` to drive them with a `Verifier` (`verify_block` by default, or an
+engine author's own, returning a `BlockOutcome`). Imported lazily so that loading the pytest plugin
 does not import torch.
 """
 
@@ -19,6 +20,9 @@ _EXPORTS = {
     "SamplingParams": "losscheck.sampling",
     "Engine": "losscheck.engine",
     "HFTarget": "losscheck.target",
+    "BlockOutcome": "losscheck.verify",
+    "Verifier": "losscheck.verify",
+    "verify_block": "losscheck.verify",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -20,7 +20,7 @@ from losscheck.contract import DraftContext, Drafter, Proposal, Target, validate
 from losscheck.errors import LosscheckError
 from losscheck.generation import Generation, LoopStats
 from losscheck.sampling import SamplingParams
-from losscheck.verify import BlockOutcome, Verifier, verify_block
+from losscheck.verify import BlockOutcome, Verifier, checked_outcome, verify_block
 
 
 def pad_prompts(prompts: list[list[int]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,6 +111,7 @@ class Engine:
             with stats.clock("target"):
                 logits, states = self._score(batch, proposal)
                 outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
+            outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
             self._commit(batch, outcome, states, stats)
         stats.total_seconds = time.perf_counter() - started
         tokens, lengths = batch.output()

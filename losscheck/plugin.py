@@ -85,7 +85,7 @@ def losscheck_record(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+def pytest_runtest_makereport(item: pytest.Item) -> Any:
     report = yield
     record = item.stash.get(_RECORD_KEY, None)
     if report.when == "call" and record:

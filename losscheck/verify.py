@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from losscheck.errors import LosscheckError
 from losscheck.sampling import SamplingParams, process_logits, sample
 
 
@@ -99,6 +100,23 @@ def verify_rejection(
 Verifier = Callable[
     [torch.Tensor, torch.Tensor, "torch.Tensor | None", SamplingParams, torch.Generator], BlockOutcome
 ]
+
+
+def checked_outcome(outcome: object, verifier: Verifier, batch: int, k: int) -> BlockOutcome:
+    """`outcome` if it is a well-formed `BlockOutcome` for `batch` rows and `k` drafts, else a
+    `LosscheckError` naming the verifier and what it returned."""
+    name = getattr(verifier, "__qualname__", repr(verifier))
+    if not isinstance(outcome, BlockOutcome):
+        raise LosscheckError(f"verifier {name} returned {type(outcome).__name__}, not a losscheck.BlockOutcome")
+    shapes = (tuple(outcome.accepted.shape), tuple(outcome.tokens.shape))
+    if shapes != ((batch,), (batch, k + 1)):
+        raise LosscheckError(
+            f"verifier {name} returned accepted {shapes[0]} and tokens {shapes[1]}; expected ({batch},) and "
+            f"({batch}, {k + 1}) for {batch} rows of {k} drafts"
+        )
+    if batch and (int(outcome.accepted.min()) < 0 or int(outcome.accepted.max()) > k):
+        raise LosscheckError(f"verifier {name} accepted counts outside [0, {k}]")
+    return outcome
 
 
 def verify_block(

@@ -17,27 +17,14 @@ from losscheck.engine import Engine
 from losscheck.errors import DrafterOutputError, LosscheckError
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.target import HFTarget
-from tests.toy import tiny_llama
+from tests.support import PROMPTS, noisy_drafter, tiny_target
 
-PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
-
-
-def make_target(max_positions: int = 128) -> HFTarget:
-    return HFTarget(tiny_llama(max_positions=max_positions), "toy", {"precision": "fp32"})
-
-
-def noisy_drafter(target: HFTarget, noise: float = 0.6, seed: int = 1) -> AutoregressiveDrafter:
-    model = copy.deepcopy(target.model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
-    return AutoregressiveDrafter(model, "noisy")
+NOISE = 0.6  # the drafter's weight noise, relative to each weight tensor's std
 
 
 @pytest.fixture(scope="module")
 def target() -> HFTarget:
-    return make_target()
+    return tiny_target()
 
 
 def greedy(engine: Engine, prompts=PROMPTS, max_new: int = 24):
@@ -47,16 +34,16 @@ def greedy(engine: Engine, prompts=PROMPTS, max_new: int = 24):
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_ragged_greedy_spec_equals_baseline(target, k):
     base = greedy(Engine(target))
-    spec = greedy(Engine(target, noisy_drafter(target), k))
+    spec = greedy(Engine(target, noisy_drafter(target, NOISE), k))
     assert torch.equal(spec.tokens, base.tokens) and torch.equal(spec.lengths, base.lengths)
     accepted = spec.stats.accepted.sum()
     assert 0 < accepted < spec.stats.proposed.sum()  # rows really did accept different counts
 
 
 def test_each_row_decodes_as_if_alone(target):
-    batch = greedy(Engine(target, noisy_drafter(target), 4))
+    batch = greedy(Engine(target, noisy_drafter(target, NOISE), 4))
     for b, prompt in enumerate(PROMPTS):
-        alone = greedy(Engine(target, noisy_drafter(target), 4), [prompt])
+        alone = greedy(Engine(target, noisy_drafter(target, NOISE), 4), [prompt])
         assert alone.row(0) == batch.row(b)
 
 
@@ -68,7 +55,7 @@ def test_self_draft_is_always_accepted(target):
 @pytest.mark.parametrize("max_new", [0, 1])
 def test_tiny_budgets(target, max_new):
     base = greedy(Engine(target), max_new=max_new)
-    spec = greedy(Engine(target, noisy_drafter(target), 4), max_new=max_new)
+    spec = greedy(Engine(target, noisy_drafter(target, NOISE), 4), max_new=max_new)
     assert spec.lengths.tolist() == [max_new] * len(PROMPTS)
     assert torch.equal(spec.tokens, base.tokens)
 
@@ -85,17 +72,17 @@ def test_eos_mid_block_stops_the_row_there(target):
 
 
 def test_context_near_the_maximum_position():
-    small = make_target(max_positions=24)
+    small = tiny_target(max_positions=24)
     prompt = [[0] + list(range(2, 18))]  # 17 tokens + 7 new = 24 positions
     base = greedy(Engine(small), prompt, max_new=7)
-    spec = greedy(Engine(small, noisy_drafter(small), 8), prompt, max_new=7)
+    spec = greedy(Engine(small, noisy_drafter(small, NOISE), 8), prompt, max_new=7)
     assert torch.equal(spec.tokens, base.tokens)
     with pytest.raises(LosscheckError, match="exceeds the target's 24 positions"):
         greedy(Engine(small), prompt, max_new=8)
 
 
 def test_sampling_is_reproducible_from_the_seed(target):
-    engine = Engine(target, noisy_drafter(target), 4)
+    engine = Engine(target, noisy_drafter(target, NOISE), 4)
     params = SamplingParams(temperature=1.0, top_p=0.9)
     a = engine.generate(PROMPTS * 20, 16, params, make_generator(3, "s"))
     b = engine.generate(PROMPTS * 20, 16, params, make_generator(3, "s"))
@@ -121,3 +108,20 @@ def test_malformed_drafter_output_fails_naming_the_drafter(target):
     engine = Engine(target, NaNDrafter(target.model, "nan-drafter"), 2)
     with pytest.raises(DrafterOutputError, match="drafter 'nan-drafter'.*NaN"):
         engine.generate(PROMPTS, 4, SamplingParams(), make_generator(0, "n"))
+
+
+def test_a_malformed_verifier_outcome_is_named(target):
+    from losscheck.verify import BlockOutcome, verify_block
+
+    def drops_a_row(logits, drafts, q, params, generator):
+        outcome = verify_block(logits, drafts, q, params, generator)
+        return BlockOutcome(outcome.accepted[1:], outcome.tokens[1:])
+
+    def accepts_too_many(logits, drafts, q, params, generator):
+        outcome = verify_block(logits, drafts, q, params, generator)
+        return BlockOutcome(outcome.accepted + drafts.shape[1] + 1, outcome.tokens)
+
+    with pytest.raises(LosscheckError, match=r"verifier .*drops_a_row returned accepted \(5,\)"):
+        greedy(Engine(target, noisy_drafter(target, NOISE), 2, verifier=drops_a_row))
+    with pytest.raises(LosscheckError, match=r"accepts_too_many accepted counts outside \[0, 2\]"):
+        greedy(Engine(target, noisy_drafter(target, NOISE), 2, verifier=accepts_too_many))

@@ -209,4 +209,3 @@ def write_table(reports: list[MutantReport], control: list[CellCatch], meta: dic
                "control": [asdict(c) for c in control]}
     js.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return md, js
-

@@ -221,4 +221,3 @@ CATALOGUE: tuple[Mutant, ...] = (
         verifier=bugs.verify_rows_mixed_up,
     ),
 )
-

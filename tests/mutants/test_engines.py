@@ -4,44 +4,26 @@ targets they cannot plant a bug in."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.engine import Engine
 from losscheck.errors import LosscheckError
 from losscheck.mutants import catalogue, get_mutant
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.target import HFTarget
 from losscheck.verify import verify_block
-from tests.toy import tiny_llama
+from tests.support import PROMPTS, noisy_drafter, tiny_target
 
-PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
 MAX_NEW = 24
+NOISE = 0.05  # the drafter's weight noise, relative to each weight tensor's std
 
 
 @pytest.fixture(scope="module")
 def target() -> HFTarget:
     """A tiny random Llama with sharp attention: at random-init scale attention is nearly uniform
     and position ids barely matter, which would hide the position mutant."""
-    model = tiny_llama()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(8.0)
-            layer.self_attn.k_proj.weight.mul_(8.0)
-    return HFTarget(model, "toy", {"precision": "fp32"})
-
-
-def noisy_drafter(target: HFTarget, noise: float = 0.05) -> AutoregressiveDrafter:
-    """A perturbed copy of the target: rows accept different counts every round."""
-    model = copy.deepcopy(target.model)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
-    return AutoregressiveDrafter(model, "noisy")
+    return tiny_target(attention_scale=8.0)
 
 
 def run(engine: Engine, params: SamplingParams = GREEDY):
@@ -55,7 +37,7 @@ def test_the_baseline_is_never_planted(target):
 
     session = Session(Options(mutant="rows_mixed_up"))
     # The toy models in place of the fixtures (functools.cached_property storage).
-    session.__dict__.update(targets={"main": target}, _drafters={"main": {"A": noisy_drafter(target)}})
+    session.__dict__.update(targets={"main": target}, _drafters={"main": {"A": noisy_drafter(target, NOISE)}})
     assert session.baseline_engine("main").verifier is verify_block
     assert session.engine(Cell("A", 3)).verifier is get_mutant("rows_mixed_up").verifier
 
@@ -63,14 +45,14 @@ def test_the_baseline_is_never_planted(target):
 @pytest.mark.parametrize("name", [m.name for m in catalogue() if m.kind == "greedy"] + ["recovered_after_rejected"])
 def test_greedy_mutants_diverge_from_the_baseline(target, name):
     base = run(Engine(target))
-    honest = run(Engine(target, noisy_drafter(target), 3))
+    honest = run(Engine(target, noisy_drafter(target, NOISE), 3))
     assert torch.equal(honest.tokens, base.tokens)  # the toy loop is lossless without the bug
-    planted = run(get_mutant(name).engine(target, noisy_drafter(target), 3))
+    planted = run(get_mutant(name).engine(target, noisy_drafter(target, NOISE), 3))
     assert not torch.equal(planted.tokens, base.tokens), f"{name} left greedy output unchanged"
 
 
 def test_stale_cache_gives_the_target_room_for_the_stale_entries(target):
-    engine = get_mutant("stale_target_cache").engine(target, noisy_drafter(target), 4)
+    engine = get_mutant("stale_target_cache").engine(target, noisy_drafter(target, NOISE), 4)
     run(engine)  # stale entries pile up past the engine's capacity: this would overflow without them
     assert engine.target.inner.lm.cache.capacity >= MAX_NEW * 4
 

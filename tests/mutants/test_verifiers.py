@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from losscheck.contract import DraftContext
 from losscheck.mutants import drafters as planted
@@ -18,9 +17,12 @@ from losscheck.mutants import get_mutant, laws
 from losscheck.mutants.verifiers import inverse_cdf, verify_bonus_counted_not_written, verify_rows_mixed_up
 from losscheck.sampling import GREEDY, SamplingParams, process_logits, sample
 from losscheck.verify import BlockOutcome, Verifier, verify_block
-from tests.toy import markov_table
+from tests.support import assert_follows, markov_table
 
 V, START, ROWS, K = 6, 0, 100_000, 2
+# The χ² level of every assert_follows call: a correct sampler fails one call with probability
+# 1e-6; the module's 16 calls (4 + 11 parametrized, 1 more) fail one with probability <= 1.6e-5.
+ALPHA = 1e-6
 _gen = torch.Generator().manual_seed(7)
 TARGET = markov_table(V, _gen)  # [V, V] logits, row = previous token
 DRAFTER = 0.6 * TARGET + markov_table(V, _gen, sharpness=1.0)  # a plausible, imperfect drafter
@@ -57,18 +59,6 @@ def first_slot(params: SamplingParams) -> laws.FirstSlot:
     return laws.FirstSlot(params, TARGET[START], DRAFTER[START], TARGET)
 
 
-def assert_follows(tokens: torch.Tensor, law: torch.Tensor) -> None:
-    """χ² of `tokens` against `law` on ids with >= 5 expected (the rest pooled); alpha 1e-6."""
-    observed = torch.bincount(tokens, minlength=V).double()
-    assert observed[law == 0].sum() == 0, "a token of probability 0 under the law was emitted"
-    expected = law * len(tokens)
-    big = expected >= 5
-    obs = torch.cat([observed[big], observed[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    assert chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-6
-
-
 T1, COLD, TOPK = SamplingParams(), SamplingParams(temperature=0.5), SamplingParams(top_k=3)
 CASES = {  # name: (verify, draw, exact law, params)
     "unnormalised_residual": (planted_verifier("unnormalised_residual"), honest_draw, laws.unnormalised_residual, T1),
@@ -94,7 +84,8 @@ def test_the_correct_verifier_gives_p_exactly_and_the_harness_agrees(params):
     slot = first_slot(params)
     law = laws.correct(slot)
     assert torch.allclose(law, slot.p(), atol=1e-9)
-    assert_follows(one_round(verify_block, honest_draw, params).tokens[:, 0], slot.p())
+    assert_follows(one_round(verify_block, honest_draw, params).tokens[:, 0], slot.p(), ALPHA,
+                   f"correct verifier, {params.label()}: first token vs p")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -105,14 +96,14 @@ def test_mutant_first_token_law_is_lossy_and_describes_the_code(name):
     assert law.sum() == pytest.approx(1.0, abs=1e-9) and (law >= 0).all()
     tv = float((law - slot.p()).abs().sum() / 2)
     assert tv > 0.01, f"{name}: first-token TV {tv:.4f} from p; the planted bug would not be lossy here"
-    assert_follows(one_round(verify, draw, params).tokens[:, 0], law)
+    assert_follows(one_round(verify, draw, params).tokens[:, 0], law, ALPHA, f"{name}: first token vs its law")
 
 
 def test_bonus_from_wrong_slot_draws_the_bonus_without_the_last_draft():
     verdict = one_round(planted_verifier("bonus_from_wrong_slot"), honest_draw, T1, k=1)
     kept = verdict.accepted == 1
     p_start = process_logits(TARGET[START], T1).double()
-    assert_follows(verdict.tokens[kept, 1], p_start)  # the bonus ignores the accepted draft
+    assert_follows(verdict.tokens[kept, 1], p_start, ALPHA, "bonus vs p at START")  # the bonus ignores the accepted draft
     honest = one_round(verify_block, honest_draw, T1, k=1)
     honest_kept = honest.accepted == 1
     bonus_law = process_logits(TARGET[honest.tokens[honest_kept, 0]], T1).double().mean(0)

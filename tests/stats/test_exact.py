@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -13,17 +12,10 @@ from hypothesis import strategies as st
 from losscheck.errors import LosscheckError, UnderpoweredError
 from losscheck.stats.exact import enumerate_continuations, exact_required_n, exact_tests, locate, probability_bins
 from losscheck.stats.power import predicted_power
+from tests.support import markov_chain
 
 V, EOS, PROMPT, HORIZON = 5, 4, [1, 2], 4
-
-
-def _markov_table(seed: int, sharpen: float = 1.0) -> torch.Tensor:
-    """Next-token table [V, V] (row = last token) with a few impossible transitions."""
-    g = torch.Generator().manual_seed(seed)
-    logits = 1.5 * torch.randn(V, V, generator=g, dtype=torch.float64)
-    logits[torch.rand(V, V, generator=g) < 0.2] = -math.inf
-    logits[:, 0] = 0.0  # every row keeps a possible token
-    return torch.softmax(sharpen * logits, -1)
+IMPOSSIBLE = 0.2  # share of the chains' transitions at probability 0
 
 
 def _next_probs(table: torch.Tensor, seen: list[torch.Tensor] | None = None):
@@ -52,7 +44,7 @@ def _brute_force(table: torch.Tensor, horizon: int, eos: int | None) -> dict[tup
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("eos", [EOS, None])
 def test_enumeration_is_the_brute_force_product_and_sums_to_one(seed, eos):
-    table = _markov_table(seed)
+    table = markov_chain(V, seed, impossible=IMPOSSIBLE)
     seen: list[torch.Tensor] = []
     seqs, probs = enumerate_continuations(_next_probs(table, seen), PROMPT, HORIZON, eos)
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-12)
@@ -119,34 +111,41 @@ def _draw(seqs: torch.Tensor, probs: torch.Tensor, n: int, seed: int) -> torch.T
 
 
 N_SAMPLES, ALPHA, POWER, TARGET_TV = 20_000, 0.01, 0.99, 0.05
+CHAIN = markov_chain(V, 3, impossible=IMPOSSIBLE)  # the target chain of the sampling tests
 
 
 def test_exact_samples_pass():
-    seqs, probs = enumerate_continuations(_next_probs(_markov_table(3)), PROMPT, HORIZON, EOS)
+    seqs, probs = enumerate_continuations(_next_probs(CHAIN), PROMPT, HORIZON, EOS)
     results = exact_tests(_draw(seqs, probs, N_SAMPLES, seed=4), seqs, probs, ALPHA, POWER, TARGET_TV)
     names = [r.name for r in results]
     assert names[:3] == ["exact.support", "exact.joint_chisquare", "exact.joint_gtest"]
     assert any(name.startswith("exact.position[") for name in names)
     assert sum(r.alpha for r in results) == pytest.approx(ALPHA)
-    assert all(r.passed for r in results), "\n".join(r.message() for r in results if not r.passed)
+    assert all(r.passed for r in results), (
+        f"exact samples failed; false-failure probability <= alpha = {ALPHA} (Bonferroni over the tests):\n"
+        + "\n".join(r.message() for r in results if not r.passed)
+    )
 
 
 def test_distortion_with_high_predicted_power_is_caught():
-    next_probs = _next_probs(_markov_table(3))
+    next_probs = _next_probs(CHAIN)
     seqs, probs = enumerate_continuations(next_probs, PROMPT, HORIZON, EOS)
-    alt_seqs, alt_probs = enumerate_continuations(_next_probs(_markov_table(3, sharpen=1.1)), PROMPT, HORIZON, EOS)
+    sharper = markov_chain(V, 3, sharpen=1.1, impossible=IMPOSSIBLE)
+    alt_seqs, alt_probs = enumerate_continuations(_next_probs(sharper), PROMPT, HORIZON, EOS)
     results = {r.name: r for r in exact_tests(_draw(alt_seqs, alt_probs, N_SAMPLES, seed=5), seqs, probs, ALPHA, POWER, TARGET_TV)}
     joint = results["exact.joint_chisquare"]
     # predicted power from the exact distortion on the test's own bins
     bin_of, expected = probability_bins(probs, N_SAMPLES)
     alt_binned = torch.bincount(bin_of[locate(alt_seqs, seqs)], weights=alt_probs, minlength=len(expected))
     assert predicted_power(expected / N_SAMPLES, alt_binned, N_SAMPLES, joint.alpha) > 0.99
-    assert not joint.passed, joint.message()
-    assert not results["exact.joint_gtest"].passed, results["exact.joint_gtest"].message()
+    missed = "the distortion was missed; false-failure probability < 0.01 (1 - its predicted χ² power, > 0.99)"
+    assert not joint.passed, f"{missed}\n{joint.message()}"
+    gtest = results["exact.joint_gtest"]  # asymptotically the same noncentral-χ² power as Pearson's
+    assert not gtest.passed, f"{missed}, which the G-test shares asymptotically\n{gtest.message()}"
 
 
 def test_impossible_samples_fail_the_support_check_without_crashing():
-    seqs, probs = enumerate_continuations(_next_probs(_markov_table(3)), PROMPT, HORIZON, EOS)
+    seqs, probs = enumerate_continuations(_next_probs(CHAIN), PROMPT, HORIZON, EOS)
     samples = _draw(seqs, probs, N_SAMPLES, seed=6)
     samples[:3] = torch.tensor([EOS, 0, 0, 0])  # a token after EOS: probability 0
     results = exact_tests(samples, seqs, probs, ALPHA, POWER, TARGET_TV)
@@ -158,12 +157,15 @@ def test_impossible_samples_fail_the_support_check_without_crashing():
 
 @pytest.mark.parametrize("n", [3, 300])
 def test_too_few_samples_raise_underpowered_with_the_needed_n(n):
-    seqs, probs = enumerate_continuations(_next_probs(_markov_table(3)), PROMPT, HORIZON, EOS)
+    seqs, probs = enumerate_continuations(_next_probs(CHAIN), PROMPT, HORIZON, EOS)
     with pytest.raises(UnderpoweredError, match=rf"{n} samples.*needs n >= \d+ samples"):
         exact_tests(_draw(seqs, probs, n, seed=7), seqs, probs, ALPHA, POWER, TARGET_TV)
 
 
 def test_exact_required_n_is_enough_samples():
-    seqs, probs = enumerate_continuations(_next_probs(_markov_table(3)), PROMPT, HORIZON, EOS)
+    seqs, probs = enumerate_continuations(_next_probs(CHAIN), PROMPT, HORIZON, EOS)
     needed = exact_required_n(len(seqs), HORIZON, ALPHA, POWER, TARGET_TV)
-    exact_tests(_draw(seqs, probs, needed, seed=8), seqs, probs, ALPHA, POWER, TARGET_TV)
+    samples = _draw(seqs, probs, needed, seed=8)
+    results = {r.name: r for r in exact_tests(samples, seqs, probs, ALPHA, POWER, TARGET_TV)}  # no UnderpoweredError
+    for name in ("exact.joint_chisquare", "exact.joint_gtest"):  # each detects TARGET_TV at POWER
+        assert results[name].n == needed and results[name].detectable["tv"] <= TARGET_TV, results[name].message()

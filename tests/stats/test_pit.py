@@ -76,8 +76,12 @@ def test_exact_samples_give_uniform_pits_and_pass():
     u = randomized_pit(probs, tokens, _uniforms((N, L), seed=12))
     results = pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.06)
     assert [r.name for r in results] == ["pit.support", "pit.pooled_chisquare", "pit.pooled_ks", "pit.position_chisquare"]
-    assert all(r.passed for r in results), "\n".join(r.message() for r in results)
-    assert stats.kstest(u[mask].numpy(), "uniform").pvalue > 1e-3
+    assert all(r.passed for r in results), (
+        "exact samples failed; false-failure probability <= alpha = 0.01 (Bonferroni over the tests):\n"
+        + "\n".join(r.message() for r in results)
+    )
+    ks = stats.kstest(u[mask].numpy(), "uniform").pvalue
+    assert ks > 1e-3, f"KS p = {ks:.3g} <= 1e-3: PIT values not U(0, 1); false-failure probability 1e-3"
 
 
 def _binned_pit_law(p: torch.Tensor, q: torch.Tensor, n_bins: int) -> torch.Tensor:
@@ -102,8 +106,14 @@ def test_sharpened_sampling_distribution_is_detected_as_predicted():
     law = _binned_pit_law(probs, sharpened, 10)  # [10]
     assert 0.5 * (law - 0.1).abs().sum() > chisquare.detectable["tv"]  # binned TV the test guarantees to catch
     assert predicted_power(torch.full((10,), 0.1), law, N * L, chisquare.alpha) > 0.999
-    assert not chisquare.passed, chisquare.message()
-    assert not results["pit.pooled_ks"].passed, results["pit.pooled_ks"].message()
+    missed = "the sharpened q was missed; false-failure probability"
+    assert not chisquare.passed, f"{missed} < 1e-3 (1 - predicted power)\n{chisquare.message()}"
+    ks = results["pit.pooled_ks"]
+    ks_distance = float((law.cumsum(0) - torch.linspace(0.1, 1, 10, dtype=torch.float64)).abs().max())  # a lower bound
+    assert not ks.passed, (
+        f"{missed} <= 1 - 0.99 if the law's Kolmogorov distance (>= {ks_distance:.3g}) is at least the "
+        f"detectable {ks.detectable['ks']:.3g}\n{ks.message()}"
+    )
 
 
 def test_distortion_at_one_position_fails_the_position_test():
@@ -115,7 +125,11 @@ def test_distortion_at_one_position_fails_the_position_test():
     mask = torch.ones(N, L, dtype=torch.bool)
     results = {r.name: r for r in pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.06)}
     position = results["pit.position_chisquare"]
-    assert not position.passed, position.message()
+    tv = 0.5 * float((_binned_pit_law(probs[:, 5:6], sampling[:, 5:6], 10) - 0.1).abs().sum())
+    assert not position.passed, (
+        f"position 5 was missed; false-failure probability <= 1 - 0.99 if its binned TV ({tv:.3g}) is at "
+        f"least the detectable {position.detectable['tv_one_position']:.3g}\n{position.message()}"
+    )
     assert "position 5" in position.observed
 
 
@@ -127,7 +141,10 @@ def test_token_of_probability_zero_fails_the_support_check():
     results = pit_tests(u, torch.ones(2000, 3, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.1)
     support = results[0]
     assert not support.passed and support.statistic == 1.0, support.message()
-    assert all(r.passed for r in results[1:])  # one bad token among 6000 does not move the rest
+    assert all(r.passed for r in results[1:]), (  # one bad token among 6000 does not move the rest
+        "the other 5999 tokens follow the law; false-failure probability <= alpha = 0.01:\n"
+        + "\n".join(r.message() for r in results[1:] if not r.passed)
+    )
 
 
 def test_too_few_pit_values_raise_underpowered_with_the_needed_n():
@@ -155,5 +172,8 @@ def test_eos_mask_keeps_the_level():
         [[r.p_value for r in pit_tests(u[i], mask[i], alpha=3 * level, power=0.9, target_tv=1.0)[1:]] for i in range(reps)]
     )  # [reps, 3]
     rates = (p_values <= level).double().mean(0)
-    bound = level + 3 * math.sqrt(level * (1 - level) / reps)
-    assert (rates <= bound).all(), f"rejection rates {rates.tolist()} above {bound:.3f} (level {level}, {reps} reps)"
+    bound = level + 3 * math.sqrt(level * (1 - level) / reps)  # 26 rejections of 300 at most
+    assert (rates <= bound).all(), (
+        f"rejection rates {rates.tolist()} above {bound:.3f} (level {level}, {reps} reps); false-failure "
+        "probability 2.6e-3 per test at level exactly 0.05 (P(Binomial(300, 0.05) >= 27)), <= 7.7e-3 for the 3"
+    )

@@ -11,18 +11,10 @@ from hypothesis import strategies as st
 
 from losscheck.errors import UnderpoweredError
 from losscheck.stats.two_sample import distinct_tokens, pooled_token_bins, two_sample_tests
+from tests.support import markov_chain
 
 V, EOS, L = 6, 5, 6
 ALPHA, POWER, TARGET_TV = 0.01, 0.99, 0.1
-
-
-def _markov_table(sharpen: float = 1.0) -> torch.Tensor:
-    """Next-token table [V, V] with EOS absorbing (its row is a point mass on EOS)."""
-    g = torch.Generator().manual_seed(0)
-    table = torch.softmax(sharpen * 1.5 * torch.randn(V, V, generator=g, dtype=torch.float64), -1)
-    table[EOS] = 0.0
-    table[EOS, EOS] = 1.0
-    return table
 
 
 def _sample_chain(table: torch.Tensor, n: int, seed: int) -> torch.Tensor:
@@ -43,21 +35,28 @@ def _marginals(table: torch.Tensor) -> torch.Tensor:
 
 
 def test_same_distribution_passes():
-    table = _markov_table()
+    table = markov_chain(V, 0, absorbing=EOS)
     results = two_sample_tests(_sample_chain(table, 4000, 1), _sample_chain(table, 4000, 2), V, ALPHA, POWER, TARGET_TV)
     assert [r.name for r in results] == [f"two_sample.position[{l}]" for l in range(L)] + ["two_sample.distinct_tokens"]
     assert sum(r.alpha for r in results) == pytest.approx(ALPHA)
-    assert all(r.passed for r in results), "\n".join(r.message() for r in results if not r.passed)
+    assert all(r.passed for r in results), (
+        f"equal samples failed; false-failure probability <= alpha = {ALPHA} (Bonferroni over the tests):\n"
+        + "\n".join(r.message() for r in results if not r.passed)
+    )
 
 
 def test_distorted_marginals_fail_where_their_tv_is_detectable():
-    null, alt = _markov_table(), _markov_table(sharpen=1.3)
+    null, alt = markov_chain(V, 0, absorbing=EOS), markov_chain(V, 0, sharpen=1.3, absorbing=EOS)
     results = two_sample_tests(_sample_chain(alt, 4000, 3), _sample_chain(null, 4000, 4), V, ALPHA, POWER, TARGET_TV)
     tv = 0.5 * (_marginals(alt) - _marginals(null)).abs().sum(-1)  # [L]
     detectable = [l for l in range(L) if tv[l] > results[l].detectable["tv"]]
     assert detectable, f"the distortion is too weak for this test: TV per position {tv.tolist()}"
     for l in detectable:
-        assert not results[l].passed, results[l].message()
+        assert not results[l].passed, (
+            f"position {l} was missed; false-failure probability <= 1 - {POWER} per position if its binned TV "
+            f"(TV {float(tv[l]):.3g} before binning) is at least the detectable {results[l].detectable['tv']:.3g}\n"
+            + results[l].message()
+        )
 
 
 def test_dependence_invisible_to_marginals_fails_the_sequence_test():
@@ -68,8 +67,14 @@ def test_dependence_invisible_to_marginals_fails_the_sequence_test():
     b = torch.randint(vocab, (n, L), generator=g)
     b[: n // 2] = b[: n // 2, :1]
     results = two_sample_tests(a, b, vocab, ALPHA, POWER, target_tv=0.2)
-    assert all(r.passed for r in results[:L]), "\n".join(r.message() for r in results[:L] if not r.passed)
-    assert not results[L].passed, results[L].message()
+    assert all(r.passed for r in results[:L]), (
+        f"equal marginals failed; false-failure probability <= alpha = {ALPHA}:\n"
+        + "\n".join(r.message() for r in results[:L] if not r.passed)
+    )
+    assert not results[L].passed, (  # the distinct-count CDFs differ by ~0.5 at 1: half of b has one token
+        f"the repeats were missed; false-failure probability <= 1 - {POWER} if Kolmogorov distance 0.5 is at "
+        f"least the detectable {results[L].detectable['ks']:.3g}\n{results[L].message()}"
+    )
 
 
 def test_pooled_bins_keep_the_level():
@@ -83,8 +88,11 @@ def test_pooled_bins_keep_the_level():
         [two_sample_tests(d[0], d[1], vocab, 2 * level, 0.9, target_tv=1.0)[0].p_value for d in draws]
     )
     rate = (p_values <= level).double().mean().item()
-    bound = level + 3 * math.sqrt(level * (1 - level) / reps)
-    assert rate <= bound, f"rejection rate {rate:.3f} above {bound:.3f} (level {level}, {reps} reps)"
+    bound = level + 3 * math.sqrt(level * (1 - level) / reps)  # 26 rejections of 300 at most
+    assert rate <= bound, (
+        f"rejection rate {rate:.3f} above {bound:.3f} (level {level}, {reps} reps); false-failure probability "
+        "2.6e-3 at level exactly 0.05 (P(Binomial(300, 0.05) >= 27))"
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -107,6 +115,6 @@ def test_distinct_tokens_counts_per_row():
 
 
 def test_too_few_samples_raise_underpowered_with_the_needed_n():
-    table = _markov_table()
+    table = markov_chain(V, 0, absorbing=EOS)
     with pytest.raises(UnderpoweredError, match=r"needs n >= \d+ effective samples"):
         two_sample_tests(_sample_chain(table, 200, 7), _sample_chain(table, 200, 8), V, ALPHA, POWER, TARGET_TV)

@@ -1,0 +1,108 @@
+"""Test support, defined once: closed-form toy models (Markov tables, tiny random Llamas), the toy
+engine's prompts and noisy drafter, and the χ² check of sampled ids against a known law."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from scipy.stats import chisquare
+
+if TYPE_CHECKING:
+    from losscheck.drafters.autoregressive import AutoregressiveDrafter
+    from losscheck.target import HFTarget
+
+# Ragged prompts for the tiny Llamas (vocabulary 32, BOS 0): rows of different lengths share a batch.
+PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
+
+
+def markov_table(vocab: int, generator: torch.Generator, sharpness: float = 2.0) -> torch.Tensor:
+    """A random next-token logit table [V, V]: row = previous token."""
+    return torch.randn(vocab, vocab, generator=generator, dtype=torch.float64) * sharpness
+
+
+def markov_chain(
+    vocab: int, seed: int, sharpen: float = 1.0, impossible: float = 0.0, absorbing: int | None = None
+) -> torch.Tensor:
+    """Next-token probabilities [V, V] (row = last token): softmax(sharpen · 1.5-scale logits), with
+    a share `impossible` of transitions at probability 0 (column 0 kept possible) and `absorbing`
+    (e.g. EOS) a point mass on itself."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = markov_table(vocab, gen, sharpness=1.5)
+    if impossible:
+        logits[torch.rand(vocab, vocab, generator=gen) < impossible] = -math.inf
+        logits[:, 0] = 0.0  # every row keeps a possible token
+    table = torch.softmax(sharpen * logits, -1)
+    if absorbing is not None:
+        table[absorbing] = 0.0
+        table[absorbing, absorbing] = 1.0
+    return table
+
+
+def tiny_llama(vocab: int = 32, hidden: int = 32, layers: int = 2, seed: int = 0, max_positions: int = 128,
+               eos: int = 1, scale: float = 8.0) -> torch.nn.Module:
+    """A random-weight Llama whose logits are scaled up so greedy decoding has clear margins."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        bos_token_id=0, eos_token_id=eos, pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def tiny_target(max_positions: int = 128, attention_scale: float = 1.0) -> HFTarget:
+    """`tiny_llama` as the fp32 target "toy", query and key projections scaled by `attention_scale`."""
+    from losscheck.target import HFTarget
+
+    model = tiny_llama(max_positions=max_positions)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(attention_scale)
+            layer.self_attn.k_proj.weight.mul_(attention_scale)
+    return HFTarget(model, "toy", {"precision": "fp32"})
+
+
+def noisy_drafter(target: HFTarget, noise: float, seed: int = 1) -> AutoregressiveDrafter:
+    """A copy of the target's model, each weight perturbed by `noise` × its tensor's std (seeded)."""
+    from losscheck.drafters.autoregressive import AutoregressiveDrafter
+
+    model = copy.deepcopy(target.model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+    return AutoregressiveDrafter(model, "noisy")
+
+
+def chi_square_p(tokens: torch.Tensor, law: torch.Tensor) -> float:
+    """Pearson χ² p-value of ids `tokens` [n] against `law` [V], bins of < 5 expected pooled (chosen
+    from the law, never from the counts); asserts first that no id outside the law's support was drawn."""
+    counts = torch.bincount(tokens, minlength=law.shape[0]).double()  # [V]
+    outside = int(counts[law == 0].sum())
+    assert outside == 0, f"{outside} of {len(tokens)} ids have probability 0 under the law"
+    expected = law.double() * len(tokens)  # [V]
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def assert_follows(tokens: torch.Tensor, law: torch.Tensor, alpha: float, what: str = "ids") -> None:
+    """Assert ids `tokens` [n] follow `law` [V]: χ² p > `alpha`. A correct sampler fails one call
+    with probability `alpha`; a module calling it m times fails with probability <= m · alpha
+    (union bound), and each calling module states that total where it sets its `alpha`."""
+    p = chi_square_p(tokens, law)
+    assert p > alpha, (
+        f"{what}: χ² p = {p:.3g} <= {alpha:g} over n = {len(tokens)}: H0 (the ids follow the law) "
+        f"rejected; false-failure probability {alpha:g} per call"
+    )
