@@ -24,6 +24,7 @@ from typing import Any
 from losscheck import bundled
 from losscheck.drafters import registry
 from losscheck.engine import Engine
+from losscheck.matrix import ORACLE
 from losscheck.report.certificate import environment
 from losscheck.report.families import write_report
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
@@ -34,7 +35,6 @@ MODES = ("greedy", "T1")
 TRUNCATED_WIDTH = 4  # C and E are also run at this transition width
 SAMPLED_REPEATS = 16  # T=1: each prompt is decoded this many times (independent draws)
 MAX_NEW = 64
-ORACLE = "self"
 
 
 @dataclass(frozen=True)

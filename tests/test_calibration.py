@@ -21,7 +21,8 @@ from losscheck.matrix import Cell
 from losscheck.profiles import get_profile
 from losscheck.runner import run_exact
 from losscheck.sampling import SamplingParams
-from losscheck.session import Options, Session
+from losscheck.options import Options
+from losscheck.session import Session
 
 RUNS = 200
 LEVEL = 0.05
@@ -38,7 +39,7 @@ def test_correct_engine_rejects_at_the_nominal_rate_and_p_values_are_uniform():
     for seed in range(RUNS):
         outcome = run_exact(first.derive(seed=seed), cell)
         rejections += not outcome.passed
-        joint_p += [r["p_value"] for r in outcome.record["verdict"]["results"] if r["name"] == "exact.joint_chisquare"]
+        joint_p += [r.p_value for r in outcome.verdict.results if r.name == "exact.joint_chisquare"]
     bound = int(stats.binom.ppf(0.999, RUNS, LEVEL))
     ks = stats.kstest(joint_p, "uniform")
     print(f"\ncalibration: {rejections}/{RUNS} cells rejected at alpha={LEVEL} (binomial 0.999 bound {bound}); "

@@ -17,7 +17,7 @@ import torch
 
 from losscheck.contract import Drafter, Target
 from losscheck.engine import Engine
-from losscheck.matrix import EXACT_CELL, GREEDY_CELL, PIT_CELL, Cell
+from losscheck.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.mutants import drafters as planted
 from losscheck.mutants import laws, targets
 from losscheck.mutants import verifiers as bugs
@@ -25,7 +25,7 @@ from losscheck.mutants.drafters import TRUNCATION_WIDTH
 from losscheck.profiles import Profile
 from losscheck.verify import Verifier, verify_block
 
-FAMILY_A = ("A", "self")  # the bundled family-A drafter and the self-draft oracle (also family A)
+FAMILY_A = ("A", ORACLE)  # the bundled family-A drafter and the self-draft oracle (also family A)
 
 
 @dataclass(frozen=True)
