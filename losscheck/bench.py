@@ -17,6 +17,7 @@ import torch
 from losscheck import bundled
 from losscheck.drafters.autoregressive import from_path
 from losscheck.engine import Engine
+from losscheck.generation import Generation, LoopStats
 from losscheck.report.bench import write_report
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.target import HFTarget
@@ -92,3 +93,35 @@ def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
     print(json.dumps(results["samples_per_s"]), flush=True)
     write_report(results, out)
     return results
+
+
+def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int = 16, prompt: int = 16) -> dict[str, Any]:
+    """Peak memory of one PIT cell's teacher-forced scoring — the gate's sample, `rows` sequences
+    of `horizon` tokens after `prompt`-token prompts — on a random 2-layer Llama of `vocab` tokens,
+    under a budget of `budget_mib`. Reads this process's resident high-water mark before and after:
+    run it in a fresh process (`losscheck bench --pit-memory VOCAB`)."""
+    import resource
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from losscheck.runner import pit_chunk_rows, teacher_forced_pit
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=prompt + horizon)
+    target = HFTarget(LlamaForCausalLM(config).eval(), f"random-llama-{vocab}", {})
+    prompts = torch.randint(vocab, (rows, prompt)).tolist()
+    gen = Generation(torch.randint(vocab, (rows, horizon)), torch.full((rows,), horizon), LoopStats.empty(0),
+                     SamplingParams())
+    v = torch.rand(rows, horizon, dtype=torch.float64)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    started = time.perf_counter()
+    u = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "vocab": vocab, "rows": rows, "positions": prompt + horizon, "budget_mib": budget_mib,
+        "chunk_rows": pit_chunk_rows(prompt + horizon, vocab, budget_mib << 20, 4096),
+        "unchunked_logits_mib": rows * (prompt + horizon) * vocab * 4 / 2**20,
+        "rss_before_mib": round(before), "rss_peak_mib": round(peak), "scoring_peak_mib": round(peak - before),
+        "seconds": round(time.perf_counter() - started, 1), "pit_values": int(u.numel()),
+    }

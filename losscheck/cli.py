@@ -7,6 +7,7 @@ The options shared with the pytest plugin come from `losscheck.options` (same na
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
     cert.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers (0 = in process)")
     bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
     bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
+    bench.add_argument("--pit-memory", metavar="VOCAB", type=int,
+                       help="instead: peak memory of one PIT cell's teacher-forced scoring on a random model of VOCAB tokens")
+    add_options(bench.add_argument, "--", ("memory-budget",))
     fam = sub.add_parser("families", help="compare the bundled drafter families' acceptance on the bundled target")
     fam.add_argument("--out", default="reports/families", help="output directory (default: %(default)s)")
     add_options(fam.add_argument, "--", ("seed",))
@@ -64,9 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         compare_families(Path(ns.out), getattr(ns, dest("seed")), tuple(ns.ks), ns.max_new, ns.repeats)
         print(f"wrote {ns.out}/table.md, table.json, slot_acceptance.png")
         return 0
-    from losscheck.bench import run_benchmarks
+    from losscheck import bench
 
-    run_benchmarks(Path(ns.out))
+    if ns.pit_memory:
+        print(json.dumps(bench.pit_peak_memory(ns.pit_memory, getattr(ns, dest("memory-budget")))))
+    else:
+        bench.run_benchmarks(Path(ns.out))
     return 0
 
 

@@ -7,12 +7,13 @@ would mark a numerical near-tie (triaged once reduced precision is an axis of th
 
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 
 import torch
 
 from losscheck.generation import Generation
+
+VOCAB_CHUNK = 16384  # LM-head rows cast to float64 at once
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,22 @@ def first_divergence(spec: Generation, base: Generation, b: int) -> int | None:
 
 
 def top2_float64(model: torch.nn.Module, prefix: list[int]) -> tuple[int, int, float]:
-    """The target's two best next tokens after `prefix` and their logit margin, in float64."""
-    exact = copy.deepcopy(model).double()
+    """The target's two best next tokens after `prefix` and their logit margin in float64.
+
+    The final hidden state comes from the model as it runs (its own precision); the LM head is
+    applied in float64, `VOCAB_CHUNK` of its rows at a time, so no float64 copy of the model (or of
+    a 128k x H head) is ever made. Final-logit soft-capping (Gemma) is applied when configured.
+    """
+    head = model.get_output_embeddings()
     with torch.inference_mode():
-        logits = exact(input_ids=torch.tensor([prefix])).logits[0, -1]
+        ids = torch.tensor([prefix], device=head.weight.device)
+        hidden = model.base_model(input_ids=ids).last_hidden_state[0, -1].double()  # [H]
+        logits = torch.cat([rows.double() @ hidden for rows in head.weight.split(VOCAB_CHUNK)])  # [V]
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.double()
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = cap * torch.tanh(logits / cap)
     top = logits.topk(2)
     return int(top.indices[0]), int(top.indices[1]), float(top.values[0] - top.values[1])
 

@@ -19,6 +19,7 @@ from losscheck.profiles import PROFILES, Profile, get_profile
 DEFAULT_SEED = 20261129
 DEFAULT_ALPHA = 0.01
 DEFAULT_PROFILE = "ci"
+DEFAULT_MEMORY_BUDGET_MIB = 2048
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,13 @@ class Options:
     profile: Profile = field(default_factory=lambda: PROFILES[DEFAULT_PROFILE])
     trust_remote_code: bool = False
     mutant: str | None = None  # run the gate against a planted bug (losscheck.mutants)
+    memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB  # peak of the teacher-forced pass, per process
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
             raise OptionError(f"--losscheck-alpha must be in (0, 1), got {self.alpha}")
+        if self.memory_budget_mib < 1:
+            raise OptionError(f"--losscheck-memory-budget must be >= 1 MiB, got {self.memory_budget_mib}")
         if not 0 < self.profile.detect_tv < 1:
             raise OptionError(f"--losscheck-detect-tv must be in (0, 1), got {self.profile.detect_tv}")
 
@@ -70,6 +74,9 @@ SPECS: dict[str, dict[str, Any]] = {
     "profile": dict(choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="named sample-size profile (default: %(default)s)"),
     "trust-remote-code": dict(action="store_true", help="let the target load custom modelling code"),
     "mutant": dict(metavar="NAME", type=_mutant, help="run the gate against a planted bug (see `losscheck mutants`)"),
+    "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
+                          help="peak memory of the teacher-forced scoring per process, in MiB; rows are scored in "
+                               "chunks that fit (default: %(default)s)"),
 }
 
 
@@ -103,6 +110,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         profile=get_profile(value("profile", DEFAULT_PROFILE)).with_detect_tv(value("detect-tv")),
         trust_remote_code=bool(value("trust-remote-code", False)),
         mutant=value("mutant"),
+        memory_budget_mib=value("memory-budget", DEFAULT_MEMORY_BUDGET_MIB),
     )
 
 

@@ -133,38 +133,61 @@ def _sampled_outcome(session: Session, cell: Cell, results: list[Any], gen: Gene
 
 
 # --- sampling: teacher-forced PIT ---------------------------------------------------------------
-def teacher_forced_probs(target: HFTarget, rows: list[list[int]], gen: Generation, batch: int) -> torch.Tensor:
-    """One fresh target pass over prompt + generated tokens → p [N, L, V] at generated positions,
-    after the request's logits processing, `batch` rows at a time. Independent of the engine's
-    cache by construction."""
+# Bytes held per row x scored position x vocabulary entry while a chunk is scored: float32 logits of
+# the whole row, the gathered and processed float32 distributions, and randomized_pit's float64
+# copy, mask and masked sum.
+BYTES_PER_LOGIT = 32
+
+
+def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> int:
+    """Rows scored at once so that a chunk of `width` positions over `vocab` stays within the budget."""
+    return max(1, min(max_rows, budget_bytes // (width * vocab * BYTES_PER_LOGIT)))
+
+
+def teacher_forced_probs(target: HFTarget, rows: list[list[int]], tokens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One fresh target pass over prompt + generated `tokens [n, L]` → p [n, L, V] at the generated
+    positions, after the request's logits processing. Independent of the engine's cache."""
+    n, horizon = tokens.shape
+    prompt_ids, plen = pad_prompts(rows, target.vocab_size)
+    ids = torch.cat([prompt_ids, prompt_ids.new_zeros(n, horizon)], dim=1)  # [n, P+L]
+    at = plen[:, None] + torch.arange(horizon)  # [n, L] where generated tokens go
+    ids.scatter_(1, at, tokens)
+    target.reset(n, ids.shape[1])
+    logits, _ = target.forward(ids, torch.zeros(n, dtype=torch.long))
+    index = (at - 1)[..., None].expand(-1, -1, logits.shape[-1])
+    return process_logits(logits.gather(1, index), params)  # [n, L, V]
+
+
+def teacher_forced_pit(
+    target: HFTarget, rows: list[list[int]], gen: Generation, v: torch.Tensor, budget_bytes: int, max_rows: int
+) -> torch.Tensor:
+    """Randomized PIT u [N, L] of every generated token under the target (`v [N, L]` the PIT's
+    uniforms), scored a chunk of rows at a time: peak memory stays within `budget_bytes` however
+    large rows × vocabulary grow. Rows are independent, so chunking leaves every value unchanged."""
+    from losscheck.stats.pit import randomized_pit
+
     n, horizon = gen.tokens.shape
-    out = []
-    for start in range(0, n, batch):
-        chunk = rows[start : start + batch]
-        prompt_ids, plen = pad_prompts(chunk, target.vocab_size)
-        width = prompt_ids.shape[1] + horizon
-        ids = torch.cat([prompt_ids, prompt_ids.new_zeros(len(chunk), horizon)], dim=1)  # [n, P+L]
-        at = plen[:, None] + torch.arange(horizon)  # [n, L] where generated tokens go
-        ids.scatter_(1, at, gen.tokens[start : start + len(chunk)])
-        target.reset(len(chunk), width)
-        logits, _ = target.forward(ids, torch.zeros(len(chunk), dtype=torch.long))
-        index = (at - 1)[..., None].expand(-1, -1, logits.shape[-1])
-        out.append(process_logits(logits.gather(1, index), gen.params))  # [n, L, V]
-    return torch.cat(out)
+    chunk = pit_chunk_rows(max(len(r) for r in rows) + horizon, target.vocab_size, budget_bytes, max_rows)
+    parts = []
+    for start in range(0, n, chunk):
+        end = start + chunk
+        probs = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params)
+        parts.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
+    return torch.cat(parts)
 
 
 def run_pit(session: Session, cell: Cell) -> CellOutcome:
-    from losscheck.stats.pit import pit_tests, randomized_pit
+    from losscheck.stats.pit import pit_tests
 
     profile = session.options.profile
     horizon = profile.horizon
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     n = sample_size.pit_sequences(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample")
-    probs = teacher_forced_probs(session.targets[cell.target], rows, gen, profile.batch)
     v = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, cell.id, "pit-v"),
                    dtype=torch.float64)
-    u = randomized_pit(probs, gen.tokens, v)
+    budget = session.options.memory_budget_mib << 20
+    u = teacher_forced_pit(session.targets[cell.target], rows, gen, v, budget, profile.batch)
     results = pit_tests(u, gen.mask(), session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
     return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon,
                             pit_histogram=torch.histc(u[gen.mask()].float(), 20, 0, 1).tolist())

@@ -1,0 +1,52 @@
+"""Bounded memory for a user's large-vocabulary target: the teacher-forced PIT scored in chunks of
+rows, and the float64 divergence margin from the final hidden state without a copy of the model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from losscheck import divergence
+from losscheck.engine import Engine
+from losscheck.runner import pit_chunk_rows, teacher_forced_pit
+from losscheck.sampling import SamplingParams, make_generator
+from tests.support import PROMPTS, noisy_drafter, tiny_target
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def test_chunk_rows_fit_the_budget():
+    # 128k vocabulary, 32 scored positions: 512 MiB per row-chunk of 4 rows at 32 bytes per logit.
+    assert pit_chunk_rows(32, 131072, 2 << 30, 4096) == 16
+    assert pit_chunk_rows(32, 131072, 1, 4096) == 1  # never less than one row
+    assert pit_chunk_rows(8, 64, 2 << 30, 4096) == 4096  # capped by the engine's batch
+
+
+def test_chunked_pit_equals_one_pass(target):
+    rows = PROMPTS * 5
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    gen = Engine(target, noisy_drafter(target, 0.6), 4).generate(rows, 8, params, make_generator(0, "chunks"))
+    v = torch.rand(gen.tokens.shape, generator=make_generator(0, "v"), dtype=torch.float64)
+    whole = teacher_forced_pit(target, rows, gen, v, budget_bytes=1 << 40, max_rows=4096)
+    one_row_at_a_time = teacher_forced_pit(target, rows, gen, v, budget_bytes=1, max_rows=4096)
+    assert whole.shape == (len(rows), 8) and not whole[gen.mask()].isnan().any()  # NaN only after EOS
+    # Padding differs between chunks, so equal up to float32 round-off, not bitwise.
+    torch.testing.assert_close(one_row_at_a_time, whole, atol=1e-5, rtol=0, equal_nan=True)
+
+
+def test_float64_margin_matches_a_float64_copy_of_the_model(target, monkeypatch):
+    monkeypatch.setattr(divergence, "VOCAB_CHUNK", 5)  # the head in several chunks
+    exact = copy.deepcopy(target.model).double()
+    for prefix in PROMPTS:
+        with torch.inference_mode():
+            logits = exact(input_ids=torch.tensor([prefix])).logits[0, -1]
+        top = logits.topk(2)
+        top1, top2, margin = divergence.top2_float64(target.model, prefix)
+        assert (top1, top2) == (int(top.indices[0]), int(top.indices[1]))
+        # The hidden state is the fp32 model's: its round-off, scaled by the head, bounds the gap.
+        assert margin == pytest.approx(float(top.values[0] - top.values[1]), abs=1e-3)
