@@ -35,7 +35,7 @@ class Options:
     profile: Profile = field(default_factory=lambda: PROFILES[DEFAULT_PROFILE])
     trust_remote_code: bool = False
     mutant: str | None = None  # run the gate against a planted bug (losscheck.mutants)
-    memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB  # peak of the teacher-forced pass, per process
+    memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB  # sizes engine batches and teacher-forced chunks
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -75,8 +75,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "trust-remote-code": dict(action="store_true", help="let the target load custom modelling code"),
     "mutant": dict(metavar="NAME", type=_mutant, help="run the gate against a planted bug (see `losscheck mutants`)"),
     "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
-                          help="peak memory of the teacher-forced scoring per process, in MiB; rows are scored in "
-                               "chunks that fit (default: %(default)s)"),
+                          help="memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
+                               "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)"),
 }
 
 

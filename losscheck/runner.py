@@ -111,12 +111,24 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
 
 
 # --- sampling: shared helpers -------------------------------------------------------------------
+# Bytes held per row x scored slot x vocabulary entry by one engine round: the target's float32
+# logits, the drafter's q, the processed p (top-p sorts: values and int64 indices) and the residual.
+ENGINE_BYTES_PER_LOGIT = 40
+
+
+def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> int:
+    """Rows one engine call runs so that a round's [rows, k+1, V] tensors stay within the budget."""
+    return max(1, min(max_rows, budget_bytes // ((k + 1) * vocab * ENGINE_BYTES_PER_LOGIT)))
+
+
 def generate_rows(
     session: Session, cell: Cell, prompts: list[list[int]], n: int, horizon: int, stream: str, baseline: bool = False
 ) -> tuple[list[list[int]], Generation]:
-    """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in engine batches."""
+    """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in engine batches that fit
+    the memory budget."""
     engine = session.baseline_engine(cell.target) if baseline else session.engine(cell)
-    batch = session.options.profile.batch
+    vocab = session.targets[cell.target].vocab_size
+    batch = engine_batch_rows(engine.k, vocab, session.options.memory_budget_mib << 20, session.options.profile.batch)
     rows = [prompts[i % len(prompts)] for i in range(n)]
     parts = [
         engine.generate(rows[start : start + batch], horizon, cell.params,
