@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -40,7 +41,7 @@ class LoopStats:
             self.accepted[:k] += ((slot < accepted[:, None]) & active[:, None]).sum(0).cpu()
 
     @contextmanager
-    def clock(self, part: str) -> Iterator[None]:
+    def clock(self, part: Literal["draft", "target"]) -> Iterator[None]:
         """Add the wall time of the block to `draft_seconds` or `target_seconds`."""
         started = time.perf_counter()
         yield

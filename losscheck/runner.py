@@ -7,7 +7,6 @@ become JSON for the certificate in `to_record()`. The certification tests only a
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,8 +266,7 @@ def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
     if tuple(spec.shape) != (n, horizon):
         raise TargetError(f"engine {engine.name!r} returned shape {tuple(spec.shape)}, expected ({n}, {horizon})")
     eos = target.eos_id if target.eos_id is not None else 0
-    base_cell = dataclasses.replace(cell, target="main")
-    _, base = generate_rows(session, base_cell, [prompt], n, horizon, "baseline", baseline=True)
+    _, base = generate_rows(session, cell, [prompt], n, horizon, "baseline", baseline=True)
     base_ids = torch.where(base.mask(), base.tokens, eos)
     results = two_sample_tests(spec, base_ids, target.vocab_size, session.per_test_alpha, profile.power,
                                profile.detect_tv, max_bins=profile.two_sample_bins)

@@ -70,7 +70,7 @@ class BatchMaxPositions(_Wrapped):
                 f"(losscheck.HFTarget); got {type(target).__name__}"
             )
         super().__init__(target)
-        self.target: HFTarget = target
+        self.inner: HFTarget = target
         self.origin: torch.Tensor | None = None  # [B] first scored slot of each row
 
     def reset(self, batch_size: int, capacity: int) -> None:
@@ -85,4 +85,4 @@ class BatchMaxPositions(_Wrapped):
             self.origin = start
         first = self.origin + (start - self.origin).max()  # BUG: the batch's progress, not the row's
         positions = first[:, None] + torch.arange(tokens.shape[1])
-        return self.target.checked(self.target.lm.forward(tokens, start, positions))
+        return self.inner.checked(self.inner.lm.forward(tokens, start, positions))
