@@ -1,4 +1,5 @@
-"""`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop.
+"""`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop,
+show where the bundled fixtures are.
 
 The options shared with the pytest plugin come from `losscheck.options` (same names without the
 `--losscheck-` prefix, same help); `certify` passes them on to pytest.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from losscheck.errors import LosscheckError
 from losscheck.options import SPECS, add_options, dest, from_parsed, pytest_args
 
 # The options `losscheck mutants` and `losscheck families` take.
@@ -51,13 +53,27 @@ def parser() -> argparse.ArgumentParser:
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
     add_options(mut.add_argument, "--", EXPERIMENT_OPTIONS)
     mut.add_argument("--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch")
+    sub.add_parser("fixtures", help='print the bundled fixtures directory (e.g. --target "$(losscheck fixtures)/text_target")')
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
+    try:
+        return run_command(ns)
+    except LosscheckError as exc:  # a configuration problem: its message, not a traceback
+        print(f"losscheck {ns.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run_command(ns: argparse.Namespace) -> int:
     if ns.command == "certify":
         return int(pytest.main(certify_args(ns)))
+    if ns.command == "fixtures":
+        from losscheck.bundled import fixtures_dir
+
+        print(fixtures_dir())
+        return 0
     if ns.command == "mutants":
         from losscheck.mutants.command import run
 

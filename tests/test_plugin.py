@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from losscheck import bundled
+from losscheck.errors import LosscheckError
 
 pytest_plugins = ["pytester"]
 
@@ -169,6 +170,31 @@ def test_an_unimportable_drafter_is_named(pytester):
 
 def test_fixtures_are_bundled():
     assert (bundled.fixtures_dir() / "target" / "config.json").is_file()
+
+
+def test_the_fixtures_directory_is_the_variable_then_the_installed_copy_then_the_checkout(tmp_path, monkeypatch):
+    installed = tmp_path / "installed"
+    (installed / "target").mkdir(parents=True)
+    (installed / "target" / "config.json").write_text("{}")
+    monkeypatch.delenv("LOSSCHECK_FIXTURES", raising=False)
+    assert bundled.fixtures_dir() == bundled.CHECKOUT
+    monkeypatch.setattr(bundled, "INSTALLED", installed)
+    assert bundled.fixtures_dir() == installed
+    monkeypatch.setenv("LOSSCHECK_FIXTURES", str(bundled.CHECKOUT))
+    assert bundled.fixtures_dir() == bundled.CHECKOUT
+    monkeypatch.setenv("LOSSCHECK_FIXTURES", str(tmp_path))
+    with pytest.raises(LosscheckError, match="LOSSCHECK_FIXTURES=.* holds no target/config.json"):
+        bundled.fixtures_dir()
+
+
+def test_losscheck_fixtures_prints_the_directory(capsys, monkeypatch):
+    from losscheck.cli import main
+
+    assert main(["fixtures"]) == 0
+    assert capsys.readouterr().out == f"{bundled.fixtures_dir()}\n"
+    monkeypatch.setenv("LOSSCHECK_FIXTURES", "/nope")
+    assert main(["fixtures"]) == 2
+    assert "losscheck fixtures: error: LOSSCHECK_FIXTURES='/nope'" in capsys.readouterr().err
 
 
 def test_the_cli_and_the_plugin_share_option_definitions():
