@@ -27,7 +27,7 @@ class Options:
     """Parsed `--losscheck-*` options (see `SPECS` for their help)."""
 
     target: str | None = None  # model directory; None = the bundled tiny target
-    drafter: str | None = None  # pkg.mod:factory; None = the bundled drafters
+    drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
     engine: str | None = None  # pkg.mod:factory of a black-box engine (two-sample mode)
     seed: int = DEFAULT_SEED
     out: Path | None = None  # write the certificate under this directory
@@ -65,7 +65,9 @@ def _mutant(name: str) -> str:
 # name -> keyword arguments of addoption / add_argument
 SPECS: dict[str, dict[str, Any]] = {
     "target": dict(metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)"),
-    "drafter": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> Drafter (default: the bundled drafters)"),
+    "drafter": dict(metavar="MOD:FACTORY|DIR", help="import path of a factory(target) -> Drafter, or a local Hugging Face "
+                                                    "causal-LM directory, certified as a family-A drafter named after it "
+                                                    "(default: the bundled drafters)"),
     "engine": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified in two-sample mode"),
     "seed": dict(metavar="N", type=int, default=DEFAULT_SEED, help="run seed; every random draw derives from it (default: %(default)s)"),
     "out": dict(metavar="DIR", help="write DIR/<run>/certificate.json and summary.md"),

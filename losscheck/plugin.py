@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
+from losscheck.errors import LosscheckError
+from losscheck.loading import check_options
 from losscheck.options import add_options, from_parsed
 from losscheck.session import Session
 
 SESSION_KEY = pytest.StashKey[Session]()
+PLAN_ERROR_KEY = pytest.StashKey[str]()
 RECORD_PROPERTY = "losscheck"
 
 MARKERS = {
@@ -33,7 +36,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    config.stash[SESSION_KEY] = Session(from_parsed(config.getoption))
+    try:
+        options = from_parsed(config.getoption)
+        if not hasattr(config, "workerinput"):  # xdist workers start after the controller checked
+            check_options(options)
+    except LosscheckError as exc:
+        # pytest prints a UsageError raised here as one "ERROR: ..." line and exits with 4.
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[SESSION_KEY] = Session(options)
     config.pluginmanager.register(RecordCollector(config), "losscheck-records")
 
 
@@ -49,14 +59,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from losscheck.matrix import CELL_ARGS, OFF_REASONS
 
-    for arg in CELL_ARGS:
-        if arg in metafunc.fixturenames:
-            cells = metafunc.config.stash[SESSION_KEY].plan[arg]
-            if cells:
-                metafunc.parametrize(arg, cells, ids=[c.id for c in cells])
-            else:
-                off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
-                metafunc.parametrize(arg, [off], ids=["off"])
+    args = [arg for arg in CELL_ARGS if arg in metafunc.fixturenames]
+    if not args:
+        return
+    # What check_options cannot see before the models load (a factory's product, weights that do
+    # not load) is the collection error of the first module that needs the plan, the message
+    # alone; later modules are skipped rather than repeat it.
+    stash = metafunc.config.stash
+    if PLAN_ERROR_KEY in stash:
+        pytest.skip(f"not collected: {stash[PLAN_ERROR_KEY]}")
+    try:
+        plan, error = stash[SESSION_KEY].plan, None
+    except LosscheckError as exc:
+        error = stash[PLAN_ERROR_KEY] = str(exc)
+    if error is not None:
+        pytest.fail(error, pytrace=False)  # outside `except`: without the exception chain
+    for arg in args:
+        if plan[arg]:
+            metafunc.parametrize(arg, plan[arg], ids=[c.id for c in plan[arg]])
+        else:
+            off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
+            metafunc.parametrize(arg, [off], ids=["off"])
 
 
 @pytest.hookimpl(trylast=True)

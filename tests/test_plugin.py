@@ -1,17 +1,20 @@
 """The plugin end to end, run by pytest itself (pytester, in a subprocess).
 
-Each run uses the bundled fixtures and selects a few gate cells with -k to stay fast.
+Each run uses the bundled fixtures and selects a few gate cells with -k to stay fast; a run with a
+bad option stops before any cell.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from losscheck import bundled
-from losscheck.errors import LosscheckError
+from losscheck.errors import LosscheckError, OptionError
 
 pytest_plugins = ["pytester"]
 
@@ -161,11 +164,143 @@ def test_bad_options_are_rejected(pytester, args, message):
     assert message in result.stderr.str()
 
 
-def test_an_unimportable_drafter_is_named(pytester):
-    result = pytester.runpytest_subprocess("--pyargs", "losscheck.certify", "-p", "no:cacheprovider",
-                                           "--losscheck-drafter=no_such_module:factory")
-    assert result.ret != 0
-    assert "cannot import module 'no_such_module'" in result.stdout.str() + result.stderr.str()
+# Configuration errors: each is one message naming the option and the fix, with no traceback.
+
+
+def model_dir(root: Path, name: str, **config: object) -> Path:
+    """A model directory whose config.json is the bundled target's with `config` changed, and an
+    empty weights file (the start-up checks read configs only)."""
+    path = root / name
+    path.mkdir()
+    base = json.loads((bundled.target_path() / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**base, **config}))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def assert_one_error(result: pytest.RunResult, message: str, exit_code: int = pytest.ExitCode.USAGE_ERROR) -> None:
+    """`message` printed exactly once, no traceback, the run stopped with `exit_code`."""
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == exit_code, out
+    assert out.count(message) == 1, out
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+
+
+def run_certify(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("--pyargs", "losscheck.certify", "-p", "no:cacheprovider", *args)
+
+
+NOT_A_DRAFTER = """
+def factory(target):
+    return 42
+"""
+RAISES_ON_IMPORT = """
+import no_such_dependency
+"""
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("--losscheck-target=/nope", "--losscheck-target='/nope': no such directory; pass a local Hugging Face model directory"),
+        ("--losscheck-drafter=no_such_module:factory", "cannot import module 'no_such_module' (No module named"),
+        ("--losscheck-drafter=mydrafter:missing", "module 'mydrafter' has no attribute 'missing'"),
+        ("--losscheck-drafter=factory", "'factory': expected an import path like 'pkg.module:factory' or a local Hugging"),
+    ],
+)
+def test_a_bad_option_is_one_message(pytester, option, message):
+    pytester.makepyfile(mydrafter=NOT_A_DRAFTER)
+    assert_one_error(run_certify(pytester, option), message)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"drafter": "broken_on_import:factory"}, "importing module 'broken_on_import' failed: No module named 'no_such_dependency'"),
+        ({"drafter": "./no_such_dir"}, "--losscheck-drafter='./no_such_dir': no such directory"),
+        ({"engine": "os"}, "--losscheck-engine='os': expected an import path like 'pkg.module:factory'"),
+        ({"engine": "os:sep"}, "--losscheck-engine='os:sep' is a str, not a factory(target) -> black-box engine"),
+        pytest.param({"out": Path("/proc/losscheck-reports")}, "--losscheck-out='/proc/losscheck-reports': cannot write in '/proc'",
+                     marks=pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc, unwritable also for root")),
+    ],
+)
+def test_what_the_options_name_is_checked_before_a_run(tmp_path, monkeypatch, changes, message):
+    """The start-up check itself (`check_options`), on the cases the plugin tests above leave out."""
+    from losscheck.loading import check_options
+    from losscheck.options import Options
+
+    (tmp_path / "broken_on_import.py").write_text(RAISES_ON_IMPORT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "broken_on_import", raising=False)
+    with pytest.raises(OptionError) as error:
+        check_options(Options(**changes))
+    assert message in str(error.value)
+
+
+def test_a_factory_resolves_from_the_current_directory(tmp_path, monkeypatch):
+    """The module of `pkg.mod:factory` is found in the working directory even when it is not on
+    sys.path (the `pytest` script, unlike `python -m pytest`, leaves it off)."""
+    from losscheck.loading import load_object
+
+    (tmp_path / "cwd_drafter_module.py").write_text("def factory(target):\n    return target\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_drafter_module", raising=False)
+    assert load_object("cwd_drafter_module:factory", "--losscheck-drafter")(7) == 7
+
+
+def test_a_target_with_its_own_code_needs_trust_remote_code(pytester, tmp_path):
+    own_code = {"model_type": "my-own-llm", "auto_map": {"AutoConfig": "conf.C", "AutoModelForCausalLM": "mod.M"}}
+    target = model_dir(tmp_path, "own_code", **own_code)
+    message = ("does not implement model_type 'my-own-llm'; the directory ships its own modelling code "
+               "(config.json auto_map): pass --losscheck-trust-remote-code to run it, if you trust it")
+    assert_one_error(run_certify(pytester, f"--losscheck-target={target}"), message)
+
+
+def test_certify_names_its_own_trust_remote_code_option(tmp_path, capsys):
+    from losscheck.cli import main
+
+    target = model_dir(tmp_path, "own_code", model_type="my-own-llm", auto_map={"AutoModelForCausalLM": "mod.M"})
+    assert main(["certify", "--target", str(target), "--out", str(tmp_path / "reports")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("pass --trust-remote-code to run it") == 1 and "--losscheck-" not in err, err
+
+
+def test_bundled_drafters_on_a_target_of_another_vocabulary_ask_for_a_drafter(pytester, tmp_path):
+    target = model_dir(tmp_path, "big_vocab", vocab_size=1000)
+    message = ("has a vocabulary of 1000 tokens and hidden size 128; the bundled drafters are built for the bundled "
+               "target's 64 and 128. Name your drafter: --losscheck-drafter=pkg.mod:factory, or "
+               "--losscheck-drafter=DIR")
+    assert_one_error(run_certify(pytester, f"--losscheck-target={target}"), message)
+
+
+def test_a_drafter_directory_of_another_vocabulary_is_refused(pytester, tmp_path):
+    drafter = model_dir(tmp_path, "big_vocab", vocab_size=1000)
+    message = "has a vocabulary of 1000 tokens, the bundled target 64; a drafter must share the target's vocabulary"
+    assert_one_error(run_certify(pytester, f"--losscheck-drafter={drafter}"), message)
+
+
+def test_an_out_directory_that_cannot_be_made_is_refused_at_start(pytester, tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    message = f"--losscheck-out='{tmp_path / 'taken' / 'run'}': '{tmp_path / 'taken'}' is a file; name a directory"
+    assert_one_error(run_certify(pytester, f"--losscheck-out={tmp_path / 'taken' / 'run'}"), message)
+
+
+def test_a_factory_that_returns_no_drafter_is_one_collection_error(pytester):
+    """Found only once the target is loaded and the factory called (no cell runs)."""
+    pytester.makepyfile(mydrafter=NOT_A_DRAFTER)
+    result = run_certify(pytester, "--losscheck-drafter=mydrafter:factory")
+    assert_one_error(result, "--losscheck-drafter='mydrafter:factory' returned int, which lacks",
+                     exit_code=pytest.ExitCode.INTERRUPTED)
+    result.stdout.fnmatch_lines(["*Interrupted: 1 error during collection*"])
+
+
+def test_a_drafter_directory_is_certified_as_family_a(pytester):
+    """--losscheck-drafter=DIR: the causal LM in DIR drafts autoregressively (collection only)."""
+    result = run_certify(pytester, "-m", "lossless", "--collect-only", "-q",
+                         f"--losscheck-drafter={bundled.fixtures_dir() / 'drafter_a'}")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_greedy_equals_baseline[[]user-k1-greedy[]]", "*test_pit_uniform[[]user-k4-T1*"])
 
 
 def test_fixtures_are_bundled():

@@ -1,14 +1,16 @@
-"""Which drafters a run certifies: the bundled references, a user's factory, the oracle."""
+"""Which drafters a run certifies: the bundled references, a user's factory or model directory,
+the oracle."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from losscheck import bundled as fixtures
 from losscheck.contract import Drafter, Target
 from losscheck.drafters import autoregressive, parallel
 from losscheck.errors import OptionError
-from losscheck.loading import load_object
+from losscheck.loading import is_model_dir, load_object
 
 BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.drafters.parallel
 
@@ -25,7 +27,11 @@ def bundled(target_name: str, target: Target) -> dict[str, Drafter]:
 
 
 def from_factory(spec: str, target: Target) -> Drafter:
-    """`--losscheck-drafter=pkg.mod:factory`: call factory(target) and check the result."""
+    """`--losscheck-drafter=pkg.mod:factory`: call factory(target) and check the result. A
+    directory instead of an import path is a local Hugging Face causal LM, certified as a
+    family-A drafter (`from_dir`)."""
+    if is_model_dir(spec):
+        return from_dir(spec, target)
     factory = load_object(spec, "--losscheck-drafter")
     drafter: Any = factory(target)
     missing = [
@@ -40,6 +46,15 @@ def from_factory(spec: str, target: Target) -> Drafter:
     if not drafter.block_lengths or any(int(k) < 1 for k in drafter.block_lengths):
         raise OptionError(f"drafter {drafter.name!r} declares block_lengths {drafter.block_lengths!r}; need k >= 1")
     return drafter
+
+
+def from_dir(path: str, target: Target, precision: str = "fp32") -> Drafter:
+    """`--losscheck-drafter=DIR`: the causal LM in DIR drafting autoregressively (family A), named
+    after the directory."""
+    try:
+        return autoregressive.from_path(Path(path).expanduser(), target, precision)
+    except ValueError as exc:  # another vocabulary than the target's
+        raise OptionError(f"--losscheck-drafter={path!r}: {exc}") from exc
 
 
 def self_draft(target: Target) -> Drafter:
