@@ -116,7 +116,7 @@ def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int 
     v = torch.rand(rows, horizon, dtype=torch.float64)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
     started = time.perf_counter()
-    u = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
+    u, _ = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "vocab": vocab, "rows": rows, "positions": prompt + horizon, "budget_mib": budget_mib,
@@ -124,4 +124,52 @@ def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int 
         "unchunked_logits_mib": rows * (prompt + horizon) * vocab * 4 / 2**20,
         "rss_before_mib": round(before), "rss_peak_mib": round(peak), "scoring_peak_mib": round(peak - before),
         "seconds": round(time.perf_counter() - started, 1), "pit_values": int(u.numel()),
+    }
+
+
+@torch.inference_mode()
+def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> dict[str, Any]:
+    """How far a reduced-precision target's top-2 logit margins move with the batch shape: the
+    measurement behind `losscheck.precision.LOGIT_TOLERANCE` (`losscheck bench --near-ties`).
+
+    On the bundled target in `dtype`, along the fp32 greedy continuation of every bundled prompt,
+    each position's top-2 margin is computed three ways — one token at a time through the cache
+    (the baseline's shape), `k + 1` tokens at a time (the speculative loop's scoring) and one
+    teacher-forced pass over the whole row — and compared with the float64 margin of the same two
+    tokens from `top2_float64` (final hidden state, LM head in float64). Reports the largest and the
+    99.9th-percentile deviation, how often the shapes' argmaxes disagree, and how many positions
+    have a float64 margin under the tolerance in use.
+    """
+    from losscheck.divergence import top2_float64
+    from losscheck.precision import LOGIT_TOLERANCE
+
+    prompts = prompts_for(len(bundled.PROMPT_TIERS) * 16)
+    reference = HFTarget.from_pretrained(bundled.target_path())
+    rows = Engine(reference).generate(prompts, max_new, GREEDY, make_generator(0, "noise"))
+    target = HFTarget.from_pretrained(bundled.target_path(), dtype)
+    deviations: dict[str, list[float]] = {"one-token": [], f"block-{k + 1}": [], "whole-row": []}
+    flips, under, positions = 0, 0, 0
+    for b, prompt in enumerate(prompts):
+        seq = torch.tensor([prompt + rows.row(b)])  # [1, P+L]
+        n_scored = seq.shape[1] - 1  # logits at positions 0..T-2 predict tokens 1..T-1
+        shapes = {}
+        for name, step in (("one-token", 1), (f"block-{k + 1}", k + 1), ("whole-row", n_scored)):
+            target.reset(1, seq.shape[1])
+            parts = [target.forward(seq[:, s : min(s + step, n_scored)], torch.tensor([s]))[0]
+                     for s in range(0, n_scored, step)]
+            shapes[name] = torch.cat(parts, 1)[0]  # [T-1, V]
+        for pos in range(len(prompt) - 1, n_scored):  # the generated positions
+            top1, top2, margin = top2_float64(target.model, seq[0, : pos + 1].tolist())
+            positions += 1
+            under += margin < LOGIT_TOLERANCE[dtype]
+            argmaxes = {int(logits[pos].argmax()) for logits in shapes.values()}
+            flips += len(argmaxes) > 1
+            for name, logits in shapes.items():
+                deviations[name].append(abs(float(logits[pos, top1] - logits[pos, top2]) - margin))
+    found = {name: torch.tensor(d, dtype=torch.float64) for name, d in deviations.items()}
+    return {
+        "dtype": dtype, "prompts": len(prompts), "positions": positions, "tolerance": LOGIT_TOLERANCE[dtype],
+        "max_deviation": {name: float(d.max()) for name, d in found.items()},
+        "p999_deviation": {name: float(d.quantile(0.999)) for name, d in found.items()},
+        "argmax_disagreements": flips, "float64_margin_under_tolerance": int(under),
     }

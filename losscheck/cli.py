@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
     bench.add_argument("--pit-memory", metavar="VOCAB", type=int,
                        help="instead: peak memory of one PIT cell's teacher-forced scoring on a random model of VOCAB tokens")
+    bench.add_argument("--near-ties", action="store_true",
+                       help="instead: how far each precision's top-2 logit margins move with the batch shape")
     add_options(bench.add_argument, "--", ("memory-budget",))
     fam = sub.add_parser("families", help="compare the bundled drafter families' acceptance on the bundled target")
     fam.add_argument("--out", default="reports/families", help="output directory (default: %(default)s)")
@@ -90,7 +92,10 @@ def run_command(ns: argparse.Namespace) -> int:
         return 0
     from losscheck import bench
 
-    if ns.pit_memory:
+    if ns.near_ties:
+        for dtype in ("fp32", "bf16", "fp16"):
+            print(json.dumps(bench.margin_noise(dtype)))
+    elif ns.pit_memory:
         print(json.dumps(bench.pit_peak_memory(ns.pit_memory, getattr(ns, dest("memory-budget")))))
     else:
         bench.run_benchmarks(Path(ns.out))

@@ -92,6 +92,7 @@ class Target(Protocol):
     `forward` reads `tokens [B, m]` into cache slots `start[b] .. start[b]+m-1` of each row and
     returns `(logits [B, m, V], hidden [B, m, H])`; query i of row b attends to slots
     `<= start[b] + i`. The caller owns the lengths, so rolling back is passing a smaller `start`.
+    Every tensor the engine hands it or builds for it lives on `device`.
     """
 
     name: str
@@ -100,14 +101,18 @@ class Target(Protocol):
     eos_id: int | None
     max_positions: int
     identity: dict[str, str]
+    device: torch.device
 
     def reset(self, batch_size: int, capacity: int) -> None: ...
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def validate_proposal(proposal: object, drafter: str, batch: int, k: int, vocab: int) -> Proposal:
-    """Check a drafter's output and return it; raise `DrafterOutputError` naming the problem."""
+def validate_proposal(
+    proposal: object, drafter: str, batch: int, k: int, vocab: int, device: torch.device | None = None
+) -> Proposal:
+    """Check a drafter's output (on the target's `device`, when given) and return it; raise
+    `DrafterOutputError` naming the problem."""
 
     def fail(problem: str) -> DrafterOutputError:
         return DrafterOutputError(
@@ -124,6 +129,9 @@ def validate_proposal(proposal: object, drafter: str, batch: int, k: int, vocab:
         raise fail(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
     if tuple(tokens.shape) != (batch, k):
         raise fail(f"tokens has shape {tuple(tokens.shape)}")
+    for name, tensor in (("tokens", tokens), ("probs", probs)):
+        if device is not None and isinstance(tensor, torch.Tensor) and tensor.device != device:
+            raise fail(f"{name} is on {tensor.device}, the target's device is {device}")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
         raise fail(f"token ids span [{int(tokens.min())}, {int(tokens.max())}], outside the vocabulary")
     tokens = tokens.long()

@@ -1,8 +1,10 @@
 """Divergence analysis for the greedy gate: where speculative output first leaves the baseline.
 
 Each divergence names the prompt, the position, both tokens and the target's top-2 logit margin
-at that prefix recomputed in float64 — a clear margin marks an algorithmic bug; a margin near zero
-would mark a numerical near-tie (triaged once reduced precision is an axis of the matrix).
+at that prefix recomputed in float64. In reduced precision a margin below the precision's
+round-off (`losscheck.precision.LOGIT_TOLERANCE`) marks a numerical *near-tie*: two batch shapes
+of the same model may legitimately pick different argmaxes there. Anything else is an
+algorithmic failure.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ class Divergence:
     top1: int
     top2: int
     margin: float  # float64 logit(top1) - logit(top2) of the target at the baseline prefix
+    near_tie: bool = False  # margin within the target precision's round-off (never in fp32)
 
     def describe(self) -> str:
         return (
             f"divergence on {self.tier}-entropy prompt #{self.prompt_index} {self.prompt} at generated "
             f"position {self.position}: speculative emitted {self.spec_token}, baseline "
             f"{self.base_token}; target float64 top-2 there: {self.top1} vs {self.top2}, margin "
-            f"{self.margin:.4g}"
+            f"{self.margin:.4g}" + (" (numerical near-tie)" if self.near_tie else "")
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -76,8 +79,10 @@ def find_divergences(
     prompts: list[list[int]],
     spec: Generation,
     base: Generation,
+    tolerance: float = 0.0,
 ) -> list[Divergence]:
-    """The first divergence of every row of `spec` from `base` (rows = `prompts` of `tier`)."""
+    """The first divergence of every row of `spec` from `base` (rows = `prompts` of `tier`); one
+    whose float64 margin is below `tolerance` (0 in fp32) is a near-tie."""
     found = []
     for b, prompt in enumerate(prompts):
         pos = first_divergence(spec, base, b)
@@ -96,6 +101,7 @@ def find_divergences(
                 top1=top1,
                 top2=top2,
                 margin=margin,
+                near_tie=margin < tolerance,
             )
         )
     return found

@@ -23,8 +23,10 @@ from losscheck.sampling import SamplingParams
 from losscheck.verify import BlockOutcome, Verifier, checked_outcome, verify_block
 
 
-def pad_prompts(prompts: list[list[int]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad prompts → ids [B, P] and lengths [B], validating them."""
+def pad_prompts(
+    prompts: list[list[int]], vocab_size: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad prompts → ids [B, P] and lengths [B] on `device`, validating them."""
     if not prompts:
         raise LosscheckError("no prompts given; pass at least one non-empty list of token ids")
     for i, prompt in enumerate(prompts):
@@ -37,7 +39,7 @@ def pad_prompts(prompts: list[list[int]], vocab_size: int) -> tuple[torch.Tensor
     ids = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long)
     for i, prompt in enumerate(prompts):
         ids[i, : len(prompt)] = torch.tensor(prompt)
-    return ids, lengths
+    return ids.to(device), lengths.to(device)
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Batch:
     def output(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(generated ids [B, budget], 0 after each row's end; generated counts [B])."""
         new = self.lengths - self.prompt_lengths
-        slot = torch.arange(self.budget)[None, :]
+        slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
         at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
         return torch.where(slot < new[:, None], self.tokens.gather(1, at), 0), new
 
@@ -68,7 +70,7 @@ def emit_counts(emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, 
     after the first EOS among them. emitted [B, k+1] the verified tokens."""
     count = torch.minimum(count, room)
     if eos is not None:
-        slot = torch.arange(emitted.shape[1])[None, :]
+        slot = torch.arange(emitted.shape[1], device=emitted.device)[None, :]
         first_eos = torch.where((emitted == eos) & (slot < count[:, None]), slot, emitted.shape[1]).min(1).values
         count = torch.minimum(count, first_eos + 1)
     return count
@@ -103,12 +105,13 @@ class Engine:
         started = time.perf_counter()
         batch = self._start(prompts, max_new_tokens)
         stats = LoopStats.empty(self.k)
-        with stats.clock("target"):
+        device = self.target.device
+        with stats.clock("target", device):
             self._prefill(batch)
         while not bool(batch.done.all()):
-            with stats.clock("draft"):
+            with stats.clock("draft", device):
                 proposal = self._draft(batch, params, generator)
-            with stats.clock("target"):
+            with stats.clock("target", device):
                 logits, states = self._score(batch, proposal)
                 outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
             outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
@@ -121,7 +124,8 @@ class Engine:
         """Validate the request, allocate the rows and reset the target's and drafter's state."""
         if max_new_tokens < 0:
             raise LosscheckError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        prompt_ids, lengths = pad_prompts(prompts, self.target.vocab_size)
+        device = self.target.device
+        prompt_ids, lengths = pad_prompts(prompts, self.target.vocab_size, device)
         rows, longest = prompt_ids.shape
         if longest + max_new_tokens > self.target.max_positions:
             raise LosscheckError(
@@ -129,15 +133,15 @@ class Engine:
                 f"target's {self.target.max_positions} positions; shorten the prompt or the budget"
             )
         capacity = longest + max_new_tokens + self.k + 1
-        tokens = torch.zeros(rows, capacity, dtype=torch.long)
+        tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         tokens[:, :longest] = prompt_ids
         hidden = None
         if self.drafter is not None and self.drafter.uses_hidden:
-            hidden = torch.zeros(rows, capacity, self.target.hidden_size)
+            hidden = torch.zeros(rows, capacity, self.target.hidden_size, device=device)
         self.target.reset(rows, capacity)
         if self.drafter is not None:
             self.drafter.reset(rows, capacity)
-        done = torch.full((rows,), max_new_tokens == 0)
+        done = torch.full((rows,), max_new_tokens == 0, device=device)
         return Batch(tokens, lengths, lengths.clone(), hidden, done, max_new_tokens)
 
     def _prefill(self, batch: Batch) -> None:
@@ -153,9 +157,10 @@ class Engine:
         rows = batch.tokens.shape[0]
         k = min(self.k, self.target.max_positions - int(batch.lengths[~batch.done].max()))
         if k <= 0 or self.drafter is None:
-            return Proposal(torch.zeros(rows, 0, dtype=torch.long))
+            return Proposal(batch.tokens.new_zeros(rows, 0))
         ctx = DraftContext(batch.tokens, batch.lengths, batch.hidden, k, self.width, params, generator)
-        return validate_proposal(self.drafter.propose(ctx), self.drafter.name, rows, k, self.target.vocab_size)
+        proposal = self.drafter.propose(ctx)
+        return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
 
     def _score(self, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
         """One target pass over `[pending, d_1 .. d_k]` → logits [B, k+1, V], states [B, k+1, H]."""
@@ -169,8 +174,9 @@ class Engine:
         accepted = torch.where(active, outcome.accepted, 0)  # [B]
         room = batch.budget - (batch.lengths - batch.prompt_lengths)
         emit = torch.where(active, emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id), 0)
-        slots = batch.lengths[:, None] + torch.arange(width)  # [B, k+1]; junk past emit is overwritten later
-        keep = torch.arange(width)[None, :] < emit[:, None]
+        slot = torch.arange(width, device=emit.device)[None, :]  # [1, k+1]
+        slots = batch.lengths[:, None] + slot  # [B, k+1]; junk past emit is overwritten later
+        keep = slot < emit[:, None]
         batch.tokens.scatter_(1, slots, torch.where(keep, outcome.tokens, batch.tokens.gather(1, slots)))
         if batch.hidden is not None:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots

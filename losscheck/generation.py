@@ -10,6 +10,7 @@ from typing import Literal
 
 import torch
 
+from losscheck.precision import synchronize
 from losscheck.sampling import SamplingParams
 
 
@@ -41,10 +42,13 @@ class LoopStats:
             self.accepted[:k] += ((slot < accepted[:, None]) & active[:, None]).sum(0).cpu()
 
     @contextmanager
-    def clock(self, part: Literal["draft", "target"]) -> Iterator[None]:
-        """Add the wall time of the block to `draft_seconds` or `target_seconds`."""
+    def clock(self, part: Literal["draft", "target"], device: torch.device) -> Iterator[None]:
+        """Add the wall time of the block to `draft_seconds` or `target_seconds`, including the
+        kernels it queued on `device` (synchronised before both clock reads)."""
+        synchronize(device)
         started = time.perf_counter()
         yield
+        synchronize(device)
         elapsed = time.perf_counter() - started
         if part == "draft":
             self.draft_seconds += elapsed

@@ -1,16 +1,18 @@
 """The experiment matrix: which cells each certification test runs. Pure planning, no models.
 
-One variable changes per cell, starting from the base cell (fp32, k=4, full width, T=1); a
-drafter only gets the block lengths and widths it declares. `plan` maps the drafters of each
-target to the cells of every certification test argument (`CELL_ARGS`).
+One variable changes per cell, starting from the base cell (the first `--losscheck-precision`,
+fp32 by default; k=4, full width, T=1); a drafter only gets the block lengths and widths it
+declares. `plan` maps the drafters of each target to the cells of every certification test
+argument (`CELL_ARGS`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from losscheck.contract import Drafter
+from losscheck.precision import Precision
 from losscheck.sampling import GREEDY, SamplingParams
 
 ORACLE = "self"  # the self-draft oracle: the target drafting for itself, acceptance must be 1
@@ -62,6 +64,7 @@ class Cell:
     params: SamplingParams = field(default_factory=SamplingParams)
     width: int | None = None  # transition width; None = full / not applicable
     target: str = "main"  # "main" or "small" (the exact-enumeration fixture)
+    precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
 
     @property
     def id(self) -> str:
@@ -70,6 +73,8 @@ class Cell:
             parts.append(f"w{self.width}")
         if self.target != "main":
             parts.append(self.target)
+        if self.precision != Precision():
+            parts.append(self.precision.id())
         return "-".join(parts)
 
     @property
@@ -83,21 +88,36 @@ class Cell:
 
 
 def plan(
-    drafters: Mapping[str, Mapping[str, Drafter]], bundled_families: bool, engine: bool
+    drafters: Mapping[str, Mapping[str, Drafter]],
+    bundled_families: bool,
+    engine: bool,
+    precisions: tuple[Precision, ...] = (Precision(),),
+    precision_drafters: frozenset[str] = frozenset(),
 ) -> dict[str, list[Cell]]:
     """The cells of every certification test argument.
 
     drafters: target ("main", and "small" when exact mode is on) -> drafter name -> drafter.
     bundled_families: the drafters are losscheck's bundled families (`FAMILY_SAMPLING` applies).
     engine: a black-box engine is certified (`ENGINE_CELL`).
+    precisions: the base cell's precision first, then one greedy and one sampled cell each for
+        the main target's `precision_drafters` (those whose dtype losscheck sets).
     """
+    base = precisions[0]
     small = drafters.get("small", {})
-    return {
+    cells = {
         GREEDY_CELL: [c for name, d in drafters["main"].items() for c in greedy_cells(name, d)],
         PIT_CELL: _sampled(drafters["main"], "main", SAMPLING_VARIANTS, bundled_families),
         EXACT_CELL: _sampled(small, "small", SMALL_VARIANTS, bundled_families),
         ENGINE_CELL: [Cell(ENGINE, 0, params) for params in SAMPLING_VARIANTS] if engine else [],
     }
+    cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
+    for name, drafter in drafters["main"].items():
+        if name not in precision_drafters:
+            continue
+        for precision in precisions[1:]:
+            cells[GREEDY_CELL].append(Cell(name, _base_k(drafter), GREEDY, precision=precision))
+            cells[PIT_CELL].append(Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=precision))
+    return cells
 
 
 def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:

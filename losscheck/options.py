@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.errors import OptionError
+from losscheck.precision import DEVICES, Precision, parse_precisions
 from losscheck.profiles import PROFILES, Profile, get_profile
 
 DEFAULT_SEED = 20261129
 DEFAULT_ALPHA = 0.01
 DEFAULT_PROFILE = "ci"
 DEFAULT_MEMORY_BUDGET_MIB = 2048
+# The base cell's precision first, then one cell per other entry (bundled drafter A and a user's
+# drafters); "bf16/fp32" is target bf16 with drafter fp32.
+DEFAULT_PRECISIONS = "fp32,bf16,fp16,bf16/fp32"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class Options:
     trust_remote_code: bool = False
     mutant: str | None = None  # run the gate against a planted bug (losscheck.mutants)
     memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB  # sizes engine batches and teacher-forced chunks
+    device: str | None = None  # cpu / cuda / mps; None = cuda when present, else cpu
+    precisions: tuple[Precision, ...] = parse_precisions(DEFAULT_PRECISIONS)  # first = the base cell's
+    strict: bool = False  # fail greedy near-ties in reduced precision too
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -76,6 +83,12 @@ SPECS: dict[str, dict[str, Any]] = {
     "profile": dict(choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="named sample-size profile (default: %(default)s)"),
     "trust-remote-code": dict(action="store_true", help="let the target load custom modelling code"),
     "mutant": dict(metavar="NAME", type=_mutant, help="run the gate against a planted bug (see `losscheck mutants`)"),
+    "device": dict(choices=DEVICES, default=None, help="device of the target and drafters (default: cuda when present, else cpu)"),
+    "precision": dict(metavar="LIST", type=parse_precisions, default=parse_precisions(DEFAULT_PRECISIONS),
+                      help="comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
+                           f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})"),
+    "strict": dict(action="store_true", help="fail greedy divergences in reduced precision even where the target's "
+                                             "float64 top-2 margin is within that precision's round-off (near-ties)"),
     "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
                           help="memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
                                "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)"),
@@ -113,6 +126,9 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         trust_remote_code=bool(value("trust-remote-code", False)),
         mutant=value("mutant"),
         memory_budget_mib=value("memory-budget", DEFAULT_MEMORY_BUDGET_MIB),
+        device=value("device"),
+        precisions=value("precision", None) or parse_precisions(DEFAULT_PRECISIONS),
+        strict=bool(value("strict", False)),
     )
 
 
@@ -122,5 +138,7 @@ def pytest_args(options_given: dict[str, Any]) -> list[str]:
     for name, val in options_given.items():
         if val is None or val is False:
             continue
+        if isinstance(val, tuple):  # parsed precisions: back to their command-line form
+            val = ",".join(p.label() for p in val)
         args.append(f"--losscheck-{name}" if val is True else f"--losscheck-{name}={val}")
     return args

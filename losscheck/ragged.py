@@ -62,6 +62,7 @@ class RaggedLM:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
         self._cache_kw = _cache_keyword(model)
         self.cache: RaggedKVCache | None = None
 
@@ -84,13 +85,13 @@ class RaggedLM:
         if cache is None or cache.batch_size != tokens.shape[0]:
             raise RuntimeError("RaggedLM.forward called before reset() for this batch size")
         m = tokens.shape[1]
-        slots = start[:, None] + torch.arange(m)  # [B, m]
+        slots = start[:, None] + torch.arange(m, device=tokens.device)  # [B, m]
         visible = int(slots.max()) + 1
         if visible > cache.capacity:
             raise RuntimeError(f"ragged cache overflow: need {visible} slots, capacity {cache.capacity}")
         cache.slots, cache.visible = slots, visible
-        allowed = torch.arange(visible)[None, None, :] <= slots[:, :, None]  # [B, m, S]
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(
+        allowed = torch.arange(visible, device=tokens.device)[None, None, :] <= slots[:, :, None]  # [B, m, S]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=tokens.device).masked_fill(
             ~allowed, torch.finfo(self.dtype).min
         )[:, None]  # [B, 1, m, S] additive
         out = self.model(

@@ -34,21 +34,34 @@ class CellOutcome:
     acceptance: dict[str, LoopStats] = field(default_factory=dict)  # prompt group -> loop counters
     problems: list[str] = field(default_factory=list)  # e.g. the oracle rejected a draft
     details: dict[str, Any] = field(default_factory=dict)  # JSON-ready facts: sample sizes, horizon…
+    strict: bool = False  # near-tie divergences fail too (--losscheck-strict)
 
     @property
     def kind(self) -> str:
         return self.cell.mode
 
     @property
+    def failing_divergences(self) -> list[Divergence]:
+        """Divergences that fail the cell: all of them under `strict`, else all but near-ties."""
+        return [d for d in self.divergences if self.strict or not d.near_tie]
+
+    @property
+    def near_ties(self) -> int:
+        return sum(d.near_tie for d in self.divergences)
+
+    @property
     def passed(self) -> bool:
-        return (self.verdict is None or self.verdict.passed) and not self.divergences and not self.problems
+        statistical = self.verdict is None or self.verdict.passed
+        return statistical and not self.failing_divergences and not self.problems
 
     def message(self) -> str:
         if self.verdict is not None:
             lines = [self.verdict.message()]
         else:
-            lines = [f"cell {self.cell.id}: greedy output {'equals' if self.passed else 'DIFFERS FROM'} the "
-                     f"baseline on {self.details['prompts']} prompts x {self.details['max_new_tokens']} tokens"]
+            same = "equals" if not self.divergences else "DIFFERS FROM" if not self.passed else "differs at near-ties only from"
+            lines = [f"cell {self.cell.id}: greedy output {same} the baseline on {self.details['prompts']} prompts "
+                     f"x {self.details['max_new_tokens']} tokens ({self.cell.precision.label()}; "
+                     f"{self.near_ties} near-tie divergences{', failing under --losscheck-strict' if self.strict else ''})"]
             lines += ["  " + d.describe() for d in self.divergences[:10]]
         lines += ["  " + p for p in self.problems]
         for group, stats in self.acceptance.items():
@@ -61,7 +74,8 @@ class CellOutcome:
         c = self.cell
         return {
             "cell": c.id, "kind": self.kind, "drafter": c.drafter, "k": c.k, "width": c.width,
-            "params": c.params.label(), "target": c.target, "passed": self.passed,
+            "params": c.params.label(), "target": c.target, "precision": c.precision.label(), "passed": self.passed,
+            "near_ties": self.near_ties,
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "divergences": [d.to_dict() for d in self.divergences],
             "acceptance": {group: stats.to_dict() for group, stats in self.acceptance.items()},
@@ -77,8 +91,10 @@ def run_cell(session: Session, cell: Cell) -> CellOutcome:
 
 
 def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
-    """The self-draft oracle must have every draft accepted (the target drafting for itself)."""
-    if cell.drafter != ORACLE:
+    """The self-draft oracle must have every draft accepted (the target drafting for itself). Only
+    in fp32: in reduced precision the drafting (one token at a time) and the scoring (k+1 at once)
+    round differently, so near-ties may reject; the acceptance is still reported."""
+    if cell.drafter != ORACLE or cell.precision.reduced:
         return []
     return [
         f"self-draft oracle accepted {int(s.accepted.sum())}/{int(s.proposed.sum())} drafts on {group} "
@@ -90,19 +106,22 @@ def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
 # --- greedy --------------------------------------------------------------------------------------
 def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     """Spec output == baseline output, token for token, on every prompt of every tier."""
-    target = session.targets[cell.target]
+    target = session.cell_target(cell)
     max_new = session.options.profile.greedy_max_new
     engine = session.engine(cell)
-    outcome = CellOutcome(cell, details={"prompts": 0, "max_new_tokens": max_new})
+    # In fp32 every divergence fails; in reduced precision one within the target's round-off is a near-tie.
+    tolerance = cell.precision.tolerance if cell.precision.reduced else 0.0
+    outcome = CellOutcome(cell, details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance},
+                          strict=session.options.strict)
     for tier in session.prompt_tiers:
         prompts = session.prompts(tier)
-        gen = make_generator(session.options.seed, cell.id, tier)
+        gen = make_generator(session.options.seed, cell.id, tier, device=target.device)
         spec = engine.generate(prompts, max_new, GREEDY, gen)
         base = session.baseline(
-            ("greedy", cell.target, tier),
-            lambda: session.baseline_engine(cell.target).generate(prompts, max_new, GREEDY, gen),
+            ("greedy", cell.target, cell.precision.target, tier),
+            lambda: session.baseline_engine(cell).generate(prompts, max_new, GREEDY, gen),
         )
-        outcome.divergences += find_divergences(target.model, tier, prompts, spec, base)
+        outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
         outcome.details["prompts"] += len(prompts)
     outcome.problems = oracle_problems(cell, outcome.acceptance)
@@ -125,13 +144,14 @@ def generate_rows(
 ) -> tuple[list[list[int]], Generation]:
     """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in engine batches that fit
     the memory budget."""
-    engine = session.baseline_engine(cell.target) if baseline else session.engine(cell)
-    vocab = session.targets[cell.target].vocab_size
-    batch = engine_batch_rows(engine.k, vocab, session.options.memory_budget_mib << 20, session.options.profile.batch)
+    engine = session.baseline_engine(cell) if baseline else session.engine(cell)
+    target = session.cell_target(cell)
+    batch = engine_batch_rows(engine.k, target.vocab_size, session.options.memory_budget_mib << 20,
+                              session.options.profile.batch)
     rows = [prompts[i % len(prompts)] for i in range(n)]
     parts = [
         engine.generate(rows[start : start + batch], horizon, cell.params,
-                        make_generator(session.options.seed, cell.id, stream, start))
+                        make_generator(session.options.seed, cell.id, stream, start, device=target.device))
         for start in range(0, n, batch)
     ]
     return rows, Generation.concat(parts)
@@ -155,36 +175,58 @@ def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> 
     return max(1, min(max_rows, budget_bytes // (width * vocab * BYTES_PER_LOGIT)))
 
 
-def teacher_forced_probs(target: HFTarget, rows: list[list[int]], tokens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """One fresh target pass over prompt + generated `tokens [n, L]` → p [n, L, V] at the generated
-    positions, after the request's logits processing. Independent of the engine's cache."""
+def teacher_forced_probs(
+    target: HFTarget, rows: list[list[int]], tokens: torch.Tensor, params: SamplingParams, tolerance: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fresh target pass over prompt + generated `tokens [n, L]` → (p [n, L, V] at the generated
+    positions after the request's logits processing, ambiguous [n, L] bool). Independent of the
+    engine's cache.
+
+    A token is *ambiguous* when top-k / top-p cut it (p = 0 here) although its raw logit lies within
+    `tolerance` of the lowest logit kept: a pass with another batch shape (the engine's cached one)
+    may round it inside the cut. Under exact H0 no generated token has p = 0, so leaving these out
+    of the test changes nothing but round-off; everything further out stays a support failure.
+    """
     n, horizon = tokens.shape
-    prompt_ids, plen = pad_prompts(rows, target.vocab_size)
+    prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)
     ids = torch.cat([prompt_ids, prompt_ids.new_zeros(n, horizon)], dim=1)  # [n, P+L]
-    at = plen[:, None] + torch.arange(horizon)  # [n, L] where generated tokens go
+    at = plen[:, None] + torch.arange(horizon, device=ids.device)  # [n, L] where generated tokens go
     ids.scatter_(1, at, tokens)
     target.reset(n, ids.shape[1])
-    logits, _ = target.forward(ids, torch.zeros(n, dtype=torch.long))
+    logits, _ = target.forward(ids, torch.zeros(n, dtype=torch.long, device=ids.device))
     index = (at - 1)[..., None].expand(-1, -1, logits.shape[-1])
-    return process_logits(logits.gather(1, index), params)  # [n, L, V]
+    logits = logits.gather(1, index)  # [n, L, V]
+    probs = process_logits(logits, params)  # [n, L, V]
+    cut = probs.gather(-1, tokens[..., None]).squeeze(-1) == 0  # [n, L]
+    lowest_kept = logits.masked_fill(probs == 0, float("inf")).amin(-1)  # [n, L]
+    ambiguous = cut & (logits.gather(-1, tokens[..., None]).squeeze(-1) >= lowest_kept - tolerance)
+    return probs, ambiguous
 
 
 def teacher_forced_pit(
-    target: HFTarget, rows: list[list[int]], gen: Generation, v: torch.Tensor, budget_bytes: int, max_rows: int
-) -> torch.Tensor:
+    target: HFTarget,
+    rows: list[list[int]],
+    gen: Generation,
+    v: torch.Tensor,
+    budget_bytes: int,
+    max_rows: int,
+    tolerance: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Randomized PIT u [N, L] of every generated token under the target (`v [N, L]` the PIT's
-    uniforms), scored a chunk of rows at a time: peak memory stays within `budget_bytes` however
-    large rows × vocabulary grow. Rows are independent, so chunking leaves every value unchanged."""
+    uniforms) and the cut-off ambiguity [N, L] of `teacher_forced_probs`, scored a chunk of rows at
+    a time: peak memory stays within `budget_bytes` however large rows × vocabulary grow. Rows are
+    independent, so chunking leaves every value unchanged."""
     from losscheck.stats.pit import randomized_pit
 
     n, horizon = gen.tokens.shape
     chunk = pit_chunk_rows(max(len(r) for r in rows) + horizon, target.vocab_size, budget_bytes, max_rows)
-    parts = []
+    u, ambiguous = [], []
     for start in range(0, n, chunk):
         end = start + chunk
-        probs = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params)
-        parts.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
-    return torch.cat(parts)
+        probs, unsure = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params, tolerance)
+        u.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
+        ambiguous.append(unsure)
+    return torch.cat(u), torch.cat(ambiguous)
 
 
 def run_pit(session: Session, cell: Cell) -> CellOutcome:
@@ -195,13 +237,18 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     n = sample_size.pit_sequences(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample")
+    target = session.cell_target(cell)
+    # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
     v = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, cell.id, "pit-v"),
-                   dtype=torch.float64)
+                   dtype=torch.float64).to(target.device)
     budget = session.options.memory_budget_mib << 20
-    u = teacher_forced_pit(session.targets[cell.target], rows, gen, v, budget, profile.batch)
-    results = pit_tests(u, gen.mask(), session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
+    u, ambiguous = teacher_forced_pit(target, rows, gen, v, budget, profile.batch, cell.precision.tolerance)
+    u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
+    tested = mask & ~ambiguous
+    results = pit_tests(u, tested, session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
     return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon,
-                            pit_histogram=torch.histc(u[gen.mask()].float(), 20, 0, 1).tolist())
+                            cutoff_ambiguous=int(ambiguous.sum()), cutoff_tolerance=cell.precision.tolerance,
+                            pit_histogram=torch.histc(u[tested].float(), 20, 0, 1).tolist())
 
 
 # --- sampling: exact enumeration ------------------------------------------------------------------
@@ -220,8 +267,8 @@ def exact_continuations(session: Session, target: str, params: SamplingParams) -
 
     @torch.inference_mode()
     def next_probs(context: torch.Tensor) -> torch.Tensor:
-        logits = model.model(input_ids=context).logits[:, -1]
-        return process_logits(logits, params).double()
+        logits = model.model(input_ids=context.to(model.device)).logits[:, -1]
+        return process_logits(logits, params).double().cpu()
 
     return session.baseline(
         ("exact", target, params, horizon),
@@ -245,7 +292,7 @@ def run_exact(session: Session, cell: Cell) -> CellOutcome:
     seqs, probs = exact_continuations(session, cell.target, cell.params)
     n = exact_cell_size(session, len(seqs))
     _, gen = generate_rows(session, cell, [prompt], n, profile.exact_horizon, "exact-sample")
-    samples = torch.where(gen.mask(), gen.tokens, target.eos_id if target.eos_id is not None else 0)
+    samples = torch.where(gen.mask(), gen.tokens, target.eos_id if target.eos_id is not None else 0).cpu()
     results = exact_tests(samples, seqs, probs, session.per_test_alpha, profile.power, profile.detect_tv)
     return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=profile.exact_horizon,
                             prompt=prompt, continuations=len(seqs))
@@ -267,7 +314,7 @@ def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
         raise TargetError(f"engine {engine.name!r} returned shape {tuple(spec.shape)}, expected ({n}, {horizon})")
     eos = target.eos_id if target.eos_id is not None else 0
     _, base = generate_rows(session, cell, [prompt], n, horizon, "baseline", baseline=True)
-    base_ids = torch.where(base.mask(), base.tokens, eos)
+    base_ids = torch.where(base.mask(), base.tokens, eos).cpu()
     results = two_sample_tests(spec, base_ids, target.vocab_size, session.per_test_alpha, profile.power,
                                profile.detect_tv, max_bins=profile.two_sample_bins)
     verdict = combine(cell.id, results, session.per_test_alpha)

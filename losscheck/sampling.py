@@ -89,8 +89,8 @@ def derive_seed(run_seed: int, *names: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def make_generator(run_seed: int, *names: object) -> torch.Generator:
-    """A CPU `torch.Generator` seeded from the run seed and a stream name."""
-    gen = torch.Generator()
+def make_generator(run_seed: int, *names: object, device: torch.device | str = "cpu") -> torch.Generator:
+    """A `torch.Generator` on `device` seeded from the run seed and a stream name."""
+    gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(run_seed, *names))
     return gen

@@ -16,11 +16,14 @@ from losscheck.errors import OptionError
 from losscheck.options import Options
 
 if TYPE_CHECKING:
+    import torch
+
     from losscheck.blackbox import BlackBoxEngine
     from losscheck.contract import Drafter
     from losscheck.engine import Engine
     from losscheck.matrix import Cell
     from losscheck.mutants.registry import Mutant
+    from losscheck.precision import Precision
     from losscheck.target import HFTarget
 
 
@@ -29,15 +32,15 @@ class Session:
         self.options = options
         self.n_statistical = 0  # statistical tests collected; set by the plugin
         self._baselines: dict[Any, Any] = {}
+        self._models: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
+        self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
 
     def derive(self, **changes: Any) -> "Session":
         """A session with some options changed (seed, alpha, mutant…) that shares this one's
         loaded models and its statistical-test count."""
         new = Session(dataclasses.replace(self.options, **changes))
         new.n_statistical = self.n_statistical
-        for cached in ("targets", "_drafters"):  # functools.cached_property storage
-            if cached in self.__dict__:
-                new.__dict__[cached] = self.__dict__[cached]
+        new._models, new._drafter_sets = self._models, self._drafter_sets
         return new
 
     @property
@@ -47,10 +50,40 @@ class Session:
 
         return per_test_alpha(self.options.alpha, max(self.n_statistical, 1))
 
+    @property
+    def bundled_models(self) -> bool:
+        """Certifying losscheck's own fixtures (no user target or drafter)."""
+        return self.options.target is None and self.options.drafter is None
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        """"main": the target under test; "small": the small-vocabulary exact-mode fixture (only
+        with the bundled models: a user's drafter is built for the user's target)."""
+        return ("main", "small") if self.bundled_models else ("main",)
+
+    @property
+    def base_precision(self) -> "Precision":
+        return self.options.precisions[0]
+
     @cached_property
+    def device(self) -> "torch.device":
+        from losscheck.precision import resolve_device
+
+        return resolve_device(self.options.device)
+
+    @property
     def targets(self) -> "dict[str, HFTarget]":
-        """"main": the target under test; "small": the small-vocabulary exact-mode fixture
-        (only with the bundled models: a user's drafter is built for the user's target)."""
+        """Every target, in the base cell's precision."""
+        return {name: self.target(name) for name in self.target_names}
+
+    def target(self, name: str = "main", dtype: str | None = None) -> "HFTarget":
+        """Target `name` in `dtype` (default: the base precision's), loaded once per process."""
+        dtype = dtype or self.base_precision.target
+        if (name, dtype) not in self._models:
+            self._models[name, dtype] = self._load_target(name, dtype)
+        return self._models[name, dtype]
+
+    def _load_target(self, name: str, dtype: str) -> "HFTarget":
         import torch
 
         from losscheck import bundled
@@ -60,38 +93,42 @@ class Session:
             # xdist already runs one worker per core; more threads per worker only contend.
             torch.set_num_threads(1)
         opts = self.options
+        if name == "small":
+            return HFTarget.from_pretrained(bundled.small_target_path(), dtype, device=self.device)
         path = opts.target or bundled.target_path()
-        found = {"main": HFTarget.from_pretrained(path, trust_remote_code=opts.trust_remote_code)}
-        if opts.target is None and opts.drafter is None:
-            found["small"] = HFTarget.from_pretrained(bundled.small_target_path())
-        return found
+        return HFTarget.from_pretrained(path, dtype, opts.trust_remote_code, self.device)
 
-    def drafters(self, target: str = "main") -> "dict[str, Drafter]":
-        """Drafters certified against `target`, by cell name; the self-draft oracle always."""
-        return self._drafters[target]
-
-    @cached_property
-    def _drafters(self) -> "dict[str, dict[str, Drafter]]":
+    def drafters(self, target: str = "main", precision: "Precision | None" = None) -> "dict[str, Drafter]":
+        """Drafters certified against `target` in `precision` (default: the base cell's), by cell
+        name; the self-draft oracle always."""
         from losscheck.drafters import registry
         from losscheck.matrix import ORACLE
 
-        out: dict[str, dict[str, Drafter]] = {}
-        for name, target in self.targets.items():
-            if name == "main" and self.options.drafter:
-                out[name] = {"user": registry.from_factory(self.options.drafter, target)}
+        precision = precision or self.base_precision
+        key = (target, precision)
+        if key not in self._drafter_sets:
+            model = self.target(target, precision.target)
+            if target == "main" and self.options.drafter:
+                found = {"user": registry.from_factory(self.options.drafter, model, precision.drafter)}
             else:
-                out[name] = registry.bundled(name, target)
-            out[name][ORACLE] = registry.self_draft(target)
-        return out
+                found = registry.bundled(target, model, precision.drafter)
+            found[ORACLE] = registry.self_draft(model)
+            self._drafter_sets[key] = found
+        return self._drafter_sets[key]
 
     @cached_property
     def plan(self) -> "dict[str, list[Cell]]":
         """The cells of every certification test argument (`losscheck.matrix.plan`)."""
         from losscheck import matrix
+        from losscheck.drafters import registry
 
-        drafters = {name: self.drafters(name) for name in self.targets}
-        bundled_families = self.options.target is None and self.options.drafter is None
-        return matrix.plan(drafters, bundled_families, engine=self.options.engine is not None)
+        drafters = {name: self.drafters(name) for name in self.target_names}
+        if self.options.drafter is None:
+            precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
+        else:
+            precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
+        return matrix.plan(drafters, self.bundled_models, self.options.engine is not None,
+                           self.options.precisions, precision_drafters)
 
     def prompts(self, tier: str) -> list[list[int]]:
         """Prompt set `tier`: "low" / "mid" / "high" entropy for the main target, "small" for the
@@ -113,20 +150,26 @@ class Session:
 
         return None if self.options.mutant is None else get_mutant(self.options.mutant)
 
+    def cell_target(self, cell: "Cell") -> "HFTarget":
+        """The target of `cell`, in the cell's precision."""
+        return self.target(cell.target, cell.precision.target)
+
     def engine(self, cell: "Cell") -> "Engine":
-        """The speculative engine of `cell`: its drafter, k and width, with the run's planted bug."""
+        """The speculative engine of `cell`: its drafter, k, width and precision, with the run's
+        planted bug."""
         from losscheck.engine import Engine
 
-        target, drafter = self.targets[cell.target], self.drafters(cell.target)[cell.drafter]
+        target, drafter = self.cell_target(cell), self.drafters(cell.target, cell.precision)[cell.drafter]
         if self.mutant is not None:
             return self.mutant.engine(target, drafter, cell.k, cell.width)
         return Engine(target, drafter, cell.k, cell.width)
 
-    def baseline_engine(self, target: str) -> "Engine":
-        """Plain decoding of `target`: the same loop with no drafter (never planted)."""
+    def baseline_engine(self, cell: "Cell") -> "Engine":
+        """Plain decoding of `cell`'s target in its precision: the same loop with no drafter
+        (never planted)."""
         from losscheck.engine import Engine
 
-        return Engine(self.targets[target])
+        return Engine(self.cell_target(cell))
 
     @cached_property
     def blackbox(self) -> "BlackBoxEngine | None":

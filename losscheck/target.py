@@ -8,9 +8,8 @@ from pathlib import Path
 import torch
 
 from losscheck.errors import TargetError
+from losscheck.precision import torch_dtype
 from losscheck.ragged import RaggedLM
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def content_hash(path: Path) -> str:
@@ -24,13 +23,11 @@ def content_hash(path: Path) -> str:
 
 
 def load_causal_lm(
-    path: str | Path, precision: str = "fp32", trust_remote_code: bool = False
+    path: str | Path, precision: str = "fp32", trust_remote_code: bool = False, device: str | torch.device = "cpu"
 ) -> torch.nn.Module:
-    """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, in eval mode."""
+    """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    if precision not in DTYPES:
-        raise TargetError(f"precision {precision!r} is not one of {sorted(DTYPES)}")
     path = Path(path)
     if not path.is_dir():
         raise TargetError(
@@ -45,7 +42,7 @@ def load_causal_lm(
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
-            dtype=DTYPES[precision],
+            dtype=torch_dtype(precision),
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
             local_files_only=True,
@@ -53,7 +50,7 @@ def load_causal_lm(
         )
     except Exception as exc:  # transformers raises many types; name the model and the cause
         raise TargetError(f"could not load a causal LM from {str(path)!r}: {exc}") from exc
-    return model.eval()
+    return model.to(device).eval()
 
 
 class HFTarget:
@@ -70,13 +67,15 @@ class HFTarget:
         eos = config.eos_token_id
         self.eos_id = eos[0] if isinstance(eos, list) else eos
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+        self.device = next(model.parameters()).device
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False
+        cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False,
+        device: str | torch.device = "cpu",
     ) -> "HFTarget":
         path = Path(path)
-        model = load_causal_lm(path, precision, trust_remote_code)
+        model = load_causal_lm(path, precision, trust_remote_code, device)
         identity = {"path": str(path.resolve()), "sha256": content_hash(path), "precision": precision}
         return cls(model, name=path.name, identity=identity)
 

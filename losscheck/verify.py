@@ -37,7 +37,7 @@ def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> BlockOutcome:
     best = p.argmax(-1)  # [B, k+1]
     k = drafts.shape[1]
     accepted = (drafts == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]
-    rows = torch.arange(drafts.shape[0])
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
     tokens = torch.cat([drafts, best[:, k:]], dim=1)  # [B, k+1]
     tokens[rows, accepted] = best[rows, accepted]  # recovered (= target argmax) or bonus
     return BlockOutcome(accepted=accepted, tokens=tokens)
@@ -45,7 +45,7 @@ def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> BlockOutcome:
 
 def point_mass(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """`q [B, k, V]` of a deterministic drafter: one-hot at each drafted token."""
-    return torch.zeros(*drafts.shape, vocab_size).scatter_(-1, drafts[..., None], 1.0)
+    return torch.zeros(*drafts.shape, vocab_size, device=drafts.device).scatter_(-1, drafts[..., None], 1.0)
 
 
 def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
@@ -84,11 +84,11 @@ def verify_rejection(
         q = point_mass(drafts, p.shape[-1])
     p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
-    u = torch.rand(batch, k, generator=generator, dtype=torch.float64)
+    u = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=p.device)
     keep = u < acceptance_probability(p_draft, q_draft)  # [B, k]
     accepted = keep.long().cumprod(-1).sum(-1)  # [B]
 
-    rows = torch.arange(batch)
+    rows = torch.arange(batch, device=p.device)
     stop = recovery_distribution(p, q)[rows, accepted]  # [B, V]
     tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
     tokens[rows, accepted] = sample(stop, generator)

@@ -32,8 +32,8 @@ def test_chunked_pit_equals_one_pass(target):
     params = SamplingParams(temperature=1.0, top_p=0.9)
     gen = Engine(target, noisy_drafter(target, 0.6), 4).generate(rows, 8, params, make_generator(0, "chunks"))
     v = torch.rand(gen.tokens.shape, generator=make_generator(0, "v"), dtype=torch.float64)
-    whole = teacher_forced_pit(target, rows, gen, v, budget_bytes=1 << 40, max_rows=4096)
-    one_row_at_a_time = teacher_forced_pit(target, rows, gen, v, budget_bytes=1, max_rows=4096)
+    whole, _ = teacher_forced_pit(target, rows, gen, v, budget_bytes=1 << 40, max_rows=4096)
+    one_row_at_a_time, _ = teacher_forced_pit(target, rows, gen, v, budget_bytes=1, max_rows=4096)
     assert whole.shape == (len(rows), 8) and not whole[gen.mask()].isnan().any()  # NaN only after EOS
     # Padding differs between chunks, so equal up to float32 round-off, not bitwise.
     torch.testing.assert_close(one_row_at_a_time, whole, atol=1e-5, rtol=0, equal_nan=True)

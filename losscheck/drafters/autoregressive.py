@@ -33,7 +33,7 @@ class AutoregressiveDrafter:
 
     def reset(self, batch_size: int, capacity: int) -> None:
         self.lm.reset(batch_size, capacity)
-        self.cached = torch.zeros(batch_size, dtype=torch.long)
+        self.cached = torch.zeros(batch_size, dtype=torch.long, device=self.lm.device)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         lengths, k = ctx.lengths, ctx.k
@@ -42,9 +42,9 @@ class AutoregressiveDrafter:
         self.cached = torch.minimum(self.cached, lengths - 1)
         # Catch up on committed tokens not yet read (always at least the pending one).
         behind = int((lengths - self.cached).max())
-        read = (self.cached[:, None] + torch.arange(behind)).clamp_max(ctx.tokens.shape[1] - 1)
+        read = (self.cached[:, None] + torch.arange(behind, device=lengths.device)).clamp_max(ctx.tokens.shape[1] - 1)
         logits, _ = self.lm.forward(ctx.tokens.gather(1, read), self.cached)
-        last = logits[torch.arange(len(lengths)), lengths - 1 - self.cached]  # [B, V]
+        last = logits[torch.arange(len(lengths), device=lengths.device), lengths - 1 - self.cached]  # [B, V]
 
         drafts, dists = [], []
         for j in range(k):
@@ -71,7 +71,7 @@ class AutoregressiveDrafter:
 
 def from_path(path: str | Path, target: Target, precision: str = "fp32") -> AutoregressiveDrafter:
     """A family-A drafter from a local Hugging Face model directory."""
-    model = load_causal_lm(path, precision)
+    model = load_causal_lm(path, precision, device=target.device)
     if model.config.vocab_size != target.vocab_size:
         raise ValueError(
             f"drafter at {str(path)!r} has vocab_size {model.config.vocab_size}, the target "

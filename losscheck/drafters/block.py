@@ -147,7 +147,7 @@ class Backbone(nn.Module):
         b = pending.shape[0]
         ctx = self.fuse(torch.cat([feature, self.embed(pending)], -1))  # [B, d]
         x = torch.cat([ctx[:, None], self.slots[:k].expand(b, -1, -1)], 1)  # [B, k+1, d]
-        n = torch.arange(k + 1)
+        n = torch.arange(k + 1, device=feature.device)
         allowed = (n[None, :] == 0) | (n[None, :] == n[:, None])  # [k+1, k+1]
         for layer in self.layers:
             predecessor = self._forming_predecessor(x, pending) if self.cfg.mixing == "inject" else None

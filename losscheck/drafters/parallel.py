@@ -25,7 +25,7 @@ from losscheck.contract import DraftContext, Proposal, Target
 from losscheck.drafters.block import BlockModel, SerialHead, TransitionHead
 from losscheck.errors import LosscheckError
 from losscheck.sampling import process_logits, sample
-from losscheck.target import DTYPES
+from losscheck.precision import torch_dtype
 
 PATH_WIDTHS: tuple[int | None, ...] = (1, 2, 4, 16, None)
 
@@ -35,7 +35,7 @@ def block_inputs(ctx: DraftContext, dtype: torch.dtype) -> tuple[torch.Tensor, t
     with nothing scored yet, i.e. a one-token prompt) and the pending token [B]."""
     if ctx.hidden is None:
         raise LosscheckError("block drafters read the target's hidden states; the engine passed none")
-    rows = torch.arange(ctx.tokens.shape[0])
+    rows = torch.arange(ctx.tokens.shape[0], device=ctx.tokens.device)
     pending = ctx.tokens[rows, ctx.lengths - 1]
     scored = ctx.lengths - 2  # last position the target has read and scored
     feature = ctx.hidden[rows, scored.clamp_min(0)] * (scored >= 0)[:, None]
@@ -75,7 +75,7 @@ class TransitionPath:
         self, head: TransitionHead, z: torch.Tensor, base: torch.Tensor, pending: torch.Tensor, cand: torch.Tensor | None
     ) -> None:
         self.head, self.z, self.base, self.cand = head, z, base, cand
-        self.rows = torch.arange(base.shape[0])
+        self.rows = torch.arange(base.shape[0], device=base.device)
         self.cache = None
         if cand is not None:
             w = cand.shape[-1]
@@ -139,7 +139,7 @@ class BlockDrafter:
 def from_path(path: str | Path, target: Target, precision: str = "fp32") -> BlockDrafter:
     """A family B–E drafter from a directory written by `BlockModel.save`."""
     path = Path(path)
-    model = BlockModel.load(path).to(DTYPES[precision])
+    model = BlockModel.load(path).to(device=target.device, dtype=torch_dtype(precision))
     cfg = model.cfg
     if (cfg.vocab_size, cfg.feature_size) != (target.vocab_size, target.hidden_size):
         raise ValueError(

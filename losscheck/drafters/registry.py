@@ -3,6 +3,7 @@ the oracle."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +16,34 @@ from losscheck.loading import is_model_dir, load_object
 BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.drafters.parallel
 
 
-def bundled(target_name: str, target: Target) -> dict[str, Drafter]:
-    """The reference drafters trained against the bundled target `target_name`."""
+def bundled(target_name: str, target: Target, precision: str = "fp32") -> dict[str, Drafter]:
+    """The reference drafters trained against the bundled target `target_name`, in `precision`."""
     root = fixtures.fixtures_dir()
     if target_name == "small":
-        return {"A": autoregressive.from_path(root / "small_drafter_a", target)}
-    drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target)}
+        return {"A": autoregressive.from_path(root / "small_drafter_a", target, precision)}
+    drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target, precision)}
     for family in BLOCK_FAMILIES:
-        drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target)
+        drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target, precision)
     return drafters
 
 
-def from_factory(spec: str, target: Target) -> Drafter:
-    """`--losscheck-drafter=pkg.mod:factory`: call factory(target) and check the result. A
-    directory instead of an import path is a local Hugging Face causal LM, certified as a
-    family-A drafter (`from_dir`)."""
+def takes_precision(spec: str) -> bool:
+    """Whether the factory of `spec` accepts a `precision` keyword (then losscheck sets the
+    drafter's dtype, and the drafter gets the precision cells of the matrix)."""
     if is_model_dir(spec):
-        return from_dir(spec, target)
+        return True  # from_dir sets the dtype
+    params = inspect.signature(load_object(spec, "--losscheck-drafter")).parameters.values()
+    return any(p.name == "precision" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
+    """`--losscheck-drafter=pkg.mod:factory`: call factory(target) — with `precision=` (fp32,
+    bf16, fp16) when it takes one — and check the result. A directory instead of an import path
+    is a local Hugging Face causal LM, certified as a family-A drafter (`from_dir`)."""
+    if is_model_dir(spec):
+        return from_dir(spec, target, precision)
     factory = load_object(spec, "--losscheck-drafter")
-    drafter: Any = factory(target)
+    drafter: Any = factory(target, precision=precision) if takes_precision(spec) else factory(target)
     missing = [
         a for a in ("name", "block_lengths", "widths", "uses_hidden", "reset", "propose", "commit")
         if not hasattr(drafter, a)

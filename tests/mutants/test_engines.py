@@ -36,10 +36,12 @@ def test_the_baseline_is_never_planted(target):
     from losscheck.session import Session
 
     session = Session(Options(mutant="rows_mixed_up"))
-    # The toy models in place of the fixtures (functools.cached_property storage).
-    session.__dict__.update(targets={"main": target}, _drafters={"main": {"A": noisy_drafter(target, NOISE)}})
-    assert session.baseline_engine("main").verifier is verify_block
-    assert session.engine(Cell("A", 3)).verifier is get_mutant("rows_mixed_up").verifier
+    # The toy models in place of the fixtures, at the base precision.
+    session._models[("main", "fp32")] = target
+    session._drafter_sets[("main", session.base_precision)] = {"A": noisy_drafter(target, NOISE)}
+    cell = Cell("A", 3)
+    assert session.baseline_engine(cell).verifier is verify_block
+    assert session.engine(cell).verifier is get_mutant("rows_mixed_up").verifier
 
 
 @pytest.mark.parametrize("name", [m.name for m in catalogue() if m.kind == "greedy"] + ["recovered_after_rejected"])
