@@ -195,3 +195,7 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
         load_factory(options.engine, opt("engine"), "black-box engine")
     if options.out is not None:
         check_out_dir(options.out, opt("out"))
+    if options.prompts is not None:
+        from losscheck.prompts import read_jsonl
+
+        read_jsonl(options.prompts)

@@ -43,6 +43,8 @@ class Options:
     device: str | None = None  # cpu / cuda / mps; None = cuda when present, else cpu
     precisions: tuple[Precision, ...] = parse_precisions(DEFAULT_PRECISIONS)  # first = the base cell's
     strict: bool = False  # fail greedy near-ties in reduced precision too
+    prompts: str | None = None  # JSONL prompt file; None = the bundled prompt sets
+    chat_template: bool = False  # wrap text prompts in the tokenizer's chat template
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -89,6 +91,10 @@ SPECS: dict[str, dict[str, Any]] = {
                            f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})"),
     "strict": dict(action="store_true", help="fail greedy divergences in reduced precision even where the target's "
                                              "float64 top-2 margin is within that precision's round-off (near-ties)"),
+    "prompts": dict(metavar="FILE", help='JSONL prompts, one {"text": ...} or {"ids": [...]} per line, optional "tier" '
+                                          "(low/mid/high; else placed by the target's next-token entropy); text goes "
+                                          "through the target's tokenizer (default: the bundled prompt sets)"),
+    "chat-template": dict(action="store_true", help="wrap each text prompt as a user turn with the tokenizer's chat template"),
     "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
                           help="memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
                                "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)"),
@@ -129,6 +135,8 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         device=value("device"),
         precisions=value("precision", None) or parse_precisions(DEFAULT_PRECISIONS),
         strict=bool(value("strict", False)),
+        prompts=value("prompts"),
+        chat_template=bool(value("chat-template", False)),
     )
 
 

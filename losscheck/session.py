@@ -122,6 +122,7 @@ class Session:
         from losscheck import matrix
         from losscheck.drafters import registry
 
+        self.prompt_sets  # a bad prompt file is one collection error, not one per test
         drafters = {name: self.drafters(name) for name in self.target_names}
         if self.options.drafter is None:
             precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
@@ -130,18 +131,37 @@ class Session:
         return matrix.plan(drafters, self.bundled_models, self.options.engine is not None,
                            self.options.precisions, precision_drafters)
 
+    @cached_property
+    def prompt_sets(self) -> dict[str, list[list[int]]]:
+        """Tier ("low" / "mid" / "high" entropy) -> prompts of the main target: the
+        `--losscheck-prompts` file (`losscheck.prompts`), else the bundled sets."""
+        from losscheck import bundled
+        from losscheck.prompts import TIERS, user_prompt_sets
+
+        opts = self.options
+        if opts.prompts is not None:
+            return user_prompt_sets(opts.prompts, self.target("main"), opts.target, opts.chat_template)
+        sets = {tier: bundled.load_prompts(tier) for tier in TIERS}
+        vocab = self.target("main").vocab_size
+        if max(t for found in sets.values() for p in found for t in p) >= vocab:
+            raise OptionError(
+                f"the bundled prompts are token ids of the bundled target, outside the vocabulary of "
+                f"{vocab} tokens of --losscheck-target={opts.target!r}; pass --losscheck-prompts=FILE "
+                '(JSONL, one {"text": ...} or {"ids": [...]} per line)'
+            )
+        return sets
+
     def prompts(self, tier: str) -> list[list[int]]:
-        """Prompt set `tier`: "low" / "mid" / "high" entropy for the main target, "small" for the
-        exact-mode target."""
+        """Prompt set `tier`: one of `prompt_tiers` for the main target, "small" for the exact-mode
+        target."""
         from losscheck import bundled
 
-        return bundled.load_prompts(tier)
+        return bundled.load_prompts(tier) if tier == "small" else self.prompt_sets[tier]
 
     @property
     def prompt_tiers(self) -> tuple[str, ...]:
-        from losscheck.bundled import PROMPT_TIERS
-
-        return PROMPT_TIERS
+        """The main target's non-empty prompt tiers."""
+        return tuple(self.prompt_sets)
 
     @cached_property
     def mutant(self) -> "Mutant | None":
