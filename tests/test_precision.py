@@ -1,0 +1,69 @@
+"""Precision as a matrix axis: parsing, the planned cells, near-tie triage of greedy divergences
+and top-k / top-p cut-off ambiguity in the teacher-forced pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from losscheck.divergence import Divergence
+from losscheck.errors import OptionError
+from losscheck.matrix import GREEDY_CELL, PIT_CELL, Cell, plan
+from losscheck.precision import Precision, parse_precisions
+from losscheck.runner import CellOutcome, teacher_forced_probs
+from losscheck.sampling import GREEDY, SamplingParams
+from tests.support import noisy_drafter, tiny_target
+
+
+def test_parsing_and_labels():
+    assert parse_precisions("fp32, bf16/fp32") == (Precision(), Precision("bf16", "fp32"))
+    assert Precision.parse("fp16") == Precision("fp16", "fp16")
+    assert Precision("bf16", "fp32").label() == "bf16/fp32"
+    assert Precision("bf16", "fp32").id() == "tbf16-dfp32"
+    assert not Precision("fp32", "bf16").reduced  # greedy verification reads the target only
+    for bad in ("fp8", "bf16/int4", "", "fp32,fp32"):
+        with pytest.raises(OptionError):
+            parse_precisions(bad)
+
+
+def test_each_extra_precision_is_one_greedy_and_one_pit_cell_of_the_named_drafters():
+    target = tiny_target()
+    drafters = {"main": {"A": noisy_drafter(target, 0.1), "self": noisy_drafter(target, 0.0)}}
+    precisions = parse_precisions("bf16,fp32,fp16/fp32")
+    cells = plan(drafters, False, False, precisions, frozenset({"A"}))
+    extra = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0]]
+    assert sorted((c.params.greedy, c.precision.label()) for c in extra) == [
+        (False, "fp16/fp32"), (False, "fp32"), (True, "fp16/fp32"), (True, "fp32")]
+    assert {c.drafter for c in extra} == {"A"} and {c.k for c in extra} == {4}
+    base = [c for c in cells[GREEDY_CELL] if c.precision == precisions[0]]
+    assert base and all(c.id.endswith("-bf16") for c in base)  # the base cells say their precision
+
+
+def divergence(margin: float, near_tie: bool) -> Divergence:
+    return Divergence("low", 0, [0], 3, 5, 6, 6, 5, margin, near_tie)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_near_ties_fail_only_under_strict(strict):
+    cell = Cell("A", 4, GREEDY, precision=Precision("bf16", "bf16"))
+    details = {"prompts": 1, "max_new_tokens": 8}
+    tie = CellOutcome(cell, divergences=[divergence(0.01, True)], details=details, strict=strict)
+    assert tie.passed is not strict and tie.near_ties == 1
+    real = CellOutcome(cell, divergences=[divergence(2.0, False)], details=details, strict=strict)
+    assert not real.passed
+
+
+def test_a_token_just_outside_the_cut_is_ambiguous_and_one_far_outside_is_not():
+    target = tiny_target()
+    prompt = [0, 3, 4]
+    with torch.no_grad():
+        logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    order = logits.argsort(descending=True)
+    params = SamplingParams(top_k=3)
+    kept_low, first_out, far_out = order[2], order[3], order[-1]
+    gap = float(logits[kept_low] - logits[first_out])
+    for token, tolerance, expected in ((first_out, gap * 1.01, True), (first_out, gap * 0.99, False),
+                                       (far_out, gap * 1.01, False), (kept_low, 10.0, False)):
+        _, ambiguous = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
+        assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
+
