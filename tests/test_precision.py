@@ -67,3 +67,11 @@ def test_a_token_just_outside_the_cut_is_ambiguous_and_one_far_outside_is_not():
         _, ambiguous = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
         assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
 
+
+
+def test_the_summary_counts_near_ties():
+    from losscheck.report.summary import summary_rows
+
+    record = {"cell": "A-k4-greedy-bf16", "kind": "greedy", "passed": True, "near_ties": 3, "max_new_tokens": 64}
+    assert summary_rows([record])[0][2] == "PASS (3 near-ties)"
+    assert summary_rows([{**record, "near_ties": 0}])[0][2] == "PASS"

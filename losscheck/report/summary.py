@@ -11,6 +11,8 @@ COLUMNS = ("cell", "kind", "verdict", "tau", "min p", "alpha", "detect TV", "n")
 
 def _row(record: dict[str, Any]) -> tuple[str, ...]:
     verdict = "PASS" if record.get("passed") else ("ERROR" if record.get("outcome") == "error" else "FAIL")
+    if record.get("near_ties"):  # reduced-precision greedy divergences within round-off
+        verdict += f" ({record['near_ties']} near-ties)"
     groups = (record.get("acceptance") or {}).values()  # prompt group -> loop counters
     tau = "/".join(f"{g['acceptance_length']:.2f}" for g in groups) or "-"
     results = (record.get("verdict") or {}).get("results", [])
