@@ -33,7 +33,7 @@ LOGIT_TOLERANCE = {"fp32": 4e-5, "bf16": 0.3, "fp16": 0.04}
 DEVICES = ("cpu", "cuda", "mps")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Precision:
     """The dtypes of one cell's target and drafter."""
 

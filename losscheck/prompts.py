@@ -12,7 +12,6 @@ equally likely continuations, 3 nats about 20.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +60,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def tokenize(records: list[dict[str, Any]], target_dir: str | Path | None, chat_template: bool) -> list[list[int]]:
     """Token ids of every record: "ids" as given, "text" through the target directory's tokenizer
     (`AutoTokenizer`, offline), wrapped as a user turn by its chat template when `chat_template`."""
-    texts = [r["text"] for r in records if "text" in r]
-    if not texts and not chat_template:
+    if not any("text" in r for r in records):  # the chat template wraps text only
         return [list(r["ids"]) for r in records]
     if target_dir is None:
         raise OptionError(f"{OPTION}: text prompts need the target's tokenizer; the bundled target has none "
@@ -103,7 +101,7 @@ def next_token_entropy(target: "HFTarget", prompts: list[list[int]]) -> list[flo
 
 
 def tier_of(entropy: float) -> str:
-    if math.isnan(entropy) or entropy < LOW_ENTROPY:
+    if entropy < LOW_ENTROPY:
         return "low"
     return "high" if entropy >= HIGH_ENTROPY else "mid"
 
