@@ -24,6 +24,7 @@ MARKERS = {
     "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
     "slow": "long-running material (calibration over many seeds)",
     "mutants": "planted losslessness bugs that the gate must catch",
+    "perf": "the performance tier: throughput and latency against concurrency (refuses to time under xdist)",
     "statistical": "a test that spends a Bonferroni share of the run's family-wise alpha",
 }
 
