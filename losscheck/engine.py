@@ -51,7 +51,7 @@ class Batch:
     prompt_lengths: torch.Tensor  # [B] long
     hidden: torch.Tensor | None  # [B, capacity, H] target states for drafters that read them
     done: torch.Tensor  # [B] bool, rows past EOS or their budget
-    budget: int  # max_new_tokens
+    budget: int | torch.Tensor  # max_new_tokens; or [B] long per row (a scheduler's, `Engine.step`)
 
     def pending(self) -> torch.Tensor:
         """[B, 1] the last committed token of each row, not yet read by the target."""
@@ -105,20 +105,29 @@ class Engine:
         started = time.perf_counter()
         batch = self._start(prompts, max_new_tokens)
         stats = LoopStats.empty(self.k)
-        device = self.target.device
-        with stats.clock("target", device):
+        with stats.clock("target", self.target.device):
             self._prefill(batch)
         while not bool(batch.done.all()):
-            with stats.clock("draft", device):
-                proposal = self._draft(batch, params, generator)
-            with stats.clock("target", device):
-                logits, states = self._score(batch, proposal)
-                outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
-            outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
-            self._commit(batch, outcome, states, stats)
+            self.step(batch, params, generator, stats)
         stats.total_seconds = time.perf_counter() - started
         tokens, lengths = batch.output()
         return Generation(tokens, lengths, stats, params)
+
+    def step(self, batch: Batch, params: SamplingParams, generator: torch.Generator, stats: LoopStats) -> None:
+        """One round over the rows of `batch` not done: draft, score, verify, commit.
+
+        `generate` loops over it; it is public so that a scheduler can run the rounds itself and
+        admit new requests into finished rows between them (`losscheck.perf.serving`, which also
+        sets `batch.budget` to per-row budgets [B]). Needs at least one row not done.
+        """
+        device = self.target.device
+        with stats.clock("draft", device):
+            proposal = self._draft(batch, params, generator)
+        with stats.clock("target", device):
+            logits, states = self._score(batch, proposal)
+            outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
+        outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
+        self._commit(batch, outcome, states, stats)
 
     def _start(self, prompts: list[list[int]], max_new_tokens: int) -> Batch:
         """Validate the request, allocate the rows and reset the target's and drafter's state."""
