@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from losscheck.contract import DraftContext, Drafter, Proposal, Target, validate_proposal
+from losscheck.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
 from losscheck.errors import LosscheckError
 from losscheck.generation import Generation, LoopStats
 from losscheck.sampling import SamplingParams
@@ -79,7 +79,9 @@ def emit_counts(emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, 
 class Engine:
     """Speculative decoding of a batch with `drafter` and block length `k`; `drafter=None` is the
     baseline. `width` is passed to drafters that truncate candidates. `verifier` decides each
-    block (`losscheck.verify.verify_block`, the correct one, unless a caller plants another).
+    block: by default the drafter's own `verifier` when it declares one (a checkpoint configured
+    with a relaxed acceptance rule is run as configured), else `losscheck.verify.verify_block`,
+    the correct one; a caller may plant another.
     """
 
     def __init__(
@@ -88,7 +90,7 @@ class Engine:
         drafter: Drafter | None = None,
         k: int = 4,
         width: int | None = None,
-        verifier: Verifier = verify_block,
+        verifier: Verifier | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -96,7 +98,11 @@ class Engine:
         self.drafter = drafter
         self.k = k if drafter is not None else 0
         self.width = width
-        self.verifier = verifier
+        self.verifier: Verifier = verifier or getattr(drafter, "verifier", None) or verify_block
+        # the target layers whose states the drafter reads; only named layers are asked for by
+        # id, so a Target without `layers=` still serves drafters of the last layer
+        self.layers = hidden_layers(drafter, target) if drafter is not None else None
+        self._by_id = drafter is not None and not isinstance(drafter.uses_hidden, bool)
 
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams, generator: torch.Generator
@@ -145,8 +151,9 @@ class Engine:
         tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         tokens[:, :longest] = prompt_ids
         hidden = None
-        if self.drafter is not None and self.drafter.uses_hidden:
-            hidden = torch.zeros(rows, capacity, self.target.hidden_size, device=device)
+        if self.drafter is not None and self.drafter.uses_hidden is not False:
+            width = self.target.hidden_size * (len(self.layers) if self.layers else 1)
+            hidden = torch.zeros(rows, capacity, width, device=device)
         self.target.reset(rows, capacity)
         if self.drafter is not None:
             self.drafter.reset(rows, capacity)
@@ -157,7 +164,7 @@ class Engine:
         """Read every prompt token but the pending last one."""
         longest = int(batch.prompt_lengths.max())
         if longest > 1:
-            _, states = self.target.forward(batch.tokens[:, : longest - 1], torch.zeros_like(batch.lengths))
+            _, states = self._forward(batch.tokens[:, : longest - 1], torch.zeros_like(batch.lengths))
             if batch.hidden is not None:
                 batch.hidden[:, : longest - 1] = states.float()
 
@@ -172,9 +179,15 @@ class Engine:
         return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
 
     def _score(self, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
-        """One target pass over `[pending, d_1 .. d_k]` → logits [B, k+1, V], states [B, k+1, H]."""
+        """One target pass over `[pending, d_1 .. d_k]` → logits [B, k+1, V], states [B, k+1, n·H]."""
         scored = torch.cat([batch.pending(), proposal.tokens], dim=1)  # [B, k+1]
-        return self.target.forward(scored, batch.lengths - 1)
+        return self._forward(scored, batch.lengths - 1)
+
+    def _forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's pass, with the states of the drafter's layers when it names them."""
+        if self._by_id:
+            return self.target.forward(tokens, start, layers=self.layers)  # type: ignore[call-arg]
+        return self.target.forward(tokens, start)
 
     def _commit(self, batch: Batch, outcome: BlockOutcome, states: torch.Tensor, stats: LoopStats) -> None:
         """Append each active row's emitted tokens and roll the drafter back to what was kept."""

@@ -75,11 +75,14 @@ class RaggedLM:
         tokens: torch.Tensor,
         start: torch.Tensor,
         positions: torch.Tensor | None = None,
+        layers: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, m], start [B] → logits [B, m, V] (float32), hidden [B, m, H].
 
         `positions [B, m]` are the rotary positions when they differ from the cache slots
-        `start + i` (an engine that keeps padding in its cache would pass them).
+        `start + i` (an engine that keeps padding in its cache would pass them). `layers`: return
+        those entries of `output_hidden_states` (0 the embeddings, i the output of decoder layer
+        i) concatenated, [B, m, len(layers)·H], instead of the last one.
         """
         cache = self.cache
         if cache is None or cache.batch_size != tokens.shape[0]:
@@ -102,4 +105,6 @@ class RaggedLM:
             output_hidden_states=True,
             **{self._cache_kw: cache},
         )
-        return out.logits.float(), out.hidden_states[-1]
+        if layers is None:
+            return out.logits.float(), out.hidden_states[-1]
+        return out.logits.float(), torch.cat([out.hidden_states[i] for i in layers], dim=-1)

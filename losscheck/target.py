@@ -64,6 +64,8 @@ class HFTarget:
         self.identity = identity
         self.vocab_size = int(config.vocab_size)
         self.hidden_size = int(config.hidden_size)
+        self.num_layers = int(config.num_hidden_layers)  # layer ids 0..num_layers, see Target
+        self.architectures: tuple[str, ...] = tuple(getattr(config, "architectures", None) or ())
         eos = config.eos_token_id
         self.eos_id = eos[0] if isinstance(eos, list) else eos
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
@@ -82,8 +84,10 @@ class HFTarget:
     def reset(self, batch_size: int, capacity: int) -> None:
         self.lm.reset(batch_size, capacity)
 
-    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.checked(self.lm.forward(tokens, start))
+    def forward(
+        self, tokens: torch.Tensor, start: torch.Tensor, layers: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.checked(self.lm.forward(tokens, start, layers=layers))
 
     def checked(self, out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """`out` = (logits, hidden) if every logit is finite, else `TargetError` naming the target."""
