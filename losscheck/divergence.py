@@ -9,6 +9,7 @@ algorithmic failure.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -74,7 +75,7 @@ def top2_float64(model: torch.nn.Module, prefix: list[int]) -> tuple[int, int, f
 
 
 def find_divergences(
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     tier: str,
     prompts: list[list[int]],
     spec: Generation,
@@ -82,14 +83,15 @@ def find_divergences(
     tolerance: float = 0.0,
 ) -> list[Divergence]:
     """The first divergence of every row of `spec` from `base` (rows = `prompts` of `tier`); one
-    whose float64 margin is below `tolerance` (0 in fp32) is a near-tie."""
+    whose float64 margin is below `tolerance` (0 in fp32) is a near-tie. Without the target's
+    `model` (a black-box engine's target losscheck cannot load) the margin is NaN: no near-tie."""
     found = []
     for b, prompt in enumerate(prompts):
         pos = first_divergence(spec, base, b)
         if pos is None:
             continue
         spec_row, base_row = spec.row(b), base.row(b)
-        top1, top2, margin = top2_float64(model, prompt + base_row[:pos])
+        top1, top2, margin = top2_float64(model, prompt + base_row[:pos]) if model is not None else (-1, -1, math.nan)
         found.append(
             Divergence(
                 tier=tier,

@@ -10,23 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from losscheck.contract import Drafter
 from losscheck.precision import Precision
 from losscheck.sampling import GREEDY, SamplingParams
 
+if TYPE_CHECKING:
+    from losscheck.engines import BlackBoxEngine
+
 ORACLE = "self"  # the self-draft oracle: the target drafting for itself, acceptance must be 1
-ENGINE = "engine"  # the black-box engine's cells (its block length is its own)
+ENGINE = "engine"  # the black-box engine's cells (its block length is its own); as a cell's target:
+# the engine's own, which losscheck does not load (two-sample mode)
 
 # The certification tests' cell arguments, and why a test has no cells when it has none.
 GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL = "greedy_cell", "sampling_cell", "exact_cell", "engine_cell"
-CELL_ARGS = (GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL)
+ENGINE_GREEDY_CELL = "engine_greedy_cell"
+CELL_ARGS = (GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL, ENGINE_GREEDY_CELL)
 STATISTICAL_ARGS = (PIT_CELL, EXACT_CELL, ENGINE_CELL)  # one Bonferroni share of alpha per cell
 OFF_REASONS = {
     GREEDY_CELL: "no drafter declares a block length",
     PIT_CELL: "no drafter declares a block length",
     EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only",
-    ENGINE_CELL: "no --losscheck-engine given: black-box two-sample mode is off",
+    ENGINE_CELL: "no --losscheck-engine given: black-box mode is off",
+    ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
 }
 
 BASE_K = 4
@@ -71,17 +78,22 @@ class Cell:
         parts = [self.drafter, f"k{self.k}", self.params.label()]
         if self.width is not None:
             parts.append(f"w{self.width}")
-        if self.target != "main":
+        if self.target not in ("main", ENGINE):
             parts.append(self.target)
+        if self.target == ENGINE:
+            parts.append("two-sample")
         if self.precision != Precision():
             parts.append(self.precision.id())
         return "-".join(parts)
 
     @property
     def mode(self) -> str:
-        """How the cell is certified: "greedy", "exact", "pit" or "two-sample"."""
+        """How the cell is certified: "greedy", "exact", "pit", or for a black-box engine
+        "engine-greedy", "one-sample" (PIT under losscheck's copy of its target) or "two-sample"."""
         if self.drafter == ENGINE:
-            return "two-sample"
+            if self.params.greedy:
+                return "engine-greedy"
+            return "two-sample" if self.target == ENGINE else "one-sample"
         if self.params.greedy:
             return "greedy"
         return "exact" if self.target == "small" else "pit"
@@ -90,7 +102,7 @@ class Cell:
 def plan(
     drafters: Mapping[str, Mapping[str, Drafter]],
     bundled_families: bool,
-    engine: bool,
+    engine: "BlackBoxEngine | None",
     precisions: tuple[Precision, ...] = (Precision(),),
     precision_drafters: frozenset[str] = frozenset(),
 ) -> dict[str, list[Cell]]:
@@ -98,7 +110,7 @@ def plan(
 
     drafters: target ("main", and "small" when exact mode is on) -> drafter name -> drafter.
     bundled_families: the drafters are losscheck's bundled families (`FAMILY_SAMPLING` applies).
-    engine: a black-box engine is certified (`ENGINE_CELL`).
+    engine: the black-box engine certified (`ENGINE_CELL`, `ENGINE_GREEDY_CELL`; `engine_cells`), or None.
     precisions: the base cell's precision first, then one greedy and one sampled cell each for
         the main target's `precision_drafters` (those whose dtype losscheck sets).
     """
@@ -108,9 +120,9 @@ def plan(
         GREEDY_CELL: [c for name, d in drafters["main"].items() for c in greedy_cells(name, d)],
         PIT_CELL: _sampled(drafters["main"], "main", SAMPLING_VARIANTS, bundled_families),
         EXACT_CELL: _sampled(small, "small", SMALL_VARIANTS, bundled_families),
-        ENGINE_CELL: [Cell(ENGINE, 0, params) for params in SAMPLING_VARIANTS] if engine else [],
     }
     cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
+    cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = engine_cells(engine) if engine is not None else ([], [])
     for name, drafter in drafters["main"].items():
         if name not in precision_drafters:
             continue
@@ -162,3 +174,15 @@ def _sampled(
 
 def _base_k(drafter: Drafter) -> int:
     return BASE_K if BASE_K in drafter.block_lengths else max(drafter.block_lengths)
+
+
+def engine_cells(engine: "BlackBoxEngine") -> tuple[list[Cell], list[Cell]]:
+    """(sampled, greedy) cells of a black-box engine at its own block length: every sampling
+    variant and one greedy cell, in the engine's precision when losscheck loads its target
+    (one-sample mode), else on the engine's own target (`ENGINE`, two-sample mode)."""
+    if engine.precision is None:
+        target, precision = ENGINE, Precision()
+    else:
+        target, precision = "main", Precision(engine.precision, engine.precision)
+    sampled = [Cell(ENGINE, engine.k, params, target=target, precision=precision) for params in SAMPLING_VARIANTS]
+    return sampled, [Cell(ENGINE, engine.k, GREEDY, target=target, precision=precision)]

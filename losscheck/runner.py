@@ -1,4 +1,5 @@
-"""Running one matrix cell: greedy equality, teacher-forced PIT, exact enumeration or two-sample.
+"""Running one matrix cell: greedy equality, teacher-forced PIT or exact enumeration (black-box
+engines' cells: `losscheck.blackbox_runner`).
 
 `run_cell` returns a `CellOutcome`: the typed findings of the cell (statistical verdict,
 divergences, loop statistics, oracle problems), which explain themselves in `message()` and
@@ -14,7 +15,6 @@ import torch
 
 from losscheck.divergence import Divergence, find_divergences
 from losscheck.engine import pad_prompts
-from losscheck.errors import TargetError
 from losscheck.generation import Generation, LoopStats
 from losscheck.matrix import ORACLE, Cell
 from losscheck.sampling import GREEDY, SamplingParams, make_generator, process_logits
@@ -85,8 +85,8 @@ class CellOutcome:
 
 
 def run_cell(session: Session, cell: Cell) -> CellOutcome:
-    """Certify `cell` the way its mode asks."""
-    run = {"greedy": run_greedy, "pit": run_pit, "exact": run_exact, "two-sample": run_two_sample}[cell.mode]
+    """Certify a cell of losscheck's own loop the way its mode asks."""
+    run = {"greedy": run_greedy, "pit": run_pit, "exact": run_exact}[cell.mode]
     return run(session, cell)
 
 
@@ -229,26 +229,35 @@ def teacher_forced_pit(
     return torch.cat(u), torch.cat(ambiguous)
 
 
-def run_pit(session: Session, cell: Cell) -> CellOutcome:
+def score_pit(
+    session: Session, stream: str, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float
+) -> tuple[list[Any], dict[str, Any]]:
+    """The PIT tests of `gen` (sequences continuing `rows`) under `target`, with the cut-off
+    ambiguity `tolerance`, and the facts the certificate keeps about them. `stream` names the
+    PIT's uniforms (the cell id)."""
     from losscheck.stats.pit import pit_tests
 
+    profile = session.options.profile
+    # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
+    v = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-v"),
+                   dtype=torch.float64).to(target.device)
+    budget = session.options.memory_budget_mib << 20
+    u, ambiguous = teacher_forced_pit(target, rows, gen, v, budget, profile.batch, tolerance)
+    u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
+    tested = mask & ~ambiguous
+    results = pit_tests(u, tested, session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
+    return results, {"cutoff_ambiguous": int(ambiguous.sum()), "cutoff_tolerance": tolerance,
+                     "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist()}
+
+
+def run_pit(session: Session, cell: Cell) -> CellOutcome:
     profile = session.options.profile
     horizon = profile.horizon
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     n = sample_size.pit_sequences(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample")
-    target = session.cell_target(cell)
-    # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
-    v = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, cell.id, "pit-v"),
-                   dtype=torch.float64).to(target.device)
-    budget = session.options.memory_budget_mib << 20
-    u, ambiguous = teacher_forced_pit(target, rows, gen, v, budget, profile.batch, cell.precision.tolerance)
-    u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
-    tested = mask & ~ambiguous
-    results = pit_tests(u, tested, session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
-    return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon,
-                            cutoff_ambiguous=int(ambiguous.sum()), cutoff_tolerance=cell.precision.tolerance,
-                            pit_histogram=torch.histc(u[tested].float(), 20, 0, 1).tolist())
+    results, facts = score_pit(session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance)
+    return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon, **facts)
 
 
 # --- sampling: exact enumeration ------------------------------------------------------------------
@@ -296,26 +305,3 @@ def run_exact(session: Session, cell: Cell) -> CellOutcome:
     results = exact_tests(samples, seqs, probs, session.per_test_alpha, profile.power, profile.detect_tv)
     return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=profile.exact_horizon,
                             prompt=prompt, continuations=len(seqs))
-
-
-# --- sampling: black-box engine, two-sample ------------------------------------------------------
-def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
-    """The black-box engine's samples against plain decoding of the same target."""
-    from losscheck.stats.two_sample import two_sample_tests
-
-    profile = session.options.profile
-    horizon, target, engine = profile.two_sample_horizon, session.targets["main"], session.blackbox
-    assert engine is not None, "engine cells are planned only with --losscheck-engine"
-    prompt = max(session.prompts("mid"), key=len)
-    n = sample_size.two_sample_rows(session.per_test_alpha, profile.power, profile.detect_tv,
-                                    profile.two_sample_bins, horizon)
-    spec = torch.as_tensor(engine.generate(prompt, n, cell.params, session.options.seed, horizon), dtype=torch.long)
-    if tuple(spec.shape) != (n, horizon):
-        raise TargetError(f"engine {engine.name!r} returned shape {tuple(spec.shape)}, expected ({n}, {horizon})")
-    eos = target.eos_id if target.eos_id is not None else 0
-    _, base = generate_rows(session, cell, [prompt], n, horizon, "baseline", baseline=True)
-    base_ids = torch.where(base.mask(), base.tokens, eos).cpu()
-    results = two_sample_tests(spec, base_ids, target.vocab_size, session.per_test_alpha, profile.power,
-                               profile.detect_tv, max_bins=profile.two_sample_bins)
-    verdict = combine(cell.id, results, session.per_test_alpha)
-    return CellOutcome(cell, verdict=verdict, details={"sequences": n, "horizon": horizon, "engine": engine.name})

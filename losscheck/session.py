@@ -18,7 +18,7 @@ from losscheck.options import Options
 if TYPE_CHECKING:
     import torch
 
-    from losscheck.blackbox import BlackBoxEngine
+    from losscheck.engines import BlackBoxEngine
     from losscheck.contract import Drafter
     from losscheck.engine import Engine
     from losscheck.matrix import Cell
@@ -128,8 +128,7 @@ class Session:
             precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
         else:
             precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
-        return matrix.plan(drafters, self.bundled_models, self.options.engine is not None,
-                           self.options.precisions, precision_drafters)
+        return matrix.plan(drafters, self.bundled_models, self.blackbox, self.options.precisions, precision_drafters)
 
     @cached_property
     def prompt_sets(self) -> dict[str, list[list[int]]]:
@@ -196,15 +195,11 @@ class Session:
         """The `--losscheck-engine` black-box engine, built from the main target (or None)."""
         if self.options.engine is None:
             return None
+        from losscheck.engines import check_engine
         from losscheck.loading import load_object
 
         engine = load_object(self.options.engine, "--losscheck-engine")(self.targets["main"])
-        if not callable(getattr(engine, "generate", None)):
-            raise OptionError(
-                f"--losscheck-engine={self.options.engine!r} returned {type(engine).__name__} without a "
-                "generate(prompt, n, params, seed, max_new_tokens) method (see losscheck/blackbox.py)"
-            )
-        return engine
+        return check_engine(engine, f"--losscheck-engine={self.options.engine!r}")
 
     def baseline(self, key: Any, make: Callable[[], Any]) -> Any:
         """Memoise a baseline result (shared by every cell of the same prompts and params)."""

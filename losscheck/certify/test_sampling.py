@@ -28,11 +28,3 @@ def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
     losscheck_record.update(outcome.to_record())
     assert outcome.passed, outcome.message()
 
-
-def test_engine_matches_baseline(engine_cell, losscheck_session, losscheck_record):
-    """Two-sample mode for a black-box engine named with --losscheck-engine."""
-    from losscheck.runner import run_two_sample
-
-    outcome = run_two_sample(losscheck_session, engine_cell)
-    losscheck_record.update(outcome.to_record())
-    assert outcome.passed, outcome.message()

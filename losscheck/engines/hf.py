@@ -1,0 +1,117 @@
+"""Hugging Face assisted generation behind the black-box interface.
+
+Speculation on: `model.generate(assistant_model=...)`, which with `do_sample=True` verifies the
+assistant's candidates by standard speculative sampling (`transformers.generation.utils.
+_speculative_sampling`); off: plain `model.generate`. Assisted generation runs one row per call
+(batch size 1 is all it supports), so rows are drawn one after another.
+
+`hf_assisted_residual_from_p` plants a broken residual in that sampling step, for the slow tier
+to show that the same certification rejects it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from losscheck.contract import Target
+from losscheck.sampling import SamplingParams
+
+DTYPE_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class HFAssistedEngine:
+    """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
+
+    def __init__(self, model: torch.nn.Module, assistant: torch.nn.Module, k: int, eos: int, name: str = "hf-assisted") -> None:
+        self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
+        self.precision = DTYPE_PRECISION[next(model.parameters()).dtype]
+        self.name = f"{name}(k={k})"
+
+    def generation_config(self, params: SamplingParams, max_new_tokens: int) -> Any:
+        """Exactly the request: no model-default top-k or penalties, a fixed block of `k` candidates
+        (no schedule, no confidence early-stop: the declared k is the block drafted)."""
+        from transformers import GenerationConfig
+
+        sampling = dict(do_sample=False) if params.greedy else dict(
+            do_sample=True, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=self.eos, pad_token_id=self.eos,
+            num_assistant_tokens=self.k, num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0, **sampling,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int,
+        speculative: bool,
+    ) -> torch.Tensor:
+        config = self.generation_config(params, max_new_tokens)
+        assistant = dict(assistant_model=self.assistant) if speculative else {}
+        device = next(self.model.parameters()).device
+        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
+        # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), self.planted():
+            torch.manual_seed(seed)
+            for i, prompt in enumerate(prompts):
+                ids = torch.tensor([prompt], device=device)  # [1, P]
+                for j in range(n):
+                    row = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                              **assistant)  # [1, P + generated]
+                    new = row[0, len(prompt):].cpu()
+                    out[i, j, : len(new)] = new
+        return out
+
+    def planted(self) -> Any:
+        """The context every call runs in (a planted bug, in the subclass below)."""
+        return nullcontext()
+
+
+class HFResidualFromP(HFAssistedEngine):
+    """Planted bug: at a rejection the recovered token is drawn from the target's p instead of the
+    residual norm(max(0, p - q)) — the bug class of a verifier that forgets to subtract the draft
+    distribution. Accepted drafts and bonus tokens are untouched."""
+
+    @contextmanager
+    def planted(self) -> Iterator[None]:
+        from unittest import mock
+
+        import transformers.generation.utils as hf_utils
+
+        correct = hf_utils._speculative_sampling
+
+        def residual_from_p(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):  # type: ignore[no-untyped-def]
+            valid_tokens, n_matches = correct(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+            if n_matches < candidate_logits.shape[1]:  # a draft was rejected: the last token is the recovered one
+                p = new_logits[:, n_matches].softmax(-1)  # [1, V] the target's processed distribution there
+                valid_tokens[:, -1] = torch.multinomial(p, 1)[:, 0]  # BUG: from p, not norm(max(0, p - q))
+            return valid_tokens, n_matches
+
+        with mock.patch.object(hf_utils, "_speculative_sampling", residual_from_p):
+            yield
+
+
+def _bundled_parts(target: Target) -> tuple[torch.nn.Module, torch.nn.Module, int]:
+    from losscheck import bundled
+    from losscheck.target import load_causal_lm
+
+    model = target.model  # type: ignore[attr-defined]
+    weight = next(model.parameters())
+    assistant = load_causal_lm(bundled.fixtures_dir() / "drafter_a", DTYPE_PRECISION[weight.dtype], device=weight.device)
+    return model, assistant, target.eos_id if target.eos_id is not None else 0
+
+
+def hf_assisted(target: Target) -> HFAssistedEngine:
+    """`--losscheck-engine=losscheck.engines.hf:hf_assisted`: the target with the bundled drafter A
+    as assistant, k = 4."""
+    model, assistant, eos = _bundled_parts(target)
+    return HFAssistedEngine(model, assistant, 4, eos)
+
+
+def hf_assisted_residual_from_p(target: Target) -> HFAssistedEngine:
+    """`--losscheck-engine=losscheck.engines.hf:hf_assisted_residual_from_p`: `hf_assisted` with the
+    planted residual bug."""
+    model, assistant, eos = _bundled_parts(target)
+    return HFResidualFromP(model, assistant, 4, eos, name="hf-assisted-residual-from-p")
