@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,13 +32,22 @@ def certify_args(ns: argparse.Namespace) -> list[str]:
     return args
 
 
+def default_workers(device: str | None) -> int:
+    """xdist workers `losscheck certify` starts: one per core on the CPU; in process (0) on an
+    accelerator, where every worker would hold its own copy of the models in device memory."""
+    from losscheck.precision import resolve_device
+
+    return (os.cpu_count() or 1) if resolve_device(device).type == "cpu" else 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="losscheck", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
     cert = sub.add_parser("certify", help="certify a drafter (default: the bundled ones on the bundled target)")
     add_options(cert.add_argument, "--")
     cert.set_defaults(**{dest("out"): "reports"})
-    cert.add_argument("-n", "--workers", type=int, default=0, help="pytest-xdist workers (0 = in process)")
+    cert.add_argument("-n", "--workers", type=int, default=None,
+                      help="pytest-xdist workers (0 = in process; default: one per core on the CPU, 0 on a GPU)")
     bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
     bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
     bench.add_argument("--pit-memory", metavar="VOCAB", type=int,
@@ -56,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
     add_options(mut.add_argument, "--", EXPERIMENT_OPTIONS)
     mut.add_argument("--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch")
+    rep = sub.add_parser("report", help="re-render a saved run's summary.md and plots from its certificate.json")
+    rep.add_argument("run", help="run directory (reports/<run>) or its certificate.json")
+    cmp = sub.add_parser("compare", help="verdict and acceptance differences between two certificates")
+    cmp.add_argument("before", help="the earlier run (directory or certificate.json)")
+    cmp.add_argument("after", help="the later run; exit status 1 when it regressed")
     sub.add_parser("fixtures", help='print the bundled fixtures directory (e.g. --target "$(losscheck fixtures)/text_target")')
     return top
 
@@ -74,7 +89,25 @@ def run_command(ns: argparse.Namespace) -> int:
         # Checked here too, so that messages name this command's options (--target, not
         # --losscheck-target); the plugin's own check then passes.
         check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
+        if ns.workers is None:
+            ns.workers = default_workers(getattr(ns, dest("device")))
         return int(pytest.main(certify_args(ns)))
+    if ns.command == "report":
+        from losscheck.report import certificate
+
+        run = Path(ns.run)
+        run = run if run.is_dir() else run.parent
+        cert = certificate.load(run)
+        written = certificate.render(cert, run)
+        print(certificate.headline(cert))
+        print("wrote " + ", ".join(str(p) for p in written))
+        return 0
+    if ns.command == "compare":
+        from losscheck.report import certificate, compare
+
+        text, regressed = compare.report(certificate.load(ns.before), certificate.load(ns.after))
+        print(text, end="")
+        return int(regressed)
     if ns.command == "fixtures":
         from losscheck.bundled import fixtures_dir
 

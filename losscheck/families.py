@@ -25,7 +25,7 @@ from losscheck import bundled
 from losscheck.drafters import registry
 from losscheck.engine import Engine
 from losscheck.matrix import ORACLE
-from losscheck.report.certificate import environment
+from losscheck.report.manifest import environment
 from losscheck.report.families import write_report
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.target import HFTarget
@@ -90,7 +90,7 @@ def compare_families(
         "drafters": {v.label: drafters[v.drafter].name for v in variants},
         "setup": {"ks": list(ks), "modes": list(MODES), "max_new_tokens": max_new,
                   "prompts_per_tier": {t: len(p) for t, p in prompts.items()}, "sampled_repeats": repeats},
-        "environment": environment(),
+        "environment": environment(target.device),
         "runs": records,
     }
     write_report(doc, out)

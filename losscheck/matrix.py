@@ -133,8 +133,16 @@ def plan(
 
 
 def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
-    """Statistical tests a plan collects: one per cell of every statistical argument."""
+    """Statistical tests in the full parametrisation of a plan: one per cell of every statistical
+    argument. The run's alpha is split over this count, whatever a `-k` selection or a CI shard
+    collects, so the shares of every subset add up to at most the family alpha."""
     return sum(len(cells[arg]) for arg in STATISTICAL_ARGS)
+
+
+def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, str]]:
+    """The full matrix of a plan as JSON: one entry per cell of every certification argument,
+    the rows a certificate accounts for (passed, failed, errored or not run)."""
+    return [{"cell": c.id, "mode": c.mode, "argument": arg} for arg in CELL_ARGS for c in cells[arg]]
 
 
 def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:

@@ -7,6 +7,7 @@ Nothing heavy (torch, transformers) is imported until a hook needs it.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from losscheck.session import Session
 SESSION_KEY = pytest.StashKey[Session]()
 PLAN_ERROR_KEY = pytest.StashKey[str]()
 RECORD_PROPERTY = "losscheck"
+MANIFEST_PROPERTY = "losscheck-manifest"
 
 MARKERS = {
     "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
@@ -83,14 +85,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(arg, [off], ids=["off"])
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # After -m/-k deselection: the alpha is split over the statistical tests that will run.
-    config.stash[SESSION_KEY].n_statistical = sum(
-        1 for i in items if i.get_closest_marker("statistical") and not i.get_closest_marker("skip")
-    )
-
-
 @pytest.fixture(scope="session")
 def losscheck_session(request: pytest.FixtureRequest) -> Session:
     """The run's `Session`: options, lazily loaded models, the per-test alpha."""
@@ -112,21 +106,36 @@ def losscheck_record(request: pytest.FixtureRequest) -> dict[str, Any]:
 def pytest_runtest_makereport(item: pytest.Item) -> Any:
     report = yield
     record = item.stash.get(_RECORD_KEY, None)
-    if report.when == "call" and record:
+    if report.when != "call" or "lossless" not in item.keywords:
+        return report
+    session = item.config.stash[SESSION_KEY]
+    if not session.manifest_sent:  # once per process, on its first certification test
+        from losscheck.report.manifest import build
+
+        session.manifest_sent = True
+        report.user_properties.append((MANIFEST_PROPERTY, json.dumps(build(session), default=str)))
+    if record:
         # JSON text survives xdist's report serialisation unchanged.
-        report.user_properties.append((RECORD_PROPERTY, json.dumps(record)))
+        report.user_properties.append((RECORD_PROPERTY, json.dumps(record, default=str)))
+        # JUnit XML writes the properties of the teardown report, which copies the item's.
+        from losscheck.report.summary import junit_properties
+
+        item.user_properties.extend(junit_properties(record))
     return report
 
 
 class RecordCollector:
-    """Gathers the records of certification tests (on the xdist controller too) and writes the
-    terminal section and the certificate at the end."""
+    """Gathers the manifests and cell records of certification tests (on the xdist controller
+    too) and writes the terminal section, the certificate and the CI job summary at the end."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[dict[str, Any]] = []
+        self.manifests: list[dict[str, Any]] = []
+        self.interrupted = False
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.manifests += [json.loads(v) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
         found = [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
         for record in found:
             record.update(nodeid=report.nodeid, outcome=report.outcome)
@@ -138,17 +147,28 @@ class RecordCollector:
                  "cell": report.nodeid.rpartition("[")[2].rstrip("]"), "error": report.longreprtext[-2000:]}
             )
 
+    def pytest_keyboard_interrupt(self) -> None:
+        self.interrupted = True
+
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
-        if not self.records or hasattr(self.config, "workerinput"):
+        if hasattr(self.config, "workerinput") or not (self.records or self.manifests):
             return
+        from losscheck.report import certificate
         from losscheck.report.summary import summary_lines
 
+        options = self.config.stash[SESSION_KEY].options
+        meta = certificate.run_meta(options, self.config.invocation_params.args)
+        cert = certificate.build(meta, self.manifests, self.records, int(exitstatus),
+                                 self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED)
         terminalreporter.section("losscheck certificate")
         for line in summary_lines(self.records):
             terminalreporter.write_line(line)
-        session = self.config.stash[SESSION_KEY]
-        if session.options.out is not None:
-            from losscheck.report.certificate import write_run
-
-            path = write_run(session, self.records, int(exitstatus))
+        terminalreporter.write_line(certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS",
+                                    green=cert["verdict"] == "PASS")
+        if options.out is not None:
+            path = certificate.write_run(options.out, cert)
             terminalreporter.write_line(f"certificate written to {path}")
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:  # GitHub Actions shows this file on the job's page
+            with open(step_summary, "a", encoding="utf-8") as f:
+                f.write(certificate.markdown(cert) + "\n")

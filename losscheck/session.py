@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 class Session:
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.n_statistical = 0  # statistical tests collected; set by the plugin
+        self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
+        self.manifest_sent = False  # this process's manifest went out on a report (plugin)
         self._baselines: dict[Any, Any] = {}
         self._models: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
         self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
@@ -39,13 +40,27 @@ class Session:
         """A session with some options changed (seed, alpha, mutant…) that shares this one's
         loaded models and its statistical-test count."""
         new = Session(dataclasses.replace(self.options, **changes))
-        new.n_statistical = self.n_statistical
+        new._n_statistical = self._n_statistical
         new._models, new._drafter_sets = self._models, self._drafter_sets
         return new
 
     @property
+    def n_statistical(self) -> int:
+        """Statistical tests the family-wise alpha is split over: those of the full matrix
+        (`matrix.statistical_tests`), fixed before any `-k` / `-m` selection or xdist split."""
+        if self._n_statistical is not None:
+            return self._n_statistical
+        from losscheck.matrix import statistical_tests
+
+        return statistical_tests(self.plan)
+
+    @n_statistical.setter
+    def n_statistical(self, count: int) -> None:
+        self._n_statistical = count
+
+    @property
     def per_test_alpha(self) -> float:
-        """Bonferroni share of the family-wise alpha for each collected statistical test."""
+        """Bonferroni share of the family-wise alpha for each statistical test of the matrix."""
         from losscheck.stats.budget import per_test_alpha
 
         return per_test_alpha(self.options.alpha, max(self.n_statistical, 1))

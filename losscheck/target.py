@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -40,17 +42,33 @@ def load_causal_lm(
             "(convert with model.save_pretrained(dir, safe_serialization=True))"
         )
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path,
-            dtype=torch_dtype(precision),
-            use_safetensors=True,
-            trust_remote_code=trust_remote_code,
-            local_files_only=True,
-            attn_implementation="sdpa",
-        )
+        with _quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                dtype=torch_dtype(precision),
+                use_safetensors=True,
+                trust_remote_code=trust_remote_code,
+                local_files_only=True,
+                attn_implementation="sdpa",
+            )
     except Exception as exc:  # transformers raises many types; name the model and the cause
         raise TargetError(f"could not load a causal LM from {str(path)!r}: {exc}") from exc
     return model.to(device).eval()
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No "Loading weights" progress bar: models load during collection, outside pytest's
+    capture, and one bar per model per worker buries the run's own output."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
 
 
 class HFTarget:

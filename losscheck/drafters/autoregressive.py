@@ -13,7 +13,7 @@ import torch
 from losscheck.contract import DraftContext, Proposal, Target
 from losscheck.ragged import RaggedLM
 from losscheck.sampling import process_logits, sample
-from losscheck.target import HFTarget, load_causal_lm
+from losscheck.target import HFTarget, content_hash, load_causal_lm
 
 
 class AutoregressiveDrafter:
@@ -27,6 +27,7 @@ class AutoregressiveDrafter:
     def __init__(self, model: torch.nn.Module, name: str) -> None:
         self.lm = RaggedLM(model)
         self.name = name
+        self.identity: dict[str, str] = {}  # where the weights came from and their sha256
         self.cached = torch.zeros(0, dtype=torch.long)  # [B] committed tokens in the draft cache
         self._proposed_at = torch.zeros(0, dtype=torch.long)  # [B] committed length at propose
         self._k = 0
@@ -77,11 +78,15 @@ def from_path(path: str | Path, target: Target, precision: str = "fp32") -> Auto
             f"drafter at {str(path)!r} has vocab_size {model.config.vocab_size}, the target "
             f"{target.vocab_size}; a drafter must share the target's vocabulary"
         )
-    return AutoregressiveDrafter(model, name=f"A:{Path(path).name}")
+    drafter = AutoregressiveDrafter(model, name=f"A:{Path(path).name}")
+    drafter.identity = {"path": str(Path(path).resolve()), "sha256": content_hash(Path(path))}
+    return drafter
 
 
 def self_draft(target: Target) -> AutoregressiveDrafter:
     """The oracle: the target's own model as the drafter (acceptance must be 1)."""
     if not isinstance(target, HFTarget):
         raise TypeError("self_draft needs an HFTarget (it reuses the target's module)")
-    return AutoregressiveDrafter(target.model, name="self-draft")
+    drafter = AutoregressiveDrafter(target.model, name="self-draft")
+    drafter.identity = {**target.identity, "role": "the target drafting for itself"}
+    return drafter

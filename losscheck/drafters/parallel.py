@@ -26,6 +26,7 @@ from losscheck.drafters.block import BlockModel, SerialHead, TransitionHead
 from losscheck.errors import LosscheckError
 from losscheck.sampling import process_logits, sample
 from losscheck.precision import torch_dtype
+from losscheck.target import content_hash
 
 PATH_WIDTHS: tuple[int | None, ...] = (1, 2, 4, 16, None)
 
@@ -99,6 +100,7 @@ class BlockDrafter:
     def __init__(self, model: BlockModel, name: str) -> None:
         self.model = model.eval()
         self.name = name
+        self.identity: dict[str, str] = {}  # where the weights came from and their sha256
         self.dtype = next(model.parameters()).dtype
         self.block_lengths = tuple(range(1, model.cfg.max_slots + 1))
         self.widths: tuple[int | None, ...] = PATH_WIDTHS if model.head is not None else ()
@@ -146,4 +148,6 @@ def from_path(path: str | Path, target: Target, precision: str = "fp32") -> Bloc
             f"drafter at {str(path)!r} was built for vocab {cfg.vocab_size} / hidden {cfg.feature_size}, "
             f"the target has {target.vocab_size} / {target.hidden_size}"
         )
-    return BlockDrafter(model, name=f"{cfg.family}:{path.name}")
+    drafter = BlockDrafter(model, name=f"{cfg.family}:{path.name}")
+    drafter.identity = {"path": str(path.resolve()), "sha256": content_hash(path)}
+    return drafter

@@ -1,113 +1,213 @@
-"""The certificate: `reports/<run>/certificate.json` (versioned schema) and `summary.md`."""
+"""The certificate: `reports/<run>/certificate.json` (versioned schema), `summary.md` and plots.
+
+A certificate never claims more than ran. It accounts for every cell of the full matrix (from the
+processes' manifests, `losscheck.report.manifest`) as passed, failed, errored or not run, and its
+verdict is
+
+- PASS: every cell of the matrix ran and passed (and pytest exited 0);
+- FAIL: a cell failed or errored, or pytest failed otherwise;
+- PARTIAL: nothing failed, but cells did not run (a `-k` selection, a shard) or the matrix is
+  unknown (no certification test ran);
+- INTERRUPTED: the run was stopped (Ctrl-C) before it finished, whatever had passed.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import platform
-import sys
+import shlex
 from pathlib import Path
 from typing import Any
 
-from losscheck.report.summary import markdown_table
-from losscheck.session import Session
+SCHEMA = "losscheck.certificate/2"
+VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
+STATUSES = ("passed", "failed", "errored", "not run")
 
-SCHEMA = "losscheck.certificate/1"
 
-
-def environment() -> dict[str, str]:
-    import numpy
-    import scipy
-    import torch
-    import transformers
-
+def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
+    """What the controller knows about a run before any model loads (`options`: `Options`)."""
     return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "numpy": numpy.__version__,
-        "scipy": scipy.__version__,
-        "threads": str(torch.get_num_threads()),
+        "seed": options.seed,
+        "pytest_args": list(pytest_args),
+        "alpha_option": options.alpha,
+        "profile": dict(options.profile.__dict__),
+        "target_option": options.target,
+        "drafter_option": options.drafter,
+        "engine_option": options.engine,
+        "mutant": options.mutant,
+        "device_option": options.device,
+        "precisions": [p.label() for p in options.precisions],
+        "strict": options.strict,
     }
 
 
-def drafter_identity(drafter: Any) -> dict[str, Any]:
-    return {
-        "name": drafter.name,
-        "class": f"{type(drafter).__module__}.{type(drafter).__qualname__}",
-        "block_lengths": list(drafter.block_lengths),
-        "widths": list(drafter.widths),
-        **getattr(drafter, "identity", {}),
-    }
+def build(
+    meta: dict[str, Any],
+    manifests: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    exit_status: int,
+    interrupted: bool,
+) -> dict[str, Any]:
+    """The certificate of a run.
 
-
-def build(session: Session, records: list[dict[str, Any]], exit_status: int) -> dict[str, Any]:
-    o = session.options
-    targets = session.targets
+    meta: what the controller knows without models: seed, options, the pytest command line.
+    manifests: one per process that ran certification tests (they must agree on the matrix).
+    records: one per certification test that ran (`CellOutcome.to_record()` + pytest outcome).
+    """
+    matrix, problems = _matrix(manifests, records)
+    counts = {s: sum(1 for m in matrix if m["status"] == s) for s in STATUSES}
+    if exit_status not in (0, 1, 5) and not interrupted:
+        problems.append(f"pytest exited with status {exit_status} (an internal or usage error)")
+    verdict, reason = _verdict(matrix, counts, problems, exit_status, interrupted, known=bool(manifests))
+    first = manifests[0] if manifests else {}
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "seed": o.seed,
-        "options": {
-            "alpha": o.alpha,
-            "per_test_alpha": session.per_test_alpha,
-            "statistical_tests": session.n_statistical,
-            "profile": o.profile.__dict__,
-            "mutant": o.mutant,
-            "drafter_option": o.drafter,
-            "device": str(session.device),
-            "precisions": [p.label() for p in o.precisions],
-            "strict": o.strict,
-        },
-        "environment": environment(),
-        "targets": {name: t.identity for name, t in targets.items()},
-        "drafters": {
-            name: {key: drafter_identity(d) for key, d in session.drafters(name).items()} for name in targets
-        },
-        "verdict": "pass" if records and all(r.get("passed") for r in records) and exit_status == 0 else "fail",
+        "verdict": verdict,
+        "reason": reason,
+        "problems": problems,
+        **meta,
+        "alpha": first.get("alpha"),
+        "environment": _environment(manifests),
+        "targets": first.get("targets", {}),
+        "drafters": first.get("drafters", {}),
+        "counts": counts,
+        "matrix": matrix,
         "pytest_exit_status": exit_status,
         "cells": records,
     }
 
 
-def write_run(session: Session, records: list[dict[str, Any]], exit_status: int) -> Path:
-    """Write the certificate and Markdown summary under `--losscheck-out`; return the run dir."""
-    cert = build(session, records, exit_status)
+def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every planned cell with its status; records of cells outside the matrix are problems."""
+    problems: list[str] = []
+    planned = manifests[0]["matrix"] if manifests else []
+    if any(m["matrix"] != planned for m in manifests[1:]):
+        problems.append("the pytest processes planned different matrices (a drafter that declares "
+                        "different block lengths from run to run?); no cell can be accounted for")
+    status = {r["cell"]: _status(r) for r in records}
+    matrix = [{**entry, "status": status.pop(entry["cell"], "not run")} for entry in planned]
+    if manifests:
+        problems += [f"cell {cell} ran but is not in the planned matrix" for cell in sorted(status)]
+    else:  # nothing to account against: list what ran
+        matrix = [{"cell": cell, "status": s} for cell, s in sorted(status.items())]
+    return matrix, problems
+
+
+def _status(record: dict[str, Any]) -> str:
+    if record.get("outcome") == "error":
+        return "errored"
+    return "passed" if record.get("passed") and record.get("outcome") == "passed" else "failed"
+
+
+def _verdict(
+    matrix: list[dict[str, Any]], counts: dict[str, int], problems: list[str], exit_status: int,
+    interrupted: bool, known: bool,
+) -> tuple[str, str]:
+    ran = counts["passed"] + counts["failed"] + counts["errored"]
+    tally = f"{counts['passed']} passed, {counts['failed']} failed, {counts['errored']} errored, " \
+            f"{counts['not run']} not run of {len(matrix)} cells"
+    if interrupted:
+        return "INTERRUPTED", f"the run was interrupted: {tally}"
+    if counts["failed"] or counts["errored"] or problems:
+        return "FAIL", tally + ("; " + "; ".join(problems) if problems else "")
+    if exit_status not in (0, 5):
+        return "FAIL", f"{tally}; a test outside the matrix failed (pytest exit status {exit_status})"
+    if not known:
+        return "PARTIAL", f"no certification test ran, so the matrix is unknown ({ran} cells recorded)"
+    if counts["not run"]:
+        return "PARTIAL", tally
+    return "PASS", tally
+
+
+def _environment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first process's environment, with each process's worker id, threads and device."""
+    if not manifests:
+        return {}
+    per_process = ("worker", "threads")
+    env = {k: v for k, v in manifests[0]["environment"].items() if k not in per_process}
+    env["workers"] = {m["environment"]["worker"]: {"threads": m["environment"]["threads"]} for m in manifests}
+    return env
+
+
+def write_run(out: str | Path, cert: dict[str, Any]) -> Path:
+    """Write the certificate, its Markdown summary and plots under `out`; return the run dir."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    run = Path(session.options.out) / f"{stamp}-seed{session.options.seed}"
+    run = Path(out) / f"{stamp}-seed{cert['seed']}"
     run.mkdir(parents=True, exist_ok=True)
-    (run / "certificate.json").write_text(json.dumps(_finite(cert), indent=2, allow_nan=False, default=str))
-    (run / "summary.md").write_text(markdown(cert))
+    (run / "certificate.json").write_text(json.dumps(finite(cert), indent=2, allow_nan=False, default=str))
+    render(cert, run)
     return run
 
 
-def _finite(value: Any) -> Any:
+def render(cert: dict[str, Any], run: Path) -> list[Path]:
+    """(Re)draw the plots and write summary.md of `cert` in `run`; return the files written."""
+    from losscheck.report.plots import plot_certificate
+
+    plots = plot_certificate(cert, run)
+    (run / "summary.md").write_text(markdown(cert, [p.name for p in plots]))
+    return [run / "summary.md", *plots]
+
+
+def load(run: str | Path) -> dict[str, Any]:
+    """A saved certificate: a run directory or its certificate.json."""
+    from losscheck.errors import LosscheckError
+
+    path = Path(run)
+    path = path / "certificate.json" if path.is_dir() else path
+    try:
+        cert = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LosscheckError(f"no certificate at {str(path)!r}; pass a run directory written by --losscheck-out") from None
+    except json.JSONDecodeError as exc:
+        raise LosscheckError(f"{str(path)!r} is not valid JSON ({exc})") from None
+    if cert.get("schema") != SCHEMA:
+        raise LosscheckError(f"{str(path)!r} has schema {cert.get('schema')!r}; this losscheck reads {SCHEMA!r}")
+    return cert
+
+
+def finite(value: Any) -> Any:
     """NaN / inf (e.g. the acceptance of a never-proposed slot) become null: strict JSON."""
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
-def markdown(cert: dict[str, Any]) -> str:
-    main = cert["targets"]["main"]
-    lines = [
-        f"# losscheck certificate — {cert['verdict'].upper()}",
-        "",
-        f"- created: {cert['created']}, seed {cert['seed']} (replay with `--losscheck-seed={cert['seed']}`)",
-        f"- target: `{main.get('path')}` sha256 `{main.get('sha256', '?')[:16]}…` ({main.get('precision')})",
-        f"- drafters: {', '.join(sorted(cert['drafters']['main']))}",
-        f"- family-wise alpha {cert['options']['alpha']} over {cert['options']['statistical_tests']} statistical "
-        f"tests (per test {cert['options']['per_test_alpha']:.3g}); every sampled cell detects TV "
-        f"{cert['options']['profile']['detect_tv']} at power {cert['options']['profile']['power']}",
-        f"- environment: python {cert['environment']['python']}, torch {cert['environment']['torch']}, "
-        f"transformers {cert['environment']['transformers']}",
-        "",
-        markdown_table(cert["cells"]),
-    ]
-    return "\n".join(lines)
+def headline(cert: dict[str, Any]) -> str:
+    return f"losscheck verdict: {cert['verdict']} — {cert['reason']}"
+
+
+def markdown(cert: dict[str, Any], plots: list[str] = ()) -> str:
+    from losscheck.report.summary import markdown_table
+
+    lines = [f"# losscheck certificate — {cert['verdict']}", "", cert["reason"], ""]
+    lines += [f"- {p}" for p in cert["problems"]]
+    lines.append(f"- created: {cert['created']}, seed {cert['seed']} (replay with `--losscheck-seed={cert['seed']}`)")
+    lines.append(f"- command: `pytest {shlex.join(cert['pytest_args'])}`")
+    for name, target in cert["targets"].items():
+        lines.append(f"- target {name}: `{target.get('path')}` sha256 `{str(target.get('sha256'))[:16]}…` "
+                     f"({target.get('precision')})")
+    for name, drafters in cert["drafters"].items():
+        hashes = ", ".join(f"{key} `{str(d.get('sha256') or d.get('weights_sha256'))[:12]}`" for key, d in drafters.items())
+        lines.append(f"- drafters on {name}: {hashes}")
+    alpha = cert["alpha"]
+    if alpha:
+        lines.append(f"- family-wise alpha {alpha['family']} over the {alpha['statistical_tests']} statistical "
+                     f"tests of the full matrix (per test {alpha['per_test']:.3g}, Bonferroni, fixed before any "
+                     f"selection); every sampled cell detects TV {cert['profile']['detect_tv']} at power "
+                     f"{cert['profile']['power']}")
+    env = cert["environment"]
+    if env:
+        workers = ", ".join(f"{w}: {v['threads']} threads" for w, v in env["workers"].items())
+        lines.append(f"- losscheck {env['losscheck']} (git {env['git_revision'] or '-'}), python {env['python']}, "
+                     f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}")
+    lines += ["", markdown_table(cert["cells"])]
+    missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]
+    if missing:
+        lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]
+    lines += ["", *[f"![{p}]({p})" for p in plots]]
+    return "\n".join(lines).rstrip() + "\n"

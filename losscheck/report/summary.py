@@ -25,6 +25,12 @@ def _row(record: dict[str, Any]) -> tuple[str, ...]:
     return (record.get("cell", "?"), record.get("kind", "?"), verdict, tau, min_p, alpha, tv, n)
 
 
+def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """The compact per-cell properties for JUnit XML: verdict, smallest p, detectable TV, τ."""
+    row = dict(zip(COLUMNS, _row(record)))
+    return [(f"losscheck_{name.lower().replace(' ', '_')}", row[name]) for name in ("verdict", "min p", "detect TV", "tau", "n")]
+
+
 def summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return [_row(r) for r in sorted(records, key=lambda r: (r.get("kind", ""), r.get("cell", "")))]
 

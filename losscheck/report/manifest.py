@@ -1,0 +1,146 @@
+"""What one pytest process knows about the run it is part of: the full matrix, the alpha split,
+the identity (content hash) of every model it loaded, and its own environment.
+
+Every process that runs certification tests (the only one in-process, each xdist worker
+otherwise) sends its manifest once, on its first certification test report, through pytest's
+report channel. The controller writes the certificate from the manifests and the cell records, so
+it never loads a model, and a `-k` selection or a CI shard still knows the whole matrix it belongs
+to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.session import Session
+
+UNHASHED = "no weights found to hash: give the drafter an `identity` dict with its own 'sha256'"
+
+
+def build(session: "Session") -> dict[str, Any]:
+    """The manifest of this process (loads the models and plans the matrix, if not done yet)."""
+    from losscheck import matrix
+
+    plan = session.plan
+    return {
+        "matrix": matrix.entries(plan),
+        "alpha": {
+            "family": session.options.alpha,
+            "statistical_tests": session.n_statistical,
+            "per_test": session.per_test_alpha,
+        },
+        "targets": {name: dict(t.identity) for name, t in session.targets.items()},
+        "drafters": {
+            name: {key: drafter_identity(d) for key, d in session.drafters(name).items()}
+            for name in session.target_names
+        },
+        "environment": environment(session.device),
+    }
+
+
+def drafter_identity(drafter: Any) -> dict[str, Any]:
+    """Name, class, declared knobs and content hash: the drafter's own `identity` (files it was
+    loaded from), else a hash of the tensors of the modules it holds."""
+    identity: dict[str, Any] = {
+        "name": drafter.name,
+        "class": f"{type(drafter).__module__}.{type(drafter).__qualname__}",
+        "block_lengths": list(drafter.block_lengths),
+        "widths": list(drafter.widths),
+        **getattr(drafter, "identity", {}),
+    }
+    if not identity.get("sha256"):
+        identity["weights_sha256"] = weights_sha256(drafter)
+        if identity["weights_sha256"] is None:
+            identity["hash_note"] = UNHASHED
+    return identity
+
+
+def weights_sha256(obj: Any) -> str | None:
+    """sha256 over name, dtype, shape and bytes of every tensor of the `torch.nn.Module`
+    attributes of `obj` (None when it has none). Bytes as stored, so bf16 and fp32 copies of the
+    same weights hash differently: the hash names what ran."""
+    import torch
+
+    modules = sorted((k, v) for k, v in vars(obj).items() if isinstance(v, torch.nn.Module))
+    if not modules:
+        return None
+    digest = hashlib.sha256()
+    for attr, module in modules:
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(f"{attr}.{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+            digest.update(_bytes(tensor))
+    return digest.hexdigest()
+
+
+def _bytes(tensor: "torch.Tensor") -> bytes:
+    import torch
+
+    flat = tensor.detach().reshape(-1).contiguous().cpu()
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def environment(device: "torch.device") -> dict[str, Any]:
+    """Library versions, losscheck's version and git revision, device and accelerator, and the
+    threads this process's torch uses."""
+    import numpy
+    import scipy
+    import torch
+    import transformers
+
+    return {
+        "losscheck": _losscheck_version(),
+        "git_revision": git_revision(Path(__file__).resolve().parent),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "device": str(device),
+        "accelerator": accelerator(device),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def accelerator(device: "torch.device") -> str:
+    """What `device` is, in words: the GPU's name, or the CPU's architecture."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} ({platform.processor() or platform.machine()})"
+
+
+def git_revision(path: Path) -> str | None:
+    """The commit of the checkout `path` lies in ("+dirty" with uncommitted changes to tracked
+    files), or None outside a git checkout (an installed wheel)."""
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def _losscheck_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("losscheck")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"

@@ -1,0 +1,144 @@
+"""The certificate's plots, drawn from the certificate alone (so `losscheck report RUN` redraws them).
+
+- `slot_acceptance.png`: per-slot acceptance P(draft j accepted | drafts before it accepted) of
+  every drafter, pooled over prompt tiers: greedy at its longest block, and T = 1 at its base block.
+- `pit_histograms.png`: one panel per teacher-forced PIT cell, the PIT values' histogram relative to
+  uniform, with the band a uniform sample of that size stays in with probability 0.99 per bin.
+- `pit_qq.png`: every PIT cell's empirical quantiles minus the uniform's (a detrended QQ plot),
+  with the DKW band at the cell's per-test alpha: a correct loop stays inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+PIT_BINS = 20  # the record's `pit_histogram` has this many equal bins on [0, 1]
+HIDDEN = {"self", "engine"}  # the oracle and black-box cells are not drafters to compare
+
+
+def plot_certificate(cert: dict[str, Any], run: Path) -> list[Path]:
+    """Draw what the certificate has data for under `run`; return the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    written = []
+    for name, draw in (("slot_acceptance.png", slot_acceptance), ("pit_histograms.png", pit_histograms),
+                       ("pit_qq.png", pit_qq)):
+        figure = draw(cert)
+        if figure is not None:
+            figure.savefig(run / name, dpi=110, bbox_inches="tight")
+            written.append(run / name)
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
+    return written
+
+
+def pooled_slot_acceptance(record: dict[str, Any]) -> list[float]:
+    """accepted / proposed per slot over every prompt group of a cell (NaN: slot never reached)."""
+    groups = list((record.get("acceptance") or {}).values())
+    if not groups:
+        return []
+    proposed = [sum(g["proposed"][j] for g in groups) for j in range(len(groups[0]["proposed"]))]
+    accepted = [sum(g["accepted"][j] for g in groups) for j in range(len(groups[0]["accepted"]))]
+    return [a / p if p else math.nan for a, p in zip(accepted, proposed)]
+
+
+def slot_acceptance(cert: dict[str, Any]) -> Any:
+    import matplotlib.pyplot as plt
+
+    base = cert["precisions"][0]
+    greedy: dict[str, dict[str, Any]] = {}
+    sampled: dict[str, dict[str, Any]] = {}
+    for r in cert["cells"]:
+        if not r.get("acceptance") or r.get("drafter") in HIDDEN or r.get("target", "main") != "main":
+            continue
+        if r.get("width") is not None or r.get("precision") != base:
+            continue  # one variable at a time: base width and precision only
+        drafter = r["drafter"]
+        if r["kind"] == "greedy" and r["k"] >= greedy.get(drafter, {}).get("k", 0):
+            greedy[drafter] = r
+        elif r["kind"] == "pit" and r.get("params") == "T1" and r["k"] == 4:
+            sampled[drafter] = r
+    if not greedy and not sampled:
+        return None
+    panels = [(chosen, title) for chosen, title in ((greedy, "greedy, longest block"), (sampled, "T = 1, k = 4"))
+              if chosen]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True, squeeze=False)
+    for ax, (chosen, title) in zip(axes[0], panels):
+        for drafter, r in sorted(chosen.items()):
+            rates = pooled_slot_acceptance(r)
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{drafter} (k={r['k']})")
+        ax.set_title(title)
+        ax.set_xlabel("draft slot j")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("P(draft j accepted | drafts before it accepted)")
+    axes[0][0].set_ylim(0, 1.02)
+    fig.suptitle("Per-slot acceptance (pooled over prompt tiers)")
+    return fig
+
+
+def _pit_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((r for r in cells if r.get("pit_histogram")), key=lambda r: r["cell"])
+
+
+def pit_histograms(cert: dict[str, Any]) -> Any:
+    import matplotlib.pyplot as plt
+    from scipy.stats import binom
+
+    found = _pit_cells(cert["cells"])
+    if not found:
+        return None
+    cols = min(6, len(found))
+    rows = math.ceil(len(found) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols, 1.9 * rows), squeeze=False, sharey=False)
+    for ax, r in zip(axes.flat, found):
+        counts = r["pit_histogram"]
+        n = sum(counts)
+        expected = n / PIT_BINS
+        low, high = binom.ppf([0.005, 0.995], n, 1 / PIT_BINS) / expected
+        density = [c / expected for c in counts]
+        ax.axhspan(low, high, color="grey", alpha=0.3, lw=0)
+        ax.axhline(1.0, color="black", lw=0.6)
+        ax.stairs(density, [i / PIT_BINS for i in range(PIT_BINS + 1)], lw=1.2,
+                  color="tab:blue" if r.get("passed") else "tab:red")
+        spread = max(high - 1, 1 - low, *(abs(d - 1) for d in density)) * 1.15
+        ax.set_ylim(1 - spread, 1 + spread)
+        ax.set_title(r["cell"], fontsize=7, color="black" if r.get("passed") else "red")
+        ax.set_xlim(0, 1)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(found):]:
+        ax.axis("off")
+    fig.suptitle("PIT histograms relative to uniform (grey: 99% band per bin under H0)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def pit_qq(cert: dict[str, Any]) -> Any:
+    import matplotlib.pyplot as plt
+
+    found = [r for r in _pit_cells(cert["cells"]) if r.get("pit_quantiles")]
+    a = (cert.get("alpha") or {}).get("per_test") or cert["alpha_option"]
+    if not found:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    widest = 0.0
+    for r in found:
+        quantiles = r["pit_quantiles"]
+        probs = [(i + 1) / (len(quantiles) + 1) for i in range(len(quantiles))]
+        ax.plot(probs, [q - p for q, p in zip(quantiles, probs)], lw=0.8,
+                color=None if r.get("passed") else "red", label=None if r.get("passed") else r["cell"])
+        widest = max(widest, math.sqrt(math.log(2 / a) / (2 * sum(r["pit_histogram"]))))
+    ax.axhspan(-widest, widest, color="grey", alpha=0.2, lw=0,
+               label=f"DKW band at the per-test alpha (smallest cell: ±{widest:.4f})")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xlabel("probability p")
+    ax.set_ylabel("empirical PIT quantile − p")
+    ax.set_title(f"Detrended QQ of the PIT values, {len(found)} cell{'s' * (len(found) > 1)}")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,121 @@
+"""The certificate's accounting, from hand-made manifests and records (no models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from losscheck.errors import LosscheckError
+from losscheck.options import Options
+from losscheck.report import certificate, compare
+from losscheck.report.manifest import drafter_identity, weights_sha256
+
+MATRIX = [
+    {"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"},
+    {"cell": "A-k4-T1", "mode": "pit", "argument": "sampling_cell"},
+]
+ENV = {"losscheck": "0.1.0", "git_revision": None, "python": "3.11", "torch": "2.13", "transformers": "5",
+       "accelerator": "cpu", "device": "cpu", "worker": "gw0", "threads": 1}
+
+
+def manifest(worker: str = "gw0", matrix: list | None = None) -> dict:
+    return {"matrix": MATRIX if matrix is None else matrix, "alpha": {"family": 0.01, "statistical_tests": 1, "per_test": 0.01},
+            "targets": {"main": {"path": "t", "sha256": "a" * 64, "precision": "fp32"}},
+            "drafters": {"main": {"A": {"name": "A", "sha256": "b" * 64}}}, "environment": {**ENV, "worker": worker}}
+
+
+def record(cell: str, passed: bool = True, outcome: str | None = None, tau: float = 3.0) -> dict:
+    group = {"acceptance_length": tau, "row_rounds": 10}
+    return {"cell": cell, "kind": "greedy", "passed": passed, "outcome": outcome or ("passed" if passed else "failed"),
+            "acceptance": {"mid": group}}
+
+
+def build(manifests: list, records: list, exit_status: int = 0, interrupted: bool = False) -> dict:
+    return certificate.build(certificate.run_meta(Options(), ["-m", "lossless"]), manifests, records, exit_status, interrupted)
+
+
+def test_pass_needs_every_cell_of_the_matrix_run_and_passed():
+    cert = build([manifest("gw0"), manifest("gw1")], [record("A-k4-greedy"), record("A-k4-T1")])
+    assert cert["verdict"] == "PASS" and cert["counts"]["passed"] == 2
+    assert set(cert["environment"]["workers"]) == {"gw0", "gw1"}
+
+
+def test_a_selection_is_partial_and_names_what_did_not_run():
+    cert = build([manifest()], [record("A-k4-greedy")])
+    assert cert["verdict"] == "PARTIAL"
+    assert [m["cell"] for m in cert["matrix"] if m["status"] == "not run"] == ["A-k4-T1"]
+    assert "Not run (1): `A-k4-T1`" in certificate.markdown(cert)
+
+
+@pytest.mark.parametrize("bad, status", [(record("A-k4-T1", passed=False), "failed"),
+                                         (record("A-k4-T1", passed=False, outcome="error"), "errored")])
+def test_a_failed_or_errored_cell_fails_even_a_partial_run(bad, status):
+    cert = build([manifest()], [bad], exit_status=1)
+    assert cert["verdict"] == "FAIL" and cert["counts"][status] == 1
+
+
+def test_an_interrupted_run_is_interrupted_whatever_passed():
+    cert = build([manifest()], [record("A-k4-greedy")], exit_status=2, interrupted=True)
+    assert cert["verdict"] == "INTERRUPTED" and "1 not run" in cert["reason"]
+
+
+def test_a_failure_outside_the_matrix_fails_the_certificate():
+    cert = build([manifest()], [record("A-k4-greedy"), record("A-k4-T1")], exit_status=1)
+    assert cert["verdict"] == "FAIL" and "outside the matrix" in cert["reason"]
+
+
+def test_workers_that_planned_different_matrices_fail_it():
+    cert = build([manifest(), manifest("gw1", MATRIX[:1])], [record("A-k4-greedy"), record("A-k4-T1")])
+    assert cert["verdict"] == "FAIL" and "different matrices" in cert["reason"]
+
+
+def test_a_cell_outside_the_planned_matrix_is_a_problem():
+    cert = build([manifest()], [record("A-k4-greedy"), record("A-k4-T1"), record("Z-k1-greedy")])
+    assert cert["verdict"] == "FAIL" and "Z-k1-greedy ran but is not in the planned matrix" in cert["reason"]
+
+
+def test_without_a_manifest_the_matrix_is_unknown_so_at_most_partial():
+    cert = build([], [record("A-k4-greedy")])
+    assert cert["verdict"] == "PARTIAL" and "matrix is unknown" in cert["reason"]
+
+
+def test_write_load_report_and_compare_round_trip(tmp_path):
+    before = build([manifest()], [record("A-k4-greedy", tau=3.0), record("A-k4-T1")])
+    after = build([manifest()], [record("A-k4-greedy", tau=3.5), record("A-k4-T1", passed=False)], exit_status=1)
+    runs = [certificate.write_run(tmp_path / name, cert) for name, cert in (("a", before), ("b", after))]
+    loaded = [certificate.load(run) for run in runs]
+    assert loaded[0]["verdict"] == "PASS" and (runs[0] / "summary.md").exists()
+    rows, regressions = compare.compare(*loaded)
+    assert ["A-k4-greedy", "passed", "passed", "3.000", "3.500", "+0.500"] in rows
+    assert regressions == ["verdict PASS -> FAIL", "cell A-k4-T1: passed -> failed"]
+    assert compare.compare(loaded[0], loaded[0])[1] == []
+
+
+def test_load_names_a_missing_or_foreign_file(tmp_path):
+    with pytest.raises(LosscheckError, match="no certificate at"):
+        certificate.load(tmp_path)
+    (tmp_path / "certificate.json").write_text(json.dumps({"schema": "other/1"}))
+    with pytest.raises(LosscheckError, match="this losscheck reads 'losscheck.certificate/2'"):
+        certificate.load(tmp_path)
+
+
+class Holder:
+    def __init__(self, module: torch.nn.Module | None) -> None:
+        self.name, self.block_lengths, self.widths = "h", (1,), ()
+        if module is not None:
+            self.model = module
+
+
+def test_weights_hash_follows_every_tensor_and_says_when_there_is_none():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    before = weights_sha256(Holder(layer))
+    assert before == weights_sha256(Holder(layer)) and len(before) == 64
+    with torch.no_grad():
+        layer.weight[0, 0] += 1e-6
+    assert weights_sha256(Holder(layer)) != before
+    assert weights_sha256(Holder(layer.to(torch.bfloat16))) not in (before, None)
+    identity = drafter_identity(Holder(None))
+    assert identity["weights_sha256"] is None and "identity" in identity["hash_note"]
