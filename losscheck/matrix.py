@@ -59,6 +59,10 @@ FAMILY_SAMPLING = {
     "C": (SAMPLING_VARIANTS[:1], (), (1, 4)),
     "D": (SAMPLING_VARIANTS[:1], (16,), ()),
     "E": (SAMPLING_VARIANTS[:2], (16,), (1, 4)),
+    # the speculators-format fixtures (losscheck.drafters.speculators): T=1 and, for EAGLE-3 with
+    # its smaller draft vocabulary, T=0.3; each at its longest block
+    "eagle3": (SAMPLING_VARIANTS[:2], (8,), ()),
+    "peagle": (SAMPLING_VARIANTS[:1], (8,), ()),
 }
 
 
