@@ -46,8 +46,19 @@ def pytest_configure(config: pytest.Config) -> None:
     except LosscheckError as exc:
         # pytest prints a UsageError raised here as one "ERROR: ..." line and exits with 4.
         raise pytest.UsageError(str(exc)) from None
-    config.stash[SESSION_KEY] = Session(options)
+    session = config.stash[SESSION_KEY] = Session(options)
+    if _interactive(config):
+        from losscheck.progress import TerminalProgress
+
+        session.progress = TerminalProgress(config)
     config.pluginmanager.register(RecordCollector(config), "losscheck-records")
+
+
+def _interactive(config: pytest.Config) -> bool:
+    """A person watching a terminal: not CI, not an xdist worker (pytest never shows their output)."""
+    import sys
+
+    return sys.stdout.isatty() and not os.environ.get("CI") and not hasattr(config, "workerinput")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -109,6 +120,7 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
     if report.when != "call" or "lossless" not in item.keywords:
         return report
     session = item.config.stash[SESSION_KEY]
+    session.progress.clear()  # before the terminal writes the test's outcome mark
     if not session.manifest_sent:  # once per process, on its first certification test
         from losscheck.report.manifest import build
 

@@ -8,6 +8,7 @@ become JSON for the certificate in `to_record()`. The certification tests only a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,8 @@ class CellOutcome:
                      f"{self.near_ties} near-tie divergences{', failing under --losscheck-strict' if self.strict else ''})"]
             lines += ["  " + d.describe() for d in self.divergences[:10]]
         lines += ["  " + p for p in self.problems]
+        if self.details.get("acceptance_rule"):  # a checkpoint that brings its own rule names it
+            lines.append(f"  the drafter ran its own acceptance rule: {self.details['acceptance_rule']}")
         for group, stats in self.acceptance.items():
             slots = ", ".join(f"{a:.3f}" for a in stats.slot_acceptance())
             lines.append(f"  {group}: acceptance length {stats.acceptance_length:.3f}, slot acceptance {slots}")
@@ -111,9 +114,10 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     engine = session.engine(cell)
     # In fp32 every divergence fails; in reduced precision one within the target's round-off is a near-tie.
     tolerance = cell.precision.tolerance if cell.precision.reduced else 0.0
-    outcome = CellOutcome(cell, details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance},
-                          strict=session.options.strict)
-    for tier in session.prompt_tiers:
+    outcome = CellOutcome(cell, details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance,
+                                         **drafter_rule(session, cell)}, strict=session.options.strict)
+    for i, tier in enumerate(session.prompt_tiers):
+        session.progress.update(cell.id, "prompt tiers", i, len(session.prompt_tiers))
         prompts = session.prompts(tier)
         gen = make_generator(session.options.seed, cell.id, tier, device=target.device)
         spec = engine.generate(prompts, max_new, GREEDY, gen)
@@ -149,18 +153,26 @@ def generate_rows(
     batch = engine_batch_rows(engine.k, target.vocab_size, session.options.memory_budget_mib << 20,
                               session.options.profile.batch)
     rows = [prompts[i % len(prompts)] for i in range(n)]
-    parts = [
-        engine.generate(rows[start : start + batch], horizon, cell.params,
-                        make_generator(session.options.seed, cell.id, stream, start, device=target.device))
-        for start in range(0, n, batch)
-    ]
+    parts = []
+    for start in range(0, n, batch):
+        session.progress.update(cell.id, f"{stream} sequences drawn", start, n)
+        parts.append(engine.generate(rows[start : start + batch], horizon, cell.params,
+                                     make_generator(session.options.seed, cell.id, stream, start, device=target.device)))
     return rows, Generation.concat(parts)
 
 
 def _sampled_outcome(session: Session, cell: Cell, results: list[Any], gen: Generation, **details: Any) -> CellOutcome:
     acceptance = {"all": gen.stats}
     return CellOutcome(cell, verdict=combine(cell.id, results, session.per_test_alpha), acceptance=acceptance,
-                       problems=oracle_problems(cell, acceptance), details=details)
+                       problems=oracle_problems(cell, acceptance), details={**details, **drafter_rule(session, cell)})
+
+
+def drafter_rule(session: Session, cell: Cell) -> dict[str, str]:
+    """`{"acceptance_rule": ...}` when the cell's drafter verifies with a rule of its own
+    (`Drafter.acceptance_rule`, e.g. a speculators checkpoint's verifier_accept_k), else nothing."""
+    drafter = session.drafters(cell.target, cell.precision).get(cell.drafter)
+    rule = getattr(drafter, "acceptance_rule", None)
+    return {"acceptance_rule": rule} if rule else {}
 
 
 # --- sampling: teacher-forced PIT ---------------------------------------------------------------
@@ -211,17 +223,20 @@ def teacher_forced_pit(
     budget_bytes: int,
     max_rows: int,
     tolerance: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Randomized PIT u [N, L] of every generated token under the target (`v [N, L]` the PIT's
     uniforms) and the cut-off ambiguity [N, L] of `teacher_forced_probs`, scored a chunk of rows at
     a time: peak memory stays within `budget_bytes` however large rows × vocabulary grow. Rows are
-    independent, so chunking leaves every value unchanged."""
+    independent, so chunking leaves every value unchanged. `progress(done, n)` before each chunk."""
     from losscheck.stats.pit import randomized_pit
 
     n, horizon = gen.tokens.shape
     chunk = pit_chunk_rows(max(len(r) for r in rows) + horizon, target.vocab_size, budget_bytes, max_rows)
     u, ambiguous = [], []
     for start in range(0, n, chunk):
+        if progress is not None:
+            progress(start, n)
         end = start + chunk
         probs, unsure = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params, tolerance)
         u.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
@@ -242,7 +257,8 @@ def score_pit(
     v = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-v"),
                    dtype=torch.float64).to(target.device)
     budget = session.options.memory_budget_mib << 20
-    u, ambiguous = teacher_forced_pit(target, rows, gen, v, budget, profile.batch, tolerance)
+    u, ambiguous = teacher_forced_pit(target, rows, gen, v, budget, profile.batch, tolerance,
+                                      lambda done, n: session.progress.update(stream, "sequences scored", done, n))
     u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
     tested = mask & ~ambiguous
     results = pit_tests(u, tested, session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
 from losscheck.options import Options
+from losscheck.progress import QUIET, Progress
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +33,7 @@ class Session:
         self.options = options
         self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
         self.manifest_sent = False  # this process's manifest went out on a report (plugin)
+        self.progress: Progress = QUIET  # stages of a long cell; the plugin shows them on a terminal
         self._baselines: dict[Any, Any] = {}
         self._models: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
         self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
