@@ -52,25 +52,32 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     columns = ["drafter", "k", *(f"{head} {t}" for head, _ in FRACTIONS for t in tiers)]
     for mode in setup["modes"]:
-        rows = [
+        rows = [  # a drafter that declares fewer block lengths has no row at the others
             [label, k, *(f"{index[label, k, mode, t][field]:.2f}" for _, field in FRACTIONS for t in tiers)]
-            for label in labels for k in setup["ks"]
+            for label in labels for k in setup["ks"] if (label, k, mode, tiers[0]) in index
         ]
         blocks += [f"## {mode}", markdown_table(columns, rows)]
     k_max = max(setup["ks"])
     blocks += [f"## Per-slot acceptance at k={k_max}",
-               "P(draft j accepted | drafts before it accepted), slots 1..k; `-` = never reached."]
+               "P(draft j accepted | drafts before it accepted), slots 1..k; `-` = never reached; "
+               "a drafter that declares a shorter block is shown at its longest."]
     slots = ["drafter", *(str(j + 1) for j in range(k_max))]
     for mode in setup["modes"]:
         for tier in tiers:
             group = "the [BOS] prompt" if tier == "bos" else f"{tier} entropy"
-            curves = [
-                [label, *("-" if a is None else f"{a:.2f}" for a in index[label, k_max, mode, tier]["slot_acceptance"])]
-                for label in labels
-            ]
+            curves = []
+            for label in labels:
+                run = index[label, _longest(index, label, setup["ks"]), mode, tier]
+                shown = ["-" if a is None else f"{a:.2f}" for a in run["slot_acceptance"]]
+                curves.append([label, *shown, *[""] * (k_max - len(shown))])
             blocks += [f"**{mode}, {group}**", markdown_table(slots, curves)]
     # one blank line between blocks; a table brings its own final newline
     return "\n\n".join(block.rstrip("\n") for block in blocks) + "\n"
+
+
+def _longest(index: dict[tuple[Any, ...], dict[str, Any]], label: str, ks: list[int]) -> int:
+    """The largest k of `ks` that drafter `label` was run at."""
+    return max(k for k in ks if any(key[:2] == (label, k) for key in index))
 
 
 def plot_slot_acceptance(doc: dict[str, Any], path: Path) -> None:
@@ -91,11 +98,12 @@ def plot_slot_acceptance(doc: dict[str, Any], path: Path) -> None:
     colors = {"low": "tab:blue", "mid": "tab:orange", "high": "tab:red"}
     styles = {"greedy": "-", "T1": "--"}
     for ax, label in zip(axes.flat, labels):
+        longest = _longest(index, label, setup["ks"])
         for mode in setup["modes"]:
             for tier in [t for t in setup["prompts_per_tier"] if t != "bos"]:
-                run = index[label, k, mode, tier]
+                run = index[label, longest, mode, tier]
                 curve = [math.nan if a is None else a for a in run["slot_acceptance"]]
-                ax.plot(range(1, k + 1), curve, styles.get(mode, ":"), marker=".",
+                ax.plot(range(1, longest + 1), curve, styles.get(mode, ":"), marker=".",
                         color=colors.get(tier), label=f"{tier} {mode} (τ {run['acceptance_length']:.2f})")
         ax.set_title(f"{label}: {doc['drafters'][label]}", fontsize=9)
         ax.set_ylim(0, 1.02)
