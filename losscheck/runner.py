@@ -134,8 +134,9 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
 
 # --- sampling: shared helpers -------------------------------------------------------------------
 # Bytes held per row x scored slot x vocabulary entry by one engine round: the target's float32
-# logits, the drafter's q, the processed p (top-p sorts: values and int64 indices) and the residual.
-ENGINE_BYTES_PER_LOGIT = 40
+# logits, the drafter's q, the processed p (top-p sorts: values and int64 indices), and the
+# verifier's float64 p, q and residual.
+ENGINE_BYTES_PER_LOGIT = 56
 
 
 def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> int:

@@ -48,6 +48,12 @@ def point_mass(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.zeros(*drafts.shape, vocab_size, device=drafts.device).scatter_(-1, drafts[..., None], 1.0)
 
 
+def normalized(q: torch.Tensor) -> torch.Tensor:
+    """`q [..., V]` as float64 rows that sum to 1 (rows have positive mass by validation)."""
+    q = q.double()
+    return q / q.sum(-1, keepdim=True)
+
+
 def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
     """`min(1, p(x) / q(x))` for each draft; p_draft, q_draft [B, k] (q > 0 by validation)."""
     return (p_draft.double() / q_draft.double()).clamp(max=1.0)
@@ -80,8 +86,11 @@ def verify_rejection(
     generator: source of the `B*k` acceptance uniforms and the recovered/bonus draws.
     """
     batch, k = drafts.shape
-    if q is None:
-        q = point_mass(drafts, p.shape[-1])
+    # In float64, with q renormalised: a drafter's q may sum to 1 ± 1e-3 (validation allows that
+    # for fp16 drafters) and its sampler drew in proportion to it, so q / sum(q) is the law the
+    # drafts came from; the raw q would make the acceptance ratio and the residual lossy by as much.
+    p = p.double()
+    q = point_mass(drafts, p.shape[-1]).double() if q is None else normalized(q)
     p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     u = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=p.device)

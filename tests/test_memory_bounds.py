@@ -55,7 +55,7 @@ def test_float64_margin_matches_a_float64_copy_of_the_model(target, monkeypatch)
 def test_engine_batches_fit_the_budget():
     from losscheck.runner import engine_batch_rows
 
-    # k = 4 at a 128k vocabulary: 26 MB a row, so a 2 GiB budget runs 81 rows per engine call.
-    assert engine_batch_rows(4, 131072, 2 << 30, 4096) == 81
+    # k = 4 at a 128k vocabulary: 37 MB a row, so a 2 GiB budget runs 58 rows per engine call.
+    assert engine_batch_rows(4, 131072, 2 << 30, 4096) == 58
     assert engine_batch_rows(16, 131072, 1 << 20, 4096) == 1
     assert engine_batch_rows(4, 64, 2 << 30, 4096) == 4096  # the bundled target: the profile's batch

@@ -128,6 +128,21 @@ def test_sampled_verifier_matches_its_exact_parts():
     assert_follows(verdict.accepted, law, 1e-6, "accepted counts vs the exact acceptance law")
 
 
+def test_q_off_by_its_tolerance_in_mass_is_verified_as_the_law_it_samples():
+    """A drafter's q may sum to 1 ± 1e-3; its sampler drew in proportion to q, so the verifier
+    must decide exactly as for the normalised q (same uniforms, same decisions, same tokens)."""
+    gen = torch.Generator().manual_seed(12)
+    vocab, k, rows = 6, 3, 50_000
+    p = torch.softmax(torch.randn(rows, k + 1, vocab, generator=gen), -1)
+    q = torch.softmax(torch.randn(rows, k, vocab, generator=gen), -1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(rows, k)
+    exact = verify_rejection(p, drafts, q, torch.Generator().manual_seed(1))
+    off = verify_rejection(p, drafts, q * 1.001, torch.Generator().manual_seed(1))
+    assert torch.equal(off.accepted, exact.accepted)
+    emitted = torch.arange(k + 1)[None, :] <= exact.accepted[:, None]
+    assert torch.equal(off.tokens[emitted], exact.tokens[emitted])
+
+
 def test_greedy_verification_accepts_the_matching_prefix_and_emits_the_argmax():
     logits = torch.tensor([[[0.0, 5, 1], [3, 0, 1], [0, 0, 9], [1, 2, 0]]])  # argmax 1, 0, 2, 1
     verdict = verify_greedy(logits, torch.tensor([[1, 0, 0]]))
