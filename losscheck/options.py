@@ -32,7 +32,7 @@ class Options:
 
     target: str | None = None  # model directory; None = the bundled tiny target
     drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
-    engine: str | None = None  # pkg.mod:factory of a black-box engine (two-sample mode)
+    engine: str | None = None  # pkg.mod:factory of a black-box engine (losscheck.engines)
     seed: int = DEFAULT_SEED
     out: Path | None = None  # write the certificate under this directory
     alpha: float = DEFAULT_ALPHA  # family-wise false-alarm rate of the whole run
@@ -77,7 +77,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "drafter": dict(metavar="MOD:FACTORY|DIR", help="import path of a factory(target) -> Drafter, or a local Hugging Face "
                                                     "causal-LM directory, certified as a family-A drafter named after it "
                                                     "(default: the bundled drafters)"),
-    "engine": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified in two-sample mode"),
+    "engine": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified against itself with drafting off (one-sample PIT when it declares a precision, else two-sample)"),
     "seed": dict(metavar="N", type=int, default=DEFAULT_SEED, help="run seed; every random draw derives from it (default: %(default)s)"),
     "out": dict(metavar="DIR", help="write DIR/<run>/certificate.json and summary.md"),
     "alpha": dict(metavar="A", type=_probability, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default: %(default)s)"),

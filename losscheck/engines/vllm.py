@@ -1,0 +1,140 @@
+"""vLLM behind the black-box interface: `vllm.LLM` with a `speculative_config` (speculation on),
+and the same model without one (off, the baseline).
+
+Written against vLLM's documented offline API: `LLM(model=..., speculative_config={...})`,
+`LLM.generate(prompts, sampling_params)` with token-id prompts (`{"prompt_token_ids": [...]}`),
+one `RequestOutput` per prompt in input order whose `outputs[0].token_ids` are the generated ids.
+vLLM is imported only when an engine is built, so this module (and its parameter mapping) loads
+without it; it needs a GPU runner to run.
+
+Each of the `n` continuations of a prompt is its own request with its own seed (derived from the
+call's seed), rather than one request with `n` > 1: the rows are then independent and reproducible
+whatever vLLM does to seed parallel samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from losscheck.engines import EngineOutputError
+from losscheck.sampling import SamplingParams, derive_seed
+
+VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def sampling_kwargs(params: SamplingParams, seed: int, max_new_tokens: int) -> dict[str, Any]:
+    """losscheck's request as keyword arguments of `vllm.SamplingParams`: temperature, top-k, top-p
+    and nothing else. Every other processing knob is set to its neutral value explicitly, so no
+    model generation-config default (repetition penalty, min-p, top-k) can creep in; logprobs are
+    off (the one-sample test scores the ids itself) and ids are not detokenized."""
+    return dict(
+        n=1,
+        temperature=params.temperature,  # 0: greedy
+        top_k=params.top_k if params.top_k else -1,  # -1: off (older vLLM refuses 0)
+        top_p=params.top_p,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        seed=None if params.greedy else seed,
+        max_tokens=max_new_tokens,
+        min_tokens=0,
+        ignore_eos=False,
+        logprobs=None,
+        prompt_logprobs=None,
+        detokenize=False,
+    )
+
+
+def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str) -> torch.Tensor:
+    """`RequestOutput`s of `n_prompts` x `n` requests (prompt-major) → LongTensor [n_prompts, n, max_new_tokens],
+    EOS-padded. A row that stops early on anything but EOS (a stop id of the model's generation
+    config) is an error: losscheck cannot tell what the model would have emitted next."""
+    if len(outputs) != n_prompts * n:
+        raise EngineOutputError(f"engine {name!r}: vLLM returned {len(outputs)} outputs for {n_prompts * n} requests")
+    out = torch.full((n_prompts * n, max_new_tokens), eos, dtype=torch.long)  # [P*n, L]
+    for row, request in enumerate(outputs):
+        ids = list(request.outputs[0].token_ids)[:max_new_tokens]
+        if len(ids) < max_new_tokens and (not ids or ids[-1] != eos):
+            raise EngineOutputError(
+                f"engine {name!r}: request {row} stopped after {len(ids)} of {max_new_tokens} tokens on "
+                f"{ids[-1] if ids else 'nothing'}, not on EOS {eos}; give the model a single EOS id "
+                "(generation_config.json eos_token_id) or build the LLM with that stop id removed")
+        out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out.view(n_prompts, n, max_new_tokens)
+
+
+class VLLMEngine:
+    """`make_llm(speculative_config)` builds a `vllm.LLM` (None: speculation off); each side is built
+    on first use and kept. `sampling_params` is `vllm.SamplingParams` (replaceable in tests)."""
+
+    def __init__(
+        self,
+        make_llm: Callable[[dict[str, Any] | None], Any],
+        speculative_config: dict[str, Any],
+        eos: int,
+        precision: str | None,
+        name: str = "vllm",
+        sampling_params: Callable[..., Any] | None = None,
+    ) -> None:
+        self.make_llm, self.speculative_config, self.eos, self.precision = make_llm, speculative_config, eos, precision
+        self.k = int(speculative_config["num_speculative_tokens"])
+        self.name = f"{name}({speculative_config.get('method', 'draft')}, k={self.k})"
+        self._sampling_params = sampling_params
+        self._llms: dict[bool, Any] = {}
+
+    def llm(self, speculative: bool) -> Any:
+        if speculative not in self._llms:
+            self._llms[speculative] = self.make_llm(self.speculative_config if speculative else None)
+        return self._llms[speculative]
+
+    def generate(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int,
+        speculative: bool,
+    ) -> torch.Tensor:
+        if self._sampling_params is None:
+            from vllm import SamplingParams as VLLMSamplingParams
+
+            self._sampling_params = VLLMSamplingParams
+        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts for _ in range(n)]
+        sampling = [self._sampling_params(**sampling_kwargs(params, derive_seed(seed, i, j), max_new_tokens))
+                    for i in range(len(prompts)) for j in range(n)]
+        outputs = self.llm(speculative).generate(requests, sampling, use_tqdm=False)
+        return to_tensor(outputs, len(prompts), n, max_new_tokens, self.eos, self.name)
+
+
+def vllm_engine(
+    model: str, speculative_config: dict[str, Any], eos: int, precision: str | None = "bf16", **llm_kwargs: Any
+) -> VLLMEngine:
+    """A `VLLMEngine` over `vllm.LLM(model, dtype=precision, **llm_kwargs)`; `precision` None: run in
+    vLLM's default dtype and certify two-sample (losscheck does not load the target)."""
+
+    def make_llm(spec: dict[str, Any] | None) -> Any:
+        from vllm import LLM
+
+        dtype = dict(dtype=VLLM_DTYPE[precision]) if precision is not None else {}
+        return LLM(model=model, speculative_config=spec, **dtype, **llm_kwargs)
+
+    return VLLMEngine(make_llm, speculative_config, eos, precision)
+
+
+def bundled_draft_model(target: Any) -> VLLMEngine:
+    """`--losscheck-engine=losscheck.engines.vllm:bundled_draft_model`: the bundled tiny target with the
+    bundled drafter A as vLLM draft model, k = 4, fp32, each side on 30% of the GPU memory (both
+    sides live in one process). No tokenizer: the prompts are ids."""
+    from losscheck import bundled
+
+    return vllm_engine(
+        str(bundled.target_path()),
+        {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a"), "num_speculative_tokens": 4},
+        eos=target.eos_id if target.eos_id is not None else 0,
+        precision="fp32",
+        skip_tokenizer_init=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=256,
+        enforce_eager=True,
+        seed=0,
+    )

@@ -1,0 +1,88 @@
+"""Black-box mode end to end through the shipped certification tests (pytester, in a subprocess),
+with losscheck's own loop as the engine; --losscheck-detect-tv=0.1 keeps the samples small."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+HONEST_FAILS = "<= the cell's alpha (--losscheck-alpha 0.01 split over the full matrix)"
+BUG_MISSED = "<= 1 - 0.99 (the gate's power) if the bug moves the law by at least the detectable TV"
+
+ENGINES = """
+import dataclasses
+from losscheck.engines.spec_loop import spec_loop
+
+class Wrapped:
+    def __init__(self, inner, name, precision="fp32"):
+        self.inner, self.name, self.k, self.precision = inner, name, inner.k, precision
+
+class DropsTopP(Wrapped):
+    # sampling parameters lost on the speculative path only (a real bug class)
+    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
+        if speculative:
+            params = dataclasses.replace(params, top_p=1.0)
+        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
+
+class Unloadable(Wrapped):
+    # an engine whose target losscheck cannot load: two-sample mode
+    def generate(self, *args):
+        return self.inner.generate(*args)
+
+class OldShape(Wrapped):
+    # the pre-batching contract: one prompt, [n, L]
+    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
+        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)[0]
+
+def drops_top_p(target):
+    return DropsTopP(spec_loop(target), "drops-top-p")
+
+def unloadable(target):
+    return Unloadable(spec_loop(target), "unloadable", precision=None)
+
+def old_shape(target):
+    return OldShape(spec_loop(target), "old-shape")
+"""
+
+
+def certify(pytester: pytest.Pytester, engine: str, select: str) -> pytest.RunResult:
+    pytester.makepyfile(bb=textwrap.dedent(ENGINES))
+    pytester.syspathinsert()
+    return pytester.runpytest_subprocess(
+        "--pyargs", "losscheck.certify", "-p", "no:cacheprovider", "-k", select,
+        f"--losscheck-engine={engine}", "--losscheck-detect-tv=0.1",
+    )
+
+
+def outcomes(result: pytest.RunResult, false_failure: str, **expected: int) -> None:
+    counts = {k: result.parseoutcomes().get(k, 0) for k in ("passed", "failed", "errors", "skipped")}
+    assert counts == {k: expected.get(k, 0) for k in counts}, (
+        f"outcomes {counts}, expected {expected}; false-failure probability {false_failure}\n"
+        + result.stdout.str()[-4000:])
+
+
+def test_an_honest_engine_passes_greedy_on_every_prompt_and_one_sample_pit(pytester):
+    result = certify(pytester, "losscheck.engines.spec_loop:spec_loop", "engine-k4-greedy or engine-k4-T1-topp0.9")
+    outcomes(result, HONEST_FAILS, passed=2)
+    result.stdout.fnmatch_lines(["*engine-k4-greedy*engine-greedy*PASS*", "*engine-k4-T1-topp0.9*one-sample*PASS*"])
+
+
+def test_an_engine_that_drops_top_p_when_speculating_fails_one_sample_pit(pytester):
+    result = certify(pytester, "bb:drops_top_p", "engine-k4-T1-topp0.9")
+    outcomes(result, BUG_MISSED, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1-topp0.9*"])
+
+
+def test_an_engine_without_a_loadable_target_is_compared_with_itself_two_sample(pytester):
+    result = certify(pytester, "bb:unloadable", "engine-k4-T1-topp0.9-two-sample")
+    outcomes(result, HONEST_FAILS, passed=1)
+    result.stdout.fnmatch_lines(["*engine-k4-T1-topp0.9-two-sample*two-sample*PASS*"])
+
+
+def test_malformed_engine_output_errors_naming_the_engine(pytester):
+    result = certify(pytester, "bb:old_shape", "engine-k4-greedy")
+    outcomes(result, "0 (no statistics)", failed=1)
+    result.stdout.fnmatch_lines(["*EngineOutputError: engine 'old-shape': generate returned shape (1, 64)*"])

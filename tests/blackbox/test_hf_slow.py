@@ -1,0 +1,51 @@
+"""Hugging Face assisted generation certified in one-sample mode, and its planted-bug variant
+rejected by the same tests (slow tier: rows are drawn one `generate` call each).
+
+Both run the shipped certification tests (`losscheck.certify`) in a subprocess at the gate's
+settings (ci profile, alpha 0.01 split over the full matrix), on the bundled tiny target with the
+bundled drafter A as assistant, k = 4.
+
+Run: pytest -m slow tests/blackbox/test_hf_slow.py -s   (prints the figures quoted in the README)
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+HF = "losscheck.engines.hf:hf_assisted"
+HF_BUG = "losscheck.engines.hf:hf_assisted_residual_from_p"
+# The base sampled cell (T = 1, no top-k / top-p): where a residual bug moves the law most.
+BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9 and not T1.5"
+
+
+def certify(pytester: pytest.Pytester, engine: str, select: str) -> tuple[pytest.RunResult, float]:
+    started = time.perf_counter()
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "losscheck.certify", "-p", "no:cacheprovider", "-k", select, f"--losscheck-engine={engine}",
+        timeout=3 * 3600,
+    )
+    seconds = time.perf_counter() - started
+    section = result.stdout.str().partition("losscheck certificate")[2]
+    print(f"\n{engine} (-k {select!r}): {seconds:.0f} s\n{section}")
+    return result, seconds
+
+
+@pytest.mark.slow
+def test_hf_assisted_generation_is_certified_one_sample(pytester):
+    """Every engine cell: greedy on == off on every prompt, five sampled one-sample PIT cells. A
+    false failure has probability <= alpha 0.01 (the run's family-wise budget)."""
+    result, _ = certify(pytester, HF, "test_engine")
+    result.assert_outcomes(passed=6)
+
+
+@pytest.mark.slow
+def test_hf_assisted_with_the_residual_drawn_from_p_is_rejected(pytester):
+    """The planted bug fails the base sampled cell; missed with probability <= 1 - 0.99 (the gate's
+    power) if it moves the PIT law by at least the detectable TV."""
+    result, _ = certify(pytester, HF_BUG, BASE_CELL)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1*"])

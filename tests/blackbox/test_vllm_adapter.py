@@ -1,0 +1,85 @@
+"""The vLLM adapter's parameter mapping and output assembly, without vLLM: a fake `LLM` that
+records what it was asked and answers with given ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from losscheck.engines import EngineOutputError
+from losscheck.engines.vllm import VLLMEngine, sampling_kwargs, to_tensor
+from losscheck.sampling import GREEDY, SamplingParams
+
+EOS = 1
+SPEC = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 3}
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+
+
+@dataclass
+class RequestOutput:
+    outputs: list[Completion]
+
+
+class FakeLLM:
+    """Answers request r with `rows[r]` and records the requests and sampling parameters."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        self.rows, self.calls = rows, []
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append((prompts, sampling_params, use_tqdm))
+        return [RequestOutput([Completion(self.rows[r])]) for r in range(len(prompts))]
+
+
+def test_sampling_parameters_map_exactly_and_neutralise_everything_else():
+    kw = sampling_kwargs(SamplingParams(temperature=0.7, top_k=8, top_p=0.9), seed=123, max_new_tokens=10)
+    assert kw == dict(n=1, temperature=0.7, top_k=8, top_p=0.9, min_p=0.0, repetition_penalty=1.0,
+                      presence_penalty=0.0, frequency_penalty=0.0, seed=123, max_tokens=10, min_tokens=0,
+                      ignore_eos=False, logprobs=None, prompt_logprobs=None, detokenize=False)
+    off = sampling_kwargs(SamplingParams(), 5, 4)
+    assert off["top_k"] == -1 and off["top_p"] == 1.0 and off["temperature"] == 1.0
+    greedy = sampling_kwargs(GREEDY, 5, 4)
+    assert greedy["temperature"] == 0.0 and greedy["seed"] is None
+
+
+def test_each_continuation_is_its_own_seeded_request_and_rows_come_back_prompt_major():
+    rows = [[5, 6, 7], [8, EOS], [9, 9, 9], [EOS]]  # prompt 0: rows 0-1, prompt 1: rows 2-3
+    llms = {}
+
+    def make(spec):
+        llms[spec is not None] = FakeLLM(rows)
+        return llms[spec is not None]
+
+    engine = VLLMEngine(make, SPEC, EOS, "bf16", sampling_params=dict)
+    out = engine.generate([[0, 3], [0, 4, 4]], 2, SamplingParams(top_p=0.9), 42, 3, speculative=True)
+    assert engine.k == 3 and list(llms) == [True]  # the baseline LLM is not built until asked for
+    assert out.tolist() == [[[5, 6, 7], [8, EOS, EOS]], [[9, 9, 9], [EOS, EOS, EOS]]]
+    prompts, sampling, use_tqdm = llms[True].calls[0]
+    assert prompts == [{"prompt_token_ids": [0, 3]}] * 2 + [{"prompt_token_ids": [0, 4, 4]}] * 2
+    assert len({s["seed"] for s in sampling}) == 4 and all(s["top_p"] == 0.9 and s["n"] == 1 for s in sampling)
+    assert not use_tqdm
+    again = engine.generate([[0, 3], [0, 4, 4]], 2, SamplingParams(top_p=0.9), 42, 3, speculative=True)
+    assert [s["seed"] for s in llms[True].calls[1][1]] == [s["seed"] for s in sampling]  # same seed, same requests
+    engine.generate([[0, 3]], 1, GREEDY, 42, 3, speculative=False)
+    assert list(llms) == [True, False] and torch.equal(out, again)
+
+
+def test_speculation_off_builds_the_llm_without_a_speculative_config():
+    seen = []
+    engine = VLLMEngine(lambda spec: seen.append(spec) or FakeLLM([[2, 2]]), SPEC, EOS, None, sampling_params=dict)
+    engine.generate([[0]], 1, GREEDY, 0, 2, speculative=False)
+    engine.generate([[0]], 1, GREEDY, 0, 2, speculative=True)
+    assert seen == [None, SPEC]
+
+
+def test_a_row_that_stops_early_on_another_id_than_eos_is_an_error_naming_the_engine():
+    with pytest.raises(EngineOutputError, match=r"engine 'vllm.*stopped after 1 of 3 tokens on 7, not on EOS 1"):
+        to_tensor([RequestOutput([Completion([7])])], 1, 1, 3, EOS, "vllm(draft_model, k=3)")
+    with pytest.raises(EngineOutputError, match="returned 1 outputs for 2 requests"):
+        to_tensor([RequestOutput([Completion([7])])], 1, 2, 3, EOS, "vllm")
