@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.errors import OptionError
+from losscheck.perf.profiles import PERF_PROFILES
+from losscheck.perf.runfile import DEFAULT_COMPARE_FAIL, parse_thresholds
 from losscheck.precision import DEVICES, Precision, parse_precisions
 from losscheck.profiles import PROFILES, Profile, get_profile
 
@@ -24,6 +26,7 @@ DEFAULT_MEMORY_BUDGET_MIB = 2048
 # The base cell's precision first, then one cell per other entry (bundled drafter A and a user's
 # drafters); "bf16/fp32" is target bf16 with drafter fp32.
 DEFAULT_PRECISIONS = "fp32,bf16,fp16,bf16/fp32"
+DEFAULT_PERF_PROFILE = "quick"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class Options:
     strict: bool = False  # fail greedy near-ties in reduced precision too
     prompts: str | None = None  # JSONL prompt file; None = the bundled prompt sets
     chat_template: bool = False  # wrap text prompts in the tokenizer's chat template
+    perf_profile: str = DEFAULT_PERF_PROFILE  # sizes of the perf tier (losscheck.perf.profiles)
+    perf_compare: str | None = None  # a saved perf.json to compare the perf tier's run with
+    perf_compare_fail: str = DEFAULT_COMPARE_FAIL  # METRIC:N%,... drops that fail the compare
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -69,6 +75,14 @@ def _mutant(name: str) -> str:
         raise argparse.ArgumentTypeError(f"{name!r} is not in the mutant catalogue; choose one of: "
                                          + ", ".join(mutants.names()))
     return name
+
+
+def _compare_fail(text: str) -> str:
+    try:
+        parse_thresholds(text)
+    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 # name -> keyword arguments of addoption / add_argument
@@ -98,6 +112,14 @@ SPECS: dict[str, dict[str, Any]] = {
     "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
                           help="memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
                                "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)"),
+    "perf-profile": dict(choices=sorted(PERF_PROFILES), default=DEFAULT_PERF_PROFILE,
+                         help="sizes of the perf tier: quick (CPU, bundled models, minutes) or full (a GPU runner) "
+                              "(default: %(default)s)"),
+    "perf-compare": dict(metavar="RUN", help="a perf.json of an earlier perf run: fail where speedup or tau fell "
+                                             "by more than --losscheck-perf-compare-fail"),
+    "perf-compare-fail": dict(metavar="EXPR", type=_compare_fail, default=DEFAULT_COMPARE_FAIL,
+                              help="drops that fail the compare, METRIC:N%%,... with METRIC speedup or tau "
+                                   "(default: %(default)s)"),
 }
 
 
@@ -137,6 +159,9 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         strict=bool(value("strict", False)),
         prompts=value("prompts"),
         chat_template=bool(value("chat-template", False)),
+        perf_profile=value("perf-profile", DEFAULT_PERF_PROFILE),
+        perf_compare=value("perf-compare"),
+        perf_compare_fail=value("perf-compare-fail", DEFAULT_COMPARE_FAIL),
     )
 
 

@@ -1,0 +1,48 @@
+"""The peer in the same run: Hugging Face assisted generation (`generate(assistant_model=...)`)
+with the same target and the family-A drafter, on the same requests at concurrency 1 (the only
+batch size it supports), against the same `generate` without the assistant.
+
+The assistant drafts a constant `k` tokens per round with no confidence cut-off, as the
+losscheck loop does, so the two speedups compare loops and not block-length schedules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from losscheck.perf.workload import Request
+from losscheck.precision import synchronize
+from losscheck.sampling import SamplingParams
+
+
+def hf_generate_seconds(
+    model: torch.nn.Module, assistant: torch.nn.Module | None, requests: Sequence[Request], params: SamplingParams,
+    k: int, seed: int,
+) -> tuple[float, int]:
+    """(wall seconds, output tokens) of `model.generate` over `requests` one at a time, with
+    `assistant` drafting `k` tokens per round, or plain when None."""
+    device = next(model.parameters()).device
+    sampling: dict[str, Any] = {"do_sample": False} if params.greedy else {
+        "do_sample": True, "temperature": params.temperature, "top_k": params.top_k or None, "top_p": params.top_p}
+    extra: dict[str, Any] = {}
+    if assistant is not None:
+        config = assistant.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+        config.assistant_confidence_threshold = 0.0
+        extra["assistant_model"] = assistant
+    eos = model.generation_config.eos_token_id
+    torch.manual_seed(seed)  # HF's sampling draws from the global generator
+    tokens = 0
+    synchronize(device)
+    started = time.perf_counter()
+    for r in requests:
+        ids = torch.tensor([r.prompt], device=device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new,
+                             pad_token_id=eos if isinstance(eos, int) else 0, **sampling, **extra)
+        tokens += out.shape[1] - ids.shape[1]
+    synchronize(device)
+    return time.perf_counter() - started, tokens

@@ -1,0 +1,37 @@
+"""Named sizes of a perf run (`--losscheck-perf-profile`), chosen together like the gate's
+profiles: `quick` fits a CPU in a few minutes with the bundled models, `full` is for a GPU runner
+with a real target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from losscheck.errors import OptionError
+
+LADDER = (1, 2, 4, 8, 16, 32)  # requests in flight (DESIGN §5)
+
+
+@dataclass(frozen=True)
+class PerfProfile:
+    name: str
+    concurrency: tuple[int, ...] = LADDER
+    requests_per_slot: int = 2  # a rung serves concurrency * this many requests: every row is reused
+    min_requests: int = 4  # ...and at least this many, so that low rungs have latency percentiles
+    max_new: int = 24  # output budgets are uniform in [max_new // 2, max_new] (EOS may end sooner)
+    short_max_new: int = 4  # the short-output workload of the sensitivity table
+    k: int = 4  # block length of every drafter
+    temperature: float = 1.0  # sampling, as served; 0 = greedy
+    repeats: int = 3  # timed runs per rung, after one warm-up run
+    max_overhead: float = 0.15  # engine time outside drafter and target forwards, fraction of a round, at concurrency 1
+
+
+PERF_PROFILES = {
+    "quick": PerfProfile("quick"),
+    "full": PerfProfile("full", requests_per_slot=4, min_requests=32, max_new=256, short_max_new=16, repeats=5),
+}
+
+
+def get_perf_profile(name: str) -> PerfProfile:
+    if name not in PERF_PROFILES:
+        raise OptionError(f"--losscheck-perf-profile={name!r} is not one of {sorted(PERF_PROFILES)}")
+    return PERF_PROFILES[name]
