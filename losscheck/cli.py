@@ -21,6 +21,9 @@ from losscheck.options import SPECS, add_options, dest, from_parsed, pytest_args
 
 # The options `losscheck mutants` and `losscheck families` take.
 EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv")
+# The options `losscheck perf` passes on to `pytest -m perf`.
+PERF_OPTIONS = ("target", "drafter", "device", "precision", "seed", "prompts", "chat-template", "trust-remote-code",
+                "out", "perf-profile", "perf-compare", "perf-compare-fail")
 
 
 def certify_args(ns: argparse.Namespace) -> list[str]:
@@ -30,6 +33,12 @@ def certify_args(ns: argparse.Namespace) -> list[str]:
     if ns.workers:
         args += ["-n", str(ns.workers)]
     return args
+
+
+def perf_args(ns: argparse.Namespace) -> list[str]:
+    """The pytest command line that `losscheck perf` runs (in process: the tier does not time under xdist)."""
+    args = ["--pyargs", "losscheck.certify", "-m", "perf", "-p", "no:cacheprovider", "-q", "-rfEs"]
+    return args + pytest_args({name: getattr(ns, dest(name)) for name in PERF_OPTIONS})
 
 
 def default_workers(device: str | None) -> int:
@@ -66,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
     add_options(mut.add_argument, "--", EXPERIMENT_OPTIONS)
     mut.add_argument("--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch")
+    perf = sub.add_parser("perf", help="the perf tier: speedup against concurrency, latency, the HF peer; writes "
+                                       "OUT/perf/perf.json, perf.md and plots")
+    add_options(perf.add_argument, "--", PERF_OPTIONS)
+    perf.set_defaults(**{dest("out"): "reports"})
     rep = sub.add_parser("report", help="re-render a saved run's summary.md and plots from its certificate.json")
     rep.add_argument("run", help="run directory (reports/<run>) or its certificate.json")
     cmp = sub.add_parser("compare", help="verdict and acceptance differences between two certificates")
@@ -92,6 +105,9 @@ def run_command(ns: argparse.Namespace) -> int:
         if ns.workers is None:
             ns.workers = default_workers(getattr(ns, dest("device")))
         return int(pytest.main(certify_args(ns)))
+    if ns.command == "perf":
+        check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
+        return int(pytest.main(perf_args(ns)))
     if ns.command == "report":
         from losscheck.report import certificate
 
