@@ -74,6 +74,10 @@ class Drafter(Protocol):
     transition widths (empty when it has none), `uses_hidden` which target features it reads:
     False none, True the last layer's, or a tuple of layer ids (`hidden_layers` says what an id
     means), e.g. EAGLE-3's low / middle / high layers.
+
+    Optional: a drafter whose checkpoint configures its own acceptance rule carries it as
+    `verifier` (a `losscheck.verify.Verifier`, which the engine then runs instead of exact
+    verification) and `acceptance_rule` (one line naming the setting, quoted by failing cells).
     """
 
     name: str
@@ -193,6 +197,20 @@ def validate_proposal(
     if (probs.gather(-1, tokens[..., None]) <= 0).any():
         raise fail("a drafted token has zero probability under its own q")
     return Proposal(tokens, probs)
+
+
+def target_probs(proposal: Proposal, vocab: int) -> torch.Tensor | None:
+    """`proposal.probs` on the target's vocabulary, [B, k, V] (None for a point mass): spread
+    through `vocab_map` when the drafter drafts over a sub-vocabulary. For wrappers that mix
+    another distribution into a drafter's `q`."""
+    if proposal.probs is None or proposal.vocab_map is None:
+        return proposal.probs
+    batch, k = proposal.tokens.shape
+
+    def fail(problem: str) -> DrafterOutputError:
+        return DrafterOutputError(f"a Proposal's vocab_map cannot be applied: {problem}")
+
+    return _spread(proposal.probs, proposal.vocab_map, batch, k, vocab, fail)
 
 
 def _spread(

@@ -158,6 +158,7 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
     """Check what `options` name, without loading a model; raise OptionError naming the option
     (as `prefix` + name: `--losscheck-` for pytest, `--` for `losscheck certify`) and the fix."""
     from losscheck import bundled
+    from losscheck.drafters import speculators_config
 
     def opt(name: str) -> str:
         return prefix + name
@@ -170,7 +171,18 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
         target_shape = _shape(model_config(options.target, opt("target"), trust_fix))
         target_name = f"{opt('target')}={options.target!r}"
     drafter = options.drafter
-    if drafter is not None and (is_model_dir(drafter) or _looks_like_path(drafter)):
+    if speculators_config.is_spec(drafter):
+        assert drafter is not None
+        if options.target is None:
+            target_config, target_name = json.loads((bundled.target_path() / "config.json").read_text()), "the bundled target"
+        else:
+            target_config = json.loads((Path(options.target).expanduser() / "config.json").read_text())
+        try:
+            checkpoint = speculators_config.read_config(speculators_config.spec_path(drafter))
+            speculators_config.check_against(checkpoint, speculators_config.target_shape(target_config, target_name))
+        except OptionError as exc:
+            raise OptionError(f"{opt('drafter')}={drafter!r}: {exc}") from exc
+    elif drafter is not None and (is_model_dir(drafter) or _looks_like_path(drafter)):
         fix = f"a drafter directory loads with transformers' own classes; wrap it in {opt('drafter')}=pkg.mod:factory"
         vocab = _shape(model_config(drafter, opt("drafter"), fix))[0]
         if options.target is None:
