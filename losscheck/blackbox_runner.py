@@ -22,7 +22,7 @@ from losscheck.divergence import find_divergences
 from losscheck.engines import BlackBoxEngine, checked_samples, lengths
 from losscheck.errors import LosscheckError
 from losscheck.generation import Generation, LoopStats
-from losscheck.matrix import Cell
+from losscheck.matrix import ENGINE, Cell
 from losscheck.runner import CellOutcome, score_pit
 from losscheck.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.session import Session
@@ -86,7 +86,7 @@ def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
     max_new = max(session.options.profile.greedy_max_new, min_horizon(engine))
     # Margins need the engine's target: in fp32 every divergence fails, below it a margin within
     # the precision's round-off is a near-tie; without the target (two-sample mode) none is.
-    scorable = cell.mode != "two-sample" and engine.precision is not None
+    scorable = cell.target != ENGINE
     model = session.target("main", cell.precision.target).model if scorable else None
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
     outcome = CellOutcome(cell, details=_details(session, cell, prompts=0, max_new_tokens=max_new,

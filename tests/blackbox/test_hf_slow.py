@@ -38,7 +38,7 @@ def certify(pytester: pytest.Pytester, engine: str, select: str) -> tuple[pytest
 def test_hf_assisted_generation_is_certified_one_sample(pytester):
     """Every engine cell: greedy on == off on every prompt, five sampled one-sample PIT cells. A
     false failure has probability <= alpha 0.01 (the run's family-wise budget)."""
-    result, _ = certify(pytester, HF, "test_engine")
+    result, _ = certify(pytester, HF, "test_engine_greedy or test_engine_sampling")
     result.assert_outcomes(passed=6)
 
 
