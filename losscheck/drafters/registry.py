@@ -9,11 +9,13 @@ from typing import Any
 
 from losscheck import bundled as fixtures
 from losscheck.contract import Drafter, Target
-from losscheck.drafters import autoregressive, parallel
+from losscheck.drafters import autoregressive, parallel, speculators, speculators_config
 from losscheck.errors import OptionError
 from losscheck.loading import is_model_dir, load_object
 
 BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.drafters.parallel
+# speculators-format checkpoints (losscheck.drafters.speculators): registry name -> fixture directory
+SPECULATORS = {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle"}
 
 
 def bundled(target_name: str, target: Target, precision: str = "fp32") -> dict[str, Drafter]:
@@ -24,14 +26,16 @@ def bundled(target_name: str, target: Target, precision: str = "fp32") -> dict[s
     drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target, precision)}
     for family in BLOCK_FAMILIES:
         drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target, precision)
+    for name, directory in SPECULATORS.items():
+        drafters[name] = speculators.from_path(root / directory, target, precision)
     return drafters
 
 
 def takes_precision(spec: str) -> bool:
     """Whether the factory of `spec` accepts a `precision` keyword (then losscheck sets the
     drafter's dtype, and the drafter gets the precision cells of the matrix)."""
-    if is_model_dir(spec):
-        return True  # from_dir sets the dtype
+    if is_model_dir(spec) or speculators_config.is_spec(spec):
+        return True  # from_dir and the speculators loader set the dtype
     params = inspect.signature(load_object(spec, "--losscheck-drafter")).parameters.values()
     return any(p.name == "precision" or p.kind is p.VAR_KEYWORD for p in params)
 
@@ -39,7 +43,10 @@ def takes_precision(spec: str) -> bool:
 def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
     """`--losscheck-drafter=pkg.mod:factory`: call factory(target) — with `precision=` (fp32,
     bf16, fp16) when it takes one — and check the result. A directory instead of an import path
-    is a local Hugging Face causal LM, certified as a family-A drafter (`from_dir`)."""
+    is a local Hugging Face causal LM, certified as a family-A drafter (`from_dir`);
+    `speculators:DIR` a speculators-format checkpoint (`losscheck.drafters.speculators`)."""
+    if speculators_config.is_spec(spec):
+        return speculators.from_path(speculators_config.spec_path(spec), target, precision)
     if is_model_dir(spec):
         return from_dir(spec, target, precision)
     factory = load_object(spec, "--losscheck-drafter")
