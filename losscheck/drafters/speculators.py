@@ -36,7 +36,6 @@ committed tokens (built from the target's states) are kept, the drafted ones are
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from losscheck.errors import LosscheckError, OptionError
 from losscheck.precision import torch_dtype
 from losscheck.ragged import RaggedKVCache
 from losscheck.sampling import SamplingParams, process_logits, sample
+from losscheck.target import content_hash
 from losscheck.verify import BlockOutcome, Verifier, acceptance_probability, point_mass, recovery_distribution
 
 
@@ -185,16 +185,6 @@ def _check_vocab_map(cfg: CheckpointConfig, net: Eagle3Network) -> None:
     if int(covered.sum()) != cfg.draft_vocab_size or not bool(covered[ids].all()):
         raise OptionError(f"{where}: t2d marks {int(covered.sum())} target ids, not exactly the "
                           f"{cfg.draft_vocab_size} that d2t maps to")
-
-
-def content_hash(path: Path) -> str:
-    """sha256 over the checkpoint's config and weight files (sorted by name)."""
-    digest = hashlib.sha256()
-    for file in sorted(path.glob("*")):
-        if file.suffix in {".safetensors", ".json"} and file.name != "BUILD.json":
-            digest.update(file.name.encode())
-            digest.update(file.read_bytes())
-    return digest.hexdigest()
 
 
 def top_k_acceptance(proposal: GreedyProposal) -> Verifier:
