@@ -27,7 +27,7 @@ def hf_generate_seconds(
     `assistant` drafting `k` tokens per round, or plain when None."""
     device = next(model.parameters()).device
     sampling: dict[str, Any] = {"do_sample": False} if params.greedy else {
-        "do_sample": True, "temperature": params.temperature, "top_k": params.top_k or None, "top_p": params.top_p}
+        "do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}  # top_k 0 = off in both
     extra: dict[str, Any] = {}
     if assistant is not None:
         config = assistant.generation_config

@@ -141,11 +141,13 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             ax.plot([1], [peer["hf_speedup"]["ratio"]], marker="*", ms=14, ls="none", color="black",
                     label=f"HF assisted ({peer['drafter']})")
         ax.axhline(1, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["concurrency"] for r in spec}), labels=[str(c) for c in sorted({r["concurrency"] for r in spec})])
-        ax.set_xlabel("requests in flight (concurrency)")
+        _ladder_axis(ax, spec)
+        # A wide interval (few noisy runs) must not flatten the curves: the axis follows the
+        # points, and the bars are clipped at its edge.
+        points = [r["speedup"]["ratio"] for r in spec] + [r["decomposition"]["predicted"] for r in spec]
+        ax.set_ylim(0, max(1.5, 1.3 * max(points + ([peer["hf_speedup"]["ratio"]] if peer else []))))
         ax.set_ylabel("speedup over baseline (throughput)")
-        ax.set_title(f"Speedup against concurrency, k={doc['profile']['k']}, {doc['params']}")
+        ax.set_title(f"Speedup against concurrency, k={doc['profile']['k']}, {doc['params']}; bars: 95% CI")
         ax.legend(fontsize=7, ncol=2)
         written.append(_save(fig, out / "speedup.png"))
 
@@ -162,9 +164,8 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             ax2.plot(c, [r["latency_s"]["tpot"]["p50"] * 1e3 for r in rs], marker="o", color=colour, label=f"{name} P50")
             ax2.plot(c, [r["latency_s"]["tpot"]["p99"] * 1e3 for r in rs], ls=":", color=colour, label=f"{name} P99")
         for ax, label in ((ax1, "output tokens / s"), (ax2, "time per output token (ms)")):
-            ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("requests in flight (concurrency)")
+            _ladder_axis(ax, rungs)
             ax.set_ylabel(label)
         ax1.set_title("Throughput")
         ax2.set_title("TPOT, P50 solid, P99 dotted")
@@ -179,6 +180,7 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             ax1.plot(range(1, len(r["slot_acceptance"]) + 1), r["slot_acceptance"], marker="o", color=colours[r["engine"]],
                      label=f"{r['engine']} (tau {r['tau']:.2f})")
         ax1.set_ylim(0, 1.05)
+        ax1.set_xticks(range(1, max(len(r["slot_acceptance"]) for r in first) + 1))
         ax1.set_xlabel("draft slot j")
         ax1.set_ylabel("P(accepted | earlier accepted)")
         ax1.set_title(f"Per-slot acceptance, concurrency {low}")
@@ -222,6 +224,21 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
         ax.legend(fontsize=7)
         written.append(_save(fig, out / "sensitivity.png"))
     return written
+
+
+def _ladder_axis(ax: Any, rungs: list[dict[str, Any]]) -> None:
+    """A log2 concurrency axis labelled with the ladder's own values."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ladder = sorted({r["concurrency"] for r in rungs})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ladder, labels=[str(c) for c in ladder])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if ax.get_yscale() == "log":  # 1-2-5 ticks in plain numbers: a range within one decade keeps labels
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("requests in flight (concurrency)")
 
 
 def _save(fig: Any, path: Path) -> Path:
