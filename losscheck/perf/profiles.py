@@ -16,7 +16,7 @@ class PerfProfile:
     name: str
     concurrency: tuple[int, ...] = LADDER
     requests_per_slot: int = 2  # a rung serves concurrency * this many requests: every row is reused
-    min_requests: int = 4  # ...and at least this many, so that low rungs have latency percentiles
+    min_requests: int = 8  # ...and at least this many, so that low rungs have latency percentiles
     max_new: int = 24  # output budgets are uniform in [max_new // 2, max_new] (EOS may end sooner)
     short_max_new: int = 4  # the short-output workload of the sensitivity table
     k: int = 4  # block length of every drafter
