@@ -20,7 +20,7 @@ from losscheck.loading import check_options
 from losscheck.options import SPECS, add_options, dest, from_parsed, pytest_args
 
 # The options `losscheck mutants` and `losscheck families` take.
-EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv")
+EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact")
 # The options `losscheck perf` passes on to `pytest -m perf`.
 PERF_OPTIONS = ("target", "drafter", "device", "precision", "seed", "prompts", "chat-template", "trust-remote-code",
                 "out", "perf-profile", "perf-compare", "perf-compare-fail")

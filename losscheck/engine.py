@@ -52,6 +52,9 @@ class Batch:
     hidden: torch.Tensor | None  # [B, capacity, H] target states for drafters that read them
     done: torch.Tensor  # [B] bool, rows past EOS or their budget
     budget: int | torch.Tensor  # max_new_tokens; or [B] long per row (a scheduler's, `Engine.step`)
+    # [B, capacity] long, each committed token's slot in the round that emitted it (0 = the round's
+    # first token; a round of a accepted drafts emits slots 0..a); None: not kept
+    slot_of: torch.Tensor | None = None
 
     def pending(self) -> torch.Tensor:
         """[B, 1] the last committed token of each row, not yet read by the target."""
@@ -63,6 +66,15 @@ class Batch:
         slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
         at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
         return torch.where(slot < new[:, None], self.tokens.gather(1, at), 0), new
+
+    def output_slots(self) -> torch.Tensor | None:
+        """[B, budget] each generated token's slot in its round (0 after the row's end), like `output`."""
+        if self.slot_of is None:
+            return None
+        new = self.lengths - self.prompt_lengths
+        slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
+        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
+        return torch.where(slot < new[:, None], self.slot_of.gather(1, at), 0)
 
 
 def emit_counts(emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None) -> torch.Tensor:
@@ -117,7 +129,7 @@ class Engine:
             self.step(batch, params, generator, stats)
         stats.total_seconds = time.perf_counter() - started
         tokens, lengths = batch.output()
-        return Generation(tokens, lengths, stats, params)
+        return Generation(tokens, lengths, stats, params, slots=batch.output_slots())
 
     def step(self, batch: Batch, params: SamplingParams, generator: torch.Generator, stats: LoopStats) -> None:
         """One round over the rows of `batch` not done: draft, score, verify, commit.
@@ -158,7 +170,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.reset(rows, capacity)
         done = torch.full((rows,), max_new_tokens == 0, device=device)
-        return Batch(tokens, lengths, lengths.clone(), hidden, done, max_new_tokens)
+        return Batch(tokens, lengths, lengths.clone(), hidden, done, max_new_tokens, torch.zeros_like(tokens))
 
     def _prefill(self, batch: Batch) -> None:
         """Read every prompt token but the pending last one."""
@@ -200,6 +212,8 @@ class Engine:
         slots = batch.lengths[:, None] + slot  # [B, k+1]; junk past emit is overwritten later
         keep = slot < emit[:, None]
         batch.tokens.scatter_(1, slots, torch.where(keep, outcome.tokens, batch.tokens.gather(1, slots)))
+        if batch.slot_of is not None:
+            batch.slot_of.scatter_(1, slots, torch.where(keep, slot, batch.slot_of.gather(1, slots)))
         if batch.hidden is not None:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
             batch.hidden.scatter_(1, read, states.float())

@@ -113,6 +113,7 @@ class Generation:
     lengths: torch.Tensor
     stats: LoopStats
     params: SamplingParams = field(default_factory=SamplingParams)
+    slots: torch.Tensor | None = None  # [B, max_new] long, each token's slot in its round (engine runs)
 
     def row(self, b: int) -> list[int]:
         return self.tokens[b, : int(self.lengths[b])].tolist()
@@ -127,6 +128,7 @@ class Generation:
         stats = parts[0].stats
         for part in parts[1:]:
             stats = stats + part.stats
+        slots = None if any(g.slots is None for g in parts) else torch.cat([g.slots for g in parts])
         return Generation(
-            torch.cat([g.tokens for g in parts]), torch.cat([g.lengths for g in parts]), stats, parts[0].params
+            torch.cat([g.tokens for g in parts]), torch.cat([g.lengths for g in parts]), stats, parts[0].params, slots
         )

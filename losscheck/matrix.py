@@ -31,7 +31,8 @@ STATISTICAL_ARGS = (PIT_CELL, EXACT_CELL, ENGINE_CELL)  # one Bonferroni share o
 OFF_REASONS = {
     GREEDY_CELL: "no drafter declares a block length",
     PIT_CELL: "no drafter declares a block length",
-    EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only",
+    EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only "
+                "(and is off under --losscheck-exact=off)",
     ENGINE_CELL: "no --losscheck-engine given: black-box mode is off",
     ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
 }
@@ -66,6 +67,13 @@ FAMILY_SAMPLING = {
 }
 
 
+# Stress cells (`losscheck.drafters.stress`): honest variants of each drafter that reject more,
+# in directions that expose verifier bugs to the PIT tests of a main-target cell. Every drafter
+# gets all of them, except that the bundled parallel families share A's verifier path and keep one.
+STRESS_VARIANTS = ("tempered2", "argmax", "mix0.25")
+FAMILY_STRESS = ("tempered2",)
+
+
 @dataclass(frozen=True)
 class Cell:
     """One certified configuration."""
@@ -76,6 +84,7 @@ class Cell:
     width: int | None = None  # transition width; None = full / not applicable
     target: str = "main"  # "main" or "small" (the exact-enumeration fixture)
     precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
+    stress: str | None = None  # a stress variant of the drafter (`losscheck.drafters.stress`)
 
     @property
     def id(self) -> str:
@@ -88,6 +97,8 @@ class Cell:
             parts.append("two-sample")
         if self.precision != Precision():
             parts.append(self.precision.id())
+        if self.stress is not None:
+            parts.append(f"stress-{self.stress}")
         return "-".join(parts)
 
     @property
@@ -127,6 +138,11 @@ def plan(
     }
     cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
     cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = engine_cells(engine) if engine is not None else ([], [])
+    for name, drafter in drafters["main"].items():
+        if name == ORACLE:
+            continue  # the target drafting for itself accepts everything: nothing to stress
+        variants = FAMILY_STRESS if bundled_families and name in FAMILY_SAMPLING else STRESS_VARIANTS
+        cells[PIT_CELL] += [Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=base, stress=v) for v in variants]
     for name, drafter in drafters["main"].items():
         if name not in precision_drafters:
             continue

@@ -46,6 +46,7 @@ class Options:
     device: str | None = None  # cpu / cuda / mps; None = cuda when present, else cpu
     precisions: tuple[Precision, ...] = parse_precisions(DEFAULT_PRECISIONS)  # first = the base cell's
     strict: bool = False  # fail greedy near-ties in reduced precision too
+    exact: bool = True  # exact-mode cells on the bundled small target (off: main-target cells only)
     prompts: str | None = None  # JSONL prompt file; None = the bundled prompt sets
     chat_template: bool = False  # wrap text prompts in the tokenizer's chat template
     perf_profile: str = DEFAULT_PERF_PROFILE  # sizes of the perf tier (losscheck.perf.profiles)
@@ -103,6 +104,9 @@ SPECS: dict[str, dict[str, Any]] = {
     "precision": dict(metavar="LIST", type=parse_precisions, default=parse_precisions(DEFAULT_PRECISIONS),
                       help="comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
                            f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})"),
+    "exact": dict(choices=("on", "off"), default="on",
+                  help="exact-mode cells on the bundled 8-token target (default: on); off certifies with main-target "
+                       "cells only, as a user's own target is"),
     "strict": dict(action="store_true", help="fail greedy divergences in reduced precision even where the target's "
                                              "float64 top-2 margin is within that precision's round-off (near-ties)"),
     "prompts": dict(metavar="FILE", help='JSONL prompts, one {"text": ...} or {"ids": [...]} per line, optional "tier" '
@@ -157,6 +161,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         device=value("device"),
         precisions=value("precision", None) or parse_precisions(DEFAULT_PRECISIONS),
         strict=bool(value("strict", False)),
+        exact=value("exact", "on") != "off",
         prompts=value("prompts"),
         chat_template=bool(value("chat-template", False)),
         perf_profile=value("perf-profile", DEFAULT_PERF_PROFILE),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from losscheck.divergence import Divergence, find_divergences
-from losscheck.engine import pad_prompts
+from losscheck.engine import Engine, pad_prompts
 from losscheck.generation import Generation, LoopStats
 from losscheck.matrix import ORACLE, Cell
 from losscheck.sampling import GREEDY, SamplingParams, make_generator, process_logits
@@ -145,11 +145,12 @@ def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> i
 
 
 def generate_rows(
-    session: Session, cell: Cell, prompts: list[list[int]], n: int, horizon: int, stream: str, baseline: bool = False
+    session: Session, cell: Cell, prompts: list[list[int]], n: int, horizon: int, stream: str, baseline: bool = False,
+    engine: Engine | None = None,
 ) -> tuple[list[list[int]], Generation]:
     """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in engine batches that fit
-    the memory budget."""
-    engine = session.baseline_engine(cell) if baseline else session.engine(cell)
+    the memory budget (with `engine`, default the cell's speculative or baseline one)."""
+    engine = engine or (session.baseline_engine(cell) if baseline else session.engine(cell))
     target = session.cell_target(cell)
     batch = engine_batch_rows(engine.k, target.vocab_size, session.options.memory_budget_mib << 20,
                               session.options.profile.batch)
@@ -246,11 +247,12 @@ def teacher_forced_pit(
 
 
 def score_pit(
-    session: Session, stream: str, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float
+    session: Session, stream: str, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float,
+    alpha: float | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The PIT tests of `gen` (sequences continuing `rows`) under `target`, with the cut-off
-    ambiguity `tolerance`, and the facts the certificate keeps about them. `stream` names the
-    PIT's uniforms (the cell id)."""
+    ambiguity `tolerance`, under `alpha` (default: the cell's whole share), and the facts the
+    certificate keeps about them. `stream` names the PIT's uniforms (the cell id)."""
     from losscheck.stats.pit import pit_tests
 
     profile = session.options.profile
@@ -262,18 +264,40 @@ def score_pit(
                                       lambda done, n: session.progress.update(stream, "sequences scored", done, n))
     u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
     tested = mask & ~ambiguous
-    results = pit_tests(u, tested, session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins)
+    spare = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-pairs"),
+                       dtype=torch.float64)  # completes pairs that EOS cuts
+    slots = None if gen.slots is None else gen.slots.cpu()
+    alpha = session.per_test_alpha if alpha is None else alpha
+    results = pit_tests(u, tested, alpha, profile.power, profile.detect_tv, profile.pit_bins, slots=slots, spare=spare)
     return results, {"cutoff_ambiguous": int(ambiguous.sum()), "cutoff_tolerance": tolerance,
-                     "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist()}
+                     "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
+                     "pit_quantiles": _quantiles(u[tested])}
+
+
+def _quantiles(u: torch.Tensor, n: int = 99) -> list[float]:
+    """The empirical quantiles of `u` at probabilities 1/(n+1) .. n/(n+1): a QQ plot in the record."""
+    import numpy as np
+
+    return np.quantile(u.double().numpy(), np.arange(1, n + 1) / (n + 1)).tolist()
 
 
 def run_pit(session: Session, cell: Cell) -> CellOutcome:
+    """Teacher-forced PIT of the spec loop's sequences, plus the conformance of its verifier to
+    standard speculative sampling (`losscheck.conformance`), the cell's alpha split over both."""
+    from losscheck.conformance import CONFORMANCE_TESTS, Recorder
+    from losscheck.stats.pit import PIT_TESTS
+
     profile = session.options.profile
     horizon = profile.horizon
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
-    n = sample_size.pit_sequences(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins, horizon)
-    rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample")
-    results, facts = score_pit(session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance)
+    alpha_pit = session.per_test_alpha * PIT_TESTS / (PIT_TESTS + CONFORMANCE_TESTS)
+    n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    engine = session.engine(cell)
+    recorder = engine.verifier = Recorder(engine.verifier, make_generator(session.options.seed, cell.id, "conformance"))
+    rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample", engine=engine)
+    results, facts = score_pit(session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance,
+                               alpha_pit)
+    results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
     return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon, **facts)
 
 

@@ -75,8 +75,9 @@ class Session:
     @property
     def target_names(self) -> tuple[str, ...]:
         """"main": the target under test; "small": the small-vocabulary exact-mode fixture (only
-        with the bundled models: a user's drafter is built for the user's target)."""
-        return ("main", "small") if self.bundled_models else ("main",)
+        with the bundled models — a user's drafter is built for the user's target — and unless
+        `--losscheck-exact=off`)."""
+        return ("main", "small") if self.bundled_models and self.options.exact else ("main",)
 
     @property
     def base_precision(self) -> "Precision":
@@ -196,6 +197,10 @@ class Session:
         from losscheck.engine import Engine
 
         target, drafter = self.cell_target(cell), self.drafters(cell.target, cell.precision)[cell.drafter]
+        if cell.stress is not None:
+            from losscheck.drafters.stress import stressed
+
+            drafter = stressed(drafter, cell.stress, target.vocab_size)
         if self.mutant is not None:
             return self.mutant.engine(target, drafter, cell.k, cell.width)
         return Engine(target, drafter, cell.k, cell.width)

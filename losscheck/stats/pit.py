@@ -15,6 +15,22 @@ Masking positions after EOS keeps the tests valid as long as the mask is predict
 position l counts depends only on tokens before l. The per-position counts are then exactly
 multinomial given the past, and the pooled counts are martingale sums whose covariance is the
 multinomial one (Wald), so the pooled χ² and KS tests keep their asymptotic level.
+
+Two stratifications keep that property. By *slot*: the slot of token l in the round that emitted
+it (0 = the round's first token) is fixed before x_l is drawn (by where the round started and by
+the acceptance of the drafts before slot l), and speculative sampling emits p's token at every
+slot given all that — so u is uniform within each slot. Never stratify by whether the token was
+an accepted draft: that depends on x_l itself. By *pairs*: (u_{2m}, u_{2m+1}) of one sequence are
+independent uniforms under H0, so a pair's law is uniform on the unit square; randomness reused
+from one step to the next (the same uniform deciding consecutive rounds) leaves each u uniform but
+makes the pair dependent. A pair cut by EOS is completed with an independent uniform, so whether a
+pair counts depends only on tokens before it.
+
+What the tests guarantee: they detect a distortion of the *PIT law pooled over positions* (binned
+TV for χ², Kolmogorov distance for KS), not the per-prefix TV of a bug — distortions of opposite
+sign at different prefixes cancel in the pooled law (the stress cells exist for that). The power
+formulas treat the N·L values as independent, which they are under H0; under a bug the tokens of a
+sequence are dependent, and in the worst case a sequence counts as one observation, not L.
 """
 
 from __future__ import annotations
@@ -38,9 +54,10 @@ from losscheck.stats.power import (
 )
 from losscheck.stats.result import TestResult
 
-# Tests that share a PIT cell's budget: pooled χ², pooled KS, position × bin χ² (the support
-# check spends no alpha).
-PIT_TESTS = 3
+# Tests that share pit_tests' budget: pooled χ², pooled KS, position × bin χ², slot × bin χ², pair
+# χ² (the support check spends no alpha).
+PIT_TESTS = 5
+PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
 
 
 def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -83,9 +100,15 @@ def pit_tests(
     target_tv: float,
     n_bins: int = 10,
     min_expected: float = 5.0,
+    slots: torch.Tensor | None = None,
+    spare: torch.Tensor | None = None,
 ) -> list[TestResult]:
     """Uniformity tests of the randomized PITs `u` [N, L] at the positions where `mask` [N, L]
-    (bool, predictable: e.g. "not after EOS") is true, under the cell budget `alpha`.
+    (bool, predictable: e.g. "not after EOS") is true, under the budget `alpha`.
+
+    slots [N, L] long: each token's slot in its round (speculative runs; None: no slot test).
+    spare [N, L] float: independent U(0,1) draws completing pairs cut by the mask (None: pairs
+        need both positions, which is exact only when the mask is fixed in advance).
 
     Returns, in order:
       pit.support           NaN u's (tokens of probability 0), alpha 0;
@@ -94,8 +117,11 @@ def pit_tests(
       pit.position_chisquare  χ² of the position × bin table, uniform within each position
                             (df = positions × (n_bins - 1)); positions with fewer than
                             `min_expected` expected per bin are left out (decided by their
-                            count, which depends only on earlier tokens).
-    The three tests split `alpha` by Bonferroni. The pooled tests first raise
+                            count, which depends only on earlier tokens);
+      pit.slot_chisquare    the same over the slot × bin table (slot of the token in its round);
+      pit.pair_chisquare    χ² of the pairs (u_{2m}, u_{2m+1}) on a `PAIR_BINS`² grid of the unit
+                            square: serial dependence.
+    The five tests split `alpha` by Bonferroni. The pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
     `target_tv` at `power` (`pit_required_values` says how many values suffice); the
     per-position test only reports what it detects.
@@ -124,6 +150,11 @@ def pit_tests(
     counts = torch.bincount(cell, minlength=u.shape[1] * n_bins).view(-1, n_bins).numpy()  # [L, B]
 
     pooled_counts = counts.sum(0)  # [B]
+    slot_counts = None
+    if slots is not None:
+        slot_of = torch.as_tensor(slots, dtype=torch.long)[valid]  # [n]
+        width = int(slot_of.max()) + 1
+        slot_counts = torch.bincount(slot_of * n_bins + bins, minlength=width * n_bins).view(-1, n_bins).numpy()
     return [
         support_check("pit.support", int(impossible.sum()), int(mask.sum()), power, "token"),
         goodness_of_fit(
@@ -135,7 +166,9 @@ def pit_tests(
             power,
         ),
         _pooled_ks(values.numpy(), a, power),
-        _position_chisquare(counts, a, power, min_expected),
+        _stratified_chisquare("pit.position_chisquare", "position", counts, a, power, min_expected),
+        _stratified_chisquare("pit.slot_chisquare", "slot", slot_counts, a, power, min_expected),
+        _pair_chisquare(u, mask, valid, spare, a, power),
     ]
 
 
@@ -178,33 +211,41 @@ def _pooled_ks(values: np.ndarray, alpha: float, power: float) -> TestResult:
     )
 
 
-def _position_chisquare(counts: np.ndarray, alpha: float, power: float, min_expected: float) -> TestResult:
-    """Sum over positions of the per-position Pearson χ² of `counts` [L, B] against uniform.
+def _stratified_chisquare(
+    name: str, stratum: str, counts: np.ndarray | None, alpha: float, power: float, min_expected: float
+) -> TestResult:
+    """Sum over strata (positions, slots) of the per-stratum Pearson χ² of `counts` [S, B] against
+    uniform; `counts` None: the run has no such strata (an engine that does not expose its slots).
 
-    Detectable effects: "w" over the position × bin cells (noncentrality n·w², df = K(B-1));
-    "tv" = w/2 bounds the n_l-weighted average of the per-position binned TVs (w_l >= 2δ_l and
-    Jensen); "tv_one_position" is the binned TV detected when the whole distortion sits at the
-    least-populated tested position (its noncentrality is n_l·w_l²).
+    Detectable effects: "w" over the stratum × bin cells (noncentrality n·w², df = K(B-1));
+    "tv" = w/2 bounds the n_s-weighted average of the per-stratum binned TVs (w_s >= 2δ_s and
+    Jensen); "tv_one_<stratum>" is the binned TV detected when the whole distortion sits in the
+    least-populated tested stratum (its noncentrality is n_s·w_s²).
     """
+    if counts is None:
+        return TestResult(name=name, expected=f"PIT values uniform within each {stratum}",
+                          observed=f"not tested: the run records no {stratum} of its tokens", statistic=0.0,
+                          p_value=1.0, alpha=alpha, n=0, power=power,
+                          detectable={"w": math.inf, "tv": math.inf, f"tv_one_{stratum}": math.inf})
     n_bins = counts.shape[1]
     per_position_n = counts.sum(1)  # [L]
     tested = np.flatnonzero(per_position_n >= min_expected * n_bins)  # [K]
     expected_desc = (
-        f"PIT values uniform over {n_bins} equal bins at each position with >= "
+        f"PIT values uniform over {n_bins} equal bins in each {stratum} with >= "
         f"{min_expected:g} expected per bin"
     )
     n = int(per_position_n[tested].sum())
     if len(tested) == 0:
         return TestResult(
-            name="pit.position_chisquare",
+            name=name,
             expected=expected_desc,
-            observed="no position has enough PIT values to test",
+            observed=f"no {stratum} has enough PIT values to test",
             statistic=0.0,
             p_value=1.0,
             alpha=alpha,
             n=0,
             power=power,
-            detectable={"w": math.inf, "tv": math.inf, "tv_one_position": math.inf},
+            detectable={"w": math.inf, "tv": math.inf, f"tv_one_{stratum}": math.inf},
         )
     per_position = stats.chisquare(counts[tested], axis=1)  # statistic, pvalue: [K]
     df = len(tested) * (n_bins - 1)
@@ -213,10 +254,10 @@ def _position_chisquare(counts: np.ndarray, alpha: float, power: float, min_expe
     l_worst = int(tested[worst])
     w = chisquare_detectable_w(n, df + 1, alpha, power)
     return TestResult(
-        name="pit.position_chisquare",
+        name=name,
         expected=expected_desc,
         observed=(
-            f"{len(tested)} positions tested; worst is position {l_worst} "
+            f"{len(tested)} {stratum}s tested; worst is {stratum} {l_worst} "
             f"(χ² = {per_position.statistic[worst]:.4g}, p = {per_position.pvalue[worst]:.3g}; "
             f"{describe_worst_bin(counts[l_worst], np.full(n_bins, per_position_n[l_worst] / n_bins))})"
         ),
@@ -228,6 +269,41 @@ def _position_chisquare(counts: np.ndarray, alpha: float, power: float, min_expe
         detectable={
             "w": w,
             "tv": w / 2,
-            "tv_one_position": w / 2 * math.sqrt(n / per_position_n[tested].min()),
+            f"tv_one_{stratum}": w / 2 * math.sqrt(n / per_position_n[tested].min()),
         },
+    )
+
+
+def _pair_chisquare(
+    u: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor, spare: torch.Tensor | None, alpha: float, power: float
+) -> TestResult:
+    """χ² of the pairs (u_{2m}, u_{2m+1}) of each sequence on a `PAIR_BINS` x `PAIR_BINS` grid
+    against the uniform square (df = PAIR_BINS² - 1). A pair counts when its first position is
+    tested; a second position the mask cuts is filled from `spare`. Pairs touching an impossible
+    token or a position left out of the tests are dropped (those fail the support check or are
+    near-ties already)."""
+    length = u.shape[1] - u.shape[1] % 2
+    first, second = u[:, 0:length:2], u[:, 1:length:2]  # [N, L/2]
+    first_ok, second_ok = valid[:, 0:length:2], valid[:, 1:length:2]
+    cut = ~mask[:, 1:length:2]  # the sequence ended before the second position
+    if spare is not None:
+        second = torch.where(cut, torch.as_tensor(spare, dtype=torch.float64)[:, 1:length:2], second)
+        second_ok = second_ok | cut
+    use = first_ok & second_ok  # [N, L/2]
+    cells = PAIR_BINS * PAIR_BINS
+    grid = (first[use] * PAIR_BINS).long().clamp(max=PAIR_BINS - 1) * PAIR_BINS + (
+        second[use] * PAIR_BINS).long().clamp(max=PAIR_BINS - 1)
+    counts = torch.bincount(grid, minlength=cells).numpy()
+    n = int(counts.sum())
+    if n < 5 * cells:
+        return TestResult(name="pit.pair_chisquare", expected="consecutive PIT pairs uniform on the unit square",
+                          observed=f"{n} pairs: too few to test (need {5 * cells})", statistic=0.0, p_value=1.0,
+                          alpha=alpha, n=n, power=power, detectable={"w": math.inf, "tv": math.inf})
+    return goodness_of_fit(
+        "pit.pair_chisquare",
+        f"pairs (u_2m, u_2m+1) uniform over a {PAIR_BINS}x{PAIR_BINS} grid of the unit square",
+        counts,
+        np.full(cells, n / cells),
+        alpha,
+        power,
     )

@@ -75,7 +75,8 @@ def test_exact_samples_give_uniform_pits_and_pass():
     mask = _before_eos(tokens)
     u = randomized_pit(probs, tokens, _uniforms((N, L), seed=12))
     results = pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.06)
-    assert [r.name for r in results] == ["pit.support", "pit.pooled_chisquare", "pit.pooled_ks", "pit.position_chisquare"]
+    assert [r.name for r in results] == ["pit.support", "pit.pooled_chisquare", "pit.pooled_ks", "pit.position_chisquare",
+                                         "pit.slot_chisquare", "pit.pair_chisquare"]
     assert all(r.passed for r in results), (
         "exact samples failed; false-failure probability <= alpha = 0.01 (Bonferroni over the tests):\n"
         + "\n".join(r.message() for r in results)
@@ -168,12 +169,42 @@ def test_eos_mask_keeps_the_level():
     u = _uniforms((reps, n, length), seed=50)
     eos = u < 0.1  # EOS is the most probable token, p = 0.1: its PIT interval is [0, 0.1)
     mask = (eos.long().cumsum(2) - eos.long()) == 0  # [reps, n, length]
+    spare = _uniforms((reps, n, length), seed=51)
+    slots = torch.arange(length).remainder(4).expand(n, -1)  # slots fixed in advance, as in rounds of 4
     p_values = torch.tensor(
-        [[r.p_value for r in pit_tests(u[i], mask[i], alpha=3 * level, power=0.9, target_tv=1.0)[1:]] for i in range(reps)]
-    )  # [reps, 3]
+        [[r.p_value for r in pit_tests(u[i], mask[i], alpha=5 * level, power=0.9, target_tv=1.0, slots=slots,
+                                       spare=spare[i])[1:]] for i in range(reps)]
+    )  # [reps, 5]
     rates = (p_values <= level).double().mean(0)
     bound = level + 3 * math.sqrt(level * (1 - level) / reps)  # 26 rejections of 300 at most
     assert (rates <= bound).all(), (
         f"rejection rates {rates.tolist()} above {bound:.3f} (level {level}, {reps} reps); false-failure "
-        "probability 2.6e-3 per test at level exactly 0.05 (P(Binomial(300, 0.05) >= 27)), <= 7.7e-3 for the 3"
+        "probability 2.6e-3 per test at level exactly 0.05 (P(Binomial(300, 0.05) >= 27)), <= 0.013 for the 5"
     )
+
+
+def test_a_distortion_at_one_slot_fails_the_slot_test():
+    """Rounds of 4: the token at slot 3 of every round is drawn uniformly instead of from p."""
+    probs = _random_target(N, L, V, seed=60)
+    slots = torch.arange(L).remainder(4).expand(N, -1)
+    sampling = torch.where((slots == 3)[..., None], torch.full_like(probs, 1.0 / V), probs)
+    tokens = _sample(sampling, seed=61)
+    u = randomized_pit(probs, tokens, _uniforms((N, L), seed=62))
+    results = {r.name: r for r in pit_tests(u, torch.ones(N, L, dtype=torch.bool), 0.01, 0.99, 0.06, slots=slots)}
+    slot = results["pit.slot_chisquare"]
+    assert not slot.passed and "slot 3" in slot.observed, (
+        f"slot 3 missed; false-failure probability <= 1 - 0.99 when its binned TV exceeds the detectable "
+        f"{slot.detectable['tv_one_slot']:.3g}\n{slot.message()}"
+    )
+
+
+def test_randomness_reused_across_steps_fails_the_pair_test_only():
+    """u_{2m+1} = 1 - u_{2m}: every value uniform (pooled tests pass), every pair on the anti-diagonal."""
+    first = _uniforms((4000, 8), seed=70)
+    u = torch.stack([first, 1 - first], dim=-1).reshape(4000, 16)
+    results = {r.name: r for r in pit_tests(u, torch.ones(4000, 16, dtype=torch.bool), 0.01, 0.99, 0.05)}
+    assert results["pit.pooled_chisquare"].passed and results["pit.pooled_ks"].passed, (
+        "the marginal is exactly uniform; false-failure probability <= alpha"
+    )
+    assert not results["pit.pair_chisquare"].passed, results["pit.pair_chisquare"].message()
+    assert results["pit.pair_chisquare"].p_value < 1e-100

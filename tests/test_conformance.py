@@ -1,0 +1,60 @@
+"""Conformance of a verifier to standard speculative sampling, on random rounds whose drafts are
+honest samples of their q: the correct verifier passes, each planted bug fails the check it breaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from losscheck.conformance import Recorder
+from losscheck.mutants.verifiers import in_sampled_rounds, verify_residual_is_p, verify_shared_uniform
+from losscheck.sampling import SamplingParams, sample
+from losscheck.verify import BlockOutcome, verify_block
+
+ROUNDS, ROWS, K, V = 60, 200, 3, 6
+ALPHA, POWER = 0.01, 0.99
+T1 = SamplingParams()
+HONEST_FAILS = "false-failure probability <= alpha = 0.01 (Bonferroni over the four uniformity tests)"
+
+
+def run(verifier, dishonest_q: bool = False, seed: int = 0) -> dict:
+    """ROUNDS rounds of ROWS rows: random target logits, drafts drawn from a random q (reported as
+    drawn, or as the softmax of other logits when `dishonest_q`). Returns the tests by name."""
+    gen = torch.Generator().manual_seed(seed)
+    recorder = Recorder(verifier, torch.Generator().manual_seed(seed + 1))
+    for _ in range(ROUNDS):
+        logits = 2 * torch.randn(ROWS, K + 1, V, generator=gen)
+        q = torch.softmax(2 * torch.randn(ROWS, K, V, generator=gen), -1)
+        drafts = sample(q, gen)
+        reported = torch.softmax(torch.randn(ROWS, K, V, generator=gen), -1) if dishonest_q else q
+        recorder(logits, drafts, reported, T1, gen)
+    return {r.name.split(".")[1]: r for r in recorder.tests(ALPHA, POWER)}
+
+
+def test_the_standard_verifier_conforms():
+    results = run(verify_block)
+    failed = [r.message() for r in results.values() if not r.passed]
+    assert not failed, HONEST_FAILS + "\n" + "\n".join(failed)
+    assert results["acceptance"].n > ROUNDS * ROWS and results["residual"].n > 0 and results["bonus"].n > 0
+
+
+@pytest.mark.parametrize("bug, broken", [(verify_residual_is_p, "residual"), (verify_shared_uniform, "acceptance")])
+def test_a_planted_verifier_bug_fails_the_check_it_breaks(bug, broken):
+    results = run(in_sampled_rounds(bug))
+    assert not results[broken].passed, f"{bug.__name__} passed {broken}: {results[broken].message()}"
+    assert results["draft_honesty"].passed, "the drafts are honest; " + HONEST_FAILS
+
+
+def test_a_drafter_reporting_another_q_fails_draft_honesty():
+    results = run(verify_block, dishonest_q=True)
+    assert not results["draft_honesty"].passed, results["draft_honesty"].message()
+
+
+def always_reject(logits, drafts, q, params, generator) -> BlockOutcome:
+    tokens = torch.cat([drafts, drafts[:, :1]], 1)
+    return BlockOutcome(torch.zeros(drafts.shape[0], dtype=torch.long), tokens)
+
+
+def test_rejecting_a_draft_the_target_prefers_is_impossible():
+    results = run(always_reject)
+    assert not results["impossible_rejection"].passed and results["impossible_rejection"].statistic > 0
