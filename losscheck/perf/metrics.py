@@ -79,7 +79,8 @@ def round_breakdown(trace: ServeTrace) -> dict[str, float]:
 @dataclass(frozen=True)
 class Speedup:
     """Spec over baseline throughput: the ratio of geometric means over repeated runs and its
-    confidence interval (Welch's t on log throughputs; NaN with fewer than two runs a side)."""
+    confidence interval on log throughputs (Student's t on the log ratios of paired runs, Welch's t
+    otherwise); NaN with fewer than two runs a side."""
 
     ratio: float
     low: float
@@ -90,13 +91,17 @@ class Speedup:
         return {"ratio": self.ratio, "ci_low": self.low, "ci_high": self.high, "level": self.level}
 
 
-def speedup(spec: Sequence[float], base: Sequence[float], level: float = 0.95) -> Speedup:
-    """Speedup of throughputs `spec` over `base` (tokens/s of independent runs)."""
+def speedup(spec: Sequence[float], base: Sequence[float], level: float = 0.95, paired: bool = False) -> Speedup:
+    """Speedup of throughputs `spec` over `base` (tokens/s); `paired`: run i of each side was
+    taken together (alternating), so the interval is on the per-pair log ratios."""
     if not spec or not base or min(*spec, *base) <= 0:
         raise ValueError(f"throughputs must be positive and non-empty, got spec={list(spec)} base={list(base)}")
+    if paired and len(spec) != len(base):
+        raise ValueError(f"paired runs need as many spec as baseline runs, got {len(spec)} and {len(base)}")
     a, b = np.log(spec), np.log(base)
     ratio = float(np.exp(a.mean() - b.mean()))
     if len(a) < 2 or len(b) < 2:
         return Speedup(ratio, math.nan, math.nan, level)
-    ci = sstats.ttest_ind(a, b, equal_var=False).confidence_interval(level)
+    test = sstats.ttest_1samp(a - b, 0.0) if paired else sstats.ttest_ind(a, b, equal_var=False)
+    ci = test.confidence_interval(level)
     return Speedup(ratio, float(np.exp(ci.low)), float(np.exp(ci.high)), level)

@@ -3,7 +3,9 @@ needs, and the report (`losscheck.perf.report`) shows whatever was measured.
 
 A *rung* is one engine ("baseline" or a drafter) at one concurrency on one workload: one warm-up
 run, then `profile.repeats` timed runs of the same requests (`losscheck.perf.serving.serve`).
-The baseline of a concurrency is measured once and shared by every drafter's speedup there.
+A drafter's runs alternate with baseline runs (its paired baseline), and its speedup is taken
+over those pairs; the baseline's own rung (the latency table, the throughput curve) is measured
+apart.
 Workloads: "ladder" (every tier, the profile's output budgets), "short" (every tier, the short
 budgets), and one per entropy tier.
 """
@@ -47,6 +49,7 @@ class PerfRun:
         self.params: SamplingParams = GREEDY if profile.temperature == 0 else SamplingParams(temperature=profile.temperature)
         self.seed = session.options.seed
         self._traces: dict[tuple[str, int, str], list[ServeTrace]] = {}
+        self._paired: dict[tuple[str, int, str], list[ServeTrace]] = {}
         self._peer: dict[str, Any] | None = None
         self.comparisons: list[Comparison] | None = None  # set by the compare with a saved run
         self.started = dt.datetime.now(dt.timezone.utc)
@@ -64,35 +67,49 @@ class PerfRun:
         return make_workload({kind: sets[kind]}, n, p.max_new, self.seed, concurrency, kind)
 
     def traces(self, engine: str, concurrency: int, kind: str = LADDER) -> list[ServeTrace]:
-        """The timed runs of a rung (measured on first use)."""
+        """The timed runs of a rung (measured on first use). A drafter's runs alternate with
+        baseline runs of the same requests (`paired_baseline`), so that both sides of each
+        speedup see the same machine: load that drifts during a run moves both."""
         key = (engine, concurrency, kind)
         if key not in self._traces:
-            target = self.session.target("main")
-            drafter = None if engine == BASELINE else self.session.drafters("main")[engine]
             requests = self.workload(concurrency, kind)
             warm = [Request(r.prompt, min(r.max_new, WARMUP_MAX_NEW), r.tier) for r in requests[:concurrency]]
-            k = self.profile.k
-
-            def run(reqs: list[Request], *names: object) -> ServeTrace:
-                gen = make_generator(self.seed, "perf", *key, *names, device=target.device)
-                return serve(target, drafter, k, reqs, concurrency, self.params, gen)
-
-            run(warm, "warm-up")
-            self._traces[key] = [run(requests, i) for i in range(self.profile.repeats)]
+            sides = [engine] if engine == BASELINE else [BASELINE, engine]
+            for side in sides:
+                self._run(side, key, warm, "warm-up")
+            runs: dict[str, list[ServeTrace]] = {side: [] for side in sides}
+            for i in range(self.profile.repeats):
+                for side in sides:
+                    runs[side].append(self._run(side, key, requests, i))
+            self._traces[key] = runs[engine]
+            if engine != BASELINE:
+                self._paired[key] = runs[BASELINE]
         return self._traces[key]
+
+    def paired_baseline(self, engine: str, concurrency: int, kind: str = LADDER) -> list[ServeTrace]:
+        """The baseline runs interleaved with a drafter's runs (run i right before its run i)."""
+        self.traces(engine, concurrency, kind)
+        return self._paired[engine, concurrency, kind]
+
+    def _run(self, side: str, key: tuple[str, int, str], requests: list[Request], *names: object) -> ServeTrace:
+        """One run of `requests` by `side` (the baseline or a drafter) at the rung `key`."""
+        target = self.session.target("main")
+        drafter = None if side == BASELINE else self.session.drafters("main")[side]
+        gen = make_generator(self.seed, "perf", side, *key, *names, device=target.device)
+        return serve(target, drafter, self.profile.k, requests, key[1], self.params, gen)
 
     # -- records ------------------------------------------------------------------------------
 
     def rung(self, engine: str, concurrency: int, kind: str = LADDER) -> dict[str, Any]:
-        """The figures of a rung; a drafter's with its speedup over the baseline of the same
-        concurrency and workload, and the speedup's decomposition (`losscheck.perf.model`)."""
-        base = self.traces(BASELINE, concurrency, kind)
+        """The figures of a rung; a drafter's with its speedup over its paired baseline runs and
+        the speedup's decomposition (`losscheck.perf.model`)."""
         record = _record(engine, concurrency, kind, self.profile.k, self.traces(engine, concurrency, kind))
         if engine != BASELINE:
-            base_record = _record(BASELINE, concurrency, kind, self.profile.k, base)
-            record["speedup"] = speedup(record["throughput_tok_s"], base_record["throughput_tok_s"]).to_dict()
+            base = _record(BASELINE, concurrency, kind, self.profile.k, self.paired_baseline(engine, concurrency, kind))
+            record["baseline_tok_s"] = base["throughput_tok_s"]
+            record["speedup"] = speedup(record["throughput_tok_s"], base["throughput_tok_s"], paired=True).to_dict()
             record["decomposition"] = Decomposition(
-                record["tau"], base_record["per_round"]["verify_s"], record["per_round"]["draft_s"],
+                record["tau"], base["per_round"]["verify_s"], record["per_round"]["draft_s"],
                 record["per_round"]["verify_s"]).to_dict()
         return record
 
@@ -114,10 +131,10 @@ class PerfRun:
             self._peer = {
                 "drafter": self.peer_drafter(), "k": k, "concurrency": 1, "requests": len(requests),
                 "hf_plain_tok_s": runs["plain"], "hf_assisted_tok_s": runs["assisted"],
-                "hf_speedup": speedup(runs["assisted"], runs["plain"]).to_dict(),
+                "hf_speedup": speedup(runs["assisted"], runs["plain"], paired=True).to_dict(),
                 "ours_speedup": ours["speedup"],
                 "ours_spec_tok_s": ours["throughput_tok_s"],
-                "ours_baseline_tok_s": self.rung(BASELINE, 1)["throughput_tok_s"],
+                "ours_baseline_tok_s": ours["baseline_tok_s"],
             }
         return self._peer
 

@@ -76,6 +76,17 @@ def test_speedup_is_the_ratio_of_geometric_means_with_a_welch_interval():
     assert s.low < s.ratio < s.high
 
 
+def test_paired_runs_take_the_interval_on_their_log_ratios():
+    spec, base = [200.0, 150.0, 260.0], [100.0, 80.0, 125.0]  # load moved both sides of each pair
+    s = speedup(spec, base, paired=True)
+    d = np.log(spec) - np.log(base)
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert (s.ratio, s.low, s.high) == pytest.approx((math.exp(d.mean()), math.exp(d.mean() - half), math.exp(d.mean() + half)))
+    assert s.high - s.low < speedup(spec, base).high - speedup(spec, base).low  # pairing removes the shared drift
+    with pytest.raises(ValueError, match="as many"):
+        speedup([1.0, 2.0], [1.0], paired=True)
+
+
 def test_speedup_interval_covers_the_true_ratio_at_its_level():
     # Runs with 5% log-normal noise around a true speedup of 1.5: the 95% interval covers it in
     # about 95% of 400 replications (binomial 99.9% band: 0.91-0.98).
