@@ -6,6 +6,8 @@ enumerated sequences, exact target probabilities).
 
 from __future__ import annotations
 
+import math
+
 from typing import Literal
 
 import numpy as np
@@ -26,6 +28,17 @@ def describe_worst_bin(observed: np.ndarray, expected: np.ndarray) -> str:
     )
 
 
+def chi2_log10_sf(statistic: float, df: int) -> float:
+    """log10 of the χ² tail P(X >= statistic) for `df` degrees of freedom, or, where scipy's
+    log-tail underflows too (statistics of ~1,500 and beyond), of the Chernoff upper bound
+    P(X >= x) <= exp(-(x - df - df·ln(x / df)) / 2) for x > df: a p-value below 10^-300 is then
+    reported by how far below it is at least."""
+    log_sf = float(stats.chi2.logsf(statistic, df))
+    if math.isfinite(log_sf) or statistic <= df:
+        return log_sf / math.log(10)
+    return -(statistic - df - df * math.log(statistic / df)) / (2 * math.log(10))
+
+
 def goodness_of_fit(
     name: str,
     expected_desc: str,
@@ -42,6 +55,7 @@ def goodness_of_fit(
     n = int(round(obs.sum()))
     result = stats.power_divergence(obs, exp, lambda_=statistic)
     w = chisquare_detectable_w(n, len(exp), alpha, power)
+    log10_p = chi2_log10_sf(float(result.statistic), len(exp) - 1)
     return TestResult(
         name=name,
         expected=expected_desc,
@@ -52,6 +66,7 @@ def goodness_of_fit(
         n=n,
         power=power,
         detectable={"w": w, "tv": w / 2},
+        log10_p=log10_p,
     )
 
 

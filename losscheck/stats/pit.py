@@ -44,7 +44,7 @@ from scipy import stats
 from losscheck.errors import LosscheckError, UnderpoweredError
 from losscheck.stats._checks import check_open_unit, check_tv, normalized_rows
 from losscheck.stats.budget import per_test_alpha
-from losscheck.stats.gof import describe_worst_bin, goodness_of_fit, support_check
+from losscheck.stats.gof import chi2_log10_sf, describe_worst_bin, goodness_of_fit, support_check
 from losscheck.stats.power import (
     chisquare_detectable_w,
     chisquare_required_n,
@@ -263,6 +263,7 @@ def _stratified_chisquare(
         ),
         statistic=statistic,
         p_value=float(stats.chi2.sf(statistic, df)),
+        log10_p=chi2_log10_sf(statistic, df),
         alpha=alpha,
         n=n,
         power=power,

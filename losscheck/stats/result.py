@@ -42,6 +42,9 @@ class TestResult:
     # "w" Cohen's effect size, "tv" total variation on the test's bins, "ks" Kolmogorov distance,
     # "mass" probability outside the target's support. math.inf: nothing is guaranteed.
     detectable: dict[str, float] = field(default_factory=dict)
+    # log10 of the p-value (of an upper bound on it where even the log-tail underflows), for tests
+    # that compute it: a p-value that underflows to 0 still says how small it is. None: not computed.
+    log10_p: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -53,9 +56,14 @@ class TestResult:
         effects = ", ".join(f"{k} >= {v:.3g}" for k, v in self.detectable.items()) or "nothing"
         return (
             f"{self.name} {verdict}: expected {self.expected}; observed {self.observed}. "
-            f"statistic = {self.statistic:.4g}, p = {self.p_value:.3g} {relation} alpha = "
+            f"statistic = {self.statistic:.4g}, p = {self._p_text()} {relation} alpha = "
             f"{self.alpha:.3g}, n = {self.n}; detects {effects} with power {self.power:g}."
         )
+
+    def _p_text(self) -> str:
+        if self.p_value == 0 and self.log10_p is not None and math.isfinite(self.log10_p):
+            return f"<= 10^{self.log10_p:.1f}"
+        return f"{self.p_value:.3g}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, `passed` included; infinities become None (JSON has no inf)."""

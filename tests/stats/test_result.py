@@ -59,3 +59,17 @@ def test_verdict_serialises_to_json_with_infinities_as_null():
     assert data["passed"] is True
     assert data["results"][0]["detectable"] == {"w": 0.05, "tv": 0.025}
     assert data["results"][1]["detectable"] == {"w": None}
+
+
+def test_chi2_log10_tail_is_scipys_where_it_is_finite_and_an_upper_bound_beyond():
+    import math
+
+    from scipy import stats
+
+    from losscheck.stats.gof import chi2_log10_sf
+
+    assert chi2_log10_sf(100.0, 9) == pytest.approx(math.log10(stats.chi2.sf(100.0, 9)), rel=1e-9)
+    # Where scipy's log-tail underflows, the Chernoff bound still orders the statistics.
+    assert chi2_log10_sf(5e4, 24) < chi2_log10_sf(5e3, 24) < -300
+    # The bound is an upper bound where both are finite.
+    assert chi2_log10_sf(1400.0, 24) <= -(1400 - 24 - 24 * math.log(1400 / 24)) / (2 * math.log(10)) + 1e-9
