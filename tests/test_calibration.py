@@ -52,3 +52,69 @@ def test_correct_engine_rejects_at_the_nominal_rate_and_p_values_are_uniform():
         f"joint chi-square p-values are not uniform: KS D={ks.statistic:.4f}, p={ks.pvalue:.2g} <= 1e-3; "
         "false-failure probability 1e-3"
     )
+
+
+NEW_RUNS = 200
+
+
+def _rejections_within_the_binomial_bound(rejections: dict[str, int], what: str) -> None:
+    bound = int(stats.binom.ppf(0.999, NEW_RUNS, LEVEL))
+    print(f"\ncalibration of {what}: rejections of {NEW_RUNS} null runs at level {LEVEL} "
+          f"(binomial 0.999 bound {bound}): {rejections}")
+    over = {name: n for name, n in rejections.items() if n > bound}
+    assert not over, (
+        f"{over} above the 0.999 bound {bound} of Binomial({NEW_RUNS}, {LEVEL}); false-failure probability "
+        f"{stats.binom.sf(bound, NEW_RUNS, LEVEL):.2g} per test at level exactly {LEVEL}"
+    )
+
+
+@pytest.mark.slow
+def test_slot_and_pair_tests_reject_at_the_nominal_rate():
+    """Exact samples with EOS (a predictable mask) in rounds of random acceptance: each of the
+    five PIT tests, judged at LEVEL alone, rejects within the binomial bound."""
+    import torch
+
+    from losscheck.stats.pit import PIT_TESTS, pit_tests, randomized_pit
+
+    rejections: dict[str, int] = {}
+    for run in range(NEW_RUNS):
+        gen = torch.Generator().manual_seed(run)
+        n, length, vocab = 300, 16, 20
+        probs = torch.softmax(2 * torch.randn(n, length, vocab, generator=gen, dtype=torch.float64), -1)
+        tokens = torch.multinomial(probs.reshape(-1, vocab), 1, generator=gen).view(n, length)
+        eos = tokens == 0
+        mask = (eos.long().cumsum(1) - eos.long()) == 0
+        # Slots of rounds that accept a random count: fixed before each token is drawn.
+        accept = torch.randint(0, 5, (n, length), generator=gen)
+        slots = torch.zeros(n, length, dtype=torch.long)
+        for l in range(1, length):
+            slots[:, l] = torch.where(slots[:, l - 1] < accept[:, l - 1], slots[:, l - 1] + 1, 0)
+        u = randomized_pit(probs, tokens, torch.rand(n, length, generator=gen, dtype=torch.float64))
+        spare = torch.rand(n, length, generator=gen, dtype=torch.float64)
+        results = pit_tests(u, mask, PIT_TESTS * LEVEL, 0.9, 1.0, slots=slots, spare=spare)
+        for r in results[1:]:
+            rejections[r.name] = rejections.get(r.name, 0) + (not r.passed)
+    _rejections_within_the_binomial_bound(rejections, "the PIT tests (slot and pair included)")
+
+
+@pytest.mark.slow
+def test_conformance_tests_reject_at_the_nominal_rate():
+    """The standard verifier on honest random rounds: each conformance test at LEVEL alone."""
+    import torch
+
+    from losscheck.conformance import CONFORMANCE_TESTS, Recorder
+    from losscheck.sampling import sample
+    from losscheck.verify import verify_block
+
+    rejections: dict[str, int] = {}
+    for run in range(NEW_RUNS):
+        gen = torch.Generator().manual_seed(10_000 + run)
+        recorder = Recorder(verify_block, torch.Generator().manual_seed(20_000 + run))
+        for _ in range(10):
+            logits = 2 * torch.randn(100, 5, 8, generator=gen)
+            # q near p (noise of sd 1 on the logits): rounds both reject and reach the bonus.
+            q = torch.softmax(logits[:, :4] + torch.randn(100, 4, 8, generator=gen), -1)
+            recorder(logits, sample(q, gen), q, SamplingParams(), gen)
+        for r in recorder.tests(CONFORMANCE_TESTS * LEVEL, 0.9):
+            rejections[r.name] = rejections.get(r.name, 0) + (not r.passed)
+    _rejections_within_the_binomial_bound(rejections, "the conformance tests")
