@@ -1,0 +1,24 @@
+"""`losscheck perf` is `pytest -m perf` in process with the shared options passed on."""
+
+from __future__ import annotations
+
+import pytest
+
+from losscheck.cli import parser, perf_args
+
+
+def test_perf_passes_its_options_on_to_the_perf_tier():
+    ns = parser().parse_args(["perf", "--perf-profile", "full", "--perf-compare", "old/perf.json",
+                              "--precision", "bf16", "--device", "cpu"])
+    args = perf_args(ns)
+    assert args[:4] == ["--pyargs", "losscheck.certify", "-m", "perf"] and "-n" not in args
+    for expected in ("--losscheck-perf-profile=full", "--losscheck-perf-compare=old/perf.json",
+                     "--losscheck-precision=bf16", "--losscheck-device=cpu", "--losscheck-out=reports",
+                     "--losscheck-perf-compare-fail=speedup:10%,tau:5%"):
+        assert expected in args
+
+
+def test_a_bad_threshold_is_a_usage_error_naming_it(capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(["perf", "--perf-compare-fail", "speed:5%"])
+    assert "'speed:5%' is not METRIC:N%" in capsys.readouterr().err
