@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from losscheck.contract import Drafter
 from losscheck.precision import Precision
@@ -67,6 +67,17 @@ FAMILY_SAMPLING = {
 }
 
 
+# The quick gate (`-m "lossless and not slow"`) keeps, for each drafter, every greedy cell of the
+# base precision and the sampled cells at its base block length (every sampling variant, its
+# stress cells, the oracle's and the exact-mode cells of that k); the slow tier (`-m lossless`
+# runs both, `losscheck certify` too) holds what costs most CPU time for what it adds beyond them.
+SLOW_TIER = (
+    "reduced-precision cells (CPU torch emulates bf16 / fp16: each PIT cell costs ~4x an fp32 one)",
+    "sampled cells at other block lengths and truncation widths (the greedy cells cover every k and width)",
+    "sampled cells of the bundled parallel and speculators families (they share family A's verifier "
+    "path, which the quick gate samples; their greedy cells stay in it)",
+)
+
 # Stress cells (`losscheck.drafters.stress`): honest variants of each drafter that reject more,
 # in directions that expose verifier bugs to the PIT tests of a main-target cell. Every drafter
 # gets all of them, except that the bundled parallel families share A's verifier path and keep one.
@@ -85,6 +96,7 @@ class Cell:
     target: str = "main"  # "main" or "small" (the exact-enumeration fixture)
     precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
     stress: str | None = None  # a stress variant of the drafter (`losscheck.drafters.stress`)
+    slow: bool = field(default=False, compare=False)  # in the slow tier (`SLOW_TIER`), not the quick gate
 
     @property
     def id(self) -> str:
@@ -149,7 +161,20 @@ def plan(
         for precision in precisions[1:]:
             cells[GREEDY_CELL].append(Cell(name, _base_k(drafter), GREEDY, precision=precision))
             cells[PIT_CELL].append(Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=precision))
-    return cells
+    base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
+    families = frozenset(FAMILY_SAMPLING) if bundled_families else frozenset()
+    return {arg: [replace(c, slow=in_slow_tier(c, base, base_ks, families)) for c in found] for arg, found in cells.items()}
+
+
+def in_slow_tier(cell: Cell, base: Precision, base_ks: Mapping[str, int], families: frozenset[str]) -> bool:
+    """Whether `cell` is in the slow tier (`SLOW_TIER` says which and why)."""
+    if cell.drafter == ENGINE:
+        return False
+    if cell.precision != base:
+        return True
+    if cell.params.greedy:
+        return False
+    return cell.width is not None or cell.k != base_ks.get(cell.drafter, BASE_K) or cell.drafter in families
 
 
 def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
@@ -159,10 +184,10 @@ def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
     return sum(len(cells[arg]) for arg in STATISTICAL_ARGS)
 
 
-def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, str]]:
+def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, Any]]:
     """The full matrix of a plan as JSON: one entry per cell of every certification argument,
     the rows a certificate accounts for (passed, failed, errored or not run)."""
-    return [{"cell": c.id, "mode": c.mode, "argument": arg} for arg in CELL_ARGS for c in cells[arg]]
+    return [{"cell": c.id, "mode": c.mode, "argument": arg, "slow": c.slow} for arg in CELL_ARGS for c in cells[arg]]
 
 
 def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:

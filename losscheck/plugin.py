@@ -24,7 +24,7 @@ MANIFEST_PROPERTY = "losscheck-manifest"
 
 MARKERS = {
     "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
-    "slow": "long-running material (calibration over many seeds)",
+    "slow": "long-running material: calibration over many seeds, the slow tier of the certification matrix",
     "mutants": "planted losslessness bugs that the gate must catch",
     "perf": "the performance tier: throughput and latency against concurrency (refuses to time under xdist)",
     "statistical": "a test that spends a Bonferroni share of the run's family-wise alpha",
@@ -90,7 +90,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pytest.fail(error, pytrace=False)  # outside `except`: without the exception chain
     for arg in args:
         if plan[arg]:
-            metafunc.parametrize(arg, plan[arg], ids=[c.id for c in plan[arg]])
+            cells = [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in plan[arg]]
+            metafunc.parametrize(arg, cells)
         else:
             off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
             metafunc.parametrize(arg, [off], ids=["off"])

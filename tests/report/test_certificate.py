@@ -119,3 +119,9 @@ def test_weights_hash_follows_every_tensor_and_says_when_there_is_none():
     assert weights_sha256(Holder(layer.to(torch.bfloat16))) not in (before, None)
     identity = drafter_identity(Holder(None))
     assert identity["weights_sha256"] is None and "identity" in identity["hash_note"]
+
+
+def test_a_run_without_the_slow_tier_says_the_quick_gate_is_complete():
+    matrix = [MATRIX[0], {**MATRIX[1], "slow": True}]
+    cert = build([manifest(matrix=matrix)], [record("A-k4-greedy")])
+    assert cert["verdict"] == "PARTIAL" and "quick gate is complete" in cert["reason"]
