@@ -115,3 +115,27 @@ def hf_assisted_residual_from_p(target: Target) -> HFAssistedEngine:
     planted residual bug."""
     model, assistant, eos = _bundled_parts(target)
     return HFResidualFromP(model, assistant, 4, eos, name="hf-assisted-residual-from-p")
+
+
+def tempered(assistant: torch.nn.Module, factor: float) -> torch.nn.Module:
+    """`assistant` drafting at `factor` times the request's temperature: its LM head's output is
+    divided by `factor` (a forward hook, so tied embeddings are untouched). HF computes the draft
+    distribution q from these logits with the request's processors, so the assistant stays an
+    honest drafter — the black-box form of the `tempered` stress drafter
+    (`losscheck.drafters.stress`): it rejects more often, which is where verifier bugs show."""
+    assistant.get_output_embeddings().register_forward_hook(lambda module, args, out: out / factor)
+    return assistant
+
+
+def hf_assisted_stress(target: Target) -> HFAssistedEngine:
+    """`--losscheck-engine=losscheck.engines.hf:hf_assisted_stress`: `hf_assisted` with the
+    assistant tempered by 2 (a stress cell for a black-box engine)."""
+    model, assistant, eos = _bundled_parts(target)
+    return HFAssistedEngine(model, tempered(assistant, 2.0), 4, eos, name="hf-assisted-tempered2")
+
+
+def hf_assisted_stress_residual_from_p(target: Target) -> HFAssistedEngine:
+    """`--losscheck-engine=losscheck.engines.hf:hf_assisted_stress_residual_from_p`: the planted
+    residual bug under the tempered assistant."""
+    model, assistant, eos = _bundled_parts(target)
+    return HFResidualFromP(model, tempered(assistant, 2.0), 4, eos, name="hf-assisted-tempered2-residual-from-p")

@@ -115,3 +115,14 @@ def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_a
     assert not torch.equal(correct.generate(*args, True), buggy.generate(*args, True))
     assert torch.equal(correct.generate(*args, False), buggy.generate(*args, False))
     assert hf_utils._speculative_sampling is before
+
+
+def test_a_tempered_assistant_drafts_from_logits_divided_by_its_factor():
+    from losscheck.engines.hf import tempered
+    from losscheck.target import load_causal_lm
+
+    assistant = load_causal_lm(bundled.fixtures_dir() / "drafter_a")
+    ids = torch.tensor([[1, 5, 9, 3]])
+    plain = assistant(ids).logits
+    stressed = tempered(assistant, 2.0)(ids).logits
+    assert torch.allclose(stressed, plain / 2, atol=1e-6)

@@ -18,6 +18,11 @@ pytest_plugins = ["pytester"]
 
 HF = "losscheck.engines.hf:hf_assisted"
 HF_BUG = "losscheck.engines.hf:hf_assisted_residual_from_p"
+# The assistant tempered by 2 (a stress drafter): with drafter A as it is (~0.97 acceptance per
+# slot) the residual bug moves the output by too little for the gate's sample (measured: p = 0.115),
+# with the tempered assistant rounds reject often and the bug is plain (p = 1.3e-44).
+HF_STRESS = "losscheck.engines.hf:hf_assisted_stress"
+HF_STRESS_BUG = "losscheck.engines.hf:hf_assisted_stress_residual_from_p"
 # The base sampled cell (T = 1, no top-k / top-p): where a residual bug moves the law most.
 BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9 and not T1.5"
 
@@ -43,9 +48,17 @@ def test_hf_assisted_generation_is_certified_one_sample(pytester):
 
 
 @pytest.mark.slow
+def test_hf_assisted_with_a_tempered_assistant_is_certified(pytester):
+    """The stress cell's control: the honest engine with the tempered assistant passes the base
+    cell (false failure <= alpha)."""
+    result, _ = certify(pytester, HF_STRESS, BASE_CELL)
+    result.assert_outcomes(passed=1)
+
+
+@pytest.mark.slow
 def test_hf_assisted_with_the_residual_drawn_from_p_is_rejected(pytester):
-    """The planted bug fails the base sampled cell; missed with probability <= 1 - 0.99 (the gate's
-    power) if it moves the PIT law by at least the detectable TV."""
-    result, _ = certify(pytester, HF_BUG, BASE_CELL)
+    """The planted bug, under the tempered assistant, fails the base sampled cell; missed with
+    probability <= 1 - 0.99 (the gate's power) if it moves the PIT law by at least the detectable TV."""
+    result, _ = certify(pytester, HF_STRESS_BUG, BASE_CELL)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1*"])
