@@ -59,7 +59,7 @@ def factory(target):
     return WrongTemperatureQ(honest.lm.model, "q-at-T1")
 """
 
-BASE_PIT_CELL = "test_pit_uniform and user-k4-T1 and not T1.5 and not topk and not topp"
+BASE_PIT_CELL = "test_pit_uniform and user-k4-T1 and not T1.5 and not topk and not topp and not stress"
 GATE_OUTCOMES = ("passed", "skipped", "failed", "errors", "xpassed", "xfailed")
 # False-failure probabilities of one statistical gate cell, by what the test expects of it.
 HONEST_FAILS = "<= the cell's alpha (--losscheck-alpha 0.01 split over the gate's statistical tests)"
