@@ -33,7 +33,7 @@ import torch
 
 from losscheck.sampling import SamplingParams, process_logits
 from losscheck.stats.budget import per_test_alpha
-from losscheck.stats.gof import goodness_of_fit
+from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
 from losscheck.stats.result import TestResult
 from losscheck.verify import BlockOutcome, Verifier, normalized, point_mass, recovery_distribution
@@ -106,21 +106,13 @@ class Recorder:
         Their sample sizes are whatever the run produced (rejections are random), so each reports
         the effect it detects rather than asserting one."""
         a = per_test_alpha(alpha, CONFORMANCE_TESTS)
-        results = [never("conformance.impossible_rejection", "no draft rejected whose min(1, p/q) is 1",
+        results = [impossible_event("conformance.impossible_rejection", "no draft rejected whose min(1, p/q) is 1",
                          f"{self.impossible} of {self.decided} decided drafts rejected with p >= q",
                          self.impossible, self.decided, power)]
         for kind in KINDS:
             values = torch.cat(self.values[kind]).cpu() if self.values[kind] else torch.zeros(0, dtype=torch.float64)
             results.append(uniformity(f"conformance.{kind}", values, a, power))
         return results
-
-
-def never(name: str, expected: str, observed: str, count: int, n: int, power: float) -> TestResult:
-    """A check of an event impossible under H0: p-value 1 without it, 0 with one; spends no alpha.
-    Detects an event of probability m >= 1 - (1 - power)^(1/n) per trial with probability >= power."""
-    return TestResult(name=name, expected=expected, observed=observed, statistic=float(count),
-                      p_value=1.0 if count == 0 else 0.0, alpha=0.0, n=n, power=power,
-                      detectable={"mass": 1.0 - (1.0 - power) ** (1.0 / n) if n > 0 else math.inf})
 
 
 def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> TestResult:
@@ -131,7 +123,7 @@ def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> T
     n = len(values)
     expected_desc = f"{name.split('.')[-1].replace('_', ' ')} values uniform over {BINS} equal bins of [0, 1]"
     if impossible:
-        return never(name, "every token inside the support of the law it is judged under",
+        return impossible_event(name, "every token inside the support of the law it is judged under",
                      f"{impossible} of {impossible + n} tokens have probability 0 under it", impossible, impossible + n, power)
     if n < 5 * BINS:
         return TestResult(name=name, expected=expected_desc, observed=f"{n} values: too few to test (need {5 * BINS})",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.errors import LosscheckError
-from losscheck.matrix import Cell, statistical_tests
+from losscheck.matrix import Cell
 from losscheck.mutants.power import predict
 from losscheck.mutants.registry import Mutant
 from losscheck.report.markdown import markdown_table
@@ -27,9 +27,7 @@ def gate_session(base: Session, mutant: str | None) -> Session:
     """`base`'s options and models with `mutant` planted and the per-test α of `pytest -m lossless`
     (split over every statistical cell of the gate's plan)."""
     base.drafters("main")  # load the models once, so every derived session shares them
-    run = base.derive(mutant=mutant)
-    run.n_statistical = statistical_tests(base.plan)
-    return run
+    return base.derive(mutant=mutant)  # its alpha split is the same full plan's
 
 
 @dataclass

@@ -71,18 +71,26 @@ def goodness_of_fit(
 
 
 def support_check(name: str, n_impossible: int, n: int, power: float, what: str) -> TestResult:
-    """Fails when any of `n` sampled `what`s has probability 0 under the target.
+    """Fails when any of `n` sampled `what`s has probability 0 under the target."""
+    return impossible_event(
+        name, f"every sampled {what} to have positive probability under the target",
+        f"{n_impossible} of {n} sampled {what}s have probability 0 under the target", n_impossible, n, power,
+    )
 
-    Under H0 that has probability 0, so the exact p-value is 1 with no such sample and 0 with
-    one: the check spends no share of the false-alarm budget (alpha = 0). It catches any mass
-    m >= 1 - (1 - power)^(1/n) outside the support with probability >= power.
+
+def impossible_event(name: str, expected: str, observed: str, count: int, n: int, power: float) -> TestResult:
+    """A check of an event that has probability 0 under H0, seen `count` times in `n` trials.
+
+    The exact p-value is 1 without the event and 0 with one, so the check spends no share of the
+    false-alarm budget (alpha = 0). It catches an event of probability m >= 1 - (1 - power)^(1/n)
+    per trial with probability >= power.
     """
     return TestResult(
         name=name,
-        expected=f"every sampled {what} to have positive probability under the target",
-        observed=f"{n_impossible} of {n} sampled {what}s have probability 0 under the target",
-        statistic=float(n_impossible),
-        p_value=1.0 if n_impossible == 0 else 0.0,
+        expected=expected,
+        observed=observed,
+        statistic=float(count),
+        p_value=1.0 if count == 0 else 0.0,
         alpha=0.0,
         n=n,
         power=power,
