@@ -114,7 +114,11 @@ class Session:
         if name == "small":
             return HFTarget.from_pretrained(bundled.small_target_path(), dtype, device=self.device)
         path = opts.target or bundled.target_path()
-        return HFTarget.from_pretrained(path, dtype, opts.trust_remote_code, self.device)
+        # a rank of `losscheck.tensor_parallel` loads its shard of the main target (HF's own plan)
+        split = torch.distributed.is_available() and torch.distributed.is_initialized() and (
+            torch.distributed.get_world_size() > 1
+        )
+        return HFTarget.from_pretrained(path, dtype, opts.trust_remote_code, self.device, "auto" if split else None)
 
     def drafters(self, target: str = "main", precision: "Precision | None" = None) -> "dict[str, Drafter]":
         """Drafters certified against `target` in `precision` (default: the base cell's), by cell

@@ -25,9 +25,17 @@ def content_hash(path: Path) -> str:
 
 
 def load_causal_lm(
-    path: str | Path, precision: str = "fp32", trust_remote_code: bool = False, device: str | torch.device = "cpu"
+    path: str | Path,
+    precision: str = "fp32",
+    trust_remote_code: bool = False,
+    device: str | torch.device = "cpu",
+    tp_plan: str | None = None,
 ) -> torch.nn.Module:
-    """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, on `device`, in eval mode."""
+    """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, on `device`, in eval mode.
+
+    `tp_plan` ("auto": the model's own plan) splits it over the ranks of the initialised
+    `torch.distributed` process group (`losscheck.tensor_parallel`); transformers then places each
+    rank's shard on that rank's device itself."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -41,6 +49,11 @@ def load_causal_lm(
             f"{str(path)!r} has no *.safetensors weights; losscheck loads safetensors only "
             "(convert with model.save_pretrained(dir, safe_serialization=True))"
         )
+    split: dict[str, object] = {}
+    if tp_plan is not None:
+        from transformers.distributed import DistributedConfig
+
+        split["distributed_config"] = DistributedConfig(tp_plan=tp_plan)
     try:
         with _quiet_loading():
             model = AutoModelForCausalLM.from_pretrained(
@@ -50,10 +63,11 @@ def load_causal_lm(
                 trust_remote_code=trust_remote_code,
                 local_files_only=True,
                 attn_implementation="sdpa",
+                **split,
             )
     except Exception as exc:  # transformers raises many types; name the model and the cause
         raise TargetError(f"could not load a causal LM from {str(path)!r}: {exc}") from exc
-    return model.to(device).eval()
+    return (model if split else model.to(device)).eval()
 
 
 @contextlib.contextmanager
@@ -92,11 +106,17 @@ class HFTarget:
     @classmethod
     def from_pretrained(
         cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "cpu", tp_plan: str | None = None,
     ) -> "HFTarget":
+        """`tp_plan`: split over the ranks of the initialised process group (`load_causal_lm`);
+        the identity then records the split, `{"split": ranks}`."""
         path = Path(path)
-        model = load_causal_lm(path, precision, trust_remote_code, device)
+        model = load_causal_lm(path, precision, trust_remote_code, device, tp_plan)
         identity = {"path": str(path.resolve()), "sha256": content_hash(path), "precision": precision}
+        if tp_plan is not None:
+            import torch.distributed as dist
+
+            identity["split"] = str(dist.get_world_size())
         return cls(model, name=path.name, identity=identity)
 
     def reset(self, batch_size: int, capacity: int) -> None:
