@@ -107,10 +107,10 @@ def split_generate(options: Options, cell: "Cell", calls: list[Call], timeout_s:
     model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
     """
     started = time.perf_counter()
-    backend = _backend(options, cell.split)
     if cell.target != "main":
         raise LosscheckError(f"cell {cell.id}: only the main target is split; {cell.target!r} is not")
     check_split(_config(options), cell.split)
+    backend = _backend(options, cell.split)
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="losscheck-split-") as rendezvous:
         results = ctx.Queue()
@@ -240,8 +240,10 @@ def _rank_main(
         torch.set_num_threads(1)  # the ranks share the machine's cores
         if backend == "nccl":
             torch.cuda.set_device(rank)
+        # the parent enforces `timeout_s`; the group's own timeout only frees a rank whose parent
+        # died, so it must not fire first and pre-empt the parent's timeout error
         dist.init_process_group(backend, init_method=store, rank=rank, world_size=ranks,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=timedelta(seconds=timeout_s + 60))
         from losscheck.sampling import make_generator
         from losscheck.session import Session
 
@@ -256,6 +258,10 @@ def _rank_main(
         results.put(("ok", rank, pickle.dumps(out)))
     except BaseException:  # noqa: BLE001 - the parent re-raises it with this rank's traceback
         results.put(("error", rank, traceback.format_exc()))
+        # flushed before the group goes down: the other ranks then fail too ("connection closed"),
+        # and the parent must hear the cause first
+        results.close()
+        results.join_thread()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
