@@ -75,8 +75,8 @@ class SplitRun:
 
 
 def check_split(config: Any, ranks: int) -> None:
-    """`OptionError`-style `LosscheckError` unless `ranks` divides the model's attention heads and
-    key/value heads (HF's plan shards q/k/v projections by whole heads)."""
+    """`LosscheckError` unless `ranks` (at least 2) divides the model's attention heads and
+    key/value heads: HF's plan shards the q/k/v projections by whole heads."""
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     if ranks < 2:
@@ -100,15 +100,18 @@ def rank_disagreement(rank: int, mine: list[Generation], rank0: list[Generation]
     return None
 
 
-def split_generate(options: Options, cell: "Cell", calls: list[Call], timeout_s: float = 900.0) -> SplitRun:
+def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: float = 900.0) -> SplitRun:
     """Run `calls` with `cell`'s engine, the main target split over `cell.split` ranks.
 
     Raises `SplitUnavailable` where the platform cannot split, `LosscheckError` for a split the
     model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
     """
+    from losscheck.matrix import ENGINE
+
     started = time.perf_counter()
-    if cell.target != "main":
-        raise LosscheckError(f"cell {cell.id}: only the main target is split; {cell.target!r} is not")
+    if cell.target != "main" or cell.drafter == ENGINE:
+        raise LosscheckError(f"cell {cell.id}: only the main target with losscheck's engine is split; "
+                             f"target {cell.target!r} with drafter {cell.drafter!r} is not")
     check_split(_config(options), cell.split)
     backend = _backend(options, cell.split)
     ctx = _context()
@@ -178,10 +181,13 @@ def _config(options: Options) -> Any:
 
 def _context() -> BaseContext:
     """A fork server that has imported torch and transformers once for every later rank (fork
-    itself is unsafe once torch runs threads); plain spawn where there is none."""
+    itself is unsafe once torch runs threads); plain spawn where there is none, and on a CUDA
+    machine, where a CUDA query made while preloading would be inherited by every rank."""
     import multiprocessing
 
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    import torch
+
+    if "forkserver" not in multiprocessing.get_all_start_methods() or torch.cuda.is_available():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
@@ -227,15 +233,18 @@ def _stop(procs: list[BaseProcess]) -> None:
 
 def _rank_main(
     rank: int, ranks: int, store: str, backend: str, timeout_s: float,
-    options: Options, cell: "Cell", calls: list[Call], results: Any,
+    options: Options, cell: Cell, calls: list[Call], results: Any,
 ) -> None:
     """One rank: join the group, build the session and engine, run every call, report to `results`
     ("ok", rank, pickled generations on the CPU) or ("error", rank, traceback text)."""
     import torch
     import torch.distributed as dist
 
-    # transformers' mesh reads the rank's device from LOCAL_RANK
+    # transformers' mesh reads the rank's device from LOCAL_RANK, and builds it on the machine's
+    # accelerator: gloo ranks hide the GPUs (before anything asks CUDA) to get a CPU mesh
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks))
+    if backend == "gloo":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         torch.set_num_threads(1)  # the ranks share the machine's cores
         if backend == "nccl":

@@ -20,7 +20,14 @@ from losscheck.matrix import ORACLE, Cell
 from losscheck.options import Options
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.session import Session
-from losscheck.tensor_parallel import Call, SplitError, SplitRun, SplitUnavailable, rank_disagreement, split_generate
+from losscheck.tensor_parallel import (
+    Call,
+    SplitError,
+    SplitRun,
+    SplitUnavailable,
+    rank_disagreement,
+    split_generate,
+)
 
 OPTIONS = dataclasses.replace(Options(), device="cpu")  # gloo ranks, also on a machine with one GPU
 TIERS = ("low", "mid", "high")
@@ -30,6 +37,8 @@ NEW_TOKENS = 32
 # logits move by ~1e-6. Only a float64 top-2 margin below this can flip a greedy token that way.
 REDUCTION_MARGIN = 1e-4
 T1 = SamplingParams(temperature=1.0)
+# one worker's fork server and module fixture for all of them under `pytest -n N --dist loadgroup`
+pytestmark = pytest.mark.xdist_group("tensor_parallel")
 
 
 def greedy_calls(session: Session) -> list[Call]:
