@@ -72,6 +72,7 @@ class SplitRun:
     wall_s: float  # wall time of the whole split run (process start to results)
     ranks: int
     backend: str  # "gloo" / "nccl"
+    identity: dict[str, str] = dataclasses.field(default_factory=dict)  # rank 0's target, with its "split"
 
 
 def check_split(config: Any, ranks: int) -> None:
@@ -133,11 +134,12 @@ def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: f
             results.close()
     pids = tuple(p.pid or 0 for p in procs)
     for rank in range(1, cell.split):
-        differs = rank_disagreement(rank, outputs[rank], outputs[0])
+        differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
         if differs:
             raise SplitError(f"ranks of split={cell.split} diverged on cell {cell.id}: {differs}; every rank "
                              "runs the same seeds on an all-reduced target, so this is a bug", pids)
-    return SplitRun(outputs[0], time.perf_counter() - started, cell.split, backend)
+    identity, generations = outputs[0]
+    return SplitRun(generations, time.perf_counter() - started, cell.split, backend, identity)
 
 
 def _backend(options: Options, ranks: int) -> str:
@@ -194,10 +196,13 @@ def _context() -> BaseContext:
     return ctx
 
 
-def _collect(procs: list[BaseProcess], results: Any, deadline: float, timeout_s: float) -> dict[int, list[Generation]]:
-    """Every rank's generations, or `SplitError` at the first rank failure, death or the deadline."""
+def _collect(
+    procs: list[BaseProcess], results: Any, deadline: float, timeout_s: float
+) -> dict[int, tuple[dict[str, str], list[Generation]]]:
+    """Rank -> (its target's identity, its generations), or `SplitError` at the first rank
+    failure, death or the deadline."""
     pids = tuple(p.pid or 0 for p in procs)
-    outputs: dict[int, list[Generation]] = {}
+    outputs: dict[int, tuple[dict[str, str], list[Generation]]] = {}
     while len(outputs) < len(procs):
         try:
             kind, rank, payload = results.get(timeout=max(0.01, min(0.5, deadline - time.perf_counter())))
@@ -236,7 +241,7 @@ def _rank_main(
     options: Options, cell: Cell, calls: list[Call], results: Any,
 ) -> None:
     """One rank: join the group, build the session and engine, run every call, report to `results`
-    ("ok", rank, pickled generations on the CPU) or ("error", rank, traceback text)."""
+    ("ok", rank, pickled (target identity, generations on the CPU)) or ("error", rank, traceback text)."""
     import torch
     import torch.distributed as dist
 
@@ -264,7 +269,7 @@ def _rank_main(
             out.append(_on_cpu(engine.generate(call.prompts, call.max_new_tokens, call.params, generator)))
         # plain pickle: the queue's own pickler would share tensors by file descriptor, which
         # dies with this process
-        results.put(("ok", rank, pickle.dumps(out)))
+        results.put(("ok", rank, pickle.dumps((engine.target.identity, out))))
     except BaseException:  # noqa: BLE001 - the parent re-raises it with this rank's traceback
         results.put(("error", rank, traceback.format_exc()))
         # flushed before the group goes down: the other ranks then fail too ("connection closed"),

@@ -104,6 +104,7 @@ def alive(pid: int) -> bool:
 def test_greedy_split_matches_unsplit_drafter_a(session, split_a):
     calls, run = split_a
     assert (run.ranks, run.backend, len(run.generations)) == (2, "gloo", len(calls))
+    assert run.identity["split"] == "2", f"rank 0's target was not loaded split: {run.identity}"
     differences = greedy_differences(session, Cell("A", 4, GREEDY), calls[: len(TIERS)], run)
     assert not differences, "split=2 greedy output differs from the unsplit engine:\n" + "\n".join(differences)
 
