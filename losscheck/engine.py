@@ -19,7 +19,10 @@ import torch
 from losscheck.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
 from losscheck.errors import LosscheckError
 from losscheck.generation import Generation, LoopStats
+from losscheck.prefix_cache import PrefixCache, ragged_cache
+from losscheck.ragged import forward_rows
 from losscheck.sampling import SamplingParams
+from losscheck.target import HFTarget
 from losscheck.verify import BlockOutcome, Verifier, checked_outcome, verify_block
 
 
@@ -103,6 +106,7 @@ class Engine:
         k: int = 4,
         width: int | None = None,
         verifier: Verifier | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -111,6 +115,7 @@ class Engine:
         self.k = k if drafter is not None else 0
         self.width = width
         self.verifier: Verifier = verifier or getattr(drafter, "verifier", None) or verify_block
+        self.prefix_cache = prefix_cache  # shared by every request this engine runs
         # the target layers whose states the drafter reads; only named layers are asked for by
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
@@ -124,7 +129,7 @@ class Engine:
         batch = self._start(prompts, max_new_tokens)
         stats = LoopStats.empty(self.k)
         with stats.clock("target", self.target.device):
-            self._prefill(batch)
+            self.prefill(batch)
         while not bool(batch.done.all()):
             self.step(batch, params, generator, stats)
         stats.total_seconds = time.perf_counter() - started
@@ -160,6 +165,8 @@ class Engine:
                 f"target's {self.target.max_positions} positions; shorten the prompt or the budget"
             )
         capacity = longest + max_new_tokens + self.k + 1
+        if self.prefix_cache is not None:  # rows prefilled from a prefix hit write junk up to 2·longest
+            capacity += longest
         tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         tokens[:, :longest] = prompt_ids
         hidden = None
@@ -169,16 +176,40 @@ class Engine:
         self.target.reset(rows, capacity)
         if self.drafter is not None:
             self.drafter.reset(rows, capacity)
+        if self.prefix_cache is not None:
+            self.prefix_cache.reset(rows)
         done = torch.full((rows,), max_new_tokens == 0, device=device)
         return Batch(tokens, lengths, lengths.clone(), hidden, done, max_new_tokens, torch.zeros_like(tokens))
 
-    def _prefill(self, batch: Batch) -> None:
-        """Read every prompt token but the pending last one."""
-        longest = int(batch.prompt_lengths.max())
-        if longest > 1:
-            _, states = self._forward(batch.tokens[:, : longest - 1], torch.zeros_like(batch.lengths))
+    def prefill(self, batch: Batch, rows: torch.Tensor | None = None) -> None:
+        """Read the committed tokens of `rows` [n] (default: every row) but the pending last one
+        into the target's cache (and `batch.hidden`), from the prefix cache as far as it holds
+        them. A scheduler admitting requests into finished rows calls it for those rows alone
+        (`losscheck.batching`); the other rows keep their state."""
+        every = rows is None
+        rows = torch.arange(len(batch.lengths), device=batch.lengths.device) if rows is None else rows
+        readable = batch.lengths[rows] - 1  # [n]
+        start = torch.zeros_like(readable)  # [n] first slot each row reads
+        cache = ragged_cache(self.target) if self.prefix_cache is not None else None
+        if cache is not None:
+            start = self.prefix_cache.load(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
+        width = int((readable - start).max())
+        if width > 0:
+            at = start[:, None] + torch.arange(width, device=start.device)  # [n, width] slots read
+            ids = batch.tokens[rows].gather(1, at)  # past a row's readable: junk, overwritten later
+            if every:
+                _, states = self._forward(ids, start)
+            elif isinstance(self.target, HFTarget) and _allocated(self.target):
+                layers = self.layers if self._by_id else None
+                _, states = self.target.checked(forward_rows(self.target.lm, rows, ids, start, layers))
+            else:  # one pass over every row: the others read junk from their pending slot on
+                all_ids = batch.tokens.new_zeros(len(batch.lengths), width).index_copy(0, rows, ids)
+                _, states = self._forward(all_ids, (batch.lengths - 1).index_copy(0, rows, start))
+                states = states[rows]
             if batch.hidden is not None:
-                batch.hidden[:, : longest - 1] = states.float()
+                batch.hidden[rows[:, None], at] = states.float()
+        if cache is not None:
+            self.prefix_cache.store(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
 
     def _draft(self, batch: Batch, params: SamplingParams, generator: torch.Generator) -> Proposal:
         """The drafter's block for every row; no drafts for the baseline or at the last positions."""
@@ -218,9 +249,17 @@ class Engine:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
             batch.hidden.scatter_(1, read, states.float())
         batch.lengths = batch.lengths + emit  # a new tensor: drafters may hold the old one
+        if self.prefix_cache is not None:  # blocks completed by this round's tokens
+            rows = active.nonzero().squeeze(1).tolist()
+            self.prefix_cache.store(ragged_cache(self.target), batch.tokens, batch.lengths - 1, rows, batch.hidden)
         if self.drafter is not None:
             self.drafter.commit(accepted)
         stats.record_round(accepted, active, width - 1)
         last = batch.pending().squeeze(1)
         ended = (emit > 0) & (last == self.target.eos_id) if self.target.eos_id is not None else False
         batch.done = batch.done | (batch.lengths - batch.prompt_lengths >= batch.budget) | ended
+
+
+def _allocated(target: HFTarget) -> bool:
+    """The target's ragged cache holds its buffers (allocated by the batch's first forward)."""
+    return target.lm.cache is not None and bool(target.lm.cache.keys)

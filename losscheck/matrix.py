@@ -84,6 +84,16 @@ SLOW_TIER = (
 STRESS_VARIANTS = ("tempered2", "argmax", "mix0.25")
 FAMILY_STRESS = ("tempered2",)
 
+# The serving axes (DESIGN §4.4), one variable per cell from the base cell, greedy and sampled, for
+# the reference drafter: the user's, or among the bundled ones family A (the others share its
+# engine paths). Pairs (two axes; the split with the first reduced precision) are slow-tier cells.
+SERVING_AXES: tuple[dict[str, Any], ...] = (
+    {"split": 2}, {"prefix": "cold"}, {"prefix": "warm"}, {"batching": "continuous"},
+)
+SERVING_PAIRS: tuple[dict[str, Any], ...] = ({"prefix": "warm", "batching": "continuous"},)
+# Edge sampling parameters (issue 11): near-greedy, near-flat and a top-p that keeps one token.
+EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.0), SamplingParams(top_p=0.05))
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -96,6 +106,11 @@ class Cell:
     target: str = "main"  # "main" or "small" (the exact-enumeration fixture)
     precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
     stress: str | None = None  # a stress variant of the drafter (`losscheck.drafters.stress`)
+    split: int = 1  # tensor-parallel ranks the target is split over (`losscheck.tensor_parallel`)
+    prefix: str = "off"  # prefix cache (`losscheck.prefix_cache`): "off", "cold" (empty at the
+    # cell's start) or "warm" (filled by a first turn whose outputs the measured prompts extend)
+    batching: str = "static"  # "static" (a batch at a time) or "continuous" (`losscheck.batching`:
+    # staggered arrivals admitted into rows freed mid-generation)
     slow: bool = field(default=False, compare=False)  # in the slow tier (`SLOW_TIER`), not the quick gate
 
     @property
@@ -111,7 +126,18 @@ class Cell:
             parts.append(self.precision.id())
         if self.stress is not None:
             parts.append(f"stress-{self.stress}")
+        if self.split != 1:
+            parts.append(f"tp{self.split}")
+        if self.prefix != "off":
+            parts.append(f"prefix-{self.prefix}")
+        if self.batching != "static":
+            parts.append("cb")
         return "-".join(parts)
+
+    @property
+    def serving(self) -> dict[str, Any]:
+        """The serving configuration the cell runs under (the certificate's record of it)."""
+        return {"split": self.split, "prefix_cache": self.prefix, "batching": self.batching}
 
     @property
     def mode(self) -> str:
@@ -161,6 +187,14 @@ def plan(
         for precision in precisions[1:]:
             cells[GREEDY_CELL].append(Cell(name, _base_k(drafter), GREEDY, precision=precision))
             cells[PIT_CELL].append(Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=precision))
+    for name in _reference(drafters["main"], bundled_families):
+        k = _base_k(drafters["main"][name])
+        for axis in SERVING_AXES + SERVING_PAIRS:
+            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=base, **axis))
+            cells[PIT_CELL].append(Cell(name, k, SAMPLING_VARIANTS[0], precision=base, **axis))
+        for precision in precisions[1:2] if name in precision_drafters else ():
+            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=precision, split=2))
+        cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
     families = frozenset(FAMILY_SAMPLING) if bundled_families else frozenset()
     return {arg: [replace(c, slow=in_slow_tier(c, base, base_ks, families)) for c in found] for arg, found in cells.items()}
@@ -170,10 +204,13 @@ def in_slow_tier(cell: Cell, base: Precision, base_ks: Mapping[str, int], famili
     """Whether `cell` is in the slow tier (`SLOW_TIER` says which and why)."""
     if cell.drafter == ENGINE:
         return False
-    if cell.precision != base:
+    serving = (cell.split != 1) + (cell.prefix != "off") + (cell.batching != "static")
+    if cell.precision != base or serving > 1:
         return True
     if cell.params.greedy:
-        return False
+        return cell.k not in GREEDY_KS
+    if cell.params in EDGE_VARIANTS and cell.target == "main":
+        return True
     return cell.width is not None or cell.k != base_ks.get(cell.drafter, BASE_K) or cell.drafter in families
 
 
@@ -191,8 +228,9 @@ def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, Any]]:
 
 
 def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:
-    """Every declared block length, plus every declared width at the base k."""
-    cells = [Cell(name, k, GREEDY) for k in GREEDY_KS if k in drafter.block_lengths]
+    """Every declared block length (those outside `GREEDY_KS` in the slow tier), plus every
+    declared width at the base k."""
+    cells = [Cell(name, k, GREEDY) for k in sorted(set(drafter.block_lengths))]
     cells += [Cell(name, _base_k(drafter), GREEDY, w) for w in drafter.widths if w is not None]
     return cells
 
@@ -223,6 +261,13 @@ def _sampled(
         else:
             cells += sampling_cells(name, drafter, variants, target)
     return cells
+
+
+def _reference(drafters: Mapping[str, Drafter], bundled_families: bool) -> list[str]:
+    """The drafters certified along the serving axes (see `SERVING_AXES`)."""
+    if bundled_families:
+        return [name for name in drafters if name == "A"]
+    return [name for name in drafters if name != ORACLE]
 
 
 def _base_k(drafter: Drafter) -> int:

@@ -49,6 +49,13 @@ class RaggedKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.visible
 
+    def allocate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """The buffers of `layer` shaped for entries like `key`, `value` [H_kv, m, D] (the prefix
+        cache writes blocks before the first forward would allocate them)."""
+        if layer not in self.keys:
+            self.keys[layer] = key.new_zeros(self.batch_size, key.shape[0], self.capacity, key.shape[2])
+            self.values[layer] = value.new_zeros(self.batch_size, value.shape[0], self.capacity, value.shape[2])
+
 
 def _cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5 renamed `past_key_values` to `cache`; accept either."""
@@ -108,3 +115,31 @@ class RaggedLM:
         if layers is None:
             return out.logits.float(), out.hidden_states[-1]
         return out.logits.float(), torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+
+def forward_rows(
+    lm: RaggedLM, rows: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, layers: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`lm.forward` of cache rows `rows` [n] alone, leaving the other rows untouched: `tokens`
+    [n, m] at slots `start` [n] onwards. One pass over the n rows into a cache of their own
+    (seeded with their slots before `start`), copied back: a serving engine prefills only what it
+    admits, and a pass over the whole batch would cost B / n times as much. Needs `lm`'s cache
+    allocated. → (logits [n, m, V], hidden [n, m, H])."""
+    main = lm.cache
+    assert main is not None and main.keys, "forward_rows needs the batch's cache allocated"
+    seeded = int(start.max())
+    lm.cache = RaggedKVCache(len(rows), seeded + tokens.shape[1])
+    try:
+        with torch.inference_mode():  # the buffers are inference tensors (made inside lm.forward)
+            for layer, keys in main.keys.items():
+                lm.cache.allocate(layer, keys[0, :, :1], main.values[layer][0, :, :1])
+                lm.cache.keys[layer][:, :, :seeded] = keys[rows, :, :seeded]
+                lm.cache.values[layer][:, :, :seeded] = main.values[layer][rows, :, :seeded]
+        out = lm.forward(tokens, start, layers=layers)
+        with torch.inference_mode():
+            for layer, keys in lm.cache.keys.items():  # [n, H_kv, seeded + m, D] each
+                main.keys[layer][rows, :, : keys.shape[2]] = keys
+                main.values[layer][rows, :, : keys.shape[2]] = lm.cache.values[layer]
+    finally:
+        lm.cache = main
+    return out

@@ -111,25 +111,94 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     """Spec output == baseline output, token for token, on every prompt of every tier."""
     target = session.cell_target(cell)
     max_new = session.options.profile.greedy_max_new
-    engine = session.engine(cell)
-    # In fp32 every divergence fails; in reduced precision one within the target's round-off is a near-tie.
-    tolerance = cell.precision.tolerance if cell.precision.reduced else 0.0
+    # In fp32 every divergence fails; in reduced precision, or split over ranks (another reduction
+    # order), one within the target's round-off is a near-tie.
+    tolerance = cell.precision.tolerance if cell.precision.reduced or cell.split > 1 else 0.0
     outcome = CellOutcome(cell, details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance,
-                                         **drafter_rule(session, cell)}, strict=session.options.strict)
-    for i, tier in enumerate(session.prompt_tiers):
-        session.progress.update(cell.id, "prompt tiers", i, len(session.prompt_tiers))
-        prompts = session.prompts(tier)
-        gen = make_generator(session.options.seed, cell.id, tier, device=target.device)
-        spec = engine.generate(prompts, max_new, GREEDY, gen)
+                                         "serving": cell.serving, **drafter_rule(session, cell)},
+                          strict=session.options.strict)
+    engine = session.engine(cell) if cell.split == 1 else None
+    tiers = session.prompt_tiers
+    requests = {tier: serving_prompts(session, cell, engine, session.prompts(tier), max_new, GREEDY, tier)
+                for tier in tiers}
+    streams = {tier: (cell.id, tier) for tier in tiers}
+    if engine is None:
+        spec_of = split_generations(session, cell, [(requests[t], max_new, GREEDY, streams[t]) for t in tiers], outcome)
+    for i, tier in enumerate(tiers):
+        session.progress.update(cell.id, "prompt tiers", i, len(tiers))
+        prompts = requests[tier]
+        gen = make_generator(session.options.seed, *streams[tier], device=target.device)
+        spec = serve(session, cell, engine, prompts, max_new, GREEDY, gen) if engine is not None else spec_of[i]
         base = session.baseline(
-            ("greedy", cell.target, cell.precision.target, tier),
+            ("greedy", cell.target, cell.precision.target, tuple(map(tuple, prompts))),
             lambda: session.baseline_engine(cell).generate(prompts, max_new, GREEDY, gen),
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
         outcome.details["prompts"] += len(prompts)
     outcome.problems = oracle_problems(cell, outcome.acceptance)
+    cache_facts(engine, outcome)
     return outcome
+
+
+# --- serving axes: prefix cache, continuous batching, tensor-parallel split ----------------------
+def serve(
+    session: Session, cell: Cell, engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams,
+    generator: torch.Generator,
+) -> Generation:
+    """`engine` runs `prompts` as the cell schedules them: a batch at a time, or by continuous
+    batching (a quarter as many rows as requests, arrivals staggered by a seeded draw)."""
+    if cell.batching == "static":
+        return engine.generate(prompts, max_new, params, generator)
+    from losscheck.batching import staggered_arrivals
+
+    rows = min(max(4, len(prompts) // 4), session.options.profile.batch)
+    arrivals = staggered_arrivals(len(prompts), rows, max_new,
+                                  make_generator(session.options.seed, cell.id, "arrivals", len(prompts)))
+    return session.batcher(engine, rows).generate(prompts, max_new, params, generator, arrivals)
+
+
+def serving_prompts(
+    session: Session, cell: Cell, engine: Engine | None, prompts: list[list[int]], max_new: int,
+    params: SamplingParams, stream: object,
+) -> list[list[int]]:
+    """The requests a cell measures: `prompts`, or for a warm prefix cache the second turn
+    (`losscheck.prefix_cache.second_turn`) after a first turn of `prompts` through `engine`, which
+    fills its cache."""
+    if cell.prefix != "warm":
+        return prompts
+    from losscheck.prefix_cache import second_turn
+
+    target = session.cell_target(cell)
+    first_new = session.options.profile.greedy_max_new
+    if engine is None:  # split over ranks: the first turn runs in the ranks (tensor_parallel)
+        return prompts
+    first = serve(session, cell, engine, prompts, first_new, params,
+                  make_generator(session.options.seed, cell.id, "first-turn", stream, device=target.device))
+    assert engine.prefix_cache is not None
+    return second_turn(prompts, [first.row(i) for i in range(len(prompts))], engine.prefix_cache.block,
+                       target.vocab_size, target.max_positions - max_new)
+
+
+def cache_facts(engine: Engine | None, outcome: CellOutcome) -> None:
+    """The prefix cache's block size and counters (lookups, hits, hit rate, evictions) in the record."""
+    if engine is not None and engine.prefix_cache is not None:
+        cache = engine.prefix_cache
+        outcome.details["prefix_cache"] = {"block": cache.block, "capacity": cache.capacity, **cache.stats.to_dict()}
+
+
+def split_generations(
+    session: Session, cell: Cell, calls: list[tuple[list[list[int]], int, SamplingParams, tuple[object, ...]]],
+    outcome: CellOutcome,
+) -> list[Generation]:
+    """Rank 0's generations of `calls` (prompts, max_new, params, generator stream) with the
+    target split over `cell.split` ranks (`losscheck.tensor_parallel`); the split run's wall time
+    and backend go into the record."""
+    from losscheck.tensor_parallel import Call, split_generate
+
+    run = split_generate(session.options, cell, [Call(p, n, params, stream) for p, n, params, stream in calls])
+    outcome.details["split"] = {"ranks": run.ranks, "backend": run.backend, "wall_s": round(run.wall_s, 2)}
+    return run.generations
 
 
 # --- sampling: shared helpers -------------------------------------------------------------------
@@ -146,20 +215,31 @@ def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> i
 
 def generate_rows(
     session: Session, cell: Cell, prompts: list[list[int]], n: int, horizon: int, stream: str, baseline: bool = False,
-    engine: Engine | None = None,
+    engine: Engine | None = None, outcome: CellOutcome | None = None,
 ) -> tuple[list[list[int]], Generation]:
     """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in engine batches that fit
-    the memory budget (with `engine`, default the cell's speculative or baseline one)."""
-    engine = engine or (session.baseline_engine(cell) if baseline else session.engine(cell))
+    the memory budget (with `engine`, default the cell's speculative or baseline one), served as
+    the cell schedules them (`serve`; split over ranks, `split_generations`, whose facts go into
+    `outcome`)."""
     target = session.cell_target(cell)
-    batch = engine_batch_rows(engine.k, target.vocab_size, session.options.memory_budget_mib << 20,
-                              session.options.profile.batch)
+    k = engine.k if engine is not None else 0 if baseline else cell.k
+    batch = engine_batch_rows(k, target.vocab_size, session.options.memory_budget_mib << 20, session.options.profile.batch)
     rows = [prompts[i % len(prompts)] for i in range(n)]
+    if cell.batching == "continuous" and not baseline:  # one stream of requests, `serve` sizes the rows
+        batch = n
+    starts = range(0, n, batch)
+    streams = [(cell.id, stream, start) for start in starts]
+    if cell.split > 1 and not baseline:
+        calls = [(rows[start : start + batch], horizon, cell.params, key) for start, key in zip(starts, streams)]
+        return rows, Generation.concat(split_generations(session, cell, calls, outcome or CellOutcome(cell)))
+    engine = engine or (session.baseline_engine(cell) if baseline else session.engine(cell))
     parts = []
-    for start in range(0, n, batch):
+    for start, key in zip(starts, streams):
         session.progress.update(cell.id, f"{stream} sequences drawn", start, n)
-        parts.append(engine.generate(rows[start : start + batch], horizon, cell.params,
-                                     make_generator(session.options.seed, cell.id, stream, start, device=target.device)))
+        gen = make_generator(session.options.seed, *key, device=target.device)
+        part = rows[start : start + batch]
+        parts.append(engine.generate(part, horizon, cell.params, gen) if baseline
+                     else serve(session, cell, engine, part, horizon, cell.params, gen))
     return rows, Generation.concat(parts)
 
 
@@ -292,13 +372,21 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     alpha_pit = session.per_test_alpha * PIT_TESTS / (PIT_TESTS + CONFORMANCE_TESTS)
     n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
-    engine = session.engine(cell)
-    recorder = engine.verifier = Recorder(engine.verifier, make_generator(session.options.seed, cell.id, "conformance"))
-    rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample", engine=engine)
+    split = CellOutcome(cell)  # the split run's facts
+    engine, recorder = None, None
+    if cell.split == 1:  # the conformance recorder wraps the verifier in this process only
+        engine = session.engine(cell)
+        recorder = engine.verifier = Recorder(engine.verifier, make_generator(session.options.seed, cell.id, "conformance"))
+    prompts = serving_prompts(session, cell, engine, prompts, horizon, cell.params, "pit")
+    rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample", engine=engine, outcome=split)
     results, facts = score_pit(session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance,
                                alpha_pit)
-    results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
-    return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon, **facts)
+    if recorder is not None:
+        results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
+    outcome = _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon, serving=cell.serving,
+                               **facts, **split.details)
+    cache_facts(engine, outcome)
+    return outcome
 
 
 # --- sampling: exact enumeration ------------------------------------------------------------------

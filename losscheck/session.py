@@ -19,6 +19,7 @@ from losscheck.progress import QUIET, Progress
 if TYPE_CHECKING:
     import torch
 
+    from losscheck.batching import ContinuousBatcher
     from losscheck.engines import BlackBoxEngine
     from losscheck.contract import Drafter
     from losscheck.engine import Engine
@@ -205,9 +206,21 @@ class Session:
             from losscheck.drafters.stress import stressed
 
             drafter = stressed(drafter, cell.stress, target.vocab_size)
+        cache = None
+        if cell.prefix != "off":
+            from losscheck.prefix_cache import CAPACITY, COLD_CAPACITY, PrefixCache
+
+            cache = PrefixCache(capacity=COLD_CAPACITY if cell.prefix == "cold" else CAPACITY)
         if self.mutant is not None:
-            return self.mutant.engine(target, drafter, cell.k, cell.width)
-        return Engine(target, drafter, cell.k, cell.width)
+            return self.mutant.engine(target, drafter, cell.k, cell.width, cache)
+        return Engine(target, drafter, cell.k, cell.width, prefix_cache=cache)
+
+    def batcher(self, engine: "Engine", rows: int) -> "ContinuousBatcher":
+        """Continuous batching of `engine` over `rows` rows, with the run's planted bug."""
+        from losscheck.batching import ContinuousBatcher
+
+        planted = self.mutant.batcher if self.mutant is not None else None
+        return (planted or ContinuousBatcher)(engine, rows)
 
     def baseline_engine(self, cell: "Cell") -> "Engine":
         """Plain decoding of `cell`'s target in its precision: the same loop with no drafter

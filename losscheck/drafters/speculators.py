@@ -250,6 +250,11 @@ class SpeculatorsDrafter:
         self.cache = RaggedKVCache(batch_size, capacity)
         self.cached = torch.zeros(batch_size, dtype=torch.long, device=self.map.device)
 
+    def forget_rows(self, rows: torch.Tensor) -> None:
+        """Rows [n] take new requests (continuous batching): their entries are rebuilt from the start."""
+        self.cached = self.cached.clone()
+        self.cached[rows] = 0
+
     def commit(self, accepted: torch.Tensor) -> None:
         # every entry past the pending token's was built from drafted tokens: rebuild from there
         self.cached = self._proposed_at

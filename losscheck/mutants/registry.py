@@ -15,13 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
+from losscheck.batching import ContinuousBatcher
 from losscheck.contract import Drafter, Target
 from losscheck.engine import Engine
 from losscheck.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.mutants import drafters as planted
-from losscheck.mutants import laws, targets
+from losscheck.mutants import laws, serving, targets
 from losscheck.mutants import verifiers as bugs
 from losscheck.mutants.drafters import TRUNCATION_WIDTH
+from losscheck.prefix_cache import PrefixCache
 from losscheck.profiles import Profile
 from losscheck.verify import Verifier, verify_block
 
@@ -40,14 +42,20 @@ class Mutant:
     verifier: Verifier = verify_block
     wrap_drafter: Callable[[Drafter], Drafter] | None = None
     wrap_target: Callable[[Target, int], Target] | None = None  # (target, k) -> target
+    wrap_cache: Callable[[PrefixCache], PrefixCache] | None = None  # the cell's prefix cache -> planted one
+    batcher: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
 
-    def engine(self, target: Target, drafter: Drafter, k: int, width: int | None = None) -> Engine:
+    def engine(
+        self, target: Target, drafter: Drafter, k: int, width: int | None = None, prefix_cache: PrefixCache | None = None
+    ) -> Engine:
         """The speculative engine with this bug planted."""
         if self.wrap_drafter is not None:
             drafter = self.wrap_drafter(drafter)
         if self.wrap_target is not None:
             target = self.wrap_target(target, k)
-        return Engine(target, drafter, k, width, self.verifier)
+        if self.wrap_cache is not None and prefix_cache is not None:
+            prefix_cache = self.wrap_cache(prefix_cache)
+        return Engine(target, drafter, k, width, self.verifier, prefix_cache)
 
     def cells(self, plan: Mapping[str, list[Cell]], profile: Profile) -> list[Cell]:
         """The cells of a gate `plan` where the bug manifests, in run order."""
@@ -64,6 +72,11 @@ def _sampled(drafters: tuple[str, ...] = ("A",)) -> Callable[[Cell, int], bool]:
 
 def _greedy(drafters: tuple[str, ...] = ("A",)) -> Callable[[Cell, int], bool]:
     return lambda cell, horizon: cell.params.greedy and cell.drafter in drafters
+
+
+def _serving(**axis: str) -> Callable[[Cell, int], bool]:
+    """Greedy cells of family A with the serving axes `axis` (e.g. prefix="warm")."""
+    return lambda cell, horizon: _greedy()(cell, horizon) and all(getattr(cell, f) == v for f, v in axis.items())
 
 
 def _tempered(cell: Cell, horizon: int) -> bool:
@@ -211,6 +224,32 @@ CATALOGUE: tuple[Mutant, ...] = (
         "shifting rotary phases. Shows where rows accept different counts: family-A greedy cells.",
         _greedy(), None, "greedy cells are deterministic: any divergence fails",
         wrap_target=targets.BatchMaxPositions,
+    ),
+    Mutant(
+        "prefix_cache_stale_after_rollback", "greedy",
+        "Stale prefix-cache entry after a rollback: a block is cached once written, the pending token's slot included.",
+        "After a rejection the pending token's slot still holds the rejected draft's keys / values; a block "
+        "stored with it serves them to every later request sharing the prefix. Shows in the warm prefix-cache "
+        "cells, whose second turn reuses the blocks the first turn stored while decoding.",
+        _serving(prefix="warm"), None, "greedy cells are deterministic: any divergence fails",
+        wrap_cache=serving.stale_cache,
+    ),
+    Mutant(
+        "prefix_hash_partial_block", "greedy",
+        "Prefix-cache block hash that ignores part of the block (its last token).",
+        "Prefixes that differ only in a block's last token share the entry, so a request reuses another "
+        "prompt's keys / values. Shows in the warm prefix-cache cells (each second-turn request has a sibling "
+        "differing in exactly that token).",
+        _serving(prefix="warm"), None, "greedy cells are deterministic: any divergence fails",
+        wrap_cache=serving.partial_hash_cache,
+    ),
+    Mutant(
+        "retired_row_leak", "greedy",
+        "Continuous batching: a retired row's state leaks into the next request admitted into it.",
+        "The new request is appended after the retired one's tokens and attends to their cache entries, so "
+        "its output is conditioned on another request. Shows in the continuous-batching cells.",
+        _serving(batching="continuous"), None, "greedy cells are deterministic: any divergence fails",
+        batcher=serving.RetiredRowLeak,
     ),
     Mutant(
         "rows_mixed_up", "greedy",

@@ -14,7 +14,7 @@ concurrency limit counts from sending. *Emission event*: a round in which the re
 least one token (a streaming client's chunk; a speculative round emits several tokens at once).
 Every clock read follows a device synchronisation, so a round's time includes its kernels.
 
-An admission prefills the admitted rows alone (`prefill_rows`: a pass over them into a cache of
+An admission prefills the admitted rows alone (`losscheck.ragged.forward_rows`: a pass over them into a cache of
 their own, copied into their cache rows), for the target and for an autoregressive drafter. For a
 target that is not an `HFTarget`, and at the first admission (before the cache is allocated), one
 pass goes over every row: the admitted rows' prompts at slot 0, junk for each other row at its
@@ -33,13 +33,13 @@ from typing import Any
 import torch
 
 from losscheck.contract import Drafter, Target
-from losscheck.drafters.autoregressive import AutoregressiveDrafter
+from losscheck.batching import admit_drafter_rows, forget_rows  # noqa: F401  (forget_rows: re-exported)
 from losscheck.engine import Batch, Engine, pad_prompts
 from losscheck.errors import LosscheckError
 from losscheck.generation import LoopStats
 from losscheck.perf.workload import Request
 from losscheck.precision import synchronize
-from losscheck.ragged import RaggedKVCache, RaggedLM
+from losscheck.ragged import RaggedLM, forward_rows
 from losscheck.sampling import SamplingParams
 from losscheck.target import HFTarget
 
@@ -227,70 +227,20 @@ def _admit(batch: Batch, target: Target, drafter: Drafter | None, rows: list[int
     batch.lengths, batch.prompt_lengths, batch.budget, batch.done = lengths, prompt_lengths, budget, done
     if read > 0:
         if isinstance(target, HFTarget) and _allocated(target.lm):
-            states = target.checked(prefill_rows(target.lm, index, ids))[1]  # [n, read, H]
+            states = target.checked(forward_rows(target.lm, index, ids, torch.zeros_like(index)))[1]  # [n, read, H]
         else:  # any Target, or the first admission: one pass over every row, junk for the others
             every = torch.zeros(len(done), read, dtype=torch.long, device=device)  # [B, read]
             every[index] = ids
             states = target.forward(every, pending.index_fill(0, index, 0))[1][index]
         if batch.hidden is not None:
             batch.hidden[index, :read] = states.float()
-    if drafter is None:
-        return
-    if isinstance(drafter, AutoregressiveDrafter) and read > 0 and _allocated(drafter.lm):
-        # Its catch-up would re-read every row's missing tokens in one [B, read] pass; prefill
-        # the admitted rows alone, as the target's.
-        prefill_rows(drafter.lm, index, ids)
-        drafter.cached = drafter.cached.clone()
-        drafter.cached[index] = lengths[index] - 1
-    else:
-        forget_rows(drafter, index)
+    if drafter is not None:
+        admit_drafter_rows(drafter, batch, index)
 
 
 def _allocated(lm: RaggedLM) -> bool:
     """The ragged cache holds its buffers (allocated by the first forward of the batch)."""
     return lm.cache is not None and bool(lm.cache.keys)
-
-
-def prefill_rows(lm: RaggedLM, rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read `ids` [n, m] into slots 0..m-1 of cache rows `rows` [n] of `lm`, leaving the other
-    rows untouched: one forward over the n rows into a cache of their own, then copied in. A
-    serving engine prefills only what it admits; a pass over the whole batch would cost B / n
-    times as much. → (logits [n, m, V], hidden [n, m, H])."""
-    main = lm.cache
-    assert main is not None
-    lm.cache = RaggedKVCache(len(rows), ids.shape[1])
-    try:
-        out = lm.forward(ids, torch.zeros(len(rows), dtype=torch.long, device=ids.device))
-        with torch.inference_mode():  # the buffers are inference tensors (made inside lm.forward)
-            for layer, keys in lm.cache.keys.items():  # [n, H_kv, m, D] each
-                main.keys[layer][rows, :, : ids.shape[1]] = keys
-                main.values[layer][rows, :, : ids.shape[1]] = lm.cache.values[layer]
-    finally:
-        lm.cache = main
-    return out
-
-
-def forget_rows(drafter: Drafter, rows: torch.Tensor) -> None:
-    """Make `drafter` treat `rows` [n] as new requests, keeping the other rows' state.
-
-    The `Drafter` protocol resets whole batches only. A drafter with per-row state can offer
-    `forget_rows(rows)`; the bundled ones need none: the autoregressive drafter re-reads a row
-    from the start once its cached count is zero, the block drafters keep no state.
-    """
-    from losscheck.drafters.parallel import BlockDrafter
-
-    forget = getattr(drafter, "forget_rows", None)
-    if callable(forget):
-        forget(rows)
-    elif isinstance(drafter, AutoregressiveDrafter):
-        drafter.cached = drafter.cached.clone()
-        drafter.cached[rows] = 0
-    elif not isinstance(drafter, BlockDrafter):
-        raise LosscheckError(
-            f"drafter {drafter.name!r} ({type(drafter).__name__}) has no forget_rows(rows) method; the perf "
-            "tier admits new requests into finished rows of a running batch, so a drafter with per-row state "
-            "must drop the state of those rows (rows: LongTensor [n]) as reset() does for all of them"
-        )
 
 
 def module_bytes(model_owner: Any) -> int | None:
