@@ -63,7 +63,8 @@ class Call:
     prompts: list[list[int]]
     max_new_tokens: int
     params: SamplingParams
-    stream: tuple[object, ...]  # generator keys: make_generator(options.seed, *stream, device=target.device)
+    # generator keys, picklable: make_generator(options.seed, *stream, device=target.device)
+    stream: tuple[object, ...]
 
 
 @dataclass
