@@ -80,6 +80,13 @@ class Batch:
         return torch.where(slot < new[:, None], self.slot_of.gather(1, at), 0)
 
 
+def parked(batch: Batch, k: int, max_positions: int) -> torch.Tensor:
+    """[B] the lengths a round drafts and scores rows at: a finished row moved back so that its
+    k + 1 junk slots stay inside the target's positions (`k` fits the longest *active* row only;
+    a finished row's drafts are discarded and its cache never read again)."""
+    return torch.where(batch.done, batch.lengths.clamp(max=max_positions - k).clamp(min=1), batch.lengths)
+
+
 def emit_counts(emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None) -> torch.Tensor:
     """[B] tokens a row commits: `count` (accepted + 1), at most `room` (budget left), and none
     after the first EOS among them. emitted [B, k+1] the verified tokens."""
@@ -217,14 +224,16 @@ class Engine:
         k = min(self.k, self.target.max_positions - int(batch.lengths[~batch.done].max()))
         if k <= 0 or self.drafter is None:
             return Proposal(batch.tokens.new_zeros(rows, 0))
-        ctx = DraftContext(batch.tokens, batch.lengths, batch.hidden, k, self.width, params, generator)
+        ctx = DraftContext(batch.tokens, parked(batch, k, self.target.max_positions), batch.hidden, k, self.width,
+                           params, generator)
         proposal = self.drafter.propose(ctx)
         return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
 
     def _score(self, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
         """One target pass over `[pending, d_1 .. d_k]` → logits [B, k+1, V], states [B, k+1, n·H]."""
-        scored = torch.cat([batch.pending(), proposal.tokens], dim=1)  # [B, k+1]
-        return self._forward(scored, batch.lengths - 1)
+        lengths = parked(batch, proposal.tokens.shape[1], self.target.max_positions)
+        scored = torch.cat([batch.tokens.gather(1, (lengths - 1)[:, None]), proposal.tokens], dim=1)  # [B, k+1]
+        return self._forward(scored, lengths - 1)
 
     def _forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's pass, with the states of the drafter's layers when it names them."""
