@@ -185,6 +185,23 @@ def headline(cert: dict[str, Any]) -> str:
     return f"losscheck verdict: {cert['verdict']} — {cert['reason']}"
 
 
+def serving_lines(records: list[dict[str, Any]]) -> list[str]:
+    """What the serving cells measured: the split run's wall time, the prefix cache's hit rate."""
+    lines = []
+    for r in sorted(records, key=lambda r: r.get("cell", "")):
+        facts = []
+        if r.get("split"):
+            s = r["split"]
+            facts.append(f"target split over {s['ranks']} ranks ({s['backend']}), split run {s['wall_s']:.1f} s wall")
+        if r.get("prefix_cache"):
+            c = r["prefix_cache"]
+            facts.append(f"prefix cache (block {c['block']}, {c['capacity']} blocks): hit rate {c['hit_rate']:.1%} "
+                         f"({c['hits']}/{c['lookups']} blocks looked up), {c['stored']} stored, {c['evictions']} evicted")
+        if facts:
+            lines.append(f"- `{r['cell']}`: " + "; ".join(facts))
+    return ["", "Serving cells:", "", *lines] if lines else []
+
+
 def markdown(cert: dict[str, Any], plots: list[str] = ()) -> str:
     from losscheck.report.summary import markdown_table
 
@@ -210,6 +227,7 @@ def markdown(cert: dict[str, Any], plots: list[str] = ()) -> str:
         lines.append(f"- losscheck {env['losscheck']} (git {env['git_revision'] or '-'}), python {env['python']}, "
                      f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}")
     lines += ["", markdown_table(cert["cells"])]
+    lines += serving_lines(cert["cells"])
     missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]
     if missing:
         lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]
