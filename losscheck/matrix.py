@@ -76,6 +76,11 @@ SLOW_TIER = (
     "sampled cells at other block lengths and truncation widths (the greedy cells cover every k and width)",
     "sampled cells of the bundled parallel and speculators families (they share family A's verifier "
     "path, which the quick gate samples; their greedy cells stay in it)",
+    "greedy cells at declared block lengths outside 1, 2, 4, 8, 16 (e.g. a drafter of 1..16 gets 16 greedy cells)",
+    "sampled cells of the serving axes, pairs of serving axes and a serving axis in reduced precision (the "
+    "quick gate has each axis alone in a greedy cell: the axes change scheduling and cache reuse, not the "
+    "verifier's arithmetic, and a wrong context shows token for token; each serving mutant is caught there)",
+    "the edge sampling parameters T=0.001, T=5 and top-p 0.05 on the main target",
 )
 
 # Stress cells (`losscheck.drafters.stress`): honest variants of each drafter that reject more,
@@ -205,7 +210,7 @@ def in_slow_tier(cell: Cell, base: Precision, base_ks: Mapping[str, int], famili
     if cell.drafter == ENGINE:
         return False
     serving = (cell.split != 1) + (cell.prefix != "off") + (cell.batching != "static")
-    if cell.precision != base or serving > 1:
+    if cell.precision != base or serving > 1 or (serving and not cell.params.greedy):
         return True
     if cell.params.greedy:
         return cell.k not in GREEDY_KS

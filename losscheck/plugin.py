@@ -174,7 +174,7 @@ class RecordCollector:
         cert = certificate.build(meta, self.manifests, self.records, int(exitstatus),
                                  self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED)
         terminalreporter.section("losscheck certificate")
-        for line in summary_lines(self.records) + certificate.serving_lines(self.records)[1:]:
+        for line in summary_lines(self.records) + [s for s in certificate.serving_lines(self.records) if s]:
             terminalreporter.write_line(line)
         terminalreporter.write_line(certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS",
                                     green=cert["verdict"] == "PASS")

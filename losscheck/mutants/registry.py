@@ -1,7 +1,8 @@
 """The mutant catalogue: each planted bug, what it plants and where it shows.
 
 A mutant plants its bug in the speculative engine only — as the engine's verifier, as a wrapper
-around the drafter (a misreported q) or around the target (cache and position bookkeeping) — so
+around the drafter (a misreported q) or around the target (cache and position bookkeeping), as
+its prefix cache or as its continuous-batching scheduler (`losscheck.mutants.serving`) — so
 the drafter-less baseline the greedy gate compares against stays plain decoding. `cells` picks,
 from the gate's own plan (`losscheck.matrix.plan`), the cells where the bug manifests, in the order
 the mutant tier runs them (exact-mode cells on the small target first: cheapest, and they carry a
