@@ -51,7 +51,9 @@ def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
         assert ids, f"{m.name} shows in no gate cell"
         assert set(ids) <= (greedy if m.kind == "greedy" else statistical), m.name
     assert [c.id for c in get_mutant("temperature_q_only").cells(session.plan, session.options.profile)] == [
-        "A-k4-T0.3-small", "A-k4-T1.5-small", "A-k4-T0.3", "A-k4-T1.5"]
+        "A-k4-T0.3-small", "A-k4-T1.5-small", "A-k4-T0.3", "A-k4-T1.5", "A-k4-T0.001", "A-k4-T5"]
+    assert [c.id for c in get_mutant("retired_row_leak").cells(session.plan, session.options.profile)] == [
+        "A-k4-greedy-cb", "A-k4-greedy-prefix-warm-cb"]
 
 
 def test_the_mutant_tier_uses_the_alpha_of_the_lossless_gate(session):
