@@ -13,6 +13,8 @@ from losscheck.mutants.serving import RetiredRowLeak
 from losscheck.prefix_cache import PrefixCache
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 def test_arrivals_start_with_a_full_batch_then_stagger_deterministically():
     arrivals = staggered_arrivals(40, 8, 16, make_generator(0, "a"))

@@ -33,18 +33,10 @@ from losscheck.session import Session
 from losscheck.verify import verify_block
 from tests.support import assert_follows
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 ALPHA = 1e-6  # per χ² call (see the module docstring)
 SPEC = [("A", 4), ("self", 8)]  # (drafter, k) of the greedy equality cases
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The models are tiny: one thread is fastest, and a second only spins against the other
-    processes of a shared CI machine (50x slower there)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ from losscheck.prefix_cache import PrefixCache, block_hash, second_turn
 from losscheck.ragged import RaggedKVCache
 from losscheck.sampling import GREEDY, SamplingParams, make_generator
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 def ids(*tokens: int) -> torch.Tensor:
     return torch.tensor(tokens)

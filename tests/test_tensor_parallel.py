@@ -38,7 +38,7 @@ NEW_TOKENS = 32
 REDUCTION_MARGIN = 1e-4
 T1 = SamplingParams(temperature=1.0)
 # one worker's fork server and module fixture for all of them under `pytest -n N --dist loadgroup`
-pytestmark = pytest.mark.xdist_group("tensor_parallel")
+pytestmark = [pytest.mark.xdist_group("tensor_parallel"), pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 def greedy_calls(session: Session) -> list[Call]:
@@ -50,16 +50,6 @@ def run_split(cell: Cell, calls: list[Call], options: Options = OPTIONS, timeout
         return split_generate(options, cell, calls, timeout_s)
     except SplitUnavailable as exc:
         pytest.skip(f"no tensor-parallel split on this platform: {exc}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The in-process reference single-threaded, as each rank is (and as under xdist): on a
-    shared, oversubscribed 2-core machine two spinning threads made it ~30x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
