@@ -98,6 +98,7 @@ def _bonus_in_horizon(cell: Cell, horizon: int) -> bool:
     return _sampled(FAMILY_A)(cell, horizon) and cell.k < horizon
 
 
+GREEDY_NO_LAW = "greedy cells are deterministic: any divergence fails"
 FIRST_SLOT_UNTOUCHED = "the first token comes from slot 0, which this bug leaves exact"
 
 CATALOGUE: tuple[Mutant, ...] = (
@@ -207,7 +208,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "Bonus token dropped: counted in the emitted length but never written (placeholder id leaks out).",
         "Whenever a row accepts all k drafts it emits the placeholder id 0 where the bonus belongs "
         "(both decoding modes). Shows in every family-A greedy cell, the oracle's included.",
-        _greedy(FAMILY_A), None, "greedy cells are deterministic: any divergence fails",
+        _greedy(FAMILY_A), None, GREEDY_NO_LAW,
         verifier=bugs.verify_bonus_counted_not_written,
     ),
     Mutant(
@@ -215,7 +216,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "Target KV cache not rolled back after a rejection: the next round appends after the rejected drafts.",
         "Rejected drafts' keys/values stay in the target's context and positions drift. Shows where "
         "drafts are rejected: the family-A greedy cells (the oracle never rejects).",
-        _greedy(), None, "greedy cells are deterministic: any divergence fails",
+        _greedy(), None, GREEDY_NO_LAW,
         wrap_target=targets.StaleCache,
     ),
     Mutant(
@@ -223,7 +224,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "Position ids wrong after a ragged batched rollback: one batch-wide step counter (the max) for every row.",
         "Rows that accepted fewer drafts than the batch's best get positions ahead of their cache, "
         "shifting rotary phases. Shows where rows accept different counts: family-A greedy cells.",
-        _greedy(), None, "greedy cells are deterministic: any divergence fails",
+        _greedy(), None, GREEDY_NO_LAW,
         wrap_target=targets.BatchMaxPositions,
     ),
     Mutant(
@@ -232,7 +233,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "After a rejection the pending token's slot still holds the rejected draft's keys / values; a block "
         "stored with it serves them to every later request sharing the prefix. Shows in the warm prefix-cache "
         "cells, whose second turn reuses the blocks the first turn stored while decoding.",
-        _serving(prefix="warm"), None, "greedy cells are deterministic: any divergence fails",
+        _serving(prefix="warm"), None, GREEDY_NO_LAW,
         wrap_cache=serving.stale_cache,
     ),
     Mutant(
@@ -241,15 +242,16 @@ CATALOGUE: tuple[Mutant, ...] = (
         "Prefixes that differ only in a block's last token share the entry, so a request reuses another "
         "prompt's keys / values. Shows in the warm prefix-cache cells (each second-turn request has a sibling "
         "differing in exactly that token).",
-        _serving(prefix="warm"), None, "greedy cells are deterministic: any divergence fails",
+        _serving(prefix="warm"), None, GREEDY_NO_LAW,
         wrap_cache=serving.partial_hash_cache,
     ),
     Mutant(
         "retired_row_leak", "greedy",
         "Continuous batching: a retired row's state leaks into the next request admitted into it.",
-        "The new request is appended after the retired one's tokens and attends to their cache entries, so "
-        "its output is conditioned on another request. Shows in the continuous-batching cells.",
-        _serving(batching="continuous"), None, "greedy cells are deterministic: any divergence fails",
+        "The row's offset is not reset: the new prompt lands after old tokens of the row and the request "
+        "attends to their cache entries, so its output is conditioned on another request. Shows in the "
+        "continuous-batching cells.",
+        _serving(batching="continuous"), None, GREEDY_NO_LAW,
         batcher=serving.RetiredRowLeak,
     ),
     Mutant(
@@ -257,7 +259,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "Batch rows mixed up when they accept different counts (sorted for a ragged commit, never unsorted).",
         "A row commits another row's tokens whenever rows accept different counts (both decoding "
         "modes). Shows in the family-A greedy cells (the oracle's rows all accept k).",
-        _greedy(), None, "greedy cells are deterministic: any divergence fails",
+        _greedy(), None, GREEDY_NO_LAW,
         verifier=bugs.verify_rows_mixed_up,
     ),
 )
