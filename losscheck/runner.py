@@ -8,6 +8,7 @@ become JSON for the certificate in `to_record()`. The certification tests only a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -377,19 +378,32 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     alpha_pit = session.per_test_alpha * PIT_TESTS / (PIT_TESTS + CONFORMANCE_TESTS)
     n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    needed = sample_size.pit_required_values(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins)
     split = CellOutcome(cell)  # the split run's facts
-    engine, recorder = None, None
-    if cell.split == 1:  # the conformance recorder wraps the verifier in this process only
-        engine = session.engine(cell)
-        recorder = engine.verifier = Recorder(engine.verifier, make_generator(session.options.seed, cell.id, "conformance"))
+    engine = session.engine(cell) if cell.split == 1 else None
+    verifier = engine.verifier if engine is not None else None
     prompts = serving_prompts(session, cell, engine, prompts, horizon, cell.params, "pit")
-    rows, gen = generate_rows(session, cell, prompts, n, horizon, "pit-sample", engine=engine, outcome=split)
+    pilot: dict[str, int] = {}
+    for stream in ("pit-sample", "pit-resample"):
+        recorder = None
+        if engine is not None:  # the conformance recorder wraps the verifier in this process only
+            key = ("conformance",) if stream == "pit-sample" else ("conformance", stream)
+            recorder = engine.verifier = Recorder(verifier, make_generator(session.options.seed, cell.id, *key))
+        rows, gen = generate_rows(session, cell, prompts, n, horizon, stream, engine=engine, outcome=split)
+        drawn = int(gen.mask().sum())
+        if drawn >= needed:
+            break
+        # EOS cut the sequences short (e.g. at a high temperature): this sample was a pilot and is
+        # set aside; a fresh one, sized from its tokens per sequence, is the one tested (its size
+        # depends on the pilot only, so optional stopping cannot bias the tests)
+        pilot = {"pilot_sequences": n, "pilot_tokens": drawn}
+        n = math.ceil(needed * sample_size.SAMPLE_MARGIN * n / max(drawn, 1))
     results, facts = score_pit(session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance,
                                alpha_pit)
     if recorder is not None:
         results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
     outcome = _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon, serving=cell.serving,
-                               **facts, **split.details)
+                               **facts, **split.details, **pilot)
     cache_facts(engine, outcome)
     return outcome
 
