@@ -80,8 +80,6 @@ class ContinuousBatcher:
         now = 0
         while queue or any(i is not None for i in request_of):
             free = [b for b, i in enumerate(request_of) if i is None]
-            if not queue or arrivals[queue[0]] > now:
-                free = []
             admitted = []
             while free and queue and arrivals[queue[0]] <= now:
                 admitted.append((free.pop(0), queue.popleft()))

@@ -166,15 +166,12 @@ def serving_prompts(
     """The requests a cell measures: `prompts`, or for a warm prefix cache the second turn
     (`losscheck.prefix_cache.second_turn`) after a first turn of `prompts` through `engine`, which
     fills its cache."""
-    if cell.prefix != "warm":
+    if cell.prefix != "warm" or engine is None:  # a split cell has no prefix cache (matrix.SERVING_PAIRS)
         return prompts
     from losscheck.prefix_cache import second_turn
 
     target = session.cell_target(cell)
-    first_new = session.options.profile.greedy_max_new
-    if engine is None:  # split over ranks: the first turn runs in the ranks (tensor_parallel)
-        return prompts
-    first = serve(session, cell, engine, prompts, first_new, params,
+    first = serve(session, cell, engine, prompts, session.options.profile.greedy_max_new, params,
                   make_generator(session.options.seed, cell.id, "first-turn", stream, device=target.device))
     assert engine.prefix_cache is not None
     return second_turn(prompts, [first.row(i) for i in range(len(prompts))], engine.prefix_cache.block,
