@@ -13,16 +13,16 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Proposal": "losscheck.contract",
-    "DraftContext": "losscheck.contract",
-    "Drafter": "losscheck.contract",
-    "Target": "losscheck.contract",
-    "SamplingParams": "losscheck.sampling",
-    "Engine": "losscheck.engine",
-    "HFTarget": "losscheck.target",
-    "BlockOutcome": "losscheck.verify",
-    "Verifier": "losscheck.verify",
-    "verify_block": "losscheck.verify",
+    "Proposal": "losscheck.core.contract",
+    "DraftContext": "losscheck.core.contract",
+    "Drafter": "losscheck.core.contract",
+    "Target": "losscheck.core.contract",
+    "SamplingParams": "losscheck.core.sampling",
+    "Engine": "losscheck.core.engine",
+    "HFTarget": "losscheck.core.target",
+    "BlockOutcome": "losscheck.core.verify",
+    "Verifier": "losscheck.core.verify",
+    "verify_block": "losscheck.core.verify",
 }
 __all__ = sorted(_EXPORTS)
 

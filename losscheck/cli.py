@@ -1,7 +1,7 @@
 """`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop,
 show where the bundled fixtures are.
 
-The options shared with the pytest plugin come from `losscheck.options` (same names without the
+The options shared with the pytest plugin come from `losscheck.run.options` (same names without the
 `--losscheck-` prefix, same help); `certify` passes them on to pytest.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from losscheck.errors import LosscheckError
-from losscheck.loading import check_options
-from losscheck.options import SPECS, add_options, dest, from_parsed, pytest_args
+from losscheck.run.loading import check_options
+from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
 
 # The options `losscheck mutants` and `losscheck families` take.
 EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact")
@@ -28,7 +28,7 @@ PERF_OPTIONS = ("target", "drafter", "device", "precision", "seed", "prompts", "
 
 def certify_args(ns: argparse.Namespace) -> list[str]:
     """The pytest command line that `losscheck certify` runs."""
-    args = ["--pyargs", "losscheck.certify", "-m", "lossless", "-p", "no:cacheprovider", "-q", "-rfE"]
+    args = ["--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider", "-q", "-rfE"]
     args += pytest_args({name: getattr(ns, dest(name)) for name in SPECS})
     if ns.workers:
         args += ["-n", str(ns.workers)]
@@ -37,14 +37,14 @@ def certify_args(ns: argparse.Namespace) -> list[str]:
 
 def perf_args(ns: argparse.Namespace) -> list[str]:
     """The pytest command line that `losscheck perf` runs (in process: the tier does not time under xdist)."""
-    args = ["--pyargs", "losscheck.certify", "-m", "perf", "-p", "no:cacheprovider", "-q", "-rfEs"]
+    args = ["--pyargs", "losscheck.plugin.certify", "-m", "perf", "-p", "no:cacheprovider", "-q", "-rfEs"]
     return args + pytest_args({name: getattr(ns, dest(name)) for name in PERF_OPTIONS})
 
 
 def default_workers(device: str | None) -> int:
     """xdist workers `losscheck certify` starts: one per core on the CPU; in process (0) on an
     accelerator, where every worker would hold its own copy of the models in device memory."""
-    from losscheck.precision import resolve_device
+    from losscheck.core.precision import resolve_device
 
     return (os.cpu_count() or 1) if resolve_device(device).type == "cpu" else 0
 
@@ -130,16 +130,16 @@ def run_command(ns: argparse.Namespace) -> int:
         print(fixtures_dir())
         return 0
     if ns.command == "mutants":
-        from losscheck.mutants.command import run
+        from losscheck.selftest.command import run
 
         return run(Path(ns.out), from_parsed(lambda d: getattr(ns, d)), ns.names, ns.all_cells)
     if ns.command == "families":
-        from losscheck.families import compare_families
+        from losscheck.perf.families import compare_families
 
         compare_families(Path(ns.out), getattr(ns, dest("seed")), tuple(ns.ks), ns.max_new, ns.repeats)
         print(f"wrote {ns.out}/table.md, table.json, slot_acceptance.png")
         return 0
-    from losscheck import bench
+    from losscheck.perf import bench
 
     if ns.near_ties:
         for dtype in ("fp32", "bf16", "fp16"):

@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 if TYPE_CHECKING:
     from losscheck.drafters.autoregressive import AutoregressiveDrafter
-    from losscheck.target import HFTarget
+    from losscheck.core.target import HFTarget
 
 # Ragged prompts for the tiny Llamas (vocabulary 32, BOS 0): rows of different lengths share a batch.
 PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
@@ -60,7 +60,7 @@ def tiny_llama(vocab: int = 32, hidden: int = 32, layers: int = 2, seed: int = 0
 
 def tiny_target(max_positions: int = 128, attention_scale: float = 1.0) -> HFTarget:
     """`tiny_llama` as the fp32 target "toy", query and key projections scaled by `attention_scale`."""
-    from losscheck.target import HFTarget
+    from losscheck.core.target import HFTarget
 
     model = tiny_llama(max_positions=max_positions)
     with torch.no_grad():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.batching import ContinuousBatcher, staggered_arrivals
-from losscheck.engine import Engine
+from losscheck.serving.batching import ContinuousBatcher, staggered_arrivals
+from losscheck.core.engine import Engine
 from losscheck.errors import LosscheckError
-from losscheck.mutants.serving import RetiredRowLeak
-from losscheck.prefix_cache import PrefixCache
-from losscheck.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.selftest.serving import RetiredRowLeak
+from losscheck.serving.prefix_cache import PrefixCache
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -25,8 +25,8 @@ def test_arrivals_start_with_a_full_batch_then_stagger_deterministically():
 
 @pytest.fixture(scope="module")
 def bundled():
-    from losscheck.options import Options
-    from losscheck.session import Session
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
 
     session = Session(Options())
     prompts = session.prompts("high")[:6] + session.prompts("low")[:6]

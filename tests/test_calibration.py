@@ -17,12 +17,12 @@ import dataclasses
 import pytest
 from scipy import stats
 
-from losscheck.matrix import Cell
-from losscheck.profiles import get_profile
-from losscheck.runner import run_exact
-from losscheck.sampling import SamplingParams
-from losscheck.options import Options
-from losscheck.session import Session
+from losscheck.plan.matrix import Cell
+from losscheck.plan.profiles import get_profile
+from losscheck.cells.runner import run_exact
+from losscheck.core.sampling import SamplingParams
+from losscheck.run.options import Options
+from losscheck.run.session import Session
 
 RUNS = 200
 LEVEL = 0.05
@@ -102,9 +102,9 @@ def test_conformance_tests_reject_at_the_nominal_rate():
     """The standard verifier on honest random rounds: each conformance test at LEVEL alone."""
     import torch
 
-    from losscheck.conformance import CONFORMANCE_TESTS, Recorder
-    from losscheck.sampling import sample
-    from losscheck.verify import verify_block
+    from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder
+    from losscheck.core.sampling import sample
+    from losscheck.core.verify import verify_block
 
     rejections: dict[str, int] = {}
     for run in range(NEW_RUNS):

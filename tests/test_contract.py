@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.contract import Proposal, validate_proposal
+from losscheck.core.contract import Proposal, validate_proposal
 from losscheck.errors import DrafterOutputError
 
 B, K, V = 2, 3, 5

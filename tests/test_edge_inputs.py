@@ -20,17 +20,17 @@ import pytest
 import torch
 from scipy.stats import chi2, ncx2
 
-from losscheck.contract import Proposal
+from losscheck.core.contract import Proposal
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.drafters.stress import stressed
-from losscheck.engine import Engine
+from losscheck.core.engine import Engine
 from losscheck.errors import LosscheckError
-from losscheck.generation import Generation
-from losscheck.matrix import GREEDY_CELL, Cell, greedy_cells, plan
-from losscheck.options import Options
-from losscheck.sampling import GREEDY, SamplingParams, make_generator, process_logits
-from losscheck.session import Session
-from losscheck.verify import verify_block
+from losscheck.core.generation import Generation
+from losscheck.plan.matrix import GREEDY_CELL, Cell, greedy_cells, plan
+from losscheck.run.options import Options
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
+from losscheck.run.session import Session
+from losscheck.core.verify import verify_block
 from tests.support import assert_follows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

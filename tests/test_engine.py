@@ -11,12 +11,12 @@ import copy
 import pytest
 import torch
 
-from losscheck.contract import Proposal
+from losscheck.core.contract import Proposal
 from losscheck.drafters.autoregressive import AutoregressiveDrafter, self_draft
-from losscheck.engine import Engine
+from losscheck.core.engine import Engine
 from losscheck.errors import DrafterOutputError, LosscheckError
-from losscheck.sampling import GREEDY, SamplingParams, make_generator
-from losscheck.target import HFTarget
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.core.target import HFTarget
 from tests.support import PROMPTS, noisy_drafter, tiny_target
 
 NOISE = 0.6  # the drafter's weight noise, relative to each weight tensor's std
@@ -111,7 +111,7 @@ def test_malformed_drafter_output_fails_naming_the_drafter(target):
 
 
 def test_a_malformed_verifier_outcome_is_named(target):
-    from losscheck.verify import BlockOutcome, verify_block
+    from losscheck.core.verify import BlockOutcome, verify_block
 
     def drops_a_row(logits, drafts, q, params, generator):
         outcome = verify_block(logits, drafts, q, params, generator)

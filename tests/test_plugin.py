@@ -30,7 +30,7 @@ def factory(target):
 SOFTMAX_Q_FOR_ARGMAX = """
 from losscheck import bundled
 from losscheck.drafters.autoregressive import AutoregressiveDrafter, from_path
-from losscheck.sampling import process_logits
+from losscheck.core.sampling import process_logits
 
 class ArgmaxWithSoftmaxQ(AutoregressiveDrafter):
     def draw(self, logits, ctx):
@@ -47,7 +47,7 @@ Q_AT_T1 = """
 import dataclasses
 from losscheck import bundled
 from losscheck.drafters.autoregressive import AutoregressiveDrafter, from_path
-from losscheck.sampling import SamplingParams, process_logits
+from losscheck.core.sampling import SamplingParams, process_logits
 
 class WrongTemperatureQ(AutoregressiveDrafter):
     def draw(self, logits, ctx):
@@ -70,7 +70,7 @@ def run_gate(pytester: pytest.Pytester, module: str, *args: str) -> pytest.RunRe
     pytester.makepyfile(mydrafter=textwrap.dedent(module))
     pytester.syspathinsert()
     return pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.certify", "-m", "lossless", "-p", "no:cacheprovider",
+        "--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider",
         "--losscheck-drafter=mydrafter:factory", *args,
     )
 
@@ -205,7 +205,7 @@ def assert_one_error(result: pytest.RunResult, message: str, exit_code: int = py
 
 
 def run_certify(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--pyargs", "losscheck.certify", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess("--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", *args)
 
 
 NOT_A_DRAFTER = """
@@ -244,8 +244,8 @@ def test_a_bad_option_is_one_message(pytester, option, message):
 )
 def test_what_the_options_name_is_checked_before_a_run(tmp_path, monkeypatch, changes, message):
     """The start-up check itself (`check_options`), on the cases the plugin tests above leave out."""
-    from losscheck.loading import check_options
-    from losscheck.options import Options
+    from losscheck.run.loading import check_options
+    from losscheck.run.options import Options
 
     (tmp_path / "broken_on_import.py").write_text(RAISES_ON_IMPORT)
     monkeypatch.chdir(tmp_path)
@@ -258,7 +258,7 @@ def test_what_the_options_name_is_checked_before_a_run(tmp_path, monkeypatch, ch
 def test_a_factory_resolves_from_the_current_directory(tmp_path, monkeypatch):
     """The module of `pkg.mod:factory` is found in the working directory even when it is not on
     sys.path (the `pytest` script, unlike `python -m pytest`, leaves it off)."""
-    from losscheck.loading import load_object
+    from losscheck.run.loading import load_object
 
     (tmp_path / "cwd_drafter_module.py").write_text("def factory(target):\n    return target\n")
     monkeypatch.chdir(tmp_path)

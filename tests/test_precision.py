@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.divergence import Divergence
+from losscheck.core.divergence import Divergence
 from losscheck.errors import OptionError
-from losscheck.matrix import GREEDY_CELL, PIT_CELL, Cell, plan
-from losscheck.precision import Precision, parse_precisions
-from losscheck.runner import CellOutcome, teacher_forced_probs
-from losscheck.sampling import GREEDY, SamplingParams
+from losscheck.plan.matrix import GREEDY_CELL, PIT_CELL, Cell, plan
+from losscheck.core.precision import Precision, parse_precisions
+from losscheck.cells.runner import CellOutcome, teacher_forced_probs
+from losscheck.core.sampling import GREEDY, SamplingParams
 from tests.support import noisy_drafter, tiny_target
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.engine import Engine
+from losscheck.core.engine import Engine
 from losscheck.errors import LosscheckError
-from losscheck.mutants.serving import hash_without_last_token, partial_hash_cache, stale_cache
-from losscheck.prefix_cache import PrefixCache, block_hash, second_turn
-from losscheck.ragged import RaggedKVCache
-from losscheck.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.selftest.serving import hash_without_last_token, partial_hash_cache, stale_cache
+from losscheck.serving.prefix_cache import PrefixCache, block_hash, second_turn
+from losscheck.core.ragged import RaggedKVCache
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -74,7 +74,7 @@ def test_bad_sizes_and_targets_without_a_ragged_cache_are_named():
     class Opaque:
         name = "opaque"
 
-    from losscheck.prefix_cache import ragged_cache
+    from losscheck.serving.prefix_cache import ragged_cache
 
     with pytest.raises(LosscheckError, match="'opaque' has none"):
         ragged_cache(Opaque())
@@ -88,8 +88,8 @@ def test_second_turn_continues_each_prompt_and_adds_a_sibling_differing_in_one_b
 
 @pytest.fixture(scope="module")
 def bundled():
-    from losscheck.options import Options
-    from losscheck.session import Session
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
 
     session = Session(Options())
     return session, session.target()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from losscheck.errors import OptionError
-from losscheck.prompts import HIGH_ENTROPY, LOW_ENTROPY, read_jsonl, tier_of, tokenize, user_prompt_sets
+from losscheck.run.prompts import HIGH_ENTROPY, LOW_ENTROPY, read_jsonl, tier_of, tokenize, user_prompt_sets
 from tests.support import tiny_target
 
 TEXT_TARGET = Path(__file__).resolve().parents[1] / "fixtures" / "text_target"
@@ -71,7 +71,7 @@ def test_untiered_prompts_are_placed_by_the_targets_entropy(tmp_path):
     target = tiny_target()
     path = write(tmp_path, {"ids": [0, 3, 4], "tier": "high"}, {"ids": [0, 5]}, {"ids": [0, 7, 9]})
     sets = user_prompt_sets(path, target, None, chat_template=False)
-    from losscheck.prompts import next_token_entropy
+    from losscheck.run.prompts import next_token_entropy
 
     entropies = next_token_entropy(target, [[0, 5], [0, 7, 9]])
     import scipy.stats

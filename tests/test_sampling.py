@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from losscheck.errors import OptionError
-from losscheck.sampling import SamplingParams, derive_seed, make_generator, process_logits, sample
+from losscheck.core.sampling import SamplingParams, derive_seed, make_generator, process_logits, sample
 from tests.support import assert_follows
 
 

@@ -13,14 +13,14 @@ import os
 import pytest
 import torch
 
-from losscheck.divergence import find_divergences
+from losscheck.core.divergence import find_divergences
 from losscheck.errors import LosscheckError
-from losscheck.generation import Generation, LoopStats
-from losscheck.matrix import ORACLE, Cell
-from losscheck.options import Options
-from losscheck.sampling import GREEDY, SamplingParams, make_generator
-from losscheck.session import Session
-from losscheck.tensor_parallel import (
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.plan.matrix import ORACLE, Cell
+from losscheck.run.options import Options
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.run.session import Session
+from losscheck.serving.split import (
     Call,
     SplitError,
     SplitRun,
@@ -127,7 +127,7 @@ def drafter_failing_on_rank_1(target):
     the target's first all-reduce, so the parent must stop it."""
     import torch.distributed as dist
 
-    from losscheck.drafters import registry
+    from losscheck.run import drafters as registry
 
     if dist.get_rank() == 1:
         raise RuntimeError("planted drafter failure on rank 1")

@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from losscheck.sampling import SamplingParams, process_logits
-from losscheck.verify import acceptance_probability, recovery_distribution, verify_greedy, verify_rejection
+from losscheck.core.sampling import SamplingParams, process_logits
+from losscheck.core.verify import acceptance_probability, recovery_distribution, verify_greedy, verify_rejection
 from tests.support import assert_follows, markov_table
 
 

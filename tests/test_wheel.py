@@ -89,7 +89,7 @@ def test_the_wheel_installs_alone_and_certifies_from_an_empty_directory(tmp_path
     assert fixtures.is_relative_to(venv) and (fixtures / "target" / "model.safetensors").is_file(), fixtures
 
     # No ini file here: the markers come from the plugin (and --strict-markers is off).
-    out = run(python, "-m", "pytest", "--pyargs", "losscheck.certify", "-m", "lossless", "-k", CELL,
+    out = run(python, "-m", "pytest", "--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-k", CELL,
               "-p", "no:cacheprovider", cwd=empty, env=env)
     assert " 1 passed" in out and f"{CELL}  greedy  PASS" in out and "1/1 cells passed" in out, out[-6000:]
     assert not list(empty.iterdir()), "the run wrote into the working directory"

@@ -1,1 +1,1 @@
-"""Reference drafters, one module per family, each a `losscheck.contract.Drafter`."""
+"""Reference drafters, one module per family, each a `losscheck.core.contract.Drafter`."""

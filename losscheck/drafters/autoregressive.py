@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from losscheck.contract import DraftContext, Proposal, Target
-from losscheck.ragged import RaggedLM
-from losscheck.sampling import process_logits, sample
-from losscheck.target import HFTarget, content_hash, load_causal_lm
+from losscheck.core.contract import DraftContext, Proposal, Target
+from losscheck.core.ragged import RaggedLM
+from losscheck.core.sampling import process_logits, sample
+from losscheck.core.target import HFTarget, content_hash, load_causal_lm
 
 
 class AutoregressiveDrafter:

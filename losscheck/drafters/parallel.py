@@ -1,4 +1,4 @@
-"""Families B–E as `losscheck.contract.Drafter`s: one parallel backbone forward per block, then
+"""Families B–E as `losscheck.core.contract.Drafter`s: one parallel backbone forward per block, then
 the family's rule for turning slot logits into drafts.
 
 - B, D (no head): every slot is sampled independently from its own processed marginal
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from losscheck.contract import DraftContext, Proposal, Target
+from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.drafters.block import BlockModel, SerialHead, TransitionHead
 from losscheck.errors import LosscheckError
-from losscheck.sampling import process_logits, sample
-from losscheck.precision import torch_dtype
-from losscheck.target import content_hash
+from losscheck.core.sampling import process_logits, sample
+from losscheck.core.precision import torch_dtype
+from losscheck.core.target import content_hash
 
 PATH_WIDTHS: tuple[int | None, ...] = (1, 2, 4, 16, None)
 

@@ -1,4 +1,4 @@
-"""Speculators-format checkpoints (EAGLE-3, P-EAGLE) as `losscheck.contract.Drafter`s.
+"""Speculators-format checkpoints (EAGLE-3, P-EAGLE) as `losscheck.core.contract.Drafter`s.
 
 `--losscheck-drafter=speculators:DIR` reads the checkpoint natively (the config in
 `losscheck.drafters.speculators_config`, the weights by their published names) and runs the
@@ -42,14 +42,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from losscheck.contract import DraftContext, Proposal, Target
+from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.drafters.speculators_config import CheckpointConfig, GreedyProposal, TargetShape, check_against, read_config
 from losscheck.errors import LosscheckError, OptionError
-from losscheck.precision import torch_dtype
-from losscheck.ragged import RaggedKVCache
-from losscheck.sampling import SamplingParams, process_logits, sample
-from losscheck.target import content_hash
-from losscheck.verify import BlockOutcome, Verifier, acceptance_probability, point_mass, recovery_distribution
+from losscheck.core.precision import torch_dtype
+from losscheck.core.ragged import RaggedKVCache
+from losscheck.core.sampling import SamplingParams, process_logits, sample
+from losscheck.core.target import content_hash
+from losscheck.core.verify import BlockOutcome, Verifier, acceptance_probability, point_mass, recovery_distribution
 
 
 def _layer_classes(layer_type: str) -> tuple[type, type, type, type]:

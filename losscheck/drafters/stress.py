@@ -36,9 +36,9 @@ import dataclasses
 
 import torch
 
-from losscheck.contract import DraftContext, Drafter, Proposal, target_probs
+from losscheck.core.contract import DraftContext, Drafter, Proposal, target_probs
 from losscheck.errors import OptionError
-from losscheck.verify import point_mass
+from losscheck.core.verify import point_mass
 
 class _Wrapper:
     """Delegates the protocol to `inner`; subclasses change `propose`."""

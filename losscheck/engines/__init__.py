@@ -17,8 +17,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from losscheck.errors import LosscheckError, OptionError
-from losscheck.precision import DTYPE_NAMES
-from losscheck.sampling import SamplingParams
+from losscheck.core.precision import DTYPE_NAMES
+from losscheck.core.sampling import SamplingParams
 
 
 class EngineOutputError(LosscheckError):

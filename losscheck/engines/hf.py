@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from losscheck.contract import Target
-from losscheck.sampling import SamplingParams
+from losscheck.core.contract import Target
+from losscheck.core.sampling import SamplingParams
 
 DTYPE_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -95,7 +95,7 @@ class HFResidualFromP(HFAssistedEngine):
 
 def _bundled_parts(target: Target) -> tuple[torch.nn.Module, torch.nn.Module, int]:
     from losscheck import bundled
-    from losscheck.target import load_causal_lm
+    from losscheck.core.target import load_causal_lm
 
     model = target.model  # type: ignore[attr-defined]
     weight = next(model.parameters())

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from losscheck.contract import Drafter, Target
-from losscheck.engine import Engine
-from losscheck.profiles import ENGINE_BATCH
-from losscheck.sampling import SamplingParams, make_generator
+from losscheck.core.contract import Drafter, Target
+from losscheck.core.engine import Engine
+from losscheck.plan.profiles import ENGINE_BATCH
+from losscheck.core.sampling import SamplingParams, make_generator
 
 
 class SpecLoopEngine:

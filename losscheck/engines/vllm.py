@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from losscheck.engines import EngineOutputError
-from losscheck.sampling import SamplingParams, derive_seed
+from losscheck.core.sampling import SamplingParams, derive_seed
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

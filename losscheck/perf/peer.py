@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from losscheck.perf.workload import Request
-from losscheck.precision import synchronize
-from losscheck.sampling import SamplingParams
+from losscheck.core.precision import synchronize
+from losscheck.core.sampling import SamplingParams
 
 
 def hf_generate_seconds(

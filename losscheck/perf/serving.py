@@ -14,11 +14,11 @@ concurrency limit counts from sending. *Emission event*: a round in which the re
 least one token (a streaming client's chunk; a speculative round emits several tokens at once).
 Every clock read follows a device synchronisation, so a round's time includes its kernels.
 
-An admission prefills the admitted rows alone (`losscheck.ragged.forward_rows`: a pass over them into a cache of
+An admission prefills the admitted rows alone (`losscheck.core.ragged.forward_rows`: a pass over them into a cache of
 their own, copied into their cache rows), for the target and for an autoregressive drafter. For a
 target that is not an `HFTarget`, and at the first admission (before the cache is allocated), one
 pass goes over every row: the admitted rows' prompts at slot 0, junk for each other row at its
-pending slot onwards, which the target's cache layout (`losscheck.engine`) allows: it keeps only
+pending slot onwards, which the target's cache layout (`losscheck.core.engine`) allows: it keeps only
 the slots before a row's pending token, and the next round overwrites that slot before reading it.
 """
 
@@ -32,16 +32,16 @@ from typing import Any
 
 import torch
 
-from losscheck.contract import Drafter, Target
-from losscheck.batching import admit_drafter_rows, forget_rows  # noqa: F401  (forget_rows: re-exported)
-from losscheck.engine import Batch, Engine, pad_prompts
+from losscheck.core.contract import Drafter, Target
+from losscheck.serving.batching import admit_drafter_rows, forget_rows  # noqa: F401  (forget_rows: re-exported)
+from losscheck.core.engine import Batch, Engine, pad_prompts
 from losscheck.errors import LosscheckError
-from losscheck.generation import LoopStats
+from losscheck.core.generation import LoopStats
 from losscheck.perf.workload import Request
-from losscheck.precision import synchronize
-from losscheck.ragged import RaggedLM, forward_rows
-from losscheck.sampling import SamplingParams
-from losscheck.target import HFTarget
+from losscheck.core.precision import synchronize
+from losscheck.core.ragged import RaggedLM, forward_rows
+from losscheck.core.sampling import SamplingParams
+from losscheck.core.target import HFTarget
 
 
 class Timed:

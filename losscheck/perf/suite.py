@@ -17,17 +17,17 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
-from losscheck.generation import LoopStats
+from losscheck.core.generation import LoopStats
 from losscheck.perf.metrics import Latencies, round_breakdown, speedup, throughput
 from losscheck.perf.model import Decomposition
-from losscheck.perf.profiles import PerfProfile
+from losscheck.plan.perf_profiles import PerfProfile
 from losscheck.perf.runfile import SCHEMA, Comparison
 from losscheck.perf.serving import ServeTrace, serve
 from losscheck.perf.workload import Request, distinct_prompts, make_workload
-from losscheck.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 
 if TYPE_CHECKING:
-    from losscheck.session import Session
+    from losscheck.run.session import Session
 
 BASELINE = "baseline"
 LADDER, SHORT = "ladder", "short"
@@ -37,7 +37,7 @@ WARMUP_MAX_NEW = 8  # output budget of the warm-up run: enough rounds to touch e
 def drafter_names(session: Session) -> list[str]:
     """The drafters a perf run times, without loading models: the user's, else the bundled
     families (the self-draft oracle is a correctness check, not a drafter to deploy)."""
-    from losscheck.drafters.registry import BLOCK_FAMILIES
+    from losscheck.run.drafters import BLOCK_FAMILIES
 
     return ["user"] if session.options.drafter else ["A", *BLOCK_FAMILIES]
 

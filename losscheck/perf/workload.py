@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from losscheck.errors import LosscheckError
-from losscheck.sampling import derive_seed
+from losscheck.core.sampling import derive_seed
 
 
 @dataclass(frozen=True)

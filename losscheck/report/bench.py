@@ -1,4 +1,4 @@
-"""Rendering of the benchmark results (`losscheck.bench`): `bench.json` and `bench.md`."""
+"""Rendering of the benchmark results (`losscheck.perf.bench`): `bench.json` and `bench.md`."""
 
 from __future__ import annotations
 

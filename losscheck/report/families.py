@@ -1,4 +1,4 @@
-"""Rendering of the drafter-families document (`losscheck.families`): table, plot, files.
+"""Rendering of the drafter-families document (`losscheck.perf.families`): table, plot, files.
 
 `write_report` writes `table.json` (every run), `table.md` (τ, wasted and draft-time fractions per
 prompt group; per-slot acceptance) and `slot_acceptance.png` (one panel per drafter, per-slot
@@ -82,7 +82,7 @@ def _longest(index: dict[tuple[Any, ...], dict[str, Any]], label: str, ks: list[
 
 def plot_slot_acceptance(doc: dict[str, Any], path: Path) -> None:
     """One panel per drafter: per-slot acceptance at the largest k, a curve per tier and mode
-    (the `bos` group is left out: it is one degenerate prompt, see `losscheck.families`)."""
+    (the `bos` group is left out: it is one degenerate prompt, see `losscheck.perf.families`)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from losscheck.session import Session
+    from losscheck.run.session import Session
 
 UNHASHED = "no weights found to hash: give the drafter an `identity` dict with its own 'sha256'"
 
 
 def build(session: "Session") -> dict[str, Any]:
     """The manifest of this process (loads the models and plans the matrix, if not done yet)."""
-    from losscheck import matrix
+    from losscheck.plan import matrix
 
     plan = session.plan
     return {

@@ -52,7 +52,7 @@ def certify(pytester: pytest.Pytester, engine: str, select: str) -> pytest.RunRe
     pytester.makepyfile(bb=textwrap.dedent(ENGINES))
     pytester.syspathinsert()
     return pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.certify", "-p", "no:cacheprovider", "-k", select,
+        "--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", "-k", select,
         f"--losscheck-engine={engine}", "--losscheck-detect-tv=0.1",
     )
 

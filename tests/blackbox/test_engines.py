@@ -11,8 +11,8 @@ import torch
 from losscheck import bundled
 from losscheck.engines import EngineOutputError, check_engine, checked_samples, lengths
 from losscheck.errors import OptionError
-from losscheck.matrix import ENGINE, SAMPLING_VARIANTS, engine_cells
-from losscheck.sampling import GREEDY, SamplingParams
+from losscheck.plan.matrix import ENGINE, SAMPLING_VARIANTS, engine_cells
+from losscheck.core.sampling import GREEDY, SamplingParams
 
 EOS, V = 1, 64
 
@@ -72,7 +72,7 @@ def test_engine_cells_run_at_the_engines_k_in_its_precision_or_two_sample():
 
 @pytest.fixture(scope="module")
 def target():
-    from losscheck.target import HFTarget
+    from losscheck.core.target import HFTarget
 
     return HFTarget.from_pretrained(bundled.target_path(), "fp32")
 
@@ -82,7 +82,7 @@ PROMPTS = [[0, 3, 53, 39], [0, 3]]
 
 @pytest.mark.parametrize("factory", ["losscheck.engines.spec_loop:spec_loop", "losscheck.engines.hf:hf_assisted"])
 def test_adapters_return_the_contracts_shape_and_greedy_on_equals_off(target, factory):
-    from losscheck.loading import load_object
+    from losscheck.run.loading import load_object
 
     e = check_engine(load_object(factory, "test")(target), factory)
     assert e.k == 4 and e.precision == "fp32"
@@ -119,7 +119,7 @@ def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_a
 
 def test_a_tempered_assistant_drafts_from_logits_divided_by_its_factor():
     from losscheck.engines.hf import tempered
-    from losscheck.target import load_causal_lm
+    from losscheck.core.target import load_causal_lm
 
     assistant = load_causal_lm(bundled.fixtures_dir() / "drafter_a")
     ids = torch.tensor([[1, 5, 9, 3]])

@@ -1,7 +1,7 @@
 """Hugging Face assisted generation certified in one-sample mode, and its planted-bug variant
 rejected by the same tests (slow tier: rows are drawn one `generate` call each).
 
-Both run the shipped certification tests (`losscheck.certify`) in a subprocess at the gate's
+Both run the shipped certification tests (`losscheck.plugin.certify`) in a subprocess at the gate's
 settings (ci profile, alpha 0.01 split over the full matrix), on the bundled tiny target with the
 bundled drafter A as assistant, k = 4.
 
@@ -30,7 +30,7 @@ BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9
 def certify(pytester: pytest.Pytester, engine: str, select: str) -> tuple[pytest.RunResult, float]:
     started = time.perf_counter()
     result = pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.certify", "-p", "no:cacheprovider", "-k", select, f"--losscheck-engine={engine}",
+        "--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", "-k", select, f"--losscheck-engine={engine}",
         timeout=3 * 3600,
     )
     seconds = time.perf_counter() - started

@@ -10,7 +10,7 @@ import torch
 
 from losscheck.engines import EngineOutputError
 from losscheck.engines.vllm import VLLMEngine, sampling_kwargs, to_tensor
-from losscheck.sampling import GREEDY, SamplingParams
+from losscheck.core.sampling import GREEDY, SamplingParams
 
 EOS = 1
 SPEC = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 3}

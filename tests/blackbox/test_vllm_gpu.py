@@ -21,7 +21,7 @@ pytestmark = [
 def test_vllm_draft_model_speculation_is_certified(pytester):
     """Greedy on == off and five one-sample PIT cells; a false failure has probability <= alpha 0.01."""
     result = pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.certify", "-p", "no:cacheprovider", "-k", "test_engine_greedy or test_engine_sampling",
+        "--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", "-k", "test_engine_greedy or test_engine_sampling",
         "--losscheck-engine=losscheck.engines.vllm:bundled_draft_model", "--losscheck-device=cuda",
     )
     result.assert_outcomes(passed=6)

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from losscheck import bundled
-from losscheck.contract import DraftContext, validate_proposal
-from losscheck.drafters import parallel, registry
+from losscheck.core.contract import DraftContext, validate_proposal
+from losscheck.drafters import parallel
+from losscheck.run import drafters as registry
 from losscheck.drafters.block import BlockModel
-from losscheck.engine import Engine, pad_prompts
-from losscheck.sampling import GREEDY, SamplingParams, make_generator, process_logits
-from losscheck.target import HFTarget, content_hash
+from losscheck.core.engine import Engine, pad_prompts
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
+from losscheck.core.target import HFTarget, content_hash
 from tests.support import assert_follows
 
 FAMILIES = registry.BLOCK_FAMILIES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from losscheck.cli import main
-from losscheck.families import prompt_groups
+from losscheck.perf.families import prompt_groups
 from losscheck.report.families import markdown
 
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from losscheck import bundled
-from losscheck.contract import DraftContext, Proposal, hidden_layers, validate_proposal
+from losscheck.core.contract import DraftContext, Proposal, hidden_layers, validate_proposal
 from losscheck.drafters import speculators
 from losscheck.drafters.speculators_config import read_config
 from losscheck.errors import DrafterOutputError, LosscheckError, OptionError
-from losscheck.sampling import GREEDY, SamplingParams
-from losscheck.target import HFTarget
+from losscheck.core.sampling import GREEDY, SamplingParams
+from losscheck.core.target import HFTarget
 
 FIXTURES = bundled.fixtures_dir()
 EAGLE3, PEAGLE, ACCEPT_K2 = (FIXTURES / d for d in ("speculators_eagle3", "speculators_peagle", "speculators_eagle3_accept_k2"))
@@ -206,10 +206,10 @@ def test_top_k_acceptance_keeps_a_second_best_draft_within_the_tolerance():
 
 
 def test_verifier_accept_k_2_fails_the_greedy_gate_naming_the_setting():
-    from losscheck.matrix import Cell
-    from losscheck.options import Options
-    from losscheck.runner import run_greedy
-    from losscheck.session import Session
+    from losscheck.plan.matrix import Cell
+    from losscheck.run.options import Options
+    from losscheck.cells.runner import run_greedy
+    from losscheck.run.session import Session
 
     session = Session(Options(drafter=f"speculators:{ACCEPT_K2}"))
     outcome = run_greedy(session, Cell("user", 4, GREEDY))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from losscheck.errors import OptionError
-from losscheck.mutants import catalogue, get_mutant, names
-from losscheck.options import Options
-from losscheck.session import Session
+from losscheck.selftest import catalogue, get_mutant, names
+from losscheck.run.options import Options
+from losscheck.run.session import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,13 +36,13 @@ def test_an_unknown_mutant_is_an_option_error_listing_the_catalogue():
 
 @pytest.fixture(scope="module")
 def session():
-    from losscheck.mutants.catch import gate_session
+    from losscheck.selftest.catch import gate_session
 
     return gate_session(Session(Options()), None)
 
 
 def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
-    from losscheck.matrix import EXACT_CELL, GREEDY_CELL, PIT_CELL
+    from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, PIT_CELL
 
     greedy = {c.id for c in session.plan[GREEDY_CELL]}
     statistical = {c.id for arg in (PIT_CELL, EXACT_CELL) for c in session.plan[arg]}
@@ -72,10 +72,10 @@ def test_the_mutant_tier_uses_the_alpha_of_the_lossless_gate(session):
 def test_predicted_power_is_alpha_for_a_lossless_law_and_high_for_a_lossy_one(session):
     from dataclasses import replace
 
-    from losscheck.matrix import Cell
-    from losscheck.mutants import laws
-    from losscheck.mutants.power import position0_level, predict
-    from losscheck.sampling import SamplingParams
+    from losscheck.plan.matrix import Cell
+    from losscheck.selftest import laws
+    from losscheck.selftest.power import position0_level, predict
+    from losscheck.core.sampling import SamplingParams
 
     cell = Cell("A", 4, SamplingParams(temperature=0.3), target="small")
     honest = replace(get_mutant("temperature_q_only"), first_token=laws.correct)
@@ -89,7 +89,7 @@ def test_predicted_power_is_alpha_for_a_lossless_law_and_high_for_a_lossy_one(se
 
 
 def test_catch_table_rows_and_files(tmp_path):
-    from losscheck.mutants.catch import CellCatch, MutantReport, write_table
+    from losscheck.selftest.catch import CellCatch, MutantReport, write_table
 
     caught = MutantReport("m1", "Bug class one", "sampling", ["c1", "c2"],
                           [CellCatch("c1", "exact", True, ["exact.joint_gtest", "exact.position[0]"], "exact.position[0]", 1e-30, "x", 1.0,

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.engine import Engine
+from losscheck.core.engine import Engine
 from losscheck.errors import LosscheckError
-from losscheck.mutants import catalogue, get_mutant
-from losscheck.sampling import GREEDY, SamplingParams, make_generator
-from losscheck.target import HFTarget
-from losscheck.verify import verify_block
+from losscheck.selftest import catalogue, get_mutant
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.core.target import HFTarget
+from losscheck.core.verify import verify_block
 from tests.support import PROMPTS, noisy_drafter, tiny_target
 
 MAX_NEW = 24
@@ -31,9 +31,9 @@ def run(engine: Engine, params: SamplingParams = GREEDY):
 
 
 def test_the_baseline_is_never_planted(target):
-    from losscheck.matrix import Cell
-    from losscheck.options import Options
-    from losscheck.session import Session
+    from losscheck.plan.matrix import Cell
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
 
     session = Session(Options(mutant="rows_mixed_up"))
     # The toy models in place of the fixtures, at the base precision.

@@ -1,6 +1,6 @@
 """Planted verifier bugs on a closed-form toy: a Markov-table target and drafter.
 
-For each mutant the exact law of the first emitted token (`losscheck.mutants.laws`) is computed
+For each mutant the exact law of the first emitted token (`losscheck.selftest.laws`) is computed
 from the tables, checked to be far from the target's p (the bug is really lossy), and checked
 against 100k seeded rounds of the mutant's actual code (the law describes the code). The
 correct verifier goes through the same harness and must give p exactly.
@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.contract import DraftContext
-from losscheck.mutants import drafters as planted
-from losscheck.mutants import get_mutant, laws
-from losscheck.mutants.verifiers import inverse_cdf, verify_bonus_counted_not_written, verify_rows_mixed_up
-from losscheck.sampling import GREEDY, SamplingParams, process_logits, sample
-from losscheck.verify import BlockOutcome, Verifier, verify_block
+from losscheck.core.contract import DraftContext
+from losscheck.selftest import drafters as planted
+from losscheck.selftest import get_mutant, laws
+from losscheck.selftest.verifiers import inverse_cdf, verify_bonus_counted_not_written, verify_rows_mixed_up
+from losscheck.core.sampling import GREEDY, SamplingParams, process_logits, sample
+from losscheck.core.verify import BlockOutcome, Verifier, verify_block
 from tests.support import assert_follows, markov_table
 
 V, START, ROWS, K = 6, 0, 100_000, 2

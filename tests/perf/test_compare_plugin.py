@@ -21,7 +21,7 @@ def test_a_regression_against_the_saved_run_fails_and_names_the_rung(pytester, m
     run = pytester.path / "saved.json"
     run.write_text(json.dumps(saved))
     result = pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.certify.test_perf", "-m", "perf", "-p", "no:cacheprovider",
+        "--pyargs", "losscheck.plugin.certify.test_perf", "-m", "perf", "-p", "no:cacheprovider",
         "-k", "compare or (test_rung and A-c1 and not c16)", f"--losscheck-perf-compare={run}",
         "--losscheck-perf-compare-fail=speedup:10%,tau:5%", f"--losscheck-out={pytester.path / 'out'}",
     )

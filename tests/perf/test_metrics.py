@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from losscheck.generation import LoopStats
+from losscheck.core.generation import LoopStats
 from losscheck.perf.metrics import (
     Latencies,
     percentiles,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from losscheck.errors import LosscheckError
-from losscheck.options import Options
+from losscheck.run.options import Options
 from losscheck.report import certificate, compare
 from losscheck.report.manifest import drafter_identity, weights_sha256
 

@@ -1,0 +1,144 @@
+"""Running a black-box engine's cells: the engine with speculation on against itself with it off.
+
+- greedy (`run_engine_greedy`): on == off token for token on every prompt of the prompt sets;
+  a divergence is triaged by the target's float64 top-2 margin (`losscheck.core.divergence`) in the
+  engine's precision;
+- one-sample (`run_one_sample`, the engine declares the `precision` losscheck loads its target in):
+  the speculative samples scored by teacher-forced PIT (`runner.score_pit`) — no baseline rows;
+- two-sample (`run_two_sample`, `precision = None`): speculative samples against the same engine's
+  samples with drafting off, independent seeds (`losscheck.stats.two_sample`).
+
+Sampled horizons are at least 2k + 2 (k the engine's block length), so every row reaches a
+second round and a bonus slot; rows cycle over the prompts of every tier.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from losscheck.core.divergence import find_divergences
+from losscheck.engines import BlackBoxEngine, checked_samples, lengths
+from losscheck.errors import LosscheckError
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.plan.matrix import ENGINE, Cell
+from losscheck.cells.runner import CellOutcome, score_pit
+from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
+from losscheck.run.session import Session
+from losscheck.stats import sample_size
+from losscheck.stats.result import combine
+
+
+def run_engine_cell(session: Session, cell: Cell) -> CellOutcome:
+    """Certify a black-box engine's cell the way its mode asks."""
+    run = {"engine-greedy": run_engine_greedy, "one-sample": run_one_sample, "two-sample": run_two_sample}[cell.mode]
+    return run(session, cell)
+
+
+def _engine(session: Session) -> BlackBoxEngine:
+    if session.blackbox is None:
+        raise LosscheckError("black-box cells need --losscheck-engine=pkg.mod:factory")
+    return session.blackbox
+
+
+def min_horizon(engine: BlackBoxEngine) -> int:
+    """Two full rounds and the bonus slot of the second: 2k + 2 generated tokens."""
+    return 2 * engine.k + 2
+
+
+def draw(
+    session: Session, cell: Cell, prompts: list[list[int]], n: int, params: SamplingParams, horizon: int,
+    speculative: bool,
+) -> torch.Tensor:
+    """`n` continuations of each prompt from the engine → validated LongTensor [len(prompts), n, horizon]
+    (EOS-padded), seeded from the run seed, the cell and the side."""
+    engine, target = _engine(session), session.target("main", cell.precision.target)
+    seed = derive_seed(session.options.seed, cell.id, "speculative" if speculative else "baseline")
+    out = engine.generate(prompts, n, params, seed, horizon, speculative)
+    return checked_samples(engine, out, len(prompts), n, horizon, target.vocab_size, _eos(session, cell))
+
+
+def _eos(session: Session, cell: Cell) -> int:
+    eos = session.target("main", cell.precision.target).eos_id
+    return eos if eos is not None else 0
+
+
+def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams) -> Generation:
+    """EOS-padded engine rows `tokens` [N, L] as a `Generation` (no loop counters: a black box
+    reports none)."""
+    return Generation(tokens, lengths(tokens, eos), LoopStats.empty(k), params)
+
+
+def _details(session: Session, cell: Cell, **facts: object) -> dict[str, object]:
+    engine = _engine(session)
+    return {"engine": engine.name, "engine_k": engine.k, "mode": cell.mode, **facts}
+
+
+def _all_prompts(session: Session) -> list[list[int]]:
+    return [p for tier in session.prompt_tiers for p in session.prompts(tier)]
+
+
+# --- greedy ----------------------------------------------------------------------------------------
+def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
+    """Speculation on == off, token for token, on every prompt of every tier."""
+    engine = _engine(session)
+    max_new = max(session.options.profile.greedy_max_new, min_horizon(engine))
+    # Margins need the engine's target: in fp32 every divergence fails, below it a margin within
+    # the precision's round-off is a near-tie; without the target (two-sample mode) none is.
+    scorable = cell.target != ENGINE
+    model = session.target("main", cell.precision.target).model if scorable else None
+    tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
+    outcome = CellOutcome(cell, details=_details(session, cell, prompts=0, max_new_tokens=max_new,
+                                                 near_tie_margin=tolerance),
+                          strict=session.options.strict)
+    eos = _eos(session, cell)
+    for tier in session.prompt_tiers:
+        prompts = session.prompts(tier)
+        on = as_generation(draw(session, cell, prompts, 1, GREEDY, max_new, True)[:, 0], eos, engine.k, GREEDY)
+        off = as_generation(draw(session, cell, prompts, 1, GREEDY, max_new, False)[:, 0], eos, engine.k, GREEDY)
+        outcome.divergences += find_divergences(model, tier, prompts, on, off, tolerance)
+        outcome.details["prompts"] += len(prompts)  # type: ignore[operator]
+    return outcome
+
+
+# --- sampling: one-sample (teacher-forced PIT) ---------------------------------------------------------
+def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
+    """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
+    precision: randomized PIT uniform (`losscheck.stats.pit`), top-k / top-p cut-offs within that
+    precision's logit tolerance left out as ambiguous."""
+    engine, profile = _engine(session), session.options.profile
+    horizon = max(profile.horizon, min_horizon(engine))
+    prompts = _all_prompts(session)
+    n = sample_size.pit_sequences(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    per_prompt = math.ceil(n / len(prompts))
+    tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, True)  # [P, m, L]
+    rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
+    target = session.target("main", cell.precision.target)
+    gen = as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params)
+    gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
+    results, facts = score_pit(session, cell.id, target, rows, gen, cell.precision.tolerance)
+    return CellOutcome(cell, verdict=combine(cell.id, results, session.per_test_alpha),
+                       details=_details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon,
+                                        **facts))
+
+
+# --- sampling: two-sample (on against off) ---------------------------------------------------------------
+def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
+    """The engine's speculative samples against its own samples with drafting off, independent seeds,
+    the same number of rows from each prompt on both sides."""
+    from losscheck.stats.two_sample import two_sample_tests
+
+    engine, profile = _engine(session), session.options.profile
+    horizon = max(profile.two_sample_horizon, min_horizon(engine))
+    prompts = _all_prompts(session)
+    n = sample_size.two_sample_rows(session.per_test_alpha, profile.power, profile.detect_tv,
+                                    profile.two_sample_bins, horizon)
+    per_prompt = math.ceil(n / len(prompts))
+    on = draw(session, cell, prompts, per_prompt, cell.params, horizon, True).flatten(0, 1)  # [P*m, L]
+    off = draw(session, cell, prompts, per_prompt, cell.params, horizon, False).flatten(0, 1)  # [P*m, L]
+    vocab = session.target("main", cell.precision.target).vocab_size
+    results = two_sample_tests(on, off, vocab, session.per_test_alpha, profile.power, profile.detect_tv,
+                               max_bins=profile.two_sample_bins)
+    return CellOutcome(cell, verdict=combine(cell.id, results, session.per_test_alpha),
+                       details=_details(session, cell, sequences=len(on), prompts=len(prompts), horizon=horizon))

@@ -1,0 +1,232 @@
+"""The public contract: what a drafter author or engine author writes against.
+
+`Proposal` is what a drafter returns, `DraftContext` what it is given, `Drafter` and `Target` the
+two protocols the engine drives. Everything else in losscheck is internal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from losscheck.errors import DrafterOutputError, LosscheckError
+from losscheck.core.sampling import SamplingParams
+
+PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row; fp16 drafters need this much
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafted block.
+
+    tokens: [B, k] long, the drafted ids.
+    probs: [B, k, V] float, `probs[b, j]` is the distribution `q_j` that `tokens[b, j]` was
+        actually drawn from (conditioned on the drafts before it, after the request's logits
+        processing, restricted and renormalised to the candidates when the drafter truncates);
+        None when the drafter chose deterministically (argmax, path search), i.e. a point mass.
+        With `vocab_map`, `probs` is [B, k, V_d] over the drafter's own vocabulary.
+    vocab_map: [V_d] long or None, for a drafter whose vocabulary is a subset of the target's
+        (EAGLE-3's `d2t`): `vocab_map[i]` is the target id of draft id i, distinct and in
+        [0, V). `validate_proposal` spreads `probs` onto the target's vocabulary through it, zero
+        at every target id the drafter cannot propose. `tokens` are target ids either way.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+    vocab_map: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """Everything a drafter may condition on for one round.
+
+    tokens: [B, T] long, committed ids (prompt + emitted), right-padded; row b is valid for
+        positions < lengths[b]. The last valid token is the one the target has not scored yet.
+    lengths: [B] long, committed length of each row.
+    hidden: [B, T, n·H] the target's hidden states of the n layers the drafter asks for
+        (`uses_hidden`), concatenated in the order asked; `hidden[b, t]` after reading token t (it
+        predicted token t+1); valid for t < lengths[b] - 1. `uses_hidden = True` is the last
+        layer alone ([B, T, H]); None when the drafter reads no target features.
+    k: block length to propose.
+    width: transition / candidate truncation width for drafters that have one (None = full).
+    params: the request's sampling parameters; apply them with `losscheck.core.sampling.process_logits`
+        so `q` is processed exactly as the target's `p`.
+    generator: the only randomness a drafter may use (seeded from the run seed).
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    hidden: torch.Tensor | None
+    k: int
+    width: int | None
+    params: SamplingParams
+    generator: torch.Generator
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A speculative drafter.
+
+    Attributes declare which matrix knobs apply: `block_lengths` the k it supports, `widths` its
+    transition widths (empty when it has none), `uses_hidden` which target features it reads:
+    False none, True the last layer's, or a tuple of layer ids (`hidden_layers` says what an id
+    means), e.g. EAGLE-3's low / middle / high layers.
+
+    Optional: a drafter whose checkpoint configures its own acceptance rule carries it as
+    `verifier` (a `losscheck.core.verify.Verifier`, which the engine then runs instead of exact
+    verification) and `acceptance_rule` (one line naming the setting, quoted by failing cells).
+    """
+
+    name: str
+    block_lengths: tuple[int, ...]
+    widths: tuple[int | None, ...]
+    uses_hidden: bool | tuple[int, ...]
+
+    def reset(self, batch_size: int, capacity: int) -> None:
+        """Start a new batch of `batch_size` rows of at most `capacity` tokens; drop all state."""
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        """Draft `ctx.k` tokens for every row."""
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """`accepted [B]`: how many of the last proposal's drafts each row kept (0..k).
+
+        The row's committed length grew by `accepted + 1`; roll back any state built on the
+        rejected drafts.
+        """
+
+
+@runtime_checkable
+class Target(Protocol):
+    """The model being accelerated, with a per-row (ragged) KV cache.
+
+    `forward` reads `tokens [B, m]` into cache slots `start[b] .. start[b]+m-1` of each row and
+    returns `(logits [B, m, V], hidden [B, m, H])`; query i of row b attends to slots
+    `<= start[b] + i`. The caller owns the lengths, so rolling back is passing a smaller `start`.
+    Every tensor the engine hands it or builds for it lives on `device`.
+
+    `forward(tokens, start, layers=ids)` — asked only for drafters that name layer ids — returns
+    the states of those layers concatenated, `hidden [B, m, len(ids)·H]`; layer id i is the
+    residual stream entering decoder layer i (0: the embeddings), `num_layers` the final
+    (normed) state, as Hugging Face's `output_hidden_states` numbers them.
+    """
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    eos_id: int | None
+    max_positions: int
+    identity: dict[str, str]
+    device: torch.device
+
+    def reset(self, batch_size: int, capacity: int) -> None: ...
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def hidden_layers(drafter: Drafter, target: Target) -> tuple[int, ...] | None:
+    """The target layer ids `drafter` reads (`uses_hidden`), checked against `target`; None when it
+    reads none. `True` is the last layer, which every `Target` returns without being asked."""
+    asked = drafter.uses_hidden
+    if asked is False:
+        return None
+    depth = getattr(target, "num_layers", None)
+    if asked is True:
+        return None if depth is None else (int(depth),)
+    layers = tuple(int(i) for i in asked)
+    if depth is None:
+        raise LosscheckError(
+            f"drafter {drafter.name!r} reads target layers {list(layers)}, but target "
+            f"{target.name!r} declares no num_layers and cannot return chosen layers; use "
+            "losscheck.HFTarget or implement forward(tokens, start, layers=...)"
+        )
+    if not layers or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) > depth:
+        raise LosscheckError(
+            f"drafter {drafter.name!r} asks for target layers {list(layers)}; target {target.name!r} "
+            f"has layer ids 0..{depth} (the embeddings .. the final state) and each id may appear once"
+        )
+    return layers
+
+
+def validate_proposal(
+    proposal: object, drafter: str, batch: int, k: int, vocab: int, device: torch.device | None = None
+) -> Proposal:
+    """Check a drafter's output (on the target's `device`, when given) and return it; raise
+    `DrafterOutputError` naming the problem."""
+
+    def fail(problem: str) -> DrafterOutputError:
+        return DrafterOutputError(
+            f"drafter {drafter!r} returned a malformed Proposal: {problem}. "
+            f"Expected tokens LongTensor [{batch}, {k}] with ids in [0, {vocab}) and probs None "
+            f"or a float tensor [{batch}, {k}, {vocab}] of distributions (>= 0, rows sum to 1) "
+            "giving each drafted token positive probability."
+        )
+
+    if not isinstance(proposal, Proposal):
+        raise fail(f"got {type(proposal).__name__}, not losscheck.Proposal")
+    tokens, probs = proposal.tokens, proposal.probs
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32):
+        raise fail(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
+    if tuple(tokens.shape) != (batch, k):
+        raise fail(f"tokens has shape {tuple(tokens.shape)}")
+    for name, tensor in (("tokens", tokens), ("probs", probs)):
+        if device is not None and isinstance(tensor, torch.Tensor) and tensor.device != device:
+            raise fail(f"{name} is on {tensor.device}, the target's device is {device}")
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise fail(f"token ids span [{int(tokens.min())}, {int(tokens.max())}], outside the vocabulary")
+    tokens = tokens.long()
+    if probs is None:
+        return Proposal(tokens, None)
+    if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
+        raise fail("probs must be a floating-point tensor or None")
+    if proposal.vocab_map is not None:
+        probs = _spread(probs, proposal.vocab_map, batch, k, vocab, fail)
+    if tuple(probs.shape) != (batch, k, vocab):
+        raise fail(f"probs has shape {tuple(probs.shape)}")
+    probs = probs.float()
+    if not torch.isfinite(probs).all():
+        raise fail("probs contains NaN or inf")
+    if (probs < 0).any():
+        raise fail(f"probs has negative entries (min {float(probs.min()):.3g})")
+    worst = float((probs.sum(-1) - 1).abs().max()) if probs.numel() else 0.0
+    if worst > PROB_SUM_TOLERANCE:
+        raise fail(f"probs rows do not sum to 1 (worst |sum - 1| = {worst:.3g})")
+    if (probs.gather(-1, tokens[..., None]) <= 0).any():
+        raise fail("a drafted token has zero probability under its own q")
+    return Proposal(tokens, probs)
+
+
+def target_probs(proposal: Proposal, vocab: int) -> torch.Tensor | None:
+    """`proposal.probs` on the target's vocabulary, [B, k, V] (None for a point mass): spread
+    through `vocab_map` when the drafter drafts over a sub-vocabulary. For wrappers that mix
+    another distribution into a drafter's `q`."""
+    if proposal.probs is None or proposal.vocab_map is None:
+        return proposal.probs
+    batch, k = proposal.tokens.shape
+
+    def fail(problem: str) -> DrafterOutputError:
+        return DrafterOutputError(f"a Proposal's vocab_map cannot be applied: {problem}")
+
+    return _spread(proposal.probs, proposal.vocab_map, batch, k, vocab, fail)
+
+
+def _spread(
+    probs: torch.Tensor, vocab_map: object, batch: int, k: int, vocab: int, fail: Callable[[str], DrafterOutputError]
+) -> torch.Tensor:
+    """probs [B, k, V_d] over a draft vocabulary → [B, k, V] over the target's, zero where the
+    drafter has no token; `vocab_map [V_d]` must be distinct target ids (else two draft ids would
+    share one target id and `q` there would be ambiguous)."""
+    if not isinstance(vocab_map, torch.Tensor) or vocab_map.dtype not in (torch.int64, torch.int32) or vocab_map.dim() != 1:
+        raise fail(f"vocab_map must be a 1-D integer tensor of target ids, got {getattr(vocab_map, 'shape', type(vocab_map))}")
+    size = vocab_map.shape[0]
+    if size == 0 or size > vocab or int(vocab_map.min()) < 0 or int(vocab_map.max()) >= vocab:
+        raise fail(f"vocab_map of {size} ids must map into the target's vocabulary [0, {vocab})")
+    if int(vocab_map.unique().numel()) != size:
+        raise fail("vocab_map maps two draft ids to the same target id")
+    if tuple(probs.shape) != (batch, k, size):
+        raise fail(f"probs has shape {tuple(probs.shape)}; with vocab_map it is [{batch}, {k}, {size}] (the draft vocabulary)")
+    spread = probs.new_zeros(batch, k, vocab)
+    return spread.index_copy_(-1, vocab_map.to(probs.device).long(), probs)

@@ -1,0 +1,274 @@
+"""The batched speculative loop: draft, score `k+1` positions in one target pass, verify, commit
+(rolling each row back to what it accepted). The baseline is the same loop with no drafter
+(`k = 0`), so plain decoding goes through exactly the same sampling code.
+
+Invariants, per row b: `lengths[b]` committed tokens (prompt + emitted); the target's cache holds
+the first `lengths[b] - 1` of them (the last committed token is *pending*: it is the first input
+of the next scoring pass). A round scores `[pending, d_1 .. d_k]` at slots `lengths-1 ..
+lengths-1+k`; after `a` accepted drafts the row commits `a + 1` tokens, which leaves exactly the
+pending token and the accepted drafts in the cache and everything after them stale.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
+from losscheck.errors import LosscheckError
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.serving.prefix_cache import PrefixCache, ragged_cache
+from losscheck.core.ragged import forward_rows
+from losscheck.core.sampling import SamplingParams
+from losscheck.core.target import HFTarget
+from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
+
+
+def pad_prompts(
+    prompts: list[list[int]], vocab_size: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad prompts → ids [B, P] and lengths [B] on `device`, validating them."""
+    if not prompts:
+        raise LosscheckError("no prompts given; pass at least one non-empty list of token ids")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise LosscheckError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+        bad = [t for t in prompt if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise LosscheckError(f"prompt {i} has ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    lengths = torch.tensor([len(p) for p in prompts])
+    ids = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, : len(prompt)] = torch.tensor(prompt)
+    return ids.to(device), lengths.to(device)
+
+
+@dataclass
+class Batch:
+    """The rows of one `generate` call while it runs."""
+
+    tokens: torch.Tensor  # [B, capacity] long, committed ids (prompt + emitted), right-padded
+    lengths: torch.Tensor  # [B] long, committed tokens per row
+    prompt_lengths: torch.Tensor  # [B] long
+    hidden: torch.Tensor | None  # [B, capacity, H] target states for drafters that read them
+    done: torch.Tensor  # [B] bool, rows past EOS or their budget
+    budget: int | torch.Tensor  # max_new_tokens; or [B] long per row (a scheduler's, `Engine.step`)
+    # [B, capacity] long, each committed token's slot in the round that emitted it (0 = the round's
+    # first token; a round of a accepted drafts emits slots 0..a); None: not kept
+    slot_of: torch.Tensor | None = None
+
+    def pending(self) -> torch.Tensor:
+        """[B, 1] the last committed token of each row, not yet read by the target."""
+        return self.tokens.gather(1, (self.lengths - 1)[:, None])
+
+    def output(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(generated ids [B, budget], 0 after each row's end; generated counts [B])."""
+        new = self.lengths - self.prompt_lengths
+        slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
+        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
+        return torch.where(slot < new[:, None], self.tokens.gather(1, at), 0), new
+
+    def output_slots(self) -> torch.Tensor | None:
+        """[B, budget] each generated token's slot in its round (0 after the row's end), like `output`."""
+        if self.slot_of is None:
+            return None
+        new = self.lengths - self.prompt_lengths
+        slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
+        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
+        return torch.where(slot < new[:, None], self.slot_of.gather(1, at), 0)
+
+
+def parked(batch: Batch, k: int, max_positions: int) -> torch.Tensor:
+    """[B] the lengths a round drafts and scores rows at: a finished row moved back so that its
+    k + 1 junk slots stay inside the target's positions (`k` fits the longest *active* row only;
+    a finished row's drafts are discarded and its cache never read again)."""
+    return torch.where(batch.done, batch.lengths.clamp(max=max_positions - k).clamp(min=1), batch.lengths)
+
+
+def emit_counts(emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None) -> torch.Tensor:
+    """[B] tokens a row commits: `count` (accepted + 1), at most `room` (budget left), and none
+    after the first EOS among them. emitted [B, k+1] the verified tokens."""
+    count = torch.minimum(count, room)
+    if eos is not None:
+        slot = torch.arange(emitted.shape[1], device=emitted.device)[None, :]
+        first_eos = torch.where((emitted == eos) & (slot < count[:, None]), slot, emitted.shape[1]).min(1).values
+        count = torch.minimum(count, first_eos + 1)
+    return count
+
+
+class Engine:
+    """Speculative decoding of a batch with `drafter` and block length `k`; `drafter=None` is the
+    baseline. `width` is passed to drafters that truncate candidates. `verifier` decides each
+    block: by default the drafter's own `verifier` when it declares one (a checkpoint configured
+    with a relaxed acceptance rule is run as configured), else `losscheck.core.verify.verify_block`,
+    the correct one; a caller may plant another.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter | None = None,
+        k: int = 4,
+        width: int | None = None,
+        verifier: Verifier | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
+        if drafter is not None and k < 1:
+            raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
+        self.target = target
+        self.drafter = drafter
+        self.k = k if drafter is not None else 0
+        self.width = width
+        self.verifier: Verifier = verifier or getattr(drafter, "verifier", None) or verify_block
+        self.prefix_cache = prefix_cache  # shared by every request this engine runs
+        # the target layers whose states the drafter reads; only named layers are asked for by
+        # id, so a Target without `layers=` still serves drafters of the last layer
+        self.layers = hidden_layers(drafter, target) if drafter is not None else None
+        self._by_id = drafter is not None and not isinstance(drafter.uses_hidden, bool)
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams, generator: torch.Generator
+    ) -> Generation:
+        """Up to `max_new_tokens` tokens for every prompt, stopping a row at EOS."""
+        started = time.perf_counter()
+        batch = self._start(prompts, max_new_tokens)
+        stats = LoopStats.empty(self.k)
+        with stats.clock("target", self.target.device):
+            self.prefill(batch)
+        while not bool(batch.done.all()):
+            self.step(batch, params, generator, stats)
+        stats.total_seconds = time.perf_counter() - started
+        tokens, lengths = batch.output()
+        return Generation(tokens, lengths, stats, params, slots=batch.output_slots())
+
+    def step(self, batch: Batch, params: SamplingParams, generator: torch.Generator, stats: LoopStats) -> None:
+        """One round over the rows of `batch` not done: draft, score, verify, commit.
+
+        `generate` loops over it; it is public so that a scheduler can run the rounds itself and
+        admit new requests into finished rows between them (`losscheck.perf.serving`, which also
+        sets `batch.budget` to per-row budgets [B]). Needs at least one row not done.
+        """
+        device = self.target.device
+        with stats.clock("draft", device):
+            proposal = self._draft(batch, params, generator)
+        with stats.clock("target", device):
+            logits, states = self._score(batch, proposal)
+            outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
+        outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
+        self._commit(batch, outcome, states, stats)
+
+    def _start(self, prompts: list[list[int]], max_new_tokens: int) -> Batch:
+        """Validate the request, allocate the rows and reset the target's and drafter's state."""
+        if max_new_tokens < 0:
+            raise LosscheckError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        device = self.target.device
+        prompt_ids, lengths = pad_prompts(prompts, self.target.vocab_size, device)
+        rows, longest = prompt_ids.shape
+        if longest + max_new_tokens > self.target.max_positions:
+            raise LosscheckError(
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+                f"target's {self.target.max_positions} positions; shorten the prompt or the budget"
+            )
+        capacity = longest + max_new_tokens + self.k + 1
+        if self.prefix_cache is not None:  # rows prefilled from a prefix hit write junk up to 2·longest
+            capacity += longest
+        tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+        tokens[:, :longest] = prompt_ids
+        hidden = None
+        if self.drafter is not None and self.drafter.uses_hidden is not False:
+            width = self.target.hidden_size * (len(self.layers) if self.layers else 1)
+            hidden = torch.zeros(rows, capacity, width, device=device)
+        self.target.reset(rows, capacity)
+        if self.drafter is not None:
+            self.drafter.reset(rows, capacity)
+        if self.prefix_cache is not None:
+            self.prefix_cache.reset(rows)
+        done = torch.full((rows,), max_new_tokens == 0, device=device)
+        return Batch(tokens, lengths, lengths.clone(), hidden, done, max_new_tokens, torch.zeros_like(tokens))
+
+    def prefill(self, batch: Batch, rows: torch.Tensor | None = None) -> None:
+        """Read the committed tokens of `rows` [n] (default: every row) but the pending last one
+        into the target's cache (and `batch.hidden`), from the prefix cache as far as it holds
+        them. A scheduler admitting requests into finished rows calls it for those rows alone
+        (`losscheck.serving.batching`); the other rows keep their state."""
+        every = rows is None
+        rows = torch.arange(len(batch.lengths), device=batch.lengths.device) if rows is None else rows
+        readable = batch.lengths[rows] - 1  # [n]
+        start = torch.zeros_like(readable)  # [n] first slot each row reads
+        cache = ragged_cache(self.target) if self.prefix_cache is not None else None
+        if cache is not None:
+            start = self.prefix_cache.load(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
+        width = int((readable - start).max())
+        if width > 0:
+            at = start[:, None] + torch.arange(width, device=start.device)  # [n, width] slots read
+            ids = batch.tokens[rows].gather(1, at)  # past a row's readable: junk, overwritten later
+            if every:
+                _, states = self._forward(ids, start)
+            elif isinstance(self.target, HFTarget) and _allocated(self.target):
+                layers = self.layers if self._by_id else None
+                _, states = self.target.checked(forward_rows(self.target.lm, rows, ids, start, layers))
+            else:  # one pass over every row: the others read junk from their pending slot on
+                all_ids = batch.tokens.new_zeros(len(batch.lengths), width).index_copy(0, rows, ids)
+                _, states = self._forward(all_ids, (batch.lengths - 1).index_copy(0, rows, start))
+                states = states[rows]
+            if batch.hidden is not None:
+                batch.hidden[rows[:, None], at] = states.float()
+        if cache is not None:
+            self.prefix_cache.store(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
+
+    def _draft(self, batch: Batch, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        """The drafter's block for every row; no drafts for the baseline or at the last positions."""
+        rows = batch.tokens.shape[0]
+        k = min(self.k, self.target.max_positions - int(batch.lengths[~batch.done].max()))
+        if k <= 0 or self.drafter is None:
+            return Proposal(batch.tokens.new_zeros(rows, 0))
+        ctx = DraftContext(batch.tokens, parked(batch, k, self.target.max_positions), batch.hidden, k, self.width,
+                           params, generator)
+        proposal = self.drafter.propose(ctx)
+        return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
+
+    def _score(self, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target pass over `[pending, d_1 .. d_k]` → logits [B, k+1, V], states [B, k+1, n·H]."""
+        lengths = parked(batch, proposal.tokens.shape[1], self.target.max_positions)
+        scored = torch.cat([batch.tokens.gather(1, (lengths - 1)[:, None]), proposal.tokens], dim=1)  # [B, k+1]
+        return self._forward(scored, lengths - 1)
+
+    def _forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's pass, with the states of the drafter's layers when it names them."""
+        if self._by_id:
+            return self.target.forward(tokens, start, layers=self.layers)  # type: ignore[call-arg]
+        return self.target.forward(tokens, start)
+
+    def _commit(self, batch: Batch, outcome: BlockOutcome, states: torch.Tensor, stats: LoopStats) -> None:
+        """Append each active row's emitted tokens and roll the drafter back to what was kept."""
+        width = outcome.tokens.shape[1]  # k + 1
+        active = ~batch.done
+        accepted = torch.where(active, outcome.accepted, 0)  # [B]
+        room = batch.budget - (batch.lengths - batch.prompt_lengths)
+        emit = torch.where(active, emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id), 0)
+        slot = torch.arange(width, device=emit.device)[None, :]  # [1, k+1]
+        slots = batch.lengths[:, None] + slot  # [B, k+1]; junk past emit is overwritten later
+        keep = slot < emit[:, None]
+        batch.tokens.scatter_(1, slots, torch.where(keep, outcome.tokens, batch.tokens.gather(1, slots)))
+        if batch.slot_of is not None:
+            batch.slot_of.scatter_(1, slots, torch.where(keep, slot, batch.slot_of.gather(1, slots)))
+        if batch.hidden is not None:
+            read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
+            batch.hidden.scatter_(1, read, states.float())
+        batch.lengths = batch.lengths + emit  # a new tensor: drafters may hold the old one
+        if self.prefix_cache is not None:  # blocks completed by this round's tokens
+            rows = active.nonzero().squeeze(1).tolist()
+            self.prefix_cache.store(ragged_cache(self.target), batch.tokens, batch.lengths - 1, rows, batch.hidden)
+        if self.drafter is not None:
+            self.drafter.commit(accepted)
+        stats.record_round(accepted, active, width - 1)
+        last = batch.pending().squeeze(1)
+        ended = (emit > 0) & (last == self.target.eos_id) if self.target.eos_id is not None else False
+        batch.done = batch.done | (batch.lengths - batch.prompt_lengths >= batch.budget) | ended
+
+
+def _allocated(target: HFTarget) -> bool:
+    """The target's ragged cache holds its buffers (allocated by the batch's first forward)."""
+    return target.lm.cache is not None and bool(target.lm.cache.keys)

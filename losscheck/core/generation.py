@@ -1,0 +1,134 @@
+"""What one `Engine.generate` call returns: the generated ids and the loop's counters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from losscheck.core.precision import synchronize
+from losscheck.core.sampling import SamplingParams
+
+
+@dataclass
+class LoopStats:
+    """Acceptance and timing counters of the speculative loop (active rows only)."""
+
+    k: int
+    proposed: torch.Tensor  # [k] long, drafts proposed in slot j
+    accepted: torch.Tensor  # [k] long, drafts accepted in slot j
+    row_rounds: int = 0  # (row, round) pairs verified
+    emitted: int = 0  # tokens emitted by verification, before EOS / budget truncation
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @classmethod
+    def empty(cls, k: int) -> "LoopStats":
+        return cls(k, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long))
+
+    def record_round(self, accepted: torch.Tensor, active: torch.Tensor, k: int) -> None:
+        """One verified round of `k` drafts: accepted [B] drafts kept, active [B] rows that took part."""
+        n_active = int(active.sum())
+        self.row_rounds += n_active
+        self.emitted += int((accepted + 1)[active].sum())
+        if k:
+            slot = torch.arange(k, device=accepted.device)[None, :]
+            self.proposed[:k] += n_active
+            self.accepted[:k] += ((slot < accepted[:, None]) & active[:, None]).sum(0).cpu()
+
+    @contextmanager
+    def clock(self, part: Literal["draft", "target"], device: torch.device) -> Iterator[None]:
+        """Add the wall time of the block to `draft_seconds` or `target_seconds`, including the
+        kernels it queued on `device` (synchronised before both clock reads)."""
+        synchronize(device)
+        started = time.perf_counter()
+        yield
+        synchronize(device)
+        elapsed = time.perf_counter() - started
+        if part == "draft":
+            self.draft_seconds += elapsed
+        else:
+            self.target_seconds += elapsed
+
+    def __add__(self, other: "LoopStats") -> "LoopStats":
+        """Counters of two runs of the same block length, summed."""
+        if other.k != self.k:
+            raise ValueError(f"cannot add LoopStats of block lengths {self.k} and {other.k}")
+        return LoopStats(
+            self.k,
+            self.proposed + other.proposed,
+            self.accepted + other.accepted,
+            self.row_rounds + other.row_rounds,
+            self.emitted + other.emitted,
+            self.draft_seconds + other.draft_seconds,
+            self.target_seconds + other.target_seconds,
+            self.total_seconds + other.total_seconds,
+        )
+
+    @property
+    def acceptance_length(self) -> float:
+        """τ: tokens emitted per round (accepted + recovered/bonus)."""
+        return self.emitted / max(self.row_rounds, 1)
+
+    @property
+    def wasted_fraction(self) -> float:
+        """Drafted tokens discarded after the first rejection, over all drafted tokens."""
+        proposed = int(self.proposed.sum())
+        return (proposed - int(self.accepted.sum())) / max(proposed, 1)
+
+    @property
+    def all_accepted(self) -> bool:
+        return bool(torch.equal(self.proposed, self.accepted))
+
+    def slot_acceptance(self) -> list[float]:
+        """P(draft j accepted | drafts before it accepted), per slot; NaN for a slot never reached."""
+        return [a / p if p else float("nan") for a, p in zip(self.accepted.tolist(), self.proposed.tolist())]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "k": self.k,
+            "acceptance_length": self.acceptance_length,
+            "slot_acceptance": self.slot_acceptance(),
+            "proposed": self.proposed.tolist(),
+            "accepted": self.accepted.tolist(),
+            "wasted_fraction": self.wasted_fraction,
+            "row_rounds": self.row_rounds,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "total_seconds": self.total_seconds,
+            "draft_time_fraction": self.draft_seconds / max(self.total_seconds, 1e-12),
+        }
+
+
+@dataclass
+class Generation:
+    """Generated ids for a batch. tokens [B, max_new] (0-padded after lengths[b]), lengths [B]."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    stats: LoopStats
+    params: SamplingParams = field(default_factory=SamplingParams)
+    slots: torch.Tensor | None = None  # [B, max_new] long, each token's slot in its round (engine runs)
+
+    def row(self, b: int) -> list[int]:
+        return self.tokens[b, : int(self.lengths[b])].tolist()
+
+    def mask(self) -> torch.Tensor:
+        """[B, max_new] bool, True where a token was generated."""
+        return torch.arange(self.tokens.shape[1], device=self.tokens.device)[None, :] < self.lengths[:, None]
+
+    @staticmethod
+    def concat(parts: "list[Generation]") -> "Generation":
+        """Several batches of the same request, one after another."""
+        stats = parts[0].stats
+        for part in parts[1:]:
+            stats = stats + part.stats
+        slots = None if any(g.slots is None for g in parts) else torch.cat([g.slots for g in parts])
+        return Generation(
+            torch.cat([g.tokens for g in parts]), torch.cat([g.lengths for g in parts]), stats, parts[0].params, slots
+        )

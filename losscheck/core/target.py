@@ -1,0 +1,134 @@
+"""The target adapter: a Hugging Face causal LM loaded from a local path, with a ragged cache."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from losscheck.errors import TargetError
+from losscheck.core.precision import torch_dtype
+from losscheck.core.ragged import RaggedLM
+
+
+def content_hash(path: Path) -> str:
+    """sha256 over the weight and config files of a model directory (sorted by name)."""
+    digest = hashlib.sha256()
+    for file in sorted(path.glob("*")):
+        if file.suffix in {".safetensors", ".json"} and file.name != "BUILD.json":
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def load_causal_lm(
+    path: str | Path,
+    precision: str = "fp32",
+    trust_remote_code: bool = False,
+    device: str | torch.device = "cpu",
+    tp_plan: str | None = None,
+) -> torch.nn.Module:
+    """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, on `device`, in eval mode.
+
+    `tp_plan` ("auto": the model's own plan) splits it over the ranks of the initialised
+    `torch.distributed` process group (`losscheck.serving.split`); transformers then places each
+    rank's shard on that rank's device itself."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not path.is_dir():
+        raise TargetError(
+            f"model directory {str(path)!r} does not exist; pass a local Hugging Face model "
+            "directory (config.json + *.safetensors)"
+        )
+    if not any(path.glob("*.safetensors")):
+        raise TargetError(
+            f"{str(path)!r} has no *.safetensors weights; losscheck loads safetensors only "
+            "(convert with model.save_pretrained(dir, safe_serialization=True))"
+        )
+    split: dict[str, object] = {}
+    if tp_plan is not None:
+        from transformers.distributed import DistributedConfig
+
+        split["distributed_config"] = DistributedConfig(tp_plan=tp_plan)
+    try:
+        with _quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                dtype=torch_dtype(precision),
+                use_safetensors=True,
+                trust_remote_code=trust_remote_code,
+                local_files_only=True,
+                attn_implementation="sdpa",
+                **split,
+            )
+    except Exception as exc:  # transformers raises many types; name the model and the cause
+        raise TargetError(f"could not load a causal LM from {str(path)!r}: {exc}") from exc
+    return (model if split else model.to(device)).eval()
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No "Loading weights" progress bar: models load during collection, outside pytest's
+    capture, and one bar per model per worker buries the run's own output."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
+class HFTarget:
+    """A `losscheck.core.contract.Target` over any Hugging Face `*ForCausalLM` module."""
+
+    def __init__(self, model: torch.nn.Module, name: str, identity: dict[str, str]) -> None:
+        config = model.config
+        self.model = model
+        self.lm = RaggedLM(model)
+        self.name = name
+        self.identity = identity
+        self.vocab_size = int(config.vocab_size)
+        self.hidden_size = int(config.hidden_size)
+        self.num_layers = int(config.num_hidden_layers)  # layer ids 0..num_layers, see Target
+        self.architectures: tuple[str, ...] = tuple(getattr(config, "architectures", None) or ())
+        eos = config.eos_token_id
+        self.eos_id = eos[0] if isinstance(eos, list) else eos
+        self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False,
+        device: str | torch.device = "cpu", tp_plan: str | None = None,
+    ) -> "HFTarget":
+        """`tp_plan`: split over the ranks of the initialised process group (`load_causal_lm`);
+        the identity then records the split, `{"split": ranks}`."""
+        path = Path(path)
+        model = load_causal_lm(path, precision, trust_remote_code, device, tp_plan)
+        identity = {"path": str(path.resolve()), "sha256": content_hash(path), "precision": precision}
+        if tp_plan is not None:
+            import torch.distributed as dist
+
+            identity["split"] = str(dist.get_world_size())
+        return cls(model, name=path.name, identity=identity)
+
+    def reset(self, batch_size: int, capacity: int) -> None:
+        self.lm.reset(batch_size, capacity)
+
+    def forward(
+        self, tokens: torch.Tensor, start: torch.Tensor, layers: tuple[int, ...] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.checked(self.lm.forward(tokens, start, layers=layers))
+
+    def checked(self, out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`out` = (logits, hidden) if every logit is finite, else `TargetError` naming the target."""
+        if not torch.isfinite(out[0]).all():
+            raise TargetError(f"target {self.name!r} produced NaN/inf logits")
+        return out

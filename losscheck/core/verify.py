@@ -1,0 +1,142 @@
+"""Verification of one drafted block: pure tensor functions, no state.
+
+Terms (Leviathan et al. 2023; Chen et al. 2023), for a block of `k` drafted tokens:
+
+- *accepted*: the leading drafts the verifier keeps. Greedy: a draft is kept while it equals the
+  target's argmax. Sampling: draft `x_j` is kept with probability `min(1, p_j(x_j) / q_j(x_j))`.
+- *recovered*: at the first rejected slot `a`, a token drawn from the residual
+  `norm(max(0, p_a - q_a))`; this is what makes the output distributed exactly as `p`.
+- *bonus*: when all `k` drafts are kept, a token drawn from `p_k`, the target's distribution at
+  the position after the block (the `k+1`-th scored position).
+
+A round therefore emits `accepted + 1` tokens. A point-mass drafter (`q is None`) proposed each
+draft with probability 1; the verifier must use that point mass, not some softmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from losscheck.errors import LosscheckError
+from losscheck.core.sampling import SamplingParams, process_logits, sample
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """What verification decided for one drafted block, per row."""
+
+    accepted: torch.Tensor  # [B] long, drafts kept (0..k)
+    tokens: torch.Tensor  # [B, k+1] long; tokens[b, :accepted[b]+1] are emitted, the rest is junk
+
+
+def verify_greedy(p: torch.Tensor, drafts: torch.Tensor) -> BlockOutcome:
+    """Greedy verification. `p [B, k+1, V]` target scores (logits or probs), `drafts [B, k]`."""
+    best = p.argmax(-1)  # [B, k+1]
+    k = drafts.shape[1]
+    accepted = (drafts == best[:, :k]).long().cumprod(-1).sum(-1)  # [B]
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
+    tokens = torch.cat([drafts, best[:, k:]], dim=1)  # [B, k+1]
+    tokens[rows, accepted] = best[rows, accepted]  # recovered (= target argmax) or bonus
+    return BlockOutcome(accepted=accepted, tokens=tokens)
+
+
+def point_mass(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`q [B, k, V]` of a deterministic drafter: one-hot at each drafted token."""
+    return torch.zeros(*drafts.shape, vocab_size, device=drafts.device).scatter_(-1, drafts[..., None], 1.0)
+
+
+def normalized(q: torch.Tensor) -> torch.Tensor:
+    """`q [..., V]` as float64 rows that sum to 1 (rows have positive mass by validation)."""
+    q = q.double()
+    return q / q.sum(-1, keepdim=True)
+
+
+def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+    """`min(1, p(x) / q(x))` for each draft; p_draft, q_draft [B, k] (q > 0 by validation)."""
+    return (p_draft.double() / q_draft.double()).clamp(max=1.0)
+
+
+def recovery_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Distribution of the token emitted at each slot if verification stops there.
+
+    p: [B, k+1, V], q: [B, k, V] → [B, k+1, V]: `norm(max(0, p_j - q_j))` for the recovered token
+    at slot j < k, and `p_k` for the bonus token.
+    """
+    q_padded = torch.cat([q, q.new_zeros(q.shape[0], 1, q.shape[-1])], dim=1)  # bonus slot: q = 0
+    residual = (p - q_padded).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    # mass == 0 only when p_j == q_j, where a rejection has probability 0 (float round-off).
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+
+
+def verify_rejection(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator,
+) -> BlockOutcome:
+    """Speculative rejection sampling for a batch of blocks.
+
+    p: [B, k+1, V] target distributions after logits processing; slot k is the bonus slot.
+    drafts: [B, k] drafted ids.
+    q: [B, k, V] the distributions the drafts were drawn from, or None for a point mass.
+    generator: source of the `B*k` acceptance uniforms and the recovered/bonus draws.
+    """
+    batch, k = drafts.shape
+    # In float64, with q renormalised: a drafter's q may sum to 1 ± 1e-3 (validation allows that
+    # for fp16 drafters) and its sampler drew in proportion to it, so q / sum(q) is the law the
+    # drafts came from; the raw q would make the acceptance ratio and the residual lossy by as much.
+    p = p.double()
+    q = point_mass(drafts, p.shape[-1]).double() if q is None else normalized(q)
+    p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    u = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=p.device)
+    keep = u < acceptance_probability(p_draft, q_draft)  # [B, k]
+    accepted = keep.long().cumprod(-1).sum(-1)  # [B]
+
+    rows = torch.arange(batch, device=p.device)
+    stop = recovery_distribution(p, q)[rows, accepted]  # [B, V]
+    tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
+    tokens[rows, accepted] = sample(stop, generator)
+    return BlockOutcome(accepted=accepted, tokens=tokens)
+
+
+# The verifier the engine is given: (raw target logits [B, k+1, V], drafts [B, k], q [B, k, V] or
+# None, the request's sampling parameters, generator) -> BlockOutcome.
+Verifier = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", SamplingParams, torch.Generator], BlockOutcome
+]
+
+
+def checked_outcome(outcome: object, verifier: Verifier, batch: int, k: int) -> BlockOutcome:
+    """`outcome` if it is a well-formed `BlockOutcome` for `batch` rows and `k` drafts, else a
+    `LosscheckError` naming the verifier and what it returned."""
+    name = getattr(verifier, "__qualname__", repr(verifier))
+    if not isinstance(outcome, BlockOutcome):
+        raise LosscheckError(f"verifier {name} returned {type(outcome).__name__}, not a losscheck.BlockOutcome")
+    shapes = (tuple(outcome.accepted.shape), tuple(outcome.tokens.shape))
+    if shapes != ((batch,), (batch, k + 1)):
+        raise LosscheckError(
+            f"verifier {name} returned accepted {shapes[0]} and tokens {shapes[1]}; expected ({batch},) and "
+            f"({batch}, {k + 1}) for {batch} rows of {k} drafts"
+        )
+    if batch and (int(outcome.accepted.min()) < 0 or int(outcome.accepted.max()) > k):
+        raise LosscheckError(f"verifier {name} accepted counts outside [0, {k}]")
+    return outcome
+
+
+def verify_block(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> BlockOutcome:
+    """The correct `Verifier`: greedy verification at temperature 0, otherwise rejection sampling
+    against the target's logits processed exactly as the drafter's `q` was."""
+    if params.greedy:
+        return verify_greedy(logits, drafts)
+    return verify_rejection(process_logits(logits, params), drafts, q, generator)

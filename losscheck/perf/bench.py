@@ -1,0 +1,175 @@
+"""Benchmarks of the loop on the bundled models (`losscheck bench`), written out by
+`losscheck.report.bench`; figures go to the README.
+
+Timings, not tests: nothing here asserts a speed. Each figure is the best of `repeats` runs after
+one warm-up, on whatever threads torch uses (the command prints them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from losscheck import bundled
+from losscheck.drafters.autoregressive import from_path
+from losscheck.core.engine import Engine
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.report.bench import write_report
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.core.target import HFTarget
+
+
+def best_seconds(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    run()  # warm-up
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def prompts_for(batch: int) -> list[list[int]]:
+    pool = [p for tier in bundled.PROMPT_TIERS for p in bundled.load_prompts(tier)]
+    return [pool[i % len(pool)] for i in range(batch)]
+
+
+def loop_throughput(target: HFTarget, drafter: Any, batch: int, new: int, params: SamplingParams,
+                    k: int, repeats: int) -> dict[str, float]:
+    """Generated tokens per second of the spec loop and of the baseline, same prompts."""
+    prompts = prompts_for(batch)
+    row: dict[str, float] = {"batch": batch, "new_tokens": new, "k": k}
+    for name, engine in (("baseline", Engine(target)), ("spec", Engine(target, drafter, k))):
+        seconds, gen = best_seconds(lambda: engine.generate(prompts, new, params, make_generator(0, "bench")), repeats)
+        row[f"{name}_tokens_per_s"] = float(gen.lengths.sum()) / seconds
+        if name == "spec":
+            row["acceptance_length"] = gen.stats.acceptance_length
+            row["draft_time_fraction"] = gen.stats.draft_seconds / max(gen.stats.total_seconds, 1e-12)
+    row["speedup"] = row["spec_tokens_per_s"] / row["baseline_tokens_per_s"]
+    return row
+
+
+def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int) -> float:
+    """Hugging Face assisted generation, batch 1 (its only supported batch), sampling at T=1."""
+    prompts = prompts_for(n)
+    model, assistant = target.model, drafter.lm.model
+
+    def run() -> None:
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant, do_sample=True,
+                           temperature=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
+                           pad_token_id=0)
+
+    torch.manual_seed(0)
+    seconds, _ = best_seconds(run, 1)
+    return n / seconds
+
+
+def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
+    target = HFTarget.from_pretrained(bundled.target_path())
+    drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    horizon = 16
+    results: dict[str, Any] = {"threads": torch.get_num_threads(), "torch": torch.__version__, "rows": []}
+    for batch in (1, 64, 1024):
+        for params in (GREEDY, SamplingParams(temperature=1.0)):
+            row = loop_throughput(target, drafter, batch, 64 if batch == 1 else horizon, params, 4, repeats)
+            row["params"] = params.label()
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    # Samples per second: our loop at batch 1024 vs HF assisted generation at batch 1.
+    seconds, _ = best_seconds(
+        lambda: Engine(target, drafter, 4).generate(prompts_for(1024), horizon, SamplingParams(), make_generator(1, "b")),
+        repeats,
+    )
+    ours = 1024 / seconds
+    theirs = hf_assisted_samples_per_s(target, drafter, horizon, 32)
+    results["samples_per_s"] = {"losscheck_batch1024": ours, "hf_assisted_batch1": theirs, "ratio": ours / theirs,
+                                "horizon": horizon, "k": 4}
+    print(json.dumps(results["samples_per_s"]), flush=True)
+    write_report(results, out)
+    return results
+
+
+def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int = 16, prompt: int = 16) -> dict[str, Any]:
+    """Peak memory of one PIT cell's teacher-forced scoring — the gate's sample, `rows` sequences
+    of `horizon` tokens after `prompt`-token prompts — on a random 2-layer Llama of `vocab` tokens,
+    under a budget of `budget_mib`. Reads this process's resident high-water mark before and after:
+    run it in a fresh process (`losscheck bench --pit-memory VOCAB`)."""
+    import resource
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from losscheck.cells.runner import pit_chunk_rows, teacher_forced_pit
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=prompt + horizon)
+    target = HFTarget(LlamaForCausalLM(config).eval(), f"random-llama-{vocab}", {})
+    prompts = torch.randint(vocab, (rows, prompt)).tolist()
+    gen = Generation(torch.randint(vocab, (rows, horizon)), torch.full((rows,), horizon), LoopStats.empty(0),
+                     SamplingParams())
+    v = torch.rand(rows, horizon, dtype=torch.float64)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
+    started = time.perf_counter()
+    u, _ = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "vocab": vocab, "rows": rows, "positions": prompt + horizon, "budget_mib": budget_mib,
+        "chunk_rows": pit_chunk_rows(prompt + horizon, vocab, budget_mib << 20, 4096),
+        "unchunked_logits_mib": rows * (prompt + horizon) * vocab * 4 / 2**20,
+        "rss_before_mib": round(before), "rss_peak_mib": round(peak), "scoring_peak_mib": round(peak - before),
+        "seconds": round(time.perf_counter() - started, 1), "pit_values": int(u.numel()),
+    }
+
+
+@torch.inference_mode()
+def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> dict[str, Any]:
+    """How far a reduced-precision target's top-2 logit margins move with the batch shape: the
+    measurement behind `losscheck.core.precision.LOGIT_TOLERANCE` (`losscheck bench --near-ties`).
+
+    On the bundled target in `dtype`, along the fp32 greedy continuation of every bundled prompt,
+    each position's top-2 margin is computed three ways — one token at a time through the cache
+    (the baseline's shape), `k + 1` tokens at a time (the speculative loop's scoring) and one
+    teacher-forced pass over the whole row — and compared with the float64 margin of the same two
+    tokens from `top2_float64` (final hidden state, LM head in float64). Reports the largest and the
+    99.9th-percentile deviation, how often the shapes' argmaxes disagree, and how many positions
+    have a float64 margin under the tolerance in use.
+    """
+    from losscheck.core.divergence import top2_float64
+    from losscheck.core.precision import LOGIT_TOLERANCE
+
+    prompts = prompts_for(len(bundled.PROMPT_TIERS) * 16)
+    reference = HFTarget.from_pretrained(bundled.target_path())
+    rows = Engine(reference).generate(prompts, max_new, GREEDY, make_generator(0, "noise"))
+    target = HFTarget.from_pretrained(bundled.target_path(), dtype)
+    deviations: dict[str, list[float]] = {"one-token": [], f"block-{k + 1}": [], "whole-row": []}
+    flips, under, positions = 0, 0, 0
+    for b, prompt in enumerate(prompts):
+        seq = torch.tensor([prompt + rows.row(b)])  # [1, P+L]
+        n_scored = seq.shape[1] - 1  # logits at positions 0..T-2 predict tokens 1..T-1
+        shapes = {}
+        for name, step in (("one-token", 1), (f"block-{k + 1}", k + 1), ("whole-row", n_scored)):
+            target.reset(1, seq.shape[1])
+            parts = [target.forward(seq[:, s : min(s + step, n_scored)], torch.tensor([s]))[0]
+                     for s in range(0, n_scored, step)]
+            shapes[name] = torch.cat(parts, 1)[0]  # [T-1, V]
+        for pos in range(len(prompt) - 1, n_scored):  # the generated positions
+            top1, top2, margin = top2_float64(target.model, seq[0, : pos + 1].tolist())
+            positions += 1
+            under += margin < LOGIT_TOLERANCE[dtype]
+            argmaxes = {int(logits[pos].argmax()) for logits in shapes.values()}
+            flips += len(argmaxes) > 1
+            for name, logits in shapes.items():
+                deviations[name].append(abs(float(logits[pos, top1] - logits[pos, top2]) - margin))
+    found = {name: torch.tensor(d, dtype=torch.float64) for name, d in deviations.items()}
+    return {
+        "dtype": dtype, "prompts": len(prompts), "positions": positions, "tolerance": LOGIT_TOLERANCE[dtype],
+        "max_deviation": {name: float(d.max()) for name, d in found.items()},
+        "p999_deviation": {name: float(d.quantile(0.999)) for name, d in found.items()},
+        "argmax_disagreements": flips, "float64_margin_under_tolerance": int(under),
+    }

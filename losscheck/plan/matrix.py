@@ -1,0 +1,291 @@
+"""The experiment matrix: which cells each certification test runs. Pure planning, no models.
+
+One variable changes per cell, starting from the base cell (the first `--losscheck-precision`,
+fp32 by default; k=4, full width, T=1); a drafter only gets the block lengths and widths it
+declares. `plan` maps the drafters of each target to the cells of every certification test
+argument (`CELL_ARGS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from losscheck.core.contract import Drafter
+from losscheck.core.precision import Precision
+from losscheck.core.sampling import GREEDY, SamplingParams
+
+if TYPE_CHECKING:
+    from losscheck.engines import BlackBoxEngine
+
+ORACLE = "self"  # the self-draft oracle: the target drafting for itself, acceptance must be 1
+ENGINE = "engine"  # the black-box engine's cells (its block length is its own); as a cell's target:
+# the engine's own, which losscheck does not load (two-sample mode)
+
+# The certification tests' cell arguments, and why a test has no cells when it has none.
+GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL = "greedy_cell", "sampling_cell", "exact_cell", "engine_cell"
+ENGINE_GREEDY_CELL = "engine_greedy_cell"
+CELL_ARGS = (GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL, ENGINE_GREEDY_CELL)
+STATISTICAL_ARGS = (PIT_CELL, EXACT_CELL, ENGINE_CELL)  # one Bonferroni share of alpha per cell
+OFF_REASONS = {
+    GREEDY_CELL: "no drafter declares a block length",
+    PIT_CELL: "no drafter declares a block length",
+    EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only "
+                "(and is off under --losscheck-exact=off)",
+    ENGINE_CELL: "no --losscheck-engine given: black-box mode is off",
+    ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
+}
+
+BASE_K = 4
+GREEDY_KS = (1, 2, 4, 8, 16)
+SAMPLING_KS = (1, 4, 8, 16)
+SAMPLING_VARIANTS = (
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.3),
+    SamplingParams(temperature=1.5),
+    SamplingParams(temperature=1.0, top_k=8),
+    SamplingParams(temperature=1.0, top_p=0.9),
+)
+# The small target has 8 tokens: top-k / top-p values that actually cut its distributions.
+SMALL_VARIANTS = (*SAMPLING_VARIANTS[:3], SamplingParams(top_k=3), SamplingParams(top_p=0.8))
+
+# The bundled parallel families share one verifier path with A, which carries the full sweep of
+# sampling parameters and block lengths; each family keeps the sampled cells that exercise its
+# own drafting code (its processing of q, its longest block, its truncation widths), so the whole
+# gate stays within its time budget. Their greedy cells cover every declared k and width.
+# family -> (sampling variants, extra block lengths, widths)
+FAMILY_SAMPLING = {
+    "B": (SAMPLING_VARIANTS[:2], (16,), ()),
+    "C": (SAMPLING_VARIANTS[:1], (), (1, 4)),
+    "D": (SAMPLING_VARIANTS[:1], (16,), ()),
+    "E": (SAMPLING_VARIANTS[:2], (16,), (1, 4)),
+    # the speculators-format fixtures (losscheck.drafters.speculators): T=1 and, for EAGLE-3 with
+    # its smaller draft vocabulary, T=0.3; each at its longest block
+    "eagle3": (SAMPLING_VARIANTS[:2], (8,), ()),
+    "peagle": (SAMPLING_VARIANTS[:1], (8,), ()),
+}
+
+
+# The quick gate (`-m "lossless and not slow"`) keeps, for each drafter, every greedy cell of the
+# base precision and the sampled cells at its base block length (every sampling variant, its
+# stress cells, the oracle's and the exact-mode cells of that k); the slow tier (`-m lossless`
+# runs both, `losscheck certify` too) holds what costs most CPU time for what it adds beyond them.
+SLOW_TIER = (
+    "reduced-precision cells (CPU torch emulates bf16 / fp16: each PIT cell costs ~4x an fp32 one)",
+    "sampled cells at other block lengths and truncation widths (the greedy cells cover every k and width)",
+    "sampled cells of the bundled parallel and speculators families (they share family A's verifier "
+    "path, which the quick gate samples; their greedy cells stay in it)",
+    "greedy cells at declared block lengths outside 1, 2, 4, 8, 16 (e.g. a drafter of 1..16 gets 16 greedy cells)",
+    "sampled cells of the serving axes, pairs of serving axes and a serving axis in reduced precision (the "
+    "quick gate has each axis alone in a greedy cell: the axes change scheduling and cache reuse, not the "
+    "verifier's arithmetic, and a wrong context shows token for token; each serving mutant is caught there)",
+    "the edge sampling parameters T=0.001, T=5 and top-p 0.05 on the main target",
+)
+
+# Stress cells (`losscheck.drafters.stress`): honest variants of each drafter that reject more,
+# in directions that expose verifier bugs to the PIT tests of a main-target cell. Every drafter
+# gets all of them, except that the bundled parallel families share A's verifier path and keep one.
+STRESS_VARIANTS = ("tempered2", "argmax", "mix0.25")
+FAMILY_STRESS = ("tempered2",)
+
+# The serving axes (DESIGN §4.4), one variable per cell from the base cell, greedy and sampled, for
+# the reference drafter: the user's, or among the bundled ones family A (the others share its
+# engine paths). Pairs (two axes; the split with the first reduced precision) are slow-tier cells.
+SERVING_AXES: tuple[dict[str, Any], ...] = (
+    {"split": 2}, {"prefix": "cold"}, {"prefix": "warm"}, {"batching": "continuous"},
+)
+SERVING_PAIRS: tuple[dict[str, Any], ...] = ({"prefix": "warm", "batching": "continuous"},)
+# Edge sampling parameters (issue 11): near-greedy, near-flat and a top-p that keeps one token.
+EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.0), SamplingParams(top_p=0.05))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One certified configuration."""
+
+    drafter: str  # key in the session's drafter registry, or ENGINE
+    k: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    width: int | None = None  # transition width; None = full / not applicable
+    target: str = "main"  # "main" or "small" (the exact-enumeration fixture)
+    precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
+    stress: str | None = None  # a stress variant of the drafter (`losscheck.drafters.stress`)
+    split: int = 1  # tensor-parallel ranks the target is split over (`losscheck.serving.split`)
+    prefix: str = "off"  # prefix cache (`losscheck.serving.prefix_cache`): "off", "cold" (empty at the
+    # cell's start) or "warm" (filled by a first turn whose outputs the measured prompts extend)
+    batching: str = "static"  # "static" (a batch at a time) or "continuous" (`losscheck.serving.batching`:
+    # staggered arrivals admitted into rows freed mid-generation)
+    slow: bool = field(default=False, compare=False)  # in the slow tier (`SLOW_TIER`), not the quick gate
+
+    @property
+    def id(self) -> str:
+        parts = [self.drafter, f"k{self.k}", self.params.label()]
+        if self.width is not None:
+            parts.append(f"w{self.width}")
+        if self.target not in ("main", ENGINE):
+            parts.append(self.target)
+        if self.target == ENGINE:
+            parts.append("two-sample")
+        if self.precision != Precision():
+            parts.append(self.precision.id())
+        if self.stress is not None:
+            parts.append(f"stress-{self.stress}")
+        if self.split != 1:
+            parts.append(f"tp{self.split}")
+        if self.prefix != "off":
+            parts.append(f"prefix-{self.prefix}")
+        if self.batching != "static":
+            parts.append("cb")
+        return "-".join(parts)
+
+    @property
+    def serving(self) -> dict[str, Any]:
+        """The serving configuration the cell runs under (the certificate's record of it)."""
+        return {"split": self.split, "prefix_cache": self.prefix, "batching": self.batching}
+
+    @property
+    def mode(self) -> str:
+        """How the cell is certified: "greedy", "exact", "pit", or for a black-box engine
+        "engine-greedy", "one-sample" (PIT under losscheck's copy of its target) or "two-sample"."""
+        if self.drafter == ENGINE:
+            if self.params.greedy:
+                return "engine-greedy"
+            return "two-sample" if self.target == ENGINE else "one-sample"
+        if self.params.greedy:
+            return "greedy"
+        return "exact" if self.target == "small" else "pit"
+
+
+def plan(
+    drafters: Mapping[str, Mapping[str, Drafter]],
+    bundled_families: bool,
+    engine: "BlackBoxEngine | None",
+    precisions: tuple[Precision, ...] = (Precision(),),
+    precision_drafters: frozenset[str] = frozenset(),
+) -> dict[str, list[Cell]]:
+    """The cells of every certification test argument.
+
+    drafters: target ("main", and "small" when exact mode is on) -> drafter name -> drafter.
+    bundled_families: the drafters are losscheck's bundled families (`FAMILY_SAMPLING` applies).
+    engine: the black-box engine certified (`ENGINE_CELL`, `ENGINE_GREEDY_CELL`; `engine_cells`), or None.
+    precisions: the base cell's precision first, then one greedy and one sampled cell each for
+        the main target's `precision_drafters` (those whose dtype losscheck sets).
+    """
+    base = precisions[0]
+    small = drafters.get("small", {})
+    cells = {
+        GREEDY_CELL: [c for name, d in drafters["main"].items() for c in greedy_cells(name, d)],
+        PIT_CELL: _sampled(drafters["main"], "main", SAMPLING_VARIANTS, bundled_families),
+        EXACT_CELL: _sampled(small, "small", SMALL_VARIANTS, bundled_families),
+    }
+    cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
+    cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = engine_cells(engine) if engine is not None else ([], [])
+    for name, drafter in drafters["main"].items():
+        if name == ORACLE:
+            continue  # the target drafting for itself accepts everything: nothing to stress
+        variants = FAMILY_STRESS if bundled_families and name in FAMILY_SAMPLING else STRESS_VARIANTS
+        cells[PIT_CELL] += [Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=base, stress=v) for v in variants]
+    for name, drafter in drafters["main"].items():
+        if name not in precision_drafters:
+            continue
+        for precision in precisions[1:]:
+            cells[GREEDY_CELL].append(Cell(name, _base_k(drafter), GREEDY, precision=precision))
+            cells[PIT_CELL].append(Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=precision))
+    for name in _reference(drafters["main"], bundled_families):
+        k = _base_k(drafters["main"][name])
+        for axis in SERVING_AXES + SERVING_PAIRS:
+            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=base, **axis))
+            cells[PIT_CELL].append(Cell(name, k, SAMPLING_VARIANTS[0], precision=base, **axis))
+        for precision in precisions[1:2] if name in precision_drafters else ():
+            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=precision, split=2))
+        cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
+    base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
+    families = frozenset(FAMILY_SAMPLING) if bundled_families else frozenset()
+    return {arg: [replace(c, slow=in_slow_tier(c, base, base_ks, families)) for c in found] for arg, found in cells.items()}
+
+
+def in_slow_tier(cell: Cell, base: Precision, base_ks: Mapping[str, int], families: frozenset[str]) -> bool:
+    """Whether `cell` is in the slow tier (`SLOW_TIER` says which and why)."""
+    if cell.drafter == ENGINE:
+        return False
+    serving = (cell.split != 1) + (cell.prefix != "off") + (cell.batching != "static")
+    if cell.precision != base or serving > 1 or (serving and not cell.params.greedy):
+        return True
+    if cell.params.greedy:
+        return cell.k not in GREEDY_KS
+    if cell.params in EDGE_VARIANTS and cell.target == "main":
+        return True
+    return cell.width is not None or cell.k != base_ks.get(cell.drafter, BASE_K) or cell.drafter in families
+
+
+def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
+    """Statistical tests in the full parametrisation of a plan: one per cell of every statistical
+    argument. The run's alpha is split over this count, whatever a `-k` selection or a CI shard
+    collects, so the shares of every subset add up to at most the family alpha."""
+    return sum(len(cells[arg]) for arg in STATISTICAL_ARGS)
+
+
+def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, Any]]:
+    """The full matrix of a plan as JSON: one entry per cell of every certification argument,
+    the rows a certificate accounts for (passed, failed, errored or not run)."""
+    return [{"cell": c.id, "mode": c.mode, "argument": arg, "slow": c.slow} for arg in CELL_ARGS for c in cells[arg]]
+
+
+def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:
+    """Every declared block length (those outside `GREEDY_KS` in the slow tier), plus every
+    declared width at the base k."""
+    cells = [Cell(name, k, GREEDY) for k in sorted(set(drafter.block_lengths))]
+    cells += [Cell(name, _base_k(drafter), GREEDY, w) for w in drafter.widths if w is not None]
+    return cells
+
+
+def sampling_cells(
+    name: str, drafter: Drafter, variants: tuple[SamplingParams, ...], target: str = "main"
+) -> list[Cell]:
+    """The base cell, then one change at a time: sampling parameters, block length, width."""
+    base_k = _base_k(drafter)
+    cells = [Cell(name, base_k, params, target=target) for params in variants]
+    cells += [Cell(name, k, variants[0], target=target) for k in SAMPLING_KS if k != base_k and k in drafter.block_lengths]
+    cells += [Cell(name, base_k, variants[0], w, target) for w in drafter.widths if w is not None]
+    return cells
+
+
+def _sampled(
+    drafters: Mapping[str, Drafter], target: str, variants: tuple[SamplingParams, ...], bundled_families: bool
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for name, drafter in drafters.items():
+        if name == ORACLE:  # the oracle checks the loop, not a drafter: the base cell suffices
+            cells.append(Cell(ORACLE, BASE_K, variants[0], target=target))
+        elif bundled_families and name in FAMILY_SAMPLING:
+            params, ks, widths = FAMILY_SAMPLING[name]
+            cells += [Cell(name, BASE_K, p, target=target) for p in params]
+            cells += [Cell(name, k, params[0], target=target) for k in ks]
+            cells += [Cell(name, BASE_K, params[0], w, target) for w in widths]
+        else:
+            cells += sampling_cells(name, drafter, variants, target)
+    return cells
+
+
+def _reference(drafters: Mapping[str, Drafter], bundled_families: bool) -> list[str]:
+    """The drafters certified along the serving axes (see `SERVING_AXES`)."""
+    if bundled_families:
+        return [name for name in drafters if name == "A"]
+    return [name for name in drafters if name != ORACLE]
+
+
+def _base_k(drafter: Drafter) -> int:
+    return BASE_K if BASE_K in drafter.block_lengths else max(drafter.block_lengths)
+
+
+def engine_cells(engine: "BlackBoxEngine") -> tuple[list[Cell], list[Cell]]:
+    """(sampled, greedy) cells of a black-box engine at its own block length: every sampling
+    variant and one greedy cell, in the engine's precision when losscheck loads its target
+    (one-sample mode), else on the engine's own target (`ENGINE`, two-sample mode)."""
+    if engine.precision is None:
+        target, precision = ENGINE, Precision()
+    else:
+        target, precision = "main", Precision(engine.precision, engine.precision)
+    sampled = [Cell(ENGINE, engine.k, params, target=target, precision=precision) for params in SAMPLING_VARIANTS]
+    return sampled, [Cell(ENGINE, engine.k, GREEDY, target=target, precision=precision)]

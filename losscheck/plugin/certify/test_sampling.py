@@ -1,0 +1,30 @@
+"""Sampling gate: the spec loop's tokens follow the target's distribution (DESIGN §4.2).
+
+Each test is one statistical assertion with its Bonferroni share of --losscheck-alpha; it errors
+(UnderpoweredError) rather than pass when its sample cannot detect --losscheck-detect-tv.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.lossless, pytest.mark.statistical]
+
+
+def test_pit_uniform(sampling_cell, losscheck_session, losscheck_record):
+    """Teacher-forced randomized PIT of whole multi-round sequences on the main target."""
+    from losscheck.cells.runner import run_pit
+
+    outcome = run_pit(losscheck_session, sampling_cell)
+    losscheck_record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()
+
+
+def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
+    """Exact enumeration of every continuation on the small-vocabulary target."""
+    from losscheck.cells.runner import run_exact
+
+    outcome = run_exact(losscheck_session, exact_cell)
+    losscheck_record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()
+

@@ -1,0 +1,187 @@
+"""The pytest plugin: options, the session object, cell parametrisation, result channels.
+
+Hooks only; state lives in `losscheck.run.session.Session`, built once per process from the options.
+Nothing heavy (torch, transformers) is imported until a hook needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from losscheck.errors import LosscheckError
+from losscheck.run.loading import check_options
+from losscheck.run.options import add_options, from_parsed
+from losscheck.run.session import Session
+
+SESSION_KEY = pytest.StashKey[Session]()
+PLAN_ERROR_KEY = pytest.StashKey[str]()
+RECORD_PROPERTY = "losscheck"
+MANIFEST_PROPERTY = "losscheck-manifest"
+
+MARKERS = {
+    "lossless": "the losslessness gate (greedy equality and calibrated sampling tests)",
+    "slow": "long-running material: calibration over many seeds, the slow tier of the certification matrix",
+    "mutants": "planted losslessness bugs that the gate must catch",
+    "perf": "the performance tier: throughput and latency against concurrency (refuses to time under xdist)",
+    "statistical": "a test that spends a Bonferroni share of the run's family-wise alpha",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("losscheck", "speculative-decoding losslessness certification")
+    add_options(group.addoption, "--losscheck-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    try:
+        options = from_parsed(config.getoption)
+        if not hasattr(config, "workerinput"):  # xdist workers start after the controller checked
+            check_options(options)
+    except LosscheckError as exc:
+        # pytest prints a UsageError raised here as one "ERROR: ..." line and exits with 4.
+        raise pytest.UsageError(str(exc)) from None
+    session = config.stash[SESSION_KEY] = Session(options)
+    if _interactive(config):
+        from losscheck.progress import TerminalProgress
+
+        session.progress = TerminalProgress(config)
+    config.pluginmanager.register(RecordCollector(config), "losscheck-records")
+
+
+def _interactive(config: pytest.Config) -> bool:
+    """A person watching a terminal: not CI, not an xdist worker (pytest never shows their output)."""
+    import sys
+
+    return sys.stdout.isatty() and not os.environ.get("CI") and not hasattr(config, "workerinput")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    o = config.stash[SESSION_KEY].options
+    return [
+        f"losscheck: seed={o.seed} alpha={o.alpha} profile={o.profile.name} detect_tv={o.profile.detect_tv} "
+        f"target={o.target or 'bundled'} drafter={o.drafter or 'bundled'}"
+        + (f" mutant={o.mutant}" if o.mutant else "")
+    ]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    from losscheck.plan.matrix import CELL_ARGS, OFF_REASONS
+
+    args = [arg for arg in CELL_ARGS if arg in metafunc.fixturenames]
+    if not args:
+        return
+    # What check_options cannot see before the models load (a factory's product, weights that do
+    # not load) is the collection error of the first module that needs the plan, the message
+    # alone; later modules are skipped rather than repeat it.
+    stash = metafunc.config.stash
+    if PLAN_ERROR_KEY in stash:
+        pytest.skip(f"not collected: {stash[PLAN_ERROR_KEY]}")
+    try:
+        plan, error = stash[SESSION_KEY].plan, None
+    except LosscheckError as exc:
+        error = stash[PLAN_ERROR_KEY] = str(exc)
+    if error is not None:
+        pytest.fail(error, pytrace=False)  # outside `except`: without the exception chain
+    for arg in args:
+        if plan[arg]:
+            cells = [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in plan[arg]]
+            metafunc.parametrize(arg, cells)
+        else:
+            off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
+            metafunc.parametrize(arg, [off], ids=["off"])
+
+
+@pytest.fixture(scope="session")
+def losscheck_session(request: pytest.FixtureRequest) -> Session:
+    """The run's `Session`: options, lazily loaded models, the per-test alpha."""
+    return request.config.stash[SESSION_KEY]
+
+
+_RECORD_KEY = pytest.StashKey[dict]()
+
+
+@pytest.fixture
+def losscheck_record(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """A dict a certification test fills; it travels on the test report into the certificate."""
+    record: dict[str, Any] = {}
+    request.node.stash[_RECORD_KEY] = record
+    return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Any:
+    report = yield
+    record = item.stash.get(_RECORD_KEY, None)
+    if report.when != "call" or "lossless" not in item.keywords:
+        return report
+    session = item.config.stash[SESSION_KEY]
+    session.progress.clear()  # before the terminal writes the test's outcome mark
+    if not session.manifest_sent:  # once per process, on its first certification test
+        from losscheck.report.manifest import build
+
+        session.manifest_sent = True
+        report.user_properties.append((MANIFEST_PROPERTY, json.dumps(build(session), default=str)))
+    if record:
+        # JSON text survives xdist's report serialisation unchanged.
+        report.user_properties.append((RECORD_PROPERTY, json.dumps(record, default=str)))
+        # JUnit XML writes the properties of the teardown report, which copies the item's.
+        from losscheck.report.summary import junit_properties
+
+        item.user_properties.extend(junit_properties(record))
+    return report
+
+
+class RecordCollector:
+    """Gathers the manifests and cell records of certification tests (on the xdist controller
+    too) and writes the terminal section, the certificate and the CI job summary at the end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[dict[str, Any]] = []
+        self.manifests: list[dict[str, Any]] = []
+        self.interrupted = False
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.manifests += [json.loads(v) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
+        found = [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
+        for record in found:
+            record.update(nodeid=report.nodeid, outcome=report.outcome)
+            self.records.append(record)
+        if report.failed and not found and "lossless" in report.keywords:
+            # A cell that errored (underpowered, malformed drafter output) is a failed cell.
+            self.records.append(
+                {"nodeid": report.nodeid, "outcome": "error", "passed": False, "kind": "error",
+                 "cell": report.nodeid.rpartition("[")[2].rstrip("]"), "error": report.longreprtext[-2000:]}
+            )
+
+    def pytest_keyboard_interrupt(self) -> None:
+        self.interrupted = True
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput") or not (self.records or self.manifests):
+            return
+        from losscheck.report import certificate
+        from losscheck.report.summary import summary_lines
+
+        options = self.config.stash[SESSION_KEY].options
+        meta = certificate.run_meta(options, self.config.invocation_params.args)
+        cert = certificate.build(meta, self.manifests, self.records, int(exitstatus),
+                                 self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED)
+        terminalreporter.section("losscheck certificate")
+        for line in summary_lines(self.records) + [s for s in certificate.serving_lines(self.records) if s]:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS",
+                                    green=cert["verdict"] == "PASS")
+        if options.out is not None:
+            path = certificate.write_run(options.out, cert)
+            terminalreporter.write_line(f"certificate written to {path}")
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:  # GitHub Actions shows this file on the job's page
+            with open(step_summary, "a", encoding="utf-8") as f:
+                f.write(certificate.markdown(cert) + "\n")

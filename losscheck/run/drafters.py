@@ -1,0 +1,78 @@
+"""Which drafters a run certifies: the bundled references, a user's factory or model directory,
+the oracle."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from losscheck import bundled as fixtures
+from losscheck.core.contract import Drafter, Target
+from losscheck.drafters import autoregressive, parallel, speculators, speculators_config
+from losscheck.errors import OptionError
+from losscheck.run.loading import is_model_dir, load_object
+
+BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.drafters.parallel
+# speculators-format checkpoints (losscheck.drafters.speculators): registry name -> fixture directory
+SPECULATORS = {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle"}
+
+
+def bundled(target_name: str, target: Target, precision: str = "fp32") -> dict[str, Drafter]:
+    """The reference drafters trained against the bundled target `target_name`, in `precision`."""
+    root = fixtures.fixtures_dir()
+    if target_name == "small":
+        return {"A": autoregressive.from_path(root / "small_drafter_a", target, precision)}
+    drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target, precision)}
+    for family in BLOCK_FAMILIES:
+        drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target, precision)
+    for name, directory in SPECULATORS.items():
+        drafters[name] = speculators.from_path(root / directory, target, precision)
+    return drafters
+
+
+def takes_precision(spec: str) -> bool:
+    """Whether the factory of `spec` accepts a `precision` keyword (then losscheck sets the
+    drafter's dtype, and the drafter gets the precision cells of the matrix)."""
+    if is_model_dir(spec) or speculators_config.is_spec(spec):
+        return True  # from_dir and the speculators loader set the dtype
+    params = inspect.signature(load_object(spec, "--losscheck-drafter")).parameters.values()
+    return any(p.name == "precision" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
+    """`--losscheck-drafter=pkg.mod:factory`: call factory(target) — with `precision=` (fp32,
+    bf16, fp16) when it takes one — and check the result. A directory instead of an import path
+    is a local Hugging Face causal LM, certified as a family-A drafter (`from_dir`);
+    `speculators:DIR` a speculators-format checkpoint (`losscheck.drafters.speculators`)."""
+    if speculators_config.is_spec(spec):
+        return speculators.from_path(speculators_config.spec_path(spec), target, precision)
+    if is_model_dir(spec):
+        return from_dir(spec, target, precision)
+    factory = load_object(spec, "--losscheck-drafter")
+    drafter: Any = factory(target, precision=precision) if takes_precision(spec) else factory(target)
+    missing = [
+        a for a in ("name", "block_lengths", "widths", "uses_hidden", "reset", "propose", "commit")
+        if not hasattr(drafter, a)
+    ]
+    if missing:
+        raise OptionError(
+            f"--losscheck-drafter={spec!r} returned {type(drafter).__name__}, which lacks "
+            f"{missing}; a drafter implements losscheck.Drafter (see losscheck/core/contract.py)"
+        )
+    if not drafter.block_lengths or any(int(k) < 1 for k in drafter.block_lengths):
+        raise OptionError(f"drafter {drafter.name!r} declares block_lengths {drafter.block_lengths!r}; need k >= 1")
+    return drafter
+
+
+def from_dir(path: str, target: Target, precision: str = "fp32") -> Drafter:
+    """`--losscheck-drafter=DIR`: the causal LM in DIR drafting autoregressively (family A), named
+    after the directory."""
+    try:
+        return autoregressive.from_path(Path(path).expanduser(), target, precision)
+    except ValueError as exc:  # another vocabulary than the target's
+        raise OptionError(f"--losscheck-drafter={path!r}: {exc}") from exc
+
+
+def self_draft(target: Target) -> Drafter:
+    return autoregressive.self_draft(target)

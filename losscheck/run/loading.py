@@ -1,0 +1,213 @@
+"""What the options name — user code by import path (`pkg.mod:factory`), model directories, the
+output directory — resolved and checked before a run starts.
+
+`check_options` reads files and imports the named modules but loads no model, so a bad option is
+one message at start-up instead of an error inside test collection after the models have loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from losscheck.errors import OptionError
+
+if TYPE_CHECKING:
+    from losscheck.run.options import Options
+
+MODEL_DIR = "a local Hugging Face model directory (config.json and *.safetensors weights)"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`file:line` of the innermost frame that raised `exc` (the user's code, not losscheck's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def load_object(spec: str, option: str, expected: str = "an import path like 'pkg.module:factory'") -> Any:
+    """Resolve `pkg.mod:attr` (or `pkg.mod.attr`); raise OptionError naming `option` on failure.
+
+    Modules resolve from the current directory too (`pytest`, unlike `python -m pytest`, leaves
+    it off sys.path)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr or module_name.startswith("."):
+        raise OptionError(f"{option}={spec!r}: expected {expected}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise OptionError(
+                f"{option}={spec!r}: importing module {module_name!r} failed: {exc}{_raised_at(exc)}"
+            ) from exc
+        raise OptionError(
+            f"{option}={spec!r}: cannot import module {module_name!r} ({exc}); make it importable "
+            f"(install it, or run from the directory that contains it: {cwd!r} is searched)"
+        ) from exc
+    except Exception as exc:  # the user's module raised while importing
+        raise OptionError(
+            f"{option}={spec!r}: importing module {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}{_raised_at(exc)}"
+        ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise OptionError(f"{option}={spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def load_factory(spec: str, option: str, returns: str, **expected: str) -> Any:
+    """`load_object`, checked to be callable; `returns` says what it must build."""
+    factory = load_object(spec, option, **expected)
+    if not callable(factory):
+        raise OptionError(f"{option}={spec!r} is a {type(factory).__name__}, not a factory(target) -> {returns}")
+    return factory
+
+
+def is_model_dir(spec: str) -> bool:
+    """Whether a `--losscheck-drafter` value names a directory rather than an import path."""
+    return Path(spec).expanduser().is_dir()
+
+
+def _looks_like_path(spec: str) -> bool:
+    return "/" in spec or os.sep in spec or spec.startswith(("~", "."))
+
+
+def model_config(path: str | Path, option: str, own_code_fix: str | None = None) -> dict[str, Any]:
+    """config.json of the model directory `path`, after checking that it loads offline: the
+    directory, its config and its safetensors weights exist, and transformers implements its
+    model type as a causal LM. A model that needs its own code (`auto_map`) is accepted when
+    `own_code_fix` is None (remote code allowed); otherwise the error tells `own_code_fix`."""
+    where = f"{option}={str(path)!r}"
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        hint = ""
+        if not path.is_absolute() and str(path).count("/") == 1 and not path.parent.exists():
+            hint = (f"; losscheck loads local directories only, offline: download a hub model first "
+                    f"(hf download {path} --local-dir DIR)")
+        raise OptionError(f"{where}: no such directory; pass {MODEL_DIR}{hint}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise OptionError(f"{where} has no config.json; pass {MODEL_DIR}")
+    if not any(path.glob("*.safetensors")):
+        raise OptionError(
+            f"{where} has no *.safetensors weights; losscheck loads safetensors only "
+            "(convert with model.save_pretrained(dir, safe_serialization=True))"
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"{where}: cannot read config.json ({exc})") from exc
+    _check_model_type(config, where, own_code_fix)
+    return config
+
+
+def _check_model_type(config: dict[str, Any], where: str, own_code_fix: str | None) -> None:
+    from transformers import __version__ as transformers_version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    own_code = "AutoModelForCausalLM" in config.get("auto_map", {})
+    if model_type in CONFIG_MAPPING_NAMES:
+        if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not own_code:
+            raise OptionError(f"{where} is a {model_type!r} model, which transformers does not load as a causal LM")
+        return
+    if own_code_fix is None:
+        return  # its own code is allowed; transformers says so if there is none
+    unknown = f"{where}: transformers {transformers_version} does not implement model_type {model_type!r}"
+    if own_code:
+        raise OptionError(f"{unknown}; the directory ships its own modelling code (config.json auto_map): {own_code_fix}")
+    raise OptionError(f"{unknown}, and config.json has no auto_map (code of its own): upgrade transformers")
+
+
+def _shape(config: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(vocabulary size, hidden size) from a config.json, also a nested text_config's."""
+    inner = config.get("text_config") or {}
+    return (config.get("vocab_size") or inner.get("vocab_size"),
+            config.get("hidden_size") or inner.get("hidden_size"))
+
+
+def check_out_dir(out: Path, option: str) -> None:
+    """The certificate can be written under `out`: it is a directory, or can be made one."""
+    existing = out.expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OptionError(f"{option}={str(out)!r}: {str(existing)!r} is a file; name a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".losscheck-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OptionError(
+            f"{option}={str(out)!r}: cannot write in {str(existing)!r} ({exc.strerror}); name a writable directory"
+        ) from exc
+
+
+def check_options(options: Options, prefix: str = "--losscheck-") -> None:
+    """Check what `options` name, without loading a model; raise OptionError naming the option
+    (as `prefix` + name: `--losscheck-` for pytest, `--` for `losscheck certify`) and the fix."""
+    from losscheck import bundled
+    from losscheck.drafters import speculators_config
+
+    def opt(name: str) -> str:
+        return prefix + name
+
+    def bundled_shape() -> tuple[int | None, int | None]:
+        return _shape(json.loads((bundled.target_path() / "config.json").read_text()))
+
+    trust_fix = None if options.trust_remote_code else f"pass {opt('trust-remote-code')} to run it, if you trust it"
+    if options.target is not None:
+        target_shape = _shape(model_config(options.target, opt("target"), trust_fix))
+        target_name = f"{opt('target')}={options.target!r}"
+    drafter = options.drafter
+    if speculators_config.is_spec(drafter):
+        assert drafter is not None
+        if options.target is None:
+            target_config, target_name = json.loads((bundled.target_path() / "config.json").read_text()), "the bundled target"
+        else:
+            target_config = json.loads((Path(options.target).expanduser() / "config.json").read_text())
+        try:
+            checkpoint = speculators_config.read_config(speculators_config.spec_path(drafter))
+            speculators_config.check_against(checkpoint, speculators_config.target_shape(target_config, target_name))
+        except OptionError as exc:
+            raise OptionError(f"{opt('drafter')}={drafter!r}: {exc}") from exc
+    elif drafter is not None and (is_model_dir(drafter) or _looks_like_path(drafter)):
+        fix = f"a drafter directory loads with transformers' own classes; wrap it in {opt('drafter')}=pkg.mod:factory"
+        vocab = _shape(model_config(drafter, opt("drafter"), fix))[0]
+        if options.target is None:
+            target_shape, target_name = bundled_shape(), "the bundled target"
+        if None not in (vocab, target_shape[0]) and vocab != target_shape[0]:
+            raise OptionError(
+                f"{opt('drafter')}={drafter!r} has a vocabulary of {vocab} tokens, {target_name} "
+                f"{target_shape[0]}; a drafter must share the target's vocabulary"
+            )
+    elif drafter is not None:
+        load_factory(drafter, opt("drafter"), "Drafter",
+                     expected=f"an import path like 'pkg.module:factory' or {MODEL_DIR}")
+    elif options.target is not None and None not in target_shape and target_shape != bundled_shape():
+        vocab, hidden = bundled_shape()
+        raise OptionError(
+            f"{target_name} has a vocabulary of {target_shape[0]} tokens and hidden size "
+            f"{target_shape[1]}; the bundled drafters are built for the bundled target's {vocab} and "
+            f"{hidden}. Name your drafter: {opt('drafter')}=pkg.mod:factory, or {opt('drafter')}=DIR "
+            "for a Hugging Face causal-LM drafter directory"
+        )
+    if options.engine is not None:
+        load_factory(options.engine, opt("engine"), "black-box engine")
+    if options.out is not None:
+        check_out_dir(options.out, opt("out"))
+    if options.prompts is not None:
+        from losscheck.run.prompts import read_jsonl
+
+        read_jsonl(options.prompts)

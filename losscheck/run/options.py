@@ -1,0 +1,182 @@
+"""The `--losscheck-*` options, defined once for the pytest plugin and the `losscheck` CLI.
+
+As pytest-benchmark does, one table declares every option; `add_options` hands it to pytest's
+`addoption` (prefix `--losscheck-`) or to argparse's `add_argument` (prefix `--`), both storing
+under the same `dest`, so `from_parsed` builds `Options` the same way from either.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from losscheck.errors import OptionError
+from losscheck.plan.perf_profiles import PERF_PROFILES
+from losscheck.perf.runfile import DEFAULT_COMPARE_FAIL, parse_thresholds
+from losscheck.core.precision import DEVICES, Precision, parse_precisions
+from losscheck.plan.profiles import PROFILES, Profile, get_profile
+
+DEFAULT_SEED = 20261129
+DEFAULT_ALPHA = 0.01
+DEFAULT_PROFILE = "ci"
+DEFAULT_MEMORY_BUDGET_MIB = 2048
+# The base cell's precision first, then one cell per other entry (bundled drafter A and a user's
+# drafters); "bf16/fp32" is target bf16 with drafter fp32.
+DEFAULT_PRECISIONS = "fp32,bf16,fp16,bf16/fp32"
+DEFAULT_PERF_PROFILE = "quick"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Parsed `--losscheck-*` options (see `SPECS` for their help)."""
+
+    target: str | None = None  # model directory; None = the bundled tiny target
+    drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
+    engine: str | None = None  # pkg.mod:factory of a black-box engine (losscheck.engines)
+    seed: int = DEFAULT_SEED
+    out: Path | None = None  # write the certificate under this directory
+    alpha: float = DEFAULT_ALPHA  # family-wise false-alarm rate of the whole run
+    profile: Profile = field(default_factory=lambda: PROFILES[DEFAULT_PROFILE])
+    trust_remote_code: bool = False
+    mutant: str | None = None  # run the gate against a planted bug (losscheck.selftest)
+    memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB  # sizes engine batches and teacher-forced chunks
+    device: str | None = None  # cpu / cuda / mps; None = cuda when present, else cpu
+    precisions: tuple[Precision, ...] = parse_precisions(DEFAULT_PRECISIONS)  # first = the base cell's
+    strict: bool = False  # fail greedy near-ties in reduced precision too
+    exact: bool = True  # exact-mode cells on the bundled small target (off: main-target cells only)
+    prompts: str | None = None  # JSONL prompt file; None = the bundled prompt sets
+    chat_template: bool = False  # wrap text prompts in the tokenizer's chat template
+    perf_profile: str = DEFAULT_PERF_PROFILE  # sizes of the perf tier (losscheck.plan.perf_profiles)
+    perf_compare: str | None = None  # a saved perf.json to compare the perf tier's run with
+    perf_compare_fail: str = DEFAULT_COMPARE_FAIL  # METRIC:N%,... drops that fail the compare
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise OptionError(f"--losscheck-alpha must be in (0, 1), got {self.alpha}")
+        if self.memory_budget_mib < 1:
+            raise OptionError(f"--losscheck-memory-budget must be >= 1 MiB, got {self.memory_budget_mib}")
+        if not 0 < self.profile.detect_tv < 1:
+            raise OptionError(f"--losscheck-detect-tv must be in (0, 1), got {self.profile.detect_tv}")
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
+
+
+def _mutant(name: str) -> str:
+    from losscheck import mutants  # the catalogue loads only when the option is given
+
+    if name not in mutants.names():
+        raise argparse.ArgumentTypeError(f"{name!r} is not in the mutant catalogue; choose one of: "
+                                         + ", ".join(mutants.names()))
+    return name
+
+
+def _compare_fail(text: str) -> str:
+    try:
+        parse_thresholds(text)
+    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+# name -> keyword arguments of addoption / add_argument
+SPECS: dict[str, dict[str, Any]] = {
+    "target": dict(metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)"),
+    "drafter": dict(metavar="MOD:FACTORY|DIR", help="import path of a factory(target) -> Drafter, or a local Hugging Face "
+                                                    "causal-LM directory, certified as a family-A drafter named after it "
+                                                    "(default: the bundled drafters)"),
+    "engine": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified against itself with drafting off (one-sample PIT when it declares a precision, else two-sample)"),
+    "seed": dict(metavar="N", type=int, default=DEFAULT_SEED, help="run seed; every random draw derives from it (default: %(default)s)"),
+    "out": dict(metavar="DIR", help="write DIR/<run>/certificate.json and summary.md"),
+    "alpha": dict(metavar="A", type=_probability, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default: %(default)s)"),
+    "detect-tv": dict(metavar="TV", type=_probability, default=None, help="total variation every sampled cell must detect (default: the profile's, 0.02 for ci)"),
+    "profile": dict(choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="named sample-size profile (default: %(default)s)"),
+    "trust-remote-code": dict(action="store_true", help="let the target load custom modelling code"),
+    "mutant": dict(metavar="NAME", type=_mutant, help="run the gate against a planted bug (see `losscheck mutants`)"),
+    "device": dict(choices=DEVICES, default=None, help="device of the target and drafters (default: cuda when present, else cpu)"),
+    "precision": dict(metavar="LIST", type=parse_precisions, default=parse_precisions(DEFAULT_PRECISIONS),
+                      help="comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
+                           f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})"),
+    "exact": dict(choices=("on", "off"), default="on",
+                  help="exact-mode cells on the bundled 8-token target (default: on); off certifies with main-target "
+                       "cells only, as a user's own target is"),
+    "strict": dict(action="store_true", help="fail greedy divergences in reduced precision even where the target's "
+                                             "float64 top-2 margin is within that precision's round-off (near-ties)"),
+    "prompts": dict(metavar="FILE", help='JSONL prompts, one {"text": ...} or {"ids": [...]} per line, optional "tier" '
+                                          "(low/mid/high; else placed by the target's next-token entropy); text goes "
+                                          "through the target's tokenizer (default: the bundled prompt sets)"),
+    "chat-template": dict(action="store_true", help="wrap each text prompt as a user turn with the tokenizer's chat template"),
+    "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
+                          help="memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
+                               "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)"),
+    "perf-profile": dict(choices=sorted(PERF_PROFILES), default=DEFAULT_PERF_PROFILE,
+                         help="sizes of the perf tier: quick (CPU, bundled models, minutes) or full (a GPU runner) "
+                              "(default: %(default)s)"),
+    "perf-compare": dict(metavar="RUN", help="a perf.json of an earlier perf run: fail where speedup or tau fell "
+                                             "by more than --losscheck-perf-compare-fail"),
+    "perf-compare-fail": dict(metavar="EXPR", type=_compare_fail, default=DEFAULT_COMPARE_FAIL,
+                              help="drops that fail the compare, METRIC:N%%,... with METRIC speedup or tau "
+                                   "(default: %(default)s)"),
+}
+
+
+def dest(name: str) -> str:
+    return "losscheck_" + name.replace("-", "_")
+
+
+def add_options(add: Callable[..., Any], prefix: str, names: Iterable[str] = tuple(SPECS)) -> None:
+    """Declare the options `names` with `add` (pytest's `addoption` or argparse's `add_argument`)."""
+    for name in names:
+        add(prefix + name, dest=dest(name), **SPECS[name])
+
+
+def from_parsed(get: Callable[[str], Any]) -> Options:
+    """`Options` from parsed values, `get(dest)`; options not declared keep their defaults."""
+
+    def value(name: str, default: Any = None) -> Any:
+        try:
+            return get(dest(name))
+        except (AttributeError, ValueError):  # argparse namespace / pytest config without it
+            return default
+
+    out = value("out")
+    return Options(
+        target=value("target"),
+        drafter=value("drafter"),
+        engine=value("engine"),
+        seed=value("seed", DEFAULT_SEED),
+        out=Path(out) if out else None,
+        alpha=value("alpha", DEFAULT_ALPHA),
+        profile=get_profile(value("profile", DEFAULT_PROFILE)).with_detect_tv(value("detect-tv")),
+        trust_remote_code=bool(value("trust-remote-code", False)),
+        mutant=value("mutant"),
+        memory_budget_mib=value("memory-budget", DEFAULT_MEMORY_BUDGET_MIB),
+        device=value("device"),
+        precisions=value("precision", None) or parse_precisions(DEFAULT_PRECISIONS),
+        strict=bool(value("strict", False)),
+        exact=value("exact", "on") != "off",
+        prompts=value("prompts"),
+        chat_template=bool(value("chat-template", False)),
+        perf_profile=value("perf-profile", DEFAULT_PERF_PROFILE),
+        perf_compare=value("perf-compare"),
+        perf_compare_fail=value("perf-compare-fail", DEFAULT_COMPARE_FAIL),
+    )
+
+
+def pytest_args(options_given: dict[str, Any]) -> list[str]:
+    """The `--losscheck-*` command-line arguments that pass `options_given` (name -> value) on."""
+    args = []
+    for name, val in options_given.items():
+        if val is None or val is False:
+            continue
+        if isinstance(val, tuple):  # parsed precisions: back to their command-line form
+            val = ",".join(p.label() for p in val)
+        args.append(f"--losscheck-{name}" if val is True else f"--losscheck-{name}={val}")
+    return args

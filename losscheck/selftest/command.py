@@ -1,0 +1,36 @@
+"""`losscheck mutants`: run the gate against the catalogue and write the catch table."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from losscheck.selftest import catalogue, get_mutant
+from losscheck.selftest.catch import gate_session, markdown, run_control, run_mutant, write_table
+from losscheck.run.options import Options
+from losscheck.run.session import Session
+
+
+def run(out: Path, options: Options, names: list[str], all_cells: bool) -> int:
+    """Catch table under `out` (catch_table.md / .json); exit status 0 only when every mutant is
+    caught and the unmodified engine passes every cell that caught one."""
+    mutants = [get_mutant(n) for n in names] if names else list(catalogue())
+    base = Session(options)
+    started = time.perf_counter()
+    reports = []
+    for mutant in mutants:
+        report = run_mutant(base, mutant, all_cells)
+        reports.append(report)
+        print(report.message(), flush=True)
+    catching = {r.catch.cell for r in reports if r.catch is not None}
+    session = gate_session(base, None)
+    planned = {c.id: c for m in mutants for c in m.cells(session.plan, options.profile)}
+    control = run_control(base, [c for c in planned.values() if c.id in catching])
+    meta = {"seed": options.seed, "profile": options.profile.name, "alpha": options.alpha,
+            "per_test_alpha": session.per_test_alpha, "gate_statistical_tests": session.n_statistical,
+            "all_cells": all_cells, "seconds": round(time.perf_counter() - started, 1)}
+    md, js = write_table(reports, control, meta, out)
+    print()
+    print(markdown(reports, control, meta))
+    print(f"wrote {md} and {js} in {meta['seconds']:.0f} s")
+    return 0 if all(r.caught for r in reports) and not any(c.failed or c.error for c in control) else 1

@@ -1,0 +1,177 @@
+"""Continuous batching: requests admitted into rows freed mid-generation, as serving engines
+schedule them, driving the public `Engine.step` / `Engine.prefill`.
+
+Requests arrive at given rounds (staggered). Before every round, the arrived requests waiting in
+the queue take the rows that are free (their request finished at EOS or at its budget): the rows'
+tokens, lengths and budgets are replaced, their prompts prefilled alone (`Engine.prefill` of those
+rows, through the prefix cache when the engine has one), and the drafter forgets them. Rows whose
+request is still running are untouched, so a request shares its rounds with requests admitted
+before and after it. Output is per request, in request order, as `Engine.generate` returns it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from losscheck.core.contract import Drafter
+from losscheck.drafters.autoregressive import AutoregressiveDrafter
+from losscheck.core.engine import Batch, Engine, pad_prompts
+from losscheck.errors import LosscheckError
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.core.ragged import forward_rows
+from losscheck.core.sampling import SamplingParams
+
+
+def staggered_arrivals(n: int, rows: int, max_new: int, generator: torch.Generator) -> list[int]:
+    """Arrival rounds of `n` requests: the first `rows` at round 0, the rest as a Poisson stream
+    of `rows / ceil(max_new / 2)` requests per round, so that rows free up and take new requests
+    at different rounds while others run (a request lasts max_new / (k + 1) to max_new rounds)."""
+    rate = rows / max(1, -(-max_new // 2))
+    gaps = torch.empty(max(n - rows, 0), dtype=torch.float64).exponential_(rate, generator=generator)
+    return [0] * min(n, rows) + gaps.cumsum(0).floor().long().tolist()
+
+
+class ContinuousBatcher:
+    """Runs requests through `engine` in `rows` rows with continuous admission."""
+
+    def __init__(self, engine: Engine, rows: int) -> None:
+        if rows < 1:
+            raise LosscheckError(f"continuous batching needs at least one row, got {rows}")
+        self.engine = engine
+        self.rows = rows
+
+    def capacity(self, longest: int, max_new: int) -> int:
+        """Slots per row: a request's longest life plus the junk a prefill writes past a row's
+        pending slot (`Engine.prefill`)."""
+        return 2 * longest + max_new + self.engine.k + 1
+
+    def origin(self, batch: Batch, row: int) -> int:
+        """The slot an admitted request's prompt starts at in its row: 0, a fresh row."""
+        return 0
+
+    def generate(
+        self, prompts: Sequence[list[int]], max_new_tokens: int, params: SamplingParams, generator: torch.Generator,
+        arrivals: Sequence[int],
+    ) -> Generation:
+        """Up to `max_new_tokens` tokens for every prompt (request i arrives at round `arrivals[i]`)."""
+        engine, target = self.engine, self.engine.target
+        if max_new_tokens < 1:
+            raise LosscheckError(f"continuous batching needs max_new_tokens >= 1, got {max_new_tokens}")
+        if len(arrivals) != len(prompts):
+            raise LosscheckError(f"{len(arrivals)} arrival rounds for {len(prompts)} prompts")
+        pad_prompts(list(prompts), target.vocab_size)  # validates ids and emptiness, naming the prompt
+        longest = max(map(len, prompts))
+        if longest + max_new_tokens > target.max_positions:
+            raise LosscheckError(
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the target's "
+                f"{target.max_positions} positions; shorten the prompt or the budget"
+            )
+        rows = min(self.rows, len(prompts))
+        batch = self._empty(rows, self.capacity(longest, max_new_tokens))
+        stats = LoopStats.empty(engine.k)
+        out = torch.zeros(len(prompts), max_new_tokens, dtype=torch.long)
+        slots = torch.zeros_like(out)
+        counts = torch.zeros(len(prompts), dtype=torch.long)
+        queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
+        request_of: list[int | None] = [None] * rows
+        now = 0
+        while queue or any(i is not None for i in request_of):
+            free = [b for b, i in enumerate(request_of) if i is None]
+            admitted = []
+            while free and queue and arrivals[queue[0]] <= now:
+                admitted.append((free.pop(0), queue.popleft()))
+            if admitted:
+                for b, i in admitted:
+                    request_of[b] = i
+                self._admit(batch, [b for b, _ in admitted], [prompts[i] for _, i in admitted], max_new_tokens)
+            if bool(batch.done.all()):
+                now = arrivals[queue[0]]  # nothing running: the clock jumps to the next arrival
+                continue
+            engine.step(batch, params, generator, stats)
+            now += 1
+            for b in batch.done.nonzero().squeeze(1).tolist():
+                i = request_of[b]
+                if i is None:
+                    continue
+                start, end = int(batch.prompt_lengths[b]), int(batch.lengths[b])
+                out[i, : end - start] = batch.tokens[b, start:end].cpu()
+                slots[i, : end - start] = batch.slot_of[b, start:end].cpu()
+                counts[i] = end - start
+                request_of[b] = None
+        return Generation(out, counts, stats, params, slots=slots)
+
+    def _empty(self, rows: int, capacity: int) -> Batch:
+        """`rows` finished rows with no request: the state before the first admission."""
+        engine, target = self.engine, self.engine.target
+        device = target.device
+        ones = torch.ones(rows, dtype=torch.long, device=device)
+        hidden = None
+        if engine.drafter is not None and engine.drafter.uses_hidden is not False:
+            width = target.hidden_size * (len(engine.layers) if engine.layers else 1)
+            hidden = torch.zeros(rows, capacity, width, device=device)
+        tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
+        target.reset(rows, capacity)
+        if engine.drafter is not None:
+            engine.drafter.reset(rows, capacity)
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.reset(rows)
+        done = torch.ones(rows, dtype=torch.bool, device=device)
+        return Batch(tokens, ones, ones.clone(), hidden, done, torch.zeros_like(ones), torch.zeros_like(tokens))
+
+    def _admit(self, batch: Batch, rows: list[int], prompts: list[list[int]], max_new: int) -> None:
+        """Put `prompts` into the finished `rows` of `batch` and prefill them."""
+        device = batch.tokens.device
+        lengths, prompt_lengths = batch.lengths.clone(), batch.prompt_lengths.clone()
+        budget = torch.as_tensor(batch.budget, device=device).clone()
+        done = batch.done.clone()
+        for b, prompt in zip(rows, prompts):
+            at = self.origin(batch, b)
+            batch.tokens[b, at : at + len(prompt)] = torch.tensor(prompt, device=device)
+            lengths[b] = prompt_lengths[b] = at + len(prompt)
+            budget[b], done[b] = max_new, False
+        # New tensors, not in-place writes: a drafter may hold the old lengths.
+        batch.lengths, batch.prompt_lengths, batch.budget, batch.done = lengths, prompt_lengths, budget, done
+        index = torch.tensor(rows, device=device)
+        self.engine.prefill(batch, index)
+        if self.engine.drafter is not None:
+            admit_drafter_rows(self.engine.drafter, batch, index)
+
+
+def admit_drafter_rows(drafter: Drafter, batch: Batch, rows: torch.Tensor) -> None:
+    """Make `drafter` treat `rows` [n] of `batch` as the new requests just put there, keeping the
+    other rows' state: an autoregressive drafter prefills their prompts alone (its catch-up would
+    re-read every row's missing tokens in one [B, read] pass), any other forgets them."""
+    if isinstance(drafter, AutoregressiveDrafter) and drafter.lm.cache is not None and drafter.lm.cache.keys:
+        read = int((batch.lengths[rows] - 1).max())
+        if read > 0:
+            forward_rows(drafter.lm, rows, batch.tokens[rows, :read], torch.zeros_like(rows))
+        drafter.cached = drafter.cached.clone()
+        drafter.cached[rows] = batch.lengths[rows] - 1
+    else:
+        forget_rows(drafter, rows)
+
+
+def forget_rows(drafter: Drafter, rows: torch.Tensor) -> None:
+    """Make `drafter` treat `rows` [n] as new requests, keeping the other rows' state.
+
+    The `Drafter` protocol resets whole batches only. A drafter with per-row state can offer
+    `forget_rows(rows)`; the bundled ones need none: the autoregressive drafter re-reads a row
+    from the start once its cached count is zero, the block drafters keep no state.
+    """
+    from losscheck.drafters.parallel import BlockDrafter
+
+    forget = getattr(drafter, "forget_rows", None)
+    if callable(forget):
+        forget(rows)
+    elif isinstance(drafter, AutoregressiveDrafter):
+        drafter.cached = drafter.cached.clone()
+        drafter.cached[rows] = 0
+    elif not isinstance(drafter, BlockDrafter):
+        raise LosscheckError(
+            f"drafter {drafter.name!r} ({type(drafter).__name__}) has no forget_rows(rows) method; continuous "
+            "batching admits new requests into finished rows of a running batch, so a drafter with per-row state "
+            "must drop the state of those rows (rows: LongTensor [n]) as reset() does for all of them"
+        )

@@ -1,0 +1,172 @@
+"""A block-hashed KV prefix cache: requests that share a prefix reuse its keys and values.
+
+A row's committed tokens are cut into blocks of `block` tokens. A block is known by its chain
+hash: sha256 of the previous block's hash and the block's token ids, so equal hashes mean equal
+whole prefixes (vLLM's automatic prefix caching works the same way). A block is stored as soon as
+every position in it holds valid keys / values. By the engine's invariant (`losscheck.core.engine`) a
+row's target cache holds its first `lengths - 1` committed tokens, so block j is complete once
+`(j + 1) * block <= lengths - 1`: slots written by a score pass but not verified, and the pending
+token's slot (which still holds a rejected draft's keys after a rollback), are never stored.
+
+A new request looks up its prompt's blocks in order and stops at the first miss; the hits are
+copied into its cache row and only the rest of the prompt is prefilled. At most `capacity` blocks
+are kept; the least recently used one is evicted first. Each block holds every layer's keys and
+values and, for drafters that read them, the target's states at its positions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from losscheck.errors import LosscheckError
+from losscheck.core.ragged import RaggedKVCache
+
+BLOCK = 16  # tokens per block, vLLM's default
+CAPACITY = 4096  # blocks kept
+COLD_CAPACITY = 64  # blocks kept by a cold cell's cache: it fills and evicts while the cell runs
+
+
+def block_hash(parent: bytes, ids: torch.Tensor) -> bytes:
+    """The chain hash of a block: its parent's hash and all its token ids `[block]`."""
+    return hashlib.sha256(parent + ids.cpu().numpy().astype("<i8").tobytes()).digest()
+
+
+@dataclass
+class Block:
+    keys: dict[int, torch.Tensor]  # layer -> [H_kv, block, D]
+    values: dict[int, torch.Tensor]  # layer -> [H_kv, block, D]
+    hidden: torch.Tensor | None  # [block, W] the target's states, when the engine keeps them
+
+
+@dataclass
+class CacheStats:
+    """Blocks looked up by new requests, found, stored and evicted."""
+
+    lookups: int = 0
+    hits: int = 0
+    stored: int = 0
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "hit_rate": self.hit_rate}
+
+
+class PrefixCache:
+    """Blocks of keys / values by chain hash, shared by every request an engine runs.
+
+    `hash_block` is the block identity (`block_hash`; the mutant catalogue plants a wrong one).
+    """
+
+    def __init__(
+        self, block: int = BLOCK, capacity: int = CAPACITY, hash_block: Callable[[bytes, torch.Tensor], bytes] = block_hash
+    ) -> None:
+        if block < 1 or capacity < 1:
+            raise LosscheckError(f"prefix cache needs block >= 1 and capacity >= 1 blocks, got {block} and {capacity}")
+        self.block = block
+        self.capacity = capacity
+        self.hash_block = hash_block
+        self.blocks: OrderedDict[bytes, Block] = OrderedDict()
+        self.stats = CacheStats()
+        self._chains: list[list[bytes]] = []  # per row: the hashes of its blocks stored or found so far
+
+    def reset(self, rows: int) -> None:
+        """A new batch of `rows` rows: no row has blocks yet (stored blocks stay)."""
+        self._chains = [[] for _ in range(rows)]
+
+    @torch.inference_mode()
+    def load(
+        self, cache: RaggedKVCache, tokens: torch.Tensor, readable: torch.Tensor, rows: list[int],
+        hidden: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Copy the longest stored prefix of each row of `rows` into its cache row → matched
+        tokens [len(rows)], a multiple of `block` and at most `readable`.
+
+        tokens [B, capacity] the rows' committed ids; readable [B] how many of them the request
+        needs in the cache (its prompt but the pending last token); hidden [B, capacity, W] or None.
+        """
+        matched = []
+        wanted = (readable // self.block).tolist()  # [B] complete blocks each row needs
+        for b in rows:
+            chain = self._chains[b] = []
+            for j in range(wanted[b]):
+                at = slice(j * self.block, (j + 1) * self.block)
+                key = self.hash_block(chain[-1] if chain else b"", tokens[b, at])
+                self.stats.lookups += 1
+                found = self.blocks.get(key)
+                if found is None:
+                    self.stats.lookups += wanted[b] - j - 1  # the rest are misses too
+                    break
+                self.stats.hits += 1
+                self.blocks.move_to_end(key)
+                for layer, keys in found.keys.items():
+                    cache.allocate(layer, keys, found.values[layer])
+                    cache.keys[layer][b, :, at] = keys
+                    cache.values[layer][b, :, at] = found.values[layer]
+                if hidden is not None and found.hidden is not None:
+                    hidden[b, at] = found.hidden
+                chain.append(key)
+            matched.append(len(chain) * self.block)
+        return torch.tensor(matched, dtype=torch.long, device=tokens.device)
+
+    @torch.inference_mode()
+    def store(
+        self, cache: RaggedKVCache, tokens: torch.Tensor, valid: torch.Tensor, rows: list[int],
+        hidden: torch.Tensor | None,
+    ) -> None:
+        """Store every block of `rows` that is complete within the first `valid [B]` tokens and
+        not stored yet (see the module docstring for why `valid` is `lengths - 1`)."""
+        complete = (valid // self.block).tolist()  # [B] blocks each row has complete
+        for b in rows:
+            chain = self._chains[b]
+            for j in range(len(chain), complete[b]):
+                at = slice(j * self.block, (j + 1) * self.block)
+                key = self.hash_block(chain[-1] if chain else b"", tokens[b, at])
+                chain.append(key)
+                if key in self.blocks:
+                    self.blocks.move_to_end(key)
+                    continue
+                self.blocks[key] = Block(
+                    {layer: keys[b, :, at].clone() for layer, keys in cache.keys.items()},
+                    {layer: values[b, :, at].clone() for layer, values in cache.values.items()},
+                    None if hidden is None else hidden[b, at].clone(),
+                )
+                self.stats.stored += 1
+                if len(self.blocks) > self.capacity:
+                    self.blocks.popitem(last=False)
+                    self.stats.evictions += 1
+
+
+def ragged_cache(target: Any) -> RaggedKVCache:
+    """The ragged KV cache of `target` (an `HFTarget`, or a wrapper exposing its `lm`)."""
+    cache = getattr(getattr(target, "lm", None), "cache", None)
+    if not isinstance(cache, RaggedKVCache):
+        raise LosscheckError(
+            f"the prefix cache copies key / value blocks of the target's ragged cache; target "
+            f"{getattr(target, 'name', type(target).__name__)!r} has none (use losscheck.HFTarget)"
+        )
+    return cache
+
+
+def second_turn(prompts: list[list[int]], outputs: list[list[int]], block: int, vocab: int, room: int) -> list[list[int]]:
+    """A warm cell's requests after a first turn of `prompts` that generated `outputs`: each prompt
+    continued by its output (a conversation's next turn: every complete block of it was stored by
+    the first turn), then for each a sibling that differs from it in one token only, the last of
+    its last complete block, so a block identity that ignores any part of a block reuses a wrong
+    entry. Each request keeps at most `room` tokens; a sibling needs one complete block."""
+    turns = [(prompt + output)[:room] for prompt, output in zip(prompts, outputs)]
+    siblings = []
+    for turn in turns:
+        last = (len(turn) - 1) // block * block - 1  # the last token of the last block it reads
+        if last >= 0:
+            siblings.append(turn[:last] + [(turn[last] + 1) % vocab] + turn[last + 1 :])
+    return turns + siblings

@@ -1,0 +1,289 @@
+"""The speculative loop with the main target split over tensor-parallel ranks (the `split` axis).
+
+`split_generate` starts `cell.split` processes itself. Each rank joins a `torch.distributed`
+process group (gloo over CPU processes; nccl with one CUDA device per rank), builds a `Session`
+whose main target loads with Hugging Face's tensor-parallel plan (`Session._load_target` sees the
+group), and builds the cell's engine as an unsplit cell would be built: drafters, stress variants
+and `--losscheck-mutant` bugs plant the same way, and a drafter with its own model is replicated
+on every rank, as vLLM does. Every rank runs every `Call` with the same seeds; rank 0's
+generations come back, and every other rank's tokens must equal them.
+
+The calling process never joins a process group (it may be an xdist worker); only the ranks do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
+
+from losscheck.errors import LosscheckError
+from losscheck.core.generation import Generation
+from losscheck.run.options import Options
+from losscheck.core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from losscheck.plan.matrix import Cell
+
+# Imported once by the fork server (see `_context`), not once per rank: on a 2-core CI machine
+# importing transformers costs ~10 s, more than a split run of the bundled target.
+PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama",
+           "losscheck.run.session", "losscheck.core.engine", "losscheck.run.drafters", __name__]
+STOP_GRACE_S = 5.0  # a rank asked to terminate gets this long before it is killed
+
+
+class SplitUnavailable(LosscheckError):
+    """This platform cannot run a split target (no torch.distributed, no backend for the device,
+    too few devices, transformers' tensor-parallel loading missing a package); the message says
+    why, for a caller to skip with."""
+
+
+class SplitError(LosscheckError):
+    """A split run failed: a rank raised (its traceback is in the message), died, disagreed with
+    rank 0, or the run timed out. Every rank has been stopped by the time it is raised."""
+
+    def __init__(self, message: str, pids: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.pids = pids  # the ranks' process ids, all ended
+
+
+@dataclass(frozen=True)
+class Call:
+    """One `Engine.generate` call, run identically on every rank."""
+
+    prompts: list[list[int]]
+    max_new_tokens: int
+    params: SamplingParams
+    # generator keys, picklable: make_generator(options.seed, *stream, device=target.device)
+    stream: tuple[object, ...]
+
+
+@dataclass
+class SplitRun:
+    generations: list[Generation]  # one per Call, rank 0's, tensors on the CPU
+    wall_s: float  # wall time of the whole split run (process start to results)
+    ranks: int
+    backend: str  # "gloo" / "nccl"
+    identity: dict[str, str] = dataclasses.field(default_factory=dict)  # rank 0's target, with its "split"
+
+
+def check_split(config: Any, ranks: int) -> None:
+    """`LosscheckError` unless `ranks` (at least 2) divides the model's attention heads and
+    key/value heads: HF's plan shards the q/k/v projections by whole heads."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    if ranks < 2:
+        raise LosscheckError(f"split={ranks}: a tensor-parallel run needs at least 2 ranks; run an unsplit "
+                             "cell (split=1) through the engine directly")
+    if heads % ranks or kv_heads % ranks:
+        raise LosscheckError(
+            f"split={ranks} does not divide the target's heads: num_attention_heads={heads}, "
+            f"num_key_value_heads={kv_heads} (model_type={getattr(config, 'model_type', '?')!r}); choose a "
+            "split that divides both"
+        )
+
+
+def rank_disagreement(rank: int, mine: list[Generation], rank0: list[Generation]) -> str | None:
+    """What differs between `rank`'s generations and rank 0's (tokens and lengths), or None."""
+    for i, (a, b) in enumerate(zip(mine, rank0)):
+        if not (a.lengths.equal(b.lengths) and a.tokens.equal(b.tokens)):
+            rows = [r for r in range(len(b.lengths)) if a.row(r) != b.row(r)]
+            return (f"call {i}: rank {rank} generated different tokens from rank 0 on rows {rows} "
+                    f"(row {rows[0]}: {a.row(rows[0])} vs {b.row(rows[0])})")
+    return None
+
+
+def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: float = 900.0) -> SplitRun:
+    """Run `calls` with `cell`'s engine, the main target split over `cell.split` ranks.
+
+    Raises `SplitUnavailable` where the platform cannot split, `LosscheckError` for a split the
+    model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
+    """
+    from losscheck.plan.matrix import ENGINE
+
+    started = time.perf_counter()
+    if cell.target != "main" or cell.drafter == ENGINE:
+        raise LosscheckError(f"cell {cell.id}: only the main target with losscheck's engine is split; "
+                             f"target {cell.target!r} with drafter {cell.drafter!r} is not")
+    check_split(_config(options), cell.split)
+    backend = _backend(options, cell.split)
+    ctx = _context()
+    with tempfile.TemporaryDirectory(prefix="losscheck-split-") as rendezvous:
+        results = ctx.Queue()
+        store = f"file://{os.path.join(rendezvous, 'store')}"
+        unsplit = dataclasses.replace(cell, split=1)  # what each rank builds, on its shard
+        procs = [
+            ctx.Process(target=_rank_main, name=f"losscheck-rank{rank}", daemon=True,
+                        args=(rank, cell.split, store, backend, timeout_s, options, unsplit, calls, results))
+            for rank in range(cell.split)
+        ]
+        try:
+            for proc in procs:
+                proc.start()
+            outputs = _collect(procs, results, started + timeout_s, timeout_s)
+        finally:
+            _stop(procs)
+            results.close()
+    pids = tuple(p.pid or 0 for p in procs)
+    for rank in range(1, cell.split):
+        differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
+        if differs:
+            raise SplitError(f"ranks of split={cell.split} diverged on cell {cell.id}: {differs}; every rank "
+                             "runs the same seeds on an all-reduced target, so this is a bug", pids)
+    identity, generations = outputs[0]
+    return SplitRun(generations, time.perf_counter() - started, cell.split, backend, identity)
+
+
+def _backend(options: Options, ranks: int) -> str:
+    """gloo for CPU ranks, nccl for CUDA ranks (one device each); `SplitUnavailable` otherwise."""
+    import importlib.util
+
+    import torch
+
+    from losscheck.core.precision import resolve_device
+
+    dist = torch.distributed
+    if not dist.is_available():
+        raise SplitUnavailable("this torch build has no torch.distributed")
+    if importlib.util.find_spec("accelerate") is None:
+        raise SplitUnavailable("transformers loads a tensor-parallel plan only with the accelerate package "
+                               "installed (pip install accelerate)")
+    device = resolve_device(options.device)
+    if device.type == "cuda":
+        if not dist.is_nccl_available():
+            raise SplitUnavailable("this torch build has no nccl backend for CUDA ranks")
+        if torch.cuda.device_count() < ranks:
+            raise SplitUnavailable(f"split={ranks} runs one rank per CUDA device and {torch.cuda.device_count()} "
+                                   "are visible; pass --losscheck-device=cpu to split over CPU processes (gloo)")
+        return "nccl"
+    if device.type != "cpu":
+        raise SplitUnavailable(f"no tensor-parallel backend for device {device.type!r}; pass --losscheck-device=cpu")
+    if not dist.is_gloo_available():
+        raise SplitUnavailable("this torch build has no gloo backend for CPU ranks")
+    return "gloo"
+
+
+def _config(options: Options) -> Any:
+    """The main target's config, read without loading weights."""
+    from transformers import AutoConfig
+
+    from losscheck import bundled
+
+    path = options.target or bundled.target_path()
+    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=options.trust_remote_code)
+
+
+def _context() -> BaseContext:
+    """A fork server that has imported torch and transformers once for every later rank (fork
+    itself is unsafe once torch runs threads); plain spawn where there is none, and on a CUDA
+    machine, where a CUDA query made while preloading would be inherited by every rank."""
+    import multiprocessing
+
+    import torch
+
+    if "forkserver" not in multiprocessing.get_all_start_methods() or torch.cuda.is_available():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _collect(
+    procs: list[BaseProcess], results: Any, deadline: float, timeout_s: float
+) -> dict[int, tuple[dict[str, str], list[Generation]]]:
+    """Rank -> (its target's identity, its generations), or `SplitError` at the first rank
+    failure, death or the deadline."""
+    pids = tuple(p.pid or 0 for p in procs)
+    outputs: dict[int, tuple[dict[str, str], list[Generation]]] = {}
+    while len(outputs) < len(procs):
+        try:
+            kind, rank, payload = results.get(timeout=max(0.01, min(0.5, deadline - time.perf_counter())))
+        except queue.Empty:
+            if time.perf_counter() >= deadline:
+                raise SplitError(f"split run of {len(procs)} ranks timed out after {timeout_s:g} s "
+                                 f"(timeout_s={timeout_s:g}); every rank was killed", pids) from None
+            dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode is not None]
+            if dead and results.empty():
+                r = dead[0]
+                raise SplitError(f"rank {r} of {len(procs)} (pid {pids[r]}) exited with code {procs[r].exitcode} "
+                                 "without a result (killed, or out of memory?)", pids) from None
+            continue
+        if kind == "error":
+            raise SplitError(f"rank {rank} of {len(procs)} (pid {pids[rank]}) failed:\n{payload}", pids)
+        outputs[rank] = pickle.loads(payload)
+    return outputs
+
+
+def _stop(procs: list[BaseProcess]) -> None:
+    """End every rank still running: terminate, then kill after `STOP_GRACE_S`."""
+    for proc in procs:
+        if proc.pid is not None and proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        if proc.pid is None:
+            continue
+        proc.join(STOP_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _rank_main(
+    rank: int, ranks: int, store: str, backend: str, timeout_s: float,
+    options: Options, cell: Cell, calls: list[Call], results: Any,
+) -> None:
+    """One rank: join the group, build the session and engine, run every call, report to `results`
+    ("ok", rank, pickled (target identity, generations on the CPU)) or ("error", rank, traceback text)."""
+    import torch
+    import torch.distributed as dist
+
+    # transformers' mesh reads the rank's device from LOCAL_RANK, and builds it on the machine's
+    # accelerator: gloo ranks hide the GPUs (before anything asks CUDA) to get a CPU mesh
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks))
+    if backend == "gloo":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        torch.set_num_threads(1)  # the ranks share the machine's cores
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        # the parent enforces `timeout_s`; the group's own timeout only frees a rank whose parent
+        # died, so it must not fire first and pre-empt the parent's timeout error
+        dist.init_process_group(backend, init_method=store, rank=rank, world_size=ranks,
+                                timeout=timedelta(seconds=timeout_s + 60))
+        from losscheck.core.sampling import make_generator
+        from losscheck.run.session import Session
+
+        engine = Session(options).engine(cell)
+        device = engine.target.device
+        out = []
+        for call in calls:
+            generator = make_generator(options.seed, *call.stream, device=device)
+            out.append(_on_cpu(engine.generate(call.prompts, call.max_new_tokens, call.params, generator)))
+        # plain pickle: the queue's own pickler would share tensors by file descriptor, which
+        # dies with this process
+        results.put(("ok", rank, pickle.dumps((engine.target.identity, out))))
+    except BaseException:  # noqa: BLE001 - the parent re-raises it with this rank's traceback
+        results.put(("error", rank, traceback.format_exc()))
+        # flushed before the group goes down: the other ranks then fail too ("connection closed"),
+        # and the parent must hear the cause first
+        results.close()
+        results.join_thread()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _on_cpu(gen: Generation) -> Generation:
+    """`gen` with its tensors moved to the CPU, to cross the process boundary."""
+    stats = dataclasses.replace(gen.stats, proposed=gen.stats.proposed.cpu(), accepted=gen.stats.accepted.cpu())
+    slots = None if gen.slots is None else gen.slots.cpu()
+    return dataclasses.replace(gen, tokens=gen.tokens.cpu(), lengths=gen.lengths.cpu(), stats=stats, slots=slots)
