@@ -22,8 +22,20 @@ from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_
 # The options `losscheck mutants` and `losscheck families` take.
 EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact")
 # The options `losscheck perf` passes on to `pytest -m perf`.
-PERF_OPTIONS = ("target", "drafter", "device", "precision", "seed", "prompts", "chat-template", "trust-remote-code",
-                "out", "perf-profile", "perf-compare", "perf-compare-fail")
+PERF_OPTIONS = (
+    "target",
+    "drafter",
+    "device",
+    "precision",
+    "seed",
+    "prompts",
+    "chat-template",
+    "trust-remote-code",
+    "out",
+    "perf-profile",
+    "perf-compare",
+    "perf-compare-fail",
+)
 
 
 def certify_args(ns: argparse.Namespace) -> list[str]:
@@ -55,14 +67,26 @@ def parser() -> argparse.ArgumentParser:
     cert = sub.add_parser("certify", help="certify a drafter (default: the bundled ones on the bundled target)")
     add_options(cert.add_argument, "--")
     cert.set_defaults(**{dest("out"): "reports"})
-    cert.add_argument("-n", "--workers", type=int, default=None,
-                      help="pytest-xdist workers (0 = in process; default: one per core on the CPU, 0 on a GPU)")
+    cert.add_argument(
+        "-n",
+        "--workers",
+        type=int,
+        default=None,
+        help="pytest-xdist workers (0 = in process; default: one per core on the CPU, 0 on a GPU)",
+    )
     bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
     bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
-    bench.add_argument("--pit-memory", metavar="VOCAB", type=int,
-                       help="instead: peak memory of one PIT cell's teacher-forced scoring on a random model of VOCAB tokens")
-    bench.add_argument("--near-ties", action="store_true",
-                       help="instead: how far each precision's top-2 logit margins move with the batch shape")
+    bench.add_argument(
+        "--pit-memory",
+        metavar="VOCAB",
+        type=int,
+        help="instead: peak memory of one PIT cell's teacher-forced scoring on a random model of VOCAB tokens",
+    )
+    bench.add_argument(
+        "--near-ties",
+        action="store_true",
+        help="instead: how far each precision's top-2 logit margins move with the batch shape",
+    )
     add_options(bench.add_argument, "--", ("memory-budget",))
     fam = sub.add_parser("families", help="compare the bundled drafter families' acceptance on the bundled target")
     fam.add_argument("--out", default="reports/families", help="output directory (default: %(default)s)")
@@ -74,9 +98,14 @@ def parser() -> argparse.ArgumentParser:
     mut.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
     add_options(mut.add_argument, "--", EXPERIMENT_OPTIONS)
-    mut.add_argument("--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch")
-    perf = sub.add_parser("perf", help="the perf tier: speedup against concurrency, latency, the HF peer; writes "
-                                       "OUT/perf/perf.json, perf.md and plots")
+    mut.add_argument(
+        "--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch"
+    )
+    perf = sub.add_parser(
+        "perf",
+        help="the perf tier: speedup against concurrency, latency, the HF peer; writes "
+        "OUT/perf/perf.json, perf.md and plots",
+    )
     add_options(perf.add_argument, "--", PERF_OPTIONS)
     perf.set_defaults(**{dest("out"): "reports"})
     rep = sub.add_parser("report", help="re-render a saved run's summary.md and plots from its certificate.json")
@@ -84,7 +113,9 @@ def parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="verdict and acceptance differences between two certificates")
     cmp.add_argument("before", help="the earlier run (directory or certificate.json)")
     cmp.add_argument("after", help="the later run; exit status 1 when it regressed")
-    sub.add_parser("fixtures", help='print the bundled fixtures directory (e.g. --target "$(losscheck fixtures)/text_target")')
+    sub.add_parser(
+        "fixtures", help='print the bundled fixtures directory (e.g. --target "$(losscheck fixtures)/text_target")'
+    )
     return top
 
 

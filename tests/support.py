@@ -11,8 +11,8 @@ import torch
 from scipy.stats import chisquare
 
 if TYPE_CHECKING:
-    from losscheck.drafters.autoregressive import AutoregressiveDrafter
     from losscheck.core.target import HFTarget
+    from losscheck.drafters.autoregressive import AutoregressiveDrafter
 
 # Ragged prompts for the tiny Llamas (vocabulary 32, BOS 0): rows of different lengths share a batch.
 PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
@@ -41,16 +41,30 @@ def markov_chain(
     return table
 
 
-def tiny_llama(vocab: int = 32, hidden: int = 32, layers: int = 2, seed: int = 0, max_positions: int = 128,
-               eos: int = 1, scale: float = 8.0) -> torch.nn.Module:
+def tiny_llama(
+    vocab: int = 32,
+    hidden: int = 32,
+    layers: int = 2,
+    seed: int = 0,
+    max_positions: int = 128,
+    eos: int = 1,
+    scale: float = 8.0,
+) -> torch.nn.Module:
     """A random-weight Llama whose logits are scaled up so greedy decoding has clear margins."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        bos_token_id=0, eos_token_id=eos, pad_token_id=0,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=0,
+        eos_token_id=eos,
+        pad_token_id=0,
     )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.serving.batching import ContinuousBatcher, staggered_arrivals
 from losscheck.core.engine import Engine
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.errors import LosscheckError
 from losscheck.selftest.serving import RetiredRowLeak
+from losscheck.serving.batching import ContinuousBatcher, staggered_arrivals
 from losscheck.serving.prefix_cache import PrefixCache
-from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -17,10 +17,10 @@ import dataclasses
 import pytest
 from scipy import stats
 
-from losscheck.plan.matrix import Cell
-from losscheck.plan.profiles import get_profile
 from losscheck.cells.runner import run_exact
 from losscheck.core.sampling import SamplingParams
+from losscheck.plan.matrix import Cell
+from losscheck.plan.profiles import get_profile
 from losscheck.run.options import Options
 from losscheck.run.session import Session
 
@@ -42,8 +42,10 @@ def test_correct_engine_rejects_at_the_nominal_rate_and_p_values_are_uniform():
         joint_p += [r.p_value for r in outcome.verdict.results if r.name == "exact.joint_chisquare"]
     bound = int(stats.binom.ppf(0.999, RUNS, LEVEL))
     ks = stats.kstest(joint_p, "uniform")
-    print(f"\ncalibration: {rejections}/{RUNS} cells rejected at alpha={LEVEL} (binomial 0.999 bound {bound}); "
-          f"KS of {len(joint_p)} joint chi-square p-values vs U(0,1): D={ks.statistic:.4f}, p={ks.pvalue:.3f}")
+    print(
+        f"\ncalibration: {rejections}/{RUNS} cells rejected at alpha={LEVEL} (binomial 0.999 bound {bound}); "
+        f"KS of {len(joint_p)} joint chi-square p-values vs U(0,1): D={ks.statistic:.4f}, p={ks.pvalue:.3f}"
+    )
     assert rejections <= bound, (
         f"{rejections}/{RUNS} rejections at level {LEVEL}; above the 0.999 bound {bound}; false-failure "
         f"probability {stats.binom.sf(bound, RUNS, LEVEL):.2g} (< 1e-3) at level exactly {LEVEL}, less below it"
@@ -59,8 +61,10 @@ NEW_RUNS = 200
 
 def _rejections_within_the_binomial_bound(rejections: dict[str, int], what: str) -> None:
     bound = int(stats.binom.ppf(0.999, NEW_RUNS, LEVEL))
-    print(f"\ncalibration of {what}: rejections of {NEW_RUNS} null runs at level {LEVEL} "
-          f"(binomial 0.999 bound {bound}): {rejections}")
+    print(
+        f"\ncalibration of {what}: rejections of {NEW_RUNS} null runs at level {LEVEL} "
+        f"(binomial 0.999 bound {bound}): {rejections}"
+    )
     over = {name: n for name, n in rejections.items() if n > bound}
     assert not over, (
         f"{over} above the 0.999 bound {bound} of Binomial({NEW_RUNS}, {LEVEL}); false-failure probability "

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from losscheck.cells.conformance import Recorder
-from losscheck.selftest.verifiers import in_sampled_rounds, verify_residual_is_p, verify_shared_uniform
 from losscheck.core.sampling import SamplingParams, sample
 from losscheck.core.verify import BlockOutcome, verify_block
+from losscheck.selftest.verifiers import in_sampled_rounds, verify_residual_is_p, verify_shared_uniform
 
 ROUNDS, ROWS, K, V = 60, 200, 3, 6
 ALPHA, POWER = 0.01, 0.99

@@ -38,8 +38,13 @@ def _zero_prob_on_draft() -> torch.Tensor:
         (Proposal(torch.zeros(B, K, dtype=torch.long), torch.full((B, K, V), float("nan"))), "NaN"),
         (Proposal(torch.zeros(B, K, dtype=torch.long), torch.full((B, K, V), 0.5)), "do not sum to 1"),
         (Proposal(torch.zeros(B, K, dtype=torch.long), good_probs()[..., :-1]), "shape"),
-        (Proposal(torch.zeros(B, K, dtype=torch.long), good_probs() - 0.3 * (torch.arange(V) == 0)
-                  + 0.3 * (torch.arange(V) == 1)), "negative"),
+        (
+            Proposal(
+                torch.zeros(B, K, dtype=torch.long),
+                good_probs() - 0.3 * (torch.arange(V) == 0) + 0.3 * (torch.arange(V) == 1),
+            ),
+            "negative",
+        ),
         (Proposal(torch.zeros(B, K, dtype=torch.long), _zero_prob_on_draft()), "zero probability"),
     ],
 )

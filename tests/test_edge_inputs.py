@@ -21,16 +21,16 @@ import torch
 from scipy.stats import chi2, ncx2
 
 from losscheck.core.contract import Proposal
+from losscheck.core.engine import Engine
+from losscheck.core.generation import Generation
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
+from losscheck.core.verify import verify_block
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.drafters.stress import stressed
-from losscheck.core.engine import Engine
 from losscheck.errors import LosscheckError
-from losscheck.core.generation import Generation
 from losscheck.plan.matrix import GREEDY_CELL, Cell, greedy_cells, plan
 from losscheck.run.options import Options
-from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
 from losscheck.run.session import Session
-from losscheck.core.verify import verify_block
 from tests.support import assert_follows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -60,8 +60,9 @@ def prompts(session) -> list[list[int]]:
     return session.prompts("low")[:8]
 
 
-def decode(engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams = GREEDY,
-           seed: str = "edge") -> Generation:
+def decode(
+    engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams = GREEDY, seed: str = "edge"
+) -> Generation:
     return engine.generate(prompts, max_new, params, make_generator(0, seed))
 
 

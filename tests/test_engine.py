@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from losscheck.core.contract import Proposal
-from losscheck.drafters.autoregressive import AutoregressiveDrafter, self_draft
 from losscheck.core.engine import Engine
-from losscheck.errors import DrafterOutputError, LosscheckError
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
+from losscheck.drafters.autoregressive import AutoregressiveDrafter, self_draft
+from losscheck.errors import DrafterOutputError, LosscheckError
 from tests.support import PROMPTS, noisy_drafter, tiny_target
 
 NOISE = 0.6  # the drafter's weight noise, relative to each weight tensor's std

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
+from losscheck.cells.runner import pit_chunk_rows, teacher_forced_pit
 from losscheck.core import divergence
 from losscheck.core.engine import Engine
-from losscheck.cells.runner import pit_chunk_rows, teacher_forced_pit
 from losscheck.core.sampling import SamplingParams, make_generator
 from tests.support import PROMPTS, noisy_drafter, tiny_target
 

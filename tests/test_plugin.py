@@ -70,8 +70,14 @@ def run_gate(pytester: pytest.Pytester, module: str, *args: str) -> pytest.RunRe
     pytester.makepyfile(mydrafter=textwrap.dedent(module))
     pytester.syspathinsert()
     return pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider",
-        "--losscheck-drafter=mydrafter:factory", *args,
+        "--pyargs",
+        "losscheck.plugin.certify",
+        "-m",
+        "lossless",
+        "-p",
+        "no:cacheprovider",
+        "--losscheck-drafter=mydrafter:factory",
+        *args,
     )
 
 
@@ -115,8 +121,16 @@ def test_a_selection_under_xdist_certifies_partial_and_accounts_for_the_whole_ma
     workers; JUnit XML and the CI job summary get the per-cell verdicts."""
     out, junit, step_summary = tmp_path / "reports", tmp_path / "out.xml", tmp_path / "step_summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
-    result = run_gate(pytester, HONEST, "-n", "2", "-k", "user-k2-greedy or user-k1-greedy",
-                      f"--losscheck-out={out}", f"--junitxml={junit}")
+    result = run_gate(
+        pytester,
+        HONEST,
+        "-n",
+        "2",
+        "-k",
+        "user-k2-greedy or user-k1-greedy",
+        f"--losscheck-out={out}",
+        f"--junitxml={junit}",
+    )
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*losscheck verdict: PARTIAL — 2 passed, 0 failed, 0 errored, * not run of * cells*"])
     [run] = list(out.iterdir())
@@ -157,8 +171,9 @@ def pytest_runtest_call(item):
 def test_an_interrupted_run_is_certified_interrupted(pytester, tmp_path):
     out = tmp_path / "reports"
     pytester.makepyfile(interrupter=textwrap.dedent(INTERRUPTER))
-    result = run_gate(pytester, HONEST, "-p", "interrupter", "-k", "user-k2-greedy or user-k1-greedy",
-                      f"--losscheck-out={out}")
+    result = run_gate(
+        pytester, HONEST, "-p", "interrupter", "-k", "user-k2-greedy or user-k1-greedy", f"--losscheck-out={out}"
+    )
     assert result.ret == pytest.ExitCode.INTERRUPTED
     [run] = list(out.iterdir())
     cert = json.loads((run / "certificate.json").read_text())
@@ -220,10 +235,16 @@ import no_such_dependency
 @pytest.mark.parametrize(
     "option, message",
     [
-        ("--losscheck-target=/nope", "--losscheck-target='/nope': no such directory; pass a local Hugging Face model directory"),
+        (
+            "--losscheck-target=/nope",
+            "--losscheck-target='/nope': no such directory; pass a local Hugging Face model directory",
+        ),
         ("--losscheck-drafter=no_such_module:factory", "cannot import module 'no_such_module' (No module named"),
         ("--losscheck-drafter=mydrafter:missing", "module 'mydrafter' has no attribute 'missing'"),
-        ("--losscheck-drafter=factory", "'factory': expected an import path like 'pkg.module:factory' or a local Hugging"),
+        (
+            "--losscheck-drafter=factory",
+            "'factory': expected an import path like 'pkg.module:factory' or a local Hugging",
+        ),
     ],
 )
 def test_a_bad_option_is_one_message(pytester, option, message):
@@ -234,12 +255,20 @@ def test_a_bad_option_is_one_message(pytester, option, message):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"drafter": "broken_on_import:factory"}, "importing module 'broken_on_import' failed: No module named 'no_such_dependency'"),
+        (
+            {"drafter": "broken_on_import:factory"},
+            "importing module 'broken_on_import' failed: No module named 'no_such_dependency'",
+        ),
         ({"drafter": "./no_such_dir"}, "--losscheck-drafter='./no_such_dir': no such directory"),
         ({"engine": "os"}, "--losscheck-engine='os': expected an import path like 'pkg.module:factory'"),
         ({"engine": "os:sep"}, "--losscheck-engine='os:sep' is a str, not a factory(target) -> black-box engine"),
-        pytest.param({"out": Path("/proc/losscheck-reports")}, "--losscheck-out='/proc/losscheck-reports': cannot write in '/proc'",
-                     marks=pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc, unwritable also for root")),
+        pytest.param(
+            {"out": Path("/proc/losscheck-reports")},
+            "--losscheck-out='/proc/losscheck-reports': cannot write in '/proc'",
+            marks=pytest.mark.skipif(
+                not Path("/proc").is_dir(), reason="needs Linux's /proc, unwritable also for root"
+            ),
+        ),
     ],
 )
 def test_what_the_options_name_is_checked_before_a_run(tmp_path, monkeypatch, changes, message):
@@ -270,8 +299,10 @@ def test_a_factory_resolves_from_the_current_directory(tmp_path, monkeypatch):
 def test_a_target_with_its_own_code_needs_trust_remote_code(pytester, tmp_path):
     own_code = {"model_type": "my-own-llm", "auto_map": {"AutoConfig": "conf.C", "AutoModelForCausalLM": "mod.M"}}
     target = model_dir(tmp_path, "own_code", **own_code)
-    message = ("does not implement model_type 'my-own-llm'; the directory ships its own modelling code "
-               "(config.json auto_map): pass --losscheck-trust-remote-code to run it, if you trust it")
+    message = (
+        "does not implement model_type 'my-own-llm'; the directory ships its own modelling code "
+        "(config.json auto_map): pass --losscheck-trust-remote-code to run it, if you trust it"
+    )
     assert_one_error(run_certify(pytester, f"--losscheck-target={target}"), message)
 
 
@@ -286,9 +317,11 @@ def test_certify_names_its_own_trust_remote_code_option(tmp_path, capsys):
 
 def test_bundled_drafters_on_a_target_of_another_vocabulary_ask_for_a_drafter(pytester, tmp_path):
     target = model_dir(tmp_path, "big_vocab", vocab_size=1000)
-    message = ("has a vocabulary of 1000 tokens and hidden size 128; the bundled drafters are built for the bundled "
-               "target's 64 and 128. Name your drafter: --losscheck-drafter=pkg.mod:factory, or "
-               "--losscheck-drafter=DIR")
+    message = (
+        "has a vocabulary of 1000 tokens and hidden size 128; the bundled drafters are built for the bundled "
+        "target's 64 and 128. Name your drafter: --losscheck-drafter=pkg.mod:factory, or "
+        "--losscheck-drafter=DIR"
+    )
     assert_one_error(run_certify(pytester, f"--losscheck-target={target}"), message)
 
 
@@ -308,15 +341,24 @@ def test_a_factory_that_returns_no_drafter_is_one_collection_error(pytester):
     """Found only once the target is loaded and the factory called (no cell runs)."""
     pytester.makepyfile(mydrafter=NOT_A_DRAFTER)
     result = run_certify(pytester, "--losscheck-drafter=mydrafter:factory")
-    assert_one_error(result, "--losscheck-drafter='mydrafter:factory' returned int, which lacks",
-                     exit_code=pytest.ExitCode.INTERRUPTED)
+    assert_one_error(
+        result,
+        "--losscheck-drafter='mydrafter:factory' returned int, which lacks",
+        exit_code=pytest.ExitCode.INTERRUPTED,
+    )
     result.stdout.fnmatch_lines(["*Interrupted: 1 error during collection*"])
 
 
 def test_a_drafter_directory_is_certified_as_family_a(pytester):
     """--losscheck-drafter=DIR: the causal LM in DIR drafts autoregressively (collection only)."""
-    result = run_certify(pytester, "-m", "lossless", "--collect-only", "-q",
-                         f"--losscheck-drafter={bundled.fixtures_dir() / 'drafter_a'}")
+    result = run_certify(
+        pytester,
+        "-m",
+        "lossless",
+        "--collect-only",
+        "-q",
+        f"--losscheck-drafter={bundled.fixtures_dir() / 'drafter_a'}",
+    )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines(["*test_greedy_equals_baseline[[]user-k1-greedy[]]", "*test_pit_uniform[[]user-k4-T1*"])
 
@@ -354,11 +396,18 @@ def test_the_cli_and_the_plugin_share_option_definitions():
     """`losscheck certify --X` passes `--losscheck-X` on to pytest, with the same parsers."""
     from losscheck.cli import certify_args, parser
 
-    ns = parser().parse_args(["certify", "--seed", "7", "--alpha", "0.05", "--trust-remote-code",
-                              "--mutant", "rows_mixed_up", "-n", "2"])
+    ns = parser().parse_args(
+        ["certify", "--seed", "7", "--alpha", "0.05", "--trust-remote-code", "--mutant", "rows_mixed_up", "-n", "2"]
+    )
     args = certify_args(ns)
-    for expected in ("--losscheck-seed=7", "--losscheck-alpha=0.05", "--losscheck-trust-remote-code",
-                     "--losscheck-mutant=rows_mixed_up", "--losscheck-out=reports", "--losscheck-profile=ci"):
+    for expected in (
+        "--losscheck-seed=7",
+        "--losscheck-alpha=0.05",
+        "--losscheck-trust-remote-code",
+        "--losscheck-mutant=rows_mixed_up",
+        "--losscheck-out=reports",
+        "--losscheck-profile=ci",
+    ):
         assert expected in args
     assert args[-2:] == ["-n", "2"] and not any(a.startswith("--losscheck-target") for a in args)
     with pytest.raises(SystemExit):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from losscheck.cells.runner import CellOutcome, teacher_forced_probs
 from losscheck.core.divergence import Divergence
+from losscheck.core.precision import Precision, parse_precisions
+from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.errors import OptionError
 from losscheck.plan.matrix import GREEDY_CELL, PIT_CELL, Cell, plan
-from losscheck.core.precision import Precision, parse_precisions
-from losscheck.cells.runner import CellOutcome, teacher_forced_probs
-from losscheck.core.sampling import GREEDY, SamplingParams
 from tests.support import noisy_drafter, tiny_target
 
 
@@ -33,7 +33,11 @@ def test_each_extra_precision_is_one_greedy_and_one_pit_cell_of_the_named_drafte
     cells = plan(drafters, False, None, precisions, frozenset({"A"}))
     extra = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.split == 1]
     assert sorted((c.params.greedy, c.precision.label()) for c in extra) == [
-        (False, "fp16/fp32"), (False, "fp32"), (True, "fp16/fp32"), (True, "fp32")]
+        (False, "fp16/fp32"),
+        (False, "fp32"),
+        (True, "fp16/fp32"),
+        (True, "fp32"),
+    ]
     # and the slow tier's pair of the split with the first extra precision
     split = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.split != 1]
     assert [(c.id, c.slow) for c in split] == [("A-k4-greedy-tp2", True)]  # fp32 is the id default
@@ -65,11 +69,14 @@ def test_a_token_just_outside_the_cut_is_ambiguous_and_one_far_outside_is_not():
     params = SamplingParams(top_k=3)
     kept_low, first_out, far_out = order[2], order[3], order[-1]
     gap = float(logits[kept_low] - logits[first_out])
-    for token, tolerance, expected in ((first_out, gap * 1.01, True), (first_out, gap * 0.99, False),
-                                       (far_out, gap * 1.01, False), (kept_low, 10.0, False)):
+    for token, tolerance, expected in (
+        (first_out, gap * 1.01, True),
+        (first_out, gap * 0.99, False),
+        (far_out, gap * 1.01, False),
+        (kept_low, 10.0, False),
+    ):
         _, ambiguous = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
         assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
-
 
 
 def test_the_summary_counts_near_ties():

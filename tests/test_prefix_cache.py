@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from losscheck.core.engine import Engine
+from losscheck.core.ragged import RaggedKVCache
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.errors import LosscheckError
 from losscheck.selftest.serving import hash_without_last_token, partial_hash_cache, stale_cache
 from losscheck.serving.prefix_cache import PrefixCache, block_hash, second_turn
-from losscheck.core.ragged import RaggedKVCache
-from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -37,7 +37,7 @@ def rendered(text: str) -> str:
         if ch == "\b":
             at = max(0, at - 1)
         else:
-            line[at:at + 1] = [ch]
+            line[at : at + 1] = [ch]
             at += 1
     return "".join(line).rstrip()
 

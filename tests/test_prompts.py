@@ -46,7 +46,12 @@ def test_a_missing_or_empty_file_is_an_error(tmp_path):
 
 def test_entropy_thresholds():
     assert [tier_of(h) for h in (0.0, LOW_ENTROPY - 1e-9, LOW_ENTROPY, HIGH_ENTROPY - 1e-9, HIGH_ENTROPY)] == [
-        "low", "low", "mid", "mid", "high"]
+        "low",
+        "low",
+        "mid",
+        "mid",
+        "high",
+    ]
 
 
 def test_text_goes_through_the_targets_tokenizer_and_chat_template():

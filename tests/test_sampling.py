@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.errors import OptionError
 from losscheck.core.sampling import SamplingParams, derive_seed, make_generator, process_logits, sample
+from losscheck.errors import OptionError
 from tests.support import assert_follows
 
 
@@ -34,8 +34,9 @@ def test_top_p_keeps_the_smallest_set_reaching_p_including_the_crossing_token():
     assert (process_logits(logits, SamplingParams(top_p=0.1)) > 0).tolist() == [True, False, False, False]
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=-2),
-                                    dict(top_p=0), dict(top_p=1.5)])
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1}, {"temperature": float("nan")}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}]
+)
 def test_bad_parameters_are_rejected_with_a_message(kwargs):
     with pytest.raises(OptionError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from losscheck.core.divergence import find_divergences
-from losscheck.errors import LosscheckError
 from losscheck.core.generation import Generation, LoopStats
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import ORACLE, Cell
 from losscheck.run.options import Options
-from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.run.session import Session
 from losscheck.serving.split import (
     Call,
@@ -77,8 +77,11 @@ def greedy_differences(session: Session, cell: Cell, calls: list[Call], run: Spl
     for tier, call, split in zip(TIERS, calls, run.generations):
         base = unsplit(session, cell, call)
         for div in find_divergences(session.target().model, tier, call.prompts, split, base):
-            why = (f"margin below {REDUCTION_MARGIN:g}: a near-tie the split's reduction order can flip"
-                   if div.margin < REDUCTION_MARGIN else "not a near-tie: the split changed the algorithm")
+            why = (
+                f"margin below {REDUCTION_MARGIN:g}: a near-tie the split's reduction order can flip"
+                if div.margin < REDUCTION_MARGIN
+                else "not a near-tie: the split changed the algorithm"
+            )
             found.append(f"{div.describe()} — {why}")
     return found
 

@@ -82,8 +82,7 @@ def test_model_loads_offline_and_matches_the_tokenizer(name: str) -> None:
     c = model.config
     assert type(model).__name__ == "LlamaForCausalLM"
     assert c.vocab_size == len(tok) == VOCAB
-    assert (c.pad_token_id, c.bos_token_id, c.eos_token_id) == (
-        tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    assert (c.pad_token_id, c.bos_token_id, c.eos_token_id) == (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
     assert c.tie_word_embeddings
     build = json.loads((FIXTURES / name / "BUILD.json").read_text())
     assert build["parameters"] == sum(p.numel() for p in model.parameters())

@@ -45,8 +45,9 @@ def round_law(
         if point_mass:
             q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long), vocab).to(P.dtype)[None]
         d = torch.tensor(drafts, dtype=torch.long)[None]
-        acc = acceptance_probability(p[:, :k].gather(-1, d[..., None]).squeeze(-1),
-                                     q.gather(-1, d[..., None]).squeeze(-1))[0]  # [k]
+        acc = acceptance_probability(
+            p[:, :k].gather(-1, d[..., None]).squeeze(-1), q.gather(-1, d[..., None]).squeeze(-1)
+        )[0]  # [k]
         stop = recovery(p, q)[0]  # [k+1, V]
         reach = 1.0
         for m in range(k + 1):  # m drafts accepted
@@ -88,8 +89,13 @@ params_strategy = st.builds(
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(2, 4), k=st.integers(0, 3),
-       params=params_strategy, point_mass=st.booleans())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    vocab=st.integers(2, 4),
+    k=st.integers(0, 3),
+    params=params_strategy,
+    point_mass=st.booleans(),
+)
 def test_round_output_follows_the_target_exactly(seed, vocab, k, params, point_mass):
     gen = torch.Generator().manual_seed(seed)
     P = normalised(process_logits(markov_table(vocab, gen), params))
@@ -121,8 +127,9 @@ def test_sampled_verifier_matches_its_exact_parts():
     q = torch.softmax(torch.randn(1, k, vocab, generator=gen), -1).expand(rows, -1, -1)
     drafts = torch.tensor([[0, 1, 2]]).expand(rows, -1)
     verdict = verify_rejection(p, drafts, q, gen)
-    acc = acceptance_probability(p[:1, :k].gather(-1, drafts[:1, :, None]).squeeze(-1),
-                                 q[:1].gather(-1, drafts[:1, :, None]).squeeze(-1))[0]
+    acc = acceptance_probability(
+        p[:1, :k].gather(-1, drafts[:1, :, None]).squeeze(-1), q[:1].gather(-1, drafts[:1, :, None]).squeeze(-1)
+    )[0]
     reach = torch.cat([torch.ones(1, dtype=torch.float64), acc.cumprod(0)])  # P(accepted >= m)
     law = reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])  # P(accepted == m)
     assert_follows(verdict.accepted, law, 1e-6, "accepted counts vs the exact acceptance law")

@@ -38,10 +38,26 @@ def build_wheel(tmp: Path) -> Path:
     """`pip wheel` of a copy of the tree (setuptools reuses a build/ directory it finds, so a
     module deleted from the tree could still ship from the checkout's)."""
     src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".tox", ".venv", "build", "dist", "reports", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"))
-    run(sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "--no-index",
-        "-w", tmp / "dist", cwd=src)
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".tox", ".venv", "build", "dist", "reports", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+        ),
+    )
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        ".",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-w",
+        tmp / "dist",
+        cwd=src,
+    )
     [wheel] = (tmp / "dist").glob("losscheck-*.whl")
     return wheel
 
@@ -50,13 +66,17 @@ def assert_ships_fixtures_and_modules(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     fixture_data = [
         f"losscheck/fixtures/{f.relative_to(ROOT / 'fixtures').as_posix()}"
-        for d in (ROOT / "fixtures").iterdir() if d.is_dir() and d.name != "__pycache__"
-        for f in d.rglob("*") if f.is_file() and "__pycache__" not in f.parts
+        for d in (ROOT / "fixtures").iterdir()
+        if d.is_dir() and d.name != "__pycache__"
+        for f in d.rglob("*")
+        if f.is_file() and "__pycache__" not in f.parts
     ]
     assert "losscheck/fixtures/target/model.safetensors" in fixture_data
     missing = [n for n in fixture_data if n not in names]
     assert not missing, f"fixture files missing from the wheel (extend package-data in pyproject.toml): {missing}"
-    modules = [f.relative_to(ROOT).as_posix() for f in (ROOT / "losscheck").rglob("*.py") if "__pycache__" not in f.parts]
+    modules = [
+        f.relative_to(ROOT).as_posix() for f in (ROOT / "losscheck").rglob("*.py") if "__pycache__" not in f.parts
+    ]
     missing = [m for m in modules if m not in names]
     assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {missing}"
 
@@ -89,7 +109,20 @@ def test_the_wheel_installs_alone_and_certifies_from_an_empty_directory(tmp_path
     assert fixtures.is_relative_to(venv) and (fixtures / "target" / "model.safetensors").is_file(), fixtures
 
     # No ini file here: the markers come from the plugin (and --strict-markers is off).
-    out = run(python, "-m", "pytest", "--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-k", CELL,
-              "-p", "no:cacheprovider", cwd=empty, env=env)
+    out = run(
+        python,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "losscheck.plugin.certify",
+        "-m",
+        "lossless",
+        "-k",
+        CELL,
+        "-p",
+        "no:cacheprovider",
+        cwd=empty,
+        env=env,
+    )
     assert " 1 passed" in out and f"{CELL}  greedy  PASS" in out and "1/1 cells passed" in out, out[-6000:]
     assert not list(empty.iterdir()), "the run wrote into the working directory"

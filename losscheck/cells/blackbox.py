@@ -18,13 +18,13 @@ import math
 
 import torch
 
+from losscheck.cells.runner import CellOutcome, score_pit
 from losscheck.core.divergence import find_divergences
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines import BlackBoxEngine, checked_samples, lengths
 from losscheck.errors import LosscheckError
-from losscheck.core.generation import Generation, LoopStats
 from losscheck.plan.matrix import ENGINE, Cell
-from losscheck.cells.runner import CellOutcome, score_pit
-from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.run.session import Session
 from losscheck.stats import sample_size
 from losscheck.stats.result import combine
@@ -48,7 +48,12 @@ def min_horizon(engine: BlackBoxEngine) -> int:
 
 
 def draw(
-    session: Session, cell: Cell, prompts: list[list[int]], n: int, params: SamplingParams, horizon: int,
+    session: Session,
+    cell: Cell,
+    prompts: list[list[int]],
+    n: int,
+    params: SamplingParams,
+    horizon: int,
     speculative: bool,
 ) -> torch.Tensor:
     """`n` continuations of each prompt from the engine → validated LongTensor [len(prompts), n, horizon]
@@ -89,9 +94,11 @@ def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
     scorable = cell.target != ENGINE
     model = session.target("main", cell.precision.target).model if scorable else None
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
-    outcome = CellOutcome(cell, details=_details(session, cell, prompts=0, max_new_tokens=max_new,
-                                                 near_tie_margin=tolerance),
-                          strict=session.options.strict)
+    outcome = CellOutcome(
+        cell,
+        details=_details(session, cell, prompts=0, max_new_tokens=max_new, near_tie_margin=tolerance),
+        strict=session.options.strict,
+    )
     eos = _eos(session, cell)
     for tier in session.prompt_tiers:
         prompts = session.prompts(tier)
@@ -118,9 +125,11 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     gen = as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params)
     gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
     results, facts = score_pit(session, cell.id, target, rows, gen, cell.precision.tolerance)
-    return CellOutcome(cell, verdict=combine(cell.id, results, session.per_test_alpha),
-                       details=_details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon,
-                                        **facts))
+    return CellOutcome(
+        cell,
+        verdict=combine(cell.id, results, session.per_test_alpha),
+        details=_details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts),
+    )
 
 
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------
@@ -132,13 +141,18 @@ def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
     engine, profile = _engine(session), session.options.profile
     horizon = max(profile.two_sample_horizon, min_horizon(engine))
     prompts = _all_prompts(session)
-    n = sample_size.two_sample_rows(session.per_test_alpha, profile.power, profile.detect_tv,
-                                    profile.two_sample_bins, horizon)
+    n = sample_size.two_sample_rows(
+        session.per_test_alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon
+    )
     per_prompt = math.ceil(n / len(prompts))
     on = draw(session, cell, prompts, per_prompt, cell.params, horizon, True).flatten(0, 1)  # [P*m, L]
     off = draw(session, cell, prompts, per_prompt, cell.params, horizon, False).flatten(0, 1)  # [P*m, L]
     vocab = session.target("main", cell.precision.target).vocab_size
-    results = two_sample_tests(on, off, vocab, session.per_test_alpha, profile.power, profile.detect_tv,
-                               max_bins=profile.two_sample_bins)
-    return CellOutcome(cell, verdict=combine(cell.id, results, session.per_test_alpha),
-                       details=_details(session, cell, sequences=len(on), prompts=len(prompts), horizon=horizon))
+    results = two_sample_tests(
+        on, off, vocab, session.per_test_alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
+    )
+    return CellOutcome(
+        cell,
+        verdict=combine(cell.id, results, session.per_test_alpha),
+        details=_details(session, cell, sequences=len(on), prompts=len(prompts), horizon=horizon),
+    )

@@ -32,14 +32,16 @@ import numpy as np
 import torch
 
 from losscheck.core.sampling import SamplingParams, process_logits
+from losscheck.core.verify import BlockOutcome, Verifier, normalized, point_mass, recovery_distribution
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
 from losscheck.stats.result import TestResult
-from losscheck.core.verify import BlockOutcome, Verifier, normalized, point_mass, recovery_distribution
 
 KINDS = ("draft_honesty", "acceptance", "residual", "bonus")
-CONFORMANCE_TESTS = len(KINDS)  # uniformity tests sharing the conformance budget (the impossible-rejection check spends none)
+CONFORMANCE_TESTS = len(
+    KINDS
+)  # uniformity tests sharing the conformance budget (the impossible-rejection check spends none)
 IMPOSSIBLE_RTOL = 1e-6  # float64 p / q round-off allowed before a rejection counts as impossible
 BINS = 10
 
@@ -58,7 +60,11 @@ class Recorder:
     decided: int = 0  # draft decisions seen
 
     def __call__(
-        self, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
+        self,
+        logits: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor | None,
+        params: SamplingParams,
         generator: torch.Generator,
     ) -> BlockOutcome:
         outcome = self.inner(logits, drafts, q, params, generator)
@@ -71,7 +77,11 @@ class Recorder:
 
     @torch.no_grad()
     def _record(
-        self, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
+        self,
+        logits: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor | None,
+        params: SamplingParams,
         outcome: BlockOutcome,
     ) -> None:
         batch, k = drafts.shape
@@ -106,9 +116,16 @@ class Recorder:
         Their sample sizes are whatever the run produced (rejections are random), so each reports
         the effect it detects rather than asserting one."""
         a = per_test_alpha(alpha, CONFORMANCE_TESTS)
-        results = [impossible_event("conformance.impossible_rejection", "no draft rejected whose min(1, p/q) is 1",
-                         f"{self.impossible} of {self.decided} decided drafts rejected with p >= q",
-                         self.impossible, self.decided, power)]
+        results = [
+            impossible_event(
+                "conformance.impossible_rejection",
+                "no draft rejected whose min(1, p/q) is 1",
+                f"{self.impossible} of {self.decided} decided drafts rejected with p >= q",
+                self.impossible,
+                self.decided,
+                power,
+            )
+        ]
         for kind in KINDS:
             values = torch.cat(self.values[kind]).cpu() if self.values[kind] else torch.zeros(0, dtype=torch.float64)
             results.append(uniformity(f"conformance.{kind}", values, a, power))
@@ -123,11 +140,25 @@ def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> T
     n = len(values)
     expected_desc = f"{name.split('.')[-1].replace('_', ' ')} values uniform over {BINS} equal bins of [0, 1]"
     if impossible:
-        return impossible_event(name, "every token inside the support of the law it is judged under",
-                     f"{impossible} of {impossible + n} tokens have probability 0 under it", impossible, impossible + n, power)
+        return impossible_event(
+            name,
+            "every token inside the support of the law it is judged under",
+            f"{impossible} of {impossible + n} tokens have probability 0 under it",
+            impossible,
+            impossible + n,
+            power,
+        )
     if n < 5 * BINS:
-        return TestResult(name=name, expected=expected_desc, observed=f"{n} values: too few to test (need {5 * BINS})",
-                          statistic=0.0, p_value=1.0, alpha=alpha, n=n, power=power,
-                          detectable={"w": math.inf, "tv": math.inf})
+        return TestResult(
+            name=name,
+            expected=expected_desc,
+            observed=f"{n} values: too few to test (need {5 * BINS})",
+            statistic=0.0,
+            p_value=1.0,
+            alpha=alpha,
+            n=n,
+            power=power,
+            detectable={"w": math.inf, "tv": math.inf},
+        )
     counts = torch.bincount((values * BINS).long().clamp(max=BINS - 1), minlength=BINS).numpy()
     return goodness_of_fit(name, expected_desc, counts, np.full(BINS, n / BINS), alpha, power)

@@ -18,12 +18,12 @@ import torch
 from losscheck.core.divergence import Divergence, find_divergences
 from losscheck.core.engine import Engine, pad_prompts
 from losscheck.core.generation import Generation, LoopStats
-from losscheck.plan.matrix import ORACLE, Cell
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
+from losscheck.core.target import HFTarget
+from losscheck.plan.matrix import ORACLE, Cell
 from losscheck.run.session import Session
 from losscheck.stats import sample_size
 from losscheck.stats.result import CellVerdict, combine
-from losscheck.core.target import HFTarget
 
 
 @dataclass
@@ -60,10 +60,18 @@ class CellOutcome:
         if self.verdict is not None:
             lines = [self.verdict.message()]
         else:
-            same = "equals" if not self.divergences else "DIFFERS FROM" if not self.passed else "differs at near-ties only from"
-            lines = [f"cell {self.cell.id}: greedy output {same} the baseline on {self.details['prompts']} prompts "
-                     f"x {self.details['max_new_tokens']} tokens ({self.cell.precision.label()}; "
-                     f"{self.near_ties} near-tie divergences{', failing under --losscheck-strict' if self.strict else ''})"]
+            same = (
+                "equals"
+                if not self.divergences
+                else "DIFFERS FROM"
+                if not self.passed
+                else "differs at near-ties only from"
+            )
+            lines = [
+                f"cell {self.cell.id}: greedy output {same} the baseline on {self.details['prompts']} prompts "
+                f"x {self.details['max_new_tokens']} tokens ({self.cell.precision.label()}; "
+                f"{self.near_ties} near-tie divergences{', failing under --losscheck-strict' if self.strict else ''})"
+            ]
             lines += ["  " + d.describe() for d in self.divergences[:10]]
         lines += ["  " + p for p in self.problems]
         if self.details.get("acceptance_rule"):  # a checkpoint that brings its own rule names it
@@ -77,8 +85,15 @@ class CellOutcome:
         """The cell's entry in the certificate (JSON-ready)."""
         c = self.cell
         return {
-            "cell": c.id, "kind": self.kind, "drafter": c.drafter, "k": c.k, "width": c.width,
-            "params": c.params.label(), "target": c.target, "precision": c.precision.label(), "passed": self.passed,
+            "cell": c.id,
+            "kind": self.kind,
+            "drafter": c.drafter,
+            "k": c.k,
+            "width": c.width,
+            "params": c.params.label(),
+            "target": c.target,
+            "precision": c.precision.label(),
+            "passed": self.passed,
             "near_ties": self.near_ties,
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "divergences": [d.to_dict() for d in self.divergences],
@@ -103,7 +118,8 @@ def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
     return [
         f"self-draft oracle accepted {int(s.accepted.sum())}/{int(s.proposed.sum())} drafts on {group} "
         "prompts; drafting with the target itself must be accepted with probability 1"
-        for group, s in acceptance.items() if not s.all_accepted
+        for group, s in acceptance.items()
+        if not s.all_accepted
     ]
 
 
@@ -115,13 +131,22 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     # In fp32 every divergence fails; in reduced precision, or split over ranks (another reduction
     # order), one within the target's round-off is a near-tie.
     tolerance = cell.precision.tolerance if cell.precision.reduced or cell.split > 1 else 0.0
-    outcome = CellOutcome(cell, details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance,
-                                         "serving": cell.serving, **drafter_rule(session, cell)},
-                          strict=session.options.strict)
+    outcome = CellOutcome(
+        cell,
+        details={
+            "prompts": 0,
+            "max_new_tokens": max_new,
+            "near_tie_margin": tolerance,
+            "serving": cell.serving,
+            **drafter_rule(session, cell),
+        },
+        strict=session.options.strict,
+    )
     engine = session.engine(cell) if cell.split == 1 else None
     tiers = session.prompt_tiers
-    requests = {tier: serving_prompts(session, cell, engine, session.prompts(tier), max_new, GREEDY, tier)
-                for tier in tiers}
+    requests = {
+        tier: serving_prompts(session, cell, engine, session.prompts(tier), max_new, GREEDY, tier) for tier in tiers
+    }
     streams = {tier: (cell.id, tier) for tier in tiers}
     if engine is None:
         spec_of = split_generations(session, cell, [(requests[t], max_new, GREEDY, streams[t]) for t in tiers], outcome)
@@ -144,7 +169,12 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
 
 # --- serving axes: prefix cache, continuous batching, tensor-parallel split ----------------------
 def serve(
-    session: Session, cell: Cell, engine: Engine, prompts: list[list[int]], max_new: int, params: SamplingParams,
+    session: Session,
+    cell: Cell,
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new: int,
+    params: SamplingParams,
     generator: torch.Generator,
 ) -> Generation:
     """`engine` runs `prompts` as the cell schedules them: a batch at a time, or by continuous
@@ -154,14 +184,20 @@ def serve(
     from losscheck.serving.batching import staggered_arrivals
 
     rows = min(max(4, len(prompts) // 4), session.options.profile.batch)
-    arrivals = staggered_arrivals(len(prompts), rows, max_new,
-                                  make_generator(session.options.seed, cell.id, "arrivals", len(prompts)))
+    arrivals = staggered_arrivals(
+        len(prompts), rows, max_new, make_generator(session.options.seed, cell.id, "arrivals", len(prompts))
+    )
     return session.batcher(engine, rows).generate(prompts, max_new, params, generator, arrivals)
 
 
 def serving_prompts(
-    session: Session, cell: Cell, engine: Engine | None, prompts: list[list[int]], max_new: int,
-    params: SamplingParams, stream: object,
+    session: Session,
+    cell: Cell,
+    engine: Engine | None,
+    prompts: list[list[int]],
+    max_new: int,
+    params: SamplingParams,
+    stream: object,
 ) -> list[list[int]]:
     """The requests a cell measures: `prompts`, or for a warm prefix cache the second turn
     (`losscheck.serving.prefix_cache.second_turn`) after a first turn of `prompts` through `engine`, which
@@ -171,11 +207,23 @@ def serving_prompts(
     from losscheck.serving.prefix_cache import second_turn
 
     target = session.cell_target(cell)
-    first = serve(session, cell, engine, prompts, session.options.profile.greedy_max_new, params,
-                  make_generator(session.options.seed, cell.id, "first-turn", stream, device=target.device))
+    first = serve(
+        session,
+        cell,
+        engine,
+        prompts,
+        session.options.profile.greedy_max_new,
+        params,
+        make_generator(session.options.seed, cell.id, "first-turn", stream, device=target.device),
+    )
     assert engine.prefix_cache is not None
-    return second_turn(prompts, [first.row(i) for i in range(len(prompts))], engine.prefix_cache.block,
-                       target.vocab_size, target.max_positions - max_new)
+    return second_turn(
+        prompts,
+        [first.row(i) for i in range(len(prompts))],
+        engine.prefix_cache.block,
+        target.vocab_size,
+        target.max_positions - max_new,
+    )
 
 
 def cache_facts(engine: Engine | None, outcome: CellOutcome) -> None:
@@ -186,7 +234,9 @@ def cache_facts(engine: Engine | None, outcome: CellOutcome) -> None:
 
 
 def split_generations(
-    session: Session, cell: Cell, calls: list[tuple[list[list[int]], int, SamplingParams, tuple[object, ...]]],
+    session: Session,
+    cell: Cell,
+    calls: list[tuple[list[list[int]], int, SamplingParams, tuple[object, ...]]],
     outcome: CellOutcome,
 ) -> list[Generation]:
     """Rank 0's generations of `calls` (prompts, max_new, params, generator stream) with the
@@ -217,8 +267,15 @@ def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> i
 
 
 def generate_rows(
-    session: Session, cell: Cell, prompts: list[list[int]], n: int, horizon: int, stream: str, baseline: bool = False,
-    engine: Engine | None = None, outcome: CellOutcome | None = None,
+    session: Session,
+    cell: Cell,
+    prompts: list[list[int]],
+    n: int,
+    horizon: int,
+    stream: str,
+    baseline: bool = False,
+    engine: Engine | None = None,
+    outcome: CellOutcome | None = None,
 ) -> tuple[list[list[int]], Generation]:
     """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in engine batches that fit
     the memory budget (with `engine`, default the cell's speculative or baseline one), served as
@@ -226,7 +283,9 @@ def generate_rows(
     `outcome`)."""
     target = session.cell_target(cell)
     k = engine.k if engine is not None else 0 if baseline else cell.k
-    batch = engine_batch_rows(k, target.vocab_size, session.options.memory_budget_mib << 20, session.options.profile.batch)
+    batch = engine_batch_rows(
+        k, target.vocab_size, session.options.memory_budget_mib << 20, session.options.profile.batch
+    )
     rows = [prompts[i % len(prompts)] for i in range(n)]
     if cell.batching == "continuous" and not baseline:  # one stream of requests, `serve` sizes the rows
         batch = n
@@ -241,15 +300,23 @@ def generate_rows(
         session.progress.update(cell.id, f"{stream} sequences drawn", start, n)
         gen = make_generator(session.options.seed, *key, device=target.device)
         part = rows[start : start + batch]
-        parts.append(engine.generate(part, horizon, cell.params, gen) if baseline
-                     else serve(session, cell, engine, part, horizon, cell.params, gen))
+        parts.append(
+            engine.generate(part, horizon, cell.params, gen)
+            if baseline
+            else serve(session, cell, engine, part, horizon, cell.params, gen)
+        )
     return rows, Generation.concat(parts)
 
 
 def _sampled_outcome(session: Session, cell: Cell, results: list[Any], gen: Generation, **details: Any) -> CellOutcome:
     acceptance = {"all": gen.stats}
-    return CellOutcome(cell, verdict=combine(cell.id, results, session.per_test_alpha), acceptance=acceptance,
-                       problems=oracle_problems(cell, acceptance), details={**details, **drafter_rule(session, cell)})
+    return CellOutcome(
+        cell,
+        verdict=combine(cell.id, results, session.per_test_alpha),
+        acceptance=acceptance,
+        problems=oracle_problems(cell, acceptance),
+        details={**details, **drafter_rule(session, cell)},
+    )
 
 
 def drafter_rule(session: Session, cell: Cell) -> dict[str, str]:
@@ -330,7 +397,12 @@ def teacher_forced_pit(
 
 
 def score_pit(
-    session: Session, stream: str, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float,
+    session: Session,
+    stream: str,
+    target: HFTarget,
+    rows: list[list[int]],
+    gen: Generation,
+    tolerance: float,
     alpha: float | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The PIT tests of `gen` (sequences continuing `rows`) under `target`, with the cut-off
@@ -340,21 +412,34 @@ def score_pit(
 
     profile = session.options.profile
     # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
-    v = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-v"),
-                   dtype=torch.float64).to(target.device)
+    v = torch.rand(
+        gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-v"), dtype=torch.float64
+    ).to(target.device)
     budget = session.options.memory_budget_mib << 20
-    u, ambiguous = teacher_forced_pit(target, rows, gen, v, budget, profile.batch, tolerance,
-                                      lambda done, n: session.progress.update(stream, "sequences scored", done, n))
+    u, ambiguous = teacher_forced_pit(
+        target,
+        rows,
+        gen,
+        v,
+        budget,
+        profile.batch,
+        tolerance,
+        lambda done, n: session.progress.update(stream, "sequences scored", done, n),
+    )
     u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
     tested = mask & ~ambiguous
-    spare = torch.rand(gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-pairs"),
-                       dtype=torch.float64)  # completes pairs that EOS cuts
+    spare = torch.rand(
+        gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-pairs"), dtype=torch.float64
+    )  # completes pairs that EOS cuts
     slots = None if gen.slots is None else gen.slots.cpu()
     alpha = session.per_test_alpha if alpha is None else alpha
     results = pit_tests(u, tested, alpha, profile.power, profile.detect_tv, profile.pit_bins, slots=slots, spare=spare)
-    return results, {"cutoff_ambiguous": int(ambiguous.sum()), "cutoff_tolerance": tolerance,
-                     "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
-                     "pit_quantiles": _quantiles(u[tested])}
+    return results, {
+        "cutoff_ambiguous": int(ambiguous.sum()),
+        "cutoff_tolerance": tolerance,
+        "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
+        "pit_quantiles": _quantiles(u[tested]),
+    }
 
 
 def _quantiles(u: torch.Tensor, n: int = 99) -> list[float]:
@@ -395,12 +480,23 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         # depends on the pilot only, so optional stopping cannot bias the tests)
         pilot = {"pilot_sequences": n, "pilot_tokens": drawn}
         n = math.ceil(needed * sample_size.SAMPLE_MARGIN * n / max(drawn, 1))
-    results, facts = score_pit(session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance,
-                               alpha_pit)
+    results, facts = score_pit(
+        session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance, alpha_pit
+    )
     if recorder is not None:
         results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
-    outcome = _sampled_outcome(session, cell, results, gen, sequences=n, horizon=horizon, serving=cell.serving,
-                               **facts, **split.details, **pilot)
+    outcome = _sampled_outcome(
+        session,
+        cell,
+        results,
+        gen,
+        sequences=n,
+        horizon=horizon,
+        serving=cell.serving,
+        **facts,
+        **split.details,
+        **pilot,
+    )
     cache_facts(engine, outcome)
     return outcome
 
@@ -433,8 +529,9 @@ def exact_continuations(session: Session, target: str, params: SamplingParams) -
 def exact_cell_size(session: Session, n_continuations: int) -> int:
     """Sequences an exact cell draws."""
     profile = session.options.profile
-    return sample_size.exact_sequences(n_continuations, profile.exact_horizon, session.per_test_alpha,
-                                       profile.power, profile.detect_tv)
+    return sample_size.exact_sequences(
+        n_continuations, profile.exact_horizon, session.per_test_alpha, profile.power, profile.detect_tv
+    )
 
 
 def run_exact(session: Session, cell: Cell) -> CellOutcome:
@@ -448,5 +545,6 @@ def run_exact(session: Session, cell: Cell) -> CellOutcome:
     _, gen = generate_rows(session, cell, [prompt], n, profile.exact_horizon, "exact-sample")
     samples = torch.where(gen.mask(), gen.tokens, target.eos_id if target.eos_id is not None else 0).cpu()
     results = exact_tests(samples, seqs, probs, session.per_test_alpha, profile.power, profile.detect_tv)
-    return _sampled_outcome(session, cell, results, gen, sequences=n, horizon=profile.exact_horizon,
-                            prompt=prompt, continuations=len(seqs))
+    return _sampled_outcome(
+        session, cell, results, gen, sequences=n, horizon=profile.exact_horizon, prompt=prompt, continuations=len(seqs)
+    )

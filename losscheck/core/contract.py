@@ -12,8 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from losscheck.errors import DrafterOutputError, LosscheckError
 from losscheck.core.sampling import SamplingParams
+from losscheck.errors import DrafterOutputError, LosscheckError
 
 PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row; fp16 drafters need this much
 
@@ -219,14 +219,22 @@ def _spread(
     """probs [B, k, V_d] over a draft vocabulary → [B, k, V] over the target's, zero where the
     drafter has no token; `vocab_map [V_d]` must be distinct target ids (else two draft ids would
     share one target id and `q` there would be ambiguous)."""
-    if not isinstance(vocab_map, torch.Tensor) or vocab_map.dtype not in (torch.int64, torch.int32) or vocab_map.dim() != 1:
-        raise fail(f"vocab_map must be a 1-D integer tensor of target ids, got {getattr(vocab_map, 'shape', type(vocab_map))}")
+    if (
+        not isinstance(vocab_map, torch.Tensor)
+        or vocab_map.dtype not in (torch.int64, torch.int32)
+        or vocab_map.dim() != 1
+    ):
+        raise fail(
+            f"vocab_map must be a 1-D integer tensor of target ids, got {getattr(vocab_map, 'shape', type(vocab_map))}"
+        )
     size = vocab_map.shape[0]
     if size == 0 or size > vocab or int(vocab_map.min()) < 0 or int(vocab_map.max()) >= vocab:
         raise fail(f"vocab_map of {size} ids must map into the target's vocabulary [0, {vocab})")
     if int(vocab_map.unique().numel()) != size:
         raise fail("vocab_map maps two draft ids to the same target id")
     if tuple(probs.shape) != (batch, k, size):
-        raise fail(f"probs has shape {tuple(probs.shape)}; with vocab_map it is [{batch}, {k}, {size}] (the draft vocabulary)")
+        raise fail(
+            f"probs has shape {tuple(probs.shape)}; with vocab_map it is [{batch}, {k}, {size}] (the draft vocabulary)"
+        )
     spread = probs.new_zeros(batch, k, vocab)
     return spread.index_copy_(-1, vocab_map.to(probs.device).long(), probs)

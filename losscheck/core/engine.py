@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
-from losscheck.errors import LosscheckError
 from losscheck.core.generation import Generation, LoopStats
-from losscheck.serving.prefix_cache import PrefixCache, ragged_cache
 from losscheck.core.ragged import forward_rows
 from losscheck.core.sampling import SamplingParams
 from losscheck.core.target import HFTarget
 from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
+from losscheck.errors import LosscheckError
+from losscheck.serving.prefix_cache import PrefixCache, ragged_cache
 
 
 def pad_prompts(
@@ -224,8 +224,9 @@ class Engine:
         k = min(self.k, self.target.max_positions - int(batch.lengths[~batch.done].max()))
         if k <= 0 or self.drafter is None:
             return Proposal(batch.tokens.new_zeros(rows, 0))
-        ctx = DraftContext(batch.tokens, parked(batch, k, self.target.max_positions), batch.hidden, k, self.width,
-                           params, generator)
+        ctx = DraftContext(
+            batch.tokens, parked(batch, k, self.target.max_positions), batch.hidden, k, self.width, params, generator
+        )
         proposal = self.drafter.propose(ctx)
         return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
 

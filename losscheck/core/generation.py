@@ -28,7 +28,7 @@ class LoopStats:
     total_seconds: float = 0.0
 
     @classmethod
-    def empty(cls, k: int) -> "LoopStats":
+    def empty(cls, k: int) -> LoopStats:
         return cls(k, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long))
 
     def record_round(self, accepted: torch.Tensor, active: torch.Tensor, k: int) -> None:
@@ -55,7 +55,7 @@ class LoopStats:
         else:
             self.target_seconds += elapsed
 
-    def __add__(self, other: "LoopStats") -> "LoopStats":
+    def __add__(self, other: LoopStats) -> LoopStats:
         """Counters of two runs of the same block length, summed."""
         if other.k != self.k:
             raise ValueError(f"cannot add LoopStats of block lengths {self.k} and {other.k}")
@@ -123,7 +123,7 @@ class Generation:
         return torch.arange(self.tokens.shape[1], device=self.tokens.device)[None, :] < self.lengths[:, None]
 
     @staticmethod
-    def concat(parts: "list[Generation]") -> "Generation":
+    def concat(parts: list[Generation]) -> Generation:
         """Several batches of the same request, one after another."""
         stats = parts[0].stats
         for part in parts[1:]:

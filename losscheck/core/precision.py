@@ -46,8 +46,8 @@ class Precision:
                 raise OptionError(f"{side} precision {name!r} is not one of {list(DTYPE_NAMES)}")
 
     @classmethod
-    def parse(cls, text: str) -> "Precision":
-        """"bf16" (both sides) or "bf16/fp32" (target / drafter)."""
+    def parse(cls, text: str) -> Precision:
+        """ "bf16" (both sides) or "bf16/fp32" (target / drafter)."""
         target, _, drafter = text.strip().partition("/")
         return cls(target, drafter or target)
 
@@ -79,7 +79,7 @@ def parse_precisions(text: str) -> tuple[Precision, ...]:
     return found
 
 
-def torch_dtype(name: str) -> "torch.dtype":
+def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of precision `name` (fp32, bf16, fp16)."""
     import torch
 
@@ -88,7 +88,7 @@ def torch_dtype(name: str) -> "torch.dtype":
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def resolve_device(name: str | None) -> "torch.device":
+def resolve_device(name: str | None) -> torch.device:
     """`--losscheck-device`: cuda when present unless named; an unavailable device is an error."""
     import torch
 
@@ -98,12 +98,14 @@ def resolve_device(name: str | None) -> "torch.device":
         raise OptionError(f"--losscheck-device={name!r} is not one of {list(DEVICES)}")
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[name]:
-        raise OptionError(f"--losscheck-device={name}: no {name} device is available on this machine; "
-                          "pass --losscheck-device=cpu (or leave it unset)")
+        raise OptionError(
+            f"--losscheck-device={name}: no {name} device is available on this machine; "
+            "pass --losscheck-device=cpu (or leave it unset)"
+        )
     return torch.device(name)
 
 
-def synchronize(device: "torch.device") -> None:
+def synchronize(device: torch.device) -> None:
     """Wait for queued kernels, so a wall clock read after it covers them."""
     import torch
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from losscheck.errors import TargetError
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedLM
+from losscheck.errors import TargetError
 
 
 def content_hash(path: Path) -> str:
@@ -105,9 +105,13 @@ class HFTarget:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False,
-        device: str | torch.device = "cpu", tp_plan: str | None = None,
-    ) -> "HFTarget":
+        cls,
+        path: str | Path,
+        precision: str = "fp32",
+        trust_remote_code: bool = False,
+        device: str | torch.device = "cpu",
+        tp_plan: str | None = None,
+    ) -> HFTarget:
         """`tp_plan`: split over the ranks of the initialised process group (`load_causal_lm`);
         the identity then records the split, `{"split": ranks}`."""
         path = Path(path)

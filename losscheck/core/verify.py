@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from losscheck.errors import LosscheckError
 from losscheck.core.sampling import SamplingParams, process_logits, sample
+from losscheck.errors import LosscheckError
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,7 @@ def verify_rejection(
 
 # The verifier the engine is given: (raw target logits [B, k+1, V], drafts [B, k], q [B, k, V] or
 # None, the request's sampling parameters, generator) -> BlockOutcome.
-Verifier = Callable[
-    [torch.Tensor, torch.Tensor, "torch.Tensor | None", SamplingParams, torch.Generator], BlockOutcome
-]
+Verifier = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", SamplingParams, torch.Generator], BlockOutcome]
 
 
 def checked_outcome(outcome: object, verifier: Verifier, batch: int, k: int) -> BlockOutcome:

@@ -179,7 +179,9 @@ class SerialHead(nn.Module):
     def _correction(self, state: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return self.out(torch.tanh(self.mix(torch.cat([state, z], -1))))
 
-    def step(self, state: torch.Tensor | None, prev: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, state: torch.Tensor | None, prev: torch.Tensor, z: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """state [1, B, r] | None (block start), prev [B] chosen predecessor, z [B, d] →
         (state, correction [B, V])"""
         out, state = self.rnn(self.embed(prev)[:, None], state)
@@ -249,7 +251,7 @@ class BlockModel(nn.Module):
         save_file({k: v.to(torch.float16).contiguous() for k, v in self.state_dict().items()}, path / WEIGHTS_FILE)
 
     @classmethod
-    def load(cls, path: Path) -> "BlockModel":
+    def load(cls, path: Path) -> BlockModel:
         from safetensors.torch import load_file
 
         raw = json.loads((path / CONFIG_FILE).read_text())

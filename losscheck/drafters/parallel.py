@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from losscheck.core.contract import DraftContext, Proposal, Target
+from losscheck.core.precision import torch_dtype
+from losscheck.core.sampling import process_logits, sample
+from losscheck.core.target import content_hash
 from losscheck.drafters.block import BlockModel, SerialHead, TransitionHead
 from losscheck.errors import LosscheckError
-from losscheck.core.sampling import process_logits, sample
-from losscheck.core.precision import torch_dtype
-from losscheck.core.target import content_hash
 
 PATH_WIDTHS: tuple[int | None, ...] = (1, 2, 4, 16, None)
 
@@ -73,7 +73,12 @@ class TransitionPath:
     predecessor is computed when it is needed instead (the same numbers)."""
 
     def __init__(
-        self, head: TransitionHead, z: torch.Tensor, base: torch.Tensor, pending: torch.Tensor, cand: torch.Tensor | None
+        self,
+        head: TransitionHead,
+        z: torch.Tensor,
+        base: torch.Tensor,
+        pending: torch.Tensor,
+        cand: torch.Tensor | None,
     ) -> None:
         self.head, self.z, self.base, self.cand = head, z, base, cand
         self.rows = torch.arange(base.shape[0], device=base.device)
@@ -125,8 +130,10 @@ class BlockDrafter:
             return Proposal(tokens, None if params.greedy else q)
 
         cand = candidates(base, ctx.width)
-        path = SerialPath(head, z, base, cand) if isinstance(head, SerialHead) else TransitionPath(
-            head, z, base, pending, cand
+        path = (
+            SerialPath(head, z, base, cand)
+            if isinstance(head, SerialHead)
+            else TransitionPath(head, z, base, pending, cand)
         )
         prev, drafts, dists = pending, [], []
         for j in range(k):

@@ -43,13 +43,19 @@ import torch
 from torch import nn
 
 from losscheck.core.contract import DraftContext, Proposal, Target
-from losscheck.drafters.speculators_config import CheckpointConfig, GreedyProposal, TargetShape, check_against, read_config
-from losscheck.errors import LosscheckError, OptionError
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedKVCache
 from losscheck.core.sampling import SamplingParams, process_logits, sample
 from losscheck.core.target import content_hash
 from losscheck.core.verify import BlockOutcome, Verifier, acceptance_probability, point_mass, recovery_distribution
+from losscheck.drafters.speculators_config import (
+    CheckpointConfig,
+    GreedyProposal,
+    TargetShape,
+    check_against,
+    read_config,
+)
+from losscheck.errors import LosscheckError, OptionError
 
 
 def _layer_classes(layer_type: str) -> tuple[type, type, type, type]:
@@ -72,7 +78,11 @@ class Eagle3Network(nn.Module):
     def __init__(self, cfg: CheckpointConfig) -> None:
         super().__init__()
         config_class, layer_class, norm_class, rotary_class = _layer_classes(cfg.layer_type)
-        fields = {k: v for k, v in cfg.layer_config.items() if k not in ("model_type", "architectures", "transformers_version")}
+        fields = {
+            k: v
+            for k, v in cfg.layer_config.items()
+            if k not in ("model_type", "architectures", "transformers_version")
+        }
         self.layer_config = config_class(**fields)
         self.layer_config._attn_implementation = "sdpa"
         lc, width, feature = self.layer_config, cfg.hidden_size, cfg.target_hidden_size
@@ -81,8 +91,11 @@ class Eagle3Network(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.target_vocab_size, width)
         self.fc = nn.Linear(aux * feature, width, bias=False)
         self.input_norm = norm_class(aux * feature, eps=lc.rms_norm_eps) if cfg.flags["norm_before_fc"] else None
-        self.fc_norm = (nn.ModuleList(norm_class(feature, eps=lc.rms_norm_eps) for _ in range(aux))
-                        if cfg.flags["fc_norm"] else None)
+        self.fc_norm = (
+            nn.ModuleList(norm_class(feature, eps=lc.rms_norm_eps) for _ in range(aux))
+            if cfg.flags["fc_norm"]
+            else None
+        )
         self.layers = nn.ModuleList(layer_class(lc, i) for i in range(lc.num_hidden_layers))
         first = self.layers[0]
         # EAGLE-3's first layer attends over [embedding ; hidden], twice the width
@@ -135,7 +148,9 @@ class Eagle3Network(nn.Module):
 def causal_mask(slots: torch.Tensor, visible: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [B, 1, m, visible]: query at cache slot `slots[b, i]` reads slots <= it."""
     allowed = torch.arange(visible, device=slots.device)[None, None, :] <= slots[:, :, None]
-    return torch.zeros(allowed.shape, dtype=dtype, device=slots.device).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=slots.device).masked_fill(~allowed, torch.finfo(dtype).min)[
+        :, None
+    ]
 
 
 def load_network(cfg: CheckpointConfig, target: Target, dtype: torch.dtype) -> Eagle3Network:
@@ -148,28 +163,36 @@ def load_network(cfg: CheckpointConfig, target: Target, dtype: torch.dtype) -> E
     for file in sorted(cfg.path.glob("*.safetensors")):
         state.update(load_file(str(file)))
     # older EAGLE-3 releases name the first decoder layer `midlayer`
-    state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    state = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
     ignored = ("verifier_lm_head.", "verifier_norm.")
     state = {k: v for k, v in state.items() if not k.startswith(ignored)}
     if "embed_tokens.weight" not in state:
         embed = getattr(getattr(target, "model", None), "get_input_embeddings", lambda: None)()
         if embed is None or tuple(embed.weight.shape) != (cfg.target_vocab_size, cfg.hidden_size):
-            raise OptionError(f"speculators checkpoint {str(cfg.path)!r} has no embed_tokens.weight and the target's "
-                              "embedding cannot stand in for it (it is a Hugging Face target's, of the same shape)")
+            raise OptionError(
+                f"speculators checkpoint {str(cfg.path)!r} has no embed_tokens.weight and the target's "
+                "embedding cannot stand in for it (it is a Hugging Face target's, of the same shape)"
+            )
         state["embed_tokens.weight"] = embed.weight.detach().float().cpu()
     if "d2t" not in state and cfg.draft_vocab_size != cfg.target_vocab_size:
-        raise OptionError(f"speculators checkpoint {str(cfg.path)!r} drafts over {cfg.draft_vocab_size} tokens of the "
-                          f"target's {cfg.target_vocab_size} but has no d2t mapping")
+        raise OptionError(
+            f"speculators checkpoint {str(cfg.path)!r} drafts over {cfg.draft_vocab_size} tokens of the "
+            f"target's {cfg.target_vocab_size} but has no d2t mapping"
+        )
     expected = set(net.state_dict())
     missing = sorted(expected - set(state) - {"d2t", "t2d"})
     unexpected = sorted(set(state) - expected)
     if missing or unexpected:
-        raise OptionError(f"speculators checkpoint {str(cfg.path)!r} does not match its {cfg.model_type} config: "
-                          f"missing weights {missing[:8]}, unexpected {unexpected[:8]}")
+        raise OptionError(
+            f"speculators checkpoint {str(cfg.path)!r} does not match its {cfg.model_type} config: "
+            f"missing weights {missing[:8]}, unexpected {unexpected[:8]}"
+        )
     for name, tensor in net.state_dict().items():
         if name in state and tuple(state[name].shape) != tuple(tensor.shape):
-            raise OptionError(f"speculators checkpoint {str(cfg.path)!r}: {name} has shape {tuple(state[name].shape)}, "
-                              f"its config implies {tuple(tensor.shape)}")
+            raise OptionError(
+                f"speculators checkpoint {str(cfg.path)!r}: {name} has shape {tuple(state[name].shape)}, "
+                f"its config implies {tuple(tensor.shape)}"
+            )
     net.load_state_dict(state, strict=False)
     _check_vocab_map(cfg, net)
     return net.to(device=target.device, dtype=dtype).eval()
@@ -179,12 +202,16 @@ def _check_vocab_map(cfg: CheckpointConfig, net: Eagle3Network) -> None:
     ids = net.vocab_map
     where = f"speculators checkpoint {str(cfg.path)!r}"
     if int(ids.min()) < 0 or int(ids.max()) >= cfg.target_vocab_size or int(ids.unique().numel()) != ids.numel():
-        raise OptionError(f"{where}: d2t maps draft ids outside the target's {cfg.target_vocab_size} tokens or two "
-                          "draft ids onto one target id")
+        raise OptionError(
+            f"{where}: d2t maps draft ids outside the target's {cfg.target_vocab_size} tokens or two "
+            "draft ids onto one target id"
+        )
     covered = net.t2d.bool()
     if int(covered.sum()) != cfg.draft_vocab_size or not bool(covered[ids].all()):
-        raise OptionError(f"{where}: t2d marks {int(covered.sum())} target ids, not exactly the "
-                          f"{cfg.draft_vocab_size} that d2t maps to")
+        raise OptionError(
+            f"{where}: t2d marks {int(covered.sum())} target ids, not exactly the "
+            f"{cfg.draft_vocab_size} that d2t maps to"
+        )
 
 
 def top_k_acceptance(proposal: GreedyProposal) -> Verifier:
@@ -196,8 +223,13 @@ def top_k_acceptance(proposal: GreedyProposal) -> Verifier:
     Lossy for k > 1: a kept non-argmax draft is a token the target would not have emitted."""
     k_top, tolerance = proposal.verifier_accept_k, proposal.accept_tolerance
 
-    def verify(logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
-               generator: torch.Generator) -> BlockOutcome:
+    def verify(
+        logits: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor | None,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> BlockOutcome:
         # logits [B, k+1, V], drafts [B, k], q [B, k, V] | None
         batch, k = drafts.shape
         p = torch.softmax(logits, -1) if params.greedy else process_logits(logits, params)  # [B, k+1, V]
@@ -214,7 +246,9 @@ def top_k_acceptance(proposal: GreedyProposal) -> Verifier:
             return BlockOutcome(accepted, tokens)
         q = point_mass(drafts, p.shape[-1]) if q is None else q
         u = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=p.device)
-        exact = u < acceptance_probability(p[:, :k].gather(-1, drafts[..., None])[..., 0], q.gather(-1, drafts[..., None])[..., 0])
+        exact = u < acceptance_probability(
+            p[:, :k].gather(-1, drafts[..., None])[..., 0], q.gather(-1, drafts[..., None])[..., 0]
+        )
         accepted = (lenient | exact).long().cumprod(-1).sum(-1)
         tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], 1)
         tokens[rows, accepted] = sample(recovery_distribution(p, q)[rows, accepted], generator)
@@ -237,11 +271,15 @@ class SpeculatorsDrafter:
         self.identity = identity
         self.dtype = next(net.parameters()).dtype
         self.map = net.vocab_map  # [V_d]
-        self.full_vocab = cfg.draft_vocab_size == cfg.target_vocab_size and bool((self.map == torch.arange(len(self.map), device=self.map.device)).all())
+        self.full_vocab = cfg.draft_vocab_size == cfg.target_vocab_size and bool(
+            (self.map == torch.arange(len(self.map), device=self.map.device)).all()
+        )
         if cfg.proposal.relaxed:
             self.verifier = top_k_acceptance(cfg.proposal)
-            self.acceptance_rule = (f"{cfg.proposal.describe()} (config.json speculators_config.proposal_methods): "
-                                    "accepts drafts anywhere in the verifier's top-k, lossy for verifier_accept_k > 1")
+            self.acceptance_rule = (
+                f"{cfg.proposal.describe()} (config.json speculators_config.proposal_methods): "
+                "accepts drafts anywhere in the verifier's top-k, lossy for verifier_accept_k > 1"
+            )
         self.cache: RaggedKVCache | None = None
         self.cached = torch.zeros(0, dtype=torch.long)  # [B] entries of committed tokens in the cache
         self._proposed_at = torch.zeros(0, dtype=torch.long)
@@ -259,7 +297,9 @@ class SpeculatorsDrafter:
         # every entry past the pending token's was built from drafted tokens: rebuild from there
         self.cached = self._proposed_at
 
-    def _run(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass of entries at cache slots `slots [B, m]` (= their positions)."""
         assert self.cache is not None, "propose before reset"
         visible = int(slots.max()) + 1
@@ -271,7 +311,9 @@ class SpeculatorsDrafter:
         if ctx.hidden is None:
             raise LosscheckError(f"drafter {self.name!r} reads the target's hidden states; the engine passed none")
         if ctx.k > self.block_lengths[-1]:
-            raise LosscheckError(f"drafter {self.name!r} drafts at most speculative_tokens={self.block_lengths[-1]}; asked for k={ctx.k}")
+            raise LosscheckError(
+                f"drafter {self.name!r} drafts at most speculative_tokens={self.block_lengths[-1]}; asked for k={ctx.k}"
+            )
         lengths, k = ctx.lengths, ctx.k
         rows = torch.arange(len(lengths), device=lengths.device)
         # catch up: entries cached .. lengths-1 (the pending token's is the last)
@@ -319,8 +361,13 @@ class SpeculatorsDrafter:
 
 
 def target_shape_of(target: Target) -> TargetShape:
-    return TargetShape(f"target {target.name!r}", target.vocab_size, target.hidden_size,
-                       int(getattr(target, "num_layers", 0)), tuple(getattr(target, "architectures", ())))
+    return TargetShape(
+        f"target {target.name!r}",
+        target.vocab_size,
+        target.hidden_size,
+        int(getattr(target, "num_layers", 0)),
+        tuple(getattr(target, "architectures", ())),
+    )
 
 
 def from_path(path: str | Path, target: Target, precision: str = "fp32") -> SpeculatorsDrafter:

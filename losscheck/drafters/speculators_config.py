@@ -38,7 +38,7 @@ def is_spec(spec: str | None) -> bool:
 
 
 def spec_path(spec: str) -> Path:
-    return Path(spec[len(PREFIX):]).expanduser()
+    return Path(spec[len(PREFIX) :]).expanduser()
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ class GreedyProposal:
         return self.verifier_accept_k > 1 and self.accept_tolerance > 0
 
     def describe(self) -> str:
-        return (f"greedy proposal, speculative_tokens={self.speculative_tokens}, "
-                f"verifier_accept_k={self.verifier_accept_k}, accept_tolerance={self.accept_tolerance}")
+        return (
+            f"greedy proposal, speculative_tokens={self.speculative_tokens}, "
+            f"verifier_accept_k={self.verifier_accept_k}, accept_tolerance={self.accept_tolerance}"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,15 +106,21 @@ def read_config(path: str | Path) -> CheckpointConfig:
         raise _fail(path, f"cannot read config.json ({exc})") from exc
     spec = raw.get("speculators_config")
     if not isinstance(spec, dict):
-        raise _fail(path, "config.json has no speculators_config; this is not a speculators-format checkpoint "
-                          "(a plain Hugging Face drafter directory is --losscheck-drafter=DIR)")
+        raise _fail(
+            path,
+            "config.json has no speculators_config; this is not a speculators-format checkpoint "
+            "(a plain Hugging Face drafter directory is --losscheck-drafter=DIR)",
+        )
     model_type = raw.get("speculators_model_type")
     if model_type not in ALGORITHMS:
         raise _fail(path, f"speculators_model_type {model_type!r} is not supported; losscheck runs {list(ALGORITHMS)}")
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict) or layer.get("model_type", "llama") not in LAYER_TYPES:
         found = layer.get("model_type") if isinstance(layer, dict) else layer
-        raise _fail(path, f"transformer_layer_config model_type {found!r} is not supported; losscheck builds {list(LAYER_TYPES)}")
+        raise _fail(
+            path,
+            f"transformer_layer_config model_type {found!r} is not supported; losscheck builds {list(LAYER_TYPES)}",
+        )
     for key in ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(layer.get(key), int):
             raise _fail(path, f"transformer_layer_config lacks the integer {key!r}")
@@ -122,7 +130,9 @@ def read_config(path: str | Path) -> CheckpointConfig:
     if not isinstance(aux, list) or not aux or not all(isinstance(i, int) for i in aux):
         # the library resolves a missing list from the verifier's depth; a checkpoint losscheck
         # certifies must say which layers it was trained on
-        raise _fail(path, f"eagle_aux_hidden_state_layer_ids is {aux!r}; it must list the verifier layers the drafter reads")
+        raise _fail(
+            path, f"eagle_aux_hidden_state_layer_ids is {aux!r}; it must list the verifier layers the drafter reads"
+        )
     mask = raw.get("mask_token_id")
     if model_type == "peagle" and not isinstance(mask, int):
         raise _fail(path, "a peagle checkpoint needs an integer mask_token_id (the placeholder of its parallel slots)")
@@ -140,7 +150,10 @@ def read_config(path: str | Path) -> CheckpointConfig:
         draft_vocab_size=int(raw.get("draft_vocab_size") or layer["vocab_size"]),
         aux_layers=tuple(aux),
         mask_token_id=mask if isinstance(mask, int) else None,
-        flags={key: bool(raw.get(key, False)) for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+        flags={
+            key: bool(raw.get(key, False))
+            for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+        },
     )
 
 
@@ -149,8 +162,11 @@ def _proposal(path: Path, spec: dict[str, Any]) -> GreedyProposal:
     default = spec.get("default_proposal_method", "greedy")
     chosen = [m for m in methods if isinstance(m, dict) and m.get("proposal_type") == default]
     if not chosen:
-        raise _fail(path, f"default_proposal_method {default!r} is not among proposal_methods "
-                          f"{[m.get('proposal_type') for m in methods if isinstance(m, dict)]}")
+        raise _fail(
+            path,
+            f"default_proposal_method {default!r} is not among proposal_methods "
+            f"{[m.get('proposal_type') for m in methods if isinstance(m, dict)]}",
+        )
     if default != "greedy":
         raise _fail(path, f"proposal method {default!r} is not supported; losscheck runs the 'greedy' (chain) proposal")
     method = chosen[0]
@@ -160,8 +176,11 @@ def _proposal(path: Path, spec: dict[str, Any]) -> GreedyProposal:
         accept_tolerance=float(method.get("accept_tolerance", 0.0)),
     )
     if proposal.speculative_tokens < 1 or proposal.verifier_accept_k < 1 or proposal.accept_tolerance < 0:
-        raise _fail(path, f"invalid {proposal.describe()}: need speculative_tokens >= 1, verifier_accept_k >= 1, "
-                          "accept_tolerance >= 0")
+        raise _fail(
+            path,
+            f"invalid {proposal.describe()}: need speculative_tokens >= 1, verifier_accept_k >= 1, "
+            "accept_tolerance >= 0",
+        )
     return proposal
 
 
@@ -180,8 +199,13 @@ def target_shape(config: dict[str, Any], name: str) -> TargetShape:
     """A target's `TargetShape` from its config.json (a nested text_config's fields too)."""
     inner = config.get("text_config") or {}
     get = lambda key: config.get(key) or inner.get(key)  # noqa: E731
-    return TargetShape(name, int(get("vocab_size")), int(get("hidden_size")), int(get("num_hidden_layers")),
-                       tuple(config.get("architectures") or ()))
+    return TargetShape(
+        name,
+        int(get("vocab_size")),
+        int(get("hidden_size")),
+        int(get("num_hidden_layers")),
+        tuple(config.get("architectures") or ()),
+    )
 
 
 def check_against(cfg: CheckpointConfig, target: TargetShape) -> None:
@@ -189,18 +213,31 @@ def check_against(cfg: CheckpointConfig, target: TargetShape) -> None:
     checkpoint names one), vocabulary and hidden size, and the layers it reads exist."""
     where = f"speculators checkpoint {str(cfg.path)!r} (verifier {cfg.verifier_name!r})"
     problems = []
-    if cfg.verifier_architectures and target.architectures and not set(cfg.verifier_architectures) & set(target.architectures):
-        problems.append(f"verifier architectures {list(cfg.verifier_architectures)}, the target is {list(target.architectures)}")
+    if (
+        cfg.verifier_architectures
+        and target.architectures
+        and not set(cfg.verifier_architectures) & set(target.architectures)
+    ):
+        problems.append(
+            f"verifier architectures {list(cfg.verifier_architectures)}, the target is {list(target.architectures)}"
+        )
     if cfg.target_vocab_size != target.vocab_size:
         problems.append(f"verifier vocabulary {cfg.target_vocab_size} tokens, the target has {target.vocab_size}")
     if cfg.target_hidden_size != target.hidden_size:
         problems.append(f"verifier hidden size {cfg.target_hidden_size}, the target has {target.hidden_size}")
     bad = [i for i in cfg.aux_layers if not 0 <= i <= target.num_layers]
     if bad or len(set(cfg.aux_layers)) != len(cfg.aux_layers):
-        problems.append(f"eagle_aux_hidden_state_layer_ids {list(cfg.aux_layers)}: the target's layer ids are "
-                        f"0..{target.num_layers}, each at most once")
+        problems.append(
+            f"eagle_aux_hidden_state_layer_ids {list(cfg.aux_layers)}: the target's layer ids are "
+            f"0..{target.num_layers}, each at most once"
+        )
     if cfg.draft_vocab_size > target.vocab_size:
-        problems.append(f"draft vocabulary {cfg.draft_vocab_size} tokens is larger than the target's {target.vocab_size}")
+        problems.append(
+            f"draft vocabulary {cfg.draft_vocab_size} tokens is larger than the target's {target.vocab_size}"
+        )
     if problems:
-        raise OptionError(f"{where} does not fit {target.name}: " + "; ".join(problems)
-                          + ". Certify it against the verifier it was trained for (--losscheck-target=DIR)")
+        raise OptionError(
+            f"{where} does not fit {target.name}: "
+            + "; ".join(problems)
+            + ". Certify it against the verifier it was trained for (--losscheck-target=DIR)"
+        )

@@ -37,8 +37,9 @@ import dataclasses
 import torch
 
 from losscheck.core.contract import DraftContext, Drafter, Proposal, target_probs
-from losscheck.errors import OptionError
 from losscheck.core.verify import point_mass
+from losscheck.errors import OptionError
+
 
 class _Wrapper:
     """Delegates the protocol to `inner`; subclasses change `propose`."""

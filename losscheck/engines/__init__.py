@@ -16,9 +16,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from losscheck.errors import LosscheckError, OptionError
 from losscheck.core.precision import DTYPE_NAMES
 from losscheck.core.sampling import SamplingParams
+from losscheck.errors import LosscheckError, OptionError
 
 
 class EngineOutputError(LosscheckError):
@@ -71,16 +71,19 @@ def check_engine(engine: object, source: str) -> BlackBoxEngine:
     """`engine` if it has the protocol's attributes with valid values; else an error naming `source`."""
     where = f"{source} returned {type(engine).__name__}"
     if not callable(getattr(engine, "generate", None)):
-        raise OptionError(f"{where} without a generate(prompts, n, params, seed, max_new_tokens, speculative) "
-                             "method (see losscheck/engines/__init__.py, BlackBoxEngine)")
+        raise OptionError(
+            f"{where} without a generate(prompts, n, params, seed, max_new_tokens, speculative) "
+            "method (see losscheck/engines/__init__.py, BlackBoxEngine)"
+        )
     k = getattr(engine, "k", None)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise OptionError(f"{where} with k = {k!r}; declare the block length (tokens drafted per round) "
-                             "as an int >= 1")
+        raise OptionError(f"{where} with k = {k!r}; declare the block length (tokens drafted per round) as an int >= 1")
     precision = getattr(engine, "precision", "missing")
     if precision is not None and precision not in DTYPE_NAMES:
-        raise OptionError(f"{where} with precision = {precision!r}; declare the dtype its target runs in, "
-                             f"one of {list(DTYPE_NAMES)}, or None when losscheck cannot load that target")
+        raise OptionError(
+            f"{where} with precision = {precision!r}; declare the dtype its target runs in, "
+            f"one of {list(DTYPE_NAMES)}, or None when losscheck cannot load that target"
+        )
     if not isinstance(getattr(engine, "name", None), str):
         raise OptionError(f"{where} without a name (str)")
     return engine  # type: ignore[return-value]
@@ -93,21 +96,28 @@ def checked_samples(
     integer dtype, ids in [0, vocab_size), nothing but EOS after a row's first EOS."""
     name = f"engine {engine.name!r}"
     if not isinstance(out, torch.Tensor):
-        raise EngineOutputError(f"{name}: generate returned {type(out).__name__}, expected a LongTensor "
-                                f"[{n_prompts}, {n}, {max_new_tokens}]")
+        raise EngineOutputError(
+            f"{name}: generate returned {type(out).__name__}, expected a LongTensor "
+            f"[{n_prompts}, {n}, {max_new_tokens}]"
+        )
     if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
         raise EngineOutputError(f"{name}: generate returned dtype {out.dtype}, expected integer token ids (torch.long)")
     if tuple(out.shape) != (n_prompts, n, max_new_tokens):
-        raise EngineOutputError(f"{name}: generate returned shape {tuple(out.shape)}, expected "
-                                f"[prompts, n, max_new_tokens] = ({n_prompts}, {n}, {max_new_tokens})")
+        raise EngineOutputError(
+            f"{name}: generate returned shape {tuple(out.shape)}, expected "
+            f"[prompts, n, max_new_tokens] = ({n_prompts}, {n}, {max_new_tokens})"
+        )
     out = out.long().cpu()
     if out.numel() and (out.min() < 0 or out.max() >= vocab_size):
-        raise EngineOutputError(f"{name}: generate returned ids in [{int(out.min())}, {int(out.max())}], outside "
-                                f"the target's vocabulary [0, {vocab_size})")
+        raise EngineOutputError(
+            f"{name}: generate returned ids in [{int(out.min())}, {int(out.max())}], outside "
+            f"the target's vocabulary [0, {vocab_size})"
+        )
     is_eos = (out == eos).long()  # [P, n, L]
     if ((is_eos.cumsum(-1) - is_eos > 0) & (out != eos)).any():  # an EOS strictly before a non-EOS
-        raise EngineOutputError(f"{name}: a row has ids other than EOS ({eos}) after its first EOS; pad finished "
-                                "rows with EOS")
+        raise EngineOutputError(
+            f"{name}: a row has ids other than EOS ({eos}) after its first EOS; pad finished rows with EOS"
+        )
     return out
 
 

@@ -26,7 +26,9 @@ DTYPE_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16:
 class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
-    def __init__(self, model: torch.nn.Module, assistant: torch.nn.Module, k: int, eos: int, name: str = "hf-assisted") -> None:
+    def __init__(
+        self, model: torch.nn.Module, assistant: torch.nn.Module, k: int, eos: int, name: str = "hf-assisted"
+    ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
         self.precision = DTYPE_PRECISION[next(model.parameters()).dtype]
         self.name = f"{name}(k={k})"
@@ -36,20 +38,33 @@ class HFAssistedEngine:
         (no schedule, no confidence early-stop: the declared k is the block drafted)."""
         from transformers import GenerationConfig
 
-        sampling = dict(do_sample=False) if params.greedy else dict(
-            do_sample=True, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+        sampling = (
+            {"do_sample": False}
+            if params.greedy
+            else {"do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+        )
         return GenerationConfig(
-            max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=self.eos, pad_token_id=self.eos,
-            num_assistant_tokens=self.k, num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0.0, **sampling,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=self.eos,
+            pad_token_id=self.eos,
+            num_assistant_tokens=self.k,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+            **sampling,
         )
 
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int,
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: int,
         speculative: bool,
     ) -> torch.Tensor:
         config = self.generation_config(params, max_new_tokens)
-        assistant = dict(assistant_model=self.assistant) if speculative else {}
+        assistant = {"assistant_model": self.assistant} if speculative else {}
         device = next(self.model.parameters()).device
         out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
         # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
@@ -58,9 +73,10 @@ class HFAssistedEngine:
             for i, prompt in enumerate(prompts):
                 ids = torch.tensor([prompt], device=device)  # [1, P]
                 for j in range(n):
-                    row = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                              **assistant)  # [1, P + generated]
-                    new = row[0, len(prompt):].cpu()
+                    row = self.model.generate(
+                        ids, attention_mask=torch.ones_like(ids), generation_config=config, **assistant
+                    )  # [1, P + generated]
+                    new = row[0, len(prompt) :].cpu()
                     out[i, j, : len(new)] = new
         return out
 
@@ -83,7 +99,9 @@ class HFResidualFromP(HFAssistedEngine):
         correct = hf_utils._speculative_sampling
 
         def residual_from_p(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):  # type: ignore[no-untyped-def]
-            valid_tokens, n_matches = correct(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+            valid_tokens, n_matches = correct(
+                candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs
+            )
             if n_matches < candidate_logits.shape[1]:  # a draft was rejected: the last token is the recovered one
                 p = new_logits[:, n_matches].softmax(-1)  # [1, V] the target's processed distribution there
                 valid_tokens[:, -1] = torch.multinomial(p, 1)[:, 0]  # BUG: from p, not norm(max(0, p - q))
@@ -99,7 +117,9 @@ def _bundled_parts(target: Target) -> tuple[torch.nn.Module, torch.nn.Module, in
 
     model = target.model  # type: ignore[attr-defined]
     weight = next(model.parameters())
-    assistant = load_causal_lm(bundled.fixtures_dir() / "drafter_a", DTYPE_PRECISION[weight.dtype], device=weight.device)
+    assistant = load_causal_lm(
+        bundled.fixtures_dir() / "drafter_a", DTYPE_PRECISION[weight.dtype], device=weight.device
+    )
     return model, assistant, target.eos_id if target.eos_id is not None else 0
 
 

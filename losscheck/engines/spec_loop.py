@@ -10,8 +10,8 @@ import torch
 
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
-from losscheck.plan.profiles import ENGINE_BATCH
 from losscheck.core.sampling import SamplingParams, make_generator
+from losscheck.plan.profiles import ENGINE_BATCH
 
 
 class SpecLoopEngine:
@@ -26,7 +26,12 @@ class SpecLoopEngine:
         self.batch = batch  # rows per engine call
 
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int,
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: int,
         speculative: bool,
     ) -> torch.Tensor:
         engine = self.spec if speculative else self.plain

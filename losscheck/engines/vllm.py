@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from losscheck.engines import EngineOutputError
 from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.engines import EngineOutputError
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -30,23 +30,23 @@ def sampling_kwargs(params: SamplingParams, seed: int, max_new_tokens: int) -> d
     and nothing else. Every other processing knob is set to its neutral value explicitly, so no
     model generation-config default (repetition penalty, min-p, top-k) can creep in; logprobs are
     off (the one-sample test scores the ids itself) and ids are not detokenized."""
-    return dict(
-        n=1,
-        temperature=params.temperature,  # 0: greedy
-        top_k=params.top_k if params.top_k else -1,  # -1: off (older vLLM refuses 0)
-        top_p=params.top_p,
-        min_p=0.0,
-        repetition_penalty=1.0,
-        presence_penalty=0.0,
-        frequency_penalty=0.0,
-        seed=None if params.greedy else seed,
-        max_tokens=max_new_tokens,
-        min_tokens=0,
-        ignore_eos=False,
-        logprobs=None,
-        prompt_logprobs=None,
-        detokenize=False,
-    )
+    return {
+        "n": 1,
+        "temperature": params.temperature,  # 0: greedy
+        "top_k": params.top_k if params.top_k else -1,  # -1: off (older vLLM refuses 0)
+        "top_p": params.top_p,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "seed": None if params.greedy else seed,
+        "max_tokens": max_new_tokens,
+        "min_tokens": 0,
+        "ignore_eos": False,
+        "logprobs": None,
+        "prompt_logprobs": None,
+        "detokenize": False,
+    }
 
 
 def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str) -> torch.Tensor:
@@ -62,7 +62,8 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
             raise EngineOutputError(
                 f"engine {name!r}: request {row} stopped after {len(ids)} of {max_new_tokens} tokens on "
                 f"{ids[-1] if ids else 'nothing'}, not on EOS {eos}; give the model a single EOS id "
-                "(generation_config.json eos_token_id) or build the LLM with that stop id removed")
+                "(generation_config.json eos_token_id) or build the LLM with that stop id removed"
+            )
         out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     return out.view(n_prompts, n, max_new_tokens)
 
@@ -92,7 +93,12 @@ class VLLMEngine:
         return self._llms[speculative]
 
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int,
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: int,
         speculative: bool,
     ) -> torch.Tensor:
         if self._sampling_params is None:
@@ -100,8 +106,11 @@ class VLLMEngine:
 
             self._sampling_params = VLLMSamplingParams
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts for _ in range(n)]
-        sampling = [self._sampling_params(**sampling_kwargs(params, derive_seed(seed, i, j), max_new_tokens))
-                    for i in range(len(prompts)) for j in range(n)]
+        sampling = [
+            self._sampling_params(**sampling_kwargs(params, derive_seed(seed, i, j), max_new_tokens))
+            for i in range(len(prompts))
+            for j in range(n)
+        ]
         outputs = self.llm(speculative).generate(requests, sampling, use_tqdm=False)
         return to_tensor(outputs, len(prompts), n, max_new_tokens, self.eos, self.name)
 
@@ -115,7 +124,7 @@ def vllm_engine(
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
 
-        dtype = dict(dtype=VLLM_DTYPE[precision]) if precision is not None else {}
+        dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
         return LLM(model=model, speculative_config=spec, **dtype, **llm_kwargs)
 
     return VLLMEngine(make_llm, speculative_config, eos, precision)

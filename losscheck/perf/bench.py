@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from losscheck import bundled
-from losscheck.drafters.autoregressive import from_path
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation, LoopStats
-from losscheck.report.bench import write_report
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
+from losscheck.drafters.autoregressive import from_path
+from losscheck.report.bench import write_report
 
 
 def best_seconds(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -38,8 +39,9 @@ def prompts_for(batch: int) -> list[list[int]]:
     return [pool[i % len(pool)] for i in range(batch)]
 
 
-def loop_throughput(target: HFTarget, drafter: Any, batch: int, new: int, params: SamplingParams,
-                    k: int, repeats: int) -> dict[str, float]:
+def loop_throughput(
+    target: HFTarget, drafter: Any, batch: int, new: int, params: SamplingParams, k: int, repeats: int
+) -> dict[str, float]:
     """Generated tokens per second of the spec loop and of the baseline, same prompts."""
     prompts = prompts_for(batch)
     row: dict[str, float] = {"batch": batch, "new_tokens": new, "k": k}
@@ -61,9 +63,17 @@ def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int) 
     def run() -> None:
         for prompt in prompts:
             ids = torch.tensor([prompt])
-            model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant, do_sample=True,
-                           temperature=1.0, top_k=0, max_new_tokens=new, min_new_tokens=new,
-                           pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                assistant_model=assistant,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=0,
+            )
 
     torch.manual_seed(0)
     seconds, _ = best_seconds(run, 1)
@@ -83,19 +93,28 @@ def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
             print(json.dumps(row), flush=True)
     # Samples per second: our loop at batch 1024 vs HF assisted generation at batch 1.
     seconds, _ = best_seconds(
-        lambda: Engine(target, drafter, 4).generate(prompts_for(1024), horizon, SamplingParams(), make_generator(1, "b")),
+        lambda: Engine(target, drafter, 4).generate(
+            prompts_for(1024), horizon, SamplingParams(), make_generator(1, "b")
+        ),
         repeats,
     )
     ours = 1024 / seconds
     theirs = hf_assisted_samples_per_s(target, drafter, horizon, 32)
-    results["samples_per_s"] = {"losscheck_batch1024": ours, "hf_assisted_batch1": theirs, "ratio": ours / theirs,
-                                "horizon": horizon, "k": 4}
+    results["samples_per_s"] = {
+        "losscheck_batch1024": ours,
+        "hf_assisted_batch1": theirs,
+        "ratio": ours / theirs,
+        "horizon": horizon,
+        "k": 4,
+    }
     print(json.dumps(results["samples_per_s"]), flush=True)
     write_report(results, out)
     return results
 
 
-def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int = 16, prompt: int = 16) -> dict[str, Any]:
+def pit_peak_memory(
+    vocab: int, budget_mib: int, rows: int = 2541, horizon: int = 16, prompt: int = 16
+) -> dict[str, Any]:
     """Peak memory of one PIT cell's teacher-forced scoring — the gate's sample, `rows` sequences
     of `horizon` tokens after `prompt`-token prompts — on a random 2-layer Llama of `vocab` tokens,
     under a budget of `budget_mib`. Reads this process's resident high-water mark before and after:
@@ -107,23 +126,37 @@ def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int 
     from losscheck.cells.runner import pit_chunk_rows, teacher_forced_pit
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=prompt + horizon)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=prompt + horizon,
+    )
     target = HFTarget(LlamaForCausalLM(config).eval(), f"random-llama-{vocab}", {})
     prompts = torch.randint(vocab, (rows, prompt)).tolist()
-    gen = Generation(torch.randint(vocab, (rows, horizon)), torch.full((rows,), horizon), LoopStats.empty(0),
-                     SamplingParams())
+    gen = Generation(
+        torch.randint(vocab, (rows, horizon)), torch.full((rows,), horizon), LoopStats.empty(0), SamplingParams()
+    )
     v = torch.rand(rows, horizon, dtype=torch.float64)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
     started = time.perf_counter()
     u, _ = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
-        "vocab": vocab, "rows": rows, "positions": prompt + horizon, "budget_mib": budget_mib,
+        "vocab": vocab,
+        "rows": rows,
+        "positions": prompt + horizon,
+        "budget_mib": budget_mib,
         "chunk_rows": pit_chunk_rows(prompt + horizon, vocab, budget_mib << 20, 4096),
         "unchunked_logits_mib": rows * (prompt + horizon) * vocab * 4 / 2**20,
-        "rss_before_mib": round(before), "rss_peak_mib": round(peak), "scoring_peak_mib": round(peak - before),
-        "seconds": round(time.perf_counter() - started, 1), "pit_values": int(u.numel()),
+        "rss_before_mib": round(before),
+        "rss_peak_mib": round(peak),
+        "scoring_peak_mib": round(peak - before),
+        "seconds": round(time.perf_counter() - started, 1),
+        "pit_values": int(u.numel()),
     }
 
 
@@ -155,8 +188,10 @@ def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> dict[str, Any]:
         shapes = {}
         for name, step in (("one-token", 1), (f"block-{k + 1}", k + 1), ("whole-row", n_scored)):
             target.reset(1, seq.shape[1])
-            parts = [target.forward(seq[:, s : min(s + step, n_scored)], torch.tensor([s]))[0]
-                     for s in range(0, n_scored, step)]
+            parts = [
+                target.forward(seq[:, s : min(s + step, n_scored)], torch.tensor([s]))[0]
+                for s in range(0, n_scored, step)
+            ]
             shapes[name] = torch.cat(parts, 1)[0]  # [T-1, V]
         for pos in range(len(prompt) - 1, n_scored):  # the generated positions
             top1, top2, margin = top2_float64(target.model, seq[0, : pos + 1].tolist())
@@ -168,8 +203,12 @@ def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> dict[str, Any]:
                 deviations[name].append(abs(float(logits[pos, top1] - logits[pos, top2]) - margin))
     found = {name: torch.tensor(d, dtype=torch.float64) for name, d in deviations.items()}
     return {
-        "dtype": dtype, "prompts": len(prompts), "positions": positions, "tolerance": LOGIT_TOLERANCE[dtype],
+        "dtype": dtype,
+        "prompts": len(prompts),
+        "positions": positions,
+        "tolerance": LOGIT_TOLERANCE[dtype],
         "max_deviation": {name: float(d.max()) for name, d in found.items()},
         "p999_deviation": {name: float(d.quantile(0.999)) for name, d in found.items()},
-        "argmax_disagreements": flips, "float64_margin_under_tolerance": int(under),
+        "argmax_disagreements": flips,
+        "float64_margin_under_tolerance": int(under),
     }

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from losscheck import bundled
-from losscheck.run import drafters as registry
 from losscheck.core.engine import Engine
-from losscheck.plan.matrix import ORACLE
-from losscheck.report.manifest import environment
-from losscheck.report.families import write_report
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
+from losscheck.plan.matrix import ORACLE
+from losscheck.report.families import write_report
+from losscheck.report.manifest import environment
+from losscheck.run import drafters as registry
 
 KS = (4, 8, 16)
 MODES = ("greedy", "T1")
@@ -80,10 +80,17 @@ def compare_families(
             for mode in MODES:
                 for tier in prompts:
                     stats = run(variant, k, mode, tier).stats
-                    records.append({
-                        "drafter": variant.label, "family": variant.drafter, "width": variant.width,
-                        "k": k, "mode": mode, "tier": tier, **stats.to_dict(),
-                    })
+                    records.append(
+                        {
+                            "drafter": variant.label,
+                            "family": variant.drafter,
+                            "width": variant.width,
+                            "k": k,
+                            "mode": mode,
+                            "tier": tier,
+                            **stats.to_dict(),
+                        }
+                    )
                     # a slot no round reached has no acceptance (NaN): null in JSON
                     records[-1]["slot_acceptance"] = [a if a == a else None for a in stats.slot_acceptance()]
     doc = {
@@ -92,8 +99,13 @@ def compare_families(
         "seed": seed,
         "target": target.identity,
         "drafters": {v.label: drafters[v.drafter].name for v in variants},
-        "setup": {"ks": list(ks), "modes": list(MODES), "max_new_tokens": max_new,
-                  "prompts_per_tier": {t: len(p) for t, p in prompts.items()}, "sampled_repeats": repeats},
+        "setup": {
+            "ks": list(ks),
+            "modes": list(MODES),
+            "max_new_tokens": max_new,
+            "prompts_per_tier": {t: len(p) for t, p in prompts.items()},
+            "sampled_repeats": repeats,
+        },
         "environment": environment(target.device),
         "runs": records,
     }

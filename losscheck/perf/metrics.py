@@ -43,7 +43,9 @@ class Latencies:
         ttft, tpot, itl, e2e = [], [], [], []
         for r in trace.requests:
             if not r.events:
-                raise ValueError(f"a request of the run emitted no token (budget {r.request.max_new}); the trace is incomplete")
+                raise ValueError(
+                    f"a request of the run emitted no token (budget {r.request.max_new}); the trace is incomplete"
+                )
             times = [t for t, _ in r.events]
             ttft.append(times[0] - r.admitted)
             e2e.append(times[-1] - r.admitted)
@@ -68,11 +70,19 @@ def round_breakdown(trace: ServeTrace) -> dict[str, float]:
     """Seconds per decode round: drafting, target forwards (verify), engine overhead, whole
     round; and their fractions of a round, and prefill's fraction of the wall time."""
     n = max(trace.rounds, 1)
-    per = {"draft_s": trace.draft_s / n, "verify_s": trace.verify_s / n, "overhead_s": trace.overhead_s / n,
-           "round_s": trace.round_s / n}
+    per = {
+        "draft_s": trace.draft_s / n,
+        "verify_s": trace.verify_s / n,
+        "overhead_s": trace.overhead_s / n,
+        "round_s": trace.round_s / n,
+    }
     whole = max(trace.round_s, 1e-12)
-    per |= {"draft_fraction": trace.draft_s / whole, "verify_fraction": trace.verify_s / whole,
-            "overhead_fraction": trace.overhead_s / whole, "prefill_fraction": trace.prefill_s / trace.wall_s}
+    per |= {
+        "draft_fraction": trace.draft_s / whole,
+        "verify_fraction": trace.verify_s / whole,
+        "overhead_fraction": trace.overhead_s / whole,
+        "prefill_fraction": trace.prefill_s / trace.wall_s,
+    }
     return per
 
 

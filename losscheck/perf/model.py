@@ -46,5 +46,12 @@ class Decomposition:
         return self.tau / (self.draft_cost + self.verify_cost)
 
     def to_dict(self) -> dict[str, float]:
-        return {"tau": self.tau, "step_s": self.step_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
-                "draft_cost": self.draft_cost, "verify_cost": self.verify_cost, "predicted": self.predicted}
+        return {
+            "tau": self.tau,
+            "step_s": self.step_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "draft_cost": self.draft_cost,
+            "verify_cost": self.verify_cost,
+            "predicted": self.predicted,
+        }

@@ -14,20 +14,27 @@ from typing import Any
 
 import torch
 
-from losscheck.perf.workload import Request
 from losscheck.core.precision import synchronize
 from losscheck.core.sampling import SamplingParams
+from losscheck.perf.workload import Request
 
 
 def hf_generate_seconds(
-    model: torch.nn.Module, assistant: torch.nn.Module | None, requests: Sequence[Request], params: SamplingParams,
-    k: int, seed: int,
+    model: torch.nn.Module,
+    assistant: torch.nn.Module | None,
+    requests: Sequence[Request],
+    params: SamplingParams,
+    k: int,
+    seed: int,
 ) -> tuple[float, int]:
     """(wall seconds, output tokens) of `model.generate` over `requests` one at a time, with
     `assistant` drafting `k` tokens per round, or plain when None."""
     device = next(model.parameters()).device
-    sampling: dict[str, Any] = {"do_sample": False} if params.greedy else {
-        "do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}  # top_k 0 = off in both
+    sampling: dict[str, Any] = (
+        {"do_sample": False}
+        if params.greedy
+        else {"do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+    )  # top_k 0 = off in both
     extra: dict[str, Any] = {}
     if assistant is not None:
         config = assistant.generation_config
@@ -41,8 +48,14 @@ def hf_generate_seconds(
     started = time.perf_counter()
     for r in requests:
         ids = torch.tensor([r.prompt], device=device)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.max_new,
-                             pad_token_id=eos if isinstance(eos, int) else 0, **sampling, **extra)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=r.max_new,
+            pad_token_id=eos if isinstance(eos, int) else 0,
+            **sampling,
+            **extra,
+        )
         tokens += out.shape[1] - ids.shape[1]
     synchronize(device)
     return time.perf_counter() - started, tokens

@@ -44,71 +44,194 @@ def markdown(doc: dict[str, Any], comparisons: list[runfile.Comparison] | None =
     env, p = doc["environment"], doc["profile"]
     lines = [
         "# losscheck perf\n",
-        (f"- run {doc['created']}; losscheck {env.get('losscheck')} ({env.get('git_revision')}); "
-         f"torch {env.get('torch')}, transformers {env.get('transformers')}, {env.get('threads')} threads"),
+        (
+            f"- run {doc['created']}; losscheck {env.get('losscheck')} ({env.get('git_revision')}); "
+            f"torch {env.get('torch')}, transformers {env.get('transformers')}, {env.get('threads')} threads"
+        ),
         f"- device {env.get('device')}: {env.get('accelerator')}; {env.get('platform')}, {env.get('cpu_count')} CPUs",
-        (f"- target {doc['target']['name']} ({doc['target'].get('precision')}, "
-         f"sha256 {str(doc['target'].get('sha256'))[:12]}); drafters: ")
+        (
+            f"- target {doc['target']['name']} ({doc['target'].get('precision')}, "
+            f"sha256 {str(doc['target'].get('sha256'))[:12]}); drafters: "
+        )
         + ", ".join(f"{k} = {v['name']}" for k, v in doc["drafters"].items()),
-        (f"- profile {p['name']}: k={p['k']}, {doc['params']}, output budgets uniform in "
-         f"[{p['max_new'] // 2}, {p['max_new']}], {p['repeats']} timed runs per rung after a warm-up; "
-         f"requests = max({p['min_requests']}, {p['requests_per_slot']} x concurrency), admitted into finished "
-         "rows between rounds (closed loop)"),
+        (
+            f"- profile {p['name']}: k={p['k']}, {doc['params']}, output budgets uniform in "
+            f"[{p['max_new'] // 2}, {p['max_new']}], {p['repeats']} timed runs per rung after a warm-up; "
+            f"requests = max({p['min_requests']}, {p['requests_per_slot']} x concurrency), admitted into finished "
+            "rows between rounds (closed loop)"
+        ),
         "",
         "## Speedup and its sources\n",
-        ("Speedup = spec / baseline throughput (ratio of geometric means over runs alternating with the "
-         "drafter's own baseline runs; 95% CI, t on the pairs' log ratios). "
-         "Predicted = tau / (draft cost + verify cost), costs in baseline target steps at the same concurrency "
-         "(`losscheck.perf.model`). Overhead = engine time in a round outside drafter and target forwards.\n"),
+        (
+            "Speedup = spec / baseline throughput (ratio of geometric means over runs alternating with the "
+            "drafter's own baseline runs; 95% CI, t on the pairs' log ratios). "
+            "Predicted = tau / (draft cost + verify cost), costs in baseline target steps at the same concurrency "
+            "(`losscheck.perf.model`). Overhead = engine time in a round outside drafter and target forwards.\n"
+        ),
     ]
     rows = []
     for r in _ladder(doc):
         s, d = r["speedup"], r["decomposition"]
-        rows.append((r["engine"], r["concurrency"], f"{_mean(r['baseline_tok_s']):.0f}",
-                     f"{_mean(r['throughput_tok_s']):.0f}", f"{s['ratio']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
-                     f"{d['predicted']:.2f}x", f"{r['tau']:.2f}", f"{d['draft_cost']:.2f}", f"{d['verify_cost']:.2f}",
-                     f"{r['draft_time_fraction']:.0%}", f"{r['overhead_fraction']:.1%}", f"{r['wasted_fraction']:.0%}"))
-    lines.append(markdown_table(("drafter", "concurrency", "baseline tok/s", "spec tok/s", "speedup [95% CI]", "predicted",
-                                 "tau", "draft cost", "verify cost", "draft time", "overhead", "wasted drafts"), rows))
-    lines += ["## Latency (ms)\n", ("TTFT and end-to-end from admission; TPOT per request; ITL between a request's "
-                                  "emission events (a speculative round emits several tokens at once).\n")]
+        rows.append(
+            (
+                r["engine"],
+                r["concurrency"],
+                f"{_mean(r['baseline_tok_s']):.0f}",
+                f"{_mean(r['throughput_tok_s']):.0f}",
+                f"{s['ratio']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
+                f"{d['predicted']:.2f}x",
+                f"{r['tau']:.2f}",
+                f"{d['draft_cost']:.2f}",
+                f"{d['verify_cost']:.2f}",
+                f"{r['draft_time_fraction']:.0%}",
+                f"{r['overhead_fraction']:.1%}",
+                f"{r['wasted_fraction']:.0%}",
+            )
+        )
+    lines.append(
+        markdown_table(
+            (
+                "drafter",
+                "concurrency",
+                "baseline tok/s",
+                "spec tok/s",
+                "speedup [95% CI]",
+                "predicted",
+                "tau",
+                "draft cost",
+                "verify cost",
+                "draft time",
+                "overhead",
+                "wasted drafts",
+            ),
+            rows,
+        )
+    )
+    lines += [
+        "## Latency (ms)\n",
+        (
+            "TTFT and end-to-end from admission; TPOT per request; ITL between a request's "
+            "emission events (a speculative round emits several tokens at once).\n"
+        ),
+    ]
     rows = []
     for r in _ladder(doc, spec=False) + _ladder(doc):
         lat = r["latency_s"]
-        rows.append((r["engine"], r["concurrency"], *(_ms(lat[m][q]) for m in ("ttft", "tpot", "itl") for q in ("p50", "p95", "p99")),
-                     _ms(lat["e2e"]["p50"]), _ms(lat["e2e"]["p99"])))
-    lines.append(markdown_table(("engine", "c", "TTFT p50", "p95", "p99", "TPOT p50", "p95", "p99", "ITL p50", "p95", "p99",
-                                 "E2E p50", "p99"), rows))
+        rows.append(
+            (
+                r["engine"],
+                r["concurrency"],
+                *(_ms(lat[m][q]) for m in ("ttft", "tpot", "itl") for q in ("p50", "p95", "p99")),
+                _ms(lat["e2e"]["p50"]),
+                _ms(lat["e2e"]["p99"]),
+            )
+        )
+    lines.append(
+        markdown_table(
+            (
+                "engine",
+                "c",
+                "TTFT p50",
+                "p95",
+                "p99",
+                "TPOT p50",
+                "p95",
+                "p99",
+                "ITL p50",
+                "p95",
+                "p99",
+                "E2E p50",
+                "p99",
+            ),
+            rows,
+        )
+    )
     k = max((len(r["slot_acceptance"]) for r in doc["rungs"]), default=0)
     lines += ["## Per-slot acceptance\n", "P(draft j accepted | drafts before it accepted).\n"]
-    lines.append(markdown_table(("drafter", "c", *(f"slot {j + 1}" for j in range(k))),
-                                [(r["engine"], r["concurrency"], *(f"{a:.2f}" for a in r["slot_acceptance"]))
-                                 for r in _ladder(doc)]))
+    lines.append(
+        markdown_table(
+            ("drafter", "c", *(f"slot {j + 1}" for j in range(k))),
+            [(r["engine"], r["concurrency"], *(f"{a:.2f}" for a in r["slot_acceptance"])) for r in _ladder(doc)],
+        )
+    )
     lines += ["## Memory (MiB)\n", "Weights and the KV caches allocated for the rung; device peak on CUDA only.\n"]
-    mib = lambda b: "-" if b is None else f"{b / 2**20:.2f}"
-    lines.append(markdown_table(("engine", "c", "target weights", "drafter weights", "target KV", "drafter KV", "device peak"),
-                                [(r["engine"], r["concurrency"], *(mib(r["memory"][m]) for m in (
-                                    "target_weights_bytes", "drafter_weights_bytes", "target_kv_bytes", "drafter_kv_bytes",
-                                    "device_peak_bytes"))) for r in _ladder(doc, spec=False) + _ladder(doc)]))
-    other = sorted((r for r in doc["rungs"] if r["workload"] != "ladder" and "speedup" in r),
-                   key=lambda r: (r["engine"], r["workload"]))
+
+    def mib(b):
+        return "-" if b is None else f"{b / 2**20:.2f}"
+
+    lines.append(
+        markdown_table(
+            ("engine", "c", "target weights", "drafter weights", "target KV", "drafter KV", "device peak"),
+            [
+                (
+                    r["engine"],
+                    r["concurrency"],
+                    *(
+                        mib(r["memory"][m])
+                        for m in (
+                            "target_weights_bytes",
+                            "drafter_weights_bytes",
+                            "target_kv_bytes",
+                            "drafter_kv_bytes",
+                            "device_peak_bytes",
+                        )
+                    ),
+                )
+                for r in _ladder(doc, spec=False) + _ladder(doc)
+            ],
+        )
+    )
+    other = sorted(
+        (r for r in doc["rungs"] if r["workload"] != "ladder" and "speedup" in r),
+        key=lambda r: (r["engine"], r["workload"]),
+    )
     if other:
-        lines += ["## Sensitivity: output length and entropy tier\n",
-                  f"short = output budgets in [{p['short_max_new'] // 2}, {p['short_max_new']}]; low/mid/high = prompts of one tier.\n"]
-        lines.append(markdown_table(("drafter", "c", "workload", "speedup [95% CI]", "predicted", "tau", "draft time"),
-                                    [(r["engine"], r["concurrency"], r["workload"],
-                                      f"{r['speedup']['ratio']:.2f}x [{r['speedup']['ci_low']:.2f}, {r['speedup']['ci_high']:.2f}]",
-                                      f"{r['decomposition']['predicted']:.2f}x", f"{r['tau']:.2f}",
-                                      f"{r['draft_time_fraction']:.0%}") for r in other]))
+        lines += [
+            "## Sensitivity: output length and entropy tier\n",
+            f"short = output budgets in [{p['short_max_new'] // 2}, {p['short_max_new']}]; low/mid/high = prompts of one tier.\n",
+        ]
+        lines.append(
+            markdown_table(
+                ("drafter", "c", "workload", "speedup [95% CI]", "predicted", "tau", "draft time"),
+                [
+                    (
+                        r["engine"],
+                        r["concurrency"],
+                        r["workload"],
+                        f"{r['speedup']['ratio']:.2f}x [{r['speedup']['ci_low']:.2f}, {r['speedup']['ci_high']:.2f}]",
+                        f"{r['decomposition']['predicted']:.2f}x",
+                        f"{r['tau']:.2f}",
+                        f"{r['draft_time_fraction']:.0%}",
+                    )
+                    for r in other
+                ],
+            )
+        )
     peer = doc.get("peer")
     if peer:
         h, o = peer["hf_speedup"], peer["ours_speedup"]
-        lines += ["## The peer: Hugging Face assisted generation, concurrency 1\n",
-                  markdown_table(("loop", "drafter", "plain tok/s", "speculative tok/s", "speedup [95% CI]"), [
-                      ("losscheck", peer["drafter"], f"{_mean(peer['ours_baseline_tok_s']):.0f}", f"{_mean(peer['ours_spec_tok_s']):.0f}",
-                       f"{o['ratio']:.2f}x [{o['ci_low']:.2f}, {o['ci_high']:.2f}]"),
-                      ("HF assisted generation", peer["drafter"], f"{_mean(peer['hf_plain_tok_s']):.0f}",
-                       f"{_mean(peer['hf_assisted_tok_s']):.0f}", f"{h['ratio']:.2f}x [{h['ci_low']:.2f}, {h['ci_high']:.2f}]")])]
+        lines += [
+            "## The peer: Hugging Face assisted generation, concurrency 1\n",
+            markdown_table(
+                ("loop", "drafter", "plain tok/s", "speculative tok/s", "speedup [95% CI]"),
+                [
+                    (
+                        "losscheck",
+                        peer["drafter"],
+                        f"{_mean(peer['ours_baseline_tok_s']):.0f}",
+                        f"{_mean(peer['ours_spec_tok_s']):.0f}",
+                        f"{o['ratio']:.2f}x [{o['ci_low']:.2f}, {o['ci_high']:.2f}]",
+                    ),
+                    (
+                        "HF assisted generation",
+                        peer["drafter"],
+                        f"{_mean(peer['hf_plain_tok_s']):.0f}",
+                        f"{_mean(peer['hf_assisted_tok_s']):.0f}",
+                        f"{h['ratio']:.2f}x [{h['ci_low']:.2f}, {h['ci_high']:.2f}]",
+                    ),
+                ],
+            ),
+        ]
     if comparisons is not None:
         lines += ["## Compared with a saved run\n"] + [f"- {c.line()}" for c in comparisons] + [""]
     return "\n".join(lines) + "\n"
@@ -130,15 +253,36 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             rs = [r for r in spec if r["engine"] == name]
             c = [r["concurrency"] for r in rs]
             ratio = [r["speedup"]["ratio"] for r in rs]
-            err = [[max(x - r["speedup"]["ci_low"], 0) if not math.isnan(r["speedup"]["ci_low"]) else 0 for x, r in zip(ratio, rs)],
-                   [max(r["speedup"]["ci_high"] - x, 0) if not math.isnan(r["speedup"]["ci_high"]) else 0 for x, r in zip(ratio, rs)]]
+            err = [
+                [
+                    max(x - r["speedup"]["ci_low"], 0) if not math.isnan(r["speedup"]["ci_low"]) else 0
+                    for x, r in zip(ratio, rs)
+                ],
+                [
+                    max(r["speedup"]["ci_high"] - x, 0) if not math.isnan(r["speedup"]["ci_high"]) else 0
+                    for x, r in zip(ratio, rs)
+                ],
+            ]
             ax.errorbar(c, ratio, yerr=err, marker="o", capsize=3, color=colours[name], label=f"{name} measured")
-            ax.plot(c, [r["decomposition"]["predicted"] for r in rs], ls="--", color=colours[name], alpha=0.6,
-                    label=f"{name} predicted")
+            ax.plot(
+                c,
+                [r["decomposition"]["predicted"] for r in rs],
+                ls="--",
+                color=colours[name],
+                alpha=0.6,
+                label=f"{name} predicted",
+            )
         peer = doc.get("peer")
         if peer:
-            ax.plot([1], [peer["hf_speedup"]["ratio"]], marker="*", ms=14, ls="none", color="black",
-                    label=f"HF assisted ({peer['drafter']})")
+            ax.plot(
+                [1],
+                [peer["hf_speedup"]["ratio"]],
+                marker="*",
+                ms=14,
+                ls="none",
+                color="black",
+                label=f"HF assisted ({peer['drafter']})",
+            )
         ax.axhline(1, color="grey", lw=0.8)
         _ladder_axis(ax, spec)
         # A wide interval (few noisy runs) must not flatten the curves: the axis follows the
@@ -160,7 +304,9 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
             colour = "black" if name == BASELINE else colours[name]
             c = [r["concurrency"] for r in rs]
             ax1.plot(c, [_mean(r["throughput_tok_s"]) for r in rs], marker="o", color=colour, label=name)
-            ax2.plot(c, [r["latency_s"]["tpot"]["p50"] * 1e3 for r in rs], marker="o", color=colour, label=f"{name} P50")
+            ax2.plot(
+                c, [r["latency_s"]["tpot"]["p50"] * 1e3 for r in rs], marker="o", color=colour, label=f"{name} P50"
+            )
             ax2.plot(c, [r["latency_s"]["tpot"]["p99"] * 1e3 for r in rs], ls=":", color=colour, label=f"{name} P99")
         for ax, label in ((ax1, "output tokens / s"), (ax2, "time per output token (ms)")):
             ax.set_yscale("log")
@@ -176,8 +322,13 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
     if first:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for r in first:
-            ax1.plot(range(1, len(r["slot_acceptance"]) + 1), r["slot_acceptance"], marker="o", color=colours[r["engine"]],
-                     label=f"{r['engine']} (tau {r['tau']:.2f})")
+            ax1.plot(
+                range(1, len(r["slot_acceptance"]) + 1),
+                r["slot_acceptance"],
+                marker="o",
+                color=colours[r["engine"]],
+                label=f"{r['engine']} (tau {r['tau']:.2f})",
+            )
         ax1.set_ylim(0, 1.05)
         ax1.set_xticks(range(1, max(len(r["slot_acceptance"]) for r in first) + 1))
         ax1.set_xlabel("draft slot j")

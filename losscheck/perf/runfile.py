@@ -26,13 +26,15 @@ class Threshold:
 
 
 def parse_thresholds(text: str) -> tuple[Threshold, ...]:
-    """"speedup:10%,tau:5%" → thresholds; a bad entry raises `OptionError` naming it."""
+    """ "speedup:10%,tau:5%" → thresholds; a bad entry raises `OptionError` naming it."""
     found = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         metric, _, value = part.partition(":")
         if metric not in METRICS or not value.endswith("%"):
-            raise OptionError(f"--losscheck-perf-compare-fail entry {part!r} is not METRIC:N% with METRIC one of "
-                              f"{list(METRICS)} (e.g. {DEFAULT_COMPARE_FAIL})")
+            raise OptionError(
+                f"--losscheck-perf-compare-fail entry {part!r} is not METRIC:N% with METRIC one of "
+                f"{list(METRICS)} (e.g. {DEFAULT_COMPARE_FAIL})"
+            )
         try:
             drop = float(value[:-1]) / 100
         except ValueError:
@@ -56,8 +58,10 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise OptionError(f"--losscheck-perf-compare={str(path)!r}: no such file; pass a perf.json "
-                          "written by an earlier `pytest -m perf` or `losscheck perf`") from None
+        raise OptionError(
+            f"--losscheck-perf-compare={str(path)!r}: no such file; pass a perf.json "
+            "written by an earlier `pytest -m perf` or `losscheck perf`"
+        ) from None
     except json.JSONDecodeError as exc:
         raise OptionError(f"--losscheck-perf-compare={str(path)!r} is not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
@@ -90,19 +94,23 @@ class Comparison:
 
     def line(self) -> str:
         verdict = "REGRESSED" if self.failed else "ok"
-        return (f"{self.engine} c={self.concurrency} {self.workload}: {self.metric} {self.saved:.3f} -> {self.now:.3f} "
-                f"({-self.drop:+.1%}, limit -{self.max_drop:.0%}) {verdict}")
+        return (
+            f"{self.engine} c={self.concurrency} {self.workload}: {self.metric} {self.saved:.3f} -> {self.now:.3f} "
+            f"({-self.drop:+.1%}, limit -{self.max_drop:.0%}) {verdict}"
+        )
 
 
 def compare(now: dict[str, Any], saved: dict[str, Any], thresholds: tuple[Threshold, ...]) -> list[Comparison]:
     """Every drafter rung of `now` that `saved` also has, against each threshold."""
+
     def key(r: dict[str, Any]) -> tuple[str, int, str]:
         return r["engine"], r["concurrency"], r["workload"]
 
     old = {key(r): r for r in saved["rungs"] if "speedup" in r}
     return [
         Comparison(*key(r), t.metric, metric(old[key(r)], t.metric), metric(r, t.metric), t.max_drop)
-        for r in now["rungs"] if "speedup" in r and key(r) in old
+        for r in now["rungs"]
+        if "speedup" in r and key(r) in old
         for t in thresholds
     ]
 
@@ -111,8 +119,11 @@ def environment_changes(now: dict[str, Any], saved: dict[str, Any]) -> list[str]
     """What differs between the runs' machines, devices, libraries and models (shown with a
     comparison: a speedup measured elsewhere is not a regression of the drafter)."""
     keys = ("accelerator", "device", "torch", "transformers", "losscheck", "cpu_count")
-    found = [f"{k}: {saved['environment'].get(k)} -> {now['environment'].get(k)}"
-             for k in keys if saved["environment"].get(k) != now["environment"].get(k)]
+    found = [
+        f"{k}: {saved['environment'].get(k)} -> {now['environment'].get(k)}"
+        for k in keys
+        if saved["environment"].get(k) != now["environment"].get(k)
+    ]
     for what in ("target",):
         if saved[what].get("sha256") != now[what].get("sha256"):
             found.append(f"{what}: {saved[what].get('name')} -> {now[what].get('name')} (another sha256)")

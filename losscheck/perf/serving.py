@@ -33,15 +33,15 @@ from typing import Any
 import torch
 
 from losscheck.core.contract import Drafter, Target
-from losscheck.serving.batching import admit_drafter_rows, forget_rows  # noqa: F401  (forget_rows: re-exported)
 from losscheck.core.engine import Batch, Engine, pad_prompts
-from losscheck.errors import LosscheckError
 from losscheck.core.generation import LoopStats
-from losscheck.perf.workload import Request
 from losscheck.core.precision import synchronize
 from losscheck.core.ragged import RaggedLM, forward_rows
 from losscheck.core.sampling import SamplingParams
 from losscheck.core.target import HFTarget
+from losscheck.errors import LosscheckError
+from losscheck.perf.workload import Request
+from losscheck.serving.batching import admit_drafter_rows, forget_rows  # noqa: F401  (forget_rows: re-exported)
 
 
 class Timed:
@@ -192,8 +192,9 @@ def serve(
     }
     drafted = timed_drafter.seconds if timed_drafter is not None else 0.0
     done_traces = [t for t in traces if t is not None]
-    return ServeTrace(concurrency, done_traces, stats, wall, rounds, round_s, drafted, timed_target.seconds,
-                      prefill_s, memory)
+    return ServeTrace(
+        concurrency, done_traces, stats, wall, rounds, round_s, drafted, timed_target.seconds, prefill_s, memory
+    )
 
 
 def _empty_batch(rows: int, capacity: int, target: Target, drafter: Drafter | None) -> Batch:
@@ -246,7 +247,11 @@ def _allocated(lm: RaggedLM) -> bool:
 def module_bytes(model_owner: Any) -> int | None:
     """Bytes of the parameters and buffers of the module a target or drafter runs (found as
     itself, `.model` or `.lm.model`); None when there is none to measure."""
-    for owner in (model_owner, getattr(model_owner, "model", None), getattr(getattr(model_owner, "lm", None), "model", None)):
+    for owner in (
+        model_owner,
+        getattr(model_owner, "model", None),
+        getattr(getattr(model_owner, "lm", None), "model", None),
+    ):
         if isinstance(owner, torch.nn.Module):
             tensors = [*owner.parameters(), *owner.buffers()]
             return sum(t.numel() * t.element_size() for t in tensors)
@@ -280,5 +285,7 @@ def trace_problems(trace: ServeTrace, k: int, eos: int | None) -> list[str]:
     if not 1 <= tau <= k + 1:
         problems.append(f"acceptance length {tau:.3f} outside [1, {k + 1}]")
     if trace.draft_s + trace.verify_s > trace.round_s * (1 + 1e-6):
-        problems.append(f"drafter {trace.draft_s:.4f} s + target {trace.verify_s:.4f} s exceed the rounds' {trace.round_s:.4f} s")
+        problems.append(
+            f"drafter {trace.draft_s:.4f} s + target {trace.verify_s:.4f} s exceed the rounds' {trace.round_s:.4f} s"
+        )
     return problems

@@ -16,15 +16,15 @@ import datetime as dt
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from losscheck.errors import OptionError
 from losscheck.core.generation import LoopStats
+from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.errors import OptionError
 from losscheck.perf.metrics import Latencies, round_breakdown, speedup, throughput
 from losscheck.perf.model import Decomposition
-from losscheck.plan.perf_profiles import PerfProfile
 from losscheck.perf.runfile import SCHEMA, Comparison
 from losscheck.perf.serving import ServeTrace, serve
 from losscheck.perf.workload import Request, distinct_prompts, make_workload
-from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
+from losscheck.plan.perf_profiles import PerfProfile
 
 if TYPE_CHECKING:
     from losscheck.run.session import Session
@@ -46,7 +46,9 @@ class PerfRun:
     def __init__(self, session: Session, profile: PerfProfile) -> None:
         self.session = session
         self.profile = profile
-        self.params: SamplingParams = GREEDY if profile.temperature == 0 else SamplingParams(temperature=profile.temperature)
+        self.params: SamplingParams = (
+            GREEDY if profile.temperature == 0 else SamplingParams(temperature=profile.temperature)
+        )
         self.seed = session.options.seed
         self._traces: dict[tuple[str, int, str], list[ServeTrace]] = {}
         self._paired: dict[tuple[str, int, str], list[ServeTrace]] = {}
@@ -109,8 +111,11 @@ class PerfRun:
             record["baseline_tok_s"] = base["throughput_tok_s"]
             record["speedup"] = speedup(record["throughput_tok_s"], base["throughput_tok_s"], paired=True).to_dict()
             record["decomposition"] = Decomposition(
-                record["tau"], base["per_round"]["verify_s"], record["per_round"]["draft_s"],
-                record["per_round"]["verify_s"]).to_dict()
+                record["tau"],
+                base["per_round"]["verify_s"],
+                record["per_round"]["draft_s"],
+                record["per_round"]["verify_s"],
+            ).to_dict()
         return record
 
     def peer(self) -> dict[str, Any]:
@@ -129,8 +134,12 @@ class PerfRun:
                     runs[name].append(tokens / seconds)
             ours = self.rung(self.peer_drafter(), 1)
             self._peer = {
-                "drafter": self.peer_drafter(), "k": k, "concurrency": 1, "requests": len(requests),
-                "hf_plain_tok_s": runs["plain"], "hf_assisted_tok_s": runs["assisted"],
+                "drafter": self.peer_drafter(),
+                "k": k,
+                "concurrency": 1,
+                "requests": len(requests),
+                "hf_plain_tok_s": runs["plain"],
+                "hf_assisted_tok_s": runs["assisted"],
                 "hf_speedup": speedup(runs["assisted"], runs["plain"], paired=True).to_dict(),
                 "ours_speedup": ours["speedup"],
                 "ours_spec_tok_s": ours["throughput_tok_s"],
@@ -171,8 +180,10 @@ class PerfRun:
             "created": self.started.isoformat(timespec="seconds"),
             "environment": environment(session.device),
             "target": {"name": target.name, **target.identity},
-            "drafters": {name: {"name": drafters[name].name, **getattr(drafters[name], "identity", {})}
-                         for name in sorted({e for e, _, _ in self._traces} - {BASELINE})},
+            "drafters": {
+                name: {"name": drafters[name].name, **getattr(drafters[name], "identity", {})}
+                for name in sorted({e for e, _, _ in self._traces} - {BASELINE})
+            },
             "profile": asdict(self.profile),
             "params": self.params.label(),
             "seed": self.seed,
@@ -188,9 +199,18 @@ def _record(engine: str, concurrency: int, kind: str, k: int, traces: list[Serve
     for trace in traces:
         latencies = latencies + Latencies.of(trace)
         stats = stats + trace.stats
-    pooled = ServeTrace(concurrency, [], stats, sum(t.wall_s for t in traces), sum(t.rounds for t in traces),
-                        sum(t.round_s for t in traces), sum(t.draft_s for t in traces),
-                        sum(t.verify_s for t in traces), sum(t.prefill_s for t in traces), traces[-1].memory)
+    pooled = ServeTrace(
+        concurrency,
+        [],
+        stats,
+        sum(t.wall_s for t in traces),
+        sum(t.rounds for t in traces),
+        sum(t.round_s for t in traces),
+        sum(t.draft_s for t in traces),
+        sum(t.verify_s for t in traces),
+        sum(t.prefill_s for t in traces),
+        traces[-1].memory,
+    )
     breakdown = round_breakdown(pooled)
     requests = [r.request for r in traces[0].requests]
     tokens = [sum(r.output_tokens for r in t.requests) for t in traces]

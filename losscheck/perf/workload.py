@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from losscheck.errors import LosscheckError
 from losscheck.core.sampling import derive_seed
+from losscheck.errors import LosscheckError
 
 
 @dataclass(frozen=True)

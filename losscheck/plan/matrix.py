@@ -32,7 +32,7 @@ OFF_REASONS = {
     GREEDY_CELL: "no drafter declares a block length",
     PIT_CELL: "no drafter declares a block length",
     EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only "
-                "(and is off under --losscheck-exact=off)",
+    "(and is off under --losscheck-exact=off)",
     ENGINE_CELL: "no --losscheck-engine given: black-box mode is off",
     ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
 }
@@ -93,7 +93,10 @@ FAMILY_STRESS = ("tempered2",)
 # the reference drafter: the user's, or among the bundled ones family A (the others share its
 # engine paths). Pairs (two axes; the split with the first reduced precision) are slow-tier cells.
 SERVING_AXES: tuple[dict[str, Any], ...] = (
-    {"split": 2}, {"prefix": "cold"}, {"prefix": "warm"}, {"batching": "continuous"},
+    {"split": 2},
+    {"prefix": "cold"},
+    {"prefix": "warm"},
+    {"batching": "continuous"},
 )
 SERVING_PAIRS: tuple[dict[str, Any], ...] = ({"prefix": "warm", "batching": "continuous"},)
 # Edge sampling parameters (issue 11): near-greedy, near-flat and a top-p that keeps one token.
@@ -160,7 +163,7 @@ class Cell:
 def plan(
     drafters: Mapping[str, Mapping[str, Drafter]],
     bundled_families: bool,
-    engine: "BlackBoxEngine | None",
+    engine: BlackBoxEngine | None,
     precisions: tuple[Precision, ...] = (Precision(),),
     precision_drafters: frozenset[str] = frozenset(),
 ) -> dict[str, list[Cell]]:
@@ -185,7 +188,9 @@ def plan(
         if name == ORACLE:
             continue  # the target drafting for itself accepts everything: nothing to stress
         variants = FAMILY_STRESS if bundled_families and name in FAMILY_SAMPLING else STRESS_VARIANTS
-        cells[PIT_CELL] += [Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=base, stress=v) for v in variants]
+        cells[PIT_CELL] += [
+            Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=base, stress=v) for v in variants
+        ]
     for name, drafter in drafters["main"].items():
         if name not in precision_drafters:
             continue
@@ -202,7 +207,9 @@ def plan(
         cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
     families = frozenset(FAMILY_SAMPLING) if bundled_families else frozenset()
-    return {arg: [replace(c, slow=in_slow_tier(c, base, base_ks, families)) for c in found] for arg, found in cells.items()}
+    return {
+        arg: [replace(c, slow=in_slow_tier(c, base, base_ks, families)) for c in found] for arg, found in cells.items()
+    }
 
 
 def in_slow_tier(cell: Cell, base: Precision, base_ks: Mapping[str, int], families: frozenset[str]) -> bool:
@@ -246,7 +253,9 @@ def sampling_cells(
     """The base cell, then one change at a time: sampling parameters, block length, width."""
     base_k = _base_k(drafter)
     cells = [Cell(name, base_k, params, target=target) for params in variants]
-    cells += [Cell(name, k, variants[0], target=target) for k in SAMPLING_KS if k != base_k and k in drafter.block_lengths]
+    cells += [
+        Cell(name, k, variants[0], target=target) for k in SAMPLING_KS if k != base_k and k in drafter.block_lengths
+    ]
     cells += [Cell(name, base_k, variants[0], w, target) for w in drafter.widths if w is not None]
     return cells
 
@@ -279,7 +288,7 @@ def _base_k(drafter: Drafter) -> int:
     return BASE_K if BASE_K in drafter.block_lengths else max(drafter.block_lengths)
 
 
-def engine_cells(engine: "BlackBoxEngine") -> tuple[list[Cell], list[Cell]]:
+def engine_cells(engine: BlackBoxEngine) -> tuple[list[Cell], list[Cell]]:
     """(sampled, greedy) cells of a black-box engine at its own block length: every sampling
     variant and one greedy cell, in the engine's precision when losscheck loads its target
     (one-sample mode), else on the engine's own target (`ENGINE`, two-sample mode)."""

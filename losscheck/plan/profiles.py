@@ -22,7 +22,7 @@ class Profile:
     two_sample_horizon: int = 4  # L for black-box engines (two-sample mode needs ~2x the samples)
     two_sample_bins: int = 20  # most pooled-frequency bins per position in two-sample mode
 
-    def with_detect_tv(self, tv: float | None) -> "Profile":
+    def with_detect_tv(self, tv: float | None) -> Profile:
         return self if tv is None else replace(self, detect_tv=tv)
 
 

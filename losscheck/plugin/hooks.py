@@ -65,8 +65,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     o = config.stash[SESSION_KEY].options
     return [
         f"losscheck: seed={o.seed} alpha={o.alpha} profile={o.profile.name} detect_tv={o.profile.detect_tv} "
-        f"target={o.target or 'bundled'} drafter={o.drafter or 'bundled'}"
-        + (f" mutant={o.mutant}" if o.mutant else "")
+        f"target={o.target or 'bundled'} drafter={o.drafter or 'bundled'}" + (f" mutant={o.mutant}" if o.mutant else "")
     ]
 
 
@@ -156,8 +155,14 @@ class RecordCollector:
         if report.failed and not found and "lossless" in report.keywords:
             # A cell that errored (underpowered, malformed drafter output) is a failed cell.
             self.records.append(
-                {"nodeid": report.nodeid, "outcome": "error", "passed": False, "kind": "error",
-                 "cell": report.nodeid.rpartition("[")[2].rstrip("]"), "error": report.longreprtext[-2000:]}
+                {
+                    "nodeid": report.nodeid,
+                    "outcome": "error",
+                    "passed": False,
+                    "kind": "error",
+                    "cell": report.nodeid.rpartition("[")[2].rstrip("]"),
+                    "error": report.longreprtext[-2000:],
+                }
             )
 
     def pytest_keyboard_interrupt(self) -> None:
@@ -171,13 +176,19 @@ class RecordCollector:
 
         options = self.config.stash[SESSION_KEY].options
         meta = certificate.run_meta(options, self.config.invocation_params.args)
-        cert = certificate.build(meta, self.manifests, self.records, int(exitstatus),
-                                 self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED)
+        cert = certificate.build(
+            meta,
+            self.manifests,
+            self.records,
+            int(exitstatus),
+            self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED,
+        )
         terminalreporter.section("losscheck certificate")
         for line in summary_lines(self.records) + [s for s in certificate.serving_lines(self.records) if s]:
             terminalreporter.write_line(line)
-        terminalreporter.write_line(certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS",
-                                    green=cert["verdict"] == "PASS")
+        terminalreporter.write_line(
+            certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS", green=cert["verdict"] == "PASS"
+        )
         if options.out is not None:
             path = certificate.write_run(options.out, cert)
             terminalreporter.write_line(f"certificate written to {path}")

@@ -21,9 +21,17 @@ def write_report(results: dict[str, Any], out: Path) -> None:
 def markdown(results: dict[str, Any]) -> str:
     """The loop-throughput table, then samples per second against Hugging Face assisted generation."""
     rows = [
-        (r["batch"], r["params"], r["new_tokens"], r["k"], f"{r['baseline_tokens_per_s']:.0f}",
-         f"{r['spec_tokens_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['acceptance_length']:.2f}",
-         f"{r['draft_time_fraction']:.0%}")
+        (
+            r["batch"],
+            r["params"],
+            r["new_tokens"],
+            r["k"],
+            f"{r['baseline_tokens_per_s']:.0f}",
+            f"{r['spec_tokens_per_s']:.0f}",
+            f"{r['speedup']:.2f}x",
+            f"{r['acceptance_length']:.2f}",
+            f"{r['draft_time_fraction']:.0%}",
+        )
         for r in results["rows"]
     ]
     s = results["samples_per_s"]

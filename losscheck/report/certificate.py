@@ -83,8 +83,10 @@ def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> t
     problems: list[str] = []
     planned = manifests[0]["matrix"] if manifests else []
     if any(m["matrix"] != planned for m in manifests[1:]):
-        problems.append("the pytest processes planned different matrices (a drafter that declares "
-                        "different block lengths from run to run?); no cell can be accounted for")
+        problems.append(
+            "the pytest processes planned different matrices (a drafter that declares "
+            "different block lengths from run to run?); no cell can be accounted for"
+        )
     status = {r["cell"]: _status(r) for r in records}
     matrix = [{**entry, "status": status.pop(entry["cell"], "not run")} for entry in planned]
     if manifests:
@@ -101,12 +103,18 @@ def _status(record: dict[str, Any]) -> str:
 
 
 def _verdict(
-    matrix: list[dict[str, Any]], counts: dict[str, int], problems: list[str], exit_status: int,
-    interrupted: bool, known: bool,
+    matrix: list[dict[str, Any]],
+    counts: dict[str, int],
+    problems: list[str],
+    exit_status: int,
+    interrupted: bool,
+    known: bool,
 ) -> tuple[str, str]:
     ran = counts["passed"] + counts["failed"] + counts["errored"]
-    tally = f"{counts['passed']} passed, {counts['failed']} failed, {counts['errored']} errored, " \
-            f"{counts['not run']} not run of {len(matrix)} cells"
+    tally = (
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['errored']} errored, "
+        f"{counts['not run']} not run of {len(matrix)} cells"
+    )
     if interrupted:
         return "INTERRUPTED", f"the run was interrupted: {tally}"
     if counts["failed"] or counts["errored"] or problems:
@@ -118,8 +126,10 @@ def _verdict(
     if counts["not run"]:
         missing = [m for m in matrix if m["status"] == "not run"]
         if all(m.get("slow") for m in missing):
-            return "PARTIAL", (f"{tally}: the quick gate is complete; the {len(missing)} cells not run are the "
-                               "slow tier's (`pytest -m lossless` or `losscheck certify` runs every cell)")
+            return "PARTIAL", (
+                f"{tally}: the quick gate is complete; the {len(missing)} cells not run are the "
+                "slow tier's (`pytest -m lossless` or `losscheck certify` runs every cell)"
+            )
         return "PARTIAL", tally
     return "PASS", tally
 
@@ -162,7 +172,9 @@ def load(run: str | Path) -> dict[str, Any]:
     try:
         cert = json.loads(path.read_text())
     except FileNotFoundError:
-        raise LosscheckError(f"no certificate at {str(path)!r}; pass a run directory written by --losscheck-out") from None
+        raise LosscheckError(
+            f"no certificate at {str(path)!r}; pass a run directory written by --losscheck-out"
+        ) from None
     except json.JSONDecodeError as exc:
         raise LosscheckError(f"{str(path)!r} is not valid JSON ({exc})") from None
     if cert.get("schema") != SCHEMA:
@@ -195,8 +207,10 @@ def serving_lines(records: list[dict[str, Any]]) -> list[str]:
             facts.append(f"target split over {s['ranks']} ranks ({s['backend']}), split run {s['wall_s']:.1f} s wall")
         if r.get("prefix_cache"):
             c = r["prefix_cache"]
-            facts.append(f"prefix cache (block {c['block']}, {c['capacity']} blocks): hit rate {c['hit_rate']:.1%} "
-                         f"({c['hits']}/{c['lookups']} blocks looked up), {c['stored']} stored, {c['evictions']} evicted")
+            facts.append(
+                f"prefix cache (block {c['block']}, {c['capacity']} blocks): hit rate {c['hit_rate']:.1%} "
+                f"({c['hits']}/{c['lookups']} blocks looked up), {c['stored']} stored, {c['evictions']} evicted"
+            )
         if facts:
             lines.append(f"- `{r['cell']}`: " + "; ".join(facts))
     return ["", "Serving cells:", "", *lines] if lines else []
@@ -210,22 +224,30 @@ def markdown(cert: dict[str, Any], plots: list[str] = ()) -> str:
     lines.append(f"- created: {cert['created']}, seed {cert['seed']} (replay with `--losscheck-seed={cert['seed']}`)")
     lines.append(f"- command: `pytest {shlex.join(cert['pytest_args'])}`")
     for name, target in cert["targets"].items():
-        lines.append(f"- target {name}: `{target.get('path')}` sha256 `{str(target.get('sha256'))[:16]}…` "
-                     f"({target.get('precision')})")
+        lines.append(
+            f"- target {name}: `{target.get('path')}` sha256 `{str(target.get('sha256'))[:16]}…` "
+            f"({target.get('precision')})"
+        )
     for name, drafters in cert["drafters"].items():
-        hashes = ", ".join(f"{key} `{str(d.get('sha256') or d.get('weights_sha256'))[:12]}`" for key, d in drafters.items())
+        hashes = ", ".join(
+            f"{key} `{str(d.get('sha256') or d.get('weights_sha256'))[:12]}`" for key, d in drafters.items()
+        )
         lines.append(f"- drafters on {name}: {hashes}")
     alpha = cert["alpha"]
     if alpha:
-        lines.append(f"- family-wise alpha {alpha['family']} over the {alpha['statistical_tests']} statistical "
-                     f"tests of the full matrix (per test {alpha['per_test']:.3g}, Bonferroni, fixed before any "
-                     f"selection); every sampled cell detects TV {cert['profile']['detect_tv']} at power "
-                     f"{cert['profile']['power']}")
+        lines.append(
+            f"- family-wise alpha {alpha['family']} over the {alpha['statistical_tests']} statistical "
+            f"tests of the full matrix (per test {alpha['per_test']:.3g}, Bonferroni, fixed before any "
+            f"selection); every sampled cell detects TV {cert['profile']['detect_tv']} at power "
+            f"{cert['profile']['power']}"
+        )
     env = cert["environment"]
     if env:
         workers = ", ".join(f"{w}: {v['threads']} threads" for w, v in env["workers"].items())
-        lines.append(f"- losscheck {env['losscheck']} (git {env['git_revision'] or '-'}), python {env['python']}, "
-                     f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}")
+        lines.append(
+            f"- losscheck {env['losscheck']} (git {env['git_revision'] or '-'}), python {env['python']}, "
+            f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}"
+        )
     lines += ["", markdown_table(cert["cells"])]
     lines += serving_lines(cert["cells"])
     missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]

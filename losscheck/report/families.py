@@ -54,13 +54,17 @@ def markdown(doc: dict[str, Any]) -> str:
     for mode in setup["modes"]:
         rows = [  # a drafter that declares fewer block lengths has no row at the others
             [label, k, *(f"{index[label, k, mode, t][field]:.2f}" for _, field in FRACTIONS for t in tiers)]
-            for label in labels for k in setup["ks"] if (label, k, mode, tiers[0]) in index
+            for label in labels
+            for k in setup["ks"]
+            if (label, k, mode, tiers[0]) in index
         ]
         blocks += [f"## {mode}", markdown_table(columns, rows)]
     k_max = max(setup["ks"])
-    blocks += [f"## Per-slot acceptance at k={k_max}",
-               "P(draft j accepted | drafts before it accepted), slots 1..k; `-` = never reached; "
-               "a drafter that declares a shorter block is shown at its longest."]
+    blocks += [
+        f"## Per-slot acceptance at k={k_max}",
+        "P(draft j accepted | drafts before it accepted), slots 1..k; `-` = never reached; "
+        "a drafter that declares a shorter block is shown at its longest.",
+    ]
     slots = ["drafter", *(str(j + 1) for j in range(k_max))]
     for mode in setup["modes"]:
         for tier in tiers:
@@ -103,14 +107,20 @@ def plot_slot_acceptance(doc: dict[str, Any], path: Path) -> None:
             for tier in [t for t in setup["prompts_per_tier"] if t != "bos"]:
                 run = index[label, longest, mode, tier]
                 curve = [math.nan if a is None else a for a in run["slot_acceptance"]]
-                ax.plot(range(1, longest + 1), curve, styles.get(mode, ":"), marker=".",
-                        color=colors.get(tier), label=f"{tier} {mode} (τ {run['acceptance_length']:.2f})")
+                ax.plot(
+                    range(1, longest + 1),
+                    curve,
+                    styles.get(mode, ":"),
+                    marker=".",
+                    color=colors.get(tier),
+                    label=f"{tier} {mode} (τ {run['acceptance_length']:.2f})",
+                )
         ax.set_title(f"{label}: {doc['drafters'][label]}", fontsize=9)
         ax.set_ylim(0, 1.02)
         ax.set_xticks(range(1, k + 1, max(1, k // 8)))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="lower left")
-    for ax in axes.flat[len(labels):]:
+    for ax in axes.flat[len(labels) :]:
         ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel("slot j")

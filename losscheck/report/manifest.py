@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 UNHASHED = "no weights found to hash: give the drafter an `identity` dict with its own 'sha256'"
 
 
-def build(session: "Session") -> dict[str, Any]:
+def build(session: Session) -> dict[str, Any]:
     """The manifest of this process (loads the models and plans the matrix, if not done yet)."""
     from losscheck.plan import matrix
 
@@ -81,14 +81,14 @@ def weights_sha256(obj: Any) -> str | None:
     return digest.hexdigest()
 
 
-def _bytes(tensor: "torch.Tensor") -> bytes:
+def _bytes(tensor: torch.Tensor) -> bytes:
     import torch
 
     flat = tensor.detach().reshape(-1).contiguous().cpu()
     return flat.view(torch.uint8).numpy().tobytes()
 
 
-def environment(device: "torch.device") -> dict[str, Any]:
+def environment(device: torch.device) -> dict[str, Any]:
     """Library versions, losscheck's version and git revision, device and accelerator, and the
     threads this process's torch uses."""
     import numpy
@@ -114,7 +114,7 @@ def environment(device: "torch.device") -> dict[str, Any]:
     }
 
 
-def accelerator(device: "torch.device") -> str:
+def accelerator(device: torch.device) -> str:
     """What `device` is, in words: the GPU's name, or the CPU's architecture."""
     import torch
 
@@ -130,8 +130,12 @@ def git_revision(path: Path) -> str | None:
         head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")

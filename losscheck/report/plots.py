@@ -24,8 +24,11 @@ def plot_certificate(cert: dict[str, Any], run: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     written = []
-    for name, draw in (("slot_acceptance.png", slot_acceptance), ("pit_histograms.png", pit_histograms),
-                       ("pit_qq.png", pit_qq)):
+    for name, draw in (
+        ("slot_acceptance.png", slot_acceptance),
+        ("pit_histograms.png", pit_histograms),
+        ("pit_qq.png", pit_qq),
+    ):
         figure = draw(cert)
         if figure is not None:
             figure.savefig(run / name, dpi=110, bbox_inches="tight")
@@ -64,8 +67,9 @@ def slot_acceptance(cert: dict[str, Any]) -> Any:
             sampled[drafter] = r
     if not greedy and not sampled:
         return None
-    panels = [(chosen, title) for chosen, title in ((greedy, "greedy, longest block"), (sampled, "T = 1, k = 4"))
-              if chosen]
+    panels = [
+        (chosen, title) for chosen, title in ((greedy, "greedy, longest block"), (sampled, "T = 1, k = 4")) if chosen
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True, squeeze=False)
     for ax, (chosen, title) in zip(axes[0], panels):
         for drafter, r in sorted(chosen.items()):
@@ -104,14 +108,18 @@ def pit_histograms(cert: dict[str, Any]) -> Any:
         density = [c / expected for c in counts]
         ax.axhspan(low, high, color="grey", alpha=0.3, lw=0)
         ax.axhline(1.0, color="black", lw=0.6)
-        ax.stairs(density, [i / PIT_BINS for i in range(PIT_BINS + 1)], lw=1.2,
-                  color="tab:blue" if r.get("passed") else "tab:red")
+        ax.stairs(
+            density,
+            [i / PIT_BINS for i in range(PIT_BINS + 1)],
+            lw=1.2,
+            color="tab:blue" if r.get("passed") else "tab:red",
+        )
         spread = max(high - 1, 1 - low, *(abs(d - 1) for d in density)) * 1.15
         ax.set_ylim(1 - spread, 1 + spread)
         ax.set_title(r["cell"], fontsize=7, color="black" if r.get("passed") else "red")
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(found):]:
+    for ax in list(axes.flat)[len(found) :]:
         ax.axis("off")
     fig.suptitle("PIT histograms relative to uniform (grey: 99% band per bin under H0)", fontsize=9)
     fig.tight_layout()
@@ -130,11 +138,22 @@ def pit_qq(cert: dict[str, Any]) -> Any:
     for r in found:
         quantiles = r["pit_quantiles"]
         probs = [(i + 1) / (len(quantiles) + 1) for i in range(len(quantiles))]
-        ax.plot(probs, [q - p for q, p in zip(quantiles, probs)], lw=0.8,
-                color=None if r.get("passed") else "red", label=None if r.get("passed") else r["cell"])
+        ax.plot(
+            probs,
+            [q - p for q, p in zip(quantiles, probs)],
+            lw=0.8,
+            color=None if r.get("passed") else "red",
+            label=None if r.get("passed") else r["cell"],
+        )
         widest = max(widest, math.sqrt(math.log(2 / a) / (2 * sum(r["pit_histogram"]))))
-    ax.axhspan(-widest, widest, color="grey", alpha=0.2, lw=0,
-               label=f"DKW band at the per-test alpha (smallest cell: ±{widest:.4f})")
+    ax.axhspan(
+        -widest,
+        widest,
+        color="grey",
+        alpha=0.2,
+        lw=0,
+        label=f"DKW band at the per-test alpha (smallest cell: ±{widest:.4f})",
+    )
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xlabel("probability p")
     ax.set_ylabel("empirical PIT quantile − p")

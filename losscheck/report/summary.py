@@ -21,8 +21,11 @@ def _row(record: dict[str, Any]) -> tuple[str, ...]:
     alpha = f"{tested[0]['alpha']:.2g}" if tested else "-"
     # The effect the cell guarantees: its pooled tests' (stratified and conformance tests detect
     # other, narrower effects and would make the column read stronger than the guarantee).
-    guarantee = [r for r in tested if not r["name"].startswith("conformance.")
-                 and not any(s in r["name"] for s in ("position", "slot", "pair"))]
+    guarantee = [
+        r
+        for r in tested
+        if not r["name"].startswith("conformance.") and not any(s in r["name"] for s in ("position", "slot", "pair"))
+    ]
     tvs = [r["detectable"].get("tv") for r in guarantee if r["detectable"].get("tv") is not None]
     tv = f"{min(tvs):.4f}" if tvs else "-"
     n = str(record.get("sequences", record.get("max_new_tokens", "-")))
@@ -32,7 +35,10 @@ def _row(record: dict[str, Any]) -> tuple[str, ...]:
 def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:
     """The compact per-cell properties for JUnit XML: verdict, smallest p, detectable TV, τ."""
     row = dict(zip(COLUMNS, _row(record)))
-    return [(f"losscheck_{name.lower().replace(' ', '_')}", row[name]) for name in ("verdict", "min p", "detect TV", "tau", "n")]
+    return [
+        (f"losscheck_{name.lower().replace(' ', '_')}", row[name])
+        for name in ("verdict", "min p", "detect TV", "tau", "n")
+    ]
 
 
 def summary_rows(records: list[dict[str, Any]]) -> list[tuple[str, ...]]:

@@ -52,7 +52,8 @@ def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
     factory = load_object(spec, "--losscheck-drafter")
     drafter: Any = factory(target, precision=precision) if takes_precision(spec) else factory(target)
     missing = [
-        a for a in ("name", "block_lengths", "widths", "uses_hidden", "reset", "propose", "commit")
+        a
+        for a in ("name", "block_lengths", "widths", "uses_hidden", "reset", "propose", "commit")
         if not hasattr(drafter, a)
     ]
     if missing:

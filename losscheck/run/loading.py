@@ -56,8 +56,7 @@ def load_object(spec: str, option: str, expected: str = "an import path like 'pk
         ) from exc
     except Exception as exc:  # the user's module raised while importing
         raise OptionError(
-            f"{option}={spec!r}: importing module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}{_raised_at(exc)}"
+            f"{option}={spec!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}{_raised_at(exc)}"
         ) from exc
     try:
         return getattr(module, attr)
@@ -92,8 +91,10 @@ def model_config(path: str | Path, option: str, own_code_fix: str | None = None)
     if not path.is_dir():
         hint = ""
         if not path.is_absolute() and str(path).count("/") == 1 and not path.parent.exists():
-            hint = (f"; losscheck loads local directories only, offline: download a hub model first "
-                    f"(hf download {path} --local-dir DIR)")
+            hint = (
+                f"; losscheck loads local directories only, offline: download a hub model first "
+                f"(hf download {path} --local-dir DIR)"
+            )
         raise OptionError(f"{where}: no such directory; pass {MODEL_DIR}{hint}")
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -126,15 +127,16 @@ def _check_model_type(config: dict[str, Any], where: str, own_code_fix: str | No
         return  # its own code is allowed; transformers says so if there is none
     unknown = f"{where}: transformers {transformers_version} does not implement model_type {model_type!r}"
     if own_code:
-        raise OptionError(f"{unknown}; the directory ships its own modelling code (config.json auto_map): {own_code_fix}")
+        raise OptionError(
+            f"{unknown}; the directory ships its own modelling code (config.json auto_map): {own_code_fix}"
+        )
     raise OptionError(f"{unknown}, and config.json has no auto_map (code of its own): upgrade transformers")
 
 
 def _shape(config: dict[str, Any]) -> tuple[int | None, int | None]:
     """(vocabulary size, hidden size) from a config.json, also a nested text_config's."""
     inner = config.get("text_config") or {}
-    return (config.get("vocab_size") or inner.get("vocab_size"),
-            config.get("hidden_size") or inner.get("hidden_size"))
+    return (config.get("vocab_size") or inner.get("vocab_size"), config.get("hidden_size") or inner.get("hidden_size"))
 
 
 def check_out_dir(out: Path, option: str) -> None:
@@ -174,7 +176,10 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
     if speculators_config.is_spec(drafter):
         assert drafter is not None
         if options.target is None:
-            target_config, target_name = json.loads((bundled.target_path() / "config.json").read_text()), "the bundled target"
+            target_config, target_name = (
+                json.loads((bundled.target_path() / "config.json").read_text()),
+                "the bundled target",
+            )
         else:
             target_config = json.loads((Path(options.target).expanduser() / "config.json").read_text())
         try:
@@ -193,8 +198,9 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
                 f"{target_shape[0]}; a drafter must share the target's vocabulary"
             )
     elif drafter is not None:
-        load_factory(drafter, opt("drafter"), "Drafter",
-                     expected=f"an import path like 'pkg.module:factory' or {MODEL_DIR}")
+        load_factory(
+            drafter, opt("drafter"), "Drafter", expected=f"an import path like 'pkg.module:factory' or {MODEL_DIR}"
+        )
     elif options.target is not None and None not in target_shape and target_shape != bundled_shape():
         vocab, hidden = bundled_shape()
         raise OptionError(

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from losscheck.errors import OptionError
-from losscheck.plan.perf_profiles import PERF_PROFILES
-from losscheck.perf.runfile import DEFAULT_COMPARE_FAIL, parse_thresholds
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
+from losscheck.errors import OptionError
+from losscheck.perf.runfile import DEFAULT_COMPARE_FAIL, parse_thresholds
+from losscheck.plan.perf_profiles import PERF_PROFILES
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 
 DEFAULT_SEED = 20261129
@@ -73,8 +73,9 @@ def _mutant(name: str) -> str:
     from losscheck import mutants  # the catalogue loads only when the option is given
 
     if name not in mutants.names():
-        raise argparse.ArgumentTypeError(f"{name!r} is not in the mutant catalogue; choose one of: "
-                                         + ", ".join(mutants.names()))
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not in the mutant catalogue; choose one of: " + ", ".join(mutants.names())
+        )
     return name
 
 
@@ -88,42 +89,107 @@ def _compare_fail(text: str) -> str:
 
 # name -> keyword arguments of addoption / add_argument
 SPECS: dict[str, dict[str, Any]] = {
-    "target": dict(metavar="PATH", help="local Hugging Face model directory of the target (default: the bundled tiny target)"),
-    "drafter": dict(metavar="MOD:FACTORY|DIR", help="import path of a factory(target) -> Drafter, or a local Hugging Face "
-                                                    "causal-LM directory, certified as a family-A drafter named after it "
-                                                    "(default: the bundled drafters)"),
-    "engine": dict(metavar="MOD:FACTORY", help="import path of a factory(target) -> black-box engine, certified against itself with drafting off (one-sample PIT when it declares a precision, else two-sample)"),
-    "seed": dict(metavar="N", type=int, default=DEFAULT_SEED, help="run seed; every random draw derives from it (default: %(default)s)"),
-    "out": dict(metavar="DIR", help="write DIR/<run>/certificate.json and summary.md"),
-    "alpha": dict(metavar="A", type=_probability, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default: %(default)s)"),
-    "detect-tv": dict(metavar="TV", type=_probability, default=None, help="total variation every sampled cell must detect (default: the profile's, 0.02 for ci)"),
-    "profile": dict(choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="named sample-size profile (default: %(default)s)"),
-    "trust-remote-code": dict(action="store_true", help="let the target load custom modelling code"),
-    "mutant": dict(metavar="NAME", type=_mutant, help="run the gate against a planted bug (see `losscheck mutants`)"),
-    "device": dict(choices=DEVICES, default=None, help="device of the target and drafters (default: cuda when present, else cpu)"),
-    "precision": dict(metavar="LIST", type=parse_precisions, default=parse_precisions(DEFAULT_PRECISIONS),
-                      help="comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
-                           f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})"),
-    "exact": dict(choices=("on", "off"), default="on",
-                  help="exact-mode cells on the bundled 8-token target (default: on); off certifies with main-target "
-                       "cells only, as a user's own target is"),
-    "strict": dict(action="store_true", help="fail greedy divergences in reduced precision even where the target's "
-                                             "float64 top-2 margin is within that precision's round-off (near-ties)"),
-    "prompts": dict(metavar="FILE", help='JSONL prompts, one {"text": ...} or {"ids": [...]} per line, optional "tier" '
-                                          "(low/mid/high; else placed by the target's next-token entropy); text goes "
-                                          "through the target's tokenizer (default: the bundled prompt sets)"),
-    "chat-template": dict(action="store_true", help="wrap each text prompt as a user turn with the tokenizer's chat template"),
-    "memory-budget": dict(metavar="MIB", type=int, default=DEFAULT_MEMORY_BUDGET_MIB,
-                          help="memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
-                               "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)"),
-    "perf-profile": dict(choices=sorted(PERF_PROFILES), default=DEFAULT_PERF_PROFILE,
-                         help="sizes of the perf tier: quick (CPU, bundled models, minutes) or full (a GPU runner) "
-                              "(default: %(default)s)"),
-    "perf-compare": dict(metavar="RUN", help="a perf.json of an earlier perf run: fail where speedup or tau fell "
-                                             "by more than --losscheck-perf-compare-fail"),
-    "perf-compare-fail": dict(metavar="EXPR", type=_compare_fail, default=DEFAULT_COMPARE_FAIL,
-                              help="drops that fail the compare, METRIC:N%%,... with METRIC speedup or tau "
-                                   "(default: %(default)s)"),
+    "target": {
+        "metavar": "PATH",
+        "help": "local Hugging Face model directory of the target (default: the bundled tiny target)",
+    },
+    "drafter": {
+        "metavar": "MOD:FACTORY|DIR",
+        "help": "import path of a factory(target) -> Drafter, or a local Hugging Face "
+        "causal-LM directory, certified as a family-A drafter named after it "
+        "(default: the bundled drafters)",
+    },
+    "engine": {
+        "metavar": "MOD:FACTORY",
+        "help": "import path of a factory(target) -> black-box engine, certified against itself with drafting off (one-sample PIT when it declares a precision, else two-sample)",
+    },
+    "seed": {
+        "metavar": "N",
+        "type": int,
+        "default": DEFAULT_SEED,
+        "help": "run seed; every random draw derives from it (default: %(default)s)",
+    },
+    "out": {"metavar": "DIR", "help": "write DIR/<run>/certificate.json and summary.md"},
+    "alpha": {
+        "metavar": "A",
+        "type": _probability,
+        "default": DEFAULT_ALPHA,
+        "help": "family-wise false-alarm rate of the run (default: %(default)s)",
+    },
+    "detect-tv": {
+        "metavar": "TV",
+        "type": _probability,
+        "default": None,
+        "help": "total variation every sampled cell must detect (default: the profile's, 0.02 for ci)",
+    },
+    "profile": {
+        "choices": sorted(PROFILES),
+        "default": DEFAULT_PROFILE,
+        "help": "named sample-size profile (default: %(default)s)",
+    },
+    "trust-remote-code": {"action": "store_true", "help": "let the target load custom modelling code"},
+    "mutant": {
+        "metavar": "NAME",
+        "type": _mutant,
+        "help": "run the gate against a planted bug (see `losscheck mutants`)",
+    },
+    "device": {
+        "choices": DEVICES,
+        "default": None,
+        "help": "device of the target and drafters (default: cuda when present, else cpu)",
+    },
+    "precision": {
+        "metavar": "LIST",
+        "type": parse_precisions,
+        "default": parse_precisions(DEFAULT_PRECISIONS),
+        "help": "comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
+        f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})",
+    },
+    "exact": {
+        "choices": ("on", "off"),
+        "default": "on",
+        "help": "exact-mode cells on the bundled 8-token target (default: on); off certifies with main-target "
+        "cells only, as a user's own target is",
+    },
+    "strict": {
+        "action": "store_true",
+        "help": "fail greedy divergences in reduced precision even where the target's "
+        "float64 top-2 margin is within that precision's round-off (near-ties)",
+    },
+    "prompts": {
+        "metavar": "FILE",
+        "help": 'JSONL prompts, one {"text": ...} or {"ids": [...]} per line, optional "tier" '
+        "(low/mid/high; else placed by the target's next-token entropy); text goes "
+        "through the target's tokenizer (default: the bundled prompt sets)",
+    },
+    "chat-template": {
+        "action": "store_true",
+        "help": "wrap each text prompt as a user turn with the tokenizer's chat template",
+    },
+    "memory-budget": {
+        "metavar": "MIB",
+        "type": int,
+        "default": DEFAULT_MEMORY_BUDGET_MIB,
+        "help": "memory budget per process, in MiB: rows are decoded and teacher-forced in chunks "
+        "whose [rows, positions, vocabulary] tensors fit (default: %(default)s)",
+    },
+    "perf-profile": {
+        "choices": sorted(PERF_PROFILES),
+        "default": DEFAULT_PERF_PROFILE,
+        "help": "sizes of the perf tier: quick (CPU, bundled models, minutes) or full (a GPU runner) "
+        "(default: %(default)s)",
+    },
+    "perf-compare": {
+        "metavar": "RUN",
+        "help": "a perf.json of an earlier perf run: fail where speedup or tau fell "
+        "by more than --losscheck-perf-compare-fail",
+    },
+    "perf-compare-fail": {
+        "metavar": "EXPR",
+        "type": _compare_fail,
+        "default": DEFAULT_COMPARE_FAIL,
+        "help": "drops that fail the compare, METRIC:N%%,... with METRIC speedup or tau (default: %(default)s)",
+    },
 }
 
 

@@ -31,8 +31,10 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     list of ints), optional "tier" in `TIERS`. Errors name the file and the line."""
     path = Path(path)
     if not path.is_file():
-        raise OptionError(f"{OPTION}={str(path)!r}: no such file; give a JSONL file with one "
-                          '{"text": ...} or {"ids": [...]} object per line')
+        raise OptionError(
+            f"{OPTION}={str(path)!r}: no such file; give a JSONL file with one "
+            '{"text": ...} or {"ids": [...]} object per line'
+        )
     records = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -63,15 +65,19 @@ def tokenize(records: list[dict[str, Any]], target_dir: str | Path | None, chat_
     if not any("text" in r for r in records):  # the chat template wraps text only
         return [list(r["ids"]) for r in records]
     if target_dir is None:
-        raise OptionError(f"{OPTION}: text prompts need the target's tokenizer; the bundled target has none "
-                          '(give {"ids": [...]} prompts, or a --losscheck-target directory with a tokenizer)')
+        raise OptionError(
+            f"{OPTION}: text prompts need the target's tokenizer; the bundled target has none "
+            '(give {"ids": [...]} prompts, or a --losscheck-target directory with a tokenizer)'
+        )
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     except Exception as exc:  # transformers raises many types; name the directory and the fix
-        raise OptionError(f"{OPTION}: text prompts need a tokenizer in the target directory {str(target_dir)!r} "
-                          f'(tokenizer.json / tokenizer_config.json), or give {{"ids": [...]}} prompts: {exc}') from exc
+        raise OptionError(
+            f"{OPTION}: text prompts need a tokenizer in the target directory {str(target_dir)!r} "
+            f'(tokenizer.json / tokenizer_config.json), or give {{"ids": [...]}} prompts: {exc}'
+        ) from exc
     if chat_template and tokenizer.chat_template is None:
         raise OptionError(f"--losscheck-chat-template: the tokenizer in {str(target_dir)!r} has no chat template")
     out = []
@@ -80,14 +86,15 @@ def tokenize(records: list[dict[str, Any]], target_dir: str | Path | None, chat_
             out.append(list(record["ids"]))
         elif chat_template:
             turn = [{"role": "user", "content": record["text"]}]
-            out.append(list(tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=False)))
+            out.append(
+                list(tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=True, return_dict=False))
+            )
         else:
             out.append(list(tokenizer(record["text"])["input_ids"]))
     return out
 
 
-def next_token_entropy(target: "HFTarget", prompts: list[list[int]]) -> list[float]:
+def next_token_entropy(target: HFTarget, prompts: list[list[int]]) -> list[float]:
     """The target's next-token entropy (nats, T=1) after each prompt, one padded pass."""
     import torch
 
@@ -107,7 +114,7 @@ def tier_of(entropy: float) -> str:
 
 
 def user_prompt_sets(
-    path: str | Path, target: "HFTarget", target_dir: str | Path | None, chat_template: bool
+    path: str | Path, target: HFTarget, target_dir: str | Path | None, chat_template: bool
 ) -> dict[str, list[list[int]]]:
     """Tier -> prompts of the file at `path`, each tokenised and placed in its tier (empty tiers
     are left out). Ids outside the target's vocabulary are an error naming the line's prompt."""
@@ -116,8 +123,10 @@ def user_prompt_sets(
     for i, ids in enumerate(prompts):
         bad = [t for t in ids if not 0 <= t < target.vocab_size]
         if bad:
-            raise OptionError(f"{OPTION}={str(path)!r}: prompt {i + 1} has ids {bad[:5]} outside the target's "
-                              f"vocabulary [0, {target.vocab_size})")
+            raise OptionError(
+                f"{OPTION}={str(path)!r}: prompt {i + 1} has ids {bad[:5]} outside the target's "
+                f"vocabulary [0, {target.vocab_size})"
+            )
     untiered = [i for i, r in enumerate(records) if "tier" not in r]
     tiers = {i: r["tier"] for i, r in enumerate(records) if "tier" in r}
     if untiered:

@@ -13,20 +13,20 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
-from losscheck.run.options import Options
 from losscheck.progress import QUIET, Progress
+from losscheck.run.options import Options
 
 if TYPE_CHECKING:
     import torch
 
-    from losscheck.serving.batching import ContinuousBatcher
-    from losscheck.engines import BlackBoxEngine
     from losscheck.core.contract import Drafter
     from losscheck.core.engine import Engine
-    from losscheck.plan.matrix import Cell
-    from losscheck.selftest.registry import Mutant
     from losscheck.core.precision import Precision
     from losscheck.core.target import HFTarget
+    from losscheck.engines import BlackBoxEngine
+    from losscheck.plan.matrix import Cell
+    from losscheck.selftest.registry import Mutant
+    from losscheck.serving.batching import ContinuousBatcher
 
 
 class Session:
@@ -39,7 +39,7 @@ class Session:
         self._models: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
         self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
 
-    def derive(self, **changes: Any) -> "Session":
+    def derive(self, **changes: Any) -> Session:
         """A session with some options changed (seed, alpha, mutant…) that shares this one's
         loaded models and its statistical-test count."""
         new = Session(dataclasses.replace(self.options, **changes))
@@ -75,34 +75,34 @@ class Session:
 
     @property
     def target_names(self) -> tuple[str, ...]:
-        """"main": the target under test; "small": the small-vocabulary exact-mode fixture (only
+        """ "main": the target under test; "small": the small-vocabulary exact-mode fixture (only
         with the bundled models — a user's drafter is built for the user's target — and unless
         `--losscheck-exact=off`)."""
         return ("main", "small") if self.bundled_models and self.options.exact else ("main",)
 
     @property
-    def base_precision(self) -> "Precision":
+    def base_precision(self) -> Precision:
         return self.options.precisions[0]
 
     @cached_property
-    def device(self) -> "torch.device":
+    def device(self) -> torch.device:
         from losscheck.core.precision import resolve_device
 
         return resolve_device(self.options.device)
 
     @property
-    def targets(self) -> "dict[str, HFTarget]":
+    def targets(self) -> dict[str, HFTarget]:
         """Every target, in the base cell's precision."""
         return {name: self.target(name) for name in self.target_names}
 
-    def target(self, name: str = "main", dtype: str | None = None) -> "HFTarget":
+    def target(self, name: str = "main", dtype: str | None = None) -> HFTarget:
         """Target `name` in `dtype` (default: the base precision's), loaded once per process."""
         dtype = dtype or self.base_precision.target
         if (name, dtype) not in self._models:
             self._models[name, dtype] = self._load_target(name, dtype)
         return self._models[name, dtype]
 
-    def _load_target(self, name: str, dtype: str) -> "HFTarget":
+    def _load_target(self, name: str, dtype: str) -> HFTarget:
         import torch
 
         from losscheck import bundled
@@ -116,16 +116,18 @@ class Session:
             return HFTarget.from_pretrained(bundled.small_target_path(), dtype, device=self.device)
         path = opts.target or bundled.target_path()
         # a rank of `losscheck.serving.split` loads its shard of the main target (HF's own plan)
-        split = torch.distributed.is_available() and torch.distributed.is_initialized() and (
-            torch.distributed.get_world_size() > 1
+        split = (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and (torch.distributed.get_world_size() > 1)
         )
         return HFTarget.from_pretrained(path, dtype, opts.trust_remote_code, self.device, "auto" if split else None)
 
-    def drafters(self, target: str = "main", precision: "Precision | None" = None) -> "dict[str, Drafter]":
+    def drafters(self, target: str = "main", precision: Precision | None = None) -> dict[str, Drafter]:
         """Drafters certified against `target` in `precision` (default: the base cell's), by cell
         name; the self-draft oracle always."""
-        from losscheck.run import drafters as registry
         from losscheck.plan.matrix import ORACLE
+        from losscheck.run import drafters as registry
 
         precision = precision or self.base_precision
         key = (target, precision)
@@ -140,7 +142,7 @@ class Session:
         return self._drafter_sets[key]
 
     @cached_property
-    def plan(self) -> "dict[str, list[Cell]]":
+    def plan(self) -> dict[str, list[Cell]]:
         """The cells of every certification test argument (`losscheck.plan.matrix.plan`)."""
         from losscheck.plan import matrix
         from losscheck.run import drafters as registry
@@ -186,17 +188,17 @@ class Session:
         return tuple(self.prompt_sets)
 
     @cached_property
-    def mutant(self) -> "Mutant | None":
+    def mutant(self) -> Mutant | None:
         """The planted bug of `--losscheck-mutant`, or None."""
         from losscheck.selftest import get_mutant
 
         return None if self.options.mutant is None else get_mutant(self.options.mutant)
 
-    def cell_target(self, cell: "Cell") -> "HFTarget":
+    def cell_target(self, cell: Cell) -> HFTarget:
         """The target of `cell`, in the cell's precision."""
         return self.target(cell.target, cell.precision.target)
 
-    def engine(self, cell: "Cell") -> "Engine":
+    def engine(self, cell: Cell) -> Engine:
         """The speculative engine of `cell`: its drafter, k, width and precision, with the run's
         planted bug."""
         from losscheck.core.engine import Engine
@@ -215,14 +217,14 @@ class Session:
             return self.mutant.engine(target, drafter, cell.k, cell.width, cache)
         return Engine(target, drafter, cell.k, cell.width, prefix_cache=cache)
 
-    def batcher(self, engine: "Engine", rows: int) -> "ContinuousBatcher":
+    def batcher(self, engine: Engine, rows: int) -> ContinuousBatcher:
         """Continuous batching of `engine` over `rows` rows, with the run's planted bug."""
         from losscheck.serving.batching import ContinuousBatcher
 
         planted = self.mutant.batcher if self.mutant is not None else None
         return (planted or ContinuousBatcher)(engine, rows)
 
-    def baseline_engine(self, cell: "Cell") -> "Engine":
+    def baseline_engine(self, cell: Cell) -> Engine:
         """Plain decoding of `cell`'s target in its precision: the same loop with no drafter
         (never planted)."""
         from losscheck.core.engine import Engine
@@ -230,7 +232,7 @@ class Session:
         return Engine(self.cell_target(cell))
 
     @cached_property
-    def blackbox(self) -> "BlackBoxEngine | None":
+    def blackbox(self) -> BlackBoxEngine | None:
         """The `--losscheck-engine` black-box engine, built from the main target (or None)."""
         if self.options.engine is None:
             return None

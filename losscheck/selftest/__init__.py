@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from losscheck.selftest.registry import Mutant
 
 
-def catalogue() -> "tuple[Mutant, ...]":
+def catalogue() -> tuple[Mutant, ...]:
     from losscheck.selftest.registry import CATALOGUE
 
     return CATALOGUE
@@ -28,7 +28,7 @@ def names() -> tuple[str, ...]:
     return tuple(m.name for m in catalogue())
 
 
-def get_mutant(name: str) -> "Mutant":
+def get_mutant(name: str) -> Mutant:
     """The mutant called `name`, else `OptionError` listing the catalogue."""
     found = {m.name: m for m in catalogue()}.get(name)
     if found is None:

@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from losscheck.cells.runner import CellOutcome, run_cell
 from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import Cell
+from losscheck.report.markdown import markdown_table
+from losscheck.run.session import Session
 from losscheck.selftest.power import predict
 from losscheck.selftest.registry import Mutant
-from losscheck.report.markdown import markdown_table
-from losscheck.cells.runner import CellOutcome, run_cell
-from losscheck.run.session import Session
 
 
 def gate_session(base: Session, mutant: str | None) -> Session:
@@ -54,8 +54,9 @@ def _catch(session: Session, cell: Cell, mutant: Mutant | None) -> CellCatch:
     except LosscheckError as exc:
         # The gate errors on this cell (e.g. the bug shortened sequences below the sample the test
         # needs): the cell does not pass, but no test caught the bug either.
-        return CellCatch(cell.id, mode, False, [], "", None, "", time.perf_counter() - started,
-                         error=f"{type(exc).__name__}: {exc}")
+        return CellCatch(
+            cell.id, mode, False, [], "", None, "", time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}"
+        )
     seconds = time.perf_counter() - started
     failing, test_name, p_value, evidence = _evidence(outcome)
     prediction = predict(session, mutant, cell).to_dict() if mutant is not None and mode == "exact" else {}
@@ -66,9 +67,15 @@ def _evidence(outcome: CellOutcome) -> tuple[list[str], str, float | None, str]:
     """(failing tests, the most significant one, its p-value, what it saw) of a cell outcome."""
     if outcome.divergences:
         d = outcome.divergences[0]
-        return ["equality"], "equality", None, (
-            f"{len(outcome.divergences)} prompts diverge; first: {d.tier} #{d.prompt_index} at position "
-            f"{d.position}, spec {d.spec_token} vs base {d.base_token} (margin {d.margin:.3g})")
+        return (
+            ["equality"],
+            "equality",
+            None,
+            (
+                f"{len(outcome.divergences)} prompts diverge; first: {d.tier} #{d.prompt_index} at position "
+                f"{d.position}, spec {d.spec_token} vs base {d.base_token} (margin {d.margin:.3g})"
+            ),
+        )
     bad = [r for r in outcome.verdict.results if not r.passed] if outcome.verdict is not None else []
     failing = [r.name for r in bad] + (["oracle"] if outcome.problems else [])
     if bad:
@@ -99,8 +106,10 @@ class MutantReport:
 
     def message(self) -> str:
         failed = sum(r.failed for r in self.runs)
-        lines = [f"mutant {self.name} ({self.bug_class}): {'CAUGHT' if self.caught else 'NOT CAUGHT'}, "
-                 f"{failed} of {len(self.runs)} cells run fail ({len(self.cells)} cells show the bug)"]
+        lines = [
+            f"mutant {self.name} ({self.bug_class}): {'CAUGHT' if self.caught else 'NOT CAUGHT'}, "
+            f"{failed} of {len(self.runs)} cells run fail ({len(self.cells)} cells show the bug)"
+        ]
         for r in self.runs:
             verdict = "FAIL" if r.failed else ("ERROR" if r.error else "pass")
             lines.append(f"  {r.cell} [{r.mode}] {verdict} {', '.join(r.failing)} {r.evidence}{r.error}".rstrip())
@@ -121,8 +130,15 @@ def run_mutant(base: Session, mutant: Mutant, all_cells: bool = False) -> Mutant
         if runs[-1].failed and not all_cells:
             break
     prediction = _headline_prediction(session, mutant, cells, runs)
-    return MutantReport(mutant.name, mutant.bug_class, mutant.kind, [c.id for c in cells], runs,
-                        time.perf_counter() - started, prediction)
+    return MutantReport(
+        mutant.name,
+        mutant.bug_class,
+        mutant.kind,
+        [c.id for c in cells],
+        runs,
+        time.perf_counter() - started,
+        prediction,
+    )
 
 
 def _headline_prediction(session: Session, mutant: Mutant, cells: list[Cell], runs: list[CellCatch]) -> dict[str, Any]:
@@ -144,8 +160,18 @@ def run_control(base: Session, cells: list[Cell]) -> list[CellCatch]:
 
 
 # --- the catch table ------------------------------------------------------------------------------
-TABLE_COLUMNS = ("mutant", "bug class", "kind", "caught", "caught by (cell: test)", "p-value / divergence",
-                 "predicted power (exact pos-0)", "TV pos-0", "cells failed / run (of)", "s")
+TABLE_COLUMNS = (
+    "mutant",
+    "bug class",
+    "kind",
+    "caught",
+    "caught by (cell: test)",
+    "p-value / divergence",
+    "predicted power (exact pos-0)",
+    "TV pos-0",
+    "cells failed / run (of)",
+    "s",
+)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -166,9 +192,20 @@ def table_rows(reports: list[MutantReport]) -> list[tuple[str, ...]]:
         power = _fmt(pred.get("power"), ".4f")
         if pred.get("power") is not None and pred.get("cell") != (catch.cell if catch else None):
             power += f" ({pred['cell']})"
-        rows.append((r.name, r.bug_class, r.kind, "yes" if r.caught else "NO", by, evidence, power,
-                     _fmt(pred.get("tv"), ".3f"),
-                     _cell_counts(r), f"{r.seconds:.0f}"))
+        rows.append(
+            (
+                r.name,
+                r.bug_class,
+                r.kind,
+                "yes" if r.caught else "NO",
+                by,
+                evidence,
+                power,
+                _fmt(pred.get("tv"), ".3f"),
+                _cell_counts(r),
+                f"{r.seconds:.0f}",
+            )
+        )
     return rows
 
 
@@ -194,16 +231,20 @@ def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[s
     ]
     if control:
         failed = [c for c in control if c.failed or c.error]
-        lines += ["", f"Unmodified engine on the same {len(control)} cells: "
-                  + ("no false alarm." if not failed else "FALSE ALARM in " + ", ".join(c.cell for c in failed))]
+        lines += [
+            "",
+            f"Unmodified engine on the same {len(control)} cells: "
+            + ("no false alarm." if not failed else "FALSE ALARM in " + ", ".join(c.cell for c in failed)),
+        ]
     return "\n".join(lines) + "\n"
 
 
-def write_table(reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any], out: Path) -> tuple[Path, Path]:
+def write_table(
+    reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any], out: Path
+) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "catch_table.md", out / "catch_table.json"
     md.write_text(markdown(reports, control, meta))
-    payload = {"schema": 1, **meta, "mutants": [r.to_dict() for r in reports],
-               "control": [asdict(c) for c in control]}
+    payload = {"schema": 1, **meta, "mutants": [r.to_dict() for r in reports], "control": [asdict(c) for c in control]}
     js.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return md, js

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from losscheck.selftest import catalogue, get_mutant
-from losscheck.selftest.catch import gate_session, markdown, run_control, run_mutant, write_table
 from losscheck.run.options import Options
 from losscheck.run.session import Session
+from losscheck.selftest import catalogue, get_mutant
+from losscheck.selftest.catch import gate_session, markdown, run_control, run_mutant, write_table
 
 
 def run(out: Path, options: Options, names: list[str], all_cells: bool) -> int:
@@ -26,9 +26,15 @@ def run(out: Path, options: Options, names: list[str], all_cells: bool) -> int:
     session = gate_session(base, None)
     planned = {c.id: c for m in mutants for c in m.cells(session.plan, options.profile)}
     control = run_control(base, [c for c in planned.values() if c.id in catching])
-    meta = {"seed": options.seed, "profile": options.profile.name, "alpha": options.alpha,
-            "per_test_alpha": session.per_test_alpha, "gate_statistical_tests": session.n_statistical,
-            "all_cells": all_cells, "seconds": round(time.perf_counter() - started, 1)}
+    meta = {
+        "seed": options.seed,
+        "profile": options.profile.name,
+        "alpha": options.alpha,
+        "per_test_alpha": session.per_test_alpha,
+        "gate_statistical_tests": session.n_statistical,
+        "all_cells": all_cells,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     md, js = write_table(reports, control, meta, out)
     print()
     print(markdown(reports, control, meta))

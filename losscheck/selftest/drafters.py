@@ -15,9 +15,9 @@ from dataclasses import replace
 import torch
 
 from losscheck.core.contract import DraftContext, Drafter
+from losscheck.core.sampling import process_logits, sample
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.errors import LosscheckError
-from losscheck.core.sampling import process_logits, sample
 
 # (raw drafter logits [B, V], context) -> (tokens [B], the q [B, V] reported for them)
 DraftStep = Callable[[torch.Tensor, DraftContext], tuple[torch.Tensor, torch.Tensor]]

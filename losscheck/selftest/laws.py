@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.selftest import verifiers as bugs
 from losscheck.selftest.drafters import TRUNCATION_WIDTH
-from losscheck.core.sampling import SamplingParams, process_logits
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from losscheck.cells.runner import exact_cell_size, exact_continuations, exact_prompt
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.plan.matrix import Cell
+from losscheck.run.session import Session
 from losscheck.selftest.laws import FirstSlot
 from losscheck.selftest.registry import Mutant
-from losscheck.cells.runner import exact_cell_size, exact_continuations, exact_prompt
-from losscheck.run.session import Session
 from losscheck.stats import per_test_alpha, predicted_power, probability_bins
 
 

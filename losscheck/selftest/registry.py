@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
-from losscheck.serving.batching import ContinuousBatcher
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
+from losscheck.core.verify import Verifier, verify_block
 from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
+from losscheck.plan.profiles import Profile
 from losscheck.selftest import drafters as planted
 from losscheck.selftest import laws, serving, targets
 from losscheck.selftest import verifiers as bugs
 from losscheck.selftest.drafters import TRUNCATION_WIDTH
+from losscheck.serving.batching import ContinuousBatcher
 from losscheck.serving.prefix_cache import PrefixCache
-from losscheck.plan.profiles import Profile
-from losscheck.core.verify import Verifier, verify_block
 
 FAMILY_A = ("A", ORACLE)  # the bundled family-A drafter and the self-draft oracle (also family A)
 
@@ -47,7 +47,12 @@ class Mutant:
     batcher: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
 
     def engine(
-        self, target: Target, drafter: Drafter, k: int, width: int | None = None, prefix_cache: PrefixCache | None = None
+        self,
+        target: Target,
+        drafter: Drafter,
+        k: int,
+        width: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> Engine:
         """The speculative engine with this bug planted."""
         if self.wrap_drafter is not None:
@@ -62,7 +67,9 @@ class Mutant:
         """The cells of a gate `plan` where the bug manifests, in run order."""
         args = (GREEDY_CELL,) if self.kind == "greedy" else (EXACT_CELL, PIT_CELL)
         return [
-            c for arg in args for c in plan[arg]
+            c
+            for arg in args
+            for c in plan[arg]
             if self.manifests(c, profile.exact_horizon if c.target == "small" else profile.horizon)
         ]
 
@@ -103,163 +110,211 @@ FIRST_SLOT_UNTOUCHED = "the first token comes from slot 0, which this bug leaves
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
-        "unnormalised_residual", "sampling",
+        "unnormalised_residual",
+        "sampling",
         "Residual not normalised: inverse-CDF on max(0, p - q), so the missing mass lands on the last id.",
         "After a rejection (probability β = Σ max(0, p - q)) the inverse-CDF draw on the unnormalised "
         "residual overshoots its mass with probability 1 - β and emits the last id. Shows wherever the "
         "drafter is rejected: every family-A sampling cell.",
-        _sampled(), laws.unnormalised_residual,
+        _sampled(),
+        laws.unnormalised_residual,
         verifier=bugs.in_sampled_rounds(bugs.verify_unnormalised_residual),
     ),
     Mutant(
-        "residual_is_p", "sampling",
+        "residual_is_p",
+        "sampling",
         "Wrong residual: the recovered token is drawn from p instead of norm(max(0, p - q)).",
         "Accepted drafts already give min(p, q); resampling rejections from p adds β·p, over-emitting "
         "tokens where q > p by β·p - max(0, p - q). Distortion scales with the rejection rate β.",
-        _sampled(), laws.residual_is_p,
+        _sampled(),
+        laws.residual_is_p,
         verifier=bugs.in_sampled_rounds(bugs.verify_residual_is_p),
     ),
     Mutant(
-        "inverted_ratio", "sampling",
+        "inverted_ratio",
+        "sampling",
         "Acceptance ratio inverted: drafts kept with probability min(1, q/p).",
         "min(1, q/p) keeps every over-drafted token (q > p) and thins the under-drafted ones, the "
         "opposite of the correction; the residual then cannot make up the difference.",
-        _sampled(), laws.inverted_ratio,
+        _sampled(),
+        laws.inverted_ratio,
         verifier=bugs.in_sampled_rounds(bugs.verify_inverted_ratio),
     ),
     Mutant(
-        "temperature_p_only", "sampling",
+        "temperature_p_only",
+        "sampling",
         "Processors applied to p but not q: the drafter samples at temperature T but reports its q at T = 1.",
         "Drafts come from q_T but the verifier divides by q_1: at T < 1 likely drafts look rarer than "
         "they were and are over-accepted, at T > 1 the reverse. Lossless at T = 1 (q_T = q_1).",
-        _tempered, laws.temperature_p_only,
+        _tempered,
+        laws.temperature_p_only,
         wrap_drafter=planted.misreporting(planted.untempered_report, "q-at-T1", "temperature_p_only"),
     ),
     Mutant(
-        "temperature_q_only", "sampling",
+        "temperature_q_only",
+        "sampling",
         "Processors applied to q but not p: the verifier's target distribution skips the temperature.",
         "Rejection sampling is exact for whatever p it is given, so the output follows the untempered "
         "p_1 instead of p_T. Lossless at T = 1.",
-        _tempered, laws.temperature_q_only,
+        _tempered,
+        laws.temperature_q_only,
         verifier=bugs.verify_temperature_on_q_only,
     ),
     Mutant(
-        "truncation_draft_only", "sampling",
+        "truncation_draft_only",
+        "sampling",
         "vLLM-style: top-k / top-p applied to the draft side only (the target's p left untruncated).",
         "The verifier's p keeps the tokens top-k / top-p cut, so the output follows the untruncated "
         "distribution and emits tokens of target probability 0. Shows in the top-k / top-p cells.",
-        _truncated, laws.truncation_draft_only,
+        _truncated,
+        laws.truncation_draft_only,
         verifier=bugs.verify_truncation_on_draft_only,
     ),
     Mutant(
-        "greedy_draft_softmax_q", "sampling",
+        "greedy_draft_softmax_q",
+        "sampling",
         "Greedy draft verified with the drafter's softmax as q instead of the point mass.",
         "An argmax draft has q = δ(x); judged against softmax q(x) < 1 it is accepted with "
         "min(1, p(x)/q(x)) instead of p(x), over-emitting the draft's argmax. The self-draft oracle "
         "then accepts every draft and emits only argmaxes.",
-        _sampled(FAMILY_A), laws.greedy_draft_softmax_q,
-        wrap_drafter=planted.misreporting(planted.argmax_with_softmax_report, "argmax-softmax-q", "greedy_draft_softmax_q"),
+        _sampled(FAMILY_A),
+        laws.greedy_draft_softmax_q,
+        wrap_drafter=planted.misreporting(
+            planted.argmax_with_softmax_report, "argmax-softmax-q", "greedy_draft_softmax_q"
+        ),
     ),
     Mutant(
-        "truncated_candidates_full_q", "sampling",
+        "truncated_candidates_full_q",
+        "sampling",
         "Top-w truncated candidates reported with the untruncated q (w = 4).",
         "Drafts only ever come from the top-4 candidates, but q reports mass on the rest, so the "
         "residual max(0, p - q) gives the tail back only what p exceeds q by: tail tokens are "
         "under-emitted by about their q mass. Shows where q has more than 4 candidates (not top-k <= 4).",
-        _more_candidates_than_drafted, laws.truncated_candidates_full_q,
+        _more_candidates_than_drafted,
+        laws.truncated_candidates_full_q,
         wrap_drafter=planted.misreporting(planted.top_w_with_full_report, "top4-full-q", "truncated_candidates_full_q"),
     ),
     Mutant(
-        "bonus_from_wrong_slot", "sampling",
+        "bonus_from_wrong_slot",
+        "sampling",
         "Bonus token sampled from the wrong slot: p at the last draft's position instead of the one after it.",
         "After k accepted drafts the bonus is drawn from p(· | prefix) without the last accepted draft. "
         "Shows in every family-A sampling cell whose tested horizon reaches the first bonus (k < L).",
-        _bonus_in_horizon, None, FIRST_SLOT_UNTOUCHED + " (the bonus is token k+1)",
+        _bonus_in_horizon,
+        None,
+        FIRST_SLOT_UNTOUCHED + " (the bonus is token k+1)",
         verifier=bugs.in_sampled_rounds(bugs.verify_bonus_from_wrong_slot),
     ),
     Mutant(
-        "recovered_after_rejected", "sampling",
+        "recovered_after_rejected",
+        "sampling",
         "Token emitted after the rejected slot: the replacement is drawn conditioned on the rejected draft.",
         "At the first rejection the emitted token is drawn from p after the rejected draft, i.e. "
         "conditioned on a token that was never emitted (greedy: argmax of the next slot).",
-        _sampled(), laws.recovered_after_rejected,
+        _sampled(),
+        laws.recovered_after_rejected,
         verifier=bugs.verify_recovered_after_rejected_any,
     ),
     Mutant(
-        "shared_uniform", "sampling",
+        "shared_uniform",
+        "sampling",
         "Correlated uniforms: one uniform per row reused across slots and for the recovered draw.",
         "One uniform u drives all acceptance tests and the recovered draw. A rejection means u >= "
         "min(1, p/q), so the inverse-CDF recovered draw sees only the top of the residual's CDF; the "
         "slots' acceptances are also correlated. (Reusing u for acceptance alone is a second-order "
         "effect, ~β², too small to plant as a realistic must-catch bug.)",
-        _sampled(), laws.shared_uniform,
+        _sampled(),
+        laws.shared_uniform,
         verifier=bugs.in_sampled_rounds(bugs.verify_shared_uniform),
     ),
     Mutant(
-        "typical_acceptance", "sampling",
+        "typical_acceptance",
+        "sampling",
         "Lossy typical acceptance (Medusa-style): keep drafts with p(x) > min(ε, δ·e^-H), resample from p.",
         "Drafts with p(x) above min(0.09, 0.3·e^-H(p)) pass outright and rejections resample from p, "
         "so low-probability tokens are under-emitted — even for the self-draft oracle.",
-        _sampled(FAMILY_A), laws.typical,
+        _sampled(FAMILY_A),
+        laws.typical,
         verifier=bugs.in_sampled_rounds(bugs.verify_typical),
     ),
     Mutant(
-        "bonus_counted_not_written", "greedy",
+        "bonus_counted_not_written",
+        "greedy",
         "Bonus token dropped: counted in the emitted length but never written (placeholder id leaks out).",
         "Whenever a row accepts all k drafts it emits the placeholder id 0 where the bonus belongs "
         "(both decoding modes). Shows in every family-A greedy cell, the oracle's included.",
-        _greedy(FAMILY_A), None, GREEDY_NO_LAW,
+        _greedy(FAMILY_A),
+        None,
+        GREEDY_NO_LAW,
         verifier=bugs.verify_bonus_counted_not_written,
     ),
     Mutant(
-        "stale_target_cache", "greedy",
+        "stale_target_cache",
+        "greedy",
         "Target KV cache not rolled back after a rejection: the next round appends after the rejected drafts.",
         "Rejected drafts' keys/values stay in the target's context and positions drift. Shows where "
         "drafts are rejected: the family-A greedy cells (the oracle never rejects).",
-        _greedy(), None, GREEDY_NO_LAW,
+        _greedy(),
+        None,
+        GREEDY_NO_LAW,
         wrap_target=targets.StaleCache,
     ),
     Mutant(
-        "batch_max_positions", "greedy",
+        "batch_max_positions",
+        "greedy",
         "Position ids wrong after a ragged batched rollback: one batch-wide step counter (the max) for every row.",
         "Rows that accepted fewer drafts than the batch's best get positions ahead of their cache, "
         "shifting rotary phases. Shows where rows accept different counts: family-A greedy cells.",
-        _greedy(), None, GREEDY_NO_LAW,
+        _greedy(),
+        None,
+        GREEDY_NO_LAW,
         wrap_target=targets.BatchMaxPositions,
     ),
     Mutant(
-        "prefix_cache_stale_after_rollback", "greedy",
+        "prefix_cache_stale_after_rollback",
+        "greedy",
         "Stale prefix-cache entry after a rollback: a block is cached once written, the pending token's slot included.",
         "After a rejection the pending token's slot still holds the rejected draft's keys / values; a block "
         "stored with it serves them to every later request sharing the prefix. Shows in the warm prefix-cache "
         "cells, whose second turn reuses the blocks the first turn stored while decoding.",
-        _serving(prefix="warm"), None, GREEDY_NO_LAW,
+        _serving(prefix="warm"),
+        None,
+        GREEDY_NO_LAW,
         wrap_cache=serving.stale_cache,
     ),
     Mutant(
-        "prefix_hash_partial_block", "greedy",
+        "prefix_hash_partial_block",
+        "greedy",
         "Prefix-cache block hash that ignores part of the block (its last token).",
         "Prefixes that differ only in a block's last token share the entry, so a request reuses another "
         "prompt's keys / values. Shows in the warm prefix-cache cells (each second-turn request has a sibling "
         "differing in exactly that token).",
-        _serving(prefix="warm"), None, GREEDY_NO_LAW,
+        _serving(prefix="warm"),
+        None,
+        GREEDY_NO_LAW,
         wrap_cache=serving.partial_hash_cache,
     ),
     Mutant(
-        "retired_row_leak", "greedy",
+        "retired_row_leak",
+        "greedy",
         "Continuous batching: a retired row's state leaks into the next request admitted into it.",
         "The row's offset is not reset: the new prompt lands after old tokens of the row and the request "
         "attends to their cache entries, so its output is conditioned on another request. Shows in the "
         "continuous-batching cells.",
-        _serving(batching="continuous"), None, GREEDY_NO_LAW,
+        _serving(batching="continuous"),
+        None,
+        GREEDY_NO_LAW,
         batcher=serving.RetiredRowLeak,
     ),
     Mutant(
-        "rows_mixed_up", "greedy",
+        "rows_mixed_up",
+        "greedy",
         "Batch rows mixed up when they accept different counts (sorted for a ragged commit, never unsorted).",
         "A row commits another row's tokens whenever rows accept different counts (both decoding "
         "modes). Shows in the family-A greedy cells (the oracle's rows all accept k).",
-        _greedy(), None, GREEDY_NO_LAW,
+        _greedy(),
+        None,
+        GREEDY_NO_LAW,
         verifier=bugs.verify_rows_mixed_up,
     ),
 )

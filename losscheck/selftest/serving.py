@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from losscheck.serving.batching import ContinuousBatcher
 from losscheck.core.engine import Batch
-from losscheck.serving.prefix_cache import PrefixCache, block_hash
 from losscheck.core.ragged import RaggedKVCache
+from losscheck.serving.batching import ContinuousBatcher
+from losscheck.serving.prefix_cache import PrefixCache, block_hash
 
 
 class StaleAfterRollback(PrefixCache):
@@ -17,7 +17,11 @@ class StaleAfterRollback(PrefixCache):
     blocks before the verifier's rollback settled)."""
 
     def store(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, valid: torch.Tensor, rows: list[int],
+        self,
+        cache: RaggedKVCache,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        rows: list[int],
         hidden: torch.Tensor | None,
     ) -> None:
         super().store(cache, tokens, valid + 1, rows, hidden)  # BUG: valid is lengths - 1, not lengths

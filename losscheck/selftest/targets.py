@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from losscheck.core.contract import Target
-from losscheck.errors import LosscheckError
 from losscheck.core.target import HFTarget
+from losscheck.errors import LosscheckError
 
 
 class _Wrapped:

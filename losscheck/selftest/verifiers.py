@@ -163,8 +163,11 @@ def verify_recovered_after_rejected(p, drafts, q, generator) -> BlockOutcome:
     keep = torch.rand(batch, k, generator=generator, dtype=torch.float64) < acceptance_probability(p_draft, q_draft)
     accepted = _accept(keep)
     rows = torch.arange(batch)
-    stop = torch.where((accepted < k)[:, None], p[rows, (accepted + 1).clamp_max(k)],  # BUG: slot a+1
-                       p[rows, accepted])
+    stop = torch.where(
+        (accepted < k)[:, None],
+        p[rows, (accepted + 1).clamp_max(k)],  # BUG: slot a+1
+        p[rows, accepted],
+    )
     return _emit(drafts, accepted, sample(stop, generator))
 
 

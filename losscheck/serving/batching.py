@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import torch
 
 from losscheck.core.contract import Drafter
-from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.core.engine import Batch, Engine, pad_prompts
-from losscheck.errors import LosscheckError
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.ragged import forward_rows
 from losscheck.core.sampling import SamplingParams
+from losscheck.drafters.autoregressive import AutoregressiveDrafter
+from losscheck.errors import LosscheckError
 
 
 def staggered_arrivals(n: int, rows: int, max_new: int, generator: torch.Generator) -> list[int]:
@@ -53,7 +53,11 @@ class ContinuousBatcher:
         return 0
 
     def generate(
-        self, prompts: Sequence[list[int]], max_new_tokens: int, params: SamplingParams, generator: torch.Generator,
+        self,
+        prompts: Sequence[list[int]],
+        max_new_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
         arrivals: Sequence[int],
     ) -> Generation:
         """Up to `max_new_tokens` tokens for every prompt (request i arrives at round `arrivals[i]`)."""

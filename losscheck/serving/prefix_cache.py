@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from losscheck.errors import LosscheckError
 from losscheck.core.ragged import RaggedKVCache
+from losscheck.errors import LosscheckError
 
 BLOCK = 16  # tokens per block, vLLM's default
 CAPACITY = 4096  # blocks kept
@@ -68,7 +68,10 @@ class PrefixCache:
     """
 
     def __init__(
-        self, block: int = BLOCK, capacity: int = CAPACITY, hash_block: Callable[[bytes, torch.Tensor], bytes] = block_hash
+        self,
+        block: int = BLOCK,
+        capacity: int = CAPACITY,
+        hash_block: Callable[[bytes, torch.Tensor], bytes] = block_hash,
     ) -> None:
         if block < 1 or capacity < 1:
             raise LosscheckError(f"prefix cache needs block >= 1 and capacity >= 1 blocks, got {block} and {capacity}")
@@ -85,7 +88,11 @@ class PrefixCache:
 
     @torch.inference_mode()
     def load(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, readable: torch.Tensor, rows: list[int],
+        self,
+        cache: RaggedKVCache,
+        tokens: torch.Tensor,
+        readable: torch.Tensor,
+        rows: list[int],
         hidden: torch.Tensor | None,
     ) -> torch.Tensor:
         """Copy the longest stored prefix of each row of `rows` into its cache row → matched
@@ -120,7 +127,11 @@ class PrefixCache:
 
     @torch.inference_mode()
     def store(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, valid: torch.Tensor, rows: list[int],
+        self,
+        cache: RaggedKVCache,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        rows: list[int],
         hidden: torch.Tensor | None,
     ) -> None:
         """Store every block of `rows` that is complete within the first `valid [B]` tokens and
@@ -157,7 +168,9 @@ def ragged_cache(target: Any) -> RaggedKVCache:
     return cache
 
 
-def second_turn(prompts: list[list[int]], outputs: list[list[int]], block: int, vocab: int, room: int) -> list[list[int]]:
+def second_turn(
+    prompts: list[list[int]], outputs: list[list[int]], block: int, vocab: int, room: int
+) -> list[list[int]]:
     """A warm cell's requests after a first turn of `prompts` that generated `outputs`: each prompt
     continued by its output (a conversation's next turn: every complete block of it was stored by
     the first turn), then for each a sibling that differs from it in one token only, the last of

@@ -26,18 +26,26 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from losscheck.errors import LosscheckError
 from losscheck.core.generation import Generation
-from losscheck.run.options import Options
 from losscheck.core.sampling import SamplingParams
+from losscheck.errors import LosscheckError
+from losscheck.run.options import Options
 
 if TYPE_CHECKING:
     from losscheck.plan.matrix import Cell
 
 # Imported once by the fork server (see `_context`), not once per rank: on a 2-core CI machine
 # importing transformers costs ~10 s, more than a split run of the bundled target.
-PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama",
-           "losscheck.run.session", "losscheck.core.engine", "losscheck.run.drafters", __name__]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "losscheck.run.session",
+    "losscheck.core.engine",
+    "losscheck.run.drafters",
+    __name__,
+]
 STOP_GRACE_S = 5.0  # a rank asked to terminate gets this long before it is killed
 
 
@@ -82,8 +90,10 @@ def check_split(config: Any, ranks: int) -> None:
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     if ranks < 2:
-        raise LosscheckError(f"split={ranks}: a tensor-parallel run needs at least 2 ranks; run an unsplit "
-                             "cell (split=1) through the engine directly")
+        raise LosscheckError(
+            f"split={ranks}: a tensor-parallel run needs at least 2 ranks; run an unsplit "
+            "cell (split=1) through the engine directly"
+        )
     if heads % ranks or kv_heads % ranks:
         raise LosscheckError(
             f"split={ranks} does not divide the target's heads: num_attention_heads={heads}, "
@@ -97,8 +107,10 @@ def rank_disagreement(rank: int, mine: list[Generation], rank0: list[Generation]
     for i, (a, b) in enumerate(zip(mine, rank0)):
         if not (a.lengths.equal(b.lengths) and a.tokens.equal(b.tokens)):
             rows = [r for r in range(len(b.lengths)) if a.row(r) != b.row(r)]
-            return (f"call {i}: rank {rank} generated different tokens from rank 0 on rows {rows} "
-                    f"(row {rows[0]}: {a.row(rows[0])} vs {b.row(rows[0])})")
+            return (
+                f"call {i}: rank {rank} generated different tokens from rank 0 on rows {rows} "
+                f"(row {rows[0]}: {a.row(rows[0])} vs {b.row(rows[0])})"
+            )
     return None
 
 
@@ -112,8 +124,10 @@ def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: f
 
     started = time.perf_counter()
     if cell.target != "main" or cell.drafter == ENGINE:
-        raise LosscheckError(f"cell {cell.id}: only the main target with losscheck's engine is split; "
-                             f"target {cell.target!r} with drafter {cell.drafter!r} is not")
+        raise LosscheckError(
+            f"cell {cell.id}: only the main target with losscheck's engine is split; "
+            f"target {cell.target!r} with drafter {cell.drafter!r} is not"
+        )
     check_split(_config(options), cell.split)
     backend = _backend(options, cell.split)
     ctx = _context()
@@ -122,8 +136,12 @@ def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: f
         store = f"file://{os.path.join(rendezvous, 'store')}"
         unsplit = dataclasses.replace(cell, split=1)  # what each rank builds, on its shard
         procs = [
-            ctx.Process(target=_rank_main, name=f"losscheck-rank{rank}", daemon=True,
-                        args=(rank, cell.split, store, backend, timeout_s, options, unsplit, calls, results))
+            ctx.Process(
+                target=_rank_main,
+                name=f"losscheck-rank{rank}",
+                daemon=True,
+                args=(rank, cell.split, store, backend, timeout_s, options, unsplit, calls, results),
+            )
             for rank in range(cell.split)
         ]
         try:
@@ -137,8 +155,11 @@ def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: f
     for rank in range(1, cell.split):
         differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
         if differs:
-            raise SplitError(f"ranks of split={cell.split} diverged on cell {cell.id}: {differs}; every rank "
-                             "runs the same seeds on an all-reduced target, so this is a bug", pids)
+            raise SplitError(
+                f"ranks of split={cell.split} diverged on cell {cell.id}: {differs}; every rank "
+                "runs the same seeds on an all-reduced target, so this is a bug",
+                pids,
+            )
     identity, generations = outputs[0]
     return SplitRun(generations, time.perf_counter() - started, cell.split, backend, identity)
 
@@ -155,15 +176,19 @@ def _backend(options: Options, ranks: int) -> str:
     if not dist.is_available():
         raise SplitUnavailable("this torch build has no torch.distributed")
     if importlib.util.find_spec("accelerate") is None:
-        raise SplitUnavailable("transformers loads a tensor-parallel plan only with the accelerate package "
-                               "installed (pip install accelerate)")
+        raise SplitUnavailable(
+            "transformers loads a tensor-parallel plan only with the accelerate package "
+            "installed (pip install accelerate)"
+        )
     device = resolve_device(options.device)
     if device.type == "cuda":
         if not dist.is_nccl_available():
             raise SplitUnavailable("this torch build has no nccl backend for CUDA ranks")
         if torch.cuda.device_count() < ranks:
-            raise SplitUnavailable(f"split={ranks} runs one rank per CUDA device and {torch.cuda.device_count()} "
-                                   "are visible; pass --losscheck-device=cpu to split over CPU processes (gloo)")
+            raise SplitUnavailable(
+                f"split={ranks} runs one rank per CUDA device and {torch.cuda.device_count()} "
+                "are visible; pass --losscheck-device=cpu to split over CPU processes (gloo)"
+            )
         return "nccl"
     if device.type != "cpu":
         raise SplitUnavailable(f"no tensor-parallel backend for device {device.type!r}; pass --losscheck-device=cpu")
@@ -209,13 +234,19 @@ def _collect(
             kind, rank, payload = results.get(timeout=max(0.01, min(0.5, deadline - time.perf_counter())))
         except queue.Empty:
             if time.perf_counter() >= deadline:
-                raise SplitError(f"split run of {len(procs)} ranks timed out after {timeout_s:g} s "
-                                 f"(timeout_s={timeout_s:g}); every rank was killed", pids) from None
+                raise SplitError(
+                    f"split run of {len(procs)} ranks timed out after {timeout_s:g} s "
+                    f"(timeout_s={timeout_s:g}); every rank was killed",
+                    pids,
+                ) from None
             dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode is not None]
             if dead and results.empty():
                 r = dead[0]
-                raise SplitError(f"rank {r} of {len(procs)} (pid {pids[r]}) exited with code {procs[r].exitcode} "
-                                 "without a result (killed, or out of memory?)", pids) from None
+                raise SplitError(
+                    f"rank {r} of {len(procs)} (pid {pids[r]}) exited with code {procs[r].exitcode} "
+                    "without a result (killed, or out of memory?)",
+                    pids,
+                ) from None
             continue
         if kind == "error":
             raise SplitError(f"rank {rank} of {len(procs)} (pid {pids[rank]}) failed:\n{payload}", pids)
@@ -238,8 +269,15 @@ def _stop(procs: list[BaseProcess]) -> None:
 
 
 def _rank_main(
-    rank: int, ranks: int, store: str, backend: str, timeout_s: float,
-    options: Options, cell: Cell, calls: list[Call], results: Any,
+    rank: int,
+    ranks: int,
+    store: str,
+    backend: str,
+    timeout_s: float,
+    options: Options,
+    cell: Cell,
+    calls: list[Call],
+    results: Any,
 ) -> None:
     """One rank: join the group, build the session and engine, run every call, report to `results`
     ("ok", rank, pickled (target identity, generations on the CPU)) or ("error", rank, traceback text)."""
@@ -257,8 +295,9 @@ def _rank_main(
             torch.cuda.set_device(rank)
         # the parent enforces `timeout_s`; the group's own timeout only frees a rank whose parent
         # died, so it must not fire first and pre-empt the parent's timeout error
-        dist.init_process_group(backend, init_method=store, rank=rank, world_size=ranks,
-                                timeout=timedelta(seconds=timeout_s + 60))
+        dist.init_process_group(
+            backend, init_method=store, rank=rank, world_size=ranks, timeout=timedelta(seconds=timeout_s + 60)
+        )
         from losscheck.core.sampling import make_generator
         from losscheck.run.session import Session
 
@@ -271,7 +310,7 @@ def _rank_main(
         # plain pickle: the queue's own pickler would share tensors by file descriptor, which
         # dies with this process
         results.put(("ok", rank, pickle.dumps((engine.target.identity, out))))
-    except BaseException:  # noqa: BLE001 - the parent re-raises it with this rank's traceback
+    except BaseException:
         results.put(("error", rank, traceback.format_exc()))
         # flushed before the group goes down: the other ranks then fail too ("connection closed"),
         # and the parent must hear the cause first

@@ -78,7 +78,9 @@ def _append(context: torch.Tensor, eos_id: int | None) -> torch.Tensor:
 def _checked_step(step: torch.Tensor, rows: int, t: int) -> torch.Tensor:
     """`step` [rows, V] as float64, renormalised, after checking it is a batch of distributions."""
     if step.dim() != 2 or step.shape[0] != rows:
-        raise LosscheckError(f"next_probs returned shape {tuple(step.shape)} for {rows} contexts at step {t}; expected [{rows}, V]")
+        raise LosscheckError(
+            f"next_probs returned shape {tuple(step.shape)} for {rows} contexts at step {t}; expected [{rows}, V]"
+        )
     return normalized_rows(step, f"next_probs at step {t}")
 
 
@@ -175,7 +177,11 @@ def exact_tests(
     testable = [l for l, (_, _, expected) in enumerate(marginals) if len(expected) >= 2]
     a = per_test_alpha(alpha, 2 + len(testable))
     _require_joint_power(
-        n, len(joint_expected), a, power, target_tv,
+        n,
+        len(joint_expected),
+        a,
+        power,
+        target_tv,
         required_n=exact_required_n(len(probs), seqs.shape[1], alpha, power, target_tv, max_bins),
     )
 

@@ -7,7 +7,6 @@ enumerated sequences, exact target probabilities).
 from __future__ import annotations
 
 import math
-
 from typing import Literal
 
 import numpy as np
@@ -73,8 +72,12 @@ def goodness_of_fit(
 def support_check(name: str, n_impossible: int, n: int, power: float, what: str) -> TestResult:
     """Fails when any of `n` sampled `what`s has probability 0 under the target."""
     return impossible_event(
-        name, f"every sampled {what} to have positive probability under the target",
-        f"{n_impossible} of {n} sampled {what}s have probability 0 under the target", n_impossible, n, power,
+        name,
+        f"every sampled {what} to have positive probability under the target",
+        f"{n_impossible} of {n} sampled {what}s have probability 0 under the target",
+        n_impossible,
+        n,
+        power,
     )
 
 

@@ -139,9 +139,13 @@ def pit_tests(
     values = u[valid]  # [n], row-major like valid.nonzero()
     n = len(values)
     if n == 0:
-        raise UnderpoweredError("pit_tests: no PIT value to test (the mask selects no position of positive probability)")
+        raise UnderpoweredError(
+            "pit_tests: no PIT value to test (the mask selects no position of positive probability)"
+        )
     if ((values < 0) | (values > 1)).any():
-        raise LosscheckError("pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)")
+        raise LosscheckError(
+            "pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)"
+        )
     _require_pooled_power(n, n_bins, a, power, target_tv, pit_required_values(alpha, power, target_tv, n_bins))
 
     bins = (values * n_bins).long().clamp(max=n_bins - 1)  # [n]
@@ -198,10 +202,7 @@ def _pooled_ks(values: np.ndarray, alpha: float, power: float) -> TestResult:
     return TestResult(
         name="pit.pooled_ks",
         expected="PIT values with CDF of U(0, 1)",
-        observed=(
-            f"empirical CDF {ks.statistic:.4g} away from the uniform CDF at u = "
-            f"{ks.statistic_location:.4g}"
-        ),
+        observed=(f"empirical CDF {ks.statistic:.4g} away from the uniform CDF at u = {ks.statistic_location:.4g}"),
         statistic=float(ks.statistic),
         p_value=float(ks.pvalue),
         alpha=alpha,
@@ -223,16 +224,22 @@ def _stratified_chisquare(
     least-populated tested stratum (its noncentrality is n_s·w_s²).
     """
     if counts is None:
-        return TestResult(name=name, expected=f"PIT values uniform within each {stratum}",
-                          observed=f"not tested: the run records no {stratum} of its tokens", statistic=0.0,
-                          p_value=1.0, alpha=alpha, n=0, power=power,
-                          detectable={"w": math.inf, "tv": math.inf, f"tv_one_{stratum}": math.inf})
+        return TestResult(
+            name=name,
+            expected=f"PIT values uniform within each {stratum}",
+            observed=f"not tested: the run records no {stratum} of its tokens",
+            statistic=0.0,
+            p_value=1.0,
+            alpha=alpha,
+            n=0,
+            power=power,
+            detectable={"w": math.inf, "tv": math.inf, f"tv_one_{stratum}": math.inf},
+        )
     n_bins = counts.shape[1]
     per_position_n = counts.sum(1)  # [L]
     tested = np.flatnonzero(per_position_n >= min_expected * n_bins)  # [K]
     expected_desc = (
-        f"PIT values uniform over {n_bins} equal bins in each {stratum} with >= "
-        f"{min_expected:g} expected per bin"
+        f"PIT values uniform over {n_bins} equal bins in each {stratum} with >= {min_expected:g} expected per bin"
     )
     n = int(per_position_n[tested].sum())
     if len(tested) == 0:
@@ -293,13 +300,22 @@ def _pair_chisquare(
     use = first_ok & second_ok  # [N, L/2]
     cells = PAIR_BINS * PAIR_BINS
     grid = (first[use] * PAIR_BINS).long().clamp(max=PAIR_BINS - 1) * PAIR_BINS + (
-        second[use] * PAIR_BINS).long().clamp(max=PAIR_BINS - 1)
+        second[use] * PAIR_BINS
+    ).long().clamp(max=PAIR_BINS - 1)
     counts = torch.bincount(grid, minlength=cells).numpy()
     n = int(counts.sum())
     if n < 5 * cells:
-        return TestResult(name="pit.pair_chisquare", expected="consecutive PIT pairs uniform on the unit square",
-                          observed=f"{n} pairs: too few to test (need {5 * cells})", statistic=0.0, p_value=1.0,
-                          alpha=alpha, n=n, power=power, detectable={"w": math.inf, "tv": math.inf})
+        return TestResult(
+            name="pit.pair_chisquare",
+            expected="consecutive PIT pairs uniform on the unit square",
+            observed=f"{n} pairs: too few to test (need {5 * cells})",
+            statistic=0.0,
+            p_value=1.0,
+            alpha=alpha,
+            n=n,
+            power=power,
+            detectable={"w": math.inf, "tv": math.inf},
+        )
     return goodness_of_fit(
         "pit.pair_chisquare",
         f"pairs (u_2m, u_2m+1) uniform over a {PAIR_BINS}x{PAIR_BINS} grid of the unit square",

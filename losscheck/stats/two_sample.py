@@ -58,7 +58,9 @@ def two_sample_tests(
     a = torch.as_tensor(a, dtype=torch.long)
     b = torch.as_tensor(b, dtype=torch.long)
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1] or a.shape[1] == 0:
-        raise LosscheckError(f"two_sample_tests needs a [Na, L] and b [Nb, L], L >= 1; got {tuple(a.shape)}, {tuple(b.shape)}")
+        raise LosscheckError(
+            f"two_sample_tests needs a [Na, L] and b [Nb, L], L >= 1; got {tuple(a.shape)}, {tuple(b.shape)}"
+        )
     for name, ids in (("a", a), ("b", b)):
         if ids.numel() == 0 or ids.min() < 0 or ids.max() >= vocab_size:
             raise LosscheckError(f"two_sample_tests: sample {name} is empty or has ids outside [0, {vocab_size})")

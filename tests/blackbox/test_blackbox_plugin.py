@@ -52,8 +52,14 @@ def certify(pytester: pytest.Pytester, engine: str, select: str) -> pytest.RunRe
     pytester.makepyfile(bb=textwrap.dedent(ENGINES))
     pytester.syspathinsert()
     return pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", "-k", select,
-        f"--losscheck-engine={engine}", "--losscheck-detect-tv=0.1",
+        "--pyargs",
+        "losscheck.plugin.certify",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        select,
+        f"--losscheck-engine={engine}",
+        "--losscheck-detect-tv=0.1",
     )
 
 
@@ -61,7 +67,8 @@ def outcomes(result: pytest.RunResult, false_failure: str, **expected: int) -> N
     counts = {k: result.parseoutcomes().get(k, 0) for k in ("passed", "failed", "errors", "skipped")}
     assert counts == {k: expected.get(k, 0) for k in counts}, (
         f"outcomes {counts}, expected {expected}; false-failure probability {false_failure}\n"
-        + result.stdout.str()[-4000:])
+        + result.stdout.str()[-4000:]
+    )
 
 
 def test_an_honest_engine_passes_greedy_on_every_prompt_and_one_sample_pit(pytester):

@@ -9,26 +9,29 @@ import pytest
 import torch
 
 from losscheck import bundled
+from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines import EngineOutputError, check_engine, checked_samples, lengths
 from losscheck.errors import OptionError
 from losscheck.plan.matrix import ENGINE, SAMPLING_VARIANTS, engine_cells
-from losscheck.core.sampling import GREEDY, SamplingParams
 
 EOS, V = 1, 64
 
 
 def engine(**attrs):
-    base = dict(name="fake", k=4, precision="fp32", generate=lambda *a: None)
+    base = {"name": "fake", "k": 4, "precision": "fp32", "generate": lambda *a: None}
     return SimpleNamespace(**{**base, **attrs})
 
 
-@pytest.mark.parametrize("attrs, message", [
-    (dict(generate=None), "without a generate"),
-    (dict(k=0), "k = 0; declare the block length"),
-    (dict(k=True), "k = True"),
-    (dict(precision="int8"), "precision = 'int8'"),
-    (dict(name=None), "without a name"),
-])
+@pytest.mark.parametrize(
+    "attrs, message",
+    [
+        ({"generate": None}, "without a generate"),
+        ({"k": 0}, "k = 0; declare the block length"),
+        ({"k": True}, "k = True"),
+        ({"precision": "int8"}, "precision = 'int8'"),
+        ({"name": None}, "without a name"),
+    ],
+)
 def test_an_engine_missing_a_declaration_is_an_option_error_naming_its_source(attrs, message):
     with pytest.raises(OptionError, match=message) as info:
         check_engine(engine(**attrs), "--losscheck-engine='m:f'")
@@ -40,13 +43,19 @@ def test_a_valid_engine_passes_with_precision_none_meaning_two_sample():
     assert check_engine(e, "x") is e
 
 
-@pytest.mark.parametrize("out, message", [
-    ([[1]], "returned list"),
-    (torch.zeros(2, 3, 5), "dtype torch.float32"),
-    (torch.zeros(2, 3, 4, dtype=torch.long), r"shape \(2, 3, 4\), expected \[prompts, n, max_new_tokens\] = \(2, 3, 5\)"),
-    (torch.full((2, 3, 5), V, dtype=torch.long), r"ids in \[64, 64\], outside the target's vocabulary \[0, 64\)"),
-    (torch.tensor([5, EOS, 7, EOS, EOS]).expand(2, 3, 5), "ids other than EOS"),
-])
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        ([[1]], "returned list"),
+        (torch.zeros(2, 3, 5), "dtype torch.float32"),
+        (
+            torch.zeros(2, 3, 4, dtype=torch.long),
+            r"shape \(2, 3, 4\), expected \[prompts, n, max_new_tokens\] = \(2, 3, 5\)",
+        ),
+        (torch.full((2, 3, 5), V, dtype=torch.long), r"ids in \[64, 64\], outside the target's vocabulary \[0, 64\)"),
+        (torch.tensor([5, EOS, 7, EOS, EOS]).expand(2, 3, 5), "ids other than EOS"),
+    ],
+)
 def test_malformed_engine_output_is_an_error_naming_the_engine(out, message):
     with pytest.raises(EngineOutputError, match=message) as info:
         checked_samples(engine(), out, 2, 3, 5, V, EOS)
@@ -118,8 +127,8 @@ def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_a
 
 
 def test_a_tempered_assistant_drafts_from_logits_divided_by_its_factor():
-    from losscheck.engines.hf import tempered
     from losscheck.core.target import load_causal_lm
+    from losscheck.engines.hf import tempered
 
     assistant = load_causal_lm(bundled.fixtures_dir() / "drafter_a")
     ids = torch.tensor([[1, 5, 9, 3]])

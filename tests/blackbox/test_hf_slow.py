@@ -30,7 +30,13 @@ BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9
 def certify(pytester: pytest.Pytester, engine: str, select: str) -> tuple[pytest.RunResult, float]:
     started = time.perf_counter()
     result = pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", "-k", select, f"--losscheck-engine={engine}",
+        "--pyargs",
+        "losscheck.plugin.certify",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        select,
+        f"--losscheck-engine={engine}",
         timeout=3 * 3600,
     )
     seconds = time.perf_counter() - started

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines import EngineOutputError
 from losscheck.engines.vllm import VLLMEngine, sampling_kwargs, to_tensor
-from losscheck.core.sampling import GREEDY, SamplingParams
 
 EOS = 1
 SPEC = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 3}
@@ -39,9 +39,23 @@ class FakeLLM:
 
 def test_sampling_parameters_map_exactly_and_neutralise_everything_else():
     kw = sampling_kwargs(SamplingParams(temperature=0.7, top_k=8, top_p=0.9), seed=123, max_new_tokens=10)
-    assert kw == dict(n=1, temperature=0.7, top_k=8, top_p=0.9, min_p=0.0, repetition_penalty=1.0,
-                      presence_penalty=0.0, frequency_penalty=0.0, seed=123, max_tokens=10, min_tokens=0,
-                      ignore_eos=False, logprobs=None, prompt_logprobs=None, detokenize=False)
+    assert kw == {
+        "n": 1,
+        "temperature": 0.7,
+        "top_k": 8,
+        "top_p": 0.9,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "seed": 123,
+        "max_tokens": 10,
+        "min_tokens": 0,
+        "ignore_eos": False,
+        "logprobs": None,
+        "prompt_logprobs": None,
+        "detokenize": False,
+    }
     off = sampling_kwargs(SamplingParams(), 5, 4)
     assert off["top_k"] == -1 and off["top_p"] == 1.0 and off["temperature"] == 1.0
     greedy = sampling_kwargs(GREEDY, 5, 4)

@@ -12,8 +12,9 @@ import torch
 pytest_plugins = ["pytester"]
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                       reason="vLLM is not installed (pip install vllm on a GPU runner)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install vllm on a GPU runner)"
+    ),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: vLLM needs one"),
 ]
 
@@ -21,7 +22,13 @@ pytestmark = [
 def test_vllm_draft_model_speculation_is_certified(pytester):
     """Greedy on == off and five one-sample PIT cells; a false failure has probability <= alpha 0.01."""
     result = pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", "-k", "test_engine_greedy or test_engine_sampling",
-        "--losscheck-engine=losscheck.engines.vllm:bundled_draft_model", "--losscheck-device=cuda",
+        "--pyargs",
+        "losscheck.plugin.certify",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "test_engine_greedy or test_engine_sampling",
+        "--losscheck-engine=losscheck.engines.vllm:bundled_draft_model",
+        "--losscheck-device=cuda",
     )
     result.assert_outcomes(passed=6)

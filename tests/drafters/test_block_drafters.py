@@ -9,12 +9,12 @@ import torch
 
 from losscheck import bundled
 from losscheck.core.contract import DraftContext, validate_proposal
-from losscheck.drafters import parallel
-from losscheck.run import drafters as registry
-from losscheck.drafters.block import BlockModel
 from losscheck.core.engine import Engine, pad_prompts
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
 from losscheck.core.target import HFTarget, content_hash
+from losscheck.drafters import parallel
+from losscheck.drafters.block import BlockModel
+from losscheck.run import drafters as registry
 from tests.support import assert_follows
 
 FAMILIES = registry.BLOCK_FAMILIES

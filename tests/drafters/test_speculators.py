@@ -13,14 +13,16 @@ import torch
 
 from losscheck import bundled
 from losscheck.core.contract import DraftContext, Proposal, hidden_layers, validate_proposal
+from losscheck.core.sampling import GREEDY, SamplingParams
+from losscheck.core.target import HFTarget
 from losscheck.drafters import speculators
 from losscheck.drafters.speculators_config import read_config
 from losscheck.errors import DrafterOutputError, LosscheckError, OptionError
-from losscheck.core.sampling import GREEDY, SamplingParams
-from losscheck.core.target import HFTarget
 
 FIXTURES = bundled.fixtures_dir()
-EAGLE3, PEAGLE, ACCEPT_K2 = (FIXTURES / d for d in ("speculators_eagle3", "speculators_peagle", "speculators_eagle3_accept_k2"))
+EAGLE3, PEAGLE, ACCEPT_K2 = (
+    FIXTURES / d for d in ("speculators_eagle3", "speculators_peagle", "speculators_eagle3_accept_k2")
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,7 @@ def target() -> HFTarget:
 
 # ---- contract: a draft vocabulary mapped into the target's ----------------------------------------
 
+
 def test_vocab_map_spreads_q_onto_the_target_vocabulary_with_zeros_elsewhere():
     vocab_map = torch.tensor([2, 5, 7])
     probs = torch.tensor([[[0.2, 0.5, 0.3]]])  # [1, 1, 3]
@@ -38,13 +41,16 @@ def test_vocab_map_spreads_q_onto_the_target_vocabulary_with_zeros_elsewhere():
     assert out.probs[0, 0].tolist() == pytest.approx([0, 0, 0.2, 0, 0, 0.5, 0, 0.3])
 
 
-@pytest.mark.parametrize("vocab_map, tokens, problem", [
-    (torch.tensor([2, 2, 7]), [[2]], "same target id"),
-    (torch.tensor([2, 5, 8]), [[2]], "target's vocabulary"),
-    (torch.tensor([2, 5]), [[2]], "draft vocabulary"),
-    (torch.tensor([2.0, 5.0, 7.0]), [[2]], "integer tensor"),
-    (torch.tensor([2, 5, 7]), [[3]], "zero probability"),  # a drafted id the map does not reach
-])
+@pytest.mark.parametrize(
+    "vocab_map, tokens, problem",
+    [
+        (torch.tensor([2, 2, 7]), [[2]], "same target id"),
+        (torch.tensor([2, 5, 8]), [[2]], "target's vocabulary"),
+        (torch.tensor([2, 5]), [[2]], "draft vocabulary"),
+        (torch.tensor([2.0, 5.0, 7.0]), [[2]], "integer tensor"),
+        (torch.tensor([2, 5, 7]), [[3]], "zero probability"),  # a drafted id the map does not reach
+    ],
+)
 def test_bad_vocab_maps_are_named(vocab_map, tokens, problem):
     probs = torch.full((1, 1, 3), 1 / 3)
     with pytest.raises(DrafterOutputError, match=problem):
@@ -52,6 +58,7 @@ def test_bad_vocab_maps_are_named(vocab_map, tokens, problem):
 
 
 # ---- contract: named target layers ----------------------------------------------------------------
+
 
 def test_named_layers_are_huggingface_hidden_states_concatenated(target):
     ids = torch.tensor([[0, 2, 9, 10, 11]])
@@ -80,6 +87,7 @@ def test_uses_hidden_true_is_the_last_layer_and_bad_ids_are_refused(target):
 
 # ---- the checkpoint format --------------------------------------------------------------------------
 
+
 def test_fixture_configs_read_as_published():
     eagle3, peagle = read_config(EAGLE3), read_config(PEAGLE)
     assert (eagle3.model_type, eagle3.draft_vocab_size, eagle3.target_vocab_size) == ("eagle3", 48, 64)
@@ -98,15 +106,18 @@ def _edited(tmp_path: Path, edit) -> Path:
     return out
 
 
-@pytest.mark.parametrize("edit, problem", [
-    (lambda c: c.pop("speculators_config"), "no speculators_config"),
-    (lambda c: c.update(speculators_model_type="medusa"), "not supported"),
-    (lambda c: c["transformer_layer_config"].update(vocab_size=128), "vocabulary 128 tokens, the target has 64"),
-    (lambda c: c["transformer_layer_config"].update(hidden_size=64), "hidden size 64"),
-    (lambda c: c["speculators_config"]["verifier"].update(architectures=["Qwen3ForCausalLM"]), "Qwen3ForCausalLM"),
-    (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 9]), "layer ids are 0..4"),
-    (lambda c: c["speculators_config"].update(default_proposal_method="tree"), "not among proposal_methods"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda c: c.pop("speculators_config"), "no speculators_config"),
+        (lambda c: c.update(speculators_model_type="medusa"), "not supported"),
+        (lambda c: c["transformer_layer_config"].update(vocab_size=128), "vocabulary 128 tokens, the target has 64"),
+        (lambda c: c["transformer_layer_config"].update(hidden_size=64), "hidden size 64"),
+        (lambda c: c["speculators_config"]["verifier"].update(architectures=["Qwen3ForCausalLM"]), "Qwen3ForCausalLM"),
+        (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 9]), "layer ids are 0..4"),
+        (lambda c: c["speculators_config"].update(default_proposal_method="tree"), "not among proposal_methods"),
+    ],
+)
 def test_a_mismatched_or_foreign_checkpoint_is_a_clear_error(tmp_path, target, edit, problem):
     with pytest.raises(OptionError, match=problem):
         speculators.from_path(_edited(tmp_path, edit), target)
@@ -130,7 +141,9 @@ def test_missing_embedding_comes_from_the_target_and_a_missing_weight_is_named(t
 PROMPTS = [[0, 2, 9, 10, 11, 12], [0], [0, 4, 30, 17]]
 
 
-def _context(target: HFTarget, drafter, tokens: torch.Tensor, lengths: torch.Tensor, k: int, params=GREEDY) -> DraftContext:
+def _context(
+    target: HFTarget, drafter, tokens: torch.Tensor, lengths: torch.Tensor, k: int, params=GREEDY
+) -> DraftContext:
     """What the engine hands the drafter: committed tokens and the target's named-layer states."""
     target.reset(tokens.shape[0], tokens.shape[1] + k + 1)
     _, hidden = target.forward(tokens, torch.zeros_like(lengths), layers=drafter.uses_hidden)
@@ -173,7 +186,9 @@ def test_peagle_slots_do_not_see_each_others_drafts(target):
     for seed in (1, 2):
         drafter.reset(len(PROMPTS), 30)
         ctx = _context(target, drafter, tokens, lengths, 4, SamplingParams(temperature=1.0))
-        ctx = DraftContext(ctx.tokens, ctx.lengths, ctx.hidden, 4, None, ctx.params, torch.Generator().manual_seed(seed))
+        ctx = DraftContext(
+            ctx.tokens, ctx.lengths, ctx.hidden, 4, None, ctx.params, torch.Generator().manual_seed(seed)
+        )
         qs.append(drafter.propose(ctx))
     assert not torch.equal(qs[0].tokens, qs[1].tokens)
     torch.testing.assert_close(qs[0].probs, qs[1].probs)
@@ -194,6 +209,7 @@ def test_eagle3_drafts_only_draft_vocabulary_tokens_and_reports_q_over_it(target
 
 # ---- the format's lossy switch ----------------------------------------------------------------------
 
+
 def test_top_k_acceptance_keeps_a_second_best_draft_within_the_tolerance():
     from losscheck.drafters.speculators_config import GreedyProposal
 
@@ -206,9 +222,9 @@ def test_top_k_acceptance_keeps_a_second_best_draft_within_the_tolerance():
 
 
 def test_verifier_accept_k_2_fails_the_greedy_gate_naming_the_setting():
+    from losscheck.cells.runner import run_greedy
     from losscheck.plan.matrix import Cell
     from losscheck.run.options import Options
-    from losscheck.cells.runner import run_greedy
     from losscheck.run.session import Session
 
     session = Session(Options(drafter=f"speculators:{ACCEPT_K2}"))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from losscheck.errors import OptionError
-from losscheck.selftest import catalogue, get_mutant, names
 from losscheck.run.options import Options
 from losscheck.run.session import Session
+from losscheck.selftest import catalogue, get_mutant, names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,17 +51,38 @@ def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
         assert ids, f"{m.name} shows in no gate cell"
         assert set(ids) <= (greedy if m.kind == "greedy" else statistical), m.name
     assert [c.id for c in get_mutant("temperature_q_only").cells(session.plan, session.options.profile)] == [
-        "A-k4-T0.3-small", "A-k4-T1.5-small", "A-k4-T0.3", "A-k4-T1.5", "A-k4-T0.001", "A-k4-T5"]
+        "A-k4-T0.3-small",
+        "A-k4-T1.5-small",
+        "A-k4-T0.3",
+        "A-k4-T1.5",
+        "A-k4-T0.001",
+        "A-k4-T5",
+    ]
     assert [c.id for c in get_mutant("retired_row_leak").cells(session.plan, session.options.profile)] == [
-        "A-k4-greedy-cb", "A-k4-greedy-prefix-warm-cb"]
+        "A-k4-greedy-cb",
+        "A-k4-greedy-prefix-warm-cb",
+    ]
 
 
 def test_the_mutant_tier_uses_the_alpha_of_the_lossless_gate(session):
     """The count behind the per-test α equals what `pytest -m lossless` collects as statistical."""
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-         "lossless and statistical", str(ROOT / "losscheck" / "certify")],
-        capture_output=True, text=True, cwd=ROOT, check=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "lossless and statistical",
+            str(ROOT / "losscheck" / "plugin" / "certify"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     ).stdout
     # A mode that is off ("[off]", skipped with its reason) spends no alpha.
     collected = sum(1 for line in out.splitlines() if "::" in line and "[off]" not in line)
@@ -72,10 +93,10 @@ def test_the_mutant_tier_uses_the_alpha_of_the_lossless_gate(session):
 def test_predicted_power_is_alpha_for_a_lossless_law_and_high_for_a_lossy_one(session):
     from dataclasses import replace
 
+    from losscheck.core.sampling import SamplingParams
     from losscheck.plan.matrix import Cell
     from losscheck.selftest import laws
     from losscheck.selftest.power import position0_level, predict
-    from losscheck.core.sampling import SamplingParams
 
     cell = Cell("A", 4, SamplingParams(temperature=0.3), target="small")
     honest = replace(get_mutant("temperature_q_only"), first_token=laws.correct)
@@ -91,17 +112,44 @@ def test_predicted_power_is_alpha_for_a_lossless_law_and_high_for_a_lossy_one(se
 def test_catch_table_rows_and_files(tmp_path):
     from losscheck.selftest.catch import CellCatch, MutantReport, write_table
 
-    caught = MutantReport("m1", "Bug class one", "sampling", ["c1", "c2"],
-                          [CellCatch("c1", "exact", True, ["exact.joint_gtest", "exact.position[0]"], "exact.position[0]", 1e-30, "x", 1.0,
-                                     {"power": 1.0, "tv": 0.2, "note": "exact.position[0]"})],
-                          1.0, {"cell": "c1", "power": 1.0, "tv": 0.2, "note": "exact.position[0]"})
-    missed = MutantReport("m2", "Bug | two", "greedy", ["g1"], [CellCatch("g1", "greedy", False, [], "", None, "", 1.0)],
-                          1.0, {"cell": "g1", "power": None, "tv": None, "note": "n/a: greedy"})
+    caught = MutantReport(
+        "m1",
+        "Bug class one",
+        "sampling",
+        ["c1", "c2"],
+        [
+            CellCatch(
+                "c1",
+                "exact",
+                True,
+                ["exact.joint_gtest", "exact.position[0]"],
+                "exact.position[0]",
+                1e-30,
+                "x",
+                1.0,
+                {"power": 1.0, "tv": 0.2, "note": "exact.position[0]"},
+            )
+        ],
+        1.0,
+        {"cell": "c1", "power": 1.0, "tv": 0.2, "note": "exact.position[0]"},
+    )
+    missed = MutantReport(
+        "m2",
+        "Bug | two",
+        "greedy",
+        ["g1"],
+        [CellCatch("g1", "greedy", False, [], "", None, "", 1.0)],
+        1.0,
+        {"cell": "g1", "power": None, "tv": None, "note": "n/a: greedy"},
+    )
     meta = {"seed": 1, "profile": "ci", "alpha": 0.01, "per_test_alpha": 0.01 / 18, "gate_statistical_tests": 18}
     md, js = write_table([caught, missed], [], meta, tmp_path)
     text = md.read_text()
     assert "1/2 planted bugs caught" in text
-    assert "| m1 | Bug class one | sampling | yes | c1: exact.position[0] (+1 more) | p = 1e-30 | 1.0000 | 0.200 | 1/1 (2) |" in text
+    assert (
+        "| m1 | Bug class one | sampling | yes | c1: exact.position[0] (+1 more) | p = 1e-30 | 1.0000 | 0.200 | 1/1 (2) |"
+        in text
+    )
     assert "Bug \\| two" in text and "| NO |" in text
     assert [m["caught"] for m in json.loads(js.read_text())["mutants"]] == [True, False]
 

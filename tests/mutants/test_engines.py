@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from losscheck.core.engine import Engine
-from losscheck.errors import LosscheckError
-from losscheck.selftest import catalogue, get_mutant
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
 from losscheck.core.verify import verify_block
+from losscheck.errors import LosscheckError
+from losscheck.selftest import catalogue, get_mutant
 from tests.support import PROMPTS, noisy_drafter, tiny_target
 
 MAX_NEW = 24
@@ -46,8 +46,11 @@ def test_the_baseline_is_never_planted(target):
 
 # The serving mutants plant a prefix cache or a scheduler, which only warm-cache and continuous-
 # batching runs use: tests/test_prefix_cache.py and tests/test_batching.py show them changing output.
-@pytest.mark.parametrize("name", [m.name for m in catalogue() if m.kind == "greedy" and m.wrap_cache is None
-                                  and m.batcher is None] + ["recovered_after_rejected"])
+@pytest.mark.parametrize(
+    "name",
+    [m.name for m in catalogue() if m.kind == "greedy" and m.wrap_cache is None and m.batcher is None]
+    + ["recovered_after_rejected"],
+)
 def test_greedy_mutants_diverge_from_the_baseline(target, name):
     base = run(Engine(target))
     honest = run(Engine(target, noisy_drafter(target, NOISE), 3))

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from losscheck.core.contract import DraftContext
+from losscheck.core.sampling import GREEDY, SamplingParams, process_logits, sample
+from losscheck.core.verify import BlockOutcome, Verifier, verify_block
 from losscheck.selftest import drafters as planted
 from losscheck.selftest import get_mutant, laws
 from losscheck.selftest.verifiers import inverse_cdf, verify_bonus_counted_not_written, verify_rows_mixed_up
-from losscheck.core.sampling import GREEDY, SamplingParams, process_logits, sample
-from losscheck.core.verify import BlockOutcome, Verifier, verify_block
 from tests.support import assert_follows, markov_table
 
 V, START, ROWS, K = 6, 0, 100_000, 2
@@ -37,8 +37,9 @@ def one_round(verify: Verifier, draw, params: SamplingParams, k: int = K, seed: 
     """ROWS independent rounds from START: k drafts by `draw` on the drafter table, verified by
     `verify` on the target table's logits."""
     gen = torch.Generator().manual_seed(seed)
-    ctx = DraftContext(torch.zeros(ROWS, 1, dtype=torch.long), torch.ones(ROWS, dtype=torch.long), None, k,
-                       None, params, gen)
+    ctx = DraftContext(
+        torch.zeros(ROWS, 1, dtype=torch.long), torch.ones(ROWS, dtype=torch.long), None, k, None, params, gen
+    )
     prev = torch.full((ROWS,), START)
     drafts, reports = [], []
     for _ in range(k):
@@ -66,16 +67,17 @@ CASES = {  # name: (verify, draw, exact law, params)
     "inverted_ratio": (planted_verifier("inverted_ratio"), honest_draw, laws.inverted_ratio, T1),
     "shared_uniform": (planted_verifier("shared_uniform"), honest_draw, laws.shared_uniform, T1),
     "typical_acceptance": (planted_verifier("typical_acceptance"), honest_draw, laws.typical, T1),
-    "recovered_after_rejected": (planted_verifier("recovered_after_rejected"), honest_draw,
-                                 laws.recovered_after_rejected, T1),
+    "recovered_after_rejected": (
+        planted_verifier("recovered_after_rejected"),
+        honest_draw,
+        laws.recovered_after_rejected,
+        T1,
+    ),
     "temperature_q_only": (planted_verifier("temperature_q_only"), honest_draw, laws.temperature_q_only, COLD),
-    "truncation_draft_only": (planted_verifier("truncation_draft_only"), honest_draw,
-                              laws.truncation_draft_only, TOPK),
+    "truncation_draft_only": (planted_verifier("truncation_draft_only"), honest_draw, laws.truncation_draft_only, TOPK),
     "temperature_p_only": (verify_block, planted.untempered_report, laws.temperature_p_only, COLD),
-    "greedy_draft_softmax_q": (verify_block, planted.argmax_with_softmax_report,
-                               laws.greedy_draft_softmax_q, T1),
-    "truncated_candidates_full_q": (verify_block, planted.top_w_with_full_report,
-                                    laws.truncated_candidates_full_q, T1),
+    "greedy_draft_softmax_q": (verify_block, planted.argmax_with_softmax_report, laws.greedy_draft_softmax_q, T1),
+    "truncated_candidates_full_q": (verify_block, planted.top_w_with_full_report, laws.truncated_candidates_full_q, T1),
 }
 
 
@@ -84,8 +86,12 @@ def test_the_correct_verifier_gives_p_exactly_and_the_harness_agrees(params):
     slot = first_slot(params)
     law = laws.correct(slot)
     assert torch.allclose(law, slot.p(), atol=1e-9)
-    assert_follows(one_round(verify_block, honest_draw, params).tokens[:, 0], slot.p(), ALPHA,
-                   f"correct verifier, {params.label()}: first token vs p")
+    assert_follows(
+        one_round(verify_block, honest_draw, params).tokens[:, 0],
+        slot.p(),
+        ALPHA,
+        f"correct verifier, {params.label()}: first token vs p",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -103,7 +109,9 @@ def test_bonus_from_wrong_slot_draws_the_bonus_without_the_last_draft():
     verdict = one_round(planted_verifier("bonus_from_wrong_slot"), honest_draw, T1, k=1)
     kept = verdict.accepted == 1
     p_start = process_logits(TARGET[START], T1).double()
-    assert_follows(verdict.tokens[kept, 1], p_start, ALPHA, "bonus vs p at START")  # the bonus ignores the accepted draft
+    assert_follows(
+        verdict.tokens[kept, 1], p_start, ALPHA, "bonus vs p at START"
+    )  # the bonus ignores the accepted draft
     honest = one_round(verify_block, honest_draw, T1, k=1)
     honest_kept = honest.accepted == 1
     bonus_law = process_logits(TARGET[honest.tokens[honest_kept, 0]], T1).double().mean(0)
@@ -134,7 +142,9 @@ def test_bonus_left_unwritten_only_when_every_draft_is_kept():
 def test_rows_are_permuted_only_when_they_accept_different_counts():
     drafts = torch.tensor([[1], [2], [3]])
     same = greedy_logits([[1, 4], [2, 5], [3, 6]])
-    assert torch.equal(verify_rows_mixed_up(same, drafts, None, GREEDY, None).tokens,
-                       verify_block(same, drafts, None, GREEDY, None).tokens)
+    assert torch.equal(
+        verify_rows_mixed_up(same, drafts, None, GREEDY, None).tokens,
+        verify_block(same, drafts, None, GREEDY, None).tokens,
+    )
     ragged = greedy_logits([[1, 4], [7, 5], [3, 6]])  # row 1 rejects its draft
     assert verify_rows_mixed_up(ragged, drafts, None, GREEDY, None).tokens.tolist() == [[7, 5], [1, 4], [3, 6]]

@@ -8,13 +8,19 @@ from losscheck.cli import parser, perf_args
 
 
 def test_perf_passes_its_options_on_to_the_perf_tier():
-    ns = parser().parse_args(["perf", "--perf-profile", "full", "--perf-compare", "old/perf.json",
-                              "--precision", "bf16", "--device", "cpu"])
+    ns = parser().parse_args(
+        ["perf", "--perf-profile", "full", "--perf-compare", "old/perf.json", "--precision", "bf16", "--device", "cpu"]
+    )
     args = perf_args(ns)
     assert args[:4] == ["--pyargs", "losscheck.plugin.certify", "-m", "perf"] and "-n" not in args
-    for expected in ("--losscheck-perf-profile=full", "--losscheck-perf-compare=old/perf.json",
-                     "--losscheck-precision=bf16", "--losscheck-device=cpu", "--losscheck-out=reports",
-                     "--losscheck-perf-compare-fail=speedup:10%,tau:5%"):
+    for expected in (
+        "--losscheck-perf-profile=full",
+        "--losscheck-perf-compare=old/perf.json",
+        "--losscheck-precision=bf16",
+        "--losscheck-device=cpu",
+        "--losscheck-out=reports",
+        "--losscheck-perf-compare-fail=speedup:10%,tau:5%",
+    ):
         assert expected in args
 
 

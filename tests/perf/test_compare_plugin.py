@@ -15,18 +15,42 @@ pytest_plugins = ["pytester"]
 @pytest.mark.slow
 def test_a_regression_against_the_saved_run_fails_and_names_the_rung(pytester, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the subprocess is no xdist worker
-    saved = {"schema": SCHEMA, "environment": {}, "target": {"name": "elsewhere", "sha256": "0"},
-             "rungs": [{"engine": "A", "concurrency": 1, "workload": "ladder", "tau": 9.0,
-                        "speedup": {"ratio": 100.0, "ci_low": 90.0, "ci_high": 110.0, "level": 0.95}}]}
+    saved = {
+        "schema": SCHEMA,
+        "environment": {},
+        "target": {"name": "elsewhere", "sha256": "0"},
+        "rungs": [
+            {
+                "engine": "A",
+                "concurrency": 1,
+                "workload": "ladder",
+                "tau": 9.0,
+                "speedup": {"ratio": 100.0, "ci_low": 90.0, "ci_high": 110.0, "level": 0.95},
+            }
+        ],
+    }
     run = pytester.path / "saved.json"
     run.write_text(json.dumps(saved))
     result = pytester.runpytest_subprocess(
-        "--pyargs", "losscheck.plugin.certify.test_perf", "-m", "perf", "-p", "no:cacheprovider",
-        "-k", "compare or (test_rung and A-c1 and not c16)", f"--losscheck-perf-compare={run}",
-        "--losscheck-perf-compare-fail=speedup:10%,tau:5%", f"--losscheck-out={pytester.path / 'out'}",
+        "--pyargs",
+        "losscheck.plugin.certify.test_perf",
+        "-m",
+        "perf",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "compare or (test_rung and A-c1 and not c16)",
+        f"--losscheck-perf-compare={run}",
+        "--losscheck-perf-compare-fail=speedup:10%,tau:5%",
+        f"--losscheck-out={pytester.path / 'out'}",
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*A c=1 ladder: speedup 100.000 -> *REGRESSED*", "*A c=1 ladder: tau 9.000 -> *REGRESSED*",
-                                 "*the runs differ in*target: elsewhere -> target*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*A c=1 ladder: speedup 100.000 -> *REGRESSED*",
+            "*A c=1 ladder: tau 9.000 -> *REGRESSED*",
+            "*the runs differ in*target: elsewhere -> target*",
+        ]
+    )
     report = (pytester.path / "out" / "perf" / "perf.md").read_text()
     assert "REGRESSED" in report and (pytester.path / "out" / "perf" / "speedup.png").exists()

@@ -21,8 +21,18 @@ from losscheck.perf.workload import Request
 
 
 def trace_of(requests: list[RequestTrace], wall: float = 2.0) -> ServeTrace:
-    return ServeTrace(2, requests, LoopStats.empty(4), wall, rounds=4, round_s=1.6, draft_s=0.4, verify_s=1.0,
-                      prefill_s=0.2, memory={})
+    return ServeTrace(
+        2,
+        requests,
+        LoopStats.empty(4),
+        wall,
+        rounds=4,
+        round_s=1.6,
+        draft_s=0.4,
+        verify_s=1.0,
+        prefill_s=0.2,
+        memory={},
+    )
 
 
 def two_requests() -> list[RequestTrace]:
@@ -72,7 +82,9 @@ def test_speedup_is_the_ratio_of_geometric_means_with_a_welch_interval():
     va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
     df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
     half = stats.t.ppf(0.95, df) * math.sqrt(va + vb)
-    assert (s.low, s.high) == pytest.approx((math.exp(a.mean() - b.mean() - half), math.exp(a.mean() - b.mean() + half)))
+    assert (s.low, s.high) == pytest.approx(
+        (math.exp(a.mean() - b.mean() - half), math.exp(a.mean() - b.mean() + half))
+    )
     assert s.low < s.ratio < s.high
 
 
@@ -81,7 +93,9 @@ def test_paired_runs_take_the_interval_on_their_log_ratios():
     s = speedup(spec, base, paired=True)
     d = np.log(spec) - np.log(base)
     half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
-    assert (s.ratio, s.low, s.high) == pytest.approx((math.exp(d.mean()), math.exp(d.mean() - half), math.exp(d.mean() + half)))
+    assert (s.ratio, s.low, s.high) == pytest.approx(
+        (math.exp(d.mean()), math.exp(d.mean() - half), math.exp(d.mean() + half))
+    )
     assert s.high - s.low < speedup(spec, base).high - speedup(spec, base).low  # pairing removes the shared drift
     with pytest.raises(ValueError, match="as many"):
         speedup([1.0, 2.0], [1.0], paired=True)

@@ -11,18 +11,34 @@ from losscheck.perf import runfile
 
 
 def doc(speedup: float, tau: float, engine: str = "A", concurrency: int = 1) -> dict:
-    rung = {"engine": engine, "concurrency": concurrency, "workload": "ladder", "tau": tau,
-            "speedup": {"ratio": speedup, "ci_low": speedup * 0.9, "ci_high": speedup * 1.1, "level": 0.95}}
+    rung = {
+        "engine": engine,
+        "concurrency": concurrency,
+        "workload": "ladder",
+        "tau": tau,
+        "speedup": {"ratio": speedup, "ci_low": speedup * 0.9, "ci_high": speedup * 1.1, "level": 0.95},
+    }
     base = {"engine": "baseline", "concurrency": concurrency, "workload": "ladder", "tau": 1.0}
-    return {"schema": runfile.SCHEMA, "rungs": [rung, base], "environment": {"device": "cpu", "torch": "2"},
-            "target": {"name": "t", "sha256": "x"}}
+    return {
+        "schema": runfile.SCHEMA,
+        "rungs": [rung, base],
+        "environment": {"device": "cpu", "torch": "2"},
+        "target": {"name": "t", "sha256": "x"},
+    }
 
 
 def test_thresholds_parse_and_bad_ones_name_the_entry():
     assert runfile.parse_thresholds("speedup:10%, tau:2.5%") == (
-        runfile.Threshold("speedup", 0.10), runfile.Threshold("tau", 0.025))
-    for bad, says in (("speed:10%", "'speed:10%'"), ("tau:5", "'tau:5'"), ("tau:x%", "not a percentage"),
-                      ("tau:100%", "drop must be"), ("", "at least one")):
+        runfile.Threshold("speedup", 0.10),
+        runfile.Threshold("tau", 0.025),
+    )
+    for bad, says in (
+        ("speed:10%", "'speed:10%'"),
+        ("tau:5", "'tau:5'"),
+        ("tau:x%", "not a percentage"),
+        ("tau:100%", "drop must be"),
+        ("", "at least one"),
+    ):
         with pytest.raises(OptionError, match=says):
             runfile.parse_thresholds(bad)
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from losscheck import bundled
-from losscheck.run import drafters as registry
 from losscheck.core.engine import Engine
+from losscheck.core.sampling import GREEDY, make_generator
+from losscheck.core.target import HFTarget
 from losscheck.errors import LosscheckError
 from losscheck.perf.serving import forget_rows, serve, trace_problems
 from losscheck.perf.workload import Request, make_workload
-from losscheck.core.sampling import GREEDY, make_generator
-from losscheck.core.target import HFTarget
+from losscheck.run import drafters as registry
 
 pytest_plugins = ["pytester"]
 
@@ -100,7 +100,16 @@ def test_a_drafter_with_unknown_row_state_must_offer_forget_rows(drafters):
 
 def test_the_perf_tier_refuses_to_time_under_xdist(pytester, monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
-    result = pytester.runpytest_subprocess("--pyargs", "losscheck.plugin.certify.test_perf", "-m", "perf", "-p",
-                                           "no:cacheprovider", "-rs", "-k", "compare or (test_rung and baseline and c32)")
+    result = pytester.runpytest_subprocess(
+        "--pyargs",
+        "losscheck.plugin.certify.test_perf",
+        "-m",
+        "perf",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "-k",
+        "compare or (test_rung and baseline and c32)",
+    )
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*does not time under pytest-xdist (this is worker gw3)*"])

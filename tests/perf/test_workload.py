@@ -24,8 +24,10 @@ def test_budgets_are_in_range_and_the_workload_is_seeded():
     assert reqs != make_workload(SETS, 200, 16, 7, "c8")
 
 
-@pytest.mark.parametrize("n, max_new, sets, says", [(0, 8, SETS, "at least one request"), (2, 0, SETS, "max_new"),
-                                                     (2, 8, {"low": []}, "prompt sets are empty")])
+@pytest.mark.parametrize(
+    "n, max_new, sets, says",
+    [(0, 8, SETS, "at least one request"), (2, 0, SETS, "max_new"), (2, 8, {"low": []}, "prompt sets are empty")],
+)
 def test_bad_workloads_are_named(n, max_new, sets, says):
     with pytest.raises(LosscheckError, match=says):
         make_workload(sets, n, max_new, 1)

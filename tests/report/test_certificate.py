@@ -8,32 +8,52 @@ import pytest
 import torch
 
 from losscheck.errors import LosscheckError
-from losscheck.run.options import Options
 from losscheck.report import certificate, compare
 from losscheck.report.manifest import drafter_identity, weights_sha256
+from losscheck.run.options import Options
 
 MATRIX = [
     {"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"},
     {"cell": "A-k4-T1", "mode": "pit", "argument": "sampling_cell"},
 ]
-ENV = {"losscheck": "0.1.0", "git_revision": None, "python": "3.11", "torch": "2.13", "transformers": "5",
-       "accelerator": "cpu", "device": "cpu", "worker": "gw0", "threads": 1}
+ENV = {
+    "losscheck": "0.1.0",
+    "git_revision": None,
+    "python": "3.11",
+    "torch": "2.13",
+    "transformers": "5",
+    "accelerator": "cpu",
+    "device": "cpu",
+    "worker": "gw0",
+    "threads": 1,
+}
 
 
 def manifest(worker: str = "gw0", matrix: list | None = None) -> dict:
-    return {"matrix": MATRIX if matrix is None else matrix, "alpha": {"family": 0.01, "statistical_tests": 1, "per_test": 0.01},
-            "targets": {"main": {"path": "t", "sha256": "a" * 64, "precision": "fp32"}},
-            "drafters": {"main": {"A": {"name": "A", "sha256": "b" * 64}}}, "environment": {**ENV, "worker": worker}}
+    return {
+        "matrix": MATRIX if matrix is None else matrix,
+        "alpha": {"family": 0.01, "statistical_tests": 1, "per_test": 0.01},
+        "targets": {"main": {"path": "t", "sha256": "a" * 64, "precision": "fp32"}},
+        "drafters": {"main": {"A": {"name": "A", "sha256": "b" * 64}}},
+        "environment": {**ENV, "worker": worker},
+    }
 
 
 def record(cell: str, passed: bool = True, outcome: str | None = None, tau: float = 3.0) -> dict:
     group = {"acceptance_length": tau, "row_rounds": 10}
-    return {"cell": cell, "kind": "greedy", "passed": passed, "outcome": outcome or ("passed" if passed else "failed"),
-            "acceptance": {"mid": group}}
+    return {
+        "cell": cell,
+        "kind": "greedy",
+        "passed": passed,
+        "outcome": outcome or ("passed" if passed else "failed"),
+        "acceptance": {"mid": group},
+    }
 
 
 def build(manifests: list, records: list, exit_status: int = 0, interrupted: bool = False) -> dict:
-    return certificate.build(certificate.run_meta(Options(), ["-m", "lossless"]), manifests, records, exit_status, interrupted)
+    return certificate.build(
+        certificate.run_meta(Options(), ["-m", "lossless"]), manifests, records, exit_status, interrupted
+    )
 
 
 def test_pass_needs_every_cell_of_the_matrix_run_and_passed():
@@ -49,8 +69,10 @@ def test_a_selection_is_partial_and_names_what_did_not_run():
     assert "Not run (1): `A-k4-T1`" in certificate.markdown(cert)
 
 
-@pytest.mark.parametrize("bad, status", [(record("A-k4-T1", passed=False), "failed"),
-                                         (record("A-k4-T1", passed=False, outcome="error"), "errored")])
+@pytest.mark.parametrize(
+    "bad, status",
+    [(record("A-k4-T1", passed=False), "failed"), (record("A-k4-T1", passed=False, outcome="error"), "errored")],
+)
 def test_a_failed_or_errored_cell_fails_even_a_partial_run(bad, status):
     cert = build([manifest()], [bad], exit_status=1)
     assert cert["verdict"] == "FAIL" and cert["counts"][status] == 1

@@ -132,7 +132,10 @@ def test_distortion_with_high_predicted_power_is_caught():
     seqs, probs = enumerate_continuations(next_probs, PROMPT, HORIZON, EOS)
     sharper = markov_chain(V, 3, sharpen=1.1, impossible=IMPOSSIBLE)
     alt_seqs, alt_probs = enumerate_continuations(_next_probs(sharper), PROMPT, HORIZON, EOS)
-    results = {r.name: r for r in exact_tests(_draw(alt_seqs, alt_probs, N_SAMPLES, seed=5), seqs, probs, ALPHA, POWER, TARGET_TV)}
+    results = {
+        r.name: r
+        for r in exact_tests(_draw(alt_seqs, alt_probs, N_SAMPLES, seed=5), seqs, probs, ALPHA, POWER, TARGET_TV)
+    }
     joint = results["exact.joint_chisquare"]
     # predicted power from the exact distortion on the test's own bins
     bin_of, expected = probability_bins(probs, N_SAMPLES)

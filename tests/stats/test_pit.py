@@ -75,8 +75,14 @@ def test_exact_samples_give_uniform_pits_and_pass():
     mask = _before_eos(tokens)
     u = randomized_pit(probs, tokens, _uniforms((N, L), seed=12))
     results = pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.06)
-    assert [r.name for r in results] == ["pit.support", "pit.pooled_chisquare", "pit.pooled_ks", "pit.position_chisquare",
-                                         "pit.slot_chisquare", "pit.pair_chisquare"]
+    assert [r.name for r in results] == [
+        "pit.support",
+        "pit.pooled_chisquare",
+        "pit.pooled_ks",
+        "pit.position_chisquare",
+        "pit.slot_chisquare",
+        "pit.pair_chisquare",
+    ]
     assert all(r.passed for r in results), (
         "exact samples failed; false-failure probability <= alpha = 0.01 (Bonferroni over the tests):\n"
         + "\n".join(r.message() for r in results)
@@ -102,7 +108,9 @@ def test_sharpened_sampling_distribution_is_detected_as_predicted():
     sharpened = probs**1.1 / (probs**1.1).sum(-1, keepdim=True)  # a temperature of 1/1.1 applied to q only
     tokens = _sample(sharpened, seed=11)
     u = randomized_pit(probs, tokens, _uniforms((N, L), seed=12))
-    results = {r.name: r for r in pit_tests(u, torch.ones(N, L, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.06)}
+    results = {
+        r.name: r for r in pit_tests(u, torch.ones(N, L, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.06)
+    }
     chisquare = results["pit.pooled_chisquare"]
     law = _binned_pit_law(probs, sharpened, 10)  # [10]
     assert 0.5 * (law - 0.1).abs().sum() > chisquare.detectable["tv"]  # binned TV the test guarantees to catch
@@ -172,8 +180,15 @@ def test_eos_mask_keeps_the_level():
     spare = _uniforms((reps, n, length), seed=51)
     slots = torch.arange(length).remainder(4).expand(n, -1)  # slots fixed in advance, as in rounds of 4
     p_values = torch.tensor(
-        [[r.p_value for r in pit_tests(u[i], mask[i], alpha=5 * level, power=0.9, target_tv=1.0, slots=slots,
-                                       spare=spare[i])[1:]] for i in range(reps)]
+        [
+            [
+                r.p_value
+                for r in pit_tests(
+                    u[i], mask[i], alpha=5 * level, power=0.9, target_tv=1.0, slots=slots, spare=spare[i]
+                )[1:]
+            ]
+            for i in range(reps)
+        ]
     )  # [reps, 5]
     rates = (p_values <= level).double().mean(0)
     bound = level + 3 * math.sqrt(level * (1 - level) / reps)  # 26 rejections of 300 at most

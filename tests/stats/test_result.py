@@ -33,7 +33,17 @@ def test_a_test_fails_when_p_is_at_most_alpha():
 
 def test_message_says_expected_observed_statistic_p_alpha_n_and_detectable_effect():
     message = _result("pit.pooled_chisquare", 2.5e-5, 1e-4).message()
-    for part in ("pit.pooled_chisquare FAILED", "PIT values uniform", "bin 3 of 10", "31.5", "2.5e-05", "<= alpha = 0.0001", "n = 60000", "tv >= 0.025", "power 0.99"):
+    for part in (
+        "pit.pooled_chisquare FAILED",
+        "PIT values uniform",
+        "bin 3 of 10",
+        "31.5",
+        "2.5e-05",
+        "<= alpha = 0.0001",
+        "n = 60000",
+        "tv >= 0.025",
+        "power 0.99",
+    ):
         assert part in message, part
 
 

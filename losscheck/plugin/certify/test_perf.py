@@ -48,8 +48,10 @@ def perf_run(request: pytest.FixtureRequest, losscheck_session):
     """The run's measurements; at the end of the session, the report."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
-        pytest.skip(f"the perf tier does not time under pytest-xdist (this is worker {worker}): parallel workers "
-                    "share the cores and the device, so each one's clock measures the others; run -m perf without -n")
+        pytest.skip(
+            f"the perf tier does not time under pytest-xdist (this is worker {worker}): parallel workers "
+            "share the cores and the device, so each one's clock measures the others; run -m perf without -n"
+        )
     from losscheck.perf.report import write_report
     from losscheck.perf.suite import PerfRun
 
@@ -67,8 +69,11 @@ def _check(run, engine: str, concurrency: int, kind: str = "ladder") -> None:
     from losscheck.perf.serving import trace_problems
 
     eos = run.session.target("main").eos_id
-    problems = [f"run {i}: {p}" for i, trace in enumerate(run.traces(engine, concurrency, kind))
-                for p in trace_problems(trace, run.profile.k, eos)]
+    problems = [
+        f"run {i}: {p}"
+        for i, trace in enumerate(run.traces(engine, concurrency, kind))
+        for p in trace_problems(trace, run.profile.k, eos)
+    ]
     assert not problems, f"{engine} at concurrency {concurrency} ({kind}): " + "; ".join(problems)
 
 
@@ -124,5 +129,10 @@ def test_compare_saved_run(perf_run) -> None:
         pytest.fail(f"{options.perf_compare} shares no drafter rung with this run; nothing to compare", pytrace=False)
     failed = [c.line() for c in found if c.failed]
     changes = runfile.environment_changes(perf_run.document(), saved)
-    assert not failed, ("regressed against " + options.perf_compare + ":\n  " + "\n  ".join(failed)
-                        + ("\nthe runs differ in " + "; ".join(changes) if changes else ""))
+    assert not failed, (
+        "regressed against "
+        + options.perf_compare
+        + ":\n  "
+        + "\n  ".join(failed)
+        + ("\nthe runs differ in " + "; ".join(changes) if changes else "")
+    )

@@ -27,4 +27,3 @@ def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
     outcome = run_exact(losscheck_session, exact_cell)
     losscheck_record.update(outcome.to_record())
     assert outcome.passed, outcome.message()
-
