@@ -80,10 +80,16 @@ class Drafter(Protocol):
     verification) and `acceptance_rule` (one line naming the setting, quoted by failing cells).
     """
 
-    name: str
-    block_lengths: tuple[int, ...]
-    widths: tuple[int | None, ...]
-    uses_hidden: bool | tuple[int, ...]
+    # Read-only to the engine, so a drafter may declare narrower types (`uses_hidden = False`,
+    # `block_lengths = (1, 2, 4)`) or compute them as properties.
+    @property
+    def name(self) -> str: ...
+    @property
+    def block_lengths(self) -> tuple[int, ...]: ...
+    @property
+    def widths(self) -> tuple[int | None, ...]: ...
+    @property
+    def uses_hidden(self) -> bool | tuple[int, ...]: ...
 
     def reset(self, batch_size: int, capacity: int) -> None:
         """Start a new batch of `batch_size` rows of at most `capacity` tokens; drop all state."""

@@ -6,12 +6,16 @@ import contextlib
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedLM
 from losscheck.errors import TargetError
+
+if TYPE_CHECKING:  # importing transformers costs seconds; only the loaders below need it at run time
+    from transformers import PreTrainedModel
 
 
 def content_hash(path: Path) -> str:
@@ -29,8 +33,8 @@ def load_causal_lm(
     precision: str = "fp32",
     trust_remote_code: bool = False,
     device: str | torch.device = "cpu",
-    tp_plan: str | None = None,
-) -> torch.nn.Module:
+    tp_plan: Literal["auto"] | None = None,
+) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained(path)` offline, safetensors only, on `device`, in eval mode.
 
     `tp_plan` ("auto": the model's own plan) splits it over the ranks of the initialised
@@ -67,7 +71,8 @@ def load_causal_lm(
             )
     except Exception as exc:  # transformers raises many types; name the model and the cause
         raise TargetError(f"could not load a causal LM from {str(path)!r}: {exc}") from exc
-    return (model if split else model.to(device)).eval()
+    # transformers declares `to` through functools.wraps, whose typeshed type does not bind `self`
+    return (model if split else model.to(device)).eval()  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
@@ -88,7 +93,7 @@ def _quiet_loading() -> Iterator[None]:
 class HFTarget:
     """A `losscheck.core.contract.Target` over any Hugging Face `*ForCausalLM` module."""
 
-    def __init__(self, model: torch.nn.Module, name: str, identity: dict[str, str]) -> None:
+    def __init__(self, model: PreTrainedModel, name: str, identity: dict[str, str]) -> None:
         config = model.config
         self.model = model
         self.lm = RaggedLM(model)
@@ -99,7 +104,7 @@ class HFTarget:
         self.num_layers = int(config.num_hidden_layers)  # layer ids 0..num_layers, see Target
         self.architectures: tuple[str, ...] = tuple(getattr(config, "architectures", None) or ())
         eos = config.eos_token_id
-        self.eos_id = eos[0] if isinstance(eos, list) else eos
+        self.eos_id: int | None = eos[0] if isinstance(eos, list) else eos
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
 
@@ -110,7 +115,7 @@ class HFTarget:
         precision: str = "fp32",
         trust_remote_code: bool = False,
         device: str | torch.device = "cpu",
-        tp_plan: str | None = None,
+        tp_plan: Literal["auto"] | None = None,
     ) -> HFTarget:
         """`tp_plan`: split over the ranks of the initialised process group (`load_causal_lm`);
         the identity then records the split, `{"split": ranks}`."""
