@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -61,19 +62,33 @@ from losscheck.errors import LosscheckError, OptionError
 def _layer_classes(layer_type: str) -> tuple[type, type, type, type]:
     """(config, decoder layer, RMSNorm, rotary embedding) classes of transformers for a layer type."""
     if layer_type == "qwen3":
-        from transformers.models.qwen3 import modeling_qwen3 as m
+        from transformers.models.qwen3 import modeling_qwen3 as qwen3
         from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
-        return Qwen3Config, m.Qwen3DecoderLayer, m.Qwen3RMSNorm, m.Qwen3RotaryEmbedding
+        return Qwen3Config, qwen3.Qwen3DecoderLayer, qwen3.Qwen3RMSNorm, qwen3.Qwen3RotaryEmbedding
     from transformers import LlamaConfig
-    from transformers.models.llama import modeling_llama as m
+    from transformers.models.llama import modeling_llama as llama
 
-    return LlamaConfig, m.LlamaDecoderLayer, m.LlamaRMSNorm, m.LlamaRotaryEmbedding
+    return LlamaConfig, llama.LlamaDecoderLayer, llama.LlamaRMSNorm, llama.LlamaRotaryEmbedding
+
+
+class FirstLayer(Protocol):
+    """The parts of a transformers decoder layer (Llama / Qwen3) that EAGLE-3's first layer
+    uses, with the `hidden_norm` it adds."""
+
+    self_attn: nn.Module
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
+    hidden_norm: nn.Module
 
 
 class Eagle3Network(nn.Module):
     """The EAGLE-3 / P-EAGLE network with the checkpoint's parameter names (see the module
     docstring for the forward)."""
+
+    d2t: torch.Tensor  # [V_d] buffer: draft id i is target id i + d2t[i]
+    t2d: torch.Tensor  # [V] bool buffer: the target ids the draft vocabulary covers
 
     def __init__(self, cfg: CheckpointConfig) -> None:
         super().__init__()
@@ -97,7 +112,7 @@ class Eagle3Network(nn.Module):
             else None
         )
         self.layers = nn.ModuleList(layer_class(lc, i) for i in range(lc.num_hidden_layers))
-        first = self.layers[0]
+        first = self.first_layer
         # EAGLE-3's first layer attends over [embedding ; hidden], twice the width
         first.self_attn.q_proj = nn.Linear(2 * width, lc.num_attention_heads * lc.head_dim, bias=lc.attention_bias)
         first.self_attn.k_proj = nn.Linear(2 * width, lc.num_key_value_heads * lc.head_dim, bias=lc.attention_bias)
@@ -127,7 +142,7 @@ class Eagle3Network(nn.Module):
         own carried state), positions [B, m], mask [B, 1, m, S] additive → (the state carried to
         the next step [B, m, H], logits over the draft vocabulary [B, m, V_d])."""
         rope = self.rotary_emb(hidden, positions)
-        first = self.layers[0]
+        first = self.first_layer
         normed_hidden = first.hidden_norm(hidden)
         residual = normed_hidden if self.cfg.flags["norm_before_residual"] else hidden
         mixed = torch.cat([first.input_layernorm(self.embed_tokens(tokens)), normed_hidden], -1)  # [B, m, 2H]
@@ -138,6 +153,11 @@ class Eagle3Network(nn.Module):
             out = layer(out, attention_mask=mask, position_ids=positions, cache=cache, position_embeddings=rope)
         normed = self.norm(out)
         return (normed if self.cfg.flags["norm_output"] else out), self.lm_head(normed)
+
+    @property
+    def first_layer(self) -> FirstLayer:
+        # ModuleList indexing is typed as a bare Module; layers[0] is a `_layer_classes` decoder layer
+        return cast(FirstLayer, self.layers[0])
 
     @property
     def vocab_map(self) -> torch.Tensor:
