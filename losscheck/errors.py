@@ -25,3 +25,8 @@ class UnderpoweredError(LosscheckError):
 
 class OptionError(LosscheckError):
     """A `--losscheck-*` option or CLI argument has a bad value."""
+
+
+class CellUnavailable(LosscheckError):
+    """This platform cannot run a cell (e.g. no backend to split the target over); the message
+    says why. The certification tests report the cell as not run, with that reason."""

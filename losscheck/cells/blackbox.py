@@ -4,7 +4,7 @@
   a divergence is triaged by the target's float64 top-2 margin (`losscheck.core.divergence`) in the
   engine's precision;
 - one-sample (`run_one_sample`, the engine declares the `precision` losscheck loads its target in):
-  the speculative samples scored by teacher-forced PIT (`runner.score_pit`) — no baseline rows;
+  the speculative samples scored by teacher-forced PIT (`losscheck.cells.scoring.score_pit`) — no baseline rows;
 - two-sample (`run_two_sample`, `precision = None`): speculative samples against the same engine's
   samples with drafting off, independent seeds (`losscheck.stats.two_sample`).
 
@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from losscheck.cells.runner import CellOutcome, score_pit
+from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.scoring import score_pit
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed

@@ -13,17 +13,39 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
 from losscheck.core.generation import Generation, LoopStats
-from losscheck.core.ragged import forward_rows
+from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
 from losscheck.core.sampling import SamplingParams
-from losscheck.core.target import HFTarget
 from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
 from losscheck.errors import LosscheckError
-from losscheck.serving.prefix_cache import PrefixCache, ragged_cache
+
+
+class KVReuse(Protocol):
+    """Keys and values shared across requests (a prefix cache, `losscheck.serving.prefix_cache`).
+
+    The engine asks it, before prefilling rows, how much of each row it can copy into the
+    target's cache (`load`), and hands it every row's verified slots after prefill and after
+    every commit (`store`); `valid [B]` is `lengths - 1`, the slots the target's cache holds.
+    """
+
+    def reset(self, rows: int) -> None: ...
+
+    def load(
+        self, cache: RaggedKVCache, tokens: torch.Tensor, readable: torch.Tensor, rows: list[int],
+        hidden: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Copy stored prefixes of `rows` into `cache` → tokens matched per row [len(rows)]."""
+        ...
+
+    def store(
+        self, cache: RaggedKVCache, tokens: torch.Tensor, valid: torch.Tensor, rows: list[int],
+        hidden: torch.Tensor | None,
+    ) -> None: ...
 
 
 def pad_prompts(
@@ -113,7 +135,7 @@ class Engine:
         k: int = 4,
         width: int | None = None,
         verifier: Verifier | None = None,
-        prefix_cache: PrefixCache | None = None,
+        prefix_cache: KVReuse | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -206,9 +228,10 @@ class Engine:
             ids = batch.tokens[rows].gather(1, at)  # past a row's readable: junk, overwritten later
             if every:
                 _, states = self._forward(ids, start)
-            elif isinstance(self.target, HFTarget) and _allocated(self.target):
+            elif _allocated(self.target):  # an HFTarget, or a proxy of one (the perf tier's timed target)
                 layers = self.layers if self._by_id else None
-                _, states = self.target.checked(forward_rows(self.target.lm, rows, ids, start, layers))
+                lm, checked = self.target.lm, self.target.checked  # type: ignore[attr-defined]  # see _allocated
+                _, states = checked(forward_rows(lm, rows, ids, start, layers))
             else:  # one pass over every row: the others read junk from their pending slot on
                 all_ids = batch.tokens.new_zeros(len(batch.lengths), width).index_copy(0, rows, ids)
                 _, states = self._forward(all_ids, (batch.lengths - 1).index_copy(0, rows, start))
@@ -270,6 +293,8 @@ class Engine:
         batch.done = batch.done | (batch.lengths - batch.prompt_lengths >= batch.budget) | ended
 
 
-def _allocated(target: HFTarget) -> bool:
-    """The target's ragged cache holds its buffers (allocated by the batch's first forward)."""
-    return target.lm.cache is not None and bool(target.lm.cache.keys)
+def _allocated(target: Target) -> bool:
+    """The target runs a ragged LM whose cache holds its buffers (allocated by the batch's first
+    forward), so rows can be prefilled alone (`forward_rows`)."""
+    lm = getattr(target, "lm", None)
+    return isinstance(lm, RaggedLM) and lm.cache is not None and bool(lm.cache.keys) and hasattr(target, "checked")

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from losscheck.errors import LosscheckError
+
 
 class RaggedKVCache:
     """Per-layer key/value buffers `[B, H_kv, capacity, D]` written at per-row offsets.
@@ -143,3 +145,14 @@ def forward_rows(
     finally:
         lm.cache = main
     return out
+
+
+def ragged_cache(target: Any) -> RaggedKVCache:
+    """The ragged KV cache of `target` (an `HFTarget`, or a wrapper exposing its `lm`)."""
+    cache = getattr(getattr(target, "lm", None), "cache", None)
+    if not isinstance(cache, RaggedKVCache):
+        raise LosscheckError(
+            f"the prefix cache copies key / value blocks of the target's ragged cache; target "
+            f"{getattr(target, 'name', type(target).__name__)!r} has none (use losscheck.HFTarget)"
+        )
+    return cache

@@ -11,14 +11,13 @@ placeholder *slots*. Slot j (0-based) predicts the token `j + 1` places after th
     out        z [B, k, d] slot features; base logits [B, k, V] = z_j @ W_j, one output head
                per slot (multi-head, as Medusa); trained as the per-slot marginals
 
-Families:
+Families, by the mixing inside the backbone and the head after it:
 
-| family | mixing inside the backbone        | head after it                                   |
-|---|---|---|
-| B | none                                      | none: slots sampled independently               |
-| C | none                                      | serial: a GRU over the chosen path re-scores the top-w candidates of each slot |
-| D | two-tap dynamic causal conv across slots  | none                                            |
-| E | predecessor's forming prediction, projected into the token-embedding space, injected at every layer | transition cache: scores of adjacent top-w candidate pairs, computed in parallel |
+- B: no mixing; no head, slots sampled independently.
+- C: no mixing; serial head, a GRU over the chosen path re-scores the top-w candidates of each slot.
+- D: a two-tap dynamic causal conv across slots; no head.
+- E: the predecessor's forming prediction, projected into the token-embedding space, injected at
+  every layer; transition-cache head, scores of adjacent top-w candidate pairs, computed in parallel.
 
 A head turns the base logits into conditionals `logits_j(· | chosen predecessor)` (the
 predecessor of slot 0 is the pending token). Everything here is an `nn.Module` of plain tensor
@@ -224,7 +223,7 @@ class BlockModel(nn.Module):
             raise ValueError(f"unknown block-drafter family {cfg.family!r}; one of {sorted(FAMILIES)}")
         self.cfg = cfg
         self.backbone = Backbone(cfg)
-        heads = {"serial": SerialHead, "transition": TransitionHead}
+        heads: dict[str, type[SerialHead] | type[TransitionHead]] = {"serial": SerialHead, "transition": TransitionHead}
         self.head: SerialHead | TransitionHead | None = heads[cfg.head](cfg) if cfg.head in heads else None
 
     def forward(self, feature: torch.Tensor, pending: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -198,7 +198,10 @@ class TargetShape:
 def target_shape(config: dict[str, Any], name: str) -> TargetShape:
     """A target's `TargetShape` from its config.json (a nested text_config's fields too)."""
     inner = config.get("text_config") or {}
-    get = lambda key: config.get(key) or inner.get(key)  # noqa: E731
+
+    def get(key: str) -> Any:  # a config.json value, untyped JSON
+        return config.get(key) or inner.get(key)
+
     return TargetShape(
         name,
         int(get("vocab_size")),

@@ -123,7 +123,7 @@ def pit_peak_memory(
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from losscheck.cells.runner import pit_chunk_rows, teacher_forced_pit
+    from losscheck.cells.scoring import pit_chunk_rows, teacher_forced_pit
 
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -9,19 +9,20 @@ argument (`CELL_ARGS`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from losscheck.core.contract import Drafter
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
+from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
+from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, TierContext, in_slow_tier
+from losscheck.serving.axis import axes, serving
 
 if TYPE_CHECKING:
     from losscheck.engines import BlackBoxEngine
 
-ORACLE = "self"  # the self-draft oracle: the target drafting for itself, acceptance must be 1
-ENGINE = "engine"  # the black-box engine's cells (its block length is its own); as a cell's target:
-# the engine's own, which losscheck does not load (two-sample mode)
+__all__ = ["ENGINE", "ORACLE", "OWN_TARGET", "Cell", "plan", "statistical_tests", "entries"]  # with the constants
 
 # The certification tests' cell arguments, and why a test has no cells when it has none.
 GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL = "greedy_cell", "sampling_cell", "exact_cell", "engine_cell"
@@ -37,8 +38,6 @@ OFF_REASONS = {
     ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
 }
 
-BASE_K = 4
-GREEDY_KS = (1, 2, 4, 8, 16)
 SAMPLING_KS = (1, 4, 8, 16)
 SAMPLING_VARIANTS = (
     SamplingParams(temperature=1.0),
@@ -67,97 +66,11 @@ FAMILY_SAMPLING = {
 }
 
 
-# The quick gate (`-m "lossless and not slow"`) keeps, for each drafter, every greedy cell of the
-# base precision and the sampled cells at its base block length (every sampling variant, its
-# stress cells, the oracle's and the exact-mode cells of that k); the slow tier (`-m lossless`
-# runs both, `losscheck certify` too) holds what costs most CPU time for what it adds beyond them.
-SLOW_TIER = (
-    "reduced-precision cells (CPU torch emulates bf16 / fp16: each PIT cell costs ~4x an fp32 one)",
-    "sampled cells at other block lengths and truncation widths (the greedy cells cover every k and width)",
-    "sampled cells of the bundled parallel and speculators families (they share family A's verifier "
-    "path, which the quick gate samples; their greedy cells stay in it)",
-    "greedy cells at declared block lengths outside 1, 2, 4, 8, 16 (e.g. a drafter of 1..16 gets 16 greedy cells)",
-    "sampled cells of the serving axes, pairs of serving axes and a serving axis in reduced precision (the "
-    "quick gate has each axis alone in a greedy cell: the axes change scheduling and cache reuse, not the "
-    "verifier's arithmetic, and a wrong context shows token for token; each serving mutant is caught there)",
-    "the edge sampling parameters T=0.001, T=5 and top-p 0.05 on the main target",
-)
-
 # Stress cells (`losscheck.drafters.stress`): honest variants of each drafter that reject more,
 # in directions that expose verifier bugs to the PIT tests of a main-target cell. Every drafter
 # gets all of them, except that the bundled parallel families share A's verifier path and keep one.
 STRESS_VARIANTS = ("tempered2", "argmax", "mix0.25")
 FAMILY_STRESS = ("tempered2",)
-
-# The serving axes (DESIGN §4.4), one variable per cell from the base cell, greedy and sampled, for
-# the reference drafter: the user's, or among the bundled ones family A (the others share its
-# engine paths). Pairs (two axes; the split with the first reduced precision) are slow-tier cells.
-SERVING_AXES: tuple[dict[str, Any], ...] = (
-    {"split": 2},
-    {"prefix": "cold"},
-    {"prefix": "warm"},
-    {"batching": "continuous"},
-)
-SERVING_PAIRS: tuple[dict[str, Any], ...] = ({"prefix": "warm", "batching": "continuous"},)
-# Edge sampling parameters (issue 11): near-greedy, near-flat and a top-p that keeps one token.
-EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.0), SamplingParams(top_p=0.05))
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One certified configuration."""
-
-    drafter: str  # key in the session's drafter registry, or ENGINE
-    k: int
-    params: SamplingParams = field(default_factory=SamplingParams)
-    width: int | None = None  # transition width; None = full / not applicable
-    target: str = "main"  # "main" or "small" (the exact-enumeration fixture)
-    precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
-    stress: str | None = None  # a stress variant of the drafter (`losscheck.drafters.stress`)
-    split: int = 1  # tensor-parallel ranks the target is split over (`losscheck.serving.split`)
-    prefix: str = "off"  # prefix cache (`losscheck.serving.prefix_cache`): "off", "cold" (empty at the
-    # cell's start) or "warm" (filled by a first turn whose outputs the measured prompts extend)
-    batching: str = "static"  # "static" (a batch at a time) or "continuous" (`losscheck.serving.batching`:
-    # staggered arrivals admitted into rows freed mid-generation)
-    slow: bool = field(default=False, compare=False)  # in the slow tier (`SLOW_TIER`), not the quick gate
-
-    @property
-    def id(self) -> str:
-        parts = [self.drafter, f"k{self.k}", self.params.label()]
-        if self.width is not None:
-            parts.append(f"w{self.width}")
-        if self.target not in ("main", ENGINE):
-            parts.append(self.target)
-        if self.target == ENGINE:
-            parts.append("two-sample")
-        if self.precision != Precision():
-            parts.append(self.precision.id())
-        if self.stress is not None:
-            parts.append(f"stress-{self.stress}")
-        if self.split != 1:
-            parts.append(f"tp{self.split}")
-        if self.prefix != "off":
-            parts.append(f"prefix-{self.prefix}")
-        if self.batching != "static":
-            parts.append("cb")
-        return "-".join(parts)
-
-    @property
-    def serving(self) -> dict[str, Any]:
-        """The serving configuration the cell runs under (the certificate's record of it)."""
-        return {"split": self.split, "prefix_cache": self.prefix, "batching": self.batching}
-
-    @property
-    def mode(self) -> str:
-        """How the cell is certified: "greedy", "exact", "pit", or for a black-box engine
-        "engine-greedy", "one-sample" (PIT under losscheck's copy of its target) or "two-sample"."""
-        if self.drafter == ENGINE:
-            if self.params.greedy:
-                return "engine-greedy"
-            return "two-sample" if self.target == ENGINE else "one-sample"
-        if self.params.greedy:
-            return "greedy"
-        return "exact" if self.target == "small" else "pit"
 
 
 def plan(
@@ -199,31 +112,26 @@ def plan(
             cells[PIT_CELL].append(Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=precision))
     for name in _reference(drafters["main"], bundled_families):
         k = _base_k(drafters["main"][name])
-        for axis in SERVING_AXES + SERVING_PAIRS:
-            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=base, **axis))
-            cells[PIT_CELL].append(Cell(name, k, SAMPLING_VARIANTS[0], precision=base, **axis))
+        for along in serving_cells():
+            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=base, serving=along))
+            cells[PIT_CELL].append(Cell(name, k, SAMPLING_VARIANTS[0], precision=base, serving=along))
         for precision in precisions[1:2] if name in precision_drafters else ():
-            cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=precision, split=2))
+            for axis in axes():
+                if axis.with_reduced_precision:
+                    extra = [serving(**{axis.name: v}) for v in axis.values]
+                    cells[GREEDY_CELL] += [Cell(name, k, GREEDY, precision=precision, serving=s) for s in extra]
         cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
-    families = frozenset(FAMILY_SAMPLING) if bundled_families else frozenset()
-    return {
-        arg: [replace(c, slow=in_slow_tier(c, base, base_ks, families)) for c in found] for arg, found in cells.items()
-    }
+    tiers = TierContext(base, base_ks, frozenset(FAMILY_SAMPLING) if bundled_families else frozenset())
+    return {arg: [replace(c, slow=in_slow_tier(c, tiers)) for c in found] for arg, found in cells.items()}
 
 
-def in_slow_tier(cell: Cell, base: Precision, base_ks: Mapping[str, int], families: frozenset[str]) -> bool:
-    """Whether `cell` is in the slow tier (`SLOW_TIER` says which and why)."""
-    if cell.drafter == ENGINE:
-        return False
-    serving = (cell.split != 1) + (cell.prefix != "off") + (cell.batching != "static")
-    if cell.precision != base or serving > 1 or (serving and not cell.params.greedy):
-        return True
-    if cell.params.greedy:
-        return cell.k not in GREEDY_KS
-    if cell.params in EDGE_VARIANTS and cell.target == "main":
-        return True
-    return cell.width is not None or cell.k != base_ks.get(cell.drafter, BASE_K) or cell.drafter in families
+def serving_cells() -> list[Any]:
+    """The serving of each serving-axis cell: every axis value alone (one change from the base
+    cell), then each axis's declared pairs (slow tier)."""
+    alone = [serving(**{a.name: v}) for a in axes() for v in a.values]
+    pairs = [serving(**{a.name: v}, **pair) for a in axes() for pair in a.pairs for v in a.values]
+    return alone + pairs
 
 
 def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
@@ -278,7 +186,8 @@ def _sampled(
 
 
 def _reference(drafters: Mapping[str, Drafter], bundled_families: bool) -> list[str]:
-    """The drafters certified along the serving axes (see `SERVING_AXES`)."""
+    """The drafters certified along the serving axes: the user's, or among the bundled ones
+    family A (the others share its engine paths)."""
     if bundled_families:
         return [name for name in drafters if name == "A"]
     return [name for name in drafters if name != ORACLE]
@@ -291,9 +200,9 @@ def _base_k(drafter: Drafter) -> int:
 def engine_cells(engine: BlackBoxEngine) -> tuple[list[Cell], list[Cell]]:
     """(sampled, greedy) cells of a black-box engine at its own block length: every sampling
     variant and one greedy cell, in the engine's precision when losscheck loads its target
-    (one-sample mode), else on the engine's own target (`ENGINE`, two-sample mode)."""
+    (one-sample mode), else on the engine's own target (`OWN_TARGET`, two-sample mode)."""
     if engine.precision is None:
-        target, precision = ENGINE, Precision()
+        target, precision = OWN_TARGET, Precision()
     else:
         target, precision = "main", Precision(engine.precision, engine.precision)
     sampled = [Cell(ENGINE, engine.k, params, target=target, precision=precision) for params in SAMPLING_VARIANTS]

@@ -70,12 +70,12 @@ def _probability(text: str) -> float:
 
 
 def _mutant(name: str) -> str:
-    from losscheck import mutants  # the catalogue loads only when the option is given
+    from losscheck.run.plant import get_plant  # the registered plants load only when the option is given
 
-    if name not in mutants.names():
-        raise argparse.ArgumentTypeError(
-            f"{name!r} is not in the mutant catalogue; choose one of: " + ", ".join(mutants.names())
-        )
+    try:
+        get_plant(name)
+    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return name
 
 

@@ -20,13 +20,11 @@ if TYPE_CHECKING:
     import torch
 
     from losscheck.core.contract import Drafter
-    from losscheck.core.engine import Engine
     from losscheck.core.precision import Precision
     from losscheck.core.target import HFTarget
     from losscheck.engines import BlackBoxEngine
-    from losscheck.plan.matrix import Cell
-    from losscheck.selftest.registry import Mutant
-    from losscheck.serving.batching import ContinuousBatcher
+    from losscheck.plan.cell import Cell
+    from losscheck.run.plant import Plant
 
 
 class Session:
@@ -188,48 +186,15 @@ class Session:
         return tuple(self.prompt_sets)
 
     @cached_property
-    def mutant(self) -> Mutant | None:
-        """The planted bug of `--losscheck-mutant`, or None."""
-        from losscheck.selftest import get_mutant
+    def plant(self) -> Plant | None:
+        """The planted bug of `--losscheck-mutant` (`losscheck.run.plant`), or None."""
+        from losscheck.run.plant import get_plant
 
-        return None if self.options.mutant is None else get_mutant(self.options.mutant)
+        return None if self.options.mutant is None else get_plant(self.options.mutant)
 
     def cell_target(self, cell: Cell) -> HFTarget:
         """The target of `cell`, in the cell's precision."""
         return self.target(cell.target, cell.precision.target)
-
-    def engine(self, cell: Cell) -> Engine:
-        """The speculative engine of `cell`: its drafter, k, width and precision, with the run's
-        planted bug."""
-        from losscheck.core.engine import Engine
-
-        target, drafter = self.cell_target(cell), self.drafters(cell.target, cell.precision)[cell.drafter]
-        if cell.stress is not None:
-            from losscheck.drafters.stress import stressed
-
-            drafter = stressed(drafter, cell.stress, target.vocab_size)
-        cache = None
-        if cell.prefix != "off":
-            from losscheck.serving.prefix_cache import CAPACITY, COLD_CAPACITY, PrefixCache
-
-            cache = PrefixCache(capacity=COLD_CAPACITY if cell.prefix == "cold" else CAPACITY)
-        if self.mutant is not None:
-            return self.mutant.engine(target, drafter, cell.k, cell.width, cache)
-        return Engine(target, drafter, cell.k, cell.width, prefix_cache=cache)
-
-    def batcher(self, engine: Engine, rows: int) -> ContinuousBatcher:
-        """Continuous batching of `engine` over `rows` rows, with the run's planted bug."""
-        from losscheck.serving.batching import ContinuousBatcher
-
-        planted = self.mutant.batcher if self.mutant is not None else None
-        return (planted or ContinuousBatcher)(engine, rows)
-
-    def baseline_engine(self, cell: Cell) -> Engine:
-        """Plain decoding of `cell`'s target in its precision: the same loop with no drafter
-        (never planted)."""
-        from losscheck.core.engine import Engine
-
-        return Engine(self.cell_target(cell))
 
     @cached_property
     def blackbox(self) -> BlackBoxEngine | None:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from losscheck.cells.runner import CellOutcome, run_cell
+from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.sampled import run_cell
 from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import Cell
 from losscheck.report.markdown import markdown_table

@@ -3,7 +3,7 @@
 In an exact cell the first generated token's law under the mutant is computable (`laws`): the
 target's and drafter's exact logits at the cell's prompt, pushed through the mutant's first slot.
 The prediction is the power of `exact.position[0]` — same bins, same sample size, same level as
-`runner.run_exact` uses — against that law (`stats.predicted_power`): a lower bound on the chance
+`losscheck.cells.sampled.run_exact` uses — against that law (`stats.predicted_power`): a lower bound on the chance
 that the cell catches the mutant, since the cell's other tests can only add to it.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from losscheck.cells.runner import exact_cell_size, exact_continuations, exact_prompt
+from losscheck.cells.sampled import exact_cell_size, exact_continuations, exact_prompt
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.plan.matrix import Cell
 from losscheck.run.session import Session

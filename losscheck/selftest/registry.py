@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.core.contract import Drafter, Target
-from losscheck.core.engine import Engine
-from losscheck.core.verify import Verifier, verify_block
+from losscheck.core.verify import Verifier
 from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.plan.profiles import Profile
 from losscheck.selftest import drafters as planted
@@ -40,28 +39,12 @@ class Mutant:
     manifests: Callable[[Cell, int], bool]  # (cell, generated tokens the cell tests) -> bug visible?
     first_token: Callable[[laws.FirstSlot], torch.Tensor] | None = None  # exact law of token 0
     no_law: str = ""  # why there is no first-token law (predicted power n/a)
-    verifier: Verifier = verify_block
+    # what it plants (`losscheck.run.plant.Plant`): None leaves the part as it is
+    verifier: Verifier | None = None
     wrap_drafter: Callable[[Drafter], Drafter] | None = None
     wrap_target: Callable[[Target, int], Target] | None = None  # (target, k) -> target
-    wrap_cache: Callable[[PrefixCache], PrefixCache] | None = None  # the cell's prefix cache -> planted one
-    batcher: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
-
-    def engine(
-        self,
-        target: Target,
-        drafter: Drafter,
-        k: int,
-        width: int | None = None,
-        prefix_cache: PrefixCache | None = None,
-    ) -> Engine:
-        """The speculative engine with this bug planted."""
-        if self.wrap_drafter is not None:
-            drafter = self.wrap_drafter(drafter)
-        if self.wrap_target is not None:
-            target = self.wrap_target(target, k)
-        if self.wrap_cache is not None and prefix_cache is not None:
-            prefix_cache = self.wrap_cache(prefix_cache)
-        return Engine(target, drafter, k, width, self.verifier, prefix_cache)
+    prefix_cache: Callable[[PrefixCache], PrefixCache] | None = None  # the cell's prefix cache -> planted one
+    scheduler: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
 
     def cells(self, plan: Mapping[str, list[Cell]], profile: Profile) -> list[Cell]:
         """The cells of a gate `plan` where the bug manifests, in run order."""
@@ -84,7 +67,7 @@ def _greedy(drafters: tuple[str, ...] = ("A",)) -> Callable[[Cell, int], bool]:
 
 def _serving(**axis: str) -> Callable[[Cell, int], bool]:
     """Greedy cells of family A with the serving axes `axis` (e.g. prefix="warm")."""
-    return lambda cell, horizon: _greedy()(cell, horizon) and all(getattr(cell, f) == v for f, v in axis.items())
+    return lambda cell, horizon: _greedy()(cell, horizon) and all(cell.axis(f) == v for f, v in axis.items())
 
 
 def _tempered(cell: Cell, horizon: int) -> bool:
@@ -280,7 +263,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         _serving(prefix="warm"),
         None,
         GREEDY_NO_LAW,
-        wrap_cache=serving.stale_cache,
+        prefix_cache=serving.stale_cache,
     ),
     Mutant(
         "prefix_hash_partial_block",
@@ -292,7 +275,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         _serving(prefix="warm"),
         None,
         GREEDY_NO_LAW,
-        wrap_cache=serving.partial_hash_cache,
+        prefix_cache=serving.partial_hash_cache,
     ),
     Mutant(
         "retired_row_leak",
@@ -304,7 +287,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         _serving(batching="continuous"),
         None,
         GREEDY_NO_LAW,
-        batcher=serving.RetiredRowLeak,
+        scheduler=serving.RetiredRowLeak,
     ),
     Mutant(
         "rows_mixed_up",

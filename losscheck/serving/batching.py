@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -20,9 +21,10 @@ from losscheck.core.contract import Drafter
 from losscheck.core.engine import Batch, Engine, pad_prompts
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.ragged import forward_rows
-from losscheck.core.sampling import SamplingParams
+from losscheck.core.sampling import SamplingParams, make_generator
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.errors import LosscheckError
+from losscheck.serving.axis import UNBOUNDED, Axis, Call, ServeContext, Server, Wrapped
 
 
 def staggered_arrivals(n: int, rows: int, max_new: int, generator: torch.Generator) -> list[int]:
@@ -34,8 +36,24 @@ def staggered_arrivals(n: int, rows: int, max_new: int, generator: torch.Generat
     return [0] * min(n, rows) + gaps.cumsum(0).floor().long().tolist()
 
 
+class Observer(Protocol):
+    """Watches a continuous-batching run (the perf tier times it): told before and after each
+    admission and each round."""
+
+    def admitting(self, requests: list[int]) -> None: ...
+
+    def admitted(self) -> None: ...
+
+    def stepping(self) -> None: ...
+
+    def stepped(self, emitted: dict[int, int], finished: list[int]) -> None:
+        """After a round: tokens emitted per request that emitted, and the requests that ended."""
+        ...
+
+
 class ContinuousBatcher:
-    """Runs requests through `engine` in `rows` rows with continuous admission."""
+    """Runs requests through `engine` in `rows` rows with continuous admission: the one scheduler
+    of losscheck (the serving axis below, and the perf tier's closed loop)."""
 
     def __init__(self, engine: Engine, rows: int) -> None:
         if rows < 1:
@@ -55,28 +73,32 @@ class ContinuousBatcher:
     def generate(
         self,
         prompts: Sequence[list[int]],
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         params: SamplingParams,
         generator: torch.Generator,
-        arrivals: Sequence[int],
+        arrivals: Sequence[int] | None = None,
+        observer: Observer | None = None,
     ) -> Generation:
-        """Up to `max_new_tokens` tokens for every prompt (request i arrives at round `arrivals[i]`)."""
+        """Up to `max_new_tokens` tokens (one budget, or one per request) for every prompt; request
+        i arrives at round `arrivals[i]` (default: all at round 0, a closed loop)."""
         engine, target = self.engine, self.engine.target
-        if max_new_tokens < 1:
-            raise LosscheckError(f"continuous batching needs max_new_tokens >= 1, got {max_new_tokens}")
+        budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        arrivals = [0] * len(prompts) if arrivals is None else arrivals
+        if len(budgets) != len(prompts) or min(budgets, default=1) < 1:
+            raise LosscheckError(f"continuous batching needs one budget >= 1 per prompt, got {max_new_tokens}")
         if len(arrivals) != len(prompts):
             raise LosscheckError(f"{len(arrivals)} arrival rounds for {len(prompts)} prompts")
         pad_prompts(list(prompts), target.vocab_size)  # validates ids and emptiness, naming the prompt
-        longest = max(map(len, prompts))
-        if longest + max_new_tokens > target.max_positions:
+        longest, most = max(map(len, prompts)), max(budgets)
+        if longest + most > target.max_positions:
             raise LosscheckError(
-                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the target's "
+                f"a prompt of {longest} tokens plus max_new_tokens={most} exceeds the target's "
                 f"{target.max_positions} positions; shorten the prompt or the budget"
             )
         rows = min(self.rows, len(prompts))
-        batch = self._empty(rows, self.capacity(longest, max_new_tokens))
+        batch = self._empty(rows, self.capacity(longest, most))
         stats = LoopStats.empty(engine.k)
-        out = torch.zeros(len(prompts), max_new_tokens, dtype=torch.long)
+        out = torch.zeros(len(prompts), most, dtype=torch.long)
         slots = torch.zeros_like(out)
         counts = torch.zeros(len(prompts), dtype=torch.long)
         queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
@@ -88,14 +110,27 @@ class ContinuousBatcher:
             while free and queue and arrivals[queue[0]] <= now:
                 admitted.append((free.pop(0), queue.popleft()))
             if admitted:
+                if observer is not None:
+                    observer.admitting([i for _, i in admitted])
                 for b, i in admitted:
                     request_of[b] = i
-                self._admit(batch, [b for b, _ in admitted], [prompts[i] for _, i in admitted], max_new_tokens)
+                self._admit(
+                    batch,
+                    [b for b, _ in admitted],
+                    [prompts[i] for _, i in admitted],
+                    [budgets[i] for _, i in admitted],
+                )
+                if observer is not None:
+                    observer.admitted()
             if bool(batch.done.all()):
                 now = arrivals[queue[0]]  # nothing running: the clock jumps to the next arrival
                 continue
+            before, owners = batch.lengths, list(request_of)
+            if observer is not None:
+                observer.stepping()
             engine.step(batch, params, generator, stats)
             now += 1
+            finished = []
             for b in batch.done.nonzero().squeeze(1).tolist():
                 i = request_of[b]
                 if i is None:
@@ -105,6 +140,12 @@ class ContinuousBatcher:
                 slots[i, : end - start] = batch.slot_of[b, start:end].cpu()
                 counts[i] = end - start
                 request_of[b] = None
+                finished.append(i)
+            if observer is not None:
+                emitted = (batch.lengths - before).tolist()
+                observer.stepped(
+                    {i: emitted[b] for b, i in enumerate(owners) if i is not None and emitted[b]}, finished
+                )
         return Generation(out, counts, stats, params, slots=slots)
 
     def _empty(self, rows: int, capacity: int) -> Batch:
@@ -125,13 +166,13 @@ class ContinuousBatcher:
         done = torch.ones(rows, dtype=torch.bool, device=device)
         return Batch(tokens, ones, ones.clone(), hidden, done, torch.zeros_like(ones), torch.zeros_like(tokens))
 
-    def _admit(self, batch: Batch, rows: list[int], prompts: list[list[int]], max_new: int) -> None:
+    def _admit(self, batch: Batch, rows: list[int], prompts: list[list[int]], budgets: list[int]) -> None:
         """Put `prompts` into the finished `rows` of `batch` and prefill them."""
         device = batch.tokens.device
         lengths, prompt_lengths = batch.lengths.clone(), batch.prompt_lengths.clone()
         budget = torch.as_tensor(batch.budget, device=device).clone()
         done = batch.done.clone()
-        for b, prompt in zip(rows, prompts):
+        for b, prompt, max_new in zip(rows, prompts, budgets):
             at = self.origin(batch, b)
             batch.tokens[b, at : at + len(prompt)] = torch.tensor(prompt, device=device)
             lengths[b] = prompt_lengths[b] = at + len(prompt)
@@ -179,3 +220,45 @@ def forget_rows(drafter: Drafter, rows: torch.Tensor) -> None:
             "batching admits new requests into finished rows of a running batch, so a drafter with per-row state "
             "must drop the state of those rows (rows: LongTensor [n]) as reset() does for all of them"
         )
+
+
+# --- the serving axis ----------------------------------------------------------------------------
+class ContinuouslyBatched(Wrapped):
+    """Each call served by continuous batching: a quarter as many rows as requests (at least 4,
+    at most the run's batch limit), arrivals staggered by a draw from the call's own stream."""
+
+    def __init__(self, mode: str, inner: Server, context: ServeContext) -> None:
+        super().__init__(inner)
+        if inner.engine is None:
+            raise LosscheckError("continuous batching schedules the engine in this process; this cell has none")
+        self.context = context
+        self.scheduler: type[ContinuousBatcher] = getattr(context.plant, "scheduler", None) or ContinuousBatcher
+
+    def call_rows(self, rows: int) -> int:
+        return UNBOUNDED  # one stream of requests: the scheduler sizes its rows itself
+
+    def generate(self, calls: Sequence[Call]) -> list[Generation]:
+        assert self.engine is not None
+        device = self.engine.target.device
+        out = []
+        for call in calls:
+            n = len(call.prompts)
+            rows = min(max(4, n // 4), self.context.max_rows)
+            arrival_stream = make_generator(self.context.seed, self.context.cell_id, "arrivals", n)
+            arrivals = staggered_arrivals(n, rows, call.max_new_tokens, arrival_stream)
+            generator = call.generator(self.context.seed, device)
+            scheduler = self.scheduler(self.engine, rows)
+            out.append(scheduler.generate(call.prompts, call.max_new_tokens, call.params, generator, arrivals))
+        return out
+
+
+AXIS = Axis(
+    name="batching",
+    off="static",
+    values=("continuous",),
+    suffix=lambda mode: "cb",
+    serve=ContinuouslyBatched,
+    order=3,
+    doc="continuous batching: staggered arrivals admitted into rows freed mid-generation",
+    pairs=({"prefix": "warm"},),
+)

@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
-from losscheck.core.ragged import RaggedKVCache
+from losscheck.core.ragged import RaggedKVCache, ragged_cache  # noqa: F401  (where the cache's users find it)
+from losscheck.core.sampling import SamplingParams
 from losscheck.errors import LosscheckError
+from losscheck.serving.axis import Axis, Call, Prompts, ServeContext, Server, Wrapped
 
 BLOCK = 16  # tokens per block, vLLM's default
 CAPACITY = 4096  # blocks kept
@@ -157,17 +159,6 @@ class PrefixCache:
                     self.stats.evictions += 1
 
 
-def ragged_cache(target: Any) -> RaggedKVCache:
-    """The ragged KV cache of `target` (an `HFTarget`, or a wrapper exposing its `lm`)."""
-    cache = getattr(getattr(target, "lm", None), "cache", None)
-    if not isinstance(cache, RaggedKVCache):
-        raise LosscheckError(
-            f"the prefix cache copies key / value blocks of the target's ragged cache; target "
-            f"{getattr(target, 'name', type(target).__name__)!r} has none (use losscheck.HFTarget)"
-        )
-    return cache
-
-
 def second_turn(
     prompts: list[list[int]], outputs: list[list[int]], block: int, vocab: int, room: int
 ) -> list[list[int]]:
@@ -183,3 +174,57 @@ def second_turn(
         if last >= 0:
             siblings.append(turn[:last] + [(turn[last] + 1) % vocab] + turn[last + 1 :])
     return turns + siblings
+
+
+# --- the serving axis ----------------------------------------------------------------------------
+class PrefixCached(Wrapped):
+    """The cell's engine with a prefix cache (cold: empty and small, so it evicts as it fills;
+    warm: large, and filled by a first turn before the measured requests, `_second_turn`)."""
+
+    def __init__(self, state: str, inner: Server, context: ServeContext) -> None:
+        super().__init__(inner)
+        if inner.engine is None:
+            raise LosscheckError("the prefix cache is a cache of the engine in this process; this cell has none")
+        cache = PrefixCache(capacity=COLD_CAPACITY if state == "cold" else CAPACITY)
+        plant = getattr(context.plant, "prefix_cache", None)  # a planted cache (the self-test catalogue)
+        self.cache = plant(cache) if plant is not None else cache
+        inner.engine.prefix_cache = self.cache
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            **self.inner.facts(),
+            "prefix_cache": {"block": self.cache.block, "capacity": self.cache.capacity, **self.cache.stats.to_dict()},
+        }
+
+
+def _second_turn(
+    state: str,
+    server: Server,
+    context: ServeContext,
+    prompts: Prompts,
+    max_new_tokens: int,
+    params: SamplingParams,
+    stream: object,
+) -> Prompts:
+    """A warm cell measures the second turn (`second_turn`) after a first turn of `prompts`
+    through the cell's whole server, which fills the cache."""
+    if state != "warm":
+        return prompts
+    assert server.engine is not None and server.engine.prefix_cache is not None
+    target = server.engine.target
+    (first,) = server.generate([Call(prompts, context.greedy_max_new, params, (context.cell_id, "first-turn", stream))])
+    outputs = [first.row(i) for i in range(len(prompts))]
+    room = target.max_positions - max_new_tokens
+    return second_turn(prompts, outputs, server.engine.prefix_cache.block, target.vocab_size, room)
+
+
+AXIS = Axis(
+    name="prefix",
+    off="off",
+    values=("cold", "warm"),
+    suffix=lambda state: f"prefix-{state}",
+    serve=PrefixCached,
+    requests=_second_turn,
+    order=2,
+    doc="a block-hashed KV prefix cache in the engine: cold (empty, evicting) or warm (a first turn filled it)",
+)

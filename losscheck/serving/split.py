@@ -1,10 +1,10 @@
 """The speculative loop with the main target split over tensor-parallel ranks (the `split` axis).
 
-`split_generate` starts `cell.split` processes itself. Each rank joins a `torch.distributed`
-process group (gloo over CPU processes; nccl with one CUDA device per rank), builds a `Session`
-whose main target loads with Hugging Face's tensor-parallel plan (`Session._load_target` sees the
-group), and builds the cell's engine as an unsplit cell would be built: drafters, stress variants
-and `--losscheck-mutant` bugs plant the same way, and a drafter with its own model is replicated
+`split_generate` starts the ranks itself. Each rank joins a `torch.distributed` process group
+(gloo over CPU processes; nccl with one CUDA device per rank) and builds the server of the cell
+unsplit, with the run's own builder (`ServeContext.rank_server`): the main target loads with
+Hugging Face's tensor-parallel plan (the loader sees the group), and drafters, stress variants and
+planted bugs come the same way as in an unsplit cell; a drafter with its own model is replicated
 on every rank, as vLLM does. Every rank runs every `Call` with the same seeds; rank 0's
 generations come back, and every other rank's tokens must equal them.
 
@@ -27,12 +27,13 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from losscheck.core.generation import Generation
-from losscheck.core.sampling import SamplingParams
-from losscheck.errors import LosscheckError
-from losscheck.run.options import Options
+from losscheck.errors import CellUnavailable, LosscheckError
+from losscheck.serving.axis import Axis, Call, ServeContext, Server
 
 if TYPE_CHECKING:
-    from losscheck.plan.matrix import Cell
+    from collections.abc import Callable, Sequence
+
+    RankServer = Callable[[Any, Any], Server]  # (options, unsplit cell) -> the cell's server in a rank
 
 # Imported once by the fork server (see `_context`), not once per rank: on a 2-core CI machine
 # importing transformers costs ~10 s, more than a split run of the bundled target.
@@ -41,15 +42,13 @@ PRELOAD = [
     "torch.distributed",
     "transformers",
     "transformers.models.llama.modeling_llama",
-    "losscheck.run.session",
     "losscheck.core.engine",
-    "losscheck.run.drafters",
     __name__,
 ]
 STOP_GRACE_S = 5.0  # a rank asked to terminate gets this long before it is killed
 
 
-class SplitUnavailable(LosscheckError):
+class SplitUnavailable(CellUnavailable):
     """This platform cannot run a split target (no torch.distributed, no backend for the device,
     too few devices, transformers' tensor-parallel loading missing a package); the message says
     why, for a caller to skip with."""
@@ -62,17 +61,6 @@ class SplitError(LosscheckError):
     def __init__(self, message: str, pids: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.pids = pids  # the ranks' process ids, all ended
-
-
-@dataclass(frozen=True)
-class Call:
-    """One `Engine.generate` call, run identically on every rank."""
-
-    prompts: list[list[int]]
-    max_new_tokens: int
-    params: SamplingParams
-    # generator keys, picklable: make_generator(options.seed, *stream, device=target.device)
-    stream: tuple[object, ...]
 
 
 @dataclass
@@ -114,35 +102,35 @@ def rank_disagreement(rank: int, mine: list[Generation], rank0: list[Generation]
     return None
 
 
-def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: float = 900.0) -> SplitRun:
-    """Run `calls` with `cell`'s engine, the main target split over `cell.split` ranks.
+def split_generate(
+    options: Any,
+    cell: Any,
+    ranks: int,
+    calls: Sequence[Call],
+    rank_server: RankServer,
+    timeout_s: float = 900.0,
+) -> SplitRun:
+    """Run `calls` with the server `rank_server(options, cell)` builds in each of `ranks` ranks,
+    the main target split over them. `cell` is the cell unsplit; `options` the run's `Options`.
 
     Raises `SplitUnavailable` where the platform cannot split, `LosscheckError` for a split the
     model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
     """
-    from losscheck.plan.matrix import ENGINE
-
     started = time.perf_counter()
-    if cell.target != "main" or cell.drafter == ENGINE:
-        raise LosscheckError(
-            f"cell {cell.id}: only the main target with losscheck's engine is split; "
-            f"target {cell.target!r} with drafter {cell.drafter!r} is not"
-        )
-    check_split(_config(options), cell.split)
-    backend = _backend(options, cell.split)
+    check_split(_config(options), ranks)
+    backend = _backend(options, ranks)
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="losscheck-split-") as rendezvous:
         results = ctx.Queue()
         store = f"file://{os.path.join(rendezvous, 'store')}"
-        unsplit = dataclasses.replace(cell, split=1)  # what each rank builds, on its shard
         procs = [
             ctx.Process(
                 target=_rank_main,
                 name=f"losscheck-rank{rank}",
                 daemon=True,
-                args=(rank, cell.split, store, backend, timeout_s, options, unsplit, calls, results),
+                args=(rank, ranks, store, backend, timeout_s, rank_server, options, cell, list(calls), results),
             )
-            for rank in range(cell.split)
+            for rank in range(ranks)
         ]
         try:
             for proc in procs:
@@ -152,19 +140,19 @@ def split_generate(options: Options, cell: Cell, calls: list[Call], timeout_s: f
             _stop(procs)
             results.close()
     pids = tuple(p.pid or 0 for p in procs)
-    for rank in range(1, cell.split):
+    for rank in range(1, ranks):
         differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
         if differs:
             raise SplitError(
-                f"ranks of split={cell.split} diverged on cell {cell.id}: {differs}; every rank "
+                f"ranks of split={ranks} diverged on cell {cell.id}: {differs}; every rank "
                 "runs the same seeds on an all-reduced target, so this is a bug",
                 pids,
             )
     identity, generations = outputs[0]
-    return SplitRun(generations, time.perf_counter() - started, cell.split, backend, identity)
+    return SplitRun(generations, time.perf_counter() - started, ranks, backend, identity)
 
 
-def _backend(options: Options, ranks: int) -> str:
+def _backend(options: Any, ranks: int) -> str:
     """gloo for CPU ranks, nccl for CUDA ranks (one device each); `SplitUnavailable` otherwise."""
     import importlib.util
 
@@ -197,7 +185,7 @@ def _backend(options: Options, ranks: int) -> str:
     return "gloo"
 
 
-def _config(options: Options) -> Any:
+def _config(options: Any) -> Any:
     """The main target's config, read without loading weights."""
     from transformers import AutoConfig
 
@@ -274,12 +262,13 @@ def _rank_main(
     store: str,
     backend: str,
     timeout_s: float,
-    options: Options,
-    cell: Cell,
+    rank_server: RankServer,
+    options: Any,
+    cell: Any,
     calls: list[Call],
     results: Any,
 ) -> None:
-    """One rank: join the group, build the session and engine, run every call, report to `results`
+    """One rank: join the group, build the cell's server, run every call, report to `results`
     ("ok", rank, pickled (target identity, generations on the CPU)) or ("error", rank, traceback text)."""
     import torch
     import torch.distributed as dist
@@ -298,18 +287,12 @@ def _rank_main(
         dist.init_process_group(
             backend, init_method=store, rank=rank, world_size=ranks, timeout=timedelta(seconds=timeout_s + 60)
         )
-        from losscheck.core.sampling import make_generator
-        from losscheck.run.session import Session
-
-        engine = Session(options).engine(cell)
-        device = engine.target.device
-        out = []
-        for call in calls:
-            generator = make_generator(options.seed, *call.stream, device=device)
-            out.append(_on_cpu(engine.generate(call.prompts, call.max_new_tokens, call.params, generator)))
+        server = rank_server(options, cell)
+        assert server.engine is not None
+        out = [_on_cpu(gen) for gen in server.generate(calls)]
         # plain pickle: the queue's own pickler would share tensors by file descriptor, which
         # dies with this process
-        results.put(("ok", rank, pickle.dumps((engine.target.identity, out))))
+        results.put(("ok", rank, pickle.dumps((server.engine.target.identity, out))))
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
         # flushed before the group goes down: the other ranks then fail too ("connection closed"),
@@ -326,3 +309,47 @@ def _on_cpu(gen: Generation) -> Generation:
     stats = dataclasses.replace(gen.stats, proposed=gen.stats.proposed.cpu(), accepted=gen.stats.accepted.cpu())
     slots = None if gen.slots is None else gen.slots.cpu()
     return dataclasses.replace(gen, tokens=gen.tokens.cpu(), lengths=gen.lengths.cpu(), stats=stats, slots=slots)
+
+
+# --- the serving axis ----------------------------------------------------------------------------
+class Split:
+    """A server whose calls run in `ranks` ranks, the main target split over them (rank 0's
+    generations; the run's wall time and backend are its facts). A platform that cannot split
+    raises `SplitUnavailable` at the first call: the cell is not run, with that reason."""
+
+    engine = None  # the engines live in the ranks
+
+    def __init__(self, ranks: int, inner: Server, context: ServeContext) -> None:
+        self.ranks = ranks
+        self.context = context
+        self.run: SplitRun | None = None
+
+    def call_rows(self, rows: int) -> int:
+        return rows
+
+    def generate(self, calls: Sequence[Call]) -> list[Generation]:
+        unsplit = dataclasses.replace(
+            self.context.cell, serving=tuple((name, v) for name, v in self.context.serving.items() if name != AXIS.name)
+        )
+        self.run = split_generate(self.context.options, unsplit, self.ranks, calls, self.context.rank_server)
+        return self.run.generations
+
+    def facts(self) -> dict[str, Any]:
+        if self.run is None:
+            return {}
+        return {"split": {"ranks": self.run.ranks, "backend": self.run.backend, "wall_s": round(self.run.wall_s, 2)}}
+
+
+AXIS = Axis(
+    name="split",
+    off=1,
+    values=(2,),
+    suffix=lambda ranks: f"tp{ranks}",
+    serve=Split,
+    order=1,
+    doc="the main target split over tensor-parallel ranks (torch.distributed, Hugging Face's tp plan)",
+    with_reduced_precision=True,
+    rounds_differently=True,
+    runs_elsewhere=True,
+    excludes=frozenset({"prefix", "batching"}),
+)

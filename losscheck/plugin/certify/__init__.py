@@ -1,0 +1,21 @@
+"""The certification tests: one test per cell argument, parametrised by the run's plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from losscheck.errors import CellUnavailable
+
+
+def certify(run: Callable[[Any, Any], Any], session: Any, cell: Any, record: dict[str, Any]) -> None:
+    """Run `cell`, put its record on the report and assert it passed; a cell this platform cannot
+    run is skipped with the reason (the certificate lists it as not run)."""
+    try:
+        outcome = run(session, cell)
+    except CellUnavailable as exc:
+        pytest.skip(f"cell {cell.id} cannot run here: {exc}")
+    record.update(outcome.to_record())
+    assert outcome.passed, outcome.message()

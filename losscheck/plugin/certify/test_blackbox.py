@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from losscheck.plugin.certify import certify
+
 pytestmark = pytest.mark.lossless
 
 
@@ -18,9 +20,7 @@ def test_engine_greedy_equals_baseline(engine_greedy_cell, losscheck_session, lo
     """Speculation on == off, token for token, near-ties triaged by the float64 margin."""
     from losscheck.cells.blackbox import run_engine_greedy
 
-    outcome = run_engine_greedy(losscheck_session, engine_greedy_cell)
-    losscheck_record.update(outcome.to_record())
-    assert outcome.passed, outcome.message()
+    certify(run_engine_greedy, losscheck_session, engine_greedy_cell, losscheck_record)
 
 
 @pytest.mark.statistical
@@ -29,6 +29,4 @@ def test_engine_sampling(engine_cell, losscheck_session, losscheck_record):
     samples with drafting off (two-sample)."""
     from losscheck.cells.blackbox import run_engine_cell
 
-    outcome = run_engine_cell(losscheck_session, engine_cell)
-    losscheck_record.update(outcome.to_record())
-    assert outcome.passed, outcome.message()
+    certify(run_engine_cell, losscheck_session, engine_cell, losscheck_record)

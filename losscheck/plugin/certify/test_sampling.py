@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import pytest
 
+from losscheck.plugin.certify import certify
+
 pytestmark = [pytest.mark.lossless, pytest.mark.statistical]
 
 
 def test_pit_uniform(sampling_cell, losscheck_session, losscheck_record):
     """Teacher-forced randomized PIT of whole multi-round sequences on the main target."""
-    from losscheck.cells.runner import run_pit
+    from losscheck.cells.sampled import run_pit
 
-    outcome = run_pit(losscheck_session, sampling_cell)
-    losscheck_record.update(outcome.to_record())
-    assert outcome.passed, outcome.message()
+    certify(run_pit, losscheck_session, sampling_cell, losscheck_record)
 
 
 def test_exact_distribution(exact_cell, losscheck_session, losscheck_record):
     """Exact enumeration of every continuation on the small-vocabulary target."""
-    from losscheck.cells.runner import run_exact
+    from losscheck.cells.sampled import run_exact
 
-    outcome = run_exact(losscheck_session, exact_cell)
-    losscheck_record.update(outcome.to_record())
-    assert outcome.passed, outcome.message()
+    certify(run_exact, losscheck_session, exact_cell, losscheck_record)

@@ -1,0 +1,46 @@
+"""Greedy cells: speculative output equals plain target decoding, token for token."""
+
+from __future__ import annotations
+
+from losscheck.cells.outcome import CellOutcome, drafter_rule, oracle_problems
+from losscheck.core.divergence import find_divergences
+from losscheck.core.sampling import GREEDY, make_generator
+from losscheck.plan.cell import Cell
+from losscheck.run import factory
+from losscheck.run.session import Session
+from losscheck.serving.axis import Call, requests, rounds_differently
+
+
+def run_greedy(session: Session, cell: Cell) -> CellOutcome:
+    """Spec output == baseline output, token for token, on every prompt of every tier."""
+    target = session.cell_target(cell)
+    max_new = session.options.profile.greedy_max_new
+    # In fp32 every divergence fails; in reduced precision, or served in a way that reduces in
+    # another order (a split), one within the target's round-off is a near-tie.
+    reduced = cell.precision.reduced or rounds_differently(cell.serving)
+    tolerance = cell.precision.tolerance if reduced else 0.0
+    outcome = CellOutcome(
+        cell,
+        details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance, **drafter_rule(session, cell)},
+        strict=session.options.strict,
+    )
+    server = factory.server(session, cell)
+    context = factory.serve_context(session, cell)
+    tiers = session.prompt_tiers
+    asked = {tier: requests(server, context, session.prompts(tier), max_new, GREEDY, tier) for tier in tiers}
+    specs = server.generate([Call(asked[tier], max_new, GREEDY, (cell.id, tier)) for tier in tiers])
+    for i, (tier, spec) in enumerate(zip(tiers, specs)):
+        session.progress.update(cell.id, "prompt tiers", i, len(tiers))
+        prompts = asked[tier]
+        base = session.baseline(
+            ("greedy", cell.target, cell.precision.target, tuple(map(tuple, prompts))),
+            lambda prompts=prompts, tier=tier: factory.baseline_engine(session, cell).generate(
+                prompts, max_new, GREEDY, make_generator(session.options.seed, cell.id, tier, device=target.device)
+            ),
+        )
+        outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
+        outcome.acceptance[tier] = spec.stats
+        outcome.details["prompts"] += len(prompts)
+    outcome.problems = oracle_problems(cell, outcome.acceptance)
+    outcome.details.update(server.facts())
+    return outcome

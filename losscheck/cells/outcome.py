@@ -1,0 +1,129 @@
+"""What a cell found: `CellOutcome`, the typed findings of one cell (statistical verdict,
+divergences, loop statistics, oracle problems), which explain themselves in `message()` and become
+the certificate's record in `to_record()`, the one place they are serialised. The certification
+tests only assert on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from losscheck.core.divergence import Divergence
+from losscheck.core.generation import Generation, LoopStats
+from losscheck.plan.cell import ORACLE, Cell
+from losscheck.serving.axis import record as serving_record
+from losscheck.stats.result import CellVerdict, combine
+
+if TYPE_CHECKING:
+    from losscheck.run.session import Session
+
+
+@dataclass
+class CellOutcome:
+    """What one cell found."""
+
+    cell: Cell
+    verdict: CellVerdict | None = None  # statistical cells
+    divergences: list[Divergence] = field(default_factory=list)  # greedy cells
+    acceptance: dict[str, LoopStats] = field(default_factory=dict)  # prompt group -> loop counters
+    problems: list[str] = field(default_factory=list)  # e.g. the oracle rejected a draft
+    details: dict[str, Any] = field(default_factory=dict)  # JSON-ready facts: sample sizes, horizon…
+    strict: bool = False  # near-tie divergences fail too (--losscheck-strict)
+
+    @property
+    def kind(self) -> str:
+        return self.cell.mode
+
+    @property
+    def failing_divergences(self) -> list[Divergence]:
+        """Divergences that fail the cell: all of them under `strict`, else all but near-ties."""
+        return [d for d in self.divergences if self.strict or not d.near_tie]
+
+    @property
+    def near_ties(self) -> int:
+        return sum(d.near_tie for d in self.divergences)
+
+    @property
+    def passed(self) -> bool:
+        statistical = self.verdict is None or self.verdict.passed
+        return statistical and not self.failing_divergences and not self.problems
+
+    def message(self) -> str:
+        if self.verdict is not None:
+            lines = [self.verdict.message()]
+        else:
+            same = (
+                "equals"
+                if not self.divergences
+                else "DIFFERS FROM"
+                if not self.passed
+                else "differs at near-ties only from"
+            )
+            lines = [
+                f"cell {self.cell.id}: greedy output {same} the baseline on {self.details['prompts']} prompts "
+                f"x {self.details['max_new_tokens']} tokens ({self.cell.precision.label()}; "
+                f"{self.near_ties} near-tie divergences{', failing under --losscheck-strict' if self.strict else ''})"
+            ]
+            lines += ["  " + d.describe() for d in self.divergences[:10]]
+        lines += ["  " + p for p in self.problems]
+        if self.details.get("acceptance_rule"):  # a checkpoint that brings its own rule names it
+            lines.append(f"  the drafter ran its own acceptance rule: {self.details['acceptance_rule']}")
+        for group, stats in self.acceptance.items():
+            slots = ", ".join(f"{a:.3f}" for a in stats.slot_acceptance())
+            lines.append(f"  {group}: acceptance length {stats.acceptance_length:.3f}, slot acceptance {slots}")
+        return "\n".join(lines)
+
+    def to_record(self) -> dict[str, Any]:
+        """The cell's entry in the certificate (JSON-ready)."""
+        c = self.cell
+        return {
+            "cell": c.id,
+            "kind": self.kind,
+            "drafter": c.drafter,
+            "k": c.k,
+            "width": c.width,
+            "params": c.params.label(),
+            "target": c.target,
+            "precision": c.precision.label(),
+            "passed": self.passed,
+            "near_ties": self.near_ties,
+            "verdict": None if self.verdict is None else self.verdict.to_dict(),
+            "divergences": [d.to_dict() for d in self.divergences],
+            "acceptance": {group: stats.to_dict() for group, stats in self.acceptance.items()},
+            "problems": self.problems,
+            "serving": serving_record(c.serving),
+            **self.details,
+        }
+
+
+def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
+    """The self-draft oracle must have every draft accepted (the target drafting for itself). Only
+    in fp32: in reduced precision the drafting (one token at a time) and the scoring (k+1 at once)
+    round differently, so near-ties may reject; the acceptance is still reported."""
+    if cell.drafter != ORACLE or cell.precision.reduced:
+        return []
+    return [
+        f"self-draft oracle accepted {int(s.accepted.sum())}/{int(s.proposed.sum())} drafts on {group} "
+        "prompts; drafting with the target itself must be accepted with probability 1"
+        for group, s in acceptance.items()
+        if not s.all_accepted
+    ]
+
+
+def sampled_outcome(session: Session, cell: Cell, results: list[Any], gen: Generation, **details: Any) -> CellOutcome:
+    acceptance = {"all": gen.stats}
+    return CellOutcome(
+        cell,
+        verdict=combine(cell.id, results, session.per_test_alpha),
+        acceptance=acceptance,
+        problems=oracle_problems(cell, acceptance),
+        details={**details, **drafter_rule(session, cell)},
+    )
+
+
+def drafter_rule(session: Session, cell: Cell) -> dict[str, str]:
+    """`{"acceptance_rule": ...}` when the cell's drafter verifies with a rule of its own
+    (`Drafter.acceptance_rule`, e.g. a speculators checkpoint's verifier_accept_k), else nothing."""
+    drafter = session.drafters(cell.target, cell.precision).get(cell.drafter)
+    rule = getattr(drafter, "acceptance_rule", None)
+    return {"acceptance_rule": rule} if rule else {}

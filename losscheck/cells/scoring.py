@@ -1,0 +1,138 @@
+"""Scoring generated sequences under the target: one fresh teacher-forced pass per chunk of rows,
+the randomized PIT of every generated token, and the PIT tests with the facts the certificate keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from losscheck.core.engine import pad_prompts
+from losscheck.core.generation import Generation
+from losscheck.core.sampling import SamplingParams, make_generator, process_logits
+from losscheck.core.target import HFTarget
+
+if TYPE_CHECKING:
+    from losscheck.run.session import Session
+
+
+# Bytes held per row x scored position x vocabulary entry while a chunk is scored: float32 logits of
+# the whole row, the gathered and processed float32 distributions, and randomized_pit's float64
+# copy, mask and masked sum.
+BYTES_PER_LOGIT = 32
+
+
+def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> int:
+    """Rows scored at once so that a chunk of `width` positions over `vocab` stays within the budget."""
+    return max(1, min(max_rows, budget_bytes // (width * vocab * BYTES_PER_LOGIT)))
+
+
+def teacher_forced_probs(
+    target: HFTarget, rows: list[list[int]], tokens: torch.Tensor, params: SamplingParams, tolerance: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fresh target pass over prompt + generated `tokens [n, L]` → (p [n, L, V] at the generated
+    positions after the request's logits processing, ambiguous [n, L] bool). Independent of the
+    engine's cache.
+
+    A token is *ambiguous* when top-k / top-p cut it (p = 0 here) although its raw logit lies within
+    `tolerance` of the lowest logit kept: a pass with another batch shape (the engine's cached one)
+    may round it inside the cut. Under exact H0 no generated token has p = 0, so leaving these out
+    of the test changes nothing but round-off; everything further out stays a support failure.
+    """
+    n, horizon = tokens.shape
+    prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)
+    ids = torch.cat([prompt_ids, prompt_ids.new_zeros(n, horizon)], dim=1)  # [n, P+L]
+    at = plen[:, None] + torch.arange(horizon, device=ids.device)  # [n, L] where generated tokens go
+    ids.scatter_(1, at, tokens)
+    target.reset(n, ids.shape[1])
+    logits, _ = target.forward(ids, torch.zeros(n, dtype=torch.long, device=ids.device))
+    index = (at - 1)[..., None].expand(-1, -1, logits.shape[-1])
+    logits = logits.gather(1, index)  # [n, L, V]
+    probs = process_logits(logits, params)  # [n, L, V]
+    cut = probs.gather(-1, tokens[..., None]).squeeze(-1) == 0  # [n, L]
+    lowest_kept = logits.masked_fill(probs == 0, float("inf")).amin(-1)  # [n, L]
+    ambiguous = cut & (logits.gather(-1, tokens[..., None]).squeeze(-1) >= lowest_kept - tolerance)
+    return probs, ambiguous
+
+
+def teacher_forced_pit(
+    target: HFTarget,
+    rows: list[list[int]],
+    gen: Generation,
+    v: torch.Tensor,
+    budget_bytes: int,
+    max_rows: int,
+    tolerance: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Randomized PIT u [N, L] of every generated token under the target (`v [N, L]` the PIT's
+    uniforms) and the cut-off ambiguity [N, L] of `teacher_forced_probs`, scored a chunk of rows at
+    a time: peak memory stays within `budget_bytes` however large rows × vocabulary grow. Rows are
+    independent, so chunking leaves every value unchanged. `progress(done, n)` before each chunk."""
+    from losscheck.stats.pit import randomized_pit
+
+    n, horizon = gen.tokens.shape
+    chunk = pit_chunk_rows(max(len(r) for r in rows) + horizon, target.vocab_size, budget_bytes, max_rows)
+    u, ambiguous = [], []
+    for start in range(0, n, chunk):
+        if progress is not None:
+            progress(start, n)
+        end = start + chunk
+        probs, unsure = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params, tolerance)
+        u.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
+        ambiguous.append(unsure)
+    return torch.cat(u), torch.cat(ambiguous)
+
+
+def score_pit(
+    session: Session,
+    stream: str,
+    target: HFTarget,
+    rows: list[list[int]],
+    gen: Generation,
+    tolerance: float,
+    alpha: float | None = None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The PIT tests of `gen` (sequences continuing `rows`) under `target`, with the cut-off
+    ambiguity `tolerance`, under `alpha` (default: the cell's whole share), and the facts the
+    certificate keeps about them. `stream` names the PIT's uniforms (the cell id)."""
+    from losscheck.stats.pit import pit_tests
+
+    profile = session.options.profile
+    # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
+    v = torch.rand(
+        gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-v"), dtype=torch.float64
+    ).to(target.device)
+    budget = session.options.memory_budget_mib << 20
+    u, ambiguous = teacher_forced_pit(
+        target,
+        rows,
+        gen,
+        v,
+        budget,
+        profile.batch,
+        tolerance,
+        lambda done, n: session.progress.update(stream, "sequences scored", done, n),
+    )
+    u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
+    tested = mask & ~ambiguous
+    spare = torch.rand(
+        gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-pairs"), dtype=torch.float64
+    )  # completes pairs that EOS cuts
+    slots = None if gen.slots is None else gen.slots.cpu()
+    alpha = session.per_test_alpha if alpha is None else alpha
+    results = pit_tests(u, tested, alpha, profile.power, profile.detect_tv, profile.pit_bins, slots=slots, spare=spare)
+    return results, {
+        "cutoff_ambiguous": int(ambiguous.sum()),
+        "cutoff_tolerance": tolerance,
+        "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
+        "pit_quantiles": _quantiles(u[tested]),
+    }
+
+
+def _quantiles(u: torch.Tensor, n: int = 99) -> list[float]:
+    """The empirical quantiles of `u` at probabilities 1/(n+1) .. n/(n+1): a QQ plot in the record."""
+    import numpy as np
+
+    return np.quantile(u.double().numpy(), np.arange(1, n + 1) / (n + 1)).tolist()

@@ -1,0 +1,49 @@
+"""Planted bugs: how the self-test catalogue (or anyone testing losscheck itself) swaps a part of
+the speculative engine for a broken one, without production code naming it.
+
+A `Plant` is found by name among the objects that packages register under the entry-point group
+`losscheck.plants` (each entry point names a function returning plants); losscheck's own
+catalogue registers there like any other package would. `--losscheck-mutant=NAME` picks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from losscheck.errors import OptionError
+
+GROUP = "losscheck.plants"
+
+
+class Plant(Protocol):
+    """What a planted bug may replace; None leaves the part as it is. Only the speculative engine
+    is planted: the drafter-less baseline stays plain decoding."""
+
+    name: str
+    verifier: Any  # a `losscheck.core.verify.Verifier` used in place of the engine's own, or None
+    wrap_drafter: Callable[[Any], Any] | None  # drafter -> planted drafter
+    wrap_target: Callable[[Any, int], Any] | None  # (target, k) -> planted target
+    prefix_cache: Callable[[Any], Any] | None  # the cell's `PrefixCache` -> a planted one
+    scheduler: type | None  # a planted `ContinuousBatcher` class
+
+
+@cache
+def plants() -> dict[str, Plant]:
+    """Every registered plant, by name."""
+    found: dict[str, Plant] = {}
+    for point in entry_points(group=GROUP):
+        provided: Iterable[Plant] = point.load()()
+        found.update({p.name: p for p in provided})
+    return found
+
+
+def get_plant(name: str) -> Plant:
+    """The plant called `name`, else `OptionError` listing them."""
+    found = plants().get(name)
+    if found is None:
+        known = ", ".join(plants()) or f"none: no package registers the entry-point group {GROUP!r}"
+        raise OptionError(f"--losscheck-mutant={name!r} is not a registered planted bug; choose one of: {known}")
+    return found
