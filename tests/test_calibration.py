@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 from scipy import stats
 
-from losscheck.cells.runner import run_exact
+from losscheck.cells.sampled import run_exact
 from losscheck.core.sampling import SamplingParams
 from losscheck.plan.matrix import Cell
 from losscheck.plan.profiles import get_profile

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from losscheck.cells.runner import pit_chunk_rows, teacher_forced_pit
+from losscheck.cells.scoring import pit_chunk_rows, teacher_forced_pit
 from losscheck.core import divergence
 from losscheck.core.engine import Engine
 from losscheck.core.sampling import SamplingParams, make_generator
@@ -53,7 +53,7 @@ def test_float64_margin_matches_a_float64_copy_of_the_model(target, monkeypatch)
 
 
 def test_engine_batches_fit_the_budget():
-    from losscheck.cells.runner import engine_batch_rows
+    from losscheck.cells.draw import engine_batch_rows
 
     # k = 4 at a 128k vocabulary: 37 MB a row, so a 2 GiB budget runs 58 rows per engine call.
     assert engine_batch_rows(4, 131072, 2 << 30, 4096) == 58

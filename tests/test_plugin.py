@@ -186,7 +186,7 @@ def test_an_interrupted_run_is_certified_interrupted(pytester, tmp_path):
     [
         (["--losscheck-alpha=2"], "must be in (0, 1)"),
         (["--losscheck-profile=fast"], "invalid choice"),
-        (["--losscheck-mutant=residual_not_normalized"], "not in the mutant catalogue; choose one of: "),
+        (["--losscheck-mutant=residual_not_normalized"], "not a registered planted bug; choose one of: "),
     ],
 )
 def test_bad_options_are_rejected(pytester, args, message):

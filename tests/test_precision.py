@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.cells.runner import CellOutcome, teacher_forced_probs
+from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.scoring import teacher_forced_probs
 from losscheck.core.divergence import Divergence
 from losscheck.core.precision import Precision, parse_precisions
 from losscheck.core.sampling import GREEDY, SamplingParams
@@ -31,7 +32,7 @@ def test_each_extra_precision_is_one_greedy_and_one_pit_cell_of_the_named_drafte
     drafters = {"main": {"A": noisy_drafter(target, 0.1), "self": noisy_drafter(target, 0.0)}}
     precisions = parse_precisions("bf16,fp32,fp16/fp32")
     cells = plan(drafters, False, None, precisions, frozenset({"A"}))
-    extra = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.split == 1]
+    extra = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.axis("split") == 1]
     assert sorted((c.params.greedy, c.precision.label()) for c in extra) == [
         (False, "fp16/fp32"),
         (False, "fp32"),
@@ -39,7 +40,7 @@ def test_each_extra_precision_is_one_greedy_and_one_pit_cell_of_the_named_drafte
         (True, "fp32"),
     ]
     # and the slow tier's pair of the split with the first extra precision
-    split = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.split != 1]
+    split = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.axis("split") != 1]
     assert [(c.id, c.slow) for c in split] == [("A-k4-greedy-tp2", True)]  # fp32 is the id default
     assert {c.drafter for c in extra} == {"A"} and {c.k for c in extra} == {4}
     base = [c for c in cells[GREEDY_CELL] if c.precision == precisions[0]]

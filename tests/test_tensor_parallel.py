@@ -20,8 +20,9 @@ from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import ORACLE, Cell
 from losscheck.run.options import Options
 from losscheck.run.session import Session
+from losscheck.run import factory
+from losscheck.serving.axis import Call
 from losscheck.serving.split import (
-    Call,
     SplitError,
     SplitRun,
     SplitUnavailable,
@@ -46,8 +47,9 @@ def greedy_calls(session: Session) -> list[Call]:
 
 
 def run_split(cell: Cell, calls: list[Call], options: Options = OPTIONS, timeout_s: float = 300.0) -> SplitRun:
+    """`calls` with `cell` (unsplit) served in 2 ranks, the target split over them."""
     try:
-        return split_generate(options, cell, calls, timeout_s)
+        return split_generate(options, cell, 2, calls, factory.rank_server, timeout_s)
     except SplitUnavailable as exc:
         pytest.skip(f"no tensor-parallel split on this platform: {exc}")
 
@@ -61,11 +63,11 @@ def session() -> Session:
 def split_a(session: Session) -> tuple[list[Call], SplitRun]:
     """Drafter A, k=4, split=2: the greedy calls of every tier, then one sampled call (T=1)."""
     calls = [*greedy_calls(session), Call(session.prompts("mid")[:4], NEW_TOKENS, T1, ("split-test", "T1"))]
-    return calls, run_split(Cell("A", 4, GREEDY, split=2), calls)
+    return calls, run_split(Cell("A", 4, GREEDY), calls)
 
 
 def unsplit(session: Session, cell: Cell, call: Call) -> Generation:
-    engine = session.engine(dataclasses.replace(cell, split=1))
+    engine = factory.engine(session, cell)
     generator = make_generator(OPTIONS.seed, *call.stream, device=engine.target.device)
     return engine.generate(call.prompts, call.max_new_tokens, call.params, generator)
 
@@ -103,7 +105,7 @@ def test_greedy_split_matches_unsplit_drafter_a(session, split_a):
 
 
 def test_greedy_split_matches_unsplit_self_draft_oracle(session):
-    cell = Cell(ORACLE, 4, GREEDY, split=2)
+    cell = Cell(ORACLE, 4, GREEDY)
     calls = greedy_calls(session)
     run = run_split(cell, calls)
     differences = greedy_differences(session, cell, calls, run)
@@ -140,7 +142,7 @@ def drafter_failing_on_rank_1(target):
 def test_a_rank_failure_surfaces_with_its_traceback_and_ends_every_rank(session):
     options = dataclasses.replace(OPTIONS, drafter=f"{__name__}:drafter_failing_on_rank_1")
     with pytest.raises(SplitError) as info:
-        run_split(Cell("user", 4, GREEDY, split=2), greedy_calls(session)[:1], options)
+        run_split(Cell("user", 4, GREEDY), greedy_calls(session)[:1], options)
     message = str(info.value)
     assert "rank 1 of 2" in message and "RuntimeError: planted drafter failure on rank 1" in message, message
     assert len(info.value.pids) == 2 and not [p for p in info.value.pids if alive(p)]
@@ -148,13 +150,13 @@ def test_a_rank_failure_surfaces_with_its_traceback_and_ends_every_rank(session)
 
 def test_a_timeout_kills_every_rank(session):
     with pytest.raises(SplitError, match=r"timed out after 0\.5 s") as info:
-        run_split(Cell("A", 4, GREEDY, split=2), greedy_calls(session)[:1], timeout_s=0.5)
+        run_split(Cell("A", 4, GREEDY), greedy_calls(session)[:1], timeout_s=0.5)
     assert len(info.value.pids) == 2 and not [p for p in info.value.pids if alive(p)]
 
 
 def test_a_split_that_does_not_divide_the_heads_is_refused():
     with pytest.raises(LosscheckError, match=r"split=3 .*num_attention_heads=4, num_key_value_heads=2"):
-        split_generate(OPTIONS, Cell("A", 4, GREEDY, split=3), [])
+        split_generate(OPTIONS, Cell("A", 4, GREEDY), 3, [], factory.rank_server)
 
 
 def test_rank_disagreement_names_the_call_and_row():

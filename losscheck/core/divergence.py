@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from losscheck.core.generation import Generation
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 VOCAB_CHUNK = 16384  # LM-head rows cast to float64 at once
 
@@ -53,7 +57,7 @@ def first_divergence(spec: Generation, base: Generation, b: int) -> int | None:
     return None if len(a) == len(c) else min(len(a), len(c))
 
 
-def top2_float64(model: torch.nn.Module, prefix: list[int]) -> tuple[int, int, float]:
+def top2_float64(model: PreTrainedModel, prefix: list[int]) -> tuple[int, int, float]:
     """The target's two best next tokens after `prefix` and their logit margin in float64.
 
     The final hidden state comes from the model as it runs (its own precision); the LM head is
@@ -75,7 +79,7 @@ def top2_float64(model: torch.nn.Module, prefix: list[int]) -> tuple[int, int, f
 
 
 def find_divergences(
-    model: torch.nn.Module | None,
+    model: PreTrainedModel | None,
     tier: str,
     prompts: list[list[int]],
     spec: Generation,

@@ -25,6 +25,9 @@ from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verif
 from losscheck.errors import LosscheckError
 
 
+ENGINE_BATCH = 4096  # most rows one engine call runs at once by default (memory bound on the tiny fixtures)
+
+
 class KVReuse(Protocol):
     """Keys and values shared across requests (a prefix cache, `losscheck.serving.prefix_cache`).
 

@@ -128,7 +128,8 @@ class Generation:
         stats = parts[0].stats
         for part in parts[1:]:
             stats = stats + part.stats
-        slots = None if any(g.slots is None for g in parts) else torch.cat([g.slots for g in parts])
+        known = [g.slots for g in parts if g.slots is not None]
+        slots = torch.cat(known) if len(known) == len(parts) else None
         return Generation(
             torch.cat([g.tokens for g in parts]), torch.cat([g.lengths for g in parts]), stats, parts[0].params, slots
         )

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from losscheck.core.contract import Target
 from losscheck.core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DTYPE_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -27,7 +30,7 @@ class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
     def __init__(
-        self, model: torch.nn.Module, assistant: torch.nn.Module, k: int, eos: int, name: str = "hf-assisted"
+        self, model: PreTrainedModel, assistant: PreTrainedModel, k: int, eos: int, name: str = "hf-assisted"
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
         self.precision = DTYPE_PRECISION[next(model.parameters()).dtype]
@@ -73,7 +76,9 @@ class HFAssistedEngine:
             for i, prompt in enumerate(prompts):
                 ids = torch.tensor([prompt], device=device)  # [1, P]
                 for j in range(n):
-                    row = self.model.generate(
+                    # `generate` comes from GenerationMixin, which every *ForCausalLM has and
+                    # transformers' PreTrainedModel type lacks
+                    row = self.model.generate(  # type: ignore[operator]
                         ids, attention_mask=torch.ones_like(ids), generation_config=config, **assistant
                     )  # [1, P + generated]
                     new = row[0, len(prompt) :].cpu()
@@ -98,7 +103,7 @@ class HFResidualFromP(HFAssistedEngine):
 
         correct = hf_utils._speculative_sampling
 
-        def residual_from_p(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):  # type: ignore[no-untyped-def]
+        def residual_from_p(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
             valid_tokens, n_matches = correct(
                 candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs
             )
@@ -111,7 +116,7 @@ class HFResidualFromP(HFAssistedEngine):
             yield
 
 
-def _bundled_parts(target: Target) -> tuple[torch.nn.Module, torch.nn.Module, int]:
+def _bundled_parts(target: Target) -> tuple[PreTrainedModel, PreTrainedModel, int]:
     from losscheck import bundled
     from losscheck.core.target import load_causal_lm
 
@@ -137,7 +142,7 @@ def hf_assisted_residual_from_p(target: Target) -> HFAssistedEngine:
     return HFResidualFromP(model, assistant, 4, eos, name="hf-assisted-residual-from-p")
 
 
-def tempered(assistant: torch.nn.Module, factor: float) -> torch.nn.Module:
+def tempered(assistant: PreTrainedModel, factor: float) -> PreTrainedModel:
     """`assistant` drafting at `factor` times the request's temperature: its LM head's output is
     divided by `factor` (a forward hook, so tied embeddings are untouched). HF computes the draft
     distribution q from these logits with the request's processors, so the assistant stays an

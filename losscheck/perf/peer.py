@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,10 +18,13 @@ from losscheck.core.precision import synchronize
 from losscheck.core.sampling import SamplingParams
 from losscheck.perf.workload import Request
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 def hf_generate_seconds(
-    model: torch.nn.Module,
-    assistant: torch.nn.Module | None,
+    model: PreTrainedModel,
+    assistant: PreTrainedModel | None,
     requests: Sequence[Request],
     params: SamplingParams,
     k: int,
@@ -48,7 +51,9 @@ def hf_generate_seconds(
     started = time.perf_counter()
     for r in requests:
         ids = torch.tensor([r.prompt], device=device)
-        out = model.generate(
+        # `generate` comes from GenerationMixin, which every *ForCausalLM has and transformers'
+        # PreTrainedModel type lacks
+        out = model.generate(  # type: ignore[operator]
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=r.max_new,

@@ -13,38 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.errors import OptionError
+from losscheck.plan.perf_profiles import (  # noqa: F401  (the compare's thresholds, parsed with the options)
+    DEFAULT_COMPARE_FAIL,
+    METRICS,
+    Threshold,
+    parse_thresholds,
+)
 
 SCHEMA = "losscheck.perf/1"
-METRICS = ("speedup", "tau")
-DEFAULT_COMPARE_FAIL = "speedup:10%,tau:5%"
-
-
-@dataclass(frozen=True)
-class Threshold:
-    metric: str  # "speedup" (geometric-mean ratio) or "tau"
-    max_drop: float  # fraction of the saved value it may fall by
-
-
-def parse_thresholds(text: str) -> tuple[Threshold, ...]:
-    """ "speedup:10%,tau:5%" → thresholds; a bad entry raises `OptionError` naming it."""
-    found = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        metric, _, value = part.partition(":")
-        if metric not in METRICS or not value.endswith("%"):
-            raise OptionError(
-                f"--losscheck-perf-compare-fail entry {part!r} is not METRIC:N% with METRIC one of "
-                f"{list(METRICS)} (e.g. {DEFAULT_COMPARE_FAIL})"
-            )
-        try:
-            drop = float(value[:-1]) / 100
-        except ValueError:
-            raise OptionError(f"--losscheck-perf-compare-fail entry {part!r}: {value!r} is not a percentage") from None
-        if not 0 <= drop < 1:
-            raise OptionError(f"--losscheck-perf-compare-fail entry {part!r}: the drop must be in [0%, 100%)")
-        found.append(Threshold(metric, drop))
-    if not found:
-        raise OptionError(f"--losscheck-perf-compare-fail needs at least one METRIC:N%, e.g. {DEFAULT_COMPARE_FAIL}")
-    return tuple(found)
 
 
 def save(doc: dict[str, Any], path: Path) -> None:

@@ -25,7 +25,6 @@ the slots before a row's pending token, and the next round overwrites that slot 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,15 +32,13 @@ from typing import Any
 import torch
 
 from losscheck.core.contract import Drafter, Target
-from losscheck.core.engine import Batch, Engine, pad_prompts
+from losscheck.core.engine import Engine
 from losscheck.core.generation import LoopStats
 from losscheck.core.precision import synchronize
-from losscheck.core.ragged import RaggedLM, forward_rows
 from losscheck.core.sampling import SamplingParams
-from losscheck.core.target import HFTarget
 from losscheck.errors import LosscheckError
 from losscheck.perf.workload import Request
-from losscheck.serving.batching import admit_drafter_rows, forget_rows  # noqa: F401  (forget_rows: re-exported)
+from losscheck.serving.batching import ContinuousBatcher, forget_rows  # noqa: F401  (forget_rows: re-exported)
 
 
 class Timed:
@@ -116,73 +113,24 @@ def serve(
     params: SamplingParams,
     generator: torch.Generator,
 ) -> ServeTrace:
-    """Run `requests` with at most `concurrency` in flight; `drafter=None` is the baseline."""
+    """Run `requests` with at most `concurrency` in flight (a closed loop: every request is queued
+    at time zero) through losscheck's one scheduler (`ContinuousBatcher`), timing it; `drafter=None`
+    is the baseline."""
     if concurrency < 1:
         raise LosscheckError(f"concurrency must be >= 1, got {concurrency}")
-    prompts = [r.prompt for r in requests]
-    pad_prompts(prompts, target.vocab_size)  # validates ids and emptiness, naming the prompt
-    if min(r.max_new for r in requests) < 1:
-        raise LosscheckError("every request needs an output budget >= 1")
     device = target.device
     timed_target = Timed(target, ("forward",), device)
     timed_drafter = Timed(drafter, ("propose", "commit"), device) if drafter is not None else None
     engine = Engine(timed_target, timed_drafter, k)  # type: ignore[arg-type]  # proxies of both
-    longest, most = max(map(len, prompts)), max(r.max_new for r in requests)
-    if longest + most > target.max_positions:
-        raise LosscheckError(
-            f"a prompt of {longest} tokens plus an output budget of {most} exceeds the target's "
-            f"{target.max_positions} positions; shorten the prompts or lower the profile's max_new"
-        )
-    # Room for a row's longest life plus the junk a prefill writes past its pending slot.
-    capacity = 2 * longest + most + engine.k + 1
-    batch = _empty_batch(concurrency, capacity, target, drafter)
-    target.reset(concurrency, capacity)
-    if drafter is not None:
-        drafter.reset(concurrency, capacity)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-    queue = deque(range(len(requests)))
-    row_of: list[int | None] = [None] * concurrency  # request index in each row
-    traces: list[RequestTrace | None] = [None] * len(requests)
-    stats = LoopStats.empty(engine.k)
-    rounds, round_s, prefill_s = 0, 0.0, 0.0
-    synchronize(device)
-    started = time.perf_counter()
-    while True:
-        free = [b for b, i in enumerate(row_of) if i is None]
-        admitted = [(b, queue.popleft()) for b in free[: len(queue)]]
-        if admitted:
-            t0 = time.perf_counter()
-            for b, i in admitted:
-                row_of[b] = i
-                traces[i] = RequestTrace(requests[i], t0 - started)
-            _admit(batch, target, drafter, [b for b, _ in admitted], [requests[i] for _, i in admitted])
-            synchronize(device)
-            prefill_s += time.perf_counter() - t0
-        if bool(batch.done.all()):
-            break
-        before = batch.lengths
-        t0 = time.perf_counter()
-        engine.step(batch, params, generator, stats)
-        synchronize(device)
-        now = time.perf_counter()
-        round_s += now - t0
-        rounds += 1
-        emitted, done = (batch.lengths - before).tolist(), batch.done.tolist()
-        for b, i in enumerate(row_of):
-            if i is None:
-                continue
-            trace = traces[i]
-            assert trace is not None
-            if emitted[b]:
-                trace.events.append((now - started, emitted[b]))
-            if done[b]:
-                trace.finished = now - started
-                start = int(batch.prompt_lengths[b])
-                trace.tokens = batch.tokens[b, start : int(batch.lengths[b])].tolist()
-                row_of[b] = None
-    wall = time.perf_counter() - started
+    clock = _Clock(requests, device)
+    gen = ContinuousBatcher(engine, concurrency).generate(
+        [r.prompt for r in requests], [r.max_new for r in requests], params, generator, observer=clock
+    )
+    wall = clock.last - clock.started
+    for i, trace in enumerate(clock.traces):
+        trace.tokens = gen.row(i)
     memory = {
         "target_weights_bytes": module_bytes(target),
         "drafter_weights_bytes": module_bytes(drafter) if drafter is not None else 0,
@@ -191,57 +139,57 @@ def serve(
         "device_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
     drafted = timed_drafter.seconds if timed_drafter is not None else 0.0
-    done_traces = [t for t in traces if t is not None]
     return ServeTrace(
-        concurrency, done_traces, stats, wall, rounds, round_s, drafted, timed_target.seconds, prefill_s, memory
+        concurrency,
+        clock.traces,
+        gen.stats,
+        wall,
+        clock.rounds,
+        clock.round_s,
+        drafted,
+        timed_target.seconds,
+        clock.prefill_s,
+        memory,
     )
 
 
-def _empty_batch(rows: int, capacity: int, target: Target, drafter: Drafter | None) -> Batch:
-    """`rows` finished rows with no request: the state before the first admission."""
-    device = target.device
-    ones = torch.ones(rows, dtype=torch.long, device=device)
-    hidden = None
-    if drafter is not None and drafter.uses_hidden:
-        hidden = torch.zeros(rows, capacity, target.hidden_size, device=device)
-    tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-    done = torch.ones(rows, dtype=torch.bool, device=device)
-    return Batch(tokens, ones, ones.clone(), hidden, done, torch.zeros_like(ones))
+class _Clock:
+    """Times a run of the scheduler (`losscheck.serving.batching.Observer`): admissions (prefill
+    and row set-up), rounds, and each request's admission, emission events and end. Every clock
+    read follows a device synchronisation."""
 
+    def __init__(self, requests: Sequence[Request], device: torch.device) -> None:
+        self.requests, self.device = requests, device
+        self.traces: list[RequestTrace] = []
+        self.rounds, self.round_s, self.prefill_s = 0, 0.0, 0.0
+        synchronize(device)
+        self.started = self.last = self._t0 = time.perf_counter()
 
-def _admit(batch: Batch, target: Target, drafter: Drafter | None, rows: list[int], requests: list[Request]) -> None:
-    """Put `requests` into the finished `rows` of `batch` and prefill their prompts."""
-    device = batch.tokens.device
-    pending = batch.lengths - 1  # [B] the slot each other row's junk starts at (see module doc)
-    lengths, prompt_lengths = batch.lengths.clone(), batch.prompt_lengths.clone()
-    budget, done = torch.as_tensor(batch.budget, device=device).clone(), batch.done.clone()
-    read = max(len(r.prompt) for r in requests) - 1  # prompt tokens before each pending one
-    index = torch.tensor(rows, device=device)  # [n]
-    ids = torch.zeros(len(rows), max(read, 0), dtype=torch.long, device=device)  # [n, read], right-padded
-    for j, (b, request) in enumerate(zip(rows, requests)):
-        prompt = torch.tensor(request.prompt, device=device)
-        batch.tokens[b, : len(prompt)] = prompt
-        ids[j, : len(prompt) - 1] = prompt[:-1]
-        lengths[b] = prompt_lengths[b] = len(prompt)
-        budget[b], done[b] = request.max_new, False
-    # New tensors, not in-place writes: a drafter may hold the old lengths.
-    batch.lengths, batch.prompt_lengths, batch.budget, batch.done = lengths, prompt_lengths, budget, done
-    if read > 0:
-        if isinstance(target, HFTarget) and _allocated(target.lm):
-            states = target.checked(forward_rows(target.lm, index, ids, torch.zeros_like(index)))[1]  # [n, read, H]
-        else:  # any Target, or the first admission: one pass over every row, junk for the others
-            every = torch.zeros(len(done), read, dtype=torch.long, device=device)  # [B, read]
-            every[index] = ids
-            states = target.forward(every, pending.index_fill(0, index, 0))[1][index]
-        if batch.hidden is not None:
-            batch.hidden[index, :read] = states.float()
-    if drafter is not None:
-        admit_drafter_rows(drafter, batch, index)
+    def _now(self) -> float:
+        synchronize(self.device)
+        self.last = time.perf_counter()
+        return self.last
 
+    def admitting(self, requests: list[int]) -> None:
+        self._t0 = self._now()
+        for i in requests:  # a closed loop admits in request order
+            assert i == len(self.traces)
+            self.traces.append(RequestTrace(self.requests[i], self._t0 - self.started))
 
-def _allocated(lm: RaggedLM) -> bool:
-    """The ragged cache holds its buffers (allocated by the first forward of the batch)."""
-    return lm.cache is not None and bool(lm.cache.keys)
+    def admitted(self) -> None:
+        self.prefill_s += self._now() - self._t0
+
+    def stepping(self) -> None:
+        self._t0 = self._now()
+
+    def stepped(self, emitted: dict[int, int], finished: list[int]) -> None:
+        now = self._now()
+        self.round_s += now - self._t0
+        self.rounds += 1
+        for i, count in emitted.items():
+            self.traces[i].events.append((now - self.started, count))
+        for i in finished:
+            self.traces[i].finished = now - self.started
 
 
 def module_bytes(model_owner: Any) -> int | None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from losscheck.core.engine import ENGINE_BATCH
 from losscheck.errors import OptionError
-
-ENGINE_BATCH = 4096  # most rows one engine call runs at once (memory bound on the tiny fixtures)
 
 
 @dataclass(frozen=True)

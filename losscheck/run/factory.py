@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
 from losscheck.serving.axis import ServeContext, Server, build_server, runs_elsewhere
 
 if TYPE_CHECKING:
     from losscheck.plan.cell import Cell
     from losscheck.run.options import Options
+    from losscheck.run.plant import Plant
     from losscheck.run.session import Session
 
 
@@ -22,15 +24,18 @@ def engine(session: Session, cell: Cell) -> Engine:
         from losscheck.drafters.stress import stressed
 
         drafter = stressed(drafter, cell.stress, target.vocab_size)
-    plant = session.plant
-    verifier = None
-    if plant is not None:
-        if plant.wrap_drafter is not None:
-            drafter = plant.wrap_drafter(drafter)
-        if plant.wrap_target is not None:
-            target = plant.wrap_target(target, cell.k)
-        verifier = plant.verifier
-    return Engine(target, drafter, cell.k, cell.width, verifier)
+    return planted_engine(session.plant, target, drafter, cell.k, cell.width)
+
+
+def planted_engine(plant: Plant | None, target: Target, drafter: Drafter, k: int, width: int | None = None) -> Engine:
+    """The speculative engine of `drafter` on `target`, with `plant`'s bug when there is one."""
+    if plant is None:
+        return Engine(target, drafter, k, width)
+    if plant.wrap_drafter is not None:
+        drafter = plant.wrap_drafter(drafter)
+    if plant.wrap_target is not None:
+        target = plant.wrap_target(target, k)
+    return Engine(target, drafter, k, width, plant.verifier)
 
 
 def baseline_engine(session: Session, cell: Cell) -> Engine:

@@ -15,8 +15,7 @@ from typing import Any
 
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
 from losscheck.errors import OptionError
-from losscheck.perf.runfile import DEFAULT_COMPARE_FAIL, parse_thresholds
-from losscheck.plan.perf_profiles import PERF_PROFILES
+from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 
 DEFAULT_SEED = 20261129

@@ -33,6 +33,6 @@ def get_mutant(name: str) -> Mutant:
     found = {m.name: m for m in catalogue()}.get(name)
     if found is None:
         raise OptionError(
-            f"--losscheck-mutant={name!r} is not in the mutant catalogue; choose one of: " + ", ".join(names())
+            f"--losscheck-mutant={name!r} is not a registered planted bug; choose one of: " + ", ".join(names())
         )
     return found

@@ -12,7 +12,7 @@ from losscheck import bundled
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines import EngineOutputError, check_engine, checked_samples, lengths
 from losscheck.errors import OptionError
-from losscheck.plan.matrix import ENGINE, SAMPLING_VARIANTS, engine_cells
+from losscheck.plan.matrix import OWN_TARGET, SAMPLING_VARIANTS, engine_cells
 
 EOS, V = 1, 64
 
@@ -75,7 +75,7 @@ def test_engine_cells_run_at_the_engines_k_in_its_precision_or_two_sample():
     assert {c.mode for c in sampled} == {"one-sample"} and greedy[0].mode == "engine-greedy"
     assert sampled[0].id == "engine-k3-T1-bf16" and {c.precision.target for c in sampled + greedy} == {"bf16"}
     sampled, greedy = engine_cells(engine(precision=None))
-    assert {c.mode for c in sampled} == {"two-sample"} and {c.target for c in sampled + greedy} == {ENGINE}
+    assert {c.mode for c in sampled} == {"two-sample"} and {c.target for c in sampled + greedy} == {OWN_TARGET}
     assert sampled[0].id == "engine-k4-T1-two-sample" and greedy[0].id == "engine-k4-greedy-two-sample"
 
 

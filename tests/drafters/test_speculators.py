@@ -222,7 +222,7 @@ def test_top_k_acceptance_keeps_a_second_best_draft_within_the_tolerance():
 
 
 def test_verifier_accept_k_2_fails_the_greedy_gate_naming_the_setting():
-    from losscheck.cells.runner import run_greedy
+    from losscheck.cells.greedy import run_greedy
     from losscheck.plan.matrix import Cell
     from losscheck.run.options import Options
     from losscheck.run.session import Session

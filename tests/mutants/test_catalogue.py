@@ -29,9 +29,9 @@ def test_the_catalogue_entries_are_complete():
 def test_an_unknown_mutant_is_an_option_error_listing_the_catalogue():
     with pytest.raises(OptionError, match="rows_mixed_up"):
         get_mutant("residual_not_normalized")
-    with pytest.raises(OptionError, match="not in the mutant catalogue"):
-        Session(Options(mutant="nope")).mutant
-    assert Session(Options(mutant="shared_uniform")).mutant is get_mutant("shared_uniform")
+    with pytest.raises(OptionError, match="not a registered planted bug"):
+        _ = Session(Options(mutant="nope")).plant
+    assert Session(Options(mutant="shared_uniform")).plant is get_mutant("shared_uniform")
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,9 @@ targets they cannot plant a bug in."""
 from __future__ import annotations
 
 import pytest
+
+from losscheck.run import factory
+from losscheck.run.factory import planted_engine
 import torch
 
 from losscheck.core.engine import Engine
@@ -40,27 +43,27 @@ def test_the_baseline_is_never_planted(target):
     session._models[("main", "fp32")] = target
     session._drafter_sets[("main", session.base_precision)] = {"A": noisy_drafter(target, NOISE)}
     cell = Cell("A", 3)
-    assert session.baseline_engine(cell).verifier is verify_block
-    assert session.engine(cell).verifier is get_mutant("rows_mixed_up").verifier
+    assert factory.baseline_engine(session, cell).verifier is verify_block
+    assert factory.engine(session, cell).verifier is get_mutant("rows_mixed_up").verifier
 
 
 # The serving mutants plant a prefix cache or a scheduler, which only warm-cache and continuous-
 # batching runs use: tests/test_prefix_cache.py and tests/test_batching.py show them changing output.
 @pytest.mark.parametrize(
     "name",
-    [m.name for m in catalogue() if m.kind == "greedy" and m.wrap_cache is None and m.batcher is None]
+    [m.name for m in catalogue() if m.kind == "greedy" and m.prefix_cache is None and m.scheduler is None]
     + ["recovered_after_rejected"],
 )
 def test_greedy_mutants_diverge_from_the_baseline(target, name):
     base = run(Engine(target))
     honest = run(Engine(target, noisy_drafter(target, NOISE), 3))
     assert torch.equal(honest.tokens, base.tokens)  # the toy loop is lossless without the bug
-    planted = run(get_mutant(name).engine(target, noisy_drafter(target, NOISE), 3))
+    planted = run(planted_engine(get_mutant(name), target, noisy_drafter(target, NOISE), 3))
     assert not torch.equal(planted.tokens, base.tokens), f"{name} left greedy output unchanged"
 
 
 def test_stale_cache_gives_the_target_room_for_the_stale_entries(target):
-    engine = get_mutant("stale_target_cache").engine(target, noisy_drafter(target, NOISE), 4)
+    engine = planted_engine(get_mutant("stale_target_cache"), target, noisy_drafter(target, NOISE), 4)
     run(engine)  # stale entries pile up past the engine's capacity: this would overflow without them
     assert engine.target.inner.lm.cache.capacity >= MAX_NEW * 4
 
@@ -72,7 +75,7 @@ def test_the_cache_and_position_wrappers_read_the_first_block_honestly(target):
 
     base = run(Engine(target))
     for name in ("stale_target_cache", "batch_max_positions"):
-        planted = get_mutant(name).engine(target, self_draft(target), MAX_NEW - 1)
+        planted = planted_engine(get_mutant(name), target, self_draft(target), MAX_NEW - 1)
         assert torch.equal(run(planted).tokens, base.tokens), name
 
 
@@ -81,4 +84,4 @@ def test_wrapping_mutants_refuse_a_drafter_that_is_not_family_a(target):
         name, block_lengths, widths, uses_hidden = "block", (4,), (), False
 
     with pytest.raises(LosscheckError, match="family-A"):
-        get_mutant("greedy_draft_softmax_q").engine(target, Other(), 4)
+        planted_engine(get_mutant("greedy_draft_softmax_q"), target, Other(), 4)
