@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,7 @@ def serving_lines(records: list[dict[str, Any]]) -> list[str]:
     return ["", "Serving cells:", "", *lines] if lines else []
 
 
-def markdown(cert: dict[str, Any], plots: list[str] = ()) -> str:
+def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
     from losscheck.report.summary import markdown_table
 
     lines = [f"# losscheck certificate — {cert['verdict']}", "", cert["reason"], ""]

@@ -49,7 +49,7 @@ def enumerate_continuations(
     probs = torch.ones(1, dtype=torch.float64)  # [M]
     ended = torch.zeros(1, dtype=torch.bool)  # [M] EOS already generated
     for t in range(horizon):
-        if ended.all():  # only with an eos_id: every row has ended, pad the rest at once
+        if eos_id is not None and ended.all():  # every row has ended, pad the rest at once
             context = torch.cat([context, context.new_full((len(context), horizon - t), eos_id)], dim=1)
             break
         live = ~ended
@@ -173,8 +173,8 @@ def exact_tests(
         raise UnderpoweredError("exact_tests: no samples to test")
 
     joint_bin_of, joint_expected = probability_bins(probs, n, min_expected, max_bins)
-    marginals = [_marginal_bins(seqs[:, l], probs, n, min_expected, max_bins) for l in range(seqs.shape[1])]
-    testable = [l for l, (_, _, expected) in enumerate(marginals) if len(expected) >= 2]
+    marginals = [_marginal_bins(seqs[:, pos], probs, n, min_expected, max_bins) for pos in range(seqs.shape[1])]
+    testable = [pos for pos, (_, _, expected) in enumerate(marginals) if len(expected) >= 2]
     a = per_test_alpha(alpha, 2 + len(testable))
     _require_joint_power(
         n,
@@ -197,13 +197,13 @@ def exact_tests(
     desc = f"sampled sequences distributed over {len(joint_expected)} bins of exact probability"
     results.append(goodness_of_fit("exact.joint_chisquare", desc, observed, expected, a, power))
     results.append(goodness_of_fit("exact.joint_gtest", desc, observed, expected, a, power, "log-likelihood"))
-    for l in testable:
-        token_of_seq, bin_of_token, marginal_expected = marginals[l]
+    for pos in testable:
+        token_of_seq, bin_of_token, marginal_expected = marginals[pos]
         observed = torch.bincount(bin_of_token[token_of_seq[inside]], minlength=len(marginal_expected))
         results.append(
             goodness_of_fit(
-                f"exact.position[{l}]",
-                f"tokens at position {l} distributed over {len(marginal_expected)} bins of their exact marginal",
+                f"exact.position[{pos}]",
+                f"tokens at position {pos} distributed over {len(marginal_expected)} bins of their exact marginal",
                 observed,
                 marginal_expected * (n_inside / n),
                 a,

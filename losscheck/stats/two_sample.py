@@ -86,8 +86,8 @@ def two_sample_tests(
     # one count over the pooled sample decides every bin, at least this many pooled tokens each
     min_count = min_expected * (n_a + n_b) / min(n_a, n_b)
     results = [
-        _position_homogeneity(l, a[:, l], b[:, l], vocab_size, min_count, max_bins, n_eff, alpha_each, power)
-        for l in range(a.shape[1])
+        _position_homogeneity(pos, a[:, pos], b[:, pos], vocab_size, min_count, max_bins, n_eff, alpha_each, power)
+        for pos in range(a.shape[1])
     ]
     results.append(_distinct_tokens_ks(a, b, alpha_each, power))
     return results
@@ -112,7 +112,7 @@ def pooled_token_bins(pooled: torch.Tensor, vocab_size: int, min_count: float, m
 
 
 def _position_homogeneity(
-    l: int,
+    pos: int,
     a: torch.Tensor,
     b: torch.Tensor,
     vocab_size: int,
@@ -122,16 +122,16 @@ def _position_homogeneity(
     alpha: float,
     power: float,
 ) -> TestResult:
-    """χ² homogeneity of the tokens `a` [Na] and `b` [Nb] at position `l`."""
+    """χ² homogeneity of the tokens `a` [Na] and `b` [Nb] at position `pos`."""
     bin_of_token = pooled_token_bins(torch.cat([a, b]), vocab_size, min_count, max_bins)  # [V]
     n_bins = int(bin_of_token.max()) + 1
     table = torch.stack(
         [torch.bincount(bin_of_token[a], minlength=n_bins), torch.bincount(bin_of_token[b], minlength=n_bins)]
     ).numpy()  # [2, n_bins]
-    expected = f"the same token distribution at position {l} in both samples"
+    expected = f"the same token distribution at position {pos} in both samples"
     if n_bins < 2:
         return TestResult(
-            name=f"two_sample.position[{l}]",
+            name=f"two_sample.position[{pos}]",
             expected=expected,
             observed="too few distinct tokens in the pooled sample for two bins: nothing to compare",
             statistic=0.0,
@@ -148,7 +148,7 @@ def _position_homogeneity(
     what = f"token {int(members[0])}" if len(members) == 1 else f"the bucket of {len(members)} rarer token ids"
     w = chisquare_detectable_w(n_eff, n_bins, alpha, power)
     return TestResult(
-        name=f"two_sample.position[{l}]",
+        name=f"two_sample.position[{pos}]",
         expected=expected,
         observed=(
             f"{n_bins} pooled-frequency bins; {what} differs most: {share[0, k]:.4f} of sample a "
