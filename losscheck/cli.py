@@ -142,10 +142,10 @@ def run_command(ns: argparse.Namespace) -> int:
     if ns.command == "report":
         from losscheck.report import certificate
 
-        run = Path(ns.run)
-        run = run if run.is_dir() else run.parent
-        cert = certificate.load(run)
-        written = certificate.render(cert, run)
+        run_dir = Path(ns.run)
+        run_dir = run_dir if run_dir.is_dir() else run_dir.parent
+        cert = certificate.load(run_dir)
+        written = certificate.render(cert, run_dir)
         print(certificate.headline(cert))
         print("wrote " + ", ".join(str(p) for p in written))
         return 0

@@ -188,7 +188,8 @@ def markdown(doc: dict[str, Any], comparisons: list[runfile.Comparison] | None =
     if other:
         lines += [
             "## Sensitivity: output length and entropy tier\n",
-            f"short = output budgets in [{p['short_max_new'] // 2}, {p['short_max_new']}]; low/mid/high = prompts of one tier.\n",
+            f"short = output budgets in [{p['short_max_new'] // 2}, {p['short_max_new']}]; "
+            "low/mid/high = prompts of one tier.\n",
         ]
         lines.append(
             markdown_table(

@@ -39,6 +39,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"torch {results['torch']}, {results['threads']} threads; best of repeats after a warm-up.\n\n"
         + markdown_table(COLUMNS, rows)
         + f"\nSampled sequences per second ({s['horizon']} tokens, T=1, k={s['k']}): losscheck loop at batch 1024 "
-        f"{s['losscheck_batch1024']:.0f}/s; Hugging Face assisted generation (batch 1) {s['hf_assisted_batch1']:.1f}/s; "
+        f"{s['losscheck_batch1024']:.0f}/s; "
+        f"Hugging Face assisted generation (batch 1) {s['hf_assisted_batch1']:.1f}/s; "
         f"ratio {s['ratio']:.0f}x.\n"
     )

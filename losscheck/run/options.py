@@ -100,7 +100,8 @@ SPECS: dict[str, dict[str, Any]] = {
     },
     "engine": {
         "metavar": "MOD:FACTORY",
-        "help": "import path of a factory(target) -> black-box engine, certified against itself with drafting off (one-sample PIT when it declares a precision, else two-sample)",
+        "help": "import path of a factory(target) -> black-box engine, certified against itself with "
+        "drafting off (one-sample PIT when it declares a precision, else two-sample)",
     },
     "seed": {
         "metavar": "N",
