@@ -91,8 +91,8 @@ def test_slot_and_pair_tests_reject_at_the_nominal_rate():
         # Slots of rounds that accept a random count: fixed before each token is drawn.
         accept = torch.randint(0, 5, (n, length), generator=gen)
         slots = torch.zeros(n, length, dtype=torch.long)
-        for l in range(1, length):
-            slots[:, l] = torch.where(slots[:, l - 1] < accept[:, l - 1], slots[:, l - 1] + 1, 0)
+        for pos in range(1, length):
+            slots[:, pos] = torch.where(slots[:, pos - 1] < accept[:, pos - 1], slots[:, pos - 1] + 1, 0)
         u = randomized_pit(probs, tokens, torch.rand(n, length, generator=gen, dtype=torch.float64))
         spare = torch.rand(n, length, generator=gen, dtype=torch.float64)
         results = pit_tests(u, mask, PIT_TESTS * LEVEL, 0.9, 1.0, slots=slots, spare=spare)

@@ -37,7 +37,9 @@ def _marginals(table: torch.Tensor) -> torch.Tensor:
 def test_same_distribution_passes():
     table = markov_chain(V, 0, absorbing=EOS)
     results = two_sample_tests(_sample_chain(table, 4000, 1), _sample_chain(table, 4000, 2), V, ALPHA, POWER, TARGET_TV)
-    assert [r.name for r in results] == [f"two_sample.position[{l}]" for l in range(L)] + ["two_sample.distinct_tokens"]
+    assert [r.name for r in results] == [f"two_sample.position[{pos}]" for pos in range(L)] + [
+        "two_sample.distinct_tokens"
+    ]
     assert sum(r.alpha for r in results) == pytest.approx(ALPHA)
     assert all(r.passed for r in results), (
         f"equal samples failed; false-failure probability <= alpha = {ALPHA} (Bonferroni over the tests):\n"
@@ -49,13 +51,13 @@ def test_distorted_marginals_fail_where_their_tv_is_detectable():
     null, alt = markov_chain(V, 0, absorbing=EOS), markov_chain(V, 0, sharpen=1.3, absorbing=EOS)
     results = two_sample_tests(_sample_chain(alt, 4000, 3), _sample_chain(null, 4000, 4), V, ALPHA, POWER, TARGET_TV)
     tv = 0.5 * (_marginals(alt) - _marginals(null)).abs().sum(-1)  # [L]
-    detectable = [l for l in range(L) if tv[l] > results[l].detectable["tv"]]
+    detectable = [pos for pos in range(L) if tv[pos] > results[pos].detectable["tv"]]
     assert detectable, f"the distortion is too weak for this test: TV per position {tv.tolist()}"
-    for l in detectable:
-        assert not results[l].passed, (
-            f"position {l} was missed; false-failure probability <= 1 - {POWER} per position if its binned TV "
-            f"(TV {float(tv[l]):.3g} before binning) is at least the detectable {results[l].detectable['tv']:.3g}\n"
-            + results[l].message()
+    for pos in detectable:
+        assert not results[pos].passed, (
+            f"position {pos} was missed; false-failure probability <= 1 - {POWER} per position if its binned TV "
+            f"(TV {float(tv[pos]):.3g} before binning) is at least the detectable {results[pos].detectable['tv']:.3g}\n"
+            + results[pos].message()
         )
 
 
