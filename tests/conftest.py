@@ -14,3 +14,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def session():
+    """A run context of the bundled models with the default options, shared by every test that
+    only reads it (models load once per process)."""
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    return Session(Options())
+
+
+@pytest.fixture(scope="session")
+def target(session):
+    """The bundled main target in fp32."""
+    return session.target()

@@ -24,11 +24,7 @@ def test_arrivals_start_with_a_full_batch_then_stagger_deterministically():
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    from losscheck.run.options import Options
-    from losscheck.run.session import Session
-
-    session = Session(Options())
+def bundled(session):
     prompts = session.prompts("high")[:6] + session.prompts("low")[:6]
     return session, session.target(), prompts
 

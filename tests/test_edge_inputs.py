@@ -29,19 +29,12 @@ from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.drafters.stress import stressed
 from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import GREEDY_CELL, Cell, greedy_cells, plan
-from losscheck.run.options import Options
-from losscheck.run.session import Session
 from tests.support import assert_follows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 ALPHA = 1e-6  # per χ² call (see the module docstring)
 SPEC = [("A", 4), ("self", 8)]  # (drafter, k) of the greedy equality cases
-
-
-@pytest.fixture(scope="module")
-def session() -> Session:
-    return Session(Options())
 
 
 @pytest.fixture(scope="module")

@@ -92,29 +92,34 @@ def assert_gate(result: pytest.RunResult, false_failure: str, **expected: int) -
     )
 
 
+@pytest.mark.e2e
 def test_an_external_drafter_runs_through_the_same_greedy_tests(pytester):
     result = run_gate(pytester, HONEST, "-k", "user-k4-greedy] or user-k1-greedy]")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*losscheck: seed=* drafter=mydrafter:factory*", "*user-k4-greedy*PASS*"])
 
 
+@pytest.mark.e2e
 def test_softmax_q_reported_for_argmax_drafts_fails_the_sampling_gate(pytester):
     result = run_gate(pytester, SOFTMAX_Q_FOR_ARGMAX, "-k", BASE_PIT_CELL)
     assert_gate(result, BUG_MISSED, failed=1)
     result.stdout.fnmatch_lines(["*pit.pooled_* FAILED*p = *alpha = *detects*"])
 
 
+@pytest.mark.e2e
 def test_q_reported_at_the_wrong_temperature_fails_the_sampling_gate(pytester):
     result = run_gate(pytester, Q_AT_T1, "-k", "test_pit_uniform and user-k4-T0.3")
     assert_gate(result, BUG_MISSED, failed=1)
     result.stdout.fnmatch_lines(["*FAILED*p = *alpha = *"])
 
 
+@pytest.mark.e2e
 def test_an_honest_external_drafter_passes_the_sampling_gate(pytester):
     result = run_gate(pytester, HONEST, "-k", "test_pit_uniform and user-k4-T0.3")
     assert_gate(result, HONEST_FAILS, passed=1)
 
 
+@pytest.mark.e2e
 def test_a_selection_under_xdist_certifies_partial_and_accounts_for_the_whole_matrix(pytester, tmp_path, monkeypatch):
     """Two xdist workers run two cells of the matrix: the certificate says PARTIAL and lists every
     other cell as not run, splits alpha over the full matrix, hashes every model, names both
@@ -168,6 +173,7 @@ def pytest_runtest_call(item):
 """
 
 
+@pytest.mark.e2e
 def test_an_interrupted_run_is_certified_interrupted(pytester, tmp_path):
     out = tmp_path / "reports"
     pytester.makepyfile(interrupter=textwrap.dedent(INTERRUPTER))
@@ -181,6 +187,7 @@ def test_an_interrupted_run_is_certified_interrupted(pytester, tmp_path):
     assert cert["counts"]["not run"] == len(cert["matrix"]) - 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -232,6 +239,7 @@ import no_such_dependency
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "option, message",
     [
@@ -296,6 +304,7 @@ def test_a_factory_resolves_from_the_current_directory(tmp_path, monkeypatch):
     assert load_object("cwd_drafter_module:factory", "--losscheck-drafter")(7) == 7
 
 
+@pytest.mark.e2e
 def test_a_target_with_its_own_code_needs_trust_remote_code(pytester, tmp_path):
     own_code = {"model_type": "my-own-llm", "auto_map": {"AutoConfig": "conf.C", "AutoModelForCausalLM": "mod.M"}}
     target = model_dir(tmp_path, "own_code", **own_code)
@@ -315,6 +324,7 @@ def test_certify_names_its_own_trust_remote_code_option(tmp_path, capsys):
     assert err.count("pass --trust-remote-code to run it") == 1 and "--losscheck-" not in err, err
 
 
+@pytest.mark.e2e
 def test_bundled_drafters_on_a_target_of_another_vocabulary_ask_for_a_drafter(pytester, tmp_path):
     target = model_dir(tmp_path, "big_vocab", vocab_size=1000)
     message = (
@@ -325,18 +335,21 @@ def test_bundled_drafters_on_a_target_of_another_vocabulary_ask_for_a_drafter(py
     assert_one_error(run_certify(pytester, f"--losscheck-target={target}"), message)
 
 
+@pytest.mark.e2e
 def test_a_drafter_directory_of_another_vocabulary_is_refused(pytester, tmp_path):
     drafter = model_dir(tmp_path, "big_vocab", vocab_size=1000)
     message = "has a vocabulary of 1000 tokens, the bundled target 64; a drafter must share the target's vocabulary"
     assert_one_error(run_certify(pytester, f"--losscheck-drafter={drafter}"), message)
 
 
+@pytest.mark.e2e
 def test_an_out_directory_that_cannot_be_made_is_refused_at_start(pytester, tmp_path):
     (tmp_path / "taken").write_text("a file")
     message = f"--losscheck-out='{tmp_path / 'taken' / 'run'}': '{tmp_path / 'taken'}' is a file; name a directory"
     assert_one_error(run_certify(pytester, f"--losscheck-out={tmp_path / 'taken' / 'run'}"), message)
 
 
+@pytest.mark.e2e
 def test_a_factory_that_returns_no_drafter_is_one_collection_error(pytester):
     """Found only once the target is loaded and the factory called (no cell runs)."""
     pytester.makepyfile(mydrafter=NOT_A_DRAFTER)
@@ -349,6 +362,7 @@ def test_a_factory_that_returns_no_drafter_is_one_collection_error(pytester):
     result.stdout.fnmatch_lines(["*Interrupted: 1 error during collection*"])
 
 
+@pytest.mark.e2e
 def test_a_drafter_directory_is_certified_as_family_a(pytester):
     """--losscheck-drafter=DIR: the causal LM in DIR drafts autoregressively (collection only)."""
     result = run_certify(

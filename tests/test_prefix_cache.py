@@ -87,11 +87,7 @@ def test_second_turn_continues_each_prompt_and_adds_a_sibling_differing_in_one_b
 
 
 @pytest.fixture(scope="module")
-def bundled():
-    from losscheck.run.options import Options
-    from losscheck.run.session import Session
-
-    session = Session(Options())
+def bundled(session):
     return session, session.target()
 
 

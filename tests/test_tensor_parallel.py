@@ -18,9 +18,9 @@ from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import ORACLE, Cell
+from losscheck.run import factory
 from losscheck.run.options import Options
 from losscheck.run.session import Session
-from losscheck.run import factory
 from losscheck.serving.axis import Call
 from losscheck.serving.split import (
     SplitError,
@@ -39,7 +39,11 @@ NEW_TOKENS = 32
 REDUCTION_MARGIN = 1e-4
 T1 = SamplingParams(temperature=1.0)
 # one worker's fork server and module fixture for all of them under `pytest -n N --dist loadgroup`
-pytestmark = [pytest.mark.xdist_group("tensor_parallel"), pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.xdist_group("tensor_parallel"),
+    pytest.mark.usefixtures("one_thread"),
+]  # tests/conftest.py
 
 
 def greedy_calls(session: Session) -> list[Call]:

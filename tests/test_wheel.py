@@ -20,6 +20,10 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
+
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "A-k2-greedy"  # one greedy cell of drafter A (no precision variant shares its name)
 

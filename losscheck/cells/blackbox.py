@@ -106,7 +106,7 @@ def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
         on = as_generation(draw(session, cell, prompts, 1, GREEDY, max_new, True)[:, 0], eos, engine.k, GREEDY)
         off = as_generation(draw(session, cell, prompts, 1, GREEDY, max_new, False)[:, 0], eos, engine.k, GREEDY)
         outcome.divergences += find_divergences(model, tier, prompts, on, off, tolerance)
-        outcome.details["prompts"] += len(prompts)  # type: ignore[operator]
+        outcome.details["prompts"] += len(prompts)
     return outcome
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from losscheck.cells.outcome import CellOutcome, drafter_rule, oracle_problems
 from losscheck.core.divergence import find_divergences
+from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, make_generator
 from losscheck.plan.cell import Cell
 from losscheck.run import factory
@@ -34,9 +37,7 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
         prompts = asked[tier]
         base = session.baseline(
             ("greedy", cell.target, cell.precision.target, tuple(map(tuple, prompts))),
-            lambda prompts=prompts, tier=tier: factory.baseline_engine(session, cell).generate(
-                prompts, max_new, GREEDY, make_generator(session.options.seed, cell.id, tier, device=target.device)
-            ),
+            partial(_baseline, session, cell, prompts, max_new, tier),
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
@@ -44,3 +45,10 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     outcome.problems = oracle_problems(cell, outcome.acceptance)
     outcome.details.update(server.facts())
     return outcome
+
+
+def _baseline(session: Session, cell: Cell, prompts: list[list[int]], max_new: int, tier: str) -> Generation:
+    """Plain decoding of `prompts` (greedy: the generator is never drawn from)."""
+    device = session.cell_target(cell).device
+    generator = make_generator(session.options.seed, cell.id, tier, device=device)
+    return factory.baseline_engine(session, cell).generate(prompts, max_new, GREEDY, generator)

@@ -39,14 +39,15 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     needed = sample_size.pit_required_values(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins)
     server = factory.server(session, cell)
-    engine, verifier = server.engine, server.engine.verifier if server.engine is not None else None
+    engine = server.engine
+    verify = engine.verifier if engine is not None else None
     prompts = requests(server, factory.serve_context(session, cell), prompts, horizon, cell.params, "pit")
     pilot: dict[str, int] = {}
     for stream in ("pit-sample", "pit-resample"):
         recorder = None
-        if engine is not None:  # the conformance recorder wraps the verifier in this process only
+        if engine is not None and verify is not None:  # the recorder wraps the verifier in this process only
             key = ("conformance",) if stream == "pit-sample" else ("conformance", stream)
-            recorder = engine.verifier = Recorder(verifier, make_generator(session.options.seed, cell.id, *key))
+            recorder = engine.verifier = Recorder(verify, make_generator(session.options.seed, cell.id, *key))
         rows, gen = generate_rows(session, cell, server, prompts, n, horizon, stream)
         drawn = int(gen.mask().sum())
         if drawn >= needed:

@@ -25,9 +25,6 @@ from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verif
 from losscheck.errors import LosscheckError
 
 
-ENGINE_BATCH = 4096  # most rows one engine call runs at once by default (memory bound on the tiny fixtures)
-
-
 class KVReuse(Protocol):
     """Keys and values shared across requests (a prefix cache, `losscheck.serving.prefix_cache`).
 
@@ -36,17 +33,27 @@ class KVReuse(Protocol):
     every commit (`store`); `valid [B]` is `lengths - 1`, the slots the target's cache holds.
     """
 
+    block: int  # tokens per stored block
+
     def reset(self, rows: int) -> None: ...
 
     def load(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, readable: torch.Tensor, rows: list[int],
+        self,
+        cache: RaggedKVCache,
+        tokens: torch.Tensor,
+        readable: torch.Tensor,
+        rows: list[int],
         hidden: torch.Tensor | None,
     ) -> torch.Tensor:
         """Copy stored prefixes of `rows` into `cache` → tokens matched per row [len(rows)]."""
         ...
 
     def store(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, valid: torch.Tensor, rows: list[int],
+        self,
+        cache: RaggedKVCache,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        rows: list[int],
         hidden: torch.Tensor | None,
     ) -> None: ...
 
@@ -84,6 +91,10 @@ class Batch:
     # first token; a round of a accepted drafts emits slots 0..a); None: not kept
     slot_of: torch.Tensor | None = None
 
+    def _width(self) -> int:
+        """Generated slots an output holds: the budget (the largest, with per-row budgets)."""
+        return self.budget if isinstance(self.budget, int) else int(self.budget.max())
+
     def pending(self) -> torch.Tensor:
         """[B, 1] the last committed token of each row, not yet read by the target."""
         return self.tokens.gather(1, (self.lengths - 1)[:, None])
@@ -91,7 +102,7 @@ class Batch:
     def output(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(generated ids [B, budget], 0 after each row's end; generated counts [B])."""
         new = self.lengths - self.prompt_lengths
-        slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
+        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
         at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
         return torch.where(slot < new[:, None], self.tokens.gather(1, at), 0), new
 
@@ -100,7 +111,7 @@ class Batch:
         if self.slot_of is None:
             return None
         new = self.lengths - self.prompt_lengths
-        slot = torch.arange(self.budget, device=self.tokens.device)[None, :]
+        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
         at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
         return torch.where(slot < new[:, None], self.slot_of.gather(1, at), 0)
 
@@ -222,9 +233,10 @@ class Engine:
         rows = torch.arange(len(batch.lengths), device=batch.lengths.device) if rows is None else rows
         readable = batch.lengths[rows] - 1  # [n]
         start = torch.zeros_like(readable)  # [n] first slot each row reads
-        cache = ragged_cache(self.target) if self.prefix_cache is not None else None
-        if cache is not None:
-            start = self.prefix_cache.load(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
+        reuse = self.prefix_cache
+        cache = ragged_cache(self.target) if reuse is not None else None
+        if reuse is not None and cache is not None:
+            start = reuse.load(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
         width = int((readable - start).max())
         if width > 0:
             at = start[:, None] + torch.arange(width, device=start.device)  # [n, width] slots read
@@ -241,8 +253,8 @@ class Engine:
                 states = states[rows]
             if batch.hidden is not None:
                 batch.hidden[rows[:, None], at] = states.float()
-        if cache is not None:
-            self.prefix_cache.store(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
+        if reuse is not None and cache is not None:
+            reuse.store(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
 
     def _draft(self, batch: Batch, params: SamplingParams, generator: torch.Generator) -> Proposal:
         """The drafter's block for every row; no drafts for the baseline or at the last positions."""

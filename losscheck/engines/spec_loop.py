@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from losscheck.core.contract import Drafter, Target
-from losscheck.core.engine import ENGINE_BATCH, Engine
+from losscheck.core.engine import Engine
+from losscheck.core.limits import ENGINE_BATCH
 from losscheck.core.sampling import SamplingParams, make_generator
 
 

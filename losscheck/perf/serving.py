@@ -47,6 +47,7 @@ class Timed:
 
     def __init__(self, inner: Any, methods: Sequence[str], device: torch.device) -> None:
         self.inner = inner
+        self.__wrapped__ = inner  # what the scheduler's per-row bookkeeping acts on (`inspect.unwrap`)
         self.seconds = 0.0
         self._device = device
         for name in methods:
@@ -121,7 +122,7 @@ def serve(
     device = target.device
     timed_target = Timed(target, ("forward",), device)
     timed_drafter = Timed(drafter, ("propose", "commit"), device) if drafter is not None else None
-    engine = Engine(timed_target, timed_drafter, k)  # type: ignore[arg-type]  # proxies of both
+    engine = Engine(timed_target, timed_drafter, k)  # proxies of both (Timed forwards every attribute)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     clock = _Clock(requests, device)

@@ -17,7 +17,8 @@ from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
 from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, TierContext, in_slow_tier
-from losscheck.serving.axis import axes, serving
+from losscheck.serving import axis as serving_axes
+from losscheck.serving.axis import serving
 
 if TYPE_CHECKING:
     from losscheck.engines import BlackBoxEngine
@@ -116,7 +117,7 @@ def plan(
             cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=base, serving=along))
             cells[PIT_CELL].append(Cell(name, k, SAMPLING_VARIANTS[0], precision=base, serving=along))
         for precision in precisions[1:2] if name in precision_drafters else ():
-            for axis in axes():
+            for axis in serving_axes.axes():
                 if axis.with_reduced_precision:
                     extra = [serving(**{axis.name: v}) for v in axis.values]
                     cells[GREEDY_CELL] += [Cell(name, k, GREEDY, precision=precision, serving=s) for s in extra]
@@ -129,8 +130,9 @@ def plan(
 def serving_cells() -> list[Any]:
     """The serving of each serving-axis cell: every axis value alone (one change from the base
     cell), then each axis's declared pairs (slow tier)."""
-    alone = [serving(**{a.name: v}) for a in axes() for v in a.values]
-    pairs = [serving(**{a.name: v}, **pair) for a in axes() for pair in a.pairs for v in a.values]
+    axes = serving_axes.axes()
+    alone = [serving(**{a.name: v}) for a in axes for v in a.values]
+    pairs = [serving(**{a.name: v}, **pair) for a in axes for pair in a.pairs for v in a.values]
     return alone + pairs
 
 

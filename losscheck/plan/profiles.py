@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from losscheck.core.engine import ENGINE_BATCH
+from losscheck.core.limits import ENGINE_BATCH
 from losscheck.errors import OptionError
 
 

@@ -28,6 +28,7 @@ MARKERS = {
     "mutants": "planted losslessness bugs that the gate must catch",
     "perf": "the performance tier: throughput and latency against concurrency (refuses to time under xdist)",
     "statistical": "a test that spends a Bonferroni share of the run's family-wise alpha",
+    "e2e": "starts processes (pytest in a subprocess, tensor-parallel ranks, a wheel in a venv)",
 }
 
 
@@ -147,8 +148,8 @@ class RecordCollector:
         self.interrupted = False
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.manifests += [json.loads(v) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
-        found = [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
+        self.manifests += [json.loads(str(v)) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
+        found = [json.loads(str(v)) for n, v in report.user_properties if n == RECORD_PROPERTY]
         for record in found:
             record.update(nodeid=report.nodeid, outcome=report.outcome)
             self.records.append(record)
@@ -175,7 +176,7 @@ class RecordCollector:
         from losscheck.report.summary import summary_lines
 
         options = self.config.stash[SESSION_KEY].options
-        meta = certificate.run_meta(options, self.config.invocation_params.args)
+        meta = certificate.run_meta(options, list(self.config.invocation_params.args))
         cert = certificate.build(
             meta,
             self.manifests,

@@ -145,7 +145,7 @@ class Session:
         from losscheck.plan import matrix
         from losscheck.run import drafters as registry
 
-        self.prompt_sets  # a bad prompt file is one collection error, not one per test
+        _ = self.prompt_sets  # a bad prompt file is one collection error, not one per test
         drafters = {name: self.drafters(name) for name in self.target_names}
         if self.options.drafter is None:
             precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths

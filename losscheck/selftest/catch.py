@@ -180,7 +180,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def table_rows(reports: list[MutantReport]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in reports:
         catch = r.catch
         if catch is None:

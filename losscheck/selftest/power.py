@@ -42,7 +42,7 @@ def first_slot(session: Session, cell: Cell) -> FirstSlot:
     return FirstSlot(
         params=cell.params,
         target_logits=target.model(input_ids=prompt).logits[0, -1].double(),
-        drafter_logits=drafter.lm.model(input_ids=prompt).logits[0, -1].double(),
+        drafter_logits=drafter.lm.model(input_ids=prompt).logits[0, -1].double(),  # type: ignore[attr-defined]  # family A
         next_logits=target.model(input_ids=after).logits[:, -1].double(),
     )
 
@@ -55,8 +55,8 @@ def position0_level(session: Session, cell: Cell) -> tuple[int, float]:
     seqs, probs = exact_continuations(session, cell.target, cell.params)
     n = exact_cell_size(session, len(seqs))
     testable = 0
-    for l in range(seqs.shape[1]):
-        marginal = torch.zeros(target.vocab_size, dtype=torch.float64).index_add_(0, seqs[:, l], probs)
+    for pos in range(seqs.shape[1]):
+        marginal = torch.zeros(target.vocab_size, dtype=torch.float64).index_add_(0, seqs[:, pos], probs)
         testable += len(probability_bins(marginal[marginal > 0], n)[1]) >= 2
     return n, per_test_alpha(session.per_test_alpha, 2 + testable)
 

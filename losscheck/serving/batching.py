@@ -11,6 +11,7 @@ before and after it. Output is per request, in request order, as `Engine.generat
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -85,7 +86,10 @@ class ContinuousBatcher:
         budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         arrivals = [0] * len(prompts) if arrivals is None else arrivals
         if len(budgets) != len(prompts) or min(budgets, default=1) < 1:
-            raise LosscheckError(f"continuous batching needs one budget >= 1 per prompt, got {max_new_tokens}")
+            raise LosscheckError(
+                "continuous batching needs max_new_tokens >= 1 (an output budget >= 1 for every prompt), "
+                f"got {max_new_tokens}"
+            )
         if len(arrivals) != len(prompts):
             raise LosscheckError(f"{len(arrivals)} arrival rounds for {len(prompts)} prompts")
         pad_prompts(list(prompts), target.vocab_size)  # validates ids and emptiness, naming the prompt
@@ -137,6 +141,7 @@ class ContinuousBatcher:
                     continue
                 start, end = int(batch.prompt_lengths[b]), int(batch.lengths[b])
                 out[i, : end - start] = batch.tokens[b, start:end].cpu()
+                assert batch.slot_of is not None  # `_empty` keeps the slots
                 slots[i, : end - start] = batch.slot_of[b, start:end].cpu()
                 counts[i] = end - start
                 request_of[b] = None
@@ -188,7 +193,9 @@ class ContinuousBatcher:
 def admit_drafter_rows(drafter: Drafter, batch: Batch, rows: torch.Tensor) -> None:
     """Make `drafter` treat `rows` [n] of `batch` as the new requests just put there, keeping the
     other rows' state: an autoregressive drafter prefills their prompts alone (its catch-up would
-    re-read every row's missing tokens in one [B, read] pass), any other forgets them."""
+    re-read every row's missing tokens in one [B, read] pass), any other forgets them. A proxy
+    of a drafter (the perf tier's timer) names it as `__wrapped__`, as `functools.wraps` does."""
+    drafter = inspect.unwrap(drafter)  # type: ignore[arg-type]  # any object with __wrapped__
     if isinstance(drafter, AutoregressiveDrafter) and drafter.lm.cache is not None and drafter.lm.cache.keys:
         read = int((batch.lengths[rows] - 1).max())
         if read > 0:
@@ -208,6 +215,7 @@ def forget_rows(drafter: Drafter, rows: torch.Tensor) -> None:
     """
     from losscheck.drafters.parallel import BlockDrafter
 
+    drafter = inspect.unwrap(drafter)  # type: ignore[arg-type]  # see admit_drafter_rows
     forget = getattr(drafter, "forget_rows", None)
     if callable(forget):
         forget(rows)

@@ -26,6 +26,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
+from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.errors import CellUnavailable, LosscheckError
 from losscheck.serving.axis import Axis, Call, ServeContext, Server
@@ -124,7 +125,7 @@ def split_generate(
         results = ctx.Queue()
         store = f"file://{os.path.join(rendezvous, 'store')}"
         procs = [
-            ctx.Process(
+            ctx.Process(  # type: ignore[attr-defined]  # every concrete context has Process
                 target=_rank_main,
                 name=f"losscheck-rank{rank}",
                 daemon=True,
@@ -317,9 +318,10 @@ class Split:
     generations; the run's wall time and backend are its facts). A platform that cannot split
     raises `SplitUnavailable` at the first call: the cell is not run, with that reason."""
 
-    engine = None  # the engines live in the ranks
+    engine: Engine | None
 
     def __init__(self, ranks: int, inner: Server, context: ServeContext) -> None:
+        self.engine = None
         self.ranks = ranks
         self.context = context
         self.run: SplitRun | None = None
@@ -331,6 +333,8 @@ class Split:
         unsplit = dataclasses.replace(
             self.context.cell, serving=tuple((name, v) for name, v in self.context.serving.items() if name != AXIS.name)
         )
+        if self.context.rank_server is None:
+            raise LosscheckError("a split cell needs ServeContext.rank_server to build its server in the ranks")
         self.run = split_generate(self.context.options, unsplit, self.ranks, calls, self.context.rank_server)
         return self.run.generations
 

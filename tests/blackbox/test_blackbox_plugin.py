@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
+
 pytest_plugins = ["pytester"]
 
 HONEST_FAILS = "<= the cell's alpha (--losscheck-alpha 0.01 split over the full matrix)"

@@ -79,13 +79,6 @@ def test_engine_cells_run_at_the_engines_k_in_its_precision_or_two_sample():
     assert sampled[0].id == "engine-k4-T1-two-sample" and greedy[0].id == "engine-k4-greedy-two-sample"
 
 
-@pytest.fixture(scope="module")
-def target():
-    from losscheck.core.target import HFTarget
-
-    return HFTarget.from_pretrained(bundled.target_path(), "fp32")
-
-
 PROMPTS = [[0, 3, 53, 39], [0, 3]]
 
 

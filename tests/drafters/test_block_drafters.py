@@ -11,7 +11,7 @@ from losscheck import bundled
 from losscheck.core.contract import DraftContext, validate_proposal
 from losscheck.core.engine import Engine, pad_prompts
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
-from losscheck.core.target import HFTarget, content_hash
+from losscheck.core.target import content_hash
 from losscheck.drafters import parallel
 from losscheck.drafters.block import BlockModel
 from losscheck.run import drafters as registry
@@ -24,11 +24,6 @@ N_DRAWS = 20_000  # rows of one repeated context in the frequency tests
 P_FLOOR = 1e-4  # chi-square p-value below which a frequency test fails: a correct drafter fails
 # one such assertion with probability 1e-4 (the seeds are fixed, so the outcome is reproducible);
 # the module's 16 (2 params x 4 families x 2 slots) fail one with probability <= 1.6e-3
-
-
-@pytest.fixture(scope="module")
-def target() -> HFTarget:
-    return HFTarget.from_pretrained(bundled.target_path())
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,6 @@ EAGLE3, PEAGLE, ACCEPT_K2 = (
 )
 
 
-@pytest.fixture(scope="module")
-def target() -> HFTarget:
-    return HFTarget.from_pretrained(bundled.target_path())
-
-
 # ---- contract: a draft vocabulary mapped into the target's ----------------------------------------
 
 

@@ -64,6 +64,7 @@ def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
     ]
 
 
+@pytest.mark.e2e
 def test_the_mutant_tier_uses_the_alpha_of_the_lossless_gate(session):
     """The count behind the per-test α equals what `pytest -m lossless` collects as statistical."""
     out = subprocess.run(

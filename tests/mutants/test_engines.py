@@ -5,9 +5,6 @@ targets they cannot plant a bug in."""
 from __future__ import annotations
 
 import pytest
-
-from losscheck.run import factory
-from losscheck.run.factory import planted_engine
 import torch
 
 from losscheck.core.engine import Engine
@@ -15,6 +12,8 @@ from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
 from losscheck.core.verify import verify_block
 from losscheck.errors import LosscheckError
+from losscheck.run import factory
+from losscheck.run.factory import planted_engine
 from losscheck.selftest import catalogue, get_mutant
 from tests.support import PROMPTS, noisy_drafter, tiny_target
 

@@ -9,6 +9,8 @@ import pytest
 
 from losscheck.perf.runfile import SCHEMA
 
+pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
+
 pytest_plugins = ["pytester"]
 
 

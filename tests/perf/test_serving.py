@@ -11,18 +11,12 @@ import torch
 from losscheck import bundled
 from losscheck.core.engine import Engine
 from losscheck.core.sampling import GREEDY, make_generator
-from losscheck.core.target import HFTarget
 from losscheck.errors import LosscheckError
 from losscheck.perf.serving import forget_rows, serve, trace_problems
 from losscheck.perf.workload import Request, make_workload
 from losscheck.run import drafters as registry
 
 pytest_plugins = ["pytester"]
-
-
-@pytest.fixture(scope="module")
-def target() -> HFTarget:
-    return HFTarget.from_pretrained(bundled.target_path())
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +92,7 @@ def test_a_drafter_with_unknown_row_state_must_offer_forget_rows(drafters):
     assert drafter.forgotten == [0, 2]
 
 
+@pytest.mark.e2e
 def test_the_perf_tier_refuses_to_time_under_xdist(pytester, monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
     result = pytester.runpytest_subprocess(

@@ -1,0 +1,139 @@
+"""The matrix plan (`losscheck.plan.matrix.plan`) and its tiers (`losscheck.plan.tiers`): the rules
+CI depends on, checked on drafters that only declare their knobs (no models)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from losscheck.core.precision import Precision
+from losscheck.plan import matrix, tiers
+from losscheck.plan.cell import ORACLE, Cell
+from losscheck.serving import axis as serving_axes
+from losscheck.serving.axis import Axis, Wrapped, serving
+
+FP32, BF16 = Precision(), Precision("bf16", "bf16")
+
+
+def drafter(ks=(1, 2, 4, 8), widths=()):
+    return SimpleNamespace(block_lengths=tuple(ks), widths=tuple(widths))
+
+
+def user_plan(precisions=(FP32,), engine=None):
+    drafters = {"main": {"user": drafter(), ORACLE: drafter(range(1, 17))}}
+    return matrix.plan(drafters, False, engine, precisions, frozenset({"user"}))
+
+
+def ids(cells):
+    return [c.id for c in cells]
+
+
+def test_cell_ids_are_unique_and_every_declared_k_has_a_greedy_cell():
+    plan = user_plan((FP32, BF16))
+    every = [c.id for arg in matrix.CELL_ARGS for c in plan[arg]]
+    assert len(every) == len(set(every))
+    assert {c.k for c in plan[matrix.GREEDY_CELL] if c.drafter == "user" and not c.serving} == {1, 2, 4, 8}
+    assert {c.k for c in plan[matrix.GREEDY_CELL] if c.drafter == ORACLE} == set(range(1, 17))
+
+
+def test_statistical_tests_count_every_statistical_cell_of_the_full_plan():
+    plan = user_plan((FP32, BF16))
+    assert matrix.statistical_tests(plan) == len(plan[matrix.PIT_CELL]) + len(plan[matrix.EXACT_CELL])
+    assert len(matrix.entries(plan)) == sum(len(plan[arg]) for arg in matrix.CELL_ARGS)
+
+
+def test_each_serving_axis_value_alone_is_a_quick_greedy_cell_and_a_slow_sampled_one():
+    plan = user_plan()
+    for axis in serving_axes.axes():
+        for value in axis.values:
+            along = serving(**{axis.name: value})
+            greedy = [c for c in plan[matrix.GREEDY_CELL] if c.serving == along and c.drafter == "user"]
+            sampled = [c for c in plan[matrix.PIT_CELL] if c.serving == along and c.drafter == "user"]
+            assert [c.slow for c in greedy] == [False], (axis.name, value, ids(greedy))
+            assert [c.slow for c in sampled] == [True], (axis.name, value, ids(sampled))
+    assert not [c for arg in matrix.CELL_ARGS for c in plan[arg] if c.drafter == ORACLE and c.serving]
+
+
+def test_pairs_of_axes_and_an_axis_in_reduced_precision_are_slow_tier_cells():
+    plan = user_plan((FP32, BF16))
+    pairs = [c for arg in matrix.CELL_ARGS for c in plan[arg] if len(c.serving) > 1]
+    assert ids(pairs) == ["user-k4-greedy-prefix-warm-cb", "user-k4-T1-prefix-warm-cb"]
+    reduced = [c for c in plan[matrix.GREEDY_CELL] if c.serving and c.precision == BF16]
+    assert ids(reduced) == ["user-k4-greedy-bf16-tp2"]
+    assert all(c.slow for c in pairs + reduced)
+
+
+def test_the_tier_rules_say_why_and_each_moves_a_cell():
+    context = tiers.TierContext(FP32, {"A": 4, "B": 4}, frozenset({"B"}))
+    cases = {
+        Cell("A", 4, tiers.EDGE_VARIANTS[0]): "edge sampling",
+        Cell("A", 4, matrix.SAMPLING_VARIANTS[0], precision=BF16): "reduced-precision",
+        Cell("A", 8, matrix.SAMPLING_VARIANTS[0]): "other block lengths",
+        Cell("B", 4, matrix.SAMPLING_VARIANTS[0]): "bundled parallel",
+        Cell("A", 3, matrix.GREEDY): "outside 1, 2, 4, 8, 16",
+        Cell("A", 4, matrix.SAMPLING_VARIANTS[0], serving=serving(prefix="cold")): "serving axes",
+    }
+    for cell, reason in cases.items():
+        found = tiers.slow_reasons(cell, context)
+        assert len(found) == 1 and reason in found[0], (cell.id, found)
+    assert tiers.slow_reasons(Cell("A", 4, matrix.SAMPLING_VARIANTS[0]), context) == []
+    assert tiers.slow_reasons(Cell("A", 4, matrix.GREEDY, serving=serving(split=2)), context) == []
+    assert len(tiers.SLOW_TIER) == len(cases)  # a rule no case exercises would be untested
+
+
+def test_black_box_engine_cells_are_never_slow():
+    engine = SimpleNamespace(k=3, precision="bf16")
+    plan = user_plan((FP32, BF16), engine)
+    cells = plan[matrix.ENGINE_CELL] + plan[matrix.ENGINE_GREEDY_CELL]
+    assert cells and not [c for c in cells if c.slow]
+
+
+def test_serving_refuses_unknown_axes_and_drops_base_values():
+    assert serving(prefix="off", batching="continuous") == (("batching", "continuous"),)
+    with pytest.raises(Exception, match="no serving axis 'speed'"):
+        serving(speed=2)
+
+
+class Reversed(Wrapped):
+    """A toy axis for the test below: serves each call's rows in reverse order (which must not
+    change any request's output) and restores the order."""
+
+    def __init__(self, value, inner, context):
+        super().__init__(inner)
+
+    def generate(self, calls):
+        import dataclasses
+
+        from losscheck.core.generation import Generation
+
+        flipped = [dataclasses.replace(c, prompts=c.prompts[::-1]) for c in calls]
+        out = []
+        for gen in self.inner.generate(flipped):
+            order = list(range(len(gen.tokens)))[::-1]
+            slots = None if gen.slots is None else gen.slots[order]
+            out.append(Generation(gen.tokens[order], gen.lengths[order], gen.stats, gen.params, slots=slots))
+        return out
+
+    def facts(self):
+        return {**self.inner.facts(), "reversed": True}
+
+
+TOY = Axis("order", "forward", ("reversed",), lambda v: "rev", Reversed, order=9, doc="rows served in reverse order")
+
+
+def test_a_new_axis_is_one_registration(monkeypatch, session):
+    """What adding an axis takes: an `Axis` in a module of `losscheck.serving` (here patched into
+    the registry). The plan, ids, tiers, serving and record follow with no other change."""
+    from losscheck.cells.greedy import run_greedy
+
+    registered = serving_axes.axes()
+    monkeypatch.setattr(serving_axes, "axes", lambda: (*registered, TOY))
+    plan = user_plan()
+    new = [c for arg in matrix.CELL_ARGS for c in plan[arg] if c.axis("order") == "reversed"]
+    assert [(c.id, c.slow) for c in new] == [("user-k4-greedy-rev", False), ("user-k4-T1-rev", True)]
+    cell = Cell("A", 4, matrix.GREEDY, serving=serving(order="reversed"))
+    outcome = run_greedy(session, cell)
+    assert outcome.passed, outcome.message()
+    record = outcome.to_record()
+    assert record["cell"] == "A-k4-greedy-rev" and record["serving"]["order"] == "reversed" and record["reversed"]
