@@ -36,7 +36,7 @@ from losscheck.core.verify import BlockOutcome, Verifier, normalized, point_mass
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
-from losscheck.stats.result import TestResult
+from losscheck.stats.result import TestResult, scoped
 
 KINDS = ("draft_honesty", "acceptance", "residual", "bonus")
 CONFORMANCE_TESTS = len(
@@ -129,7 +129,7 @@ class Recorder:
         for kind in KINDS:
             values = torch.cat(self.values[kind]).cpu() if self.values[kind] else torch.zeros(0, dtype=torch.float64)
             results.append(uniformity(f"conformance.{kind}", values, a, power))
-        return results
+        return scoped(results, "conformance")
 
 
 def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> TestResult:

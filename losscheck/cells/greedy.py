@@ -43,7 +43,7 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
         outcome.acceptance[tier] = spec.stats
         outcome.details["prompts"] += len(prompts)
     outcome.problems = oracle_problems(cell, outcome.acceptance)
-    outcome.details.update(server.facts())
+    outcome.serving_facts = server.facts()
     return outcome
 
 

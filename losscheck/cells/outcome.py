@@ -28,6 +28,7 @@ class CellOutcome:
     acceptance: dict[str, LoopStats] = field(default_factory=dict)  # prompt group -> loop counters
     problems: list[str] = field(default_factory=list)  # e.g. the oracle rejected a draft
     details: dict[str, Any] = field(default_factory=dict)  # JSON-ready facts: sample sizes, horizon…
+    serving_facts: dict[str, Any] = field(default_factory=dict)  # serving axis -> what it measured
     strict: bool = False  # near-tie divergences fail too (--losscheck-strict)
 
     @property
@@ -92,6 +93,7 @@ class CellOutcome:
             "acceptance": {group: stats.to_dict() for group, stats in self.acceptance.items()},
             "problems": self.problems,
             "serving": serving_record(c.serving),
+            "serving_facts": self.serving_facts,
             **self.details,
         }
 

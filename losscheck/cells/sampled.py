@@ -70,9 +70,9 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         sequences=n,
         horizon=horizon,
         **facts,
-        **server.facts(),
         **pilot,
     )
+    outcome.serving_facts = server.facts()
     return outcome
 
 

@@ -13,7 +13,7 @@ directory with `config.json` and `*.safetensors`. Its config is a Hugging Face c
 This module parses and checks that much without torch, so `--losscheck-drafter=speculators:PATH`
 is checked at start-up against the target's config.json; `losscheck.drafters.speculators` builds
 the model. The `speculators` library itself is not a dependency: it pins torch and transformers
-to versions losscheck does not (see README), and the checkpoint format is the contract.
+to versions losscheck does not (see docs/drafter-contract.md), and the checkpoint format is the contract.
 """
 
 from __future__ import annotations

@@ -4,15 +4,10 @@ Speculation on: `model.generate(assistant_model=...)`, which with `do_sample=Tru
 assistant's candidates by standard speculative sampling (`transformers.generation.utils.
 _speculative_sampling`); off: plain `model.generate`. Assisted generation runs one row per call
 (batch size 1 is all it supports), so rows are drawn one after another.
-
-`hf_assisted_residual_from_p` plants a broken residual in that sampling step, for the slow tier
-to show that the same certification rejects it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,7 +66,7 @@ class HFAssistedEngine:
         device = next(self.model.parameters()).device
         out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
         # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), self.planted():
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             for i, prompt in enumerate(prompts):
                 ids = torch.tensor([prompt], device=device)  # [1, P]
@@ -84,36 +79,6 @@ class HFAssistedEngine:
                     new = row[0, len(prompt) :].cpu()
                     out[i, j, : len(new)] = new
         return out
-
-    def planted(self) -> Any:
-        """The context every call runs in (a planted bug, in the subclass below)."""
-        return nullcontext()
-
-
-class HFResidualFromP(HFAssistedEngine):
-    """Planted bug: at a rejection the recovered token is drawn from the target's p instead of the
-    residual norm(max(0, p - q)) — the bug class of a verifier that forgets to subtract the draft
-    distribution. Accepted drafts and bonus tokens are untouched."""
-
-    @contextmanager
-    def planted(self) -> Iterator[None]:
-        from unittest import mock
-
-        import transformers.generation.utils as hf_utils
-
-        correct = hf_utils._speculative_sampling
-
-        def residual_from_p(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
-            valid_tokens, n_matches = correct(
-                candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs
-            )
-            if n_matches < candidate_logits.shape[1]:  # a draft was rejected: the last token is the recovered one
-                p = new_logits[:, n_matches].softmax(-1)  # [1, V] the target's processed distribution there
-                valid_tokens[:, -1] = torch.multinomial(p, 1)[:, 0]  # BUG: from p, not norm(max(0, p - q))
-            return valid_tokens, n_matches
-
-        with mock.patch.object(hf_utils, "_speculative_sampling", residual_from_p):
-            yield
 
 
 def _bundled_parts(target: Target) -> tuple[PreTrainedModel, PreTrainedModel, int]:
@@ -135,13 +100,6 @@ def hf_assisted(target: Target) -> HFAssistedEngine:
     return HFAssistedEngine(model, assistant, 4, eos)
 
 
-def hf_assisted_residual_from_p(target: Target) -> HFAssistedEngine:
-    """`--losscheck-engine=losscheck.engines.hf:hf_assisted_residual_from_p`: `hf_assisted` with the
-    planted residual bug."""
-    model, assistant, eos = _bundled_parts(target)
-    return HFResidualFromP(model, assistant, 4, eos, name="hf-assisted-residual-from-p")
-
-
 def tempered(assistant: PreTrainedModel, factor: float) -> PreTrainedModel:
     """`assistant` drafting at `factor` times the request's temperature: its LM head's output is
     divided by `factor` (a forward hook, so tied embeddings are untouched). HF computes the draft
@@ -157,10 +115,3 @@ def hf_assisted_stress(target: Target) -> HFAssistedEngine:
     assistant tempered by 2 (a stress cell for a black-box engine)."""
     model, assistant, eos = _bundled_parts(target)
     return HFAssistedEngine(model, tempered(assistant, 2.0), 4, eos, name="hf-assisted-tempered2")
-
-
-def hf_assisted_stress_residual_from_p(target: Target) -> HFAssistedEngine:
-    """`--losscheck-engine=losscheck.engines.hf:hf_assisted_stress_residual_from_p`: the planted
-    residual bug under the tempered assistant."""
-    model, assistant, eos = _bundled_parts(target)
-    return HFResidualFromP(model, tempered(assistant, 2.0), 4, eos, name="hf-assisted-tempered2-residual-from-p")

@@ -1,5 +1,5 @@
 """Benchmarks of the loop on the bundled models (`losscheck bench`), written out by
-`losscheck.report.bench`; figures go to the README.
+`losscheck.report.bench`; figures go to docs/perf.md.
 
 Timings, not tests: nothing here asserts a speed. Each figure is the best of `repeats` runs after
 one warm-up, on whatever threads torch uses (the command prints them).
@@ -21,6 +21,8 @@ from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
 from losscheck.drafters.autoregressive import from_path
+from losscheck.perf.peer import hf_generate_seconds
+from losscheck.perf.workload import Request
 from losscheck.report.bench import write_report
 
 
@@ -59,30 +61,14 @@ def loop_throughput(
     return row
 
 
-def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int) -> float:
-    """Hugging Face assisted generation, batch 1 (its only supported batch), sampling at T=1."""
-    prompts = prompts_for(n)
-    model, assistant = target.model, drafter.lm.model
-
-    def run() -> None:
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            # `generate` comes from GenerationMixin, which every *ForCausalLM has and transformers'
-            # PreTrainedModel type lacks
-            model.generate(  # type: ignore[operator]
-                ids,
-                attention_mask=torch.ones_like(ids),
-                assistant_model=assistant,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                pad_token_id=0,
-            )
-
-    torch.manual_seed(0)
-    seconds, _ = best_seconds(run, 1)
+def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int, k: int) -> float:
+    """Sequences per second of Hugging Face assisted generation (`losscheck.perf.peer`) over `n`
+    prompts of `new` tokens, batch 1 (its only supported batch), sampling at T=1 with `drafter`
+    as assistant drafting `k` per round; timed after a one-request warm-up."""
+    requests = [Request(prompt, new, "bench") for prompt in prompts_for(n)]
+    model, assistant, params = target.model, drafter.lm.model, SamplingParams(temperature=1.0)
+    hf_generate_seconds(model, assistant, requests[:1], params, k, 0)  # warm-up
+    seconds, _ = hf_generate_seconds(model, assistant, requests, params, k, 0)
     return n / seconds
 
 
@@ -107,7 +93,7 @@ def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
         repeats,
     )
     ours = 1024 / seconds
-    theirs = hf_assisted_samples_per_s(target, drafter, horizon, 32)
+    theirs = hf_assisted_samples_per_s(target, drafter, horizon, 32, 4)
     results["samples_per_s"] = {
         "losscheck_batch1024": ours,
         "hf_assisted_batch1": theirs,

@@ -199,19 +199,11 @@ def headline(cert: dict[str, Any]) -> str:
 
 
 def serving_lines(records: list[dict[str, Any]]) -> list[str]:
-    """What the serving cells measured: the split run's wall time, the prefix cache's hit rate."""
+    """What the serving cells measured, as each serving axis summarises it (e.g. the split run's
+    wall time, the prefix cache's hit rate)."""
     lines = []
     for r in sorted(records, key=lambda r: r.get("cell", "")):
-        facts = []
-        if r.get("split"):
-            s = r["split"]
-            facts.append(f"target split over {s['ranks']} ranks ({s['backend']}), split run {s['wall_s']:.1f} s wall")
-        if r.get("prefix_cache"):
-            c = r["prefix_cache"]
-            facts.append(
-                f"prefix cache (block {c['block']}, {c['capacity']} blocks): hit rate {c['hit_rate']:.1%} "
-                f"({c['hits']}/{c['lookups']} blocks looked up), {c['stored']} stored, {c['evictions']} evicted"
-            )
+        facts = [f["summary"] for f in (r.get("serving_facts") or {}).values() if f.get("summary")]
         if facts:
             lines.append(f"- `{r['cell']}`: " + "; ".join(facts))
     return ["", "Serving cells:", "", *lines] if lines else []

@@ -21,11 +21,7 @@ def _row(record: dict[str, Any]) -> tuple[str, ...]:
     alpha = f"{tested[0]['alpha']:.2g}" if tested else "-"
     # The effect the cell guarantees: its pooled tests' (stratified and conformance tests detect
     # other, narrower effects and would make the column read stronger than the guarantee).
-    guarantee = [
-        r
-        for r in tested
-        if not r["name"].startswith("conformance.") and not any(s in r["name"] for s in ("position", "slot", "pair"))
-    ]
+    guarantee = [r for r in tested if r.get("scope", "pooled") == "pooled"]
     tvs = [r["detectable"].get("tv") for r in guarantee if r["detectable"].get("tv") is not None]
     tv = f"{min(tvs):.4f}" if tvs else "-"
     n = str(record.get("sequences", record.get("max_new_tokens", "-")))

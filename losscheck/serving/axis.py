@@ -61,7 +61,8 @@ class Server(Protocol):
         ...
 
     def facts(self) -> dict[str, Any]:
-        """What the certificate records of this way of serving (JSON-ready, by axis name)."""
+        """What the certificate records of this way of serving: axis name -> JSON-ready facts,
+        with a one-line "summary" the certificate prints."""
         ...
 
 

@@ -177,6 +177,9 @@ def second_turn(
 
 
 # --- the serving axis ----------------------------------------------------------------------------
+AXIS_NAME = "prefix"
+
+
 class PrefixCached(Wrapped):
     """The cell's engine with a prefix cache (cold: empty and small, so it evicts as it fills;
     warm: large, and filled by a first turn before the measured requests, `_second_turn`)."""
@@ -191,10 +194,12 @@ class PrefixCached(Wrapped):
         inner.engine.prefix_cache = self.cache
 
     def facts(self) -> dict[str, Any]:
-        return {
-            **self.inner.facts(),
-            "prefix_cache": {"block": self.cache.block, "capacity": self.cache.capacity, **self.cache.stats.to_dict()},
-        }
+        c = {"block": self.cache.block, "capacity": self.cache.capacity, **self.cache.stats.to_dict()}
+        summary = (
+            f"prefix cache (block {c['block']}, {c['capacity']} blocks): hit rate {c['hit_rate']:.1%} "
+            f"({c['hits']}/{c['lookups']} blocks looked up), {c['stored']} stored, {c['evictions']} evicted"
+        )
+        return {**self.inner.facts(), AXIS_NAME: {**c, "summary": summary}}
 
 
 def _second_turn(
@@ -219,7 +224,7 @@ def _second_turn(
 
 
 AXIS = Axis(
-    name="prefix",
+    name=AXIS_NAME,
     off="off",
     values=("cold", "warm"),
     suffix=lambda state: f"prefix-{state}",

@@ -341,7 +341,11 @@ class Split:
     def facts(self) -> dict[str, Any]:
         if self.run is None:
             return {}
-        return {"split": {"ranks": self.run.ranks, "backend": self.run.backend, "wall_s": round(self.run.wall_s, 2)}}
+        run = self.run
+        summary = f"target split over {run.ranks} ranks ({run.backend}), split run {run.wall_s:.1f} s wall"
+        return {
+            "split": {"ranks": run.ranks, "backend": run.backend, "wall_s": round(run.wall_s, 2), "summary": summary}
+        }
 
 
 AXIS = Axis(

@@ -18,7 +18,7 @@ from losscheck.stats._checks import check_open_unit, check_positive, check_tv, n
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import goodness_of_fit, support_check
 from losscheck.stats.power import chisquare_detectable_w, chisquare_required_n, require_power
-from losscheck.stats.result import TestResult
+from losscheck.stats.result import TestResult, scoped
 
 NextProbs = Callable[[torch.Tensor], torch.Tensor]  # context LongTensor [M, t] -> probs [M, V]
 
@@ -200,15 +200,18 @@ def exact_tests(
     for pos in testable:
         token_of_seq, bin_of_token, marginal_expected = marginals[pos]
         observed = torch.bincount(bin_of_token[token_of_seq[inside]], minlength=len(marginal_expected))
-        results.append(
-            goodness_of_fit(
-                f"exact.position[{pos}]",
-                f"tokens at position {pos} distributed over {len(marginal_expected)} bins of their exact marginal",
-                observed,
-                marginal_expected * (n_inside / n),
-                a,
-                power,
-            )
+        results += scoped(
+            [
+                goodness_of_fit(
+                    f"exact.position[{pos}]",
+                    f"tokens at position {pos} distributed over {len(marginal_expected)} bins of their exact marginal",
+                    observed,
+                    marginal_expected * (n_inside / n),
+                    a,
+                    power,
+                )
+            ],
+            "stratified",
         )
     return results
 

@@ -52,7 +52,7 @@ from losscheck.stats.power import (
     dkwm_required_n,
     require_power,
 )
-from losscheck.stats.result import TestResult
+from losscheck.stats.result import TestResult, scoped
 
 # Tests that share pit_tests' budget: pooled χ², pooled KS, position × bin χ², slot × bin χ², pair
 # χ² (the support check spends no alpha).
@@ -170,9 +170,14 @@ def pit_tests(
             power,
         ),
         _pooled_ks(values.numpy(), a, power),
-        _stratified_chisquare("pit.position_chisquare", "position", counts, a, power, min_expected),
-        _stratified_chisquare("pit.slot_chisquare", "slot", slot_counts, a, power, min_expected),
-        _pair_chisquare(u, mask, valid, spare, a, power),
+        *scoped(
+            [
+                _stratified_chisquare("pit.position_chisquare", "position", counts, a, power, min_expected),
+                _stratified_chisquare("pit.slot_chisquare", "slot", slot_counts, a, power, min_expected),
+                _pair_chisquare(u, mask, valid, spare, a, power),
+            ],
+            "stratified",
+        ),
     ]
 
 

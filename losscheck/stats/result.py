@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from losscheck.errors import LosscheckError
@@ -45,6 +45,10 @@ class TestResult:
     # log10 of the p-value (of an upper bound on it where even the log-tail underflows), for tests
     # that compute it: a p-value that underflows to 0 still says how small it is. None: not computed.
     log10_p: float | None = None
+    # what the test's detectable effect speaks for: "pooled" (the whole sample's law, the cell's
+    # stated guarantee), "stratified" (one position, slot or pair of the sample) or "conformance"
+    # (the verifier's steps against standard speculative sampling)
+    scope: str = "pooled"
 
     @property
     def passed(self) -> bool:
@@ -124,3 +128,8 @@ def _json_number(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def scoped(results: Sequence[TestResult], scope: str) -> list[TestResult]:
+    """`results` marked with `scope` (see `TestResult.scope`)."""
+    return [replace(r, scope=scope) for r in results]

@@ -25,7 +25,7 @@ from losscheck.stats.power import (
     dkwm_two_sample_detectable,
     require_power,
 )
-from losscheck.stats.result import TestResult
+from losscheck.stats.result import TestResult, scoped
 
 
 def two_sample_tests(
@@ -85,10 +85,11 @@ def two_sample_tests(
     )
     # one count over the pooled sample decides every bin, at least this many pooled tokens each
     min_count = min_expected * (n_a + n_b) / min(n_a, n_b)
-    results = [
+    positions = [
         _position_homogeneity(pos, a[:, pos], b[:, pos], vocab_size, min_count, max_bins, n_eff, alpha_each, power)
         for pos in range(a.shape[1])
     ]
+    results = scoped(positions, "stratified")
     results.append(_distinct_tokens_ks(a, b, alpha_each, power))
     return results
 
