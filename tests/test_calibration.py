@@ -7,7 +7,7 @@ cell), so the number of rejections is stochastically below Binomial(200, 0.05); 
 it exceeds the binomial 0.999 quantile (a false failure of this test has probability < 0.001).
 The joint chi-square p-values must look uniform: KS against U(0, 1) at level 0.001.
 
-Run: pytest -m slow tests/test_calibration.py -s   (prints the figures quoted in the README)
+Run: pytest -m slow tests/test_calibration.py -s   (prints the figures quoted in docs/statistics.md)
 """
 
 from __future__ import annotations

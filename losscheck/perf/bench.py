@@ -63,8 +63,9 @@ def loop_throughput(
 
 def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int, k: int) -> float:
     """Sequences per second of Hugging Face assisted generation (`losscheck.perf.peer`) over `n`
-    prompts of `new` tokens, batch 1 (its only supported batch), sampling at T=1 with `drafter`
-    as assistant drafting `k` per round; timed after a one-request warm-up."""
+    prompts, up to `new` tokens each (a row ends sooner at EOS, as in the loop), batch 1 (its only
+    supported batch), sampling at T=1, `drafter` as assistant drafting `k` tokens per round; timed
+    after a one-request warm-up."""
     requests = [Request(prompt, new, "bench") for prompt in prompts_for(n)]
     model, assistant, params = target.model, drafter.lm.model, SamplingParams(temperature=1.0)
     hf_generate_seconds(model, assistant, requests[:1], params, k, 0)  # warm-up

@@ -109,7 +109,8 @@ def test_hf_generation_config_is_exactly_the_request(target):
 def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_afterwards(target):
     import transformers.generation.utils as hf_utils
 
-    from losscheck.engines.hf import hf_assisted, hf_assisted_residual_from_p
+    from losscheck.engines.hf import hf_assisted
+    from losscheck.selftest.hf import hf_assisted_residual_from_p
 
     correct, buggy = hf_assisted(target), hf_assisted_residual_from_p(target)
     before = hf_utils._speculative_sampling

@@ -5,7 +5,7 @@ Both run the shipped certification tests (`losscheck.plugin.certify`) in a subpr
 settings (ci profile, alpha 0.01 split over the full matrix), on the bundled tiny target with the
 bundled drafter A as assistant, k = 4.
 
-Run: pytest -m slow tests/blackbox/test_hf_slow.py -s   (prints the figures quoted in the README)
+Run: pytest -m slow tests/blackbox/test_hf_slow.py -s   (prints the figures quoted in docs/black-box-engines.md)
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 pytest_plugins = ["pytester"]
 
 HF = "losscheck.engines.hf:hf_assisted"
-HF_BUG = "losscheck.engines.hf:hf_assisted_residual_from_p"
+HF_BUG = "losscheck.selftest.hf:hf_assisted_residual_from_p"
 # The assistant tempered by 2 (a stress drafter): with drafter A as it is (~0.97 acceptance per
 # slot) the residual bug moves the output by too little for the gate's sample (measured: p = 0.115),
 # with the tempered assistant rounds reject often and the bug is plain (p = 1.3e-44).
 HF_STRESS = "losscheck.engines.hf:hf_assisted_stress"
-HF_STRESS_BUG = "losscheck.engines.hf:hf_assisted_stress_residual_from_p"
+HF_STRESS_BUG = "losscheck.selftest.hf:hf_assisted_stress_residual_from_p"
 # The base sampled cell (T = 1, no top-k / top-p): where a residual bug moves the law most.
 BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9 and not T1.5"
 

@@ -1,6 +1,6 @@
 """vLLM end to end: the bundled tiny target with drafter A as vLLM draft model, certified by the
-shipped black-box tests. Runs only where vLLM and a CUDA GPU exist (see README, "Black-box
-engines", for the command on a GPU runner)."""
+shipped black-box tests. Runs only where vLLM and a CUDA GPU exist (see
+docs/black-box-engines.md for the command on a GPU runner)."""
 
 from __future__ import annotations
 
