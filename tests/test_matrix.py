@@ -116,7 +116,7 @@ class Reversed(Wrapped):
         return out
 
     def facts(self):
-        return {**self.inner.facts(), "reversed": True}
+        return {**self.inner.facts(), "order": {"summary": "rows served in reverse order"}}
 
 
 TOY = Axis("order", "forward", ("reversed",), lambda v: "rev", Reversed, order=9, doc="rows served in reverse order")
@@ -136,4 +136,5 @@ def test_a_new_axis_is_one_registration(monkeypatch, session):
     outcome = run_greedy(session, cell)
     assert outcome.passed, outcome.message()
     record = outcome.to_record()
-    assert record["cell"] == "A-k4-greedy-rev" and record["serving"]["order"] == "reversed" and record["reversed"]
+    assert record["cell"] == "A-k4-greedy-rev" and record["serving"]["order"] == "reversed"
+    assert record["serving_facts"]["order"]["summary"] == "rows served in reverse order"

@@ -35,7 +35,7 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     for i, (tier, spec) in enumerate(zip(tiers, specs)):
         session.progress.update(cell.id, "prompt tiers", i, len(tiers))
         prompts = asked[tier]
-        base = session.baseline(
+        base = session.memo(
             ("greedy", cell.target, cell.precision.target, tuple(map(tuple, prompts))),
             partial(_baseline, session, cell, prompts, max_new, tier),
         )

@@ -94,7 +94,7 @@ def exact_continuations(session: Session, target: str, params: SamplingParams) -
         logits = model.model(input_ids=context.to(model.device)).logits[:, -1]
         return process_logits(logits, params).double().cpu()
 
-    return session.baseline(
+    return session.memo(
         ("exact", target, params, horizon),
         lambda: enumerate_continuations(next_probs, exact_prompt(session), horizon, model.eos_id),
     )

@@ -1,19 +1,19 @@
-"""The state of one losscheck run, built once from the `--losscheck-*` options.
-
-Models load lazily (the plugin imports nothing heavy until a test needs it) and are cached for the
-whole process, so every cell of a worker shares one target and one instance of each drafter.
-"""
+"""The context of one losscheck run, built once from the `--losscheck-*` options: the plan of the
+matrix and the alpha split over it, the prompts, the planted bug if any, the black-box engine,
+what cells share (`memo`) and the models (`losscheck.run.models`, loaded lazily: the plugin
+imports nothing heavy until a test needs them). Engines and servers are built from it by
+`losscheck.run.factory`."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
 from losscheck.progress import QUIET, Progress
+from losscheck.run.models import Models
 from losscheck.run.options import Options
 
 if TYPE_CHECKING:
@@ -33,16 +33,15 @@ class Session:
         self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
         self.manifest_sent = False  # this process's manifest went out on a report (plugin)
         self.progress: Progress = QUIET  # stages of a long cell; the plugin shows them on a terminal
-        self._baselines: dict[Any, Any] = {}
-        self._models: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
-        self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
+        self._memo: dict[Any, Any] = {}
+        self.models = Models(options)
 
     def derive(self, **changes: Any) -> Session:
         """A session with some options changed (seed, alpha, mutant…) that shares this one's
         loaded models and its statistical-test count."""
         new = Session(dataclasses.replace(self.options, **changes))
         new._n_statistical = self._n_statistical
-        new._models, new._drafter_sets = self._models, self._drafter_sets
+        new.models = self.models.sharing(new.options)
         return new
 
     @property
@@ -82,11 +81,9 @@ class Session:
     def base_precision(self) -> Precision:
         return self.options.precisions[0]
 
-    @cached_property
+    @property
     def device(self) -> torch.device:
-        from losscheck.core.precision import resolve_device
-
-        return resolve_device(self.options.device)
+        return self.models.device
 
     @property
     def targets(self) -> dict[str, HFTarget]:
@@ -95,49 +92,12 @@ class Session:
 
     def target(self, name: str = "main", dtype: str | None = None) -> HFTarget:
         """Target `name` in `dtype` (default: the base precision's), loaded once per process."""
-        dtype = dtype or self.base_precision.target
-        if (name, dtype) not in self._models:
-            self._models[name, dtype] = self._load_target(name, dtype)
-        return self._models[name, dtype]
-
-    def _load_target(self, name: str, dtype: str) -> HFTarget:
-        import torch
-
-        from losscheck import bundled
-        from losscheck.core.target import HFTarget
-
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            # xdist already runs one worker per core; more threads per worker only contend.
-            torch.set_num_threads(1)
-        opts = self.options
-        if name == "small":
-            return HFTarget.from_pretrained(bundled.small_target_path(), dtype, device=self.device)
-        path = opts.target or bundled.target_path()
-        # a rank of `losscheck.serving.split` loads its shard of the main target (HF's own plan)
-        split = (
-            torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-            and (torch.distributed.get_world_size() > 1)
-        )
-        return HFTarget.from_pretrained(path, dtype, opts.trust_remote_code, self.device, "auto" if split else None)
+        return self.models.target(name, dtype or self.base_precision.target)
 
     def drafters(self, target: str = "main", precision: Precision | None = None) -> dict[str, Drafter]:
         """Drafters certified against `target` in `precision` (default: the base cell's), by cell
         name; the self-draft oracle always."""
-        from losscheck.plan.matrix import ORACLE
-        from losscheck.run import drafters as registry
-
-        precision = precision or self.base_precision
-        key = (target, precision)
-        if key not in self._drafter_sets:
-            model = self.target(target, precision.target)
-            if target == "main" and self.options.drafter:
-                found = {"user": registry.from_factory(self.options.drafter, model, precision.drafter)}
-            else:
-                found = registry.bundled(target, model, precision.drafter)
-            found[ORACLE] = registry.self_draft(model)
-            self._drafter_sets[key] = found
-        return self._drafter_sets[key]
+        return self.models.drafters(target, precision or self.base_precision)
 
     @cached_property
     def plan(self) -> dict[str, list[Cell]]:
@@ -207,8 +167,9 @@ class Session:
         engine = load_object(self.options.engine, "--losscheck-engine")(self.targets["main"])
         return check_engine(engine, f"--losscheck-engine={self.options.engine!r}")
 
-    def baseline(self, key: Any, make: Callable[[], Any]) -> Any:
-        """Memoise a baseline result (shared by every cell of the same prompts and params)."""
-        if key not in self._baselines:
-            self._baselines[key] = make()
-        return self._baselines[key]
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """`make()`, computed once per key for the whole run: what cells share (a baseline of the
+        same prompts, an exact enumeration of the same parameters)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]

@@ -39,8 +39,8 @@ def test_the_baseline_is_never_planted(target):
 
     session = Session(Options(mutant="rows_mixed_up"))
     # The toy models in place of the fixtures, at the base precision.
-    session._models[("main", "fp32")] = target
-    session._drafter_sets[("main", session.base_precision)] = {"A": noisy_drafter(target, NOISE)}
+    session.models._targets[("main", "fp32")] = target
+    session.models._drafter_sets[("main", session.base_precision)] = {"A": noisy_drafter(target, NOISE)}
     cell = Cell("A", 3)
     assert factory.baseline_engine(session, cell).verifier is verify_block
     assert factory.engine(session, cell).verifier is get_mutant("rows_mixed_up").verifier

@@ -1,0 +1,77 @@
+"""The run's models, loaded lazily and once per process: every cell of a worker shares one target
+per (name, dtype) and one instance of each drafter per (target, precision)."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from losscheck.run.options import Options
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.core.contract import Drafter
+    from losscheck.core.precision import Precision
+    from losscheck.core.target import HFTarget
+
+
+class Models:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._targets: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
+        self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
+
+    def sharing(self, options: Options) -> Models:
+        """A cache for `options` (the same models, other seeds or alpha) holding these models."""
+        new = Models(options)
+        new._targets, new._drafter_sets = self._targets, self._drafter_sets
+        return new
+
+    @cached_property
+    def device(self) -> torch.device:
+        from losscheck.core.precision import resolve_device
+
+        return resolve_device(self.options.device)
+
+    def target(self, name: str, dtype: str) -> HFTarget:
+        """Target `name` ("main" or "small") in `dtype`."""
+        if (name, dtype) not in self._targets:
+            self._targets[name, dtype] = self._load_target(name, dtype)
+        return self._targets[name, dtype]
+
+    def _load_target(self, name: str, dtype: str) -> HFTarget:
+        import torch
+
+        from losscheck import bundled
+        from losscheck.core.target import HFTarget
+
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # xdist already runs one worker per core; more threads per worker only contend.
+            torch.set_num_threads(1)
+        opts = self.options
+        if name == "small":
+            return HFTarget.from_pretrained(bundled.small_target_path(), dtype, device=self.device)
+        path = opts.target or bundled.target_path()
+        # a rank of `losscheck.serving.split` loads its shard of the main target (HF's own plan)
+        dist = torch.distributed
+        split = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        return HFTarget.from_pretrained(path, dtype, opts.trust_remote_code, self.device, "auto" if split else None)
+
+    def drafters(self, target: str, precision: Precision) -> dict[str, Drafter]:
+        """Drafters certified against `target` in `precision`, by cell name: the user's (or the
+        bundled ones), and the self-draft oracle always."""
+        from losscheck.plan.cell import ORACLE
+        from losscheck.run import drafters as registry
+
+        key = (target, precision)
+        if key not in self._drafter_sets:
+            model = self.target(target, precision.target)
+            if target == "main" and self.options.drafter:
+                found = {"user": registry.from_factory(self.options.drafter, model, precision.drafter)}
+            else:
+                found = registry.bundled(target, model, precision.drafter)
+            found[ORACLE] = registry.self_draft(model)
+            self._drafter_sets[key] = found
+        return self._drafter_sets[key]
