@@ -1,6 +1,6 @@
 """losscheck: certify that speculative decoding is lossless.
 
-The public contract (DESIGN §3): `Proposal`, `DraftContext`, `Drafter`, `Target`,
+The public contract (docs/drafter-contract.md): `Proposal`, `DraftContext`, `Drafter`, `Target`,
 `SamplingParams`, and `Engine` to drive them with a `Verifier` (`verify_block` by default, or an
 engine author's own, returning a `BlockOutcome`). Imported lazily so that loading the pytest plugin
 does not import torch.

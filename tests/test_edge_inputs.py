@@ -1,4 +1,4 @@
-"""Edge inputs of the speculative loop on the bundled target (issue 11, item 4): the last
+"""Edge inputs of the speculative loop on the bundled target: the last
 positions of the context, a BOS-only prompt, budgets of 0 and 1, EOS inside a drafted block,
 extreme sampling parameters, a drafter with an unusual block length, and a ragged batch.
 

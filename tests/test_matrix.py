@@ -93,6 +93,8 @@ def test_serving_refuses_unknown_axes_and_drops_base_values():
     assert serving(prefix="off", batching="continuous") == (("batching", "continuous"),)
     with pytest.raises(Exception, match="no serving axis 'speed'"):
         serving(speed=2)
+    with pytest.raises(Exception, match="'split' cannot be combined with \\['prefix'\\]"):
+        serving(split=2, prefix="warm")  # a split run's ranks run the engine without a prefix cache
 
 
 class Reversed(Wrapped):

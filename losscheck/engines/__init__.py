@@ -1,6 +1,6 @@
 """Black-box engines: implementations that only return generated ids (`--losscheck-engine`).
 
-An engine is certified against **itself with drafting off** (DESIGN §4.2), never against
+An engine is certified against **itself with drafting off** (docs/statistics.md), never against
 losscheck's own decoder: greedy output with speculation on must equal it with speculation off,
 token for token; sampled output is tested one-sample by teacher-forced PIT when losscheck can load
 the engine's target (`precision` names its dtype), else two-sample, on against off

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from losscheck.errors import OptionError
 
-LADDER = (1, 2, 4, 8, 16, 32)  # requests in flight (DESIGN §5)
+LADDER = (1, 2, 4, 8, 16, 32)  # requests in flight (docs/perf.md)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Planted, realistic losslessness bugs that the gate must catch (DESIGN §4.3).
+"""Planted, realistic losslessness bugs that the gate must catch (docs/mutants.md).
 
 `get_mutant(name)` returns a `Mutant` (`losscheck.selftest.registry`): the bug class it models,
 what it plants in the speculative engine, which gate tests must catch it and the gate cells it

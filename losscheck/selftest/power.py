@@ -1,4 +1,4 @@
-"""Predicted power of the exact-mode position-0 test against a mutant (DESIGN §4.3).
+"""Predicted power of the exact-mode position-0 test against a mutant (docs/mutants.md).
 
 In an exact cell the first generated token's law under the mutant is computable (`laws`): the
 target's and drafter's exact logits at the cell's prompt, pushed through the mutant's first slot.

@@ -49,5 +49,7 @@ class RetiredRowLeak(ContinuousBatcher):
     def capacity(self, longest: int, max_new: int) -> int:
         return super().capacity(longest, max_new) + max_new  # room for the leaked tokens
 
-    def origin(self, batch: Batch, row: int) -> int:
-        return int(batch.lengths[row] - batch.prompt_lengths[row])  # BUG: a fresh row starts at slot 0
+    def _place(self, batch: Batch, row: int, prompt: list[int]) -> int:
+        at = int(batch.lengths[row] - batch.prompt_lengths[row])  # BUG: a fresh row starts at slot 0
+        batch.tokens[row, at : at + len(prompt)] = torch.tensor(prompt, device=batch.tokens.device)
+        return at + len(prompt)

@@ -169,10 +169,17 @@ def axis(name: str) -> Axis:
 
 
 def serving(**values: AxisValue) -> Serving:
-    """A cell's serving from axis values: unknown axes refused, base values dropped, in order."""
+    """A cell's serving from axis values: unknown axes and combinations an axis excludes refused,
+    base values dropped, in registry order."""
     for name in values:
         axis(name)
-    return tuple((a.name, values[a.name]) for a in axes() if a.name in values and values[a.name] != a.off)
+    found = tuple((a.name, values[a.name]) for a in axes() if a.name in values and values[a.name] != a.off)
+    given = {name for name, _ in found}
+    for name in given:
+        clash = axis(name).excludes & given
+        if clash:
+            raise LosscheckError(f"serving axis {name!r} cannot be combined with {sorted(clash)}")
+    return found
 
 
 def value(cell_serving: Serving, name: str) -> AxisValue:

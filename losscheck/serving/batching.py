@@ -67,10 +67,6 @@ class ContinuousBatcher:
         pending slot (`Engine.prefill`)."""
         return 2 * longest + max_new + self.engine.k + 1
 
-    def origin(self, batch: Batch, row: int) -> int:
-        """The slot an admitted request's prompt starts at in its row: 0, a fresh row."""
-        return 0
-
     def generate(
         self,
         prompts: Sequence[list[int]],
@@ -171,6 +167,11 @@ class ContinuousBatcher:
         done = torch.ones(rows, dtype=torch.bool, device=device)
         return Batch(tokens, ones, ones.clone(), hidden, done, torch.zeros_like(ones), torch.zeros_like(tokens))
 
+    def _place(self, batch: Batch, row: int, prompt: list[int]) -> int:
+        """Write `prompt` into the freed `row`, from slot 0 (a fresh row) → the row's length."""
+        batch.tokens[row, : len(prompt)] = torch.tensor(prompt, device=batch.tokens.device)
+        return len(prompt)
+
     def _admit(self, batch: Batch, rows: list[int], prompts: list[list[int]], budgets: list[int]) -> None:
         """Put `prompts` into the finished `rows` of `batch` and prefill them."""
         device = batch.tokens.device
@@ -178,9 +179,7 @@ class ContinuousBatcher:
         budget = torch.as_tensor(batch.budget, device=device).clone()
         done = batch.done.clone()
         for b, prompt, max_new in zip(rows, prompts, budgets):
-            at = self.origin(batch, b)
-            batch.tokens[b, at : at + len(prompt)] = torch.tensor(prompt, device=device)
-            lengths[b] = prompt_lengths[b] = at + len(prompt)
+            lengths[b] = prompt_lengths[b] = self._place(batch, b, prompt)
             budget[b], done[b] = max_new, False
         # New tensors, not in-place writes: a drafter may hold the old lengths.
         batch.lengths, batch.prompt_lengths, batch.budget, batch.done = lengths, prompt_lengths, budget, done

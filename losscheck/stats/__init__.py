@@ -1,4 +1,4 @@
-"""The statistical core of losscheck's sampling certification (DESIGN §4.2).
+"""The statistical core of losscheck's sampling certification (docs/statistics.md).
 
 Pure functions: tensors and arrays in, `TestResult`s out; no engine, no pytest. One module per
 concept: `result` (what a test found, cell verdicts), `budget` (splitting α), `power`

@@ -1,7 +1,7 @@
 """What one statistical test found, and the verdict of a cell that ran several.
 
 Every test losscheck runs has the same null hypothesis H0: the sampled tokens follow the
-target's distribution. A `TestResult` carries enough to explain itself (STYLE §8): what H0
+target's distribution. A `TestResult` carries enough to explain itself: what H0
 predicted, what the sample showed, the statistic, the p-value, the level it was judged at, the
 sample size and the smallest effect it detects at the configured power.
 """

@@ -1,4 +1,4 @@
-"""Mutant tier (`pytest -m mutants`): the lossless gate must catch every planted bug (DESIGN §4.3).
+"""Mutant tier (`pytest -m mutants`): the lossless gate must catch every planted bug (docs/mutants.md).
 
 Each mutant runs the gate cells it shows in through the gate's own runners, with the gate's
 sample sizes and the per-test α of `pytest -m lossless` (α / the gate's statistical-test count,

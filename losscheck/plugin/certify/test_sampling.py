@@ -1,4 +1,4 @@
-"""Sampling gate: the spec loop's tokens follow the target's distribution (DESIGN §4.2).
+"""Sampling gate: the spec loop's tokens follow the target's distribution (docs/statistics.md).
 
 Each test is one statistical assertion with its Bonferroni share of --losscheck-alpha; it errors
 (UnderpoweredError) rather than pass when its sample cannot detect --losscheck-detect-tv.
