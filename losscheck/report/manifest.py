@@ -38,13 +38,31 @@ def build(session: Session) -> dict[str, Any]:
             "statistical_tests": session.n_statistical,
             "per_test": session.per_test_alpha,
         },
-        "targets": {name: dict(t.identity) for name, t in session.targets.items()},
+        "targets": {name: portable(dict(t.identity)) for name, t in session.targets.items()},
         "drafters": {
-            name: {key: drafter_identity(d) for key, d in session.drafters(name).items()}
+            name: {key: portable(drafter_identity(d)) for key, d in session.drafters(name).items()}
             for name in session.target_names
         },
         "environment": environment(session.device),
     }
+
+
+def portable(identity: dict[str, Any]) -> dict[str, Any]:
+    """`identity` with its model `path` as a certificate attached to a release can carry it: a
+    bundled fixture as `bundled:NAME`, any other path relative to the directory the run started
+    in (the hash, not the path, is what identifies the model)."""
+    from losscheck import bundled
+
+    path = identity.get("path")
+    if not path:
+        return identity
+    fixtures = bundled.fixtures_dir().resolve()
+    found = Path(path).resolve()
+    if found.is_relative_to(fixtures):
+        shown = f"bundled:{found.relative_to(fixtures).as_posix()}"
+    else:
+        shown = Path(os.path.relpath(found)).as_posix()
+    return {**identity, "path": shown}
 
 
 def drafter_identity(drafter: Any) -> dict[str, Any]:

@@ -147,3 +147,17 @@ def test_a_run_without_the_slow_tier_says_the_quick_gate_is_complete():
     matrix = [MATRIX[0], {**MATRIX[1], "slow": True}]
     cert = build([manifest(matrix=matrix)], [record("A-k4-greedy")])
     assert cert["verdict"] == "PARTIAL" and "quick gate is complete" in cert["reason"]
+
+
+def test_model_paths_in_a_certificate_are_portable(tmp_path, monkeypatch):
+    """A certificate attached to a release names a bundled model by its fixture name and any
+    other by a path relative to where the run started, never by the machine's absolute path."""
+    from losscheck import bundled
+    from losscheck.report.manifest import portable
+
+    target = bundled.target_path()
+    assert portable({"path": str(target), "sha256": "x"}) == {"path": "bundled:target", "sha256": "x"}
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert portable({"path": str(tmp_path / "models" / "mine")})["path"] == "models/mine"
+    assert portable({"name": "no path"}) == {"name": "no path"}
