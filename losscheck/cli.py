@@ -64,9 +64,13 @@ def default_workers(device: str | None) -> int:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="losscheck", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
-    cert = sub.add_parser("certify", help="certify a drafter (default: the bundled ones on the bundled target)")
+    cert = sub.add_parser(
+        "certify",
+        help="certify a drafter (default: the bundled reference drafter, family A, on the bundled target; "
+        "--bundled all: every bundled drafter)",
+    )
     add_options(cert.add_argument, "--")
-    cert.set_defaults(**{dest("out"): "reports"})
+    cert.set_defaults(**{dest("out"): "reports", dest("bundled"): "reference"})
     cert.add_argument(
         "-n",
         "--workers",
@@ -128,6 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+class VerdictProbe:
+    """Reads the certificate's verdict off the pytest run `losscheck certify` starts."""
+
+    verdict: str | None = None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        from losscheck.plugin.hooks import VERDICT_KEY
+
+        self.verdict = config.stash.get(VERDICT_KEY, None)
+
+
 def run_command(ns: argparse.Namespace) -> int:
     if ns.command == "certify":
         # Checked here too, so that messages name this command's options (--target, not
@@ -135,7 +150,12 @@ def run_command(ns: argparse.Namespace) -> int:
         check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
         if ns.workers is None:
             ns.workers = default_workers(getattr(ns, dest("device")))
-        return int(pytest.main(certify_args(ns)))
+        probe = VerdictProbe()
+        status = int(pytest.main(certify_args(ns), plugins=[probe]))
+        if status == 0 and probe.verdict != "PASS":  # a certificate is PASS or it is not
+            print(f"losscheck certify: verdict {probe.verdict}; only PASS exits 0", file=sys.stderr)
+            return 1
+        return status
     if ns.command == "perf":
         check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
         return int(pytest.main(perf_args(ns)))

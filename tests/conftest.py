@@ -18,12 +18,12 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def session():
-    """A run context of the bundled models with the default options, shared by every test that
-    only reads it (models load once per process)."""
+    """A run context of every bundled model (default options otherwise), shared by every test
+    that only reads it (models load once per process)."""
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
-    return Session(Options())
+    return Session(Options(bundled="all"))
 
 
 @pytest.fixture(scope="session")

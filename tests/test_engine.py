@@ -125,3 +125,29 @@ def test_a_malformed_verifier_outcome_is_named(target):
         greedy(Engine(target, noisy_drafter(target, NOISE), 2, verifier=drops_a_row))
     with pytest.raises(LosscheckError, match=r"accepts_too_many accepted counts outside \[0, 2\]"):
         greedy(Engine(target, noisy_drafter(target, NOISE), 2, verifier=accepts_too_many))
+
+
+def test_a_pass_from_slot_0_computes_repeated_rows_once_and_gives_every_row_its_own():
+    """Rows that repeat a prompt (a sampled cell cycles over a few) are computed once from slot 0:
+    logits, states and the cache rows equal a pass over the distinct rows one at a time."""
+    model = tiny_target()
+    rows = torch.tensor([[1, 5, 7, 2], [3, 4, 4, 0], [1, 5, 7, 2], [3, 4, 4, 0], [9, 8, 7, 6]])  # [5, 4]
+    model.reset(len(rows), 8)
+    logits, hidden = model.forward(rows, torch.zeros(len(rows), dtype=torch.long))
+    shared = model.lm.cache
+    assert shared is not None
+    for b, row in enumerate(rows):
+        model.reset(1, 8)
+        alone_logits, alone_hidden = model.forward(row[None], torch.zeros(1, dtype=torch.long))
+        assert torch.allclose(logits[b], alone_logits[0], atol=1e-5)
+        assert torch.allclose(hidden[b], alone_hidden[0], atol=1e-5)
+        alone = model.lm.cache
+        assert alone is not None
+        for layer, keys in alone.keys.items():
+            assert torch.allclose(shared.keys[layer][b, :, :4], keys[0, :, :4], atol=1e-5)
+            assert torch.allclose(shared.values[layer][b, :, :4], alone.values[layer][0, :, :4], atol=1e-5)
+    # a later pass reads the copied cache rows like its own
+    model.reset(len(rows), 8)
+    model.forward(rows, torch.zeros(len(rows), dtype=torch.long))
+    after, _ = model.forward(torch.tensor([[2], [0], [2], [0], [6]]), torch.full((len(rows),), 4))
+    assert torch.allclose(after[0], after[2]) and torch.allclose(after[1], after[3])

@@ -140,3 +140,20 @@ def test_a_new_axis_is_one_registration(monkeypatch, session):
     record = outcome.to_record()
     assert record["cell"] == "A-k4-greedy-rev" and record["serving"]["order"] == "reversed"
     assert record["serving_facts"]["order"]["summary"] == "rows served in reverse order"
+
+
+def test_costly_cells_are_estimated_costlier():
+    """The run order (costliest first, `losscheck.plan.cost`) puts reduced-precision and long-block
+    sampled cells before the base ones, and greedy cells last."""
+    from losscheck.plan.cost import estimated_seconds
+
+    order = [
+        Cell("A", 4, matrix.SAMPLING_VARIANTS[0], precision=BF16),
+        Cell("A", 16, matrix.SAMPLING_VARIANTS[0]),
+        Cell("A", 4, matrix.SAMPLING_VARIANTS[0], serving=serving(prefix="warm")),
+        Cell("A", 4, matrix.SAMPLING_VARIANTS[0]),
+        Cell("A", 4, matrix.SAMPLING_VARIANTS[0], target="small"),
+        Cell("A", 4, matrix.GREEDY),
+    ]
+    costs = [estimated_seconds(c) for c in order]
+    assert costs == sorted(costs, reverse=True) and len(set(costs)) == len(costs), costs

@@ -31,9 +31,11 @@ def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> 
 def teacher_forced_probs(
     target: HFTarget, rows: list[list[int]], tokens: torch.Tensor, params: SamplingParams, tolerance: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One fresh target pass over prompt + generated `tokens [n, L]` → (p [n, L, V] at the generated
+    """A fresh target pass over prompt + generated `tokens [n, L]` → (p [n, L, V] at the generated
     positions after the request's logits processing, ambiguous [n, L] bool). Independent of the
-    engine's cache.
+    engine's cache: the prompts (but their last tokens) are read into a new cache first, each
+    distinct one once (a cell's rows cycle over a few prompts), then every row's last prompt token
+    and generated tokens in one pass whose logits are the predictions of the generated tokens.
 
     A token is *ambiguous* when top-k / top-p cut it (p = 0 here) although its raw logit lies within
     `tolerance` of the lowest logit kept: a pass with another batch shape (the engine's cached one)
@@ -41,14 +43,13 @@ def teacher_forced_probs(
     of the test changes nothing but round-off; everything further out stays a support failure.
     """
     n, horizon = tokens.shape
-    prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)
-    ids = torch.cat([prompt_ids, prompt_ids.new_zeros(n, horizon)], dim=1)  # [n, P+L]
-    at = plen[:, None] + torch.arange(horizon, device=ids.device)  # [n, L] where generated tokens go
-    ids.scatter_(1, at, tokens)
-    target.reset(n, ids.shape[1])
-    logits, _ = target.forward(ids, torch.zeros(n, dtype=torch.long, device=ids.device))
-    index = (at - 1)[..., None].expand(-1, -1, logits.shape[-1])
-    logits = logits.gather(1, index)  # [n, L, V]
+    prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)  # [n, P], [n]
+    target.reset(n, prompt_ids.shape[1] + horizon)
+    if prompt_ids.shape[1] > 1:  # slots 0 .. P-2; a shorter row's padding there is rewritten below
+        target.forward(prompt_ids[:, :-1], torch.zeros(n, dtype=torch.long, device=prompt_ids.device))
+    last = prompt_ids.gather(1, (plen - 1)[:, None])  # [n, 1]
+    scored = torch.cat([last, tokens[:, :-1]], dim=1)  # [n, L] the inputs that predict tokens 0 .. L-1
+    logits, _ = target.forward(scored, plen - 1)  # [n, L, V]
     probs = process_logits(logits, params)  # [n, L, V]
     cut = probs.gather(-1, tokens[..., None]).squeeze(-1) == 0  # [n, L]
     lowest_kept = logits.masked_fill(probs == 0, float("inf")).amin(-1)  # [n, L]

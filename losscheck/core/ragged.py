@@ -96,6 +96,10 @@ class RaggedLM:
         cache = self.cache
         if cache is None or cache.batch_size != tokens.shape[0]:
             raise RuntimeError("RaggedLM.forward called before reset() for this batch size")
+        if positions is None and tokens.shape[0] > 1 and not bool(start.any()):
+            distinct, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+            if len(distinct) < tokens.shape[0]:
+                return self._shared(distinct, inverse, layers)
         m = tokens.shape[1]
         slots = start[:, None] + torch.arange(m, device=tokens.device)  # [B, m]
         visible = int(slots.max()) + 1
@@ -117,6 +121,32 @@ class RaggedLM:
         if layers is None:
             return out.logits.float(), out.hidden_states[-1]
         return out.logits.float(), torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+    def _shared(
+        self, distinct: torch.Tensor, inverse: torch.Tensor, layers: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` from slot 0 of rows of which only `distinct` [u, m] differ (row b is
+        `distinct[inverse[b]]`): each distinct row computed once, into a cache of its own, and
+        copied to every row that repeats it. A prefill of a cell's rows, which cycle over a few
+        prompts, costs the prompts', not the rows'."""
+        main = self.cache
+        assert main is not None
+        m = distinct.shape[1]
+        self.cache = RaggedKVCache(len(distinct), main.capacity)
+        try:
+            logits, hidden = self.forward(
+                distinct, torch.zeros(len(distinct), dtype=torch.long, device=distinct.device), layers=layers
+            )
+            for layer, keys in self.cache.keys.items():  # [u, H_kv, capacity, D]
+                values = self.cache.values[layer]
+                main.allocate(layer, keys[0], values[0])
+                main.keys[layer][:, :, :m] = keys[inverse, :, :m]
+                main.values[layer][:, :, :m] = values[inverse, :, :m]
+        finally:
+            self.cache = main
+        main.slots = torch.arange(m, device=distinct.device).expand(len(inverse), m)
+        main.visible = m
+        return logits[inverse], hidden[inverse]
 
 
 def forward_rows(

@@ -39,7 +39,9 @@ def drafter_names(session: Session) -> list[str]:
     families (the self-draft oracle is a correctness check, not a drafter to deploy)."""
     from losscheck.run.drafters import BLOCK_FAMILIES
 
-    return ["user"] if session.options.drafter else ["A", *BLOCK_FAMILIES]
+    if session.options.drafter:
+        return ["user"]
+    return ["A"] if session.options.bundled == "reference" else ["A", *BLOCK_FAMILIES]
 
 
 class PerfRun:

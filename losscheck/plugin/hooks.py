@@ -18,6 +18,7 @@ from losscheck.run.options import add_options, from_parsed
 from losscheck.run.session import Session
 
 SESSION_KEY = pytest.StashKey[Session]()
+VERDICT_KEY = pytest.StashKey[str]()  # the certificate's verdict, once the terminal summary wrote it
 PLAN_ERROR_KEY = pytest.StashKey[str]()
 RECORD_PROPERTY = "losscheck"
 MANIFEST_PROPERTY = "losscheck-manifest"
@@ -95,6 +96,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         else:
             off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
             metafunc.parametrize(arg, [off], ids=["off"])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Certification tests run costliest cell first (`losscheck.plan.cost`), so that under xdist
+    no worker is left with a long cell while the others sit idle; other tests keep their order
+    after them. Sorting is deterministic, so every xdist worker collects the same order."""
+    from losscheck.plan.cell import Cell
+    from losscheck.plan.cost import estimated_seconds
+
+    def cell_of(item: pytest.Item) -> Cell | None:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        return next((v for v in params.values() if isinstance(v, Cell)), None)
+
+    costs = [(item, cell_of(item)) for item in items]
+    costly = sorted(((i, c) for i, c in costs if c is not None), key=lambda pair: -estimated_seconds(pair[1]))
+    items[:] = [i for i, _ in costly] + [i for i, c in costs if c is None]
 
 
 @pytest.fixture(scope="session")
@@ -184,6 +201,7 @@ class RecordCollector:
             int(exitstatus),
             self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED,
         )
+        self.config.stash[VERDICT_KEY] = cert["verdict"]
         terminalreporter.section("losscheck certificate")
         for line in summary_lines(self.records) + [s for s in certificate.serving_lines(self.records) if s]:
             terminalreporter.write_line(line)

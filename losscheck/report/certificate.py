@@ -34,6 +34,7 @@ def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
         "profile": dict(options.profile.__dict__),
         "target_option": options.target,
         "drafter_option": options.drafter,
+        "bundled_option": options.bundled,
         "engine_option": options.engine,
         "mutant": options.mutant,
         "device_option": options.device,
@@ -73,9 +74,26 @@ def build(
         "targets": first.get("targets", {}),
         "drafters": first.get("drafters", {}),
         "counts": counts,
+        "cost": cost(records),
         "matrix": matrix,
         "pytest_exit_status": exit_status,
         "cells": records,
+    }
+
+
+def cost(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds the cells took, in all and by kind (summed over processes: under xdist more than
+    the run's wall time)."""
+    timed = [r for r in records if r.get("seconds") is not None]
+    by_kind: dict[str, float] = {}
+    for r in timed:
+        by_kind[r.get("kind", "?")] = by_kind.get(r.get("kind", "?"), 0.0) + r["seconds"]
+    return {
+        "cell_seconds": round(sum(r["seconds"] for r in timed), 1),
+        "by_kind": {kind: round(s, 1) for kind, s in sorted(by_kind.items())},
+        "slowest": [
+            {"cell": r["cell"], "seconds": r["seconds"]} for r in sorted(timed, key=lambda r: -r["seconds"])[:10]
+        ],
     }
 
 

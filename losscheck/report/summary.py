@@ -6,7 +6,7 @@ from typing import Any
 
 from losscheck.report import markdown
 
-COLUMNS = ("cell", "kind", "verdict", "tau", "min p", "alpha", "detect TV", "n")
+COLUMNS = ("cell", "kind", "verdict", "tau", "min p", "alpha", "detect TV", "n", "s")
 
 
 def _row(record: dict[str, Any]) -> tuple[str, ...]:
@@ -25,7 +25,8 @@ def _row(record: dict[str, Any]) -> tuple[str, ...]:
     tvs = [r["detectable"].get("tv") for r in guarantee if r["detectable"].get("tv") is not None]
     tv = f"{min(tvs):.4f}" if tvs else "-"
     n = str(record.get("sequences", record.get("max_new_tokens", "-")))
-    return (record.get("cell", "?"), record.get("kind", "?"), verdict, tau, min_p, alpha, tv, n)
+    seconds = f"{record['seconds']:.1f}" if record.get("seconds") is not None else "-"
+    return (record.get("cell", "?"), record.get("kind", "?"), verdict, tau, min_p, alpha, tv, n, seconds)
 
 
 def junit_properties(record: dict[str, Any]) -> list[tuple[str, str]]:

@@ -18,12 +18,15 @@ BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.draf
 SPECULATORS = {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle"}
 
 
-def bundled(target_name: str, target: Target, precision: str = "fp32") -> dict[str, Drafter]:
-    """The reference drafters trained against the bundled target `target_name`, in `precision`."""
+def bundled(target_name: str, target: Target, precision: str = "fp32", which: str = "all") -> dict[str, Drafter]:
+    """The drafters trained against the bundled target `target_name`, in `precision`: the
+    reference drafter A alone (`which="reference"`), or every bundled family ("all")."""
     root = fixtures.fixtures_dir()
     if target_name == "small":
         return {"A": autoregressive.from_path(root / "small_drafter_a", target, precision)}
     drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target, precision)}
+    if which == "reference":
+        return drafters
     for family in BLOCK_FAMILIES:
         drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target, precision)
     for name, directory in SPECULATORS.items():

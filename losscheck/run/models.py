@@ -71,7 +71,7 @@ class Models:
             if target == "main" and self.options.drafter:
                 found = {"user": registry.from_factory(self.options.drafter, model, precision.drafter)}
             else:
-                found = registry.bundled(target, model, precision.drafter)
+                found = registry.bundled(target, model, precision.drafter, self.options.bundled)
             found[ORACLE] = registry.self_draft(model)
             self._drafter_sets[key] = found
         return self._drafter_sets[key]

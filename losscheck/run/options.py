@@ -26,6 +26,11 @@ DEFAULT_MEMORY_BUDGET_MIB = 2048
 # drafters); "bf16/fp32" is target bf16 with drafter fp32.
 DEFAULT_PRECISIONS = "fp32,bf16,fp16,bf16/fp32"
 DEFAULT_PERF_PROFILE = "quick"
+# Without a drafter of the user's: the reference drafter (family A; the self-draft oracle always
+# comes too) or every bundled family. The plugin's default is every family (losscheck's own test
+# suite gates them all); `losscheck certify`, the main job, defaults to the reference drafter.
+BUNDLED = ("reference", "all")
+DEFAULT_BUNDLED = "all"
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Options:
 
     target: str | None = None  # model directory; None = the bundled tiny target
     drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
+    bundled: str = DEFAULT_BUNDLED  # which bundled drafters, without --losscheck-drafter: "reference" or "all"
     engine: str | None = None  # pkg.mod:factory of a black-box engine (losscheck.engines)
     seed: int = DEFAULT_SEED
     out: Path | None = None  # write the certificate under this directory
@@ -97,6 +103,13 @@ SPECS: dict[str, dict[str, Any]] = {
         "help": "import path of a factory(target) -> Drafter, or a local Hugging Face "
         "causal-LM directory, certified as a family-A drafter named after it "
         "(default: the bundled drafters)",
+    },
+    "bundled": {
+        "choices": BUNDLED,
+        "default": DEFAULT_BUNDLED,
+        "help": "without --losscheck-drafter, certify the bundled reference drafter (family A) or all the "
+        "bundled drafters: the parallel families B-E and the speculators checkpoints too (default: %(default)s; "
+        "`losscheck certify`: reference)",
     },
     "engine": {
         "metavar": "MOD:FACTORY",
@@ -216,6 +229,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
     return Options(
         target=value("target"),
         drafter=value("drafter"),
+        bundled=value("bundled", DEFAULT_BUNDLED),
         engine=value("engine"),
         seed=value("seed", DEFAULT_SEED),
         out=Path(out) if out else None,

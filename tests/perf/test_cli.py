@@ -28,3 +28,24 @@ def test_a_bad_threshold_is_a_usage_error_naming_it(capsys):
     with pytest.raises(SystemExit):
         parser().parse_args(["perf", "--perf-compare-fail", "speed:5%"])
     assert "'speed:5%' is not METRIC:N%" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("verdict", "status", "expected"), [("PASS", 0, 0), ("PARTIAL", 0, 1), ("FAIL", 1, 1)])
+def test_certify_exits_0_only_on_a_pass(monkeypatch, tmp_path, verdict, status, expected):
+    """`losscheck certify` reads the certificate's verdict: a run pytest counts as passed whose
+    certificate is PARTIAL (cells skipped) is not a certificate to release with."""
+    from losscheck import cli
+    from losscheck.plugin.hooks import VERDICT_KEY
+
+    def fake_main(args, plugins):
+        config = pytest.Config.__new__(pytest.Config)
+        config.stash = pytest.Stash()
+        config.stash[VERDICT_KEY] = verdict
+        for plugin in plugins:
+            plugin.pytest_unconfigure(config)
+        return status
+
+    monkeypatch.setattr(cli.pytest, "main", fake_main)
+    ns = cli.parser().parse_args(["certify", "--out", str(tmp_path), "-n", "0"])
+    assert cli.run_command(ns) == expected
+    assert "--losscheck-bundled=reference" in cli.certify_args(ns)

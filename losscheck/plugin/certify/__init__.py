@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,10 @@ from losscheck.errors import CellUnavailable
 def certify(run: Callable[[Any, Any], Any], session: Any, cell: Any, record: dict[str, Any]) -> None:
     """Run `cell`, put its record on the report and assert it passed; a cell this platform cannot
     run is skipped with the reason (the certificate lists it as not run)."""
+    started = time.perf_counter()
     try:
         outcome = run(session, cell)
     except CellUnavailable as exc:
         pytest.skip(f"cell {cell.id} cannot run here: {exc}")
-    record.update(outcome.to_record())
+    record.update(outcome.to_record(), seconds=round(time.perf_counter() - started, 2))
     assert outcome.passed, outcome.message()
