@@ -5,6 +5,9 @@ tests only assert on it."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,3 +132,19 @@ def drafter_rule(session: Session, cell: Cell) -> dict[str, str]:
     drafter = session.drafters(cell.target, cell.precision).get(cell.drafter)
     rule = getattr(drafter, "acceptance_rule", None)
     return {"acceptance_rule": rule} if rule else {}
+
+
+class Phases:
+    """Wall seconds a cell spends in each of its phases (`with phases("generate"): ...`), for the
+    certificate's cost report."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = round(self.seconds.get(phase, 0.0) + time.perf_counter() - started, 3)

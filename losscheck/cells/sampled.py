@@ -8,7 +8,7 @@ import math
 import torch
 
 from losscheck.cells.draw import generate_rows
-from losscheck.cells.outcome import CellOutcome, sampled_outcome
+from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
 from losscheck.cells.scoring import score_pit
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
 from losscheck.plan.cell import Cell
@@ -38,17 +38,20 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     alpha_pit = session.per_test_alpha * PIT_TESTS / (PIT_TESTS + CONFORMANCE_TESTS)
     n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     needed = sample_size.pit_required_values(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins)
+    clock = Phases()
     server = factory.server(session, cell)
     engine = server.engine
     verify = engine.verifier if engine is not None else None
-    prompts = requests(server, factory.serve_context(session, cell), prompts, horizon, cell.params, "pit")
+    with clock("requests"):  # a warm prefix cache's first turn
+        prompts = requests(server, factory.serve_context(session, cell), prompts, horizon, cell.params, "pit")
     pilot: dict[str, int] = {}
     for stream in ("pit-sample", "pit-resample"):
         recorder = None
         if engine is not None and verify is not None:  # the recorder wraps the verifier in this process only
             key = ("conformance",) if stream == "pit-sample" else ("conformance", stream)
             recorder = engine.verifier = Recorder(verify, make_generator(session.options.seed, cell.id, *key))
-        rows, gen = generate_rows(session, cell, server, prompts, n, horizon, stream)
+        with clock("generate"):
+            rows, gen = generate_rows(session, cell, server, prompts, n, horizon, stream)
         drawn = int(gen.mask().sum())
         if drawn >= needed:
             break
@@ -57,11 +60,13 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         # depends on the pilot only, so optional stopping cannot bias the tests)
         pilot = {"pilot_sequences": n, "pilot_tokens": drawn}
         n = math.ceil(needed * sample_size.SAMPLE_MARGIN * n / max(drawn, 1))
-    results, facts = score_pit(
-        session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance, alpha_pit
-    )
-    if recorder is not None:
-        results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
+    with clock("score"):  # the teacher-forced pass and the PIT tests
+        results, facts = score_pit(
+            session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance, alpha_pit
+        )
+    with clock("conformance"):
+        if recorder is not None:
+            results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
     outcome = sampled_outcome(
         session,
         cell,
@@ -69,6 +74,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         gen,
         sequences=n,
         horizon=horizon,
+        phases=clock.seconds,
         **facts,
         **pilot,
     )

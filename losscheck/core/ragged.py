@@ -74,6 +74,8 @@ class RaggedLM:
         self.device = next(model.parameters()).device
         self._cache_kw = _cache_keyword(model)
         self.cache: RaggedKVCache | None = None
+        self.passes = 0  # forward passes run, and the token positions they computed (a cost report)
+        self.tokens = 0
 
     def reset(self, batch_size: int, capacity: int) -> None:
         self.cache = RaggedKVCache(batch_size, capacity)
@@ -100,6 +102,8 @@ class RaggedLM:
             distinct, inverse = torch.unique(tokens, dim=0, return_inverse=True)
             if len(distinct) < tokens.shape[0]:
                 return self._shared(distinct, inverse, layers)
+        self.passes += 1
+        self.tokens += tokens.numel()
         m = tokens.shape[1]
         slots = start[:, None] + torch.arange(m, device=tokens.device)  # [B, m]
         visible = int(slots.max()) + 1

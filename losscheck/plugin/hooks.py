@@ -203,7 +203,10 @@ class RecordCollector:
         )
         self.config.stash[VERDICT_KEY] = cert["verdict"]
         terminalreporter.section("losscheck certificate")
-        for line in summary_lines(self.records) + [s for s in certificate.serving_lines(self.records) if s]:
+        lines = (
+            summary_lines(self.records) + certificate.serving_lines(self.records) + certificate.cost_lines(self.records)
+        )
+        for line in [s for s in lines if s]:
             terminalreporter.write_line(line)
         terminalreporter.write_line(
             certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS", green=cert["verdict"] == "PASS"

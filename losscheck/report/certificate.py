@@ -82,19 +82,41 @@ def build(
 
 
 def cost(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Seconds the cells took, in all and by kind (summed over processes: under xdist more than
-    the run's wall time)."""
+    """Seconds the cells took, in all, by kind and by phase of the PIT cells (summed over
+    processes: under xdist more than the run's wall time), and the slowest cells."""
     timed = [r for r in records if r.get("seconds") is not None]
     by_kind: dict[str, float] = {}
     for r in timed:
         by_kind[r.get("kind", "?")] = by_kind.get(r.get("kind", "?"), 0.0) + r["seconds"]
+    phases: dict[str, float] = {}
+    for r in records:
+        for phase, s in (r.get("phases") or {}).items():
+            phases[phase] = phases.get(phase, 0.0) + s
     return {
         "cell_seconds": round(sum(r["seconds"] for r in timed), 1),
+        "target_passes": sum(r.get("target_passes", 0) for r in records),
+        "target_tokens": sum(r.get("target_tokens", 0) for r in records),
         "by_kind": {kind: round(s, 1) for kind, s in sorted(by_kind.items())},
+        "pit_phases": {phase: round(s, 1) for phase, s in phases.items()},
         "slowest": [
             {"cell": r["cell"], "seconds": r["seconds"]} for r in sorted(timed, key=lambda r: -r["seconds"])[:10]
         ],
     }
+
+
+def cost_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line of what the cells cost (`cost`), for the terminal and the summary."""
+    c = cost(records)
+    if not c["cell_seconds"]:
+        return []
+    kinds = ", ".join(f"{kind} {s:.0f}" for kind, s in c["by_kind"].items())
+    phases = ", ".join(f"{phase} {s:.0f}" for phase, s in c["pit_phases"].items())
+    return [
+        "",
+        f"Cell time: {c['cell_seconds']:.0f} s summed over workers ({kinds}); "
+        f"{c['target_passes']} target passes over {c['target_tokens']:,} token positions"
+        + (f"; PIT cells by phase: {phases}" if phases else ""),
+    ]
 
 
 def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -260,7 +282,7 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
             f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}"
         )
     lines += ["", markdown_table(cert["cells"])]
-    lines += serving_lines(cert["cells"])
+    lines += serving_lines(cert["cells"]) + cost_lines(cert["cells"])
     missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]
     if missing:
         lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]

@@ -161,3 +161,30 @@ def test_model_paths_in_a_certificate_are_portable(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert portable({"path": str(tmp_path / "models" / "mine")})["path"] == "models/mine"
     assert portable({"name": "no path"}) == {"name": "no path"}
+
+
+def test_the_cost_adds_the_cells_seconds_by_kind_and_phase():
+    from losscheck.report.certificate import cost, cost_lines
+
+    records = [
+        {
+            "cell": "a",
+            "kind": "pit",
+            "seconds": 10.0,
+            "phases": {"generate": 6.0, "score": 3.0},
+            "target_passes": 3,
+            "target_tokens": 1200,
+        },
+        {"cell": "b", "kind": "pit", "seconds": 5.0, "phases": {"generate": 4.0, "score": 0.5}},
+        {"cell": "c", "kind": "greedy", "seconds": 1.0},
+        {"cell": "d", "kind": "error"},  # errored before a time was taken
+    ]
+    found = cost(records)
+    assert found["cell_seconds"] == 16.0 and found["by_kind"] == {"greedy": 1.0, "pit": 15.0}
+    assert found["pit_phases"] == {"generate": 10.0, "score": 3.5}
+    assert [s["cell"] for s in found["slowest"]] == ["a", "b", "c"]
+    assert cost_lines(records)[-1] == (
+        "Cell time: 16 s summed over workers (greedy 1, pit 15); 3 target passes over 1,200 token positions; "
+        "PIT cells by phase: generate 10, score 4"
+    )
+    assert cost_lines([{"cell": "x", "kind": "pit"}]) == []
