@@ -25,6 +25,7 @@ from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines import BlackBoxEngine, checked_samples, lengths
 from losscheck.errors import LosscheckError
+from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE, Cell
 from losscheck.run.session import Session
 from losscheck.stats import sample_size
@@ -45,7 +46,7 @@ def _engine(session: Session) -> BlackBoxEngine:
 
 def min_horizon(engine: BlackBoxEngine) -> int:
     """Two full rounds and the bonus slot of the second: 2k + 2 generated tokens."""
-    return 2 * engine.k + 2
+    return profiles.min_horizon(engine.k)
 
 
 def draw(

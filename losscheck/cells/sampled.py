@@ -11,7 +11,9 @@ from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
 from losscheck.cells.scoring import score_pit
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
+from losscheck.errors import LosscheckError
 from losscheck.plan.cell import Cell
+from losscheck.plan.profiles import min_horizon
 from losscheck.run import factory
 from losscheck.run.session import Session
 from losscheck.serving.axis import requests
@@ -33,7 +35,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     from losscheck.stats.pit import PIT_TESTS
 
     profile = session.options.profile
-    horizon = profile.horizon
+    horizon = profile.pit_horizon(cell.k)
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     alpha_pit = session.per_test_alpha * PIT_TESTS / (PIT_TESTS + CONFORMANCE_TESTS)
     n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
@@ -118,6 +120,11 @@ def run_exact(session: Session, cell: Cell) -> CellOutcome:
     from losscheck.stats.exact import exact_tests
 
     profile = session.options.profile
+    if profile.exact_horizon < min_horizon(cell.k):
+        raise LosscheckError(
+            f"exact cell {cell.id}: its horizon {profile.exact_horizon} must reach a bonus slot and a second "
+            f"round (2k + 2 = {min_horizon(cell.k)}); run exact mode at a smaller k or a longer exact horizon"
+        )
     target = session.targets[cell.target]
     prompt = exact_prompt(session)
     seqs, probs = exact_continuations(session, cell.target, cell.params)

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
-from losscheck.core.generation import Generation, LoopStats
+from losscheck.core.generation import DRAFT_Q_ENTRIES, DraftQ, Generation, LoopStats
 from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
 from losscheck.core.sampling import SamplingParams
 from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
@@ -90,6 +90,10 @@ class Batch:
     # [B, capacity] long, each committed token's slot in the round that emitted it (0 = the round's
     # first token; a round of a accepted drafts emits slots 0..a); None: not kept
     slot_of: torch.Tensor | None = None
+    # [B, capacity, M] each committed token's reported q (`DraftQ`: ids and probs); None: not
+    # kept (greedy requests, the baseline)
+    q_ids: torch.Tensor | None = None
+    q_probs: torch.Tensor | None = None
 
     def _width(self) -> int:
         """Generated slots an output holds: the budget (the largest, with per-row budgets)."""
@@ -114,6 +118,36 @@ class Batch:
         slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
         at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
         return torch.where(slot < new[:, None], self.slot_of.gather(1, at), 0)
+
+    def output_q(self) -> DraftQ | None:
+        """Each generated token's reported q [B, budget, M], like `output` (zero after the row's end)."""
+        if self.q_ids is None or self.q_probs is None:
+            return None
+        new = self.lengths - self.prompt_lengths
+        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
+        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
+        keep = (slot < new[:, None])[..., None]
+        at = at[..., None].expand(-1, -1, self.q_ids.shape[2])
+        return DraftQ(
+            torch.where(keep, self.q_ids.gather(1, at), 0), torch.where(keep, self.q_probs.gather(1, at), 0.0)
+        )
+
+
+def reported_q(proposal: Proposal, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q each slot of a round's output stands on, sparse: (ids [B, k+1, M], probs [B, k+1, M])
+    with the `entries` (M) largest of each draft's reported q, a point mass for a deterministic
+    drafter, and zeros at the bonus slot k."""
+    tokens = proposal.tokens  # [B, k]
+    rows, k = tokens.shape
+    ids = tokens.new_zeros(rows, k + 1, entries)
+    probs = torch.zeros(rows, k + 1, entries, device=tokens.device)
+    if proposal.probs is None:
+        ids[:, :k, 0], probs[:, :k, 0] = tokens, 1.0
+    elif k:
+        top = proposal.probs.float().topk(min(entries, proposal.probs.shape[-1]), dim=-1)  # [B, k, m]
+        m = top.indices.shape[-1]
+        ids[:, :k, :m], probs[:, :k, :m] = top.indices, top.values
+    return ids, probs
 
 
 def parked(batch: Batch, k: int, max_positions: int) -> torch.Tensor:
@@ -169,7 +203,7 @@ class Engine:
     ) -> Generation:
         """Up to `max_new_tokens` tokens for every prompt, stopping a row at EOS."""
         started = time.perf_counter()
-        batch = self._start(prompts, max_new_tokens)
+        batch = self._start(prompts, max_new_tokens, params)
         stats = LoopStats.empty(self.k)
         with stats.clock("target", self.target.device):
             self.prefill(batch)
@@ -177,7 +211,7 @@ class Engine:
             self.step(batch, params, generator, stats)
         stats.total_seconds = time.perf_counter() - started
         tokens, lengths = batch.output()
-        return Generation(tokens, lengths, stats, params, slots=batch.output_slots())
+        return Generation(tokens, lengths, stats, params, slots=batch.output_slots(), draft_q=batch.output_q())
 
     def step(self, batch: Batch, params: SamplingParams, generator: torch.Generator, stats: LoopStats) -> None:
         """One round over the rows of `batch` not done: draft, score, verify, commit.
@@ -193,9 +227,18 @@ class Engine:
             logits, states = self._score(batch, proposal)
             outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
         outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
-        self._commit(batch, outcome, states, stats)
+        self._commit(batch, outcome, states, stats, proposal)
 
-    def _start(self, prompts: list[list[int]], max_new_tokens: int) -> Batch:
+    def q_buffers(self, rows: int, capacity: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Zeroed `Batch.q_ids`, `Batch.q_probs` [rows, capacity, M] for a sampled request with a
+        drafter (the conditional tests order each token's vocabulary by p − q); None otherwise."""
+        if self.drafter is None or params.greedy:
+            return None
+        entries = min(DRAFT_Q_ENTRIES, self.target.vocab_size)
+        ids = torch.zeros(rows, capacity, entries, dtype=torch.long, device=self.target.device)
+        return ids, torch.zeros(rows, capacity, entries, device=self.target.device)
+
+    def _start(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams) -> Batch:
         """Validate the request, allocate the rows and reset the target's and drafter's state."""
         if max_new_tokens < 0:
             raise LosscheckError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -222,7 +265,17 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.reset(rows)
         done = torch.full((rows,), max_new_tokens == 0, device=device)
-        return Batch(tokens, lengths, lengths.clone(), hidden, done, max_new_tokens, torch.zeros_like(tokens))
+        q = self.q_buffers(rows, capacity, params)
+        return Batch(
+            tokens,
+            lengths,
+            lengths.clone(),
+            hidden,
+            done,
+            max_new_tokens,
+            torch.zeros_like(tokens),
+            *(q or (None, None)),
+        )
 
     def prefill(self, batch: Batch, rows: torch.Tensor | None = None) -> None:
         """Read the committed tokens of `rows` [n] (default: every row) but the pending last one
@@ -280,7 +333,9 @@ class Engine:
             return self.target.forward(tokens, start, layers=self.layers)  # type: ignore[call-arg]
         return self.target.forward(tokens, start)
 
-    def _commit(self, batch: Batch, outcome: BlockOutcome, states: torch.Tensor, stats: LoopStats) -> None:
+    def _commit(
+        self, batch: Batch, outcome: BlockOutcome, states: torch.Tensor, stats: LoopStats, proposal: Proposal
+    ) -> None:
         """Append each active row's emitted tokens and roll the drafter back to what was kept."""
         width = outcome.tokens.shape[1]  # k + 1
         active = ~batch.done
@@ -293,6 +348,11 @@ class Engine:
         batch.tokens.scatter_(1, slots, torch.where(keep, outcome.tokens, batch.tokens.gather(1, slots)))
         if batch.slot_of is not None:
             batch.slot_of.scatter_(1, slots, torch.where(keep, slot, batch.slot_of.gather(1, slots)))
+        if batch.q_ids is not None and batch.q_probs is not None:
+            ids, probs = reported_q(proposal, batch.q_ids.shape[2])  # [B, k+1, M]
+            at, kept = slots[..., None].expand_as(ids), keep[..., None]
+            batch.q_ids.scatter_(1, at, torch.where(kept, ids, batch.q_ids.gather(1, at)))
+            batch.q_probs.scatter_(1, at, torch.where(kept, probs, batch.q_probs.gather(1, at)))
         if batch.hidden is not None:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
             batch.hidden.scatter_(1, read, states.float())

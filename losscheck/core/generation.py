@@ -105,6 +105,37 @@ class LoopStats:
         }
 
 
+# Entries of each drafted q the loop keeps per emitted token: all of them at the bundled
+# fixtures' vocabularies, the top ones of a large vocabulary. Any q fixed before the token is drawn
+# orders the conditional tests validly (`losscheck.stats.conditional`); the top entries carry
+# nearly all of their power.
+DRAFT_Q_ENTRIES = 64
+
+
+@dataclass(frozen=True)
+class DraftQ:
+    """The distribution q the drafter *reported* for the slot that emitted each token, kept
+    sparse: ids [B, L, M] long and probs [B, L, M] float (its M largest entries; all zero for a
+    bonus token, which no draft stands behind)."""
+
+    ids: torch.Tensor
+    probs: torch.Tensor
+
+    def dense(self, vocab: int, rows: slice = slice(None)) -> torch.Tensor:
+        """q [b, L, V] float64 of `rows`, zero outside the kept entries."""
+        ids, probs = self.ids[rows], self.probs[rows]
+        return torch.zeros(*ids.shape[:2], vocab, dtype=torch.float64, device=ids.device).scatter_add_(
+            -1, ids, probs.double()
+        )
+
+    def cpu(self) -> DraftQ:
+        return DraftQ(self.ids.cpu(), self.probs.cpu())
+
+    @staticmethod
+    def concat(parts: list[DraftQ]) -> DraftQ:
+        return DraftQ(torch.cat([d.ids for d in parts]), torch.cat([d.probs for d in parts]))
+
+
 @dataclass
 class Generation:
     """Generated ids for a batch. tokens [B, max_new] (0-padded after lengths[b]), lengths [B]."""
@@ -114,6 +145,7 @@ class Generation:
     stats: LoopStats
     params: SamplingParams = field(default_factory=SamplingParams)
     slots: torch.Tensor | None = None  # [B, max_new] long, each token's slot in its round (engine runs)
+    draft_q: DraftQ | None = None  # each token's reported q (sampled engine runs with a drafter)
 
     def row(self, b: int) -> list[int]:
         return self.tokens[b, : int(self.lengths[b])].tolist()
@@ -130,6 +162,13 @@ class Generation:
             stats = stats + part.stats
         known = [g.slots for g in parts if g.slots is not None]
         slots = torch.cat(known) if len(known) == len(parts) else None
+        drafted = [g.draft_q for g in parts if g.draft_q is not None]
+        draft_q = DraftQ.concat(drafted) if len(drafted) == len(parts) else None
         return Generation(
-            torch.cat([g.tokens for g in parts]), torch.cat([g.lengths for g in parts]), stats, parts[0].params, slots
+            torch.cat([g.tokens for g in parts]),
+            torch.cat([g.lengths for g in parts]),
+            stats,
+            parts[0].params,
+            slots,
+            draft_q,
         )

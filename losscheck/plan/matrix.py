@@ -16,7 +16,7 @@ from losscheck.core.contract import Drafter
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
-from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, TierContext, in_slow_tier
+from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes
 from losscheck.serving.axis import serving
 
@@ -94,7 +94,11 @@ def plan(
     cells = {
         GREEDY_CELL: [c for name, d in drafters["main"].items() for c in greedy_cells(name, d)],
         PIT_CELL: _sampled(drafters["main"], "main", SAMPLING_VARIANTS, bundled_families),
-        EXACT_CELL: _sampled(small, "small", SMALL_VARIANTS, bundled_families),
+        EXACT_CELL: [
+            Cell(name, EXACT_K, params, target="small")
+            for name in small
+            for params in (SMALL_VARIANTS[:1] if name == ORACLE else SMALL_VARIANTS)
+        ],
     }
     cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
     cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = engine_cells(engine) if engine is not None else ([], [])

@@ -8,18 +8,29 @@ from losscheck.core.limits import ENGINE_BATCH
 from losscheck.errors import OptionError
 
 
+def min_horizon(k: int) -> int:
+    """The shortest horizon whose sequences reach a bonus slot and a second round at block length `k`."""
+    return 2 * k + 2
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
     greedy_max_new: int = 64  # tokens generated per prompt in greedy cells
-    horizon: int = 16  # L: generated tokens per sequence tested in PIT cells
-    exact_horizon: int = 3  # L for exact enumeration on the small-vocabulary target (V**L sequences)
+    horizon: int = 16  # L: generated tokens per sequence tested in PIT cells (at least 2k + 2)
+    exact_horizon: int = 4  # L for exact enumeration on the small-vocabulary target (V**L sequences)
     detect_tv: float = 0.02  # the total-variation distance every sampled cell must detect
     power: float = 0.99  # at this power, under the per-test alpha
     batch: int = ENGINE_BATCH  # most rows one engine call (or teacher-forced pass) runs at once
     pit_bins: int = 10  # fixed equal-width bins of the PIT chi-square test
     two_sample_horizon: int = 4  # L for black-box engines (two-sample mode needs ~2x the samples)
     two_sample_bins: int = 20  # most pooled-frequency bins per position in two-sample mode
+
+    def pit_horizon(self, k: int) -> int:
+        """Tokens a sampled cell of block length `k` tests per sequence: the profile's horizon, and
+        at least 2k + 2, so that a sequence whose drafts are all kept reaches a bonus slot and a
+        second round (where bonus-token and rollback bugs act)."""
+        return max(self.horizon, min_horizon(k))
 
     def with_detect_tv(self, tv: float | None) -> Profile:
         return self if tv is None else replace(self, detect_tv=tv)

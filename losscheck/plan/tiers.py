@@ -19,6 +19,9 @@ from losscheck.plan.cell import ENGINE, Cell
 
 GREEDY_KS = (1, 2, 4, 8, 16)
 BASE_K = 4
+# Exact cells enumerate V**L continuations of the small target, so their horizon stays short (4);
+# they run at the block length whose rounds fit it twice with a bonus slot (2k + 2 <= 4).
+EXACT_K = 1
 # Edge sampling parameters: near-greedy, near-flat and a top-p that keeps one token.
 EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.0), SamplingParams(top_p=0.05))
 
@@ -43,6 +46,10 @@ def _sampled(cell: Cell) -> bool:
     return not cell.params.greedy
 
 
+def _base_k(cell: Cell, ctx: TierContext) -> int:
+    return EXACT_K if cell.target == "small" else ctx.base_ks.get(cell.drafter, BASE_K)
+
+
 SLOW_TIER: tuple[Rule, ...] = (
     Rule(
         "reduced-precision cells (CPU torch emulates bf16 / fp16: each PIT cell costs ~4x an fp32 one)",
@@ -50,7 +57,7 @@ SLOW_TIER: tuple[Rule, ...] = (
     ),
     Rule(
         "sampled cells at other block lengths and truncation widths (the greedy cells cover every k and width)",
-        lambda c, ctx: _sampled(c) and (c.width is not None or c.k != ctx.base_ks.get(c.drafter, BASE_K)),
+        lambda c, ctx: _sampled(c) and (c.width is not None or c.k != _base_k(c, ctx)),
     ),
     Rule(
         "sampled cells of the bundled parallel and speculators families (they share family A's verifier "

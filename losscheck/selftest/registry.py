@@ -53,7 +53,7 @@ class Mutant:
             c
             for arg in args
             for c in plan[arg]
-            if self.manifests(c, profile.exact_horizon if c.target == "small" else profile.horizon)
+            if self.manifests(c, profile.exact_horizon if c.target == "small" else profile.pit_horizon(c.k))
         ]
 
 

@@ -20,7 +20,7 @@ import torch
 
 from losscheck.core.contract import Drafter
 from losscheck.core.engine import Batch, Engine, pad_prompts
-from losscheck.core.generation import Generation, LoopStats
+from losscheck.core.generation import DraftQ, Generation, LoopStats
 from losscheck.core.ragged import forward_rows
 from losscheck.core.sampling import SamplingParams, make_generator
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
@@ -96,10 +96,16 @@ class ContinuousBatcher:
                 f"{target.max_positions} positions; shorten the prompt or the budget"
             )
         rows = min(self.rows, len(prompts))
-        batch = self._empty(rows, self.capacity(longest, most))
+        batch = self._empty(rows, self.capacity(longest, most), params)
         stats = LoopStats.empty(engine.k)
         out = torch.zeros(len(prompts), most, dtype=torch.long)
         slots = torch.zeros_like(out)
+        draft_q = None
+        if batch.q_ids is not None and batch.q_probs is not None:
+            entries = batch.q_ids.shape[2]
+            draft_q = DraftQ(
+                torch.zeros(len(prompts), most, entries, dtype=torch.long), torch.zeros(len(prompts), most, entries)
+            )
         counts = torch.zeros(len(prompts), dtype=torch.long)
         queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
         request_of: list[int | None] = [None] * rows
@@ -139,6 +145,9 @@ class ContinuousBatcher:
                 out[i, : end - start] = batch.tokens[b, start:end].cpu()
                 assert batch.slot_of is not None  # `_empty` keeps the slots
                 slots[i, : end - start] = batch.slot_of[b, start:end].cpu()
+                if draft_q is not None and batch.q_ids is not None and batch.q_probs is not None:
+                    draft_q.ids[i, : end - start] = batch.q_ids[b, start:end].cpu()
+                    draft_q.probs[i, : end - start] = batch.q_probs[b, start:end].cpu()
                 counts[i] = end - start
                 request_of[b] = None
                 finished.append(i)
@@ -147,9 +156,9 @@ class ContinuousBatcher:
                 observer.stepped(
                     {i: emitted[b] for b, i in enumerate(owners) if i is not None and emitted[b]}, finished
                 )
-        return Generation(out, counts, stats, params, slots=slots)
+        return Generation(out, counts, stats, params, slots=slots, draft_q=draft_q)
 
-    def _empty(self, rows: int, capacity: int) -> Batch:
+    def _empty(self, rows: int, capacity: int, params: SamplingParams) -> Batch:
         """`rows` finished rows with no request: the state before the first admission."""
         engine, target = self.engine, self.engine.target
         device = target.device
@@ -165,7 +174,17 @@ class ContinuousBatcher:
         if engine.prefix_cache is not None:
             engine.prefix_cache.reset(rows)
         done = torch.ones(rows, dtype=torch.bool, device=device)
-        return Batch(tokens, ones, ones.clone(), hidden, done, torch.zeros_like(ones), torch.zeros_like(tokens))
+        q = engine.q_buffers(rows, capacity, params)
+        return Batch(
+            tokens,
+            ones,
+            ones.clone(),
+            hidden,
+            done,
+            torch.zeros_like(ones),
+            torch.zeros_like(tokens),
+            *(q or (None, None)),
+        )
 
     def _place(self, batch: Batch, row: int, prompt: list[int]) -> int:
         """Write `prompt` into the freed `row`, from slot 0 (a fresh row) → the row's length."""

@@ -309,7 +309,10 @@ def _on_cpu(gen: Generation) -> Generation:
     """`gen` with its tensors moved to the CPU, to cross the process boundary."""
     stats = dataclasses.replace(gen.stats, proposed=gen.stats.proposed.cpu(), accepted=gen.stats.accepted.cpu())
     slots = None if gen.slots is None else gen.slots.cpu()
-    return dataclasses.replace(gen, tokens=gen.tokens.cpu(), lengths=gen.lengths.cpu(), stats=stats, slots=slots)
+    draft_q = None if gen.draft_q is None else gen.draft_q.cpu()
+    return dataclasses.replace(
+        gen, tokens=gen.tokens.cpu(), lengths=gen.lengths.cpu(), stats=stats, slots=slots, draft_q=draft_q
+    )
 
 
 # --- the serving axis ----------------------------------------------------------------------------

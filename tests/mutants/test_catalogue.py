@@ -51,8 +51,8 @@ def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
         assert ids, f"{m.name} shows in no gate cell"
         assert set(ids) <= (greedy if m.kind == "greedy" else statistical), m.name
     assert [c.id for c in get_mutant("temperature_q_only").cells(session.plan, session.options.profile)] == [
-        "A-k4-T0.3-small",
-        "A-k4-T1.5-small",
+        "A-k1-T0.3-small",
+        "A-k1-T1.5-small",
         "A-k4-T0.3",
         "A-k4-T1.5",
         "A-k4-T0.001",
