@@ -1,0 +1,394 @@
+"""Exact-conditional tests: each generated token judged against the law the target gave it, at its
+own prefix, so that distortions of opposite sign at different prefixes add up instead of cancelling.
+
+The pooled PIT tests (`losscheck.stats.pit`) see the law of u pooled over positions. A verifier
+bug moves mass one way at one prefix and the other way at the next, and the pooled law barely
+moves. But the scorer knows, at every generated position t (a *step*), the target's distribution
+p_t and — in white-box cells — the drafter's reported distribution q_t for the slot that emitted
+the token, before the token x_t is drawn. Any statistic built from (p_t, q_t) and then evaluated
+at x_t is a predictable score: under H0 (x_t ~ p_t given everything before it) its conditional
+law is known exactly, step by step. Three such tests:
+
+- `pit.residual_order`: the randomized PIT with the vocabulary ordered by descending p - q (ties
+  by id), the direction in which a verifier that mishandles the residual norm(max(0, p - q))
+  moves mass. Exactly U(0, 1) under H0 for any key fixed before x_t is drawn (the key only
+  permutes the tiles of [0, 1]); Pearson χ² on 10 equal bins.
+- `pit.token_counts`: per token id v, S_v = Σ_t (1[x_t = v] - p_t(v)) — the excess of v over what
+  the target predicted at the very steps it was drawn — tested by a Bennett mixture e-value,
+  Bonferroni over ids. Catches a drafter that over-draws one id.
+- `pit.surprisal`: the standardized, clipped surprisal score of each token, centred by its exact
+  conditional mean; catches temperature-like bugs (tokens more or less surprising than p says).
+
+Steps are slot-agnostic: q_t is all zeros where no draft emitted the token (a bonus slot, or no
+drafter), and p - q is then p. Under standard speculative sampling the emitted token at every slot
+is distributed as p given the prefix and the round so far, whatever q the drafter reported, so
+all three statistics keep their exact null law.
+
+Anytime validity (the e-value tests). For increments Y_t <= 1 with E[Y_t | past] = 0 and
+Var[Y_t | past] = σ_t², Bennett's lemma gives E exp(λY_t) <= exp(ψ(λ)σ_t²), ψ(λ) = e^λ - 1 - λ,
+for every λ > 0; so M_λ = exp(λS - ψ(λ)W) (S = ΣY_t, W = Σσ_t²) is a nonnegative supermartingale
+with M_λ(0) = 1, a fixed-weight mixture over λ is one too, and by Ville's inequality
+p = min(1, 1/M) is a valid p-value under any stopping rule — a cell may size its sample by what it
+has seen. Rows are scored chunk by chunk; every quantity here is a sum over steps, so chunks
+reduce by addition (`ConditionalValues.merge`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike
+from scipy import optimize, stats
+
+from losscheck.errors import LosscheckError
+from losscheck.stats._checks import check_open_unit, normalized_rows
+from losscheck.stats.budget import per_test_alpha
+from losscheck.stats.gof import goodness_of_fit
+from losscheck.stats.result import TestResult, scoped
+
+CONDITIONAL_TESTS = 3  # residual order, token counts, surprisal: they split the budget given to them
+ORDER_BINS = 10
+SURPRISAL_CLIP = 3.0  # C: the standardized surprisal is clipped to [-C, C] so increments are bounded
+# Below this sd of log p(X) a step's surprisal is constant up to round-off (a point mass, or uniform
+# over its support): its score would be round-off divided by round-off.
+_MIN_SURPRISAL_SD = 1e-9
+# Bennett mixture grid, equal weights. The mixture's log e-value is within log(len) of the best
+# λ on the grid and, with steps of √2, within 4% of the best λ's exponent (at λ = c·λ*, the
+# Gaussian exponent is (2c - c²) of the optimum; c = 2^(±1/4) gives 0.96). The optimum for a sum
+# with variance W that must reach log(1/α) is λ* ≈ sqrt(2 log(1/α) / W): 2^-12 covers W up to
+# ~10^8 (a surprisal sum over ~10^9 tokens, far beyond any cell), and λ up to 2 serves rare ids
+# whose count is several times its tiny expectation (λ* = log(observed / expected)).
+LAMBDAS = np.exp2(np.arange(-24, 3) / 2.0)  # 2^-12 ... 2^1, 27 points
+
+
+def residual_key(p: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """The ordering key p - q [..., V] in float64 (p where `q` is None: no drafter)."""
+    p = torch.as_tensor(p).to(torch.float64)
+    if q is None:
+        return p
+    q = torch.as_tensor(q).to(torch.float64)
+    if q.shape != p.shape:
+        raise LosscheckError(f"residual_key needs q of p's shape {tuple(p.shape)}, got {tuple(q.shape)}")
+    return p - q
+
+
+def ordered_pit(p: torch.Tensor, key: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Randomized PIT u = F(x⁻) + v·p(x) with the vocabulary ordered by descending `key`, ties by id.
+
+    p      [N, L, V]  target distribution at each step (rows renormalised in float64)
+    key    [N, L, V]  ordering key, fixed before the token is drawn (p itself: `randomized_pit`)
+    tokens [N, L]     emitted token ids
+    v      [N, L]     independent U(0, 1) draws
+    returns u [N, L]  float64; NaN where p(x) = 0 (a token the target cannot emit).
+
+    Under H0 u is exactly U(0, 1) for any such key: the tokens' intervals [F(x⁻), F(x⁻) + p(x)]
+    tile [0, 1] in the key's order and x lands in its interval with probability p(x).
+    """
+    if p.dim() != 3 or key.shape != p.shape or tokens.shape != p.shape[:2] or v.shape != tokens.shape:
+        raise LosscheckError(
+            f"ordered_pit needs p [N, L, V], key [N, L, V], tokens [N, L], v [N, L]; got p {tuple(p.shape)}, "
+            f"key {tuple(key.shape)}, tokens {tuple(tokens.shape)}, v {tuple(v.shape)}"
+        )
+    _check_tokens("ordered_pit tokens", tokens, p.shape[-1])
+    p = normalized_rows(p, "ordered_pit p")  # [N, L, V]
+    key = key.to(torch.float64)
+    if not torch.isfinite(key).all():
+        raise LosscheckError("ordered_pit key: must be finite")
+    x = tokens.long().unsqueeze(-1)  # [N, L, 1]
+    p_x = p.gather(-1, x)  # [N, L, 1]
+    key_x = key.gather(-1, x)  # [N, L, 1]
+    ids = torch.arange(p.shape[-1], device=p.device)  # [V]
+    ranked_before = (key > key_x) | ((key == key_x) & (ids < x))  # [N, L, V]
+    f_before = torch.where(ranked_before, p, 0.0).sum(-1)  # [N, L]
+    p_x = p_x.squeeze(-1)  # [N, L]
+    u = (f_before + v.to(torch.float64) * p_x).clamp(0.0, 1.0)  # [N, L]
+    return u.masked_fill(p_x == 0, math.nan)
+
+
+def surprisal_scores(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per step the centred, bounded surprisal score of every token and its exact variance.
+
+    p [m, V] float64 rows summing to 1. With H the entropy and s the sd of log p(X), X ~ p:
+    g(x) = (log p(x) + H) / s, h = clip(g, -C, C), y(x) = (h(x) - E_p h) / (2C) in [-1, 1].
+    Returns y [m, V], var [m] = Var_p(h) / (2C)² and scored [m] bool (s > 0: steps whose
+    surprisal varies at all; the others have y = 0 and var = 0).
+    """
+    positive = p > 0
+    log_p = torch.where(positive, p, 1.0).log().masked_fill(~positive, -math.inf)  # [m, V]
+    plogp = torch.where(positive, p * log_p, 0.0)  # [m, V]
+    entropy = -plogp.sum(-1, keepdim=True)  # [m, 1]
+    centred = torch.where(positive, log_p + entropy, 0.0)  # [m, V]
+    sd = (p * centred**2).sum(-1, keepdim=True).sqrt()  # [m, 1]
+    scored = sd.squeeze(-1) > _MIN_SURPRISAL_SD  # [m]
+    # log p = -inf (tokens outside the support) clips to -C: finite, and weighted 0 under p
+    g = torch.where(positive, centred, -math.inf) / sd.clamp_min(_MIN_SURPRISAL_SD)  # [m, V]
+    h = g.clamp(-SURPRISAL_CLIP, SURPRISAL_CLIP)  # [m, V]
+    mean = (p * h).sum(-1, keepdim=True)  # [m, 1]
+    var = ((p * h**2).sum(-1) - mean.squeeze(-1) ** 2).clamp_min(0.0)  # [m]
+    scale = 2 * SURPRISAL_CLIP
+    y = torch.where(scored[:, None], (h - mean) / scale, 0.0)  # [m, V]
+    return y, torch.where(scored, var / scale**2, 0.0), scored
+
+
+@dataclass(frozen=True)
+class ConditionalValues:
+    """What the conditional tests need from the tested steps, reducible chunk by chunk (sums and
+    concatenations; nothing of size [N, L, V] is kept).
+
+    order_u         [n_u]  float64 PITs under the p - q order (NaNs — tokens of probability 0 — are
+                           left out: the PIT support check of the same tokens fails them)
+    surprisal_y     [n_s]  float64 centred, bounded surprisal score y_t in [-1, 1] of each tested
+                           step whose surprisal varies (s_t > 0)
+    surprisal_var   [n_s]  float64 its exact conditional variance under H0
+    count_s         [V]    float64 S_v = Σ_t (1[x_t = v] - p_t(v)) over tested steps
+    count_w         [V]    float64 W_v = Σ_t p_t(v)(1 - p_t(v))
+    count_expected  [V]    float64 Σ_t p_t(v): the expected count of each id (for the report)
+    """
+
+    order_u: torch.Tensor
+    surprisal_y: torch.Tensor
+    surprisal_var: torch.Tensor
+    count_s: torch.Tensor
+    count_w: torch.Tensor
+    count_expected: torch.Tensor
+
+    @property
+    def n_steps(self) -> int:
+        """Tested steps (each emitted one token)."""
+        return int(round(float((self.count_s + self.count_expected).sum())))
+
+    @classmethod
+    def from_chunk(
+        cls,
+        p: torch.Tensor,
+        q: torch.Tensor | None,
+        tokens: torch.Tensor,
+        v: torch.Tensor,
+        tested: torch.Tensor,
+    ) -> ConditionalValues:
+        """The values of one chunk of rows.
+
+        p      [n, L, V]  target distribution at each step after logits processing
+        q      [n, L, V]  the drafter's reported distribution for the slot that emitted the token,
+                          all zeros where no draft did (bonus slot, no drafter); None: no drafter
+        tokens [n, L]     emitted ids
+        v      [n, L]     U(0, 1) draws for the ordered PIT, independent of everything else
+        tested [n, L]     bool, steps counted (predictable: decided before the token is drawn)
+        """
+        if p.dim() != 3:
+            raise LosscheckError(f"ConditionalValues.from_chunk needs p [n, L, V], got {tuple(p.shape)}")
+        shape2 = tuple(p.shape[:2])
+        for name, t in (("tokens", tokens), ("v", v), ("tested", tested)):
+            if tuple(t.shape) != shape2:
+                raise LosscheckError(
+                    f"ConditionalValues.from_chunk needs {name} [n, L] = {shape2} like p, got {tuple(t.shape)}"
+                )
+        vocab = p.shape[-1]
+        _check_tokens("ConditionalValues.from_chunk tokens", tokens, vocab)
+        p = normalized_rows(p, "ConditionalValues.from_chunk p")  # [n, L, V]
+        q = None if q is None else reported_q(q, p.shape, "ConditionalValues.from_chunk q")
+        tested = tested.to(torch.bool)
+
+        u = ordered_pit(p, residual_key(p, q), tokens, v)[tested]  # [m]
+        p_t = p[tested]  # [m, V]
+        x = tokens.long()[tested]  # [m]
+        y, var, scored = surprisal_scores(p_t)  # [m, V], [m], [m]
+        y_x = y.gather(-1, x[:, None]).squeeze(-1)  # [m]
+        drawn = torch.bincount(x, minlength=vocab).to(torch.float64)  # [V]
+        expected = p_t.sum(0)  # [V]
+        return cls(
+            order_u=u[~torch.isnan(u)].cpu(),
+            surprisal_y=y_x[scored].cpu(),
+            surprisal_var=var[scored].cpu(),
+            count_s=(drawn - expected).cpu(),
+            count_w=(p_t * (1 - p_t)).sum(0).cpu(),
+            count_expected=expected.cpu(),
+        )
+
+    @staticmethod
+    def merge(parts: list[ConditionalValues]) -> ConditionalValues:
+        """The values of all `parts` together (chunks of one cell, same vocabulary)."""
+        if not parts:
+            raise LosscheckError("ConditionalValues.merge needs at least one part")
+        vocab = {len(part.count_s) for part in parts}
+        if len(vocab) != 1:
+            raise LosscheckError(f"ConditionalValues.merge: parts have different vocabularies {sorted(vocab)}")
+        return ConditionalValues(
+            order_u=torch.cat([part.order_u for part in parts]),
+            surprisal_y=torch.cat([part.surprisal_y for part in parts]),
+            surprisal_var=torch.cat([part.surprisal_var for part in parts]),
+            count_s=torch.stack([part.count_s for part in parts]).sum(0),
+            count_w=torch.stack([part.count_w for part in parts]).sum(0),
+            count_expected=torch.stack([part.count_expected for part in parts]).sum(0),
+        )
+
+
+def reported_q(q: torch.Tensor, shape: torch.Size, what: str) -> torch.Tensor:
+    """`q` [..., V] in float64 with each row of positive mass renormalised to 1, all-zero rows (no
+    draft) kept; checked to be `shape`, finite, >= 0, each row summing to 1 (up to rounding) or 0."""
+    if tuple(q.shape) != tuple(shape):
+        raise LosscheckError(f"{what}: needs p's shape {tuple(shape)}, got {tuple(q.shape)}")
+    q = q.to(torch.float64)
+    if not torch.isfinite(q).all() or (q < 0).any():
+        raise LosscheckError(f"{what}: must be finite and >= 0")
+    total = q.sum(-1, keepdim=True)  # [..., 1]
+    drafted = total > 0
+    if ((total - 1).abs() > 1e-2)[drafted].any():
+        raise LosscheckError(f"{what}: rows must be distributions summing to 1, or all zeros where no draft")
+    return torch.where(drafted, q / total.clamp_min(1e-300), 0.0)
+
+
+def _check_tokens(what: str, tokens: torch.Tensor, vocab: int) -> None:
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise LosscheckError(f"{what}: must be integer token ids, got {tokens.dtype}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise LosscheckError(
+            f"{what}: ids must lie in [0, {vocab}), got range [{int(tokens.min())}, {int(tokens.max())}]"
+        )
+
+
+def log_mixture_evalue(s: ArrayLike, w: ArrayLike) -> np.ndarray:
+    """log of the two-sided Bennett mixture e-value of sums `s` with variance sums `w` (same shape,
+    w >= 0): log( (mean_λ exp(λs - ψ(λ)w) + mean_λ exp(-λs - ψ(λ)w)) / 2 ), λ over `LAMBDAS`.
+    Computed in log space (logaddexp): finite for any finite s, however large."""
+    s = np.asarray(s, dtype=np.float64)[..., None]  # [..., 1]
+    w = np.asarray(w, dtype=np.float64)[..., None]  # [..., 1]
+    psi = np.expm1(LAMBDAS) - LAMBDAS  # [K]
+    up = np.logaddexp.reduce(LAMBDAS * s - psi * w, axis=-1)  # [...]
+    down = np.logaddexp.reduce(-LAMBDAS * s - psi * w, axis=-1)  # [...]
+    return np.logaddexp(up, down) - math.log(2 * len(LAMBDAS))
+
+
+def mixture_evalue(s: ArrayLike, w: ArrayLike) -> np.ndarray:
+    """The two-sided Bennett mixture e-value of (S, W) (any shape; inf where it overflows a float,
+    `log_mixture_evalue` keeps its size). Valid when every increment of S and of -S is <= 1."""
+    return np.exp(log_mixture_evalue(s, w))
+
+
+def evalue_threshold(w: float, alpha: float) -> float:
+    """Smallest |S| at which the mixture e-value of (S, `w`) reaches 1 / `alpha`: where the
+    e-value tests reject."""
+    target = -math.log(check_open_unit("alpha", alpha))
+
+    def gap(s: float) -> float:
+        return float(log_mixture_evalue(s, w)) - target
+
+    high = 1.0
+    while gap(high) < 0:
+        high *= 2
+    return float(optimize.brentq(gap, 0.0, high, xtol=1e-9, rtol=1e-12))
+
+
+def _evalue_p(log_e: float, factor: float = 1.0) -> tuple[float, float]:
+    """(p, log10 p) = min(1, factor / e), from log e."""
+    log_p = min(0.0, math.log(factor) - log_e)
+    return math.exp(log_p), log_p / math.log(10)
+
+
+def _detectable_sum(w: float, alpha: float, power: float) -> float:
+    """The mean of S that the mixture test detects at `power` when S has variance ≈ `w` (normal
+    approximation): the rejection threshold plus z_power standard deviations."""
+    return evalue_threshold(w, alpha) + float(stats.norm.ppf(power)) * math.sqrt(w)
+
+
+def residual_order_test(order_u: torch.Tensor, alpha: float, power: float) -> TestResult:
+    """Pearson χ² of the p - q ordered PITs `order_u` [n] on `ORDER_BINS` equal bins."""
+    n = len(order_u)
+    expected = f"PIT values under the descending p - q order uniform over {ORDER_BINS} equal bins of [0, 1]"
+    if n < 5 * ORDER_BINS:
+        return TestResult(
+            name="pit.residual_order",
+            expected=expected,
+            observed=f"{n} values: too few to test (need {5 * ORDER_BINS})",
+            statistic=0.0,
+            p_value=1.0,
+            alpha=alpha,
+            n=n,
+            power=power,
+            detectable={"w": math.inf, "tv": math.inf},
+        )
+    bins = (order_u * ORDER_BINS).long().clamp(0, ORDER_BINS - 1)  # [n]
+    counts = torch.bincount(bins, minlength=ORDER_BINS).numpy()
+    return goodness_of_fit("pit.residual_order", expected, counts, np.full(ORDER_BINS, n / ORDER_BINS), alpha, power)
+
+
+def token_counts_test(values: ConditionalValues, alpha: float, power: float) -> TestResult:
+    """Per id the two-sided mixture e-value of (S_v, W_v); p = min(1, V · min_v 1/e_v)."""
+    s = values.count_s.numpy()  # [V]
+    w = values.count_w.numpy()  # [V]
+    expected = values.count_expected.numpy()  # [V]
+    vocab = len(s)
+    log_e = log_mixture_evalue(s, w)  # [V]
+    worst = int(np.argmax(log_e))
+    p_value, log10_p = _evalue_p(float(log_e[worst]), vocab)
+    count = s[worst] + expected[worst]
+    ratio = count / expected[worst] if expected[worst] > 0 else math.inf
+    # detectable: the count ratio an id as common as the most expected one must reach
+    common = int(np.argmax(expected))
+    detect = math.inf
+    if expected[common] > 0 and w[common] > 0:
+        detect = 1 + _detectable_sum(float(w[common]), alpha / vocab, power) / float(expected[common])
+    return TestResult(
+        name="pit.token_counts",
+        expected=(
+            "each id drawn as often as the target's probabilities at the steps predict "
+            "(Bennett mixture e-value per id, Bonferroni over the vocabulary)"
+        ),
+        observed=(
+            f"id {worst} drawn {count:.0f} times where {expected[worst]:.1f} were expected "
+            f"(ratio {ratio:.3g}, e-value 10^{float(log_e[worst]) / math.log(10):.2f})"
+        ),
+        statistic=float(log_e[worst]),
+        p_value=p_value,
+        log10_p=log10_p,
+        alpha=alpha,
+        n=values.n_steps,
+        power=power,
+        detectable={"count_ratio": detect},
+    )
+
+
+def surprisal_test(values: ConditionalValues, alpha: float, power: float) -> TestResult:
+    """Two-sided mixture e-value of (Σ y, Σ var) of the surprisal scores."""
+    total = float(values.surprisal_y.sum())
+    w = float(values.surprisal_var.sum())
+    n = len(values.surprisal_y)
+    log_e = float(log_mixture_evalue(total, w))
+    p_value, log10_p = _evalue_p(log_e)
+    # y > 0: log p(x) above its mean, the token more probable than p's typical draw
+    direction = "less" if total > 0 else "more"
+    sd = math.sqrt(w) if w > 0 else math.inf
+    return TestResult(
+        name="pit.surprisal",
+        expected="tokens exactly as surprising as the target's distribution at each step predicts (score sum 0)",
+        observed=(
+            f"score sum {total:+.4g} ({total / sd if w > 0 else 0.0:+.2f} sd): tokens {direction} surprising "
+            f"than p says (e-value 10^{log_e / math.log(10):.2f})"
+        ),
+        statistic=total,
+        p_value=p_value,
+        log10_p=log10_p,
+        alpha=alpha,
+        n=n,
+        power=power,
+        # the mean score shift per scored step detected (in units of the bounded score y)
+        detectable={"drift": _detectable_sum(w, alpha, power) / n if n and w > 0 else math.inf},
+    )
+
+
+def conditional_tests(values: ConditionalValues, alpha: float, power: float) -> list[TestResult]:
+    """`pit.residual_order`, `pit.token_counts`, `pit.surprisal`, each at alpha / CONDITIONAL_TESTS.
+    Their sample sizes are what the cell scored; each reports the effect it detects."""
+    check_open_unit("power", power)
+    a = per_test_alpha(alpha, CONDITIONAL_TESTS)
+    return scoped(
+        [
+            residual_order_test(values.order_u, a, power),
+            token_counts_test(values, a, power),
+            surprisal_test(values, a, power),
+        ],
+        "conditional",
+    )
