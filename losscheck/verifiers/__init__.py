@@ -1,0 +1,18 @@
+"""The verifier tier: any `Verifier` (`losscheck.core.verify`) driven with synthetic target
+logits and drafts at millions of draws per minute, its output law tested exactly
+(`losscheck.verifiers.tier`; docs/verifier-tier.md). Adapters that make other projects'
+verification steps `Verifier`s live beside it (`losscheck.verifiers.hf`).
+
+A verifier is named by a factory that takes no arguments and returns the `Verifier`, as
+`--losscheck-verifier=pkg.mod:factory` and `losscheck verifier-tier --verifier pkg.mod:factory`
+take it; `reference` is losscheck's own.
+"""
+
+from __future__ import annotations
+
+from losscheck.core.verify import Verifier, verify_block
+
+
+def reference() -> Verifier:
+    """`losscheck.verifiers:reference`: losscheck's own verifier, `verify_block`."""
+    return verify_block
