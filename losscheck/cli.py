@@ -1,5 +1,5 @@
 """`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop,
-show where the bundled fixtures are.
+run the verifier tier, show where the bundled fixtures are.
 
 The options shared with the pytest plugin come from `losscheck.run.options` (same names without the
 `--losscheck-` prefix, same help); `certify` passes them on to pytest.
@@ -19,6 +19,8 @@ from losscheck.errors import LosscheckError
 from losscheck.run.loading import check_options
 from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
 
+REFERENCE_VERIFIER = "losscheck.verifiers:reference"
+TIER_DETECT_TV = 0.01  # the verifier tier's default: its draws are cheap
 # The options `losscheck mutants` and `losscheck families` take.
 EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact")
 # The options `losscheck perf` passes on to `pytest -m perf`.
@@ -117,6 +119,30 @@ def parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="verdict and acceptance differences between two certificates")
     cmp.add_argument("before", help="the earlier run (directory or certificate.json)")
     cmp.add_argument("after", help="the later run; exit status 1 when it regressed")
+    tier = sub.add_parser(
+        "verifier-tier",
+        help="drive a Verifier with synthetic targets and drafts and test its output law exactly "
+        "(docs/verifier-tier.md); exit status 1 when a check fails",
+    )
+    which = tier.add_mutually_exclusive_group()
+    which.add_argument(
+        "--verifier",
+        metavar="MOD:FACTORY",
+        default=REFERENCE_VERIFIER,
+        help="import path of a factory() -> Verifier (default: %(default)s, losscheck's own; e.g. "
+        "losscheck.verifiers.hf:speculative_sampling)",
+    )
+    which.add_argument(
+        "--mutant", metavar="NAME", help="instead: the verifier of a planted bug (see `losscheck mutants`)"
+    )
+    add_options(tier.add_argument, "--", ("seed", "alpha"))
+    tier.add_argument(
+        "--detect-tv",
+        metavar="TV",
+        type=float,
+        default=TIER_DETECT_TV,
+        help="binned TV every χ² test of the tier must detect at power 0.99 (default: %(default)s)",
+    )
     sub.add_parser(
         "fixtures", help='print the bundled fixtures directory (e.g. --target "$(losscheck fixtures)/text_target")'
     )
@@ -147,7 +173,12 @@ def run_command(ns: argparse.Namespace) -> int:
     if ns.command == "certify":
         # Checked here too, so that messages name this command's options (--target, not
         # --losscheck-target); the plugin's own check then passes.
-        check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
+        options = from_parsed(lambda d: getattr(ns, d))
+        check_options(options, prefix="--")
+        if options.verifier is not None:
+            from losscheck.run.factory import load_verifier
+
+            load_verifier(options.verifier, "--verifier")
         if ns.workers is None:
             ns.workers = default_workers(getattr(ns, dest("device")))
         probe = VerdictProbe()
@@ -184,6 +215,8 @@ def run_command(ns: argparse.Namespace) -> int:
         from losscheck.selftest.command import run
 
         return run(Path(ns.out), from_parsed(lambda d: getattr(ns, d)), ns.names, ns.all_cells)
+    if ns.command == "verifier-tier":
+        return verifier_tier(ns)
     if ns.command == "families":
         from losscheck.perf.families import compare_families
 
@@ -200,6 +233,27 @@ def run_command(ns: argparse.Namespace) -> int:
     else:
         bench.run_benchmarks(Path(ns.out))
     return 0
+
+
+def verifier_tier(ns: argparse.Namespace) -> int:
+    """`losscheck verifier-tier`: the tier's per-check verdicts, draws and draws/s; 1 on a failure."""
+    from losscheck.verifiers.tier import TierConfig, run_tier
+
+    if ns.mutant is not None:
+        from losscheck.run.plant import get_plant
+
+        verifier = get_plant(ns.mutant).verifier
+        if verifier is None:
+            raise LosscheckError(f"--mutant={ns.mutant!r} plants no verifier (it plants another part of the engine)")
+        name = f"mutant {ns.mutant}"
+    else:
+        from losscheck.run.factory import load_verifier
+
+        verifier, name = load_verifier(ns.verifier, "--verifier"), ns.verifier
+    config = TierConfig(seed=getattr(ns, dest("seed")), alpha=getattr(ns, dest("alpha")), detect_tv=ns.detect_tv)
+    report = run_tier(verifier, config, name)
+    print("\n".join(report.lines()))
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

@@ -12,14 +12,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "losscheck"
 
-# Innermost first; a module may import its own layer and the layers before it. `run` (options,
+# Innermost first; a module may import its own layer and the layers before it. The verifier tier
+# (`verifiers`) drives only a core `Verifier`, with the statistics, so it sits beside the drafters
+# and engines: anything above may run it, and it knows nothing of cells or runs. `run` (options,
 # models, the run's context and engine factory) comes before `cells`: a cell runs inside a run,
 # and the run knows nothing of how cells certify. The self-test catalogue and the perf tier sit
 # outside production: only the entry points (the CLI, the certification tests) may import them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "bundled", "progress", "stats"),
     ("core",),
-    ("drafters", "engines"),
+    ("drafters", "engines", "verifiers"),
     ("serving",),
     ("plan",),
     ("run",),

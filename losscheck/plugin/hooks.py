@@ -45,6 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
         options = from_parsed(config.getoption)
         if not hasattr(config, "workerinput"):  # xdist workers start after the controller checked
             check_options(options)
+            if options.verifier is not None:  # imports the user's module and calls its factory (torch)
+                from losscheck.run.factory import load_verifier
+
+                load_verifier(options.verifier)
     except LosscheckError as exc:
         # pytest prints a UsageError raised here as one "ERROR: ..." line and exits with 4.
         raise pytest.UsageError(str(exc)) from None

@@ -1,13 +1,24 @@
 """Building a cell's engine and server: the cell's target, drafter (stressed when the cell says
-so), block length and width, with the run's planted bug (`losscheck.run.plant`) if any, served
-along the cell's serving axes (`losscheck.serving.axis`)."""
+so), block length and width, with the run's verifier (`--losscheck-verifier`) and the run's
+planted bug (`losscheck.run.plant`) if any, served along the cell's serving axes
+(`losscheck.serving.axis`).
+
+Which verifier decides a speculative engine's blocks, first that applies: a planted bug's own
+verifier (the mutant tier tests the gate against it, whatever the run's verifier), the run's
+`--losscheck-verifier`, the drafter's declared `verifier` (a checkpoint configured with a relaxed
+acceptance rule), `losscheck.core.verify.verify_block`.
+"""
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
+from losscheck.core.verify import Verifier
+from losscheck.errors import OptionError
+from losscheck.run.loading import load_object
 from losscheck.serving.axis import ServeContext, Server, build_server, runs_elsewhere
 
 if TYPE_CHECKING:
@@ -24,18 +35,80 @@ def engine(session: Session, cell: Cell) -> Engine:
         from losscheck.drafters.stress import stressed
 
         drafter = stressed(drafter, cell.stress, target.vocab_size)
-    return planted_engine(session.plant, target, drafter, cell.k, cell.width)
+    verifier = load_verifier(session.options.verifier) if session.options.verifier else None
+    return planted_engine(session.plant, target, drafter, cell.k, cell.width, verifier)
 
 
-def planted_engine(plant: Plant | None, target: Target, drafter: Drafter, k: int, width: int | None = None) -> Engine:
-    """The speculative engine of `drafter` on `target`, with `plant`'s bug when there is one."""
+def planted_engine(
+    plant: Plant | None,
+    target: Target,
+    drafter: Drafter,
+    k: int,
+    width: int | None = None,
+    verifier: Verifier | None = None,
+) -> Engine:
+    """The speculative engine of `drafter` on `target` deciding blocks with `verifier` (None: the
+    drafter's own or losscheck's), with `plant`'s bug when there is one: a plant's verifier wins."""
     if plant is None:
-        return Engine(target, drafter, k, width)
+        return Engine(target, drafter, k, width, verifier=verifier)
     if plant.wrap_drafter is not None:
         drafter = plant.wrap_drafter(drafter)
     if plant.wrap_target is not None:
         target = plant.wrap_target(target, k)
-    return Engine(target, drafter, k, width, plant.verifier)
+    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier)
+
+
+_VERIFIERS: dict[str, Verifier] = {}  # spec -> the verifier its factory built, once per process
+_SHAPE = "(logits [B, k+1, V], drafts [B, k], q [B, k, V] | None, params, generator) -> BlockOutcome"
+
+
+def load_verifier(spec: str, option: str = "--losscheck-verifier") -> Verifier:
+    """The `Verifier` that the factory `spec` (`pkg.mod:factory`, no arguments) returns, built once
+    per process; an `OptionError` naming `option` and the fix when the path does not resolve, the
+    factory is not callable or takes arguments, raises, or returns something not callable."""
+    if spec in _VERIFIERS:
+        return _VERIFIERS[spec]
+    where = f"{option}={spec!r}"
+    factory = load_object(spec, option)
+    if not callable(factory):
+        raise OptionError(f"{where} is a {type(factory).__name__}, not a factory() -> Verifier")
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: calling it tells
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind()
+        except TypeError:
+            looks_like_verifier = _binds(signature, 5)
+            raise OptionError(
+                f"{where}: {getattr(factory, '__qualname__', spec)}{signature} takes arguments; a verifier "
+                "factory takes none and returns the Verifier"
+                + (
+                    ". This looks like a Verifier itself: name a function that returns it "
+                    "(losscheck's own is losscheck.verifiers:reference)"
+                    if looks_like_verifier
+                    else ""
+                )
+            ) from None
+    try:
+        verifier = factory()
+    except Exception as exc:  # the user's factory raised
+        raise OptionError(f"{where}: calling the factory raised {type(exc).__name__}: {exc}") from exc
+    if not callable(verifier):
+        raise OptionError(
+            f"{where}: the factory returned a {type(verifier).__name__}, not a Verifier: a callable {_SHAPE}"
+        )
+    _VERIFIERS[spec] = verifier
+    return verifier
+
+
+def _binds(signature: inspect.Signature, n: int) -> bool:
+    try:
+        signature.bind(*range(n))
+    except TypeError:
+        return False
+    return True
 
 
 def baseline_engine(session: Session, cell: Cell) -> Engine:

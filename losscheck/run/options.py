@@ -41,6 +41,7 @@ class Options:
     drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
     bundled: str = DEFAULT_BUNDLED  # which bundled drafters, without --losscheck-drafter: "reference" or "all"
     engine: str | None = None  # pkg.mod:factory of a black-box engine (losscheck.engines)
+    verifier: str | None = None  # pkg.mod:factory() -> Verifier deciding every white-box cell's blocks
     seed: int = DEFAULT_SEED
     out: Path | None = None  # write the certificate under this directory
     alpha: float = DEFAULT_ALPHA  # family-wise false-alarm rate of the whole run
@@ -115,6 +116,12 @@ SPECS: dict[str, dict[str, Any]] = {
         "metavar": "MOD:FACTORY",
         "help": "import path of a factory(target) -> black-box engine, certified against itself with "
         "drafting off (one-sample PIT when it declares a precision, else two-sample)",
+    },
+    "verifier": {
+        "metavar": "MOD:FACTORY",
+        "help": "import path of a factory() -> Verifier (losscheck.core.verify) that decides every drafted block "
+        "of losscheck's own loop in the white-box cells, instead of losscheck's verifier and any drafter's own "
+        "(a planted bug's verifier still wins in the mutant tier); e.g. losscheck.verifiers.hf:speculative_sampling",
     },
     "seed": {
         "metavar": "N",
@@ -231,6 +238,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         drafter=value("drafter"),
         bundled=value("bundled", DEFAULT_BUNDLED),
         engine=value("engine"),
+        verifier=value("verifier"),
         seed=value("seed", DEFAULT_SEED),
         out=Path(out) if out else None,
         alpha=value("alpha", DEFAULT_ALPHA),
