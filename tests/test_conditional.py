@@ -29,6 +29,7 @@ from losscheck.stats.conditional import (
 from losscheck.stats.pit import randomized_pit
 
 V = 8
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tables(seed: int, vocab: int = V) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,794 @@
+"""Power per bug class: how many tokens each test needs to catch a realistic verifier or drafter
+bug, from the bug's exact law at every step of a cell's own run.
+
+A *step* is one generated position t: the target's distribution p_t [V] after logits processing,
+the drafter's reported q_t [V] for the slot that emitted the token (all zeros where no draft did:
+a bonus slot, or no drafter), the slot s_t (0 = the round's first emitted token, k = the bonus
+slot) and the block length k. Each `BugClass` gives `law(step)`: the exact conditional law p'_t of
+the emitted token at that step under the bug. A correct loop has p'_t = p_t everywhere.
+
+For each class and each test, `PowerAccumulator` averages over the steps it is shown what the test
+sees per token under the bug and reports the tokens needed at a per-test level α and a power:
+
+- χ² tests (`pit.pooled_chisquare`: u ordered by descending p, what cells run today;
+  `pit.residual_order`: u ordered by descending p - q; `pit.slot_chisquare`: the slot × bin
+  table): under the bug, u at a step has the law of p'(x) spread uniformly over x's PIT interval,
+  bin masses π_b; the test's law is their average over steps, noncentrality n·w² with
+  w² = B·Σ_b (π̄_b - 1/B)² (per slot for the slot test, weighted by the slots' shares; df as
+  `losscheck.stats.pit` uses), power from statsmodels' `GofChisquarePower`.
+- e-value tests (`pit.token_counts`, `pit.surprisal`, `losscheck.stats.conditional`): per token
+  the drift d = E_{p'}[Y] of the increment, its variance under H0 σ² = Var_p(Y) (what the test's W
+  adds) and under the bug τ² = Var_{p'}(Y), averaged over steps. The rejection threshold on S
+  given W = n·σ² is solved exactly from the mixture (`evalue_threshold`); the power is the
+  normal approximation P(S_n >= threshold) with S_n ~ N(n·d, n·τ²). The level of the tests is
+  exact; their power here is that approximation. `pit.token_counts` is judged at α / V
+  (Bonferroni over ids) for its best id, searched among the 8 ids with the largest d²/τ².
+- the likelihood-ratio bound (`lr_bound`): the Neyman–Pearson test that knows the bug's law at
+  every step, in its local Gaussian form — the log-LR sum has mean ±n·χ̄²/2 and variance n·χ̄²
+  under both hypotheses, χ̄² the mean χ²-divergence χ²(p'‖p) over steps — so it needs
+  n = (z_{1-α} + z_power)² / χ̄² tokens. Mass p' puts outside p's support is caught by the
+  support check after n = log(1 - power) / log(1 - mass) tokens; the bound is the smaller.
+  No test of the suite can beat it by more than the local approximation's error.
+
+What the numbers assume: the steps are those of the run shown (p, q and slots from the cell's own
+loop), and the bug changes only the emitted token's law at each step, not which prefixes and
+slots the run visits; the steps' contributions are summed as if independent given the steps (true
+of the tests' martingale sums). Everything is a sum over steps: `update` takes rows a chunk at a
+time and keeps O(V · bins) numbers, never [N, L, V].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from scipy import stats
+from statsmodels.stats.power import GofChisquarePower
+
+from losscheck.errors import LosscheckError
+from losscheck.stats._checks import check_open_unit, check_positive, normalized_rows
+from losscheck.stats.conditional import evalue_threshold, reported_q, surprisal_scores
+from losscheck.stats.power import chisquare_required_n
+
+BINS = 10  # the PIT tests' equal bins of [0, 1]
+MISREPORT_FACTOR = 3.0  # drafter_misreports_one_id: the id is drawn this many times as often as reported
+TOP_P = 0.9  # top_p_one_side: the drafter samples from q truncated to this mass
+TARGET_TEMPERATURE_FACTOR = 1.1  # target_temperature_1.1: the target side runs at 1.1·T
+OTHER_REQUEST_TEMPERATURE = 0.7  # per_request_params_mixed: a T = 1 row verified at the other row's T
+COUNT_CANDIDATES = 8  # ids whose count test is solved exactly, of those with the largest d²/τ²
+MAX_TOKENS = 1e13  # beyond this a test is reported as having no power (math.inf)
+TESTS = ("pit.pooled_chisquare", "pit.residual_order", "pit.slot_chisquare", "pit.token_counts", "pit.surprisal")
+LR_BOUND = "lr_bound"
+_GOF_POWER = GofChisquarePower()
+
+
+@dataclass(frozen=True)
+class Step:
+    """Steps, vectorised over any leading shape [...]: what a bug's law may depend on.
+
+    p       [..., V]  target distribution at the step (float64, sums to 1)
+    q       [..., V]  drafter's reported distribution for the emitting slot; zeros: no draft
+    slot    [...]     long, slot of the emitted token in its round; -1: unknown
+    k       int       block length (slot k is the bonus slot)
+    p_prev  [..., V]  p at the previous step of the row; zeros: none
+    q_prev  [..., V]  the previous round's q for this slot; zeros: none
+    misreported int | None  the id drafter_misreports_one_id over-draws (None: no such id chosen)
+    """
+
+    p: torch.Tensor
+    q: torch.Tensor
+    slot: torch.Tensor
+    k: int
+    p_prev: torch.Tensor
+    q_prev: torch.Tensor
+    misreported: int | None = None
+
+    @property
+    def drafted(self) -> torch.Tensor:
+        """[..., 1] bool: a draft decided this step (q has mass)."""
+        return self.q.sum(-1, keepdim=True) > 0
+
+
+def mismatched_law(p: torch.Tensor, drawn: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Law [..., V] of the token a draft slot emits when the draft is drawn from `drawn` but the
+    verifier accepts with min(1, p / used) and recovers from norm(max(0, p - used)):
+    p'(x) = drawn(x)·a(x) + (1 - Σ_y drawn(y)·a(y))·r(x). `used` = `drawn` gives p exactly."""
+    accept = torch.where(used > 0, (p / used.clamp_min(1e-300)).clamp(max=1.0), 1.0)  # [..., V]
+    kept = drawn * accept  # [..., V]
+    residual = (p - used).clamp_min(0.0)  # [..., V]
+    mass = residual.sum(-1, keepdim=True)
+    recovered = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-300), p)
+    return kept + (1 - kept.sum(-1, keepdim=True)).clamp_min(0.0) * recovered
+
+
+def tempered(p: torch.Tensor, exponent: float) -> torch.Tensor:
+    """p^exponent renormalised [..., V]: p at temperature T / exponent when p is at T (zeros kept)."""
+    powered = torch.where(p > 0, p.clamp_min(1e-300) ** exponent, 0.0)
+    return powered / powered.sum(-1, keepdim=True)
+
+
+def top_p(q: torch.Tensor, top: float) -> torch.Tensor:
+    """q [..., V] truncated to its smallest most-probable set of mass >= `top`, renormalised."""
+    ranked, order = q.sort(dim=-1, descending=True, stable=True)
+    keep_ranked = (ranked.cumsum(-1) - ranked) < top  # the mass before each token is still short
+    keep = torch.zeros_like(keep_ranked).scatter(-1, order, keep_ranked)
+    kept = torch.where(keep, q, 0.0)
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp_min(1e-300), q)
+
+
+def tilted(q: torch.Tensor, token: int, factor: float) -> torch.Tensor:
+    """q [..., V] with `token`'s probability multiplied by `factor`, renormalised."""
+    weight = torch.ones(q.shape[-1], dtype=q.dtype, device=q.device)
+    weight[token] = factor
+    raw = q * weight
+    total = raw.sum(-1, keepdim=True)
+    return torch.where(total > 0, raw / total.clamp_min(1e-300), q)
+
+
+def _residual_is_p(step: Step) -> torch.Tensor:
+    overlap = torch.minimum(step.p, step.q)
+    return torch.where(step.drafted, overlap + (1 - overlap.sum(-1, keepdim=True)) * step.p, step.p)
+
+
+def _stale_q(step: Step) -> torch.Tensor:
+    acts = step.drafted & (step.q_prev.sum(-1, keepdim=True) > 0)
+    return torch.where(acts, mismatched_law(step.p, step.q, step.q_prev), step.p)
+
+
+def _bonus_from_previous_slot(step: Step) -> torch.Tensor:
+    acts = (step.slot == step.k)[..., None] & (step.p_prev.sum(-1, keepdim=True) > 0)
+    return torch.where(acts, step.p_prev, step.p)
+
+
+def _misreports_one_id(step: Step) -> torch.Tensor:
+    if step.misreported is None:
+        raise LosscheckError("drafter_misreports_one_id needs Step.misreported: the id the drafter over-draws")
+    drawn = tilted(step.q, step.misreported, MISREPORT_FACTOR)
+    return torch.where(step.drafted, mismatched_law(step.p, drawn, step.q), step.p)
+
+
+def _top_p_one_side(step: Step) -> torch.Tensor:
+    return torch.where(step.drafted, mismatched_law(step.p, top_p(step.q, TOP_P), step.q), step.p)
+
+
+@dataclass(frozen=True)
+class BugClass:
+    """A realistic losslessness bug, by the exact law of the emitted token at a step."""
+
+    name: str
+    models: str  # the real bug it stands for
+    law: Callable[[Step], torch.Tensor]  # Step -> p' [..., V]
+    caught_by: tuple[str, ...]  # the tests meant to catch it (besides the LR bound)
+    # True: the bug has a free token id (the one misreported); the accumulator evaluates it at
+    # every id at once and reports the id where its TV is largest
+    per_id: bool = False
+
+
+CATALOGUE: tuple[BugClass, ...] = (
+    BugClass(
+        "residual_is_p",
+        "the recovered token is drawn from p instead of norm(max(0, p - q)) at a rejection",
+        _residual_is_p,
+        ("pit.residual_order",),
+    ),
+    BugClass(
+        "stale_q",
+        "the verifier reads the previous round's q for the slot while the draft came from the current q",
+        _stale_q,
+        ("pit.residual_order",),
+    ),
+    BugClass(
+        "target_temperature_1.1",
+        "the target side is processed at 1.1·T (p' ∝ p^(1/1.1))",
+        lambda step: tempered(step.p, 1 / TARGET_TEMPERATURE_FACTOR),
+        ("pit.surprisal",),
+    ),
+    BugClass(
+        "bonus_from_previous_slot",
+        "the bonus token is drawn from p at slot k - 1 instead of slot k",
+        _bonus_from_previous_slot,
+        ("pit.slot_chisquare",),
+    ),
+    BugClass(
+        "drafter_misreports_one_id",
+        f"the drafter draws one id {MISREPORT_FACTOR:g}x as often as the q it reports (the rest "
+        "renormalised); the verifier accepts and recovers with the reported q",
+        _misreports_one_id,
+        ("pit.token_counts",),
+        per_id=True,
+    ),
+    BugClass(
+        "top_p_one_side",
+        f"the drafter samples from q truncated to top-p {TOP_P:g} but reports the untruncated q",
+        _top_p_one_side,
+        ("pit.residual_order",),
+    ),
+    BugClass(
+        "per_request_params_mixed",
+        f"two requests of a batch swap temperatures: a T = 1 row is verified at T = {OTHER_REQUEST_TEMPERATURE:g}",
+        lambda step: tempered(step.p, 1 / OTHER_REQUEST_TEMPERATURE),
+        ("pit.surprisal",),
+    ),
+)
+BY_NAME = {bug.name: bug for bug in CATALOGUE}
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """The PIT intervals of each step's tokens when the vocabulary is ordered by descending key,
+    ties by id. m steps; edges e_b = b / B of the B equal bins."""
+
+    p: torch.Tensor  # [m, V]
+    order: torch.Tensor  # [m, V] ids in PIT order
+    start: torch.Tensor  # [m, V] F(x⁻) of each id (id order)
+    at: torch.Tensor  # [m, B-1] index j of the interval holding each inner edge (1-based over cumsum)
+    frac: torch.Tensor  # [m, B-1] where in that interval the edge lies, in [0, 1]
+
+    @classmethod
+    def of(cls, p: torch.Tensor, key: torch.Tensor, n_bins: int) -> _Tiles:
+        order = key.sort(dim=-1, descending=True, stable=True).indices  # [m, V]
+        ranked = p.gather(-1, order)  # [m, V]
+        cum = torch.cat([torch.zeros_like(ranked[:, :1]), ranked.cumsum(-1)], -1)  # [m, V+1]
+        start = torch.zeros_like(p).scatter(-1, order, cum[:, :-1])  # [m, V]
+        inner = torch.arange(1, n_bins, dtype=p.dtype, device=p.device) / n_bins  # [B-1]
+        inner = inner.expand(len(p), -1).contiguous()  # [m, B-1]
+        at = torch.searchsorted(cum, inner).clamp(1, p.shape[-1])  # [m, B-1]
+        low, high = cum.gather(-1, at - 1), cum.gather(-1, at)
+        frac = ((inner - low) / (high - low).clamp_min(1e-300)).clamp(0.0, 1.0)
+        return cls(p=p, order=order, start=start, at=at, frac=frac)
+
+    def masses(self, f: torch.Tensor) -> torch.Tensor:
+        """[m, B] bin masses of f [m, V] (a law, or a signed weight) spread uniformly over each
+        token's PIT interval; f on tokens of p = 0 (intervals of width 0) is left out."""
+        ranked = torch.where(self.p > 0, f, 0.0).gather(-1, self.order)  # [m, V]
+        cum = torch.cat([torch.zeros_like(ranked[:, :1]), ranked.cumsum(-1)], -1)  # [m, V+1]
+        low, high = cum.gather(-1, self.at - 1), cum.gather(-1, self.at)
+        inner = low + self.frac * (high - low)  # [m, B-1] law's CDF at the inner edges
+        edges = torch.cat([torch.zeros_like(inner[:, :1]), inner, cum[:, -1:]], -1)  # [m, B+1]
+        return edges.diff(dim=-1)
+
+    def overlap(self, b: int, n_bins: int) -> torch.Tensor:
+        """[m, V] fraction of each id's PIT interval inside bin b (0 for ids of p = 0)."""
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        width = ((self.start + self.p).clamp_max(hi) - self.start.clamp_min(lo)).clamp_min(0.0)
+        return torch.where(self.p > 0, width / self.p.clamp_min(1e-300), 0.0)
+
+    def rows(self, keep: torch.Tensor) -> _Tiles:
+        """The tiles of the steps `keep` [m] selects."""
+        return _Tiles(self.p[keep], self.order[keep], self.start[keep], self.at[keep], self.frac[keep])
+
+
+def _zeros(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.float64)
+
+
+@dataclass
+class _Sums:
+    """Per-step quantities of one bug class summed over tested steps (id-indexed for a per-id class)."""
+
+    pooled: torch.Tensor  # [B] or [V, B]  Σ_t π_t (u by descending p)
+    residual: torch.Tensor  # [B] or [V, B] Σ_t π_t (u by descending p - q)
+    slot: torch.Tensor  # [S, B]  Σ_t π_t per slot (not kept for a per-id class: [0, B])
+    in_support: torch.Tensor  # [] or [V]  Σ_t mass of p' inside p's support
+    count_drift: torch.Tensor  # [V]  Σ_t (p'_t(v) - p_t(v)); per-id: at the misreported id itself
+    count_var: torch.Tensor  # [V]  Σ_t p'_t(v)(1 - p'_t(v)): Var_{p'} of the increment of S_v
+    surprisal_drift: torch.Tensor  # [] or [V]  Σ_t E_{p'}[y_t]
+    surprisal_var: torch.Tensor  # [] or [V]  Σ_t Var_{p'}(y_t)
+    chi2: torch.Tensor  # [] or [V]  Σ_t χ²(p'_t ‖ p_t) over p's support
+    tv: torch.Tensor  # [] or [V]  Σ_t TV(p'_t, p_t)
+
+    @classmethod
+    def empty(cls, vocab: int, n_bins: int, slots: int, per_id: bool) -> _Sums:
+        lead = (vocab,) if per_id else ()
+        return cls(
+            pooled=_zeros(*lead, n_bins),
+            residual=_zeros(*lead, n_bins),
+            slot=_zeros(0 if per_id else slots, n_bins),
+            in_support=_zeros(*lead),
+            count_drift=_zeros(vocab),
+            count_var=_zeros(vocab),
+            surprisal_drift=_zeros(*lead),
+            surprisal_var=_zeros(*lead),
+            chi2=_zeros(*lead),
+            tv=_zeros(*lead),
+        )
+
+    def add(self, other: _Sums) -> None:
+        """Add `other` (on any device) into these CPU sums."""
+        for name in self.__dataclass_fields__:
+            getattr(self, name).add_(getattr(other, name).cpu())
+
+
+@dataclass
+class PowerAccumulator:
+    """Sums, over a cell's tested steps, what each test sees per token under each bug class.
+
+    `update` per chunk of rows; `merge` of accumulators of one vocabulary and k; then
+    `tokens_needed` and `power_at`. The per-id class (drafter_misreports_one_id) is evaluated
+    at every id at once; its reported id (`misreported_id`) is the one whose TV, averaged over the
+    steps, is largest.
+    """
+
+    classes: tuple[BugClass, ...] = CATALOGUE
+    n_bins: int = BINS
+    vocab: int | None = None
+    k: int | None = None
+    steps: int = 0
+    slot_steps: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [S] tested steps per slot
+    count_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V] Σ_t p_t(v)(1 - p_t(v))
+    surprisal_h0_var: float = 0.0  # Σ_t Var_p(y_t)
+    has_slots: bool = True
+    sums: dict[str, _Sums] = field(default_factory=dict)
+
+    def update(
+        self,
+        p: torch.Tensor,
+        q: torch.Tensor | None,
+        tokens: torch.Tensor,
+        slots: torch.Tensor | None,
+        k: int,
+        tested: torch.Tensor,
+        *,
+        q_prev: torch.Tensor | None = None,
+    ) -> None:
+        """Add one chunk of rows.
+
+        p      [n, L, V]  target distributions after logits processing
+        q      [n, L, V]  reported q of the emitting slot, zeros where no draft; None: no drafter
+        tokens [n, L]     emitted ids (checked; the laws are of the token, not functions of it)
+        slots  [n, L]     long slot of each token in its round; None: not recorded (the slot test
+                          and bonus_from_previous_slot are then reported as having no power)
+        k      int        block length
+        tested [n, L]     bool, steps the tests count
+        q_prev [n, L, V]  the previous round's q for each step's slot, zeros where none. None:
+                          approximated by the q of the most recent earlier step of the row with
+                          the same slot and a draft — the previous round that reached that slot
+                          (exact when the previous round did; the loop's wasted drafts are not
+                          recorded, so a round that stopped earlier is skipped over).
+        """
+        if p.dim() != 3:
+            raise LosscheckError(f"PowerAccumulator.update needs p [n, L, V], got {tuple(p.shape)}")
+        shape2 = tuple(p.shape[:2])
+        for name, t in (("tokens", tokens), ("slots", slots), ("tested", tested)):
+            if t is not None and tuple(t.shape) != shape2:
+                raise LosscheckError(f"PowerAccumulator.update needs {name} [n, L] = {shape2}, got {tuple(t.shape)}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise LosscheckError(f"PowerAccumulator.update needs k an int >= 0, got {k!r}")
+        vocab = p.shape[-1]
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise LosscheckError(f"PowerAccumulator.update tokens: ids must lie in [0, {vocab})")
+        self._start(vocab, k, slots is not None)
+        p = normalized_rows(p, "PowerAccumulator.update p")
+        q = torch.zeros_like(p) if q is None else reported_q(q, p.shape, "PowerAccumulator.update q")
+        slot = torch.full(shape2, -1, dtype=torch.long) if slots is None else slots.long().cpu()
+        if slots is not None and slot.numel() and (int(slot.min()) < 0 or int(slot.max()) > k):
+            raise LosscheckError(f"PowerAccumulator.update slots: must lie in [0, k = {k}]")
+        if q_prev is None:
+            q_prev = _previous_same_slot(q, slot)
+        else:
+            q_prev = reported_q(q_prev, p.shape, "PowerAccumulator.update q_prev")
+        p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], 1)  # [n, L, V]
+        pick = tested.to(torch.bool).to(p.device)  # [n, L]
+        step = Step(
+            p=p[pick],  # [m, V]
+            q=q[pick],
+            slot=slot.to(p.device)[pick],  # [m]
+            k=k,
+            p_prev=p_prev[pick],
+            q_prev=q_prev.to(p.device)[pick],
+        )
+        self._add(step)
+
+    def _start(self, vocab: int, k: int, has_slots: bool) -> None:
+        if self.vocab is None:
+            self.vocab, self.k, self.has_slots = vocab, k, has_slots
+            self.slot_steps = _zeros(k + 1)
+            self.count_h0_var = _zeros(vocab)
+            self.sums = {bug.name: _Sums.empty(vocab, self.n_bins, k + 1, bug.per_id) for bug in self.classes}
+        elif (self.vocab, self.k) != (vocab, k):
+            raise LosscheckError(
+                f"PowerAccumulator: a chunk with V = {vocab}, k = {k} after chunks with V = {self.vocab}, k = {self.k}"
+            )
+        self.has_slots = self.has_slots and has_slots
+
+    def _add(self, step: Step) -> None:
+        m = len(step.p)
+        if m == 0:
+            return
+        p, q = step.p, step.q
+        tiles_p = _Tiles.of(p, p, self.n_bins)
+        tiles_r = _Tiles.of(p, p - q, self.n_bins)
+        y, y_var, _ = surprisal_scores(p)  # [m, V], [m]
+        self.steps += m
+        slot = step.slot.cpu()
+        self.slot_steps.index_add_(0, slot[slot >= 0], torch.ones(int((slot >= 0).sum()), dtype=torch.float64))
+        self.count_h0_var += (p * (1 - p)).sum(0).cpu()
+        self.surprisal_h0_var += float(y_var.sum())
+        for bug in self.classes:
+            if bug.per_id:
+                self.sums[bug.name].add(_per_id_sums(step, tiles_p, tiles_r, y, self.n_bins))
+            else:
+                self.sums[bug.name].add(self._law_sums(bug.law(step), step, tiles_p, tiles_r, y))
+
+    def _law_sums(self, law: torch.Tensor, step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor) -> _Sums:
+        """The sums of one chunk's steps under an explicit law p' [m, V]."""
+        p = step.p
+        inside = p > 0
+        pooled = tiles_p.masses(law)  # [m, B]
+        slot = pooled.new_zeros(self.slot_steps.shape[0], self.n_bins)
+        known = step.slot >= 0
+        slot.index_add_(0, step.slot[known], pooled[known])
+        drift = (law * y).sum(-1)  # [m]
+        return _Sums(
+            pooled=pooled.sum(0),
+            residual=tiles_r.masses(law).sum(0),
+            slot=slot,
+            in_support=torch.where(inside, law, 0.0).sum(),
+            count_drift=(law - p).sum(0),
+            count_var=(law * (1 - law)).sum(0),
+            surprisal_drift=drift.sum(),
+            surprisal_var=((law * y**2).sum(-1) - drift**2).clamp_min(0.0).sum(),
+            chi2=torch.where(inside, (law - p) ** 2 / p.clamp_min(1e-300), 0.0).sum(),
+            tv=0.5 * (law - p).abs().sum(),
+        )
+
+    @staticmethod
+    def merge(parts: list[PowerAccumulator]) -> PowerAccumulator:
+        """One accumulator holding all `parts` (same classes, vocabulary, k)."""
+        started = [part for part in parts if part.vocab is not None]
+        if not parts:
+            raise LosscheckError("PowerAccumulator.merge needs at least one part")
+        if not started:
+            return PowerAccumulator(classes=parts[0].classes, n_bins=parts[0].n_bins)
+        first = started[0]
+        if any(
+            (a.vocab, a.k, a.n_bins, a.classes) != (first.vocab, first.k, first.n_bins, first.classes) for a in started
+        ):
+            raise LosscheckError("PowerAccumulator.merge: parts differ in vocabulary, k, bins or classes")
+        out = PowerAccumulator(classes=first.classes, n_bins=first.n_bins)
+        assert first.vocab is not None and first.k is not None
+        out._start(first.vocab, first.k, all(a.has_slots for a in started))
+        for part in started:
+            out.steps += part.steps
+            out.slot_steps += part.slot_steps
+            out.count_h0_var += part.count_h0_var
+            out.surprisal_h0_var += part.surprisal_h0_var
+            for name, sums in part.sums.items():
+                out.sums[name].add(sums)
+        return out
+
+    @property
+    def misreported_id(self) -> int | None:
+        """The id the per-id class is reported at: the largest TV averaged over the steps."""
+        per_id = [bug for bug in self.classes if bug.per_id]
+        if not per_id or self.steps == 0:
+            return None
+        return int(self.sums[per_id[0].name].tv.argmax())
+
+    def tv(self) -> dict[str, float]:
+        """Each class's TV(p', p) averaged over the steps (the per-id class at `misreported_id`)."""
+        return {bug.name: float(self._view(bug).tv) / max(self.steps, 1) for bug in self.classes}
+
+    def tokens_needed(self, alpha_test: float, power: float) -> dict[str, dict[str, float]]:
+        """Per class and test (`TESTS` and `LR_BOUND`), the tokens needed for the test, at level
+        `alpha_test`, to reject with probability `power`; math.inf where it has no power. The
+        per-id class has no `pit.slot_chisquare` entry: its slot table would cost O(k·V·B)."""
+        check_open_unit("alpha_test", alpha_test)
+        check_open_unit("power", power)
+        return {
+            bug.name: {name: effect.tokens_needed(alpha_test, power) for name, effect in self._effects(bug).items()}
+            for bug in self.classes
+        }
+
+    def power_at(self, n_tokens: float, alpha_test: float, power_level: float) -> dict[str, dict[str, float]]:
+        """Per class and test, the probability that the test, at level `alpha_test`, rejects after
+        `n_tokens` tokens (same approximations as `tokens_needed`). `power_level` is the power the
+        cell states: it does not enter the probabilities; it is checked so that a report pairing
+        `power_at` with `tokens_needed(alpha_test, power_level)` speaks of one valid level."""
+        check_positive("n_tokens", n_tokens)
+        check_open_unit("alpha_test", alpha_test)
+        check_open_unit("power_level", power_level)
+        return {
+            bug.name: {name: effect.power(n_tokens, alpha_test) for name, effect in self._effects(bug).items()}
+            for bug in self.classes
+        }
+
+    def _view(self, bug: BugClass) -> _Sums:
+        """The class's sums; for the per-id class, at `misreported_id` (counts at that id)."""
+        sums = self.sums[bug.name]
+        if not bug.per_id:
+            return sums
+        v = self.misreported_id
+        assert v is not None
+        n = float(self.steps)
+        count_drift = _zeros(len(sums.count_drift))
+        count_drift[v] = sums.count_drift[v]
+        count_var = self.count_h0_var.clone()
+        count_var[v] += sums.count_var[v]
+        return _Sums(
+            pooled=sums.pooled[v] + n / self.n_bins,
+            residual=sums.residual[v] + n / self.n_bins,
+            slot=_zeros(0, self.n_bins),
+            in_support=torch.tensor(n, dtype=torch.float64),
+            count_drift=count_drift,
+            count_var=count_var,
+            surprisal_drift=sums.surprisal_drift[v],
+            surprisal_var=sums.surprisal_var[v] + self.surprisal_h0_var,
+            chi2=sums.chi2[v],
+            tv=sums.tv[v],
+        )
+
+    def _effects(self, bug: BugClass) -> dict[str, _Effect]:
+        if self.steps == 0:
+            raise LosscheckError("PowerAccumulator: no tested step was added")
+        sums = self._view(bug)
+        n = float(self.steps)
+        support = float(sums.in_support) / n
+        slot_w2, slot_df = self._slot_effect(sums)
+        counts: _Effect
+        if bug.per_id:
+            v = self.misreported_id
+            assert v is not None
+            counts = _EvalueEffect.of(sums, self, [v])
+        else:
+            counts = _EvalueEffect.of(sums, self, _count_candidates(sums, self.count_h0_var))
+        slot = {} if bug.per_id else {"pit.slot_chisquare": _ChisquareEffect(slot_w2, slot_df + 1, 1.0)}
+        return {
+            "pit.pooled_chisquare": _ChisquareEffect(_w2(sums.pooled, self.n_bins), self.n_bins, support),
+            "pit.residual_order": _ChisquareEffect(_w2(sums.residual, self.n_bins), self.n_bins, support),
+            **slot,
+            "pit.token_counts": counts,
+            "pit.surprisal": _EvalueEffect(
+                [float(sums.surprisal_drift) / n], [self.surprisal_h0_var / n], [float(sums.surprisal_var) / n], 1
+            ),
+            LR_BOUND: _LikelihoodRatioEffect(float(sums.chi2) / n, 1.0 - support),
+        }
+
+    def _slot_effect(self, sums: _Sums) -> tuple[float, int]:
+        """(per-token noncentrality w², df) of the slot × bin χ²; (0, 1) without slots."""
+        if not self.has_slots or sums.slot.shape[0] == 0:
+            return 0.0, 1
+        present = self.slot_steps > 0
+        share = self.slot_steps[present] / self.steps  # [S']
+        w2 = torch.stack([torch.tensor(_w2(row, self.n_bins)) for row in sums.slot[present]])  # [S']
+        return float((share * w2).sum()), int(present.sum()) * (self.n_bins - 1)
+
+
+def _w2(masses: torch.Tensor, n_bins: int) -> float:
+    """Cohen's w² of the average bin law `masses` [B] (normalised) against uniform."""
+    total = float(masses.sum())
+    if total <= 0:
+        return 0.0
+    return float(n_bins * ((masses / total - 1 / n_bins) ** 2).sum())
+
+
+def _count_candidates(sums: _Sums, h0_var: torch.Tensor) -> list[int]:
+    """Ids whose count test is solved exactly: the largest d² / τ² (detectability per token)."""
+    score = sums.count_drift**2 / torch.maximum(sums.count_var, h0_var).clamp_min(1e-300)
+    return score.topk(min(COUNT_CANDIDATES, len(score))).indices.tolist()
+
+
+class _Effect:
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        raise NotImplementedError
+
+    def power(self, n: float, alpha: float) -> float:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _ChisquareEffect(_Effect):
+    w2: float  # per-token noncentrality
+    n_bins: int  # cells (df + 1)
+    support: float  # share of tokens the test sees (inside p's support)
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        if self.w2 <= 0 or self.support <= 0:
+            return math.inf
+        n = chisquare_required_n(math.sqrt(self.w2), self.n_bins, alpha, power) / self.support
+        return n if n <= MAX_TOKENS else math.inf
+
+    def power(self, n: float, alpha: float) -> float:
+        if self.w2 <= 0:
+            return alpha
+        return float(_GOF_POWER.power(math.sqrt(self.w2), n * self.support, alpha, self.n_bins))
+
+
+@dataclass(frozen=True)
+class _EvalueEffect(_Effect):
+    """Mixture e-value tests of candidate sums, per token: drift d, H0 variance σ², H1 variance τ²;
+    judged at alpha / `bonferroni`, the best candidate counts."""
+
+    drift: list[float]
+    h0_var: list[float]
+    h1_var: list[float]
+    bonferroni: int
+
+    @classmethod
+    def of(cls, sums: _Sums, acc: PowerAccumulator, ids: list[int]) -> _EvalueEffect:
+        n = float(acc.steps)
+        return cls(
+            drift=[float(sums.count_drift[v]) / n for v in ids],
+            h0_var=[float(acc.count_h0_var[v]) / n for v in ids],
+            h1_var=[float(sums.count_var[v]) / n for v in ids],
+            bonferroni=len(acc.count_h0_var),
+        )
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        return min(
+            (
+                _evalue_tokens(d, s2, t2, alpha / self.bonferroni, power)
+                for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
+            ),
+            default=math.inf,
+        )
+
+    def power(self, n: float, alpha: float) -> float:
+        return max(
+            (
+                _evalue_power(n, d, s2, t2, alpha / self.bonferroni)
+                for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
+            ),
+            default=0.0,
+        )
+
+
+def _evalue_power(n: float, d: float, h0_var: float, h1_var: float, alpha: float) -> float:
+    """P(mixture e-value of S_n >= 1/alpha) with S_n ~ N(n·d, n·τ²), W_n = n·σ²."""
+    if d == 0 or h0_var <= 0:
+        return 0.0
+    threshold = evalue_threshold(n * h0_var, alpha)
+    sd = math.sqrt(n * max(h1_var, 1e-300))
+    return float(stats.norm.sf((threshold - n * abs(d)) / sd))
+
+
+def _evalue_tokens(d: float, h0_var: float, h1_var: float, alpha: float, power: float) -> float:
+    """Smallest n (to 0.1%) with `_evalue_power` >= power; inf beyond `MAX_TOKENS`."""
+    if d == 0 or h0_var <= 0:
+        return math.inf
+
+    def enough(n: float) -> bool:
+        return _evalue_power(n, d, h0_var, h1_var, alpha) >= power
+
+    high = 1.0
+    while not enough(high):
+        high *= 2
+        if high > MAX_TOKENS:
+            return math.inf
+    low = high / 2
+    while high - low > max(1.0, 1e-3 * high):
+        mid = (low + high) / 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return float(math.ceil(high))
+
+
+@dataclass(frozen=True)
+class _LikelihoodRatioEffect(_Effect):
+    chi2: float  # mean χ²(p' ‖ p) per token, over p's support
+    outside: float  # mean mass of p' outside p's support
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        z = float(stats.norm.isf(alpha) + stats.norm.ppf(power))
+        gauss = z**2 / self.chi2 if self.chi2 > 0 else math.inf
+        support = math.log1p(-power) / math.log1p(-self.outside) if 0 < self.outside < 1 else math.inf
+        n = min(gauss, support)
+        return float(max(1, math.ceil(n))) if n <= MAX_TOKENS else math.inf
+
+    def power(self, n: float, alpha: float) -> float:
+        gauss = float(stats.norm.sf(stats.norm.isf(alpha) - math.sqrt(n * self.chi2)))
+        support = 1.0 - (1.0 - self.outside) ** n if self.outside > 0 else 0.0
+        return max(gauss, support)
+
+
+def _previous_same_slot(q: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """[n, L, V] q of the most recent earlier step of each row with the same slot and a draft
+    (zeros where none, or where slots are unknown)."""
+    n, length, _ = q.shape
+    previous = torch.full((n, length), -1, dtype=torch.long)
+    if slot.numel() == 0 or int(slot.max()) < 0:
+        return torch.zeros_like(q)
+    drafted = (q.sum(-1) > 0).cpu()  # [n, L]
+    last = torch.full((n, int(slot.max()) + 1), -1, dtype=torch.long)  # [n, S]
+    rows = torch.arange(n)
+    for t in range(length):
+        s = slot[:, t].clamp_min(0)
+        previous[:, t] = torch.where(slot[:, t] >= 0, last[rows, s], -1)
+        update = drafted[:, t] & (slot[:, t] >= 0)
+        last[rows[update], s[update]] = t
+    index = previous.clamp_min(0).to(q.device)
+    gathered = q.gather(1, index[..., None].expand_as(q))
+    return torch.where((previous >= 0).to(q.device)[..., None], gathered, 0.0)
+
+
+def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, n_bins: int) -> _Sums:
+    """drafter_misreports_one_id at every candidate id at once, over one chunk's steps.
+
+    At a draft slot with reported q the drafter draws from q tilted by f = MISREPORT_FACTOR at v*.
+    With b = min(p, q) (the kept mass q·min(1, p/q)), A = Σ b, r = norm(max(0, p - q)) and
+    c = q(v*), the kept mass is b·f / (1 + (f-1)c) at v* and b / (1 + (f-1)c) elsewhere, so the law
+    is exactly p' = p - α·b - Δ·r + γ·e_{v*} with α = (f-1)c / (1 + (f-1)c),
+    γ = (f-1)·b(v*) / (1 + (f-1)c) and Δ = (f-1)(b(v*) - c·A) / (1 + (f-1)c), the accepted mass
+    gained. Every statistic is then linear (the χ² divergence quadratic) in per-step vectors
+    shared by all candidates and per-candidate scalars: O(V·B) work and memory per step.
+    """
+    vocab = step.p.shape[-1]
+    drafted = step.drafted.squeeze(-1)
+    empty = _Sums.empty(vocab, n_bins, 0, per_id=True)
+    if not bool(drafted.any()):
+        return empty
+    p, q, yd = step.p[drafted], step.q[drafted], y[drafted]  # [m, V]
+    tp, tr = tiles_p.rows(drafted), tiles_r.rows(drafted)
+    f = MISREPORT_FACTOR
+    b = torch.minimum(p, q)  # [m, V]: kept mass per id, q·min(1, p/q)
+    accepted = b.sum(-1, keepdim=True)  # [m, 1]
+    rest = 1 - accepted
+    r = torch.where(rest > 1e-12, (p - q).clamp_min(0.0) / rest.clamp_min(1e-300), 0.0)  # [m, V]
+    # per candidate v* (the [m, V] tensors below are indexed by v*), with c = q(v*):
+    norm = 1 + (f - 1) * q  # the tilted q's mass before renormalising
+    alpha = (f - 1) * q / norm
+    gamma = (f - 1) * b / norm
+    delta = (f - 1) * (b - q * accepted) / norm  # accepted mass gained = rejection mass lost
+    at_v = -alpha * b - delta * r + gamma  # [m, V]: p'(v*) - p(v*)
+    law_v = p + at_v
+
+    sums = empty
+    m_b, m_r = tp.masses(b), tp.masses(r)  # [m, B]
+    n_b, n_r = tr.masses(b), tr.masses(r)
+    sums.pooled = -(alpha.T @ m_b) - delta.T @ m_r
+    sums.residual = -(alpha.T @ n_b) - delta.T @ n_r
+    for bin_ in range(n_bins):
+        sums.pooled[:, bin_] += (gamma * tp.overlap(bin_, n_bins)).sum(0)
+        sums.residual[:, bin_] += (gamma * tr.overlap(bin_, n_bins)).sum(0)
+    sums.count_drift = at_v.sum(0)
+    sums.count_var = (law_v * (1 - law_v) - p * (1 - p)).sum(0)  # the shift from H0's variance
+    by, ry = (b * yd).sum(-1, keepdim=True), (r * yd).sum(-1, keepdim=True)  # [m, 1]
+    by2, ry2 = (b * yd**2).sum(-1, keepdim=True), (r * yd**2).sum(-1, keepdim=True)
+    drift = -alpha * by - delta * ry + gamma * yd  # [m, V]: E_p y = 0
+    second_shift = -alpha * by2 - delta * ry2 + gamma * yd**2
+    sums.surprisal_drift = drift.sum(0)
+    sums.surprisal_var = (second_shift - drift**2).sum(0)  # the shift from H0's variance
+    inside = p > 0
+    inv = torch.where(inside, 1 / p.clamp_min(1e-300), 0.0)
+    bb, br, rr = (
+        (b * b * inv).sum(-1, keepdim=True),
+        (b * r * inv).sum(-1, keepdim=True),
+        (r * r * inv).sum(-1, keepdim=True),
+    )
+    base = alpha**2 * bb + 2 * alpha * delta * br + delta**2 * rr  # Σ (α b + Δ r)² / p
+    sums.chi2 = (base + inv * (gamma**2 - 2 * gamma * (alpha * b + delta * r))).sum(0)
+    sums.tv = _per_id_tv(p, q, b, r, alpha, delta, at_v).sum(0)
+    return sums
+
+
+def _per_id_tv(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    b: torch.Tensor,
+    r: torch.Tensor,
+    alpha: torch.Tensor,
+    delta: torch.Tensor,
+    at_v: torch.Tensor,
+) -> torch.Tensor:
+    """[m, V] TV(p', p) of the misreport at each candidate v*, with p' - p = -α·b - Δ·r + γ·e_{v*}.
+
+    TV is the positive part's mass. At v* it is max(0, D(v*)). Elsewhere D = -α·b - Δ·r is <= 0
+    when Δ >= 0; when Δ < 0 it is positive exactly where r > 0 (p > q, so b = q) and
+    |Δ|·r > α·q, i.e. p / q > θ = 1 + α·(1 - A) / |Δ| — and v* is never one of those (Δ < 0 needs
+    b(v*) < q(v*)·A, so p(v*) < q(v*)). With the ratios sorted once per step, the sum over
+    ratio > θ is a suffix sum for every candidate.
+    """
+    ratio = torch.where(p > q, p / q.clamp_min(1e-300), 0.0)  # [m, V]; inf-like where q = 0 < p
+    ratio = torch.where((p > q) & (q == 0), math.inf, ratio)
+    sorted_ratio, order = ratio.sort(-1)
+    zero = torch.zeros_like(p[:, :1])
+    r_suffix = torch.cat([r.gather(-1, order).flip(-1).cumsum(-1).flip(-1), zero], -1)  # [m, V+1]
+    q_suffix = torch.cat([q.gather(-1, order).flip(-1).cumsum(-1).flip(-1), zero], -1)
+    rest = 1 - b.sum(-1, keepdim=True)
+    negative = delta < 0
+    theta = torch.where(negative, 1 + alpha * rest / (-delta).clamp_min(1e-300), math.inf)  # [m, V]
+    first = torch.searchsorted(sorted_ratio.contiguous(), theta.contiguous(), right=True)  # [m, V]
+    others = (-delta) * r_suffix.gather(-1, first) - alpha * q_suffix.gather(-1, first)
+    return at_v.clamp_min(0.0) + torch.where(negative, others.clamp_min(0.0), 0.0)

@@ -1,0 +1,204 @@
+"""Bug-class laws and their power: each law is a distribution equal to p where the bug cannot act,
+residual_is_p matches a brute-force run of the planted buggy verifier, the per-id evaluation of
+drafter_misreports_one_id matches its explicit law at every id, and the power table says what it
+should on the synthetic Markov chain of `losscheck.selftest.bugtable`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+
+import pytest
+import torch
+from scipy import stats
+
+from losscheck.errors import LosscheckError
+from losscheck.selftest import bugtable
+from losscheck.selftest.verifiers import verify_residual_is_p
+from losscheck.stats.bugclass import (
+    BY_NAME,
+    CATALOGUE,
+    LR_BOUND,
+    PowerAccumulator,
+    Step,
+    _per_id_sums,
+    _previous_same_slot,
+    _Tiles,
+)
+from losscheck.stats.conditional import surprisal_scores
+
+V, K = 7, 3
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _steps(m: int, seed: int) -> Step:
+    """m random steps: peaked p, a perturbed q (zero at every 4th step: the bonus slot k), p and q
+    of the previous step / round, slots cycling 0..k."""
+    g = torch.Generator().manual_seed(seed)
+
+    def law() -> torch.Tensor:
+        return torch.softmax(2 * torch.randn(m, V, generator=g, dtype=torch.float64), -1)
+
+    p = law()
+    q = torch.softmax(p.log() + torch.randn(m, V, generator=g, dtype=torch.float64), -1)
+    slot = torch.arange(m) % (K + 1)
+    q = torch.where((slot < K)[:, None], q, 0.0)
+    return Step(p=p, q=q, slot=slot, k=K, p_prev=law(), q_prev=law())
+
+
+def _law(bug, step: Step, misreported: int = 2) -> torch.Tensor:
+    return bug.law(Step(**{**step.__dict__, "misreported": misreported}))
+
+
+@pytest.mark.parametrize("bug", CATALOGUE, ids=lambda b: b.name)
+def test_each_law_is_a_distribution_and_p_where_the_bug_cannot_act(bug):
+    step = _steps(40, 0)
+    law = _law(bug, step)
+    assert (law >= 0).all() and torch.allclose(law.sum(-1), torch.ones(40, dtype=torch.float64))
+    assert not torch.allclose(law, step.p), f"{bug.name} never acts on random steps"
+    # where the bug cannot act: no draft for the draft-slot bugs, no bonus slot for the bonus bug,
+    # no previous step / round
+    quiet = Step(
+        p=step.p,
+        q=torch.zeros_like(step.q),
+        slot=torch.zeros_like(step.slot),
+        k=K,
+        p_prev=torch.zeros_like(step.p),
+        q_prev=torch.zeros_like(step.p),
+    )
+    if "temperature" not in bug.name and bug.name != "per_request_params_mixed":
+        assert torch.allclose(_law(bug, quiet), step.p), bug.name
+    # q equal to p (and to the previous round's q): no rejection, nothing to mis-verify
+    if bug.name in ("residual_is_p", "stale_q"):
+        same = Step(**{**step.__dict__, "q": step.p, "q_prev": step.p})
+        assert torch.allclose(_law(bug, same), step.p), bug.name
+    # a point-mass drafter: over-drawing its one id (or any other) leaves the point mass
+    if bug.per_id:
+        point = torch.nn.functional.one_hot(step.p.argmin(-1), V).double()
+        for v in range(V):
+            assert torch.allclose(_law(bug, Step(**{**step.__dict__, "q": point}), v), step.p), (bug.name, v)
+
+
+def test_misreport_needs_the_id():
+    with pytest.raises(LosscheckError, match="misreported"):
+        BY_NAME["drafter_misreports_one_id"].law(_steps(3, 1))
+
+
+def test_residual_is_p_law_matches_the_planted_buggy_verifier():
+    """200k one-draft rounds of `verify_residual_is_p` at one (p, q): the emitted token's counts
+    against the law, Pearson χ² at alpha = 1e-4 (a correct law fails with probability 1e-4)."""
+    step = _steps(1, 2)
+    p, q = step.p[0], step.q[0]
+    rounds = 200_000
+    g = torch.Generator().manual_seed(3)
+    drafts = torch.multinomial(q.expand(rounds, -1), 1, replacement=True, generator=g)  # [R, 1]
+    probs = torch.stack([p, torch.softmax(torch.zeros(V, dtype=torch.float64), -1)])  # slot 0, bonus
+    outcome = verify_residual_is_p(probs.expand(rounds, -1, -1), drafts, q.expand(rounds, 1, -1), g)
+    counts = torch.bincount(outcome.tokens[:, 0], minlength=V).double()
+    law = BY_NAME["residual_is_p"].law(
+        Step(p[None], q[None], torch.zeros(1, dtype=torch.long), 1, p[None] * 0, q[None] * 0)
+    )
+    chi2 = stats.chisquare(counts.numpy(), rounds * law[0].numpy())
+    assert chi2.pvalue > 1e-4, (
+        f"counts {counts.tolist()} vs expected {(rounds * law[0]).tolist()}: p = {chi2.pvalue:.3g}"
+    )
+    honest = stats.chisquare(counts.numpy(), rounds * p.numpy())
+    assert honest.pvalue < 1e-10, "the buggy verifier's output should differ from p at this (p, q)"
+
+
+def test_per_id_evaluation_matches_the_explicit_law_at_every_id():
+    step = _steps(60, 4)
+    tiles_p, tiles_r = _Tiles.of(step.p, step.p, 10), _Tiles.of(step.p, step.p - step.q, 10)
+    y, var, _ = surprisal_scores(step.p)
+    sums = _per_id_sums(step, tiles_p, tiles_r, y, 10)
+    for v in range(V):
+        law = _law(BY_NAME["drafter_misreports_one_id"], step, v)
+        diff = law - step.p
+        expected = {
+            "pooled": tiles_p.masses(law).sum(0) - 60 / 10,
+            "residual": tiles_r.masses(law).sum(0) - 60 / 10,
+            "count_drift": diff[:, v].sum(),
+            "count_var": (law[:, v] * (1 - law[:, v]) - step.p[:, v] * (1 - step.p[:, v])).sum(),
+            "surprisal_drift": (law * y).sum(),
+            "surprisal_var": ((law * y**2).sum(-1) - (law * y).sum(-1) ** 2 - var).sum(),
+            "chi2": (diff**2 / step.p).sum(),
+            "tv": 0.5 * diff.abs().sum(),
+        }
+        for name, value in expected.items():
+            got = getattr(sums, name)[v]
+            assert torch.allclose(got, value, atol=1e-10), f"id {v}, {name}: {got} != {value}"
+
+
+def test_previous_same_slot_q_is_the_last_drafted_step_of_that_slot():
+    q = torch.eye(6, dtype=torch.float64)[None].expand(1, 6, 6).clone()  # step t's q = e_t
+    q[0, 4] = 0  # step 4 had no draft
+    slot = torch.tensor([[0, 1, 0, 1, 0, 0]])
+    prev = _previous_same_slot(q, slot)
+    assert prev.argmax(-1).tolist() == [[0, 0, 0, 1, 2, 2]] and prev[0, :2].sum() == 0
+
+
+@functools.cache
+def _small_table() -> dict[float, tuple[PowerAccumulator, dict]]:
+    out = {}
+    for acceptance in bugtable.ACCEPTANCES:
+        chain = bugtable.make_chain(acceptance, seed=0)
+        acc = bugtable.accumulate(chain, bugtable.simulate(chain, rows=300, seed=1))
+        out[acceptance] = (acc, acc.tokens_needed(6.6e-6, 0.99))
+    return out
+
+
+def test_the_tests_meant_for_each_class_have_power_and_beat_the_pooled_test_where_it_cancels():
+    for acceptance, (_, needed) in _small_table().items():
+        for bug in CATALOGUE:
+            for test in (*bug.caught_by, LR_BOUND):
+                assert math.isfinite(needed[bug.name][test]), f"{bug.name}: {test} has no power at acc {acceptance}"
+        for name in ("residual_is_p", "stale_q", "drafter_misreports_one_id"):
+            row = needed[name]
+            best = min(row[t] for t in ("pit.residual_order", "pit.token_counts", "pit.surprisal"))
+            assert best < row["pit.pooled_chisquare"], f"{name} at acc {acceptance}: {row}"
+            assert row[LR_BOUND] <= best, f"{name}: the LR bound must be the smallest: {row}"
+
+
+def test_power_at_the_tokens_needed_is_the_power():
+    acc, needed = _small_table()[0.88]
+    for bug in ("residual_is_p", "target_temperature_1.1"):
+        for test, n in needed[bug].items():
+            if math.isfinite(n) and n > 1:
+                power = acc.power_at(n, 6.6e-6, 0.99)[bug][test]
+                assert 0.985 <= power <= 0.9999, f"{bug} {test}: power {power} at its {n} tokens"
+
+
+def test_merge_equals_one_accumulation():
+    chain = bugtable.make_chain(0.88, seed=5)
+    steps = bugtable.simulate(chain, rows=40, seed=6)
+    whole = bugtable.accumulate(chain, steps, chunk=40)
+    halves = [
+        bugtable.accumulate(
+            chain,
+            dataclasses.replace(steps, **{f: getattr(steps, f)[rows] for f in ("tokens", "before", "slots", "stale")}),
+        )
+        for rows in (slice(0, 25), slice(25, 40))
+    ]
+    merged = PowerAccumulator.merge(halves)
+    for bug, row in whole.tokens_needed(1e-3, 0.9).items():
+        assert row == pytest.approx(merged.tokens_needed(1e-3, 0.9)[bug], rel=1e-6), bug
+    with pytest.raises(LosscheckError, match="k = 4"):
+        whole.update(
+            torch.full((1, 2, bugtable.VOCAB), 1 / bugtable.VOCAB),
+            None,
+            torch.zeros(1, 2, dtype=torch.long),
+            None,
+            3,
+            torch.ones(1, 2, dtype=torch.bool),
+        )
+
+
+def test_the_command_runs_fast_at_small_settings(capsys):
+    began = time.perf_counter()
+    assert bugtable.main(["--rows", "100"]) == 0
+    elapsed = time.perf_counter() - began
+    out = capsys.readouterr().out
+    assert "residual_is_p" in out and "observed 0.8" in out and "observed 0.9" in out
+    assert elapsed < 60, f"python -m losscheck.selftest.bugtable --rows 100 took {elapsed:.0f} s"
