@@ -123,7 +123,7 @@ def test_per_id_evaluation_matches_the_explicit_law_at_every_id():
             "count_var": (law[:, v] * (1 - law[:, v]) - step.p[:, v] * (1 - step.p[:, v])).sum(),
             "surprisal_drift": (law * y).sum(),
             "surprisal_var": ((law * y**2).sum(-1) - (law * y).sum(-1) ** 2 - var).sum(),
-            "chi2": (diff**2 / step.p).sum(),
+            "lr": (diff**2 / step.p).sum() * torch.tensor([0.5, 1.0, -0.5, 1.0], dtype=torch.float64),
             "tv": 0.5 * diff.abs().sum(),
         }
         for name, value in expected.items():

@@ -32,7 +32,7 @@ VOCAB, K, LENGTH = 64, 4, 16
 CELL_ALPHA = 1.98e-5  # the gate's per-test α: one cell's share of --losscheck-alpha 0.01
 POWER = 0.99
 ACCEPTANCES = (0.88, 0.97)
-ROWS = 2000  # rows of LENGTH tokens per drafter: 32k steps
+ROWS = 4000  # rows of LENGTH tokens per drafter: 64k steps
 POOLED_LEVEL = ("pit.pooled_chisquare", "pit.slot_chisquare")  # tests judged at CELL_ALPHA / PIT_TESTS
 
 

@@ -24,11 +24,13 @@ sees per token under the bug and reports the tokens needed at a per-test level �
   exact; their power here is that approximation. `pit.token_counts` is judged at α / V
   (Bonferroni over ids) for its best id, searched among the 8 ids with the largest d²/τ².
 - the likelihood-ratio bound (`lr_bound`): the Neyman–Pearson test that knows the bug's law at
-  every step, in its local Gaussian form — the log-LR sum has mean ±n·χ̄²/2 and variance n·χ̄²
-  under both hypotheses, χ̄² the mean χ²-divergence χ²(p'‖p) over steps — so it needs
-  n = (z_{1-α} + z_power)² / χ̄² tokens. Mass p' puts outside p's support is caught by the
-  support check after n = log(1 - power) / log(1 - mass) tokens; the bound is the smaller.
-  No test of the suite can beat it by more than the local approximation's error.
+  every step, its log-LR sum taken as Gaussian: with ℓ = log(p'/p), per token means μ1 = KL(p'‖p)
+  under the bug and μ0 = -KL(p‖p') under H0 and variances σ1², σ0² (all averaged over steps),
+  n = ((z_{1-α}·σ0 + z_power·σ1) / (μ1 - μ0))² — in the local limit (z_{1-α} + z_power)² / χ̄²,
+  the form used for the per-id class, χ̄² the mean χ²-divergence χ²(p'‖p). Mass p' puts outside
+  p's support is caught by the support check after n = log(1 - power) / log(1 - mass) tokens;
+  the bound is the smaller. It is a benchmark, not a guarantee: for bugs concentrated on few
+  steps (the bonus slot) the log-LR sum is far from Gaussian.
 
 What the numbers assume: the steps are those of the run shown (p, q and slots from the cell's own
 loop), and the bug changes only the emitted token's law at each step, not which prefixes and
@@ -204,7 +206,7 @@ CATALOGUE: tuple[BugClass, ...] = (
         "top_p_one_side",
         f"the drafter samples from q truncated to top-p {TOP_P:g} but reports the untruncated q",
         _top_p_one_side,
-        ("pit.residual_order",),
+        ("pit.pooled_chisquare",),  # the output leans to the head of p: the pooled law moves
     ),
     BugClass(
         "per_request_params_mixed",
@@ -277,7 +279,9 @@ class _Sums:
     count_var: torch.Tensor  # [V]  Σ_t p'_t(v)(1 - p'_t(v)): Var_{p'} of the increment of S_v
     surprisal_drift: torch.Tensor  # [] or [V]  Σ_t E_{p'}[y_t]
     surprisal_var: torch.Tensor  # [] or [V]  Σ_t Var_{p'}(y_t)
-    chi2: torch.Tensor  # [] or [V]  Σ_t χ²(p'_t ‖ p_t) over p's support
+    # [4] or [V, 4]: Σ_t of the log-LR ℓ = log(p'/p)'s mean and variance under the bug, then under
+    # H0 (over the common support); the per-id class uses the local form from χ²(p'‖p) (below)
+    lr: torch.Tensor
     tv: torch.Tensor  # [] or [V]  Σ_t TV(p'_t, p_t)
 
     @classmethod
@@ -292,7 +296,7 @@ class _Sums:
             count_var=_zeros(vocab),
             surprisal_drift=_zeros(*lead),
             surprisal_var=_zeros(*lead),
-            chi2=_zeros(*lead),
+            lr=_zeros(*lead, 4),
             tv=_zeros(*lead),
         )
 
@@ -431,7 +435,7 @@ class PowerAccumulator:
             count_var=(law * (1 - law)).sum(0),
             surprisal_drift=drift.sum(),
             surprisal_var=((law * y**2).sum(-1) - drift**2).clamp_min(0.0).sum(),
-            chi2=torch.where(inside, (law - p) ** 2 / p.clamp_min(1e-300), 0.0).sum(),
+            lr=_log_lr_moments(p, law).sum(0),
             tv=0.5 * (law - p).abs().sum(),
         )
 
@@ -517,7 +521,7 @@ class PowerAccumulator:
             count_var=count_var,
             surprisal_drift=sums.surprisal_drift[v],
             surprisal_var=sums.surprisal_var[v] + self.surprisal_h0_var,
-            chi2=sums.chi2[v],
+            lr=sums.lr[v],
             tv=sums.tv[v],
         )
 
@@ -535,6 +539,7 @@ class PowerAccumulator:
             counts = _EvalueEffect.of(sums, self, [v])
         else:
             counts = _EvalueEffect.of(sums, self, _count_candidates(sums, self.count_h0_var))
+        h1_mean, h1_var, h0_mean, h0_var = (sums.lr / n).tolist()
         slot = {} if bug.per_id else {"pit.slot_chisquare": _ChisquareEffect(slot_w2, slot_df + 1, 1.0)}
         return {
             "pit.pooled_chisquare": _ChisquareEffect(_w2(sums.pooled, self.n_bins), self.n_bins, support),
@@ -544,7 +549,7 @@ class PowerAccumulator:
             "pit.surprisal": _EvalueEffect(
                 [float(sums.surprisal_drift) / n], [self.surprisal_h0_var / n], [float(sums.surprisal_var) / n], 1
             ),
-            LR_BOUND: _LikelihoodRatioEffect(float(sums.chi2) / n, 1.0 - support),
+            LR_BOUND: _LikelihoodRatioEffect(h1_mean, h1_var, h0_mean, h0_var, outside=1.0 - support),
         }
 
     def _slot_effect(self, sums: _Sums) -> tuple[float, int]:
@@ -667,20 +672,49 @@ def _evalue_tokens(d: float, h0_var: float, h1_var: float, alpha: float, power: 
 
 @dataclass(frozen=True)
 class _LikelihoodRatioEffect(_Effect):
-    chi2: float  # mean χ²(p' ‖ p) per token, over p's support
-    outside: float  # mean mass of p' outside p's support
+    """The Neyman–Pearson test of p' against p, per token: the log-LR's mean and variance under
+    the bug and under H0; the sum of n is taken as Gaussian."""
+
+    h1_mean: float
+    h1_var: float
+    h0_mean: float
+    h0_var: float
+    outside: float  # mean mass of p' outside p's support (caught by the support check)
 
     def tokens_needed(self, alpha: float, power: float) -> float:
-        z = float(stats.norm.isf(alpha) + stats.norm.ppf(power))
-        gauss = z**2 / self.chi2 if self.chi2 > 0 else math.inf
+        gap = self.h1_mean - self.h0_mean
+        spread = float(stats.norm.isf(alpha)) * math.sqrt(self.h0_var) + float(stats.norm.ppf(power)) * math.sqrt(
+            self.h1_var
+        )
+        gauss = (spread / gap) ** 2 if gap > 0 else math.inf
         support = math.log1p(-power) / math.log1p(-self.outside) if 0 < self.outside < 1 else math.inf
         n = min(gauss, support)
         return float(max(1, math.ceil(n))) if n <= MAX_TOKENS else math.inf
 
     def power(self, n: float, alpha: float) -> float:
-        gauss = float(stats.norm.sf(stats.norm.isf(alpha) - math.sqrt(n * self.chi2)))
+        gap = self.h1_mean - self.h0_mean
+        gauss = 0.0
+        if gap > 0:
+            z = (math.sqrt(n) * gap - float(stats.norm.isf(alpha)) * math.sqrt(self.h0_var)) / math.sqrt(
+                max(self.h1_var, 1e-300)
+            )
+            gauss = float(stats.norm.cdf(z))
         support = 1.0 - (1.0 - self.outside) ** n if self.outside > 0 else 0.0
         return max(gauss, support)
+
+
+def _log_lr_moments(p: torch.Tensor, law: torch.Tensor) -> torch.Tensor:
+    """[m, 4] per step: mean and variance of ℓ = log(p'/p) under p' (the bug), then under p (H0),
+    over the tokens both give positive probability (mass outside p's support is counted apart;
+    tokens only p can emit make ℓ = -inf under H0, which only helps the test, and are left out)."""
+    common = (p > 0) & (law > 0)
+    ell = torch.where(common, law.clamp_min(1e-300).log() - p.clamp_min(1e-300).log(), 0.0)  # [m, V]
+    moments = []
+    for weight in (law, p):
+        w = torch.where(common, weight, 0.0)
+        mean = (w * ell).sum(-1)
+        moments += [mean, ((w * ell**2).sum(-1) - mean**2).clamp_min(0.0)]
+    return torch.stack(moments, -1)
 
 
 def _previous_same_slot(q: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
@@ -758,7 +792,10 @@ def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, 
         (r * r * inv).sum(-1, keepdim=True),
     )
     base = alpha**2 * bb + 2 * alpha * delta * br + delta**2 * rr  # Σ (α b + Δ r)² / p
-    sums.chi2 = (base + inv * (gamma**2 - 2 * gamma * (alpha * b + delta * r))).sum(0)
+    chi2 = (base + inv * (gamma**2 - 2 * gamma * (alpha * b + delta * r))).sum(0)  # [V]
+    # the local form of the log-LR's moments: mean ±χ²/2, variance χ² under both laws (exact to
+    # second order in p' - p; the misreport's distortion per step is small)
+    sums.lr = torch.stack([chi2 / 2, chi2, -chi2 / 2, chi2], -1)
     sums.tv = _per_id_tv(p, q, b, r, alpha, delta, at_v).sum(0)
     return sums
 
