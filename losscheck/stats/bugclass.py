@@ -63,6 +63,9 @@ COUNT_CANDIDATES = 8  # ids whose count test is solved exactly, of those with th
 MAX_TOKENS = 1e13  # beyond this a test is reported as having no power (math.inf)
 TESTS = ("pit.pooled_chisquare", "pit.residual_order", "pit.slot_chisquare", "pit.token_counts", "pit.surprisal")
 LR_BOUND = "lr_bound"
+# Steps are evaluated in blocks of at most this many probabilities (a few dozen [m, V] float64
+# temporaries of 32 MiB each), whatever the chunk the caller passes.
+_BLOCK_ELEMENTS = 1 << 22
 _GOF_POWER = GofChisquarePower()
 
 
@@ -86,6 +89,12 @@ class Step:
     p_prev: torch.Tensor
     q_prev: torch.Tensor
     misreported: int | None = None
+
+    def rows(self, part: slice) -> Step:
+        """The steps `part` of a flat batch of steps [m, ...]."""
+        return Step(
+            self.p[part], self.q[part], self.slot[part], self.k, self.p_prev[part], self.q_prev[part], self.misreported
+        )
 
     @property
     def drafted(self) -> torch.Tensor:
@@ -252,11 +261,26 @@ class _Tiles:
         edges = torch.cat([torch.zeros_like(inner[:, :1]), inner, cum[:, -1:]], -1)  # [m, B+1]
         return edges.diff(dim=-1)
 
-    def overlap(self, b: int, n_bins: int) -> torch.Tensor:
-        """[m, V] fraction of each id's PIT interval inside bin b (0 for ids of p = 0)."""
-        lo, hi = b / n_bins, (b + 1) / n_bins
-        width = ((self.start + self.p).clamp_max(hi) - self.start.clamp_min(lo)).clamp_min(0.0)
-        return torch.where(self.p > 0, width / self.p.clamp_min(1e-300), 0.0)
+    def spread_by_id(self, weight: torch.Tensor, n_bins: int) -> torch.Tensor:
+        """[V, B]: Σ_t weight_t(v) · (share of v's PIT interval at step t inside bin b), for
+        weight [m, V]; ids of p = 0 have no interval. Most intervals lie inside one bin and are
+        added at once; the few that straddle an edge (at most B - 1 per step, plus the ids of
+        p > 1/B) are split exactly."""
+        m, vocab = self.p.shape
+        end = self.start + self.p
+        first = (self.start * n_bins).floor().long().clamp(0, n_bins - 1)  # [m, V]
+        last = torch.maximum((end * n_bins).ceil().long() - 1, first).clamp(max=n_bins - 1)
+        ids = torch.arange(vocab, device=self.p.device).expand(m, -1)
+        positive = self.p > 0
+        out = torch.zeros(vocab * n_bins, dtype=weight.dtype, device=weight.device)
+        inside = positive & (first == last)
+        out.index_add_(0, (ids * n_bins + first)[inside], weight[inside])
+        straddle = positive & (first != last)
+        start, width, w, v = self.start[straddle], self.p[straddle], weight[straddle], ids[straddle]
+        for b in range(n_bins):
+            share = ((start + width).clamp_max((b + 1) / n_bins) - start.clamp_min(b / n_bins)).clamp_min(0.0) / width
+            out.index_add_(0, v * n_bins + b, w * share)
+        return out.view(vocab, n_bins)
 
     def rows(self, keep: torch.Tensor) -> _Tiles:
         """The tiles of the steps `keep` [m] selects."""
@@ -384,7 +408,9 @@ class PowerAccumulator:
             p_prev=p_prev[pick],
             q_prev=q_prev.to(p.device)[pick],
         )
-        self._add(step)
+        block = max(1, _BLOCK_ELEMENTS // vocab)  # steps per pass: bounds the [m, V] temporaries
+        for start in range(0, len(step.p), block):
+            self._add(step.rows(slice(start, start + block)))
 
     def _start(self, vocab: int, k: int, has_slots: bool) -> None:
         if self.vocab is None:
@@ -773,9 +799,8 @@ def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, 
     n_b, n_r = tr.masses(b), tr.masses(r)
     sums.pooled = -(alpha.T @ m_b) - delta.T @ m_r
     sums.residual = -(alpha.T @ n_b) - delta.T @ n_r
-    for bin_ in range(n_bins):
-        sums.pooled[:, bin_] += (gamma * tp.overlap(bin_, n_bins)).sum(0)
-        sums.residual[:, bin_] += (gamma * tr.overlap(bin_, n_bins)).sum(0)
+    sums.pooled += tp.spread_by_id(gamma, n_bins)
+    sums.residual += tr.spread_by_id(gamma, n_bins)
     sums.count_drift = at_v.sum(0)
     sums.count_var = (law_v * (1 - law_v) - p * (1 - p)).sum(0)  # the shift from H0's variance
     by, ry = (b * yd).sum(-1, keepdim=True), (r * yd).sum(-1, keepdim=True)  # [m, 1]
