@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from losscheck.core.sampling import SamplingParams
-from losscheck.core.verify import verify_block
+from losscheck.core.verify import BlockOutcome, verify_block
 from losscheck.errors import OptionError, UnderpoweredError
 from losscheck.selftest.registry import CATALOGUE
 from losscheck.verifiers import cases
@@ -96,6 +96,40 @@ def test_the_hf_adapter_leaves_the_global_rng_alone_and_replays_from_its_generat
     assert torch.equal(runs[0].accepted, runs[1].accepted)
 
 
+class PerRow:
+    """`verify_block` deciding one request per row (`decide`), by parameter group; with
+    `first_params_only` it applies the first row's parameters to every row (a batch-expansion bug)."""
+
+    def __init__(self, first_params_only: bool = False) -> None:
+        self.first_params_only = first_params_only
+
+    def __call__(self, logits, drafts, q, params, generator):
+        return verify_block(logits, drafts, q, params, generator)
+
+    def decide(self, logits, drafts, q, params, generator):
+        accepted = torch.zeros(len(drafts), dtype=torch.long)
+        tokens = torch.zeros(len(drafts), drafts.shape[1] + 1, dtype=torch.long)
+        groups = {params[0]: list(range(len(params)))} if self.first_params_only else {}
+        for row, p in enumerate(params):
+            if not self.first_params_only:
+                groups.setdefault(p, []).append(row)
+        for p, rows in groups.items():
+            idx = torch.tensor(rows)
+            out = verify_block(logits[idx], drafts[idx], None if q is None else q[idx], p, generator)
+            accepted[idx], tokens[idx] = out.accepted, out.tokens
+        return BlockOutcome(accepted, tokens)
+
+
+def test_mixed_batches_run_for_a_verifier_that_decides_one_request_per_row():
+    honest = run_tier(PerRow(), TierConfig(detect_tv=PLANTED_TV, greedy_rows=5000), "per-row")
+    assert honest.passed and not honest.not_run, "\n".join(honest.lines())
+    assert any(r.name.startswith("joint[mixed-k4-q/") for r in honest.results)
+    broken = run_tier(PerRow(first_params_only=True), TierConfig(detect_tv=PLANTED_TV, greedy_rows=5000), "first")
+    assert not broken.passed
+    assert {r.name.split("/")[0] for r in broken.results if not r.passed} >= {"joint[mixed-k4-q"}
+    assert not any(r.name.startswith("joint[T1-k4-q/") for r in broken.results if not r.passed)
+
+
 def test_an_underpowered_tier_errors_before_drawing():
     with pytest.raises(UnderpoweredError, match="underpowered"):
         run_tier(verify_block, TierConfig(replicates=200))
@@ -106,14 +140,14 @@ def test_the_closed_form_joint_law_is_lossless(call):
     """Summing the (accepted, tokens) law over everything but the first token gives p_0: the
     closed form is standard speculative sampling's, whose output is the target's."""
     for case in call.cases:
-        law = cases.joint_law(case, call.params)
+        law = cases.joint_law(case)
         vocab, k = case.vocab, case.k
         first = torch.zeros(vocab, dtype=torch.float64)
         offsets = cases.outcome_offsets(vocab, k)
         for a in range(k + 1):
             block = law[offsets[a] : offsets[a] + vocab ** (a + 1)].view(vocab, -1)  # y_0 is the leading digit
             first += block.sum(-1)
-        assert torch.allclose(first, cases.first_token_law(case, call.params), atol=1e-12), case.name
+        assert torch.allclose(first, cases.first_token_law(case), atol=1e-12), case.name
 
 
 def test_outcome_codes_match_the_law_index():
@@ -126,7 +160,7 @@ def test_outcome_codes_match_the_law_index():
 
 
 MODULE = """
-from losscheck.core.verify import verify_block
+from losscheck.core.verify import BlockOutcome, verify_block
 
 def good():
     return verify_block

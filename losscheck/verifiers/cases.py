@@ -41,6 +41,7 @@ class Case:
     """One synthetic request: tables of one block, replicated over many rows of a call."""
 
     name: str
+    params: SamplingParams  # the request's sampling parameters
     start: int  # the token before slot 0
     target_logits: torch.Tensor  # [k+1, V, V] raw logits of slot j given the previous token (PAD −inf from `real`)
     draft: (
@@ -59,16 +60,16 @@ class Case:
 
 @dataclass(frozen=True)
 class Call:
-    """Cases verified together: one `Verifier` call per chunk of their rows, shuffled together.
+    """Cases verified together: one verifier call per chunk of their rows, shuffled together.
 
     The `Verifier` signature takes one `SamplingParams` and one `q` (a tensor or None) per call,
     so a batch mixing greedy and sampled requests, temperatures or truncations is run as one call
     per parameter group; inside a call, rows of different cases (targets, drafters, ragged
-    lengths, one-hot and stochastic q) are mixed.
+    lengths, one-hot and stochastic q) are mixed. A *mixed* call (cases of different parameters)
+    runs only for a verifier that takes one request per row (`losscheck.verifiers.tier`).
     """
 
     name: str
-    params: SamplingParams
     point_mass: bool  # q is passed as None (every case's draft table is one-hot)
     cases: tuple[Case, ...]
 
@@ -76,16 +77,22 @@ class Call:
     def k(self) -> int:
         return self.cases[0].k
 
+    @property
+    def params(self) -> SamplingParams | None:
+        """The cases' common parameters; None for a mixed call."""
+        found = {c.params for c in self.cases}
+        return found.pop() if len(found) == 1 else None
 
-def target_table(case: Case, params: SamplingParams) -> torch.Tensor:
-    """[k+1, V, V] float64 p_j(· | previous token), processed with `params` (rows sum to 1)."""
-    p = process_logits(case.target_logits, params).double()
+
+def target_table(case: Case) -> torch.Tensor:
+    """[k+1, V, V] float64 p_j(· | previous token), processed with the case's params (rows sum to 1)."""
+    p = process_logits(case.target_logits, case.params).double()
     return p / p.sum(-1, keepdim=True)
 
 
-def first_token_law(case: Case, params: SamplingParams) -> torch.Tensor:
+def first_token_law(case: Case) -> torch.Tensor:
     """[V] float64 law of the first emitted token: p_0 given the start token."""
-    return target_table(case, params)[0, case.start]
+    return target_table(case)[0, case.start]
 
 
 def n_outcomes(vocab: int, k: int) -> int:
@@ -113,9 +120,20 @@ def encode(accepted: torch.Tensor, tokens: torch.Tensor, vocab: int) -> torch.Te
     return outcome_offsets(vocab, k).to(tokens.device)[accepted] + value
 
 
-def joint_law(case: Case, params: SamplingParams) -> torch.Tensor:
+def decode(code: int, vocab: int, k: int) -> tuple[int, list[int]]:
+    """The (accepted count, emitted tokens) of outcome `code` (`encode`'s inverse)."""
+    offsets = outcome_offsets(vocab, k).tolist()
+    accepted = max(a for a in range(k + 1) if offsets[a] <= code)
+    value, tokens = code - offsets[accepted], []
+    for _ in range(accepted + 1):
+        value, digit = divmod(value, vocab)
+        tokens.append(digit)
+    return accepted, tokens[::-1]
+
+
+def joint_law(case: Case) -> torch.Tensor:
     """[n_outcomes(V, k)] float64 exact law of (accepted, emitted tokens), indexed as `encode`."""
-    p = target_table(case, params)  # [k+1, V, V]
+    p = target_table(case)  # [k+1, V, V]
     q = case.draft.double()  # [k, V, V]
     vocab, k = case.vocab, case.k
     parts = []
@@ -181,14 +199,15 @@ def _case(
     draft = draft / draft.sum(-1, keepdim=True)
     pad = torch.nn.functional.one_hot(torch.tensor(PAD), target.shape[-1]).double()
     draft[real:] = pad  # [k - real, V, V] every previous token drafts the pad
-    return Case(name=name, start=start, target_logits=target.float(), draft=draft, real=real)
+    return Case(name=name, params=params, start=start, target_logits=target.float(), draft=draft, real=real)
 
 
 def standard_calls(seed: int, vocab: int = VOCAB) -> tuple[Call, ...]:
     """The tier's calls: four sampled parameter groups (temperature, top-k, top-p, block length
     2 to 5), each as one call with q as tensors (stochastic, one-hot, q = p, ragged, all pad) and
-    one with q None (point mass, full and ragged), and a greedy group (full, ragged, all pad)
-    called once with q and once with q None."""
+    one with q None (point mass, full and ragged); a greedy group (full, ragged, all pad) called
+    once with q and once with q None; then two mixed calls (k = 4, one with q and one with q
+    None) whose rows are greedy and sampled requests of every group's parameters."""
     gen = torch.Generator().manual_seed(seed)
 
     def logits(slots: int, scale: float = 1.5) -> torch.Tensor:
@@ -209,43 +228,43 @@ def standard_calls(seed: int, vocab: int = VOCAB) -> tuple[Call, ...]:
         target = logits(k + 1)
         close = target[:k] + logits(k, 0.8)  # a drafter that mostly agrees with the target
         far = logits(k)  # one that does not
-        calls.append(
-            Call(
-                f"{label}-k{k}-q",
-                params,
-                False,
-                (
-                    _case("close", params, target, close, k, start(), "sampled"),
-                    _case("far-ragged", params, logits(k + 1), far, k // 2, start(), "sampled"),
-                    _case("argmax-as-probs", params, target, close, k, start(), "argmax"),
-                    _case("self", params, logits(k + 1), None, k, start(), "self"),
-                    _case("all-pad", params, logits(k + 1), far, 0, start(), "sampled"),
-                ),
-            )
+        stochastic = (
+            _case("close", params, target, close, k, start(), "sampled"),
+            _case("far-ragged", params, logits(k + 1), far, k // 2, start(), "sampled"),
+            _case("argmax-as-probs", params, target, close, k, start(), "argmax"),
+            _case("self", params, logits(k + 1), None, k, start(), "self"),
+            _case("all-pad", params, logits(k + 1), far, 0, start(), "sampled"),
         )
-        calls.append(
-            Call(
-                f"{label}-k{k}-point",
-                params,
-                True,
-                (
-                    _case("point", params, target, close, k, start(), "argmax"),
-                    _case("point-ragged", params, logits(k + 1), far, 1, start(), "argmax"),
-                ),
-            )
+        calls.append(Call(f"{label}-k{k}-q", False, stochastic))
+        point = (
+            _case("point", params, target, close, k, start(), "argmax"),
+            _case("point-ragged", params, logits(k + 1), far, 1, start(), "argmax"),
         )
+        calls.append(Call(f"{label}-k{k}-point", True, point))
     greedy = SamplingParams(temperature=0.0)
     for point_mass in (False, True):  # greedy verification must ignore q, given or not
-        calls.append(
-            Call(
-                f"greedy-k4-{'point' if point_mass else 'q'}",
-                greedy,
-                point_mass,
-                (
-                    _case("full", greedy, logits(5), None, 4, start(), "greedy-mix"),
-                    _case("ragged", greedy, logits(5), None, 2, start(), "greedy-mix"),
-                    _case("all-pad", greedy, logits(5), None, 0, start(), "greedy-mix"),
-                ),
-            )
+        rows = (
+            _case("full", greedy, logits(5), None, 4, start(), "greedy-mix"),
+            _case("ragged", greedy, logits(5), None, 2, start(), "greedy-mix"),
+            _case("all-pad", greedy, logits(5), None, 0, start(), "greedy-mix"),
         )
+        calls.append(Call(f"greedy-k4-{'point' if point_mass else 'q'}", point_mass, rows))
+    sampled = [params for params, _ in groups]
+    mixed: list[Case] = [_case("greedy", greedy, logits(5), None, 4, start(), "greedy-mix")]
+    for params, (name, real, mode) in zip(
+        sampled,
+        (("close", 4, "sampled"), ("ragged", 2, "sampled"), ("argmax-as-probs", 4, "argmax"), ("self", 4, "self")),
+    ):
+        target = logits(5)
+        mixed.append(
+            _case(f"{name}-{params.label()}", params, target, target[:4] + logits(4, 0.8), real, start(), mode)
+        )
+    calls.append(Call("mixed-k4-q", False, tuple(mixed)))
+    point_rows = [_case("greedy", greedy, logits(5), None, 4, start(), "greedy-mix")]
+    for params, real in zip(sampled[:2], (4, 1)):
+        target = logits(5)
+        point_rows.append(
+            _case(f"point-{params.label()}", params, target, target[:4] + logits(4, 0.8), real, start(), "argmax")
+        )
+    calls.append(Call("mixed-k4-point", True, tuple(point_rows)))
     return tuple(calls)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
@@ -105,6 +106,8 @@ class TierReport:
     verifier_seconds: float  # time inside the verifier
     alpha_per_test: float  # each χ² test's level
     replicates: int  # rows per sampled case
+    detect_tv: float  # binned TV every χ² test was asserted to detect at its power
+    not_run: tuple[str, ...] = ()  # mixed calls left out: the verifier takes one SamplingParams per call
 
     @property
     def passed(self) -> bool:
@@ -130,11 +133,10 @@ class TierReport:
                 out.append(f"  {name:<20} {verdict}  {results[0].observed}")
                 continue
             worst = min(results, key=lambda r: r.p_value)
-            tv = max(r.detectable.get("tv", 0.0) for r in results)
             out.append(
                 f"  {name:<20} {verdict}  {len(results) - len(failed)}/{len(results)} passed, "
                 f"min p {worst.p_value:.3g}, alpha {self.alpha_per_test:.2g} each, "
-                f"detects TV >= {tv:.4f} at power {results[0].power:g}"
+                f"each detects TV >= {self.detect_tv:g} at power {results[0].power:g}"
             )
             out += [f"    {r.message()}" for r in failed[:3]]
         rate = self.draws / self.seconds if self.seconds > 0 else float("inf")
@@ -142,6 +144,11 @@ class TierReport:
             f"  {self.draws} draws ({self.replicates} per sampled case) in {self.seconds:.1f} s: {rate:,.0f} draws/s, "
             f"{rate * 60 / 1e6:.1f} M/min ({self.verifier_seconds:.1f} s in the verifier)"
         )
+        if self.not_run:
+            out.append(
+                f"  not run: {', '.join(self.not_run)} (mixed batches: the verifier takes one SamplingParams "
+                "per call and has no per-row `decide`)"
+            )
         out.append(f"verdict: {'PASS' if self.passed else 'FAIL: ' + ', '.join(self.failed_checks())}")
         return out
 
@@ -164,6 +171,7 @@ class _CallState:
     best: torch.Tensor  # [C, k+1, V] argmax tables
     real: torch.Tensor  # [C] real drafts
     start: torch.Tensor  # [C] start tokens
+    greedy: torch.Tensor  # [C] bool: greedy request
     joint: torch.Tensor = field(init=False)  # [C, n_outcomes] counts
     first: torch.Tensor = field(init=False)  # [C, V] counts
 
@@ -179,10 +187,11 @@ def _state(call: Call) -> _CallState:
         call=call,
         logits=torch.stack([c.target_logits for c in cs]),
         draft=torch.stack([c.draft for c in cs]),
-        target=torch.stack([synthetic.target_table(c, call.params) for c in cs]),
+        target=torch.stack([synthetic.target_table(c) for c in cs]),
         best=torch.stack([synthetic.best_tokens(c) for c in cs]),
         real=torch.tensor([c.real for c in cs]),
         start=torch.tensor([c.start for c in cs]),
+        greedy=torch.tensor([c.params.greedy for c in cs]),
     )
 
 
@@ -208,25 +217,38 @@ def _emitted(accepted: torch.Tensor, k: int) -> torch.Tensor:
     return torch.arange(k + 1)[None, :] <= accepted[:, None]
 
 
-def _verify(verifier: Verifier, st: _CallState, drafts, logits, q, gen) -> BlockOutcome:
+def takes_rows(verifier: Verifier) -> bool:
+    """Whether `verifier` also decides a batch of one request per row: a method
+    `decide(logits, drafts, q, params: list[SamplingParams], generator) -> BlockOutcome` (vLLM's
+    adapter, `losscheck.engines.vllm_verifier`, has one). Only such a verifier runs mixed calls."""
+    return callable(getattr(verifier, "decide", None))
+
+
+def _verify(verifier: Verifier, st: _CallState, case_of, drafts, logits, q, gen) -> BlockOutcome:
+    q = None if st.call.point_mass else q
     params = st.call.params
-    outcome = verifier(logits, drafts, None if st.call.point_mass else q, params, gen)
+    if params is None:  # a mixed call: one request per row
+        rows = [st.call.cases[int(c)].params for c in case_of]
+        outcome = cast(Any, verifier).decide(logits, drafts, q, rows, gen)
+    else:
+        outcome = verifier(logits, drafts, q, params, gen)
     return checked_outcome(outcome, verifier, *drafts.shape)
 
 
 class _Run:
     def __init__(self, verifier: Verifier, config: TierConfig) -> None:
         self.verifier, self.config = verifier, config
-        self.calls = config.calls if config.calls is not None else synthetic.standard_calls(config.seed)
-        self.sampled = [(call, case) for call in self.calls if not call.params.greedy for case in call.cases]
+        calls = config.calls if config.calls is not None else synthetic.standard_calls(config.seed)
+        self.calls = [c for c in calls if c.params is not None or takes_rows(verifier)]
+        self.not_run = [c.name for c in calls if c not in self.calls]  # mixed calls, per-call params only
+        self.sampled = [(call, case) for call in self.calls for case in call.cases if not case.params.greedy]
         self.n_tests = 2 * len(self.sampled)  # first-token and joint per sampled case, fixed before drawing
         self.level = per_test_alpha(config.alpha, max(self.n_tests, 1))
         self.replicates = config.replicates or replicates_needed(config, self.n_tests)
-        ok = "the checked rows"
         self.tallies = {
             name: _Tally(name, expected)
             for name, expected in (
-                ("outcome", f"a well-formed BlockOutcome with emitted ids in the vocabulary for every call ({ok})"),
+                ("outcome", "a well-formed BlockOutcome with emitted ids in the vocabulary from every call"),
                 ("greedy", "greedy rows to accept the drafts matching the target's argmax and emit its argmax"),
                 ("drafted-length", "accepted counts within each row's real drafts (pad drafts have p = 0)"),
                 ("own-drafts", "the emitted tokens before the stop slot to be the row's own drafts"),
@@ -243,10 +265,7 @@ class _Run:
         found = {}
         n = self.replicates
         for call, case in self.sampled:
-            laws = {
-                "first-token": synthetic.first_token_law(case, call.params),
-                "joint": synthetic.joint_law(case, call.params),
-            }
+            laws = {"first-token": synthetic.first_token_law(case), "joint": synthetic.joint_law(case)}
             for test, law in laws.items():
                 # the first token has at most V outcomes: each of >= 5 expected gets its own bin
                 max_bins = self.config.max_bins if test == "joint" else max(self.config.max_bins, n)
@@ -272,14 +291,15 @@ class _Run:
         states = [_state(call) for call in self.calls]
         for st in states:
             self.run_call(st)
-        self.check_reproducible(next((s for s in states if not s.call.params.greedy), states[0]))
+        if states:
+            self.check_reproducible(next((s for s in states if not bool(s.greedy.all())), states[0]))
         results = [t.result(self.config.power) for name, t in self.tallies.items() if name != "support"]
         chi2 = []
         support = self.tallies["support"]
         for st in states:
-            if st.call.params.greedy:
-                continue
             for c, case in enumerate(st.call.cases):
+                if case.params.greedy:
+                    continue
                 for test, counts in (("first-token", st.first[c]), ("joint", st.joint[c])):
                     law, bin_of, expected = laws[st.call.name, case.name, test]
                     chi2 += self.chisquare(test, st.call, case, counts, law, bin_of, expected, support)
@@ -290,7 +310,10 @@ class _Run:
         if test == "joint":  # a first token outside p_0's support is outside the joint law's too
             if int(outside.sum()):
                 code = int((law == 0).nonzero()[int(outside.nonzero()[0, 0]), 0])
-                support.example = support.example or f"{call.name}/{case.name}: outcome code {code}"
+                accepted, tokens = synthetic.decode(code, case.vocab, case.k)
+                support.example = support.example or (
+                    f"{call.name}/{case.name}: accepted {accepted}, emitted {tokens} (exact probability 0)"
+                )
             support.count += int(outside.sum())
             support.n += int(counts.sum())
         inside = int(counts.sum()) - int(outside.sum())
@@ -299,7 +322,7 @@ class _Run:
         observed = torch.bincount(bin_of, weights=counts.where(law > 0, 0).double(), minlength=len(expected))
         what = "first emitted token" if test == "first-token" else "(accepted count, emitted tokens)"
         desc = (
-            f"{what} of {call.params.label()} rows ({case.name}, {case.real} of {call.k} drafts real) "
+            f"{what} of {case.params.label()} rows ({case.name}, {case.real} of {call.k} drafts real) "
             f"over {len(expected)} bins of exact probability"
         )
         result = goodness_of_fit(
@@ -314,7 +337,7 @@ class _Run:
 
     def run_call(self, st: _CallState) -> None:
         call, cfg = st.call, self.config
-        rows = cfg.greedy_rows if call.params.greedy else self.replicates
+        rows = torch.tensor([cfg.greedy_rows if c.params.greedy else self.replicates for c in call.cases])
         draft_gen = make_generator(cfg.seed, "verifier-tier", call.name, "draft")
         verify_gen = make_generator(cfg.seed, "verifier-tier", call.name, "verify")
         cases = torch.arange(len(call.cases)).repeat_interleave(rows)
@@ -323,7 +346,7 @@ class _Run:
             drafts, prev, logits, q = _draw(st, chunk, draft_gen)
             started = time.perf_counter()
             try:
-                outcome = _verify(self.verifier, st, drafts, logits, q, verify_gen)
+                outcome = _verify(self.verifier, st, chunk, drafts, logits, q, verify_gen)
             except Exception as exc:  # a verifier that raises fails `outcome`; the run goes on
                 self.tallies["outcome"].event(f"{call.name}: {_raised(exc)}")
                 return
@@ -341,47 +364,51 @@ class _Run:
             bad_ids.any(-1), lambda i: f"{call.name}: row emitted {tokens[i, : accepted[i] + 1].tolist()}"
         )
         keep = ~bad_ids.any(-1)
-        case_of, drafts, prev, accepted, tokens = case_of[keep], drafts[keep], prev[keep], accepted[keep], tokens[keep]
-        emitted = emitted[keep]
-        rows = torch.arange(len(case_of))
-        real = st.real[case_of]
+        rows = _Rows(call, case_of[keep], drafts[keep], prev[keep], accepted[keep], tokens[keep])
+        self.tallies["drafted-length"].add(rows.accepted > st.real[rows.case_of], rows.describe)
+        greedy = st.greedy[rows.case_of]
+        self.check_greedy(st, rows.select(greedy))
+        self.check_sampled(st, rows.select(~greedy))
 
-        def row(i: int) -> str:
-            return (
-                f"{call.name}/{call.cases[int(case_of[i])].name}: drafts {drafts[i].tolist()}, accepted "
-                f"{int(accepted[i])}, emitted {tokens[i, : accepted[i] + 1].tolist()}"
+    def check_greedy(self, st: _CallState, rows: _Rows) -> None:
+        k, n = st.call.k, len(rows.case_of)
+        index = torch.arange(n)
+        best = st.best[rows.case_of[:, None], torch.arange(k + 1)[None, :], rows.prev]  # [N, k+1]
+        want = (rows.drafts == best[:, :k]).long().cumprod(-1).sum(-1)  # [N]
+        expected = torch.cat([rows.drafts, best[:, k:]], 1)  # [N, k+1]
+        expected[index, want] = best[index, want]
+        same = (rows.accepted == want) & ((rows.tokens == expected) | ~_emitted(want, k)).all(-1)
+
+        def describe(i: int) -> str:
+            return rows.describe(i) + (
+                f"; the argmax rule accepts {int(want[i])} and emits {expected[i, : want[i] + 1].tolist()}"
             )
 
-        self.tallies["drafted-length"].add(accepted > real, row)
-        if call.params.greedy:
-            best = st.best[case_of[:, None], torch.arange(k + 1)[None, :], prev]  # [N, k+1]
-            want = (drafts == best[:, :k]).long().cumprod(-1).sum(-1)  # [N]
-            expected = torch.cat([drafts, best[:, k:]], 1)
-            expected[rows, want] = best[rows, want]
-            same = (accepted == want) & ((tokens == expected) | ~_emitted(want, k)).all(-1)
-            self.tallies["greedy"].add(
-                ~same,
-                lambda i: (
-                    row(i) + f"; argmax rule: accepted {int(want[i])}, emitted {expected[i, : want[i] + 1].tolist()}"
-                ),
-            )
-            return
-        a = accepted.clamp(max=k)
-        before_stop = emitted[:, :k] & (torch.arange(k)[None, :] < a[:, None])
-        self.tallies["own-drafts"].add((before_stop & (tokens[:, :k] != drafts)).any(-1), row)
-        rejected = a < real
+        self.tallies["greedy"].add(~same, describe)
+
+    def check_sampled(self, st: _CallState, rows: _Rows) -> None:
+        k, vocab, n = st.call.k, st.logits.shape[-1], len(rows.case_of)
+        index = torch.arange(n)
+        a = rows.accepted
+        before_stop = torch.arange(k)[None, :] < a[:, None]  # [N, k]
+        self.tallies["own-drafts"].add((before_stop & (rows.tokens[:, :k] != rows.drafts)).any(-1), rows.describe)
+        rejected = a < st.real[rows.case_of]
         slot = a.clamp(max=k - 1)
-        x = drafts[rows, slot]
-        p = st.target[case_of, slot, prev[rows, slot], x]
-        q = st.draft[case_of, slot, prev[rows, slot], x]
+        x, before = rows.drafts[index, slot], rows.prev[index, slot]
+        p = st.target[rows.case_of, slot, before, x]
+        q = st.draft[rows.case_of, slot, before, x]
         self.tallies["never-reject-p>=q"].add(
             rejected & (p >= q * (1 + RATIO_TOLERANCE)),
-            lambda i: row(i) + f"; p = {float(p[i]):.4g}, q = {float(q[i]):.4g}",
+            lambda i: (
+                rows.describe(i) + f"; rejected at slot {int(slot[i])} with p = {float(p[i]):.4g} >= "
+                f"q = {float(q[i]):.4g}"
+            ),
         )
-        codes = synthetic.encode(a, tokens, vocab)
+        codes = synthetic.encode(a, rows.tokens, vocab)
         n_codes = st.joint.shape[1]
-        st.joint += torch.bincount(case_of * n_codes + codes, minlength=st.joint.numel()).view_as(st.joint)
-        st.first += torch.bincount(case_of * vocab + tokens[:, 0], minlength=st.first.numel()).view_as(st.first)
+        st.joint += torch.bincount(rows.case_of * n_codes + codes, minlength=st.joint.numel()).view_as(st.joint)
+        first = rows.case_of * vocab + rows.tokens[:, 0]
+        st.first += torch.bincount(first, minlength=st.first.numel()).view_as(st.first)
 
     def check_reproducible(self, st: _CallState) -> None:
         gen = make_generator(self.config.seed, "verifier-tier", "reproducible", "draft")
@@ -389,17 +416,45 @@ class _Run:
         drafts, _, logits, q = _draw(st, case_of, gen)
         outcomes = []
         for _ in range(2):
+            again = make_generator(self.config.seed, "verifier-tier", "reproducible", "verify")
             try:
-                outcomes.append(
-                    _verify(self.verifier, st, drafts, logits, q, make_generator(self.config.seed, "again"))
-                )
+                outcomes.append(_verify(self.verifier, st, case_of, drafts, logits, q, again))
             except Exception:  # `outcome` has failed on it already
                 return
         first, second = outcomes
         a1, a2 = first.accepted.cpu(), second.accepted.cpu()
-        same_tokens = ((first.tokens.cpu() == second.tokens.cpu()) | ~_emitted(a1, st.call.k)).all(-1)
+        t1, t2 = first.tokens.cpu(), second.tokens.cpu()
+        same_tokens = ((t1 == t2) | ~_emitted(a1, st.call.k)).all(-1)
         self.tallies["reproducible"].add(
-            (a1 != a2) | ~same_tokens, lambda i: f"{st.call.name} row {i}: accepted {int(a1[i])} then {int(a2[i])}"
+            (a1 != a2) | ~same_tokens,
+            lambda i: (
+                f"{st.call.name} row {i}: emitted {t1[i, : a1[i] + 1].tolist()}, then {t2[i, : a2[i] + 1].tolist()}"
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Checked rows of one call: their cases [N], drafts [N, k], previous tokens [N, k+1] and
+    outcome (accepted [N], tokens [N, k+1])."""
+
+    call: Call
+    case_of: torch.Tensor
+    drafts: torch.Tensor
+    prev: torch.Tensor
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+
+    def select(self, mask: torch.Tensor) -> _Rows:
+        return _Rows(
+            self.call, self.case_of[mask], self.drafts[mask], self.prev[mask], self.accepted[mask], self.tokens[mask]
+        )
+
+    def describe(self, i: int) -> str:
+        case = self.call.cases[int(self.case_of[i])]
+        return (
+            f"{self.call.name}/{case.name}: drafts {self.drafts[i].tolist()}, accepted {int(self.accepted[i])}, "
+            f"emitted {self.tokens[i, : self.accepted[i] + 1].tolist()}"
         )
 
 
@@ -423,4 +478,6 @@ def run_tier(verifier: Verifier, config: TierConfig | None = None, name: str | N
         verifier_seconds=run.verifier_seconds,
         alpha_per_test=run.level,
         replicates=run.replicates,
+        detect_tv=config.detect_tv,
+        not_run=tuple(run.not_run),
     )
