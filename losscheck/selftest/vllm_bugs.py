@@ -17,7 +17,7 @@ models a real bug class of speculative verifiers:
 
 `losscheck.engines.vllm_verifier.VLLMRejectionVerifier(sampler=BUG())` makes any of them a losscheck
 `Verifier`. They run with vLLM's sampler as it is on the platform; on vLLM's CPU build pair them
-with the CPU expand fix (`fix_expand=True`), which the correct path needs too.
+with the CPU build's sampler fixes (`cpu_fixes=True`), which the correct path needs too.
 """
 
 from __future__ import annotations
