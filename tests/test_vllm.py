@@ -274,10 +274,12 @@ def test_vllm_draft_model_certified_with_the_cpu_fixes(pytester):
     certify_engine(pytester, "cpu_draft_model_fixed", GREEDY_AND_T1).assert_outcomes(passed=2)
 
 
+@pytest.mark.slow
 def test_vllm_draft_model_as_shipped_fails_its_sampled_cell(pytester):
     """The same engine as vLLM's CPU build ships it: greedy passes, the T = 1 cell fails (the
     expand bug: the target's logits divided by uninitialised temperatures). A finding, asserted so
-    that a fixed vLLM shows up here."""
+    that a fixed vLLM shows up here; slow, as vLLM's CPU engine decodes several times slower on
+    those temperatures (the fast evidence is the strict-xfail unit tests above)."""
     certify_engine(pytester, "cpu_draft_model", GREEDY_AND_T1).assert_outcomes(passed=1, failed=1)
 
 
@@ -292,6 +294,7 @@ def test_vllm_draft_model_as_shipped_fails_its_sampled_cell(pytester):
         "cpu_eagle3_fixed",
         "cpu_draft_model_fixed_two_sample",
         "cpu_draft_probabilistic_fixed_two_sample",
+        "cpu_draft_tempered2_fixed_two_sample",
         "cpu_ngram_fixed_two_sample",
         "cpu_eagle3_fixed_two_sample",
     ],
