@@ -215,6 +215,24 @@ def test_vllm_rejection_sampler_as_shipped_on_cpu_follows_the_exact_round_law():
     assert p > ALPHA, f"χ² p = {p:.3g} <= α = {ALPHA:g} over {ROWS} rounds"
 
 
+@pytest.mark.skipif(not _cpu_override_active(), reason="vLLM runs its Triton kernels here (no CPU override)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.32 CPU: top-k on the rejection sampler's empty target logits (a step without drafts) takes "
+    "the max of an empty tensor in apply_top_k_only and raises",
+)
+def test_vllm_cpu_top_k_on_a_step_without_drafts_as_shipped():
+    from vllm.v1.sample import rejection_sampler as rs
+
+    rs.apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None)
+
+
+def test_top_k_on_a_step_without_drafts_with_the_cpu_fix():
+    from losscheck.engines.vllm_verifier import apply_top_k_top_p
+
+    assert apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None).shape == (0, VOCAB)
+
+
 # --- 2. planted bugs: each rejected by the exact-law test -------------------------------------------------
 # (bug, the case it is planted in): the bonus and mixed-request bugs need a case where they move the law
 BUG_CASES = {
@@ -249,9 +267,11 @@ def test_planted_mixed_requests_bug_is_rejected_in_a_mixed_batch():
 
 
 # --- 3. vLLM's LLM certified as a black-box engine ---------------------------------------------------------
-def certify_engine(pytester: pytest.Pytester, factory: str, select: str) -> pytest.RunResult:
+def certify_engine(
+    pytester: pytest.Pytester, factory: str, select: str, module: str = "losscheck.engines.vllm"
+) -> pytest.RunResult:
     """The shipped black-box tests (`losscheck/plugin/certify/test_blackbox.py`) selected by `select`,
-    for `losscheck.engines.vllm:<factory>`, in a pytest process of its own."""
+    for `<module>:<factory>`, in a pytest process of its own."""
     return pytester.runpytest_subprocess(
         "--pyargs",
         "losscheck.plugin.certify",
@@ -259,7 +279,7 @@ def certify_engine(pytester: pytest.Pytester, factory: str, select: str) -> pyte
         "no:cacheprovider",
         "-k",
         select,
-        f"--losscheck-engine=losscheck.engines.vllm:{factory}",
+        f"--losscheck-engine={module}:{factory}",
         "-rA",
     )
 
@@ -305,6 +325,20 @@ def test_vllm_engine_certified_in_every_cell(pytester, factory):
     certify_engine(pytester, factory, EVERY_CELL).assert_outcomes(passed=6)
 
 
+@pytest.mark.slow
+def test_a_planted_verifier_bug_in_vllm_is_caught_under_the_stress_drafter(pytester):
+    """vLLM's engine with its recovered token drawn from p instead of the residual
+    (`losscheck.selftest.vllm_bugs`), drafting with the tempered stress drafter: its T = 1 one-sample
+    cell fails."""
+    result = certify_engine(
+        pytester,
+        "cpu_draft_tempered2_recovered_from_target",
+        "test_engine_sampling and T1]",
+        module="losscheck.selftest.vllm_bugs",
+    )
+    result.assert_outcomes(failed=1)
+
+
 ACCEPTANCE = """
 import json, sys
 from losscheck import bundled
@@ -341,21 +375,3 @@ def test_vllm_reports_its_acceptance_length(method):
     print(line[0])
     taus = [v["tau"] for v in json.loads(line[0].split(" ", 2)[2]).values()]
     assert all(tau is None or 1 <= tau <= 1 + 4 for tau in taus), taus  # k = 4
-
-
-@pytest.mark.skipif(not _cpu_override_active(), reason="vLLM runs its Triton kernels here (no CPU override)")
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.32 CPU: top-k on the rejection sampler's empty target logits (a step without drafts) takes "
-    "the max of an empty tensor in apply_top_k_only and raises",
-)
-def test_vllm_cpu_top_k_on_a_step_without_drafts_as_shipped():
-    from vllm.v1.sample import rejection_sampler as rs
-
-    rs.apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None)
-
-
-def test_top_k_on_a_step_without_drafts_with_the_cpu_fix():
-    from losscheck.engines.vllm_verifier import apply_top_k_top_p
-
-    assert apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None).shape == (0, VOCAB)

@@ -93,3 +93,39 @@ BUGS: dict[str, type[rs.RejectionSampler]] = {
     "bonus-from-last-draft": BonusFromLastDraft,
     "mixed-requests": MixedRequests,
 }
+
+
+def _plant(worker: Any, bug: str) -> None:
+    """On a vLLM worker (`LLM.collective_rpc`): its model runner verifies with the planted `bug`,
+    the CPU sampler fixes still in place."""
+    worker.model_runner.rejection_sampler = BUGS[bug]()
+
+
+class PlantedEngineFactory:
+    """`losscheck.engines.vllm`'s fixed CPU engine for `method`, its speculative `LLM` verifying
+    with the planted `bug` (the baseline `LLM` untouched): a black-box engine with a verifier bug,
+    for showing which drafting makes the black-box cells catch it."""
+
+    def __init__(self, method: str, bug: str) -> None:
+        self.method, self.bug = method, bug
+
+    def __call__(self, target: Any) -> Any:
+        from losscheck.engines.vllm import CPUEngineFactory
+
+        engine = CPUEngineFactory(self.method, cpu_fixes=True)(target)
+        make = engine.make_llm
+
+        def make_llm(spec: dict[str, Any] | None) -> Any:
+            llm = make(spec)
+            if spec is not None:
+                llm.collective_rpc(_plant, args=(self.bug,))
+            return llm
+
+        engine.make_llm = make_llm
+        engine.name = f"vllm-cpu+{self.bug}({self.method}, k={engine.k})"
+        return engine
+
+
+# --losscheck-engine=losscheck.selftest.vllm_bugs:NAME
+cpu_draft_probabilistic_recovered_from_target = PlantedEngineFactory("draft_probabilistic", "recovered-from-target")
+cpu_draft_tempered2_recovered_from_target = PlantedEngineFactory("draft_tempered2", "recovered-from-target")
