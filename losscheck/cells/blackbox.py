@@ -126,7 +126,9 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     target = session.target("main", cell.precision.target)
     gen = as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params)
     gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
-    results, facts = score_pit(session, cell.id, target, rows, gen, cell.precision.tolerance)
+    results, facts = score_pit(
+        session, cell.id, target, rows, gen, cell.precision.tolerance, pooled_tv=profile.detect_tv
+    )
     return CellOutcome(
         cell,
         verdict=combine(cell.id, results, session.per_test_alpha),

@@ -4,6 +4,7 @@ verifier's conformance checks) and exact enumeration on the small-vocabulary tar
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,13 +12,17 @@ from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
 from losscheck.cells.scoring import score_pit
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
-from losscheck.errors import LosscheckError
+from losscheck.errors import LosscheckError, UnderpoweredError
 from losscheck.plan.cell import Cell
 from losscheck.plan.profiles import min_horizon
 from losscheck.run import factory
 from losscheck.run.session import Session
 from losscheck.serving.axis import requests
 from losscheck.stats import sample_size
+from losscheck.stats.pit import pit_required_values
+
+if TYPE_CHECKING:
+    from losscheck.stats.bugclass import PowerAccumulator
 
 
 def run_cell(session: Session, cell: Cell) -> CellOutcome:
@@ -29,46 +34,63 @@ def run_cell(session: Session, cell: Cell) -> CellOutcome:
 
 
 def run_pit(session: Session, cell: Cell) -> CellOutcome:
-    """Teacher-forced PIT of the spec loop's sequences, plus the conformance of its verifier to
-    standard speculative sampling (`losscheck.cells.conformance`), the cell's alpha split over both."""
+    """Teacher-forced PIT and exact-conditional tests of the spec loop's sequences, plus the
+    conformance of its verifier to standard speculative sampling (`losscheck.cells.conformance`),
+    the cell's alpha split evenly over all of them.
+
+    The tested sample is sized by power per bug class: a pilot, drawn from its own stream and
+    never tested, measures from its own p and q what each test would see per token under each
+    bug class (`losscheck.stats.bugclass`); the fresh sample then draws the tokens the costliest
+    class within the profile's cap needs, and the cell asserts, from the tested sample's own p
+    and q, that every such class is caught at the profile's power."""
     from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder
+    from losscheck.cells.scoring import measure_power
+    from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
+    from losscheck.stats.conditional import CONDITIONAL_TESTS
     from losscheck.stats.pit import PIT_TESTS
 
     profile = session.options.profile
     horizon = profile.pit_horizon(cell.k)
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
-    alpha_pit = session.per_test_alpha * PIT_TESTS / (PIT_TESTS + CONFORMANCE_TESTS)
-    n = sample_size.pit_sequences(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins, horizon)
-    needed = sample_size.pit_required_values(alpha_pit, profile.power, profile.detect_tv, profile.pit_bins)
+    tests = PIT_TESTS + CONDITIONAL_TESTS + CONFORMANCE_TESTS
+    alpha_scored = session.per_test_alpha * (PIT_TESTS + CONDITIONAL_TESTS) / tests
+    alpha_test = session.per_test_alpha / tests
     clock = Phases()
     server = factory.server(session, cell)
-    engine = server.engine
-    verify = engine.verifier if engine is not None else None
+    target = session.cell_target(cell)
+    tolerance = cell.precision.tolerance
     with clock("requests"):  # a warm prefix cache's first turn
         prompts = requests(server, factory.serve_context(session, cell), prompts, horizon, cell.params, "pit")
-    pilot: dict[str, int] = {}
-    for stream in ("pit-sample", "pit-resample"):
-        recorder = None
-        if engine is not None and verify is not None:  # the recorder wraps the verifier in this process only
-            key = ("conformance",) if stream == "pit-sample" else ("conformance", stream)
-            recorder = engine.verifier = Recorder(verify, make_generator(session.options.seed, cell.id, *key))
-        with clock("generate"):
-            rows, gen = generate_rows(session, cell, server, prompts, n, horizon, stream)
-        drawn = int(gen.mask().sum())
-        if drawn >= needed:
-            break
-        # EOS cut the sequences short (e.g. at a high temperature): this sample was a pilot and is
-        # set aside; a fresh one, sized from its tokens per sequence, is the one tested (its size
-        # depends on the pilot only, so optional stopping cannot bias the tests)
-        pilot = {"pilot_sequences": n, "pilot_tokens": drawn}
-        n = math.ceil(needed * sample_size.SAMPLE_MARGIN * n / max(drawn, 1))
-    with clock("score"):  # the teacher-forced pass and the PIT tests
+    with clock("pilot"):
+        pilot_rows, pilot = generate_rows(session, cell, server, prompts, profile.pilot_sequences, horizon, "pit-pilot")
+        measured = measure_power(session, target, pilot_rows, pilot, tolerance)
+    pooled = 0 if profile.pooled_tv is None else pit_required_values(alpha_scored, profile.power, profile.pooled_tv)
+    design = sample_size.ClassDesign.of(
+        measured.tokens_needed(alpha_test, profile.power),
+        LR_BOUND,
+        profile.min_pit_tokens,
+        profile.max_pit_tokens,
+        pooled,
+    )
+    n = design.sequences(int(pilot.mask().sum()) / len(pilot_rows))
+    engine = server.engine
+    recorder = None
+    if engine is not None:  # the recorder wraps the verifier in this process only
+        recorder = engine.verifier = Recorder(
+            engine.verifier, make_generator(session.options.seed, cell.id, "conformance")
+        )
+    with clock("generate"):
+        rows, gen = generate_rows(session, cell, server, prompts, n, horizon, "pit-sample")
+    power = PowerAccumulator()
+    with clock("score"):  # the teacher-forced pass, the PIT and conditional tests
         results, facts = score_pit(
-            session, cell.id, session.cell_target(cell), rows, gen, cell.precision.tolerance, alpha_pit
+            session, cell.id, target, rows, gen, tolerance, alpha_scored, profile.pooled_tv, power
         )
     with clock("conformance"):
         if recorder is not None:
-            results += recorder.tests(session.per_test_alpha - alpha_pit, profile.power)
+            results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power)
+    coverage = bug_class_coverage(design, power, alpha_test, profile.power)
+    require_coverage(cell, coverage, profile.power)
     outcome = sampled_outcome(
         session,
         cell,
@@ -77,11 +99,54 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         sequences=n,
         horizon=horizon,
         phases=clock.seconds,
+        pilot_sequences=len(pilot_rows),
+        pilot_tokens=int(pilot.mask().sum()),
+        design_tokens=design.tokens,
+        bug_classes=coverage,
         **facts,
-        **pilot,
     )
     outcome.serving_facts = server.facts()
     return outcome
+
+
+def bug_class_coverage(
+    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float
+) -> dict[str, dict[str, Any]]:
+    """Per bug class, from the tested sample's own p and q: its best test, the tokens that test
+    needs at `level`, the power it had with the tokens tested, and whether the cell's design
+    covered the class (the pilot's estimate; the rest are reported, not asserted)."""
+    from losscheck.stats.bugclass import LR_BOUND
+
+    needed = power.tokens_needed(alpha_test, level)
+    reached = power.power_at(max(power.steps, 1), alpha_test, level)
+    coverage = {}
+    for name, tests in needed.items():
+        test, tokens = min(((t, n) for t, n in tests.items() if t != LR_BOUND), key=lambda tn: tn[1])
+        coverage[name] = {
+            "test": test,
+            "tokens_needed": tokens,
+            "lr_bound_tokens": tests.get(LR_BOUND, math.inf),
+            "power": reached[name][test],
+            "covered": name in design.covered,
+            "pilot_tokens_needed": design.best[name][1],
+        }
+    return coverage
+
+
+def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: float) -> None:
+    """Error (never pass) when a class the design covered was not caught at `level` by the
+    tested sample: the pilot underestimated what it needs."""
+    short = {name: c for name, c in coverage.items() if c["covered"] and c["power"] < level}
+    if short:
+        listed = "; ".join(
+            f"{name}: {c['test']} power {c['power']:.3f} (needs {c['tokens_needed']:.0f} tokens, "
+            f"the pilot said {c['pilot_tokens_needed']:.0f})"
+            for name, c in short.items()
+        )
+        raise UnderpoweredError(
+            f"cell {cell.id}: the tested sample does not reach power {level:g} against the bug classes its "
+            f"design covers — {listed}. Raise --losscheck-profile to thorough or report this as a losscheck bug."
+        )
 
 
 def exact_prompt(session: Session) -> list[int]:

@@ -15,6 +15,7 @@ from losscheck.core.target import HFTarget
 
 if TYPE_CHECKING:
     from losscheck.run.session import Session
+    from losscheck.stats.bugclass import PowerAccumulator
 
 
 # Bytes held per row x scored position x vocabulary entry while a chunk is scored: float32 logits of
@@ -66,11 +67,13 @@ def teacher_forced_pit(
     max_rows: int,
     tolerance: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
+    observe: Callable[[slice, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Randomized PIT u [N, L] of every generated token under the target (`v [N, L]` the PIT's
     uniforms) and the cut-off ambiguity [N, L] of `teacher_forced_probs`, scored a chunk of rows at
     a time: peak memory stays within `budget_bytes` however large rows × vocabulary grow. Rows are
-    independent, so chunking leaves every value unchanged. `progress(done, n)` before each chunk."""
+    independent, so chunking leaves every value unchanged. `progress(done, n)` before each chunk;
+    `observe(rows, p [n, L, V], ambiguous [n, L])` after it, for what else reads the chunk's p."""
     from losscheck.stats.pit import randomized_pit
 
     n, horizon = gen.tokens.shape
@@ -83,6 +86,8 @@ def teacher_forced_pit(
         probs, unsure = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params, tolerance)
         u.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
         ambiguous.append(unsure)
+        if observe is not None:
+            observe(slice(start, end), probs, unsure)
     return torch.cat(u), torch.cat(ambiguous)
 
 
@@ -94,18 +99,38 @@ def score_pit(
     gen: Generation,
     tolerance: float,
     alpha: float | None = None,
+    pooled_tv: float | None = None,
+    power: PowerAccumulator | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The PIT tests of `gen` (sequences continuing `rows`) under `target`, with the cut-off
-    ambiguity `tolerance`, under `alpha` (default: the cell's whole share), and the facts the
-    certificate keeps about them. `stream` names the PIT's uniforms (the cell id)."""
-    from losscheck.stats.pit import pit_tests
+    """The PIT tests and the exact-conditional tests of `gen` (sequences continuing `rows`) under
+    `target`, with the cut-off ambiguity `tolerance`, under `alpha` (default: the cell's whole
+    share; split over both families by their counts), and the facts the certificate keeps about
+    them. `stream` names the PITs' uniforms (the cell id). `pooled_tv`: the pooled tests must
+    detect this binned TV (None: they report what they detect). `power` is shown every scored
+    chunk (the bug classes' power from this sample's own p and q)."""
+    from losscheck.stats.conditional import CONDITIONAL_TESTS, ConditionalValues, conditional_tests
+    from losscheck.stats.pit import PIT_TESTS, pit_tests
 
     profile = session.options.profile
     # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
-    v = torch.rand(
-        gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-v"), dtype=torch.float64
-    ).to(target.device)
+    v, v_order = (
+        torch.rand(
+            gen.tokens.shape, generator=make_generator(session.options.seed, stream, name), dtype=torch.float64
+        ).to(target.device)
+        for name in ("pit-v", "pit-order-v")
+    )
     budget = session.options.memory_budget_mib << 20
+    generated = gen.mask()
+    parts: list[ConditionalValues] = []
+
+    def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
+        q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
+        tested = generated[at] & ~unsure
+        parts.append(ConditionalValues.from_chunk(probs.double(), q, gen.tokens[at], v_order[at], tested))
+        if power is not None:
+            slots = None if gen.slots is None else gen.slots[at]
+            power.update(probs.double(), q, gen.tokens[at], slots, gen.stats.k, tested)
+
     u, ambiguous = teacher_forced_pit(
         target,
         rows,
@@ -115,6 +140,7 @@ def score_pit(
         profile.batch,
         tolerance,
         lambda done, n: session.progress.update(stream, "sequences scored", done, n),
+        observe,
     )
     u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
     tested = mask & ~ambiguous
@@ -123,13 +149,52 @@ def score_pit(
     )  # completes pairs that EOS cuts
     slots = None if gen.slots is None else gen.slots.cpu()
     alpha = session.per_test_alpha if alpha is None else alpha
-    results = pit_tests(u, tested, alpha, profile.power, profile.detect_tv, profile.pit_bins, slots=slots, spare=spare)
+    alpha_pit = alpha * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
+    results = pit_tests(u, tested, alpha_pit, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare)
+    results += conditional_tests(ConditionalValues.merge(parts), alpha - alpha_pit, profile.power)
     return results, {
+        "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins),
         "cutoff_ambiguous": int(ambiguous.sum()),
         "cutoff_tolerance": tolerance,
         "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
         "pit_quantiles": _quantiles(u[tested]),
     }
+
+
+def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> float:
+    """Upper confidence bound on the binned TV between the law of the PIT values `u` [n] and
+    uniform: the observed binned TV plus the deviation every one of the 2^B events of the bins
+    stays within (Hoeffding and a union over them), the values taken as independent — as they are
+    under H0; under a bug the tokens of a sequence may be dependent, and the bound is then optimistic."""
+    import math
+
+    n = len(u)
+    if n == 0:
+        return 1.0
+    counts = torch.histc(u.double(), n_bins, 0, 1)
+    observed = float((counts / n - 1 / n_bins).abs().sum() / 2)
+    return min(1.0, observed + math.sqrt(math.log(2**n_bins / (1 - confidence)) / (2 * n)))
+
+
+def measure_power(
+    session: Session, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float
+) -> PowerAccumulator:
+    """What each test would see per token under each bug class, from `gen`'s own p and q (one
+    teacher-forced pass, no test run): a pilot sample's, to size the sample that is tested."""
+    from losscheck.stats.bugclass import PowerAccumulator
+
+    power = PowerAccumulator()
+    generated = gen.mask()
+
+    def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
+        q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
+        slots = None if gen.slots is None else gen.slots[at]
+        power.update(probs.double(), q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~unsure)
+
+    v = torch.zeros(gen.tokens.shape, dtype=torch.float64, device=target.device)
+    budget = session.options.memory_budget_mib << 20
+    teacher_forced_pit(target, rows, gen, v, budget, session.options.profile.batch, tolerance, observe=observe)
+    return power
 
 
 def _quantiles(u: torch.Tensor, n: int = 99) -> list[float]:

@@ -19,7 +19,14 @@ class Profile:
     greedy_max_new: int = 64  # tokens generated per prompt in greedy cells
     horizon: int = 16  # L: generated tokens per sequence tested in PIT cells (at least 2k + 2)
     exact_horizon: int = 4  # L for exact enumeration on the small-vocabulary target (V**L sequences)
-    detect_tv: float = 0.02  # the total-variation distance every sampled cell must detect
+    detect_tv: float = 0.02  # the binned TV exact and black-box cells must detect
+    # PIT cells of losscheck's own loop are sized by their bug classes' power (a pilot measures
+    # it, `losscheck.stats.bugclass`): the tested tokens their best test needs for every class it
+    # can reach within `max_pit_tokens`, at least `min_pit_tokens`
+    pilot_sequences: int = 128
+    min_pit_tokens: int = 2_000
+    max_pit_tokens: int = 20_000
+    pooled_tv: float | None = None  # also require the pooled PIT tests to detect this binned TV
     power: float = 0.99  # at this power, under the per-test alpha
     batch: int = ENGINE_BATCH  # most rows one engine call (or teacher-forced pass) runs at once
     pit_bins: int = 10  # fixed equal-width bins of the PIT chi-square test
@@ -33,12 +40,22 @@ class Profile:
         return max(self.horizon, min_horizon(k))
 
     def with_detect_tv(self, tv: float | None) -> Profile:
-        return self if tv is None else replace(self, detect_tv=tv)
+        """The profile under `--losscheck-detect-tv`: every sampled cell, the PIT cells included,
+        sized to detect binned TV `tv`."""
+        return self if tv is None else replace(self, detect_tv=tv, pooled_tv=tv)
 
 
 PROFILES = {
     "ci": Profile("ci"),
-    "thorough": Profile("thorough", greedy_max_new=128, horizon=32, exact_horizon=4, detect_tv=0.01),
+    "thorough": Profile(
+        "thorough",
+        greedy_max_new=128,
+        horizon=32,
+        exact_horizon=4,
+        detect_tv=0.01,
+        max_pit_tokens=200_000,
+        pooled_tv=0.01,
+    ),
 }
 
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from losscheck.report import claims
 
 SCHEMA = "losscheck.certificate/2"
 VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
@@ -74,6 +77,9 @@ def build(
         "targets": first.get("targets", {}),
         "drafters": first.get("drafters", {}),
         "counts": counts,
+        "tested": claims.tested(records),
+        "conformance": claims.conformance(records),
+        "bug_classes": claims.coverage(records, meta.get("profile", {}).get("power", 0.99)),
         "cost": cost(records),
         "matrix": matrix,
         "pytest_exit_status": exit_status,
@@ -172,7 +178,10 @@ def _verdict(
                 "slow tier's (`pytest -m lossless` or `losscheck certify` runs every cell)"
             )
         return "PARTIAL", tally
-    return "PASS", tally
+    return (
+        "PASS",
+        f"{tally}: no deviation from the target detected above the effects listed (bug classes, pooled bound)",
+    )
 
 
 def _environment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,9 +199,27 @@ def write_run(out: str | Path, cert: dict[str, Any]) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     run = Path(out) / f"{stamp}-seed{cert['seed']}"
     run.mkdir(parents=True, exist_ok=True)
+    cert = relative_to_run(cert, run)
     (run / "certificate.json").write_text(json.dumps(finite(cert), indent=2, allow_nan=False, default=str))
     render(cert, run)
     return run
+
+
+def relative_to_run(cert: dict[str, Any], run: Path) -> dict[str, Any]:
+    """`cert` with each model path that is not a bundled fixture made relative to the run
+    directory `run` (the manifests give them relative to the directory the run started in, the
+    current one): a certificate moved with its models keeps pointing at them, and no absolute
+    path of the machine that made it is written."""
+
+    def moved(identity: dict[str, Any]) -> dict[str, Any]:
+        path = identity.get("path")
+        if not isinstance(path, str) or not path or path.startswith("bundled:"):
+            return identity
+        return {**identity, "path": Path(os.path.relpath(Path(path).resolve(), run.resolve())).as_posix()}
+
+    targets = {name: moved(t) for name, t in cert.get("targets", {}).items()}
+    drafters = {name: {k: moved(d) for k, d in ds.items()} for name, ds in cert.get("drafters", {}).items()}
+    return {**cert, "targets": targets, "drafters": drafters}
 
 
 def render(cert: dict[str, Any], run: Path) -> list[Path]:
@@ -270,10 +297,10 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
     if alpha:
         lines.append(
             f"- family-wise alpha {alpha['family']} over the {alpha['statistical_tests']} statistical "
-            f"tests of the full matrix (per test {alpha['per_test']:.3g}, Bonferroni, fixed before any "
-            f"selection); every sampled cell detects TV {cert['profile']['detect_tv']} at power "
-            f"{cert['profile']['power']}"
+            f"cells of the full matrix (per cell {alpha['per_test']:.3g}, Bonferroni, fixed before any "
+            "selection, then split evenly over each cell's tests)"
         )
+    lines += claims.lines(cert)
     env = cert["environment"]
     if env:
         workers = ", ".join(f"{w}: {v['threads']} threads" for w, v in env["workers"].items())

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from losscheck.core.contract import DraftContext, Drafter
+from losscheck.core.contract import DraftContext, Drafter, Proposal
 from losscheck.core.sampling import process_logits, sample
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.errors import LosscheckError
@@ -23,6 +23,10 @@ from losscheck.errors import LosscheckError
 DraftStep = Callable[[torch.Tensor, DraftContext], tuple[torch.Tensor, torch.Tensor]]
 
 TRUNCATION_WIDTH = 4  # top-w candidates the truncating drafter samples from
+# The id the misreporting drafter under-reports: a frequent token of the bundled target's T = 1
+# outputs (about 3.6% of them), so that the bug acts at most prefixes.
+MISREPORTED_ID = 30
+MISREPORT_FACTOR = 3.0  # the id is drawn this many times as often as reported
 
 
 def untempered_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +54,31 @@ def top_w_with_full_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[tor
     return sample(candidates / candidates.sum(-1, keepdim=True), ctx.generator), q  # BUG: full q
 
 
+def honest(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples from q and reports it (family A's own draw step)."""
+    q = process_logits(logits, ctx.params)
+    return (q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)), q
+
+
+def one_id_underreported(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples from q, reports `MISREPORTED_ID` at a third of its probability (renormalised): a
+    drafter whose reported probabilities of one token are off, as a stale or mis-indexed
+    vocabulary mapping makes them."""
+    q = process_logits(logits, ctx.params)
+    if ctx.params.greedy:
+        return q.argmax(-1), q
+    reported = q.clone()
+    reported[:, MISREPORTED_ID] /= MISREPORT_FACTOR  # BUG: not the probability it was drawn with
+    return sample(q, ctx.generator), reported / reported.sum(-1, keepdim=True)
+
+
+def one_id_underreported_q(q: torch.Tensor) -> torch.Tensor:
+    """The q [..., V] `one_id_underreported` reports for a sampling law q."""
+    reported = q.clone()
+    reported[..., MISREPORTED_ID] /= MISREPORT_FACTOR
+    return reported / reported.sum(-1, keepdim=True)
+
+
 class MisreportingDrafter(AutoregressiveDrafter):
     """A family-A drafter (sharing the wrapped drafter's model) whose per-slot `draw` is `step`;
     drafting, state and rollback are inherited unchanged."""
@@ -75,3 +104,37 @@ def misreporting(step: DraftStep, tag: str, mutant: str) -> Callable[[Drafter], 
         return MisreportingDrafter(drafter, step, tag)
 
     return wrap
+
+
+class StaleQDrafter(MisreportingDrafter):
+    """A family-A drafter that reports, for each slot, the q of the same slot in the previous
+    round (a probabilities buffer not refreshed after the round that filled it), while drafting
+    from the current one. Where the stale q gives a draft probability 0, the current q is kept,
+    so the proposal stays well-formed and the bug acts everywhere else."""
+
+    def __init__(self, inner: AutoregressiveDrafter) -> None:
+        super().__init__(inner, honest, "stale-q")
+        self._previous: torch.Tensor | None = None  # [B, k, V] the last round's reported q
+
+    def reset(self, batch_size: int, capacity: int) -> None:
+        super().reset(batch_size, capacity)
+        self._previous = None
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        proposal = super().propose(ctx)
+        current, previous = proposal.probs, self._previous
+        self._previous = current
+        if current is None or previous is None or previous.shape != current.shape:
+            return proposal
+        drafted = previous.gather(-1, proposal.tokens[..., None]) > 0  # [B, k, 1]
+        return Proposal(proposal.tokens, torch.where(drafted, previous, current))  # BUG: last round's q
+
+
+def stale_q(drafter: Drafter) -> StaleQDrafter:
+    """The drafter wrapper of mutant `stale_q`."""
+    if not isinstance(drafter, AutoregressiveDrafter):
+        raise LosscheckError(
+            f"mutant 'stale_q' plants its bug in a family-A (autoregressive) drafter; drafter "
+            f"{drafter.name!r} is a {type(drafter).__name__}. Run it on the bundled drafters' A / self cells."
+        )
+    return StaleQDrafter(drafter)

@@ -14,7 +14,7 @@ import torch
 
 from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.selftest import verifiers as bugs
-from losscheck.selftest.drafters import TRUNCATION_WIDTH
+from losscheck.selftest.drafters import TRUNCATION_WIDTH, one_id_underreported_q
 
 
 @dataclass(frozen=True)
@@ -137,3 +137,8 @@ def truncated_candidates_full_q(slot: FirstSlot) -> torch.Tensor:
     kth = q.topk(min(TRUNCATION_WIDTH, len(q))).values[-1]
     candidates = torch.where(q >= kth, q, 0.0)
     return misreported(slot, candidates / candidates.sum(), q)
+
+
+def one_id_underreported(slot: FirstSlot) -> torch.Tensor:
+    q = slot.q()
+    return misreported(slot, q, one_id_underreported_q(q))

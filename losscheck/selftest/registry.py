@@ -211,6 +211,30 @@ CATALOGUE: tuple[Mutant, ...] = (
         verifier=bugs.in_sampled_rounds(bugs.verify_shared_uniform),
     ),
     Mutant(
+        "stale_q",
+        "sampling",
+        "Stale q: each slot's q reported from the previous round while the draft comes from the current one.",
+        "The verifier accepts with min(1, p/q_old) and recovers from norm(max(0, p - q_old)) a draft drawn "
+        "from q_new: tokens the current round over-drafts are over-emitted. Acts from the second round on, "
+        "at every family-A sampling cell; opposite-signed at different prefixes, so the pooled PIT law "
+        "barely moves and the p - q ordered PIT carries the power.",
+        _sampled(),
+        no_law="the first round reports its own q: the first token is exact",
+        wrap_drafter=planted.stale_q,
+    ),
+    Mutant(
+        "one_id_underreported",
+        "sampling",
+        f"Drafter misreports one token: id {planted.MISREPORTED_ID} drawn {planted.MISREPORT_FACTOR:g}x as "
+        "often as its reported q says.",
+        "Under-reporting q(x*) raises min(1, p/q) for x*, so x* is accepted more often than p allows and "
+        "over-emitted at every prefix that drafts it; the other tokens shrink by a little each. One id's "
+        "count against Σ p (pit.token_counts) sees it; the pooled PIT law spreads it thin.",
+        _sampled(),
+        laws.one_id_underreported,
+        wrap_drafter=planted.misreporting(planted.one_id_underreported, "one-id-under", "one_id_underreported"),
+    ),
+    Mutant(
         "typical_acceptance",
         "sampling",
         "Lossy typical acceptance (Medusa-style): keep drafts with p(x) > min(ε, δ·e^-H), resample from p.",

@@ -97,7 +97,7 @@ def pit_tests(
     mask: torch.Tensor,
     alpha: float,
     power: float,
-    target_tv: float,
+    target_tv: float | None,
     n_bins: int = 10,
     min_expected: float = 5.0,
     slots: torch.Tensor | None = None,
@@ -121,17 +121,19 @@ def pit_tests(
       pit.slot_chisquare    the same over the slot × bin table (slot of the token in its round);
       pit.pair_chisquare    χ² of the pairs (u_{2m}, u_{2m+1}) on a `PAIR_BINS`² grid of the unit
                             square: serial dependence.
-    The five tests split `alpha` by Bonferroni. The pooled tests first raise
+    The five tests split `alpha` by Bonferroni. With a `target_tv`, the pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
-    `target_tv` at `power` (`pit_required_values` says how many values suffice); the
-    per-position test only reports what it detects.
+    `target_tv` at `power` (`pit_required_values` says how many values suffice); without one
+    (a cell sized by its bug classes' power, `losscheck.stats.bugclass`) they report what they
+    detect, as the stratified tests always do.
     """
     u = torch.as_tensor(u, dtype=torch.float64)  # [N, L]
     mask = torch.as_tensor(mask, dtype=torch.bool)  # [N, L]
     if u.dim() != 2 or mask.shape != u.shape:
         raise LosscheckError(f"pit_tests needs u [N, L] and mask [N, L]; got {tuple(u.shape)}, {tuple(mask.shape)}")
     check_open_unit("power", power)
-    check_tv("target TV", target_tv)
+    if target_tv is not None:
+        check_tv("target TV", target_tv)
     a = per_test_alpha(alpha, PIT_TESTS)
 
     impossible = mask & torch.isnan(u)  # [N, L]
@@ -146,7 +148,9 @@ def pit_tests(
         raise LosscheckError(
             "pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)"
         )
-    _require_pooled_power(n, n_bins, a, power, target_tv, pit_required_values(alpha, power, target_tv, n_bins))
+    if target_tv is not None:
+        required = pit_required_values(alpha, power, target_tv, n_bins)
+        _require_pooled_power(n, n_bins, a, power, target_tv, required)
 
     bins = (values * n_bins).long().clamp(max=n_bins - 1)  # [n]
     position = valid.nonzero()[:, 1]  # [n]

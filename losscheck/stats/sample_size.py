@@ -7,6 +7,8 @@ detect and the test's shape; the runner calls them, the tests then assert their 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from losscheck.stats.exact import exact_required_n
 from losscheck.stats.pit import pit_required_values
@@ -31,3 +33,43 @@ def two_sample_rows(alpha: float, power: float, detect_tv: float, n_bins: int, h
     `horizon` positions and the sequence statistic) to detect `detect_tv`."""
     n_eff = chisquare_required_n(2 * detect_tv, n_bins, alpha / (horizon + 1), power)
     return math.ceil(2 * n_eff * SAMPLE_MARGIN)  # two samples of n have an effective size n/2
+
+
+# The tested sample aims this much above what the pilot says each covered class needs: the pilot's
+# estimate of a class's per-token effect varies with the prefixes it happened to visit.
+DESIGN_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class ClassDesign:
+    """How a PIT cell sizes its tested sample from its bug classes' power (`losscheck.stats.bugclass`).
+
+    best:    class -> (the test that needs fewest tokens to catch it, those tokens), from the pilot
+    covered: the classes whose best test reaches the power within the cap, cheapest first
+    tokens:  tested tokens the sample aims at: the most any covered class needs, with the margin,
+             within [floor, cap], and at least `pooled` (the pooled tests' own requirement, if any)
+    """
+
+    best: dict[str, tuple[str, float]]
+    covered: tuple[str, ...]
+    tokens: int
+    cap: int
+
+    @classmethod
+    def of(
+        cls, needed: Mapping[str, Mapping[str, float]], lr_bound: str, floor: int, cap: int, pooled: int = 0
+    ) -> ClassDesign:
+        """`needed`: class -> test -> tokens needed (`PowerAccumulator.tokens_needed`; math.inf:
+        no power); the entry `lr_bound` is a benchmark, not a test the cell runs."""
+        best = {
+            name: min(((t, n) for t, n in tests.items() if t != lr_bound), key=lambda tn: tn[1])
+            for name, tests in needed.items()
+        }
+        covered = tuple(sorted((c for c, (_, n) in best.items() if n * DESIGN_MARGIN <= cap), key=lambda c: best[c][1]))
+        most = max((best[c][1] for c in covered), default=0.0)
+        tokens = max(floor, math.ceil(most * DESIGN_MARGIN), pooled)
+        return cls(best, covered, min(tokens, max(cap, pooled)), cap)
+
+    def sequences(self, tokens_per_sequence: float) -> int:
+        """Sequences to draw when a sequence yields `tokens_per_sequence` tested tokens (the pilot's)."""
+        return math.ceil(self.tokens / max(tokens_per_sequence, 1e-9))
