@@ -285,6 +285,7 @@ def certify_engine(
 
 
 GREEDY_AND_T1 = "test_engine_greedy or (test_engine_sampling and T1])"
+GREEDY_AND_T1_TWO_SAMPLE = "test_engine_greedy or (test_engine_sampling and T1-two-sample])"
 EVERY_CELL = "test_engine_greedy or test_engine_sampling"
 
 
@@ -312,7 +313,7 @@ TWO_SAMPLE = ["cpu_draft_model_fixed_two_sample", "cpu_draft_tempered2_fixed_two
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("factory", "select", "cells"),
-    [(f, EVERY_CELL, 6) for f in ONE_SAMPLE] + [(f, GREEDY_AND_T1, 2) for f in TWO_SAMPLE],
+    [(f, EVERY_CELL, 6) for f in ONE_SAMPLE] + [(f, GREEDY_AND_T1_TWO_SAMPLE, 2) for f in TWO_SAMPLE],
 )
 def test_vllm_engine_certified(pytester, factory, select, cells):
     """Greedy and the sampled cells (T 1, 0.3, 1.5, top-k 8, top-p 0.9; two-sample: T 1), one-sample
