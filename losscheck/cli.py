@@ -107,6 +107,12 @@ def parser() -> argparse.ArgumentParser:
     mut.add_argument(
         "--all-cells", action="store_true", help="run every cell a mutant shows in, not only up to the first catch"
     )
+    mut.add_argument(
+        "--stress",
+        choices=("on", "off"),
+        default="on",
+        help="stress cells (default: on); off leaves the catching to the drafter's own cells",
+    )
     perf = sub.add_parser(
         "perf",
         help="the perf tier: speedup against concurrency, latency, the HF peer; writes "
@@ -214,7 +220,7 @@ def run_command(ns: argparse.Namespace) -> int:
     if ns.command == "mutants":
         from losscheck.selftest.command import run
 
-        return run(Path(ns.out), from_parsed(lambda d: getattr(ns, d)), ns.names, ns.all_cells)
+        return run(Path(ns.out), from_parsed(lambda d: getattr(ns, d)), ns.names, ns.all_cells, ns.stress == "on")
     if ns.command == "verifier-tier":
         return verifier_tier(ns)
     if ns.command == "families":

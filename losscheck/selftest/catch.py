@@ -120,11 +120,12 @@ class MutantReport:
         return {**asdict(self), "caught": self.caught}
 
 
-def run_mutant(base: Session, mutant: Mutant, all_cells: bool = False) -> MutantReport:
-    """Run `mutant`'s cells through the gate, stopping at the first catch unless `all_cells`."""
+def run_mutant(base: Session, mutant: Mutant, all_cells: bool = False, stress: bool = True) -> MutantReport:
+    """Run `mutant`'s cells through the gate, stopping at the first catch unless `all_cells`
+    (`stress` False: without the stress cells)."""
     started = time.perf_counter()
     session = gate_session(base, mutant.name)
-    cells = mutant.cells(session.plan, session.options.profile)
+    cells = mutant.cells(session.plan, session.options.profile, stress)
     runs: list[CellCatch] = []
     for cell in cells:
         runs.append(_catch(session, cell, mutant))

@@ -11,20 +11,21 @@ from losscheck.selftest import catalogue, get_mutant
 from losscheck.selftest.catch import gate_session, markdown, run_control, run_mutant, write_table
 
 
-def run(out: Path, options: Options, names: list[str], all_cells: bool) -> int:
+def run(out: Path, options: Options, names: list[str], all_cells: bool, stress: bool = True) -> int:
     """Catch table under `out` (catch_table.md / .json); exit status 0 only when every mutant is
-    caught and the unmodified engine passes every cell that caught one."""
+    caught and the unmodified engine passes every cell that caught one. `stress` False leaves the
+    stress cells out."""
     mutants = [get_mutant(n) for n in names] if names else list(catalogue())
     base = Session(options)
     started = time.perf_counter()
     reports = []
     for mutant in mutants:
-        report = run_mutant(base, mutant, all_cells)
+        report = run_mutant(base, mutant, all_cells, stress)
         reports.append(report)
         print(report.message(), flush=True)
     catching = {r.catch.cell for r in reports if r.catch is not None}
     session = gate_session(base, None)
-    planned = {c.id: c for m in mutants for c in m.cells(session.plan, options.profile)}
+    planned = {c.id: c for m in mutants for c in m.cells(session.plan, options.profile, stress)}
     control = run_control(base, [c for c in planned.values() if c.id in catching])
     meta = {
         "seed": options.seed,
@@ -33,6 +34,7 @@ def run(out: Path, options: Options, names: list[str], all_cells: bool) -> int:
         "per_test_alpha": session.per_test_alpha,
         "gate_statistical_tests": session.n_statistical,
         "all_cells": all_cells,
+        "stress": stress,
         "seconds": round(time.perf_counter() - started, 1),
     }
     md, js = write_table(reports, control, meta, out)

@@ -46,14 +46,16 @@ class Mutant:
     prefix_cache: Callable[[PrefixCache], PrefixCache] | None = None  # the cell's prefix cache -> planted one
     scheduler: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
 
-    def cells(self, plan: Mapping[str, list[Cell]], profile: Profile) -> list[Cell]:
-        """The cells of a gate `plan` where the bug manifests, in run order."""
+    def cells(self, plan: Mapping[str, list[Cell]], profile: Profile, stress: bool = True) -> list[Cell]:
+        """The cells of a gate `plan` where the bug manifests, in run order (`stress` False:
+        without the stress cells)."""
         args = (GREEDY_CELL,) if self.kind == "greedy" else (EXACT_CELL, PIT_CELL)
         return [
             c
             for arg in args
             for c in plan[arg]
             if self.manifests(c, profile.exact_horizon if c.target == "small" else profile.pit_horizon(c.k))
+            and (stress or c.stress is None)
         ]
 
 
