@@ -17,16 +17,8 @@ from scipy import stats
 from losscheck.errors import LosscheckError
 from losscheck.selftest import bugtable
 from losscheck.selftest.verifiers import verify_residual_is_p
-from losscheck.stats.bugclass import (
-    BY_NAME,
-    CATALOGUE,
-    LR_BOUND,
-    PowerAccumulator,
-    Step,
-    _per_id_sums,
-    _previous_same_slot,
-    _Tiles,
-)
+from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator, _per_id_sums, _Tiles
+from losscheck.stats.buglaws import BY_NAME, CATALOGUE, Step, _previous_same_slot
 from losscheck.stats.conditional import surprisal_scores
 
 V, K = 7, 3
@@ -112,7 +104,7 @@ def test_per_id_evaluation_matches_the_explicit_law_at_every_id():
     step = _steps(60, 4)
     tiles_p, tiles_r = _Tiles.of(step.p, step.p, 10), _Tiles.of(step.p, step.p - step.q, 10)
     y, var, _ = surprisal_scores(step.p)
-    sums = _per_id_sums(step, tiles_p, tiles_r, y, 10)
+    sums = _per_id_sums(step, tiles_p, tiles_r, y, 10, len(CATALOGUE))
     for v in range(V):
         law = _law(BY_NAME["drafter_misreports_one_id"], step, v)
         diff = law - step.p

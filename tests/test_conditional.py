@@ -169,7 +169,7 @@ def test_residual_order_fails_when_the_recovered_token_is_drawn_from_p():
 def test_conditional_tests_split_alpha_and_are_scoped():
     p, q, tokens, v = _walk(*_tables(9), n=4, length=100, seed=10)
     results = conditional_tests(_values(p, q, tokens, v), 0.03, 0.99)
-    assert [r.name for r in results] == ["pit.residual_order", "pit.token_counts", "pit.surprisal"]
+    assert [r.name for r in results] == ["pit.residual_order", "pit.token_counts", "pit.surprisal", "pit.bug_classes"]
     assert all(r.alpha == pytest.approx(0.03 / CONDITIONAL_TESTS) and r.scope == "conditional" for r in results)
     assert all(r.passed for r in results), [r.message() for r in results]
 

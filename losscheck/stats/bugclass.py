@@ -1,11 +1,9 @@
 """Power per bug class: how many tokens each test needs to catch a realistic verifier or drafter
 bug, from the bug's exact law at every step of a cell's own run.
 
-A *step* is one generated position t: the target's distribution p_t [V] after logits processing,
-the drafter's reported q_t [V] for the slot that emitted the token (all zeros where no draft did:
-a bonus slot, or no drafter), the slot s_t (0 = the round's first emitted token, k = the bonus
-slot) and the block length k. Each `BugClass` gives `law(step)`: the exact conditional law p'_t of
-the emitted token at that step under the bug. A correct loop has p'_t = p_t everywhere.
+The classes and their laws are `losscheck.stats.buglaws`: at each step t (a generated position,
+with the target's p_t, the drafter's reported q_t for the emitting slot, the slot and k) a class
+gives the exact conditional law p'_t of the emitted token under the bug.
 
 For each class and each test, `PowerAccumulator` averages over the steps it is shown what the test
 sees per token under the bug and reports the tokens needed at a per-test level α and a power:
@@ -23,6 +21,9 @@ sees per token under the bug and reports the tokens needed at a per-test level �
   normal approximation P(S_n >= threshold) with S_n ~ N(n·d, n·τ²). The level of the tests is
   exact; their power here is that approximation. `pit.token_counts` is judged at α / V
   (Bonferroni over ids) for its best id, searched among the 8 ids with the largest d²/τ².
+  `pit.bug_classes` is judged one-sided at α / C (Bonferroni over its C classes) for its best
+  class score: against each bug's law every class score the test holds is tried (the score aimed
+  at that bug is usually, not always, the best), with its drift and variances under that law.
 - the likelihood-ratio bound (`lr_bound`): the Neyman–Pearson test that knows the bug's law at
   every step, its log-LR sum taken as Gaussian: with ℓ = log(p'/p), per token means μ1 = KL(p'‖p)
   under the bug and μ0 = -KL(p‖p') under H0 and variances σ1², σ0² (all averaged over steps),
@@ -42,7 +43,6 @@ time and keeps O(V · bins) numbers, never [N, L, V].
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -51,180 +51,23 @@ from statsmodels.stats.power import GofChisquarePower
 
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit, check_positive, normalized_rows
-from losscheck.stats.conditional import evalue_threshold, reported_q, surprisal_scores
+from losscheck.stats.buglaws import CATALOGUE, MISREPORT_FACTOR, BugClass, Step, chunk_steps, targeted
+from losscheck.stats.conditional import evalue_threshold, reported_q, surprisal_scores, targeted_scores
 from losscheck.stats.power import chisquare_required_n
 
 BINS = 10  # the PIT tests' equal bins of [0, 1]
-MISREPORT_FACTOR = 3.0  # drafter_misreports_one_id: the id is drawn this many times as often as reported
-TOP_P = 0.9  # top_p_one_side: the drafter samples from q truncated to this mass
-TARGET_TEMPERATURE_FACTOR = 1.1  # target_temperature_1.1: the target side runs at 1.1·T
-OTHER_REQUEST_TEMPERATURE = 0.7  # per_request_params_mixed: a T = 1 row verified at the other row's T
 COUNT_CANDIDATES = 8  # ids whose count test is solved exactly, of those with the largest d²/τ²
 MAX_TOKENS = 1e13  # beyond this a test is reported as having no power (math.inf)
-TESTS = ("pit.pooled_chisquare", "pit.residual_order", "pit.slot_chisquare", "pit.token_counts", "pit.surprisal")
-LR_BOUND = "lr_bound"
-# Steps are evaluated in blocks of at most this many probabilities (a few dozen [m, V] float64
-# temporaries of 32 MiB each), whatever the chunk the caller passes.
-_BLOCK_ELEMENTS = 1 << 22
-_GOF_POWER = GofChisquarePower()
-
-
-@dataclass(frozen=True)
-class Step:
-    """Steps, vectorised over any leading shape [...]: what a bug's law may depend on.
-
-    p       [..., V]  target distribution at the step (float64, sums to 1)
-    q       [..., V]  drafter's reported distribution for the emitting slot; zeros: no draft
-    slot    [...]     long, slot of the emitted token in its round; -1: unknown
-    k       int       block length (slot k is the bonus slot)
-    p_prev  [..., V]  p at the previous step of the row; zeros: none
-    q_prev  [..., V]  the previous round's q for this slot; zeros: none
-    misreported int | None  the id drafter_misreports_one_id over-draws (None: no such id chosen)
-    """
-
-    p: torch.Tensor
-    q: torch.Tensor
-    slot: torch.Tensor
-    k: int
-    p_prev: torch.Tensor
-    q_prev: torch.Tensor
-    misreported: int | None = None
-
-    def rows(self, part: slice) -> Step:
-        """The steps `part` of a flat batch of steps [m, ...]."""
-        return Step(
-            self.p[part], self.q[part], self.slot[part], self.k, self.p_prev[part], self.q_prev[part], self.misreported
-        )
-
-    @property
-    def drafted(self) -> torch.Tensor:
-        """[..., 1] bool: a draft decided this step (q has mass)."""
-        return self.q.sum(-1, keepdim=True) > 0
-
-
-def mismatched_law(p: torch.Tensor, drawn: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
-    """Law [..., V] of the token a draft slot emits when the draft is drawn from `drawn` but the
-    verifier accepts with min(1, p / used) and recovers from norm(max(0, p - used)):
-    p'(x) = drawn(x)·a(x) + (1 - Σ_y drawn(y)·a(y))·r(x). `used` = `drawn` gives p exactly."""
-    accept = torch.where(used > 0, (p / used.clamp_min(1e-300)).clamp(max=1.0), 1.0)  # [..., V]
-    kept = drawn * accept  # [..., V]
-    residual = (p - used).clamp_min(0.0)  # [..., V]
-    mass = residual.sum(-1, keepdim=True)
-    recovered = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-300), p)
-    return kept + (1 - kept.sum(-1, keepdim=True)).clamp_min(0.0) * recovered
-
-
-def tempered(p: torch.Tensor, exponent: float) -> torch.Tensor:
-    """p^exponent renormalised [..., V]: p at temperature T / exponent when p is at T (zeros kept)."""
-    powered = torch.where(p > 0, p.clamp_min(1e-300) ** exponent, 0.0)
-    return powered / powered.sum(-1, keepdim=True)
-
-
-def top_p(q: torch.Tensor, top: float) -> torch.Tensor:
-    """q [..., V] truncated to its smallest most-probable set of mass >= `top`, renormalised."""
-    ranked, order = q.sort(dim=-1, descending=True, stable=True)
-    keep_ranked = (ranked.cumsum(-1) - ranked) < top  # the mass before each token is still short
-    keep = torch.zeros_like(keep_ranked).scatter(-1, order, keep_ranked)
-    kept = torch.where(keep, q, 0.0)
-    total = kept.sum(-1, keepdim=True)
-    return torch.where(total > 0, kept / total.clamp_min(1e-300), q)
-
-
-def tilted(q: torch.Tensor, token: int, factor: float) -> torch.Tensor:
-    """q [..., V] with `token`'s probability multiplied by `factor`, renormalised."""
-    weight = torch.ones(q.shape[-1], dtype=q.dtype, device=q.device)
-    weight[token] = factor
-    raw = q * weight
-    total = raw.sum(-1, keepdim=True)
-    return torch.where(total > 0, raw / total.clamp_min(1e-300), q)
-
-
-def _residual_is_p(step: Step) -> torch.Tensor:
-    overlap = torch.minimum(step.p, step.q)
-    return torch.where(step.drafted, overlap + (1 - overlap.sum(-1, keepdim=True)) * step.p, step.p)
-
-
-def _stale_q(step: Step) -> torch.Tensor:
-    acts = step.drafted & (step.q_prev.sum(-1, keepdim=True) > 0)
-    return torch.where(acts, mismatched_law(step.p, step.q, step.q_prev), step.p)
-
-
-def _bonus_from_previous_slot(step: Step) -> torch.Tensor:
-    acts = (step.slot == step.k)[..., None] & (step.p_prev.sum(-1, keepdim=True) > 0)
-    return torch.where(acts, step.p_prev, step.p)
-
-
-def _misreports_one_id(step: Step) -> torch.Tensor:
-    if step.misreported is None:
-        raise LosscheckError("drafter_misreports_one_id needs Step.misreported: the id the drafter over-draws")
-    drawn = tilted(step.q, step.misreported, MISREPORT_FACTOR)
-    return torch.where(step.drafted, mismatched_law(step.p, drawn, step.q), step.p)
-
-
-def _top_p_one_side(step: Step) -> torch.Tensor:
-    return torch.where(step.drafted, mismatched_law(step.p, top_p(step.q, TOP_P), step.q), step.p)
-
-
-@dataclass(frozen=True)
-class BugClass:
-    """A realistic losslessness bug, by the exact law of the emitted token at a step."""
-
-    name: str
-    models: str  # the real bug it stands for
-    law: Callable[[Step], torch.Tensor]  # Step -> p' [..., V]
-    caught_by: tuple[str, ...]  # the tests meant to catch it (besides the LR bound)
-    # True: the bug has a free token id (the one misreported); the accumulator evaluates it at
-    # every id at once and reports the id where its TV is largest
-    per_id: bool = False
-
-
-CATALOGUE: tuple[BugClass, ...] = (
-    BugClass(
-        "residual_is_p",
-        "the recovered token is drawn from p instead of norm(max(0, p - q)) at a rejection",
-        _residual_is_p,
-        ("pit.residual_order",),
-    ),
-    BugClass(
-        "stale_q",
-        "the verifier reads the previous round's q for the slot while the draft came from the current q",
-        _stale_q,
-        ("pit.residual_order",),
-    ),
-    BugClass(
-        "target_temperature_1.1",
-        "the target side is processed at 1.1·T (p' ∝ p^(1/1.1))",
-        lambda step: tempered(step.p, 1 / TARGET_TEMPERATURE_FACTOR),
-        ("pit.surprisal",),
-    ),
-    BugClass(
-        "bonus_from_previous_slot",
-        "the bonus token is drawn from p at slot k - 1 instead of slot k",
-        _bonus_from_previous_slot,
-        ("pit.slot_chisquare",),
-    ),
-    BugClass(
-        "drafter_misreports_one_id",
-        f"the drafter draws one id {MISREPORT_FACTOR:g}x as often as the q it reports (the rest "
-        "renormalised); the verifier accepts and recovers with the reported q",
-        _misreports_one_id,
-        ("pit.token_counts",),
-        per_id=True,
-    ),
-    BugClass(
-        "top_p_one_side",
-        f"the drafter samples from q truncated to top-p {TOP_P:g} but reports the untruncated q",
-        _top_p_one_side,
-        ("pit.pooled_chisquare",),  # the output leans to the head of p: the pooled law moves
-    ),
-    BugClass(
-        "per_request_params_mixed",
-        f"two requests of a batch swap temperatures: a T = 1 row is verified at T = {OTHER_REQUEST_TEMPERATURE:g}",
-        lambda step: tempered(step.p, 1 / OTHER_REQUEST_TEMPERATURE),
-        ("pit.surprisal",),
-    ),
+TESTS = (
+    "pit.pooled_chisquare",
+    "pit.residual_order",
+    "pit.slot_chisquare",
+    "pit.token_counts",
+    "pit.surprisal",
+    "pit.bug_classes",
 )
-BY_NAME = {bug.name: bug for bug in CATALOGUE}
+LR_BOUND = "lr_bound"
+_GOF_POWER = GofChisquarePower()
 
 
 @dataclass(frozen=True)
@@ -307,9 +150,13 @@ class _Sums:
     # H0 (over the common support); the per-id class uses the local form from χ²(p'‖p) (below)
     lr: torch.Tensor
     tv: torch.Tensor  # [] or [V]  Σ_t TV(p'_t, p_t)
+    # [C] per class score c of pit.bug_classes (the accumulator's classes, in order): Σ_t E_{p'}[y_c]
+    # and Σ_t Var_{p'}(y_c) under this class's law (the per-id class: at the fixed id only)
+    class_drift: torch.Tensor
+    class_var: torch.Tensor
 
     @classmethod
-    def empty(cls, vocab: int, n_bins: int, slots: int, per_id: bool) -> _Sums:
+    def empty(cls, vocab: int, n_bins: int, slots: int, per_id: bool, n_classes: int) -> _Sums:
         lead = (vocab,) if per_id else ()
         return cls(
             pooled=_zeros(*lead, n_bins),
@@ -322,6 +169,8 @@ class _Sums:
             surprisal_var=_zeros(*lead),
             lr=_zeros(*lead, 4),
             tv=_zeros(*lead),
+            class_drift=_zeros(n_classes),
+            class_var=_zeros(n_classes),
         )
 
     def add(self, other: _Sums) -> None:
@@ -336,18 +185,22 @@ class PowerAccumulator:
 
     `update` per chunk of rows; `merge` of accumulators of one vocabulary and k; then
     `tokens_needed` and `power_at`. The per-id class (drafter_misreports_one_id) is evaluated
-    at every id at once; its reported id (`misreported_id`) is the one whose TV, averaged over the
-    steps, is largest.
+    at every id at once; its reported id (`misreported_id`) is `misreported` when given (a pilot's
+    choice, the id the tested sample's `pit.bug_classes` is aimed at), else the one whose TV,
+    averaged over the steps, is largest — and then `pit.bug_classes` leaves the class out, as the
+    test itself does without an id fixed in advance.
     """
 
     classes: tuple[BugClass, ...] = CATALOGUE
     n_bins: int = BINS
+    misreported: int | None = None
     vocab: int | None = None
     k: int | None = None
     steps: int = 0
     slot_steps: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [S] tested steps per slot
     count_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V] Σ_t p_t(v)(1 - p_t(v))
     surprisal_h0_var: float = 0.0  # Σ_t Var_p(y_t)
+    class_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [C] Σ_t Var_p(y_c) per class score
     has_slots: bool = True
     sums: dict[str, _Sums] = field(default_factory=dict)
 
@@ -371,60 +224,50 @@ class PowerAccumulator:
                           and bonus_from_previous_slot are then reported as having no power)
         k      int        block length
         tested [n, L]     bool, steps the tests count
-        q_prev [n, L, V]  the previous round's q for each step's slot, zeros where none. None:
-                          approximated by the q of the most recent earlier step of the row with
-                          the same slot and a draft — the previous round that reached that slot
-                          (exact when the previous round did; the loop's wasted drafts are not
-                          recorded, so a round that stopped earlier is skipped over).
+        q_prev [n, L, V]  the previous round's q for each step's slot, zeros where none, for the
+                          bugs' laws. None: approximated from the slots (`chunk_steps`). The
+                          class scores of pit.bug_classes always use the approximation, as the
+                          test in a cell does (it sees only the recorded slots).
         """
+        what = "PowerAccumulator.update"
         if p.dim() != 3:
-            raise LosscheckError(f"PowerAccumulator.update needs p [n, L, V], got {tuple(p.shape)}")
+            raise LosscheckError(f"{what} needs p [n, L, V], got {tuple(p.shape)}")
         shape2 = tuple(p.shape[:2])
         for name, t in (("tokens", tokens), ("slots", slots), ("tested", tested)):
             if t is not None and tuple(t.shape) != shape2:
-                raise LosscheckError(f"PowerAccumulator.update needs {name} [n, L] = {shape2}, got {tuple(t.shape)}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise LosscheckError(f"PowerAccumulator.update needs k an int >= 0, got {k!r}")
+                raise LosscheckError(f"{what} needs {name} [n, L] = {shape2}, got {tuple(t.shape)}")
         vocab = p.shape[-1]
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise LosscheckError(f"PowerAccumulator.update tokens: ids must lie in [0, {vocab})")
+            raise LosscheckError(f"{what} tokens: ids must lie in [0, {vocab})")
+        p = normalized_rows(p, f"{what} p")
+        q = torch.zeros_like(p) if q is None else reported_q(q, p.shape, f"{what} q")
+        scored = chunk_steps(p, q, slots, k, tested, what, misreported=self.misreported)
+        step = scored
+        if q_prev is not None:
+            q_prev = reported_q(q_prev, p.shape, f"{what} q_prev")
+            step = chunk_steps(p, q, slots, k, tested, what, q_prev=q_prev, misreported=self.misreported)
         self._start(vocab, k, slots is not None)
-        p = normalized_rows(p, "PowerAccumulator.update p")
-        q = torch.zeros_like(p) if q is None else reported_q(q, p.shape, "PowerAccumulator.update q")
-        slot = torch.full(shape2, -1, dtype=torch.long) if slots is None else slots.long().cpu()
-        if slots is not None and slot.numel() and (int(slot.min()) < 0 or int(slot.max()) > k):
-            raise LosscheckError(f"PowerAccumulator.update slots: must lie in [0, k = {k}]")
-        if q_prev is None:
-            q_prev = _previous_same_slot(q, slot)
-        else:
-            q_prev = reported_q(q_prev, p.shape, "PowerAccumulator.update q_prev")
-        p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], 1)  # [n, L, V]
-        pick = tested.to(torch.bool).to(p.device)  # [n, L]
-        step = Step(
-            p=p[pick],  # [m, V]
-            q=q[pick],
-            slot=slot.to(p.device)[pick],  # [m]
-            k=k,
-            p_prev=p_prev[pick],
-            q_prev=q_prev.to(p.device)[pick],
-        )
-        block = max(1, _BLOCK_ELEMENTS // vocab)  # steps per pass: bounds the [m, V] temporaries
-        for start in range(0, len(step.p), block):
-            self._add(step.rows(slice(start, start + block)))
+        for (_, block), (_, scored_block) in zip(step.blocks(), scored.blocks()):
+            self._add(block, block if step is scored else scored_block)
 
     def _start(self, vocab: int, k: int, has_slots: bool) -> None:
         if self.vocab is None:
             self.vocab, self.k, self.has_slots = vocab, k, has_slots
             self.slot_steps = _zeros(k + 1)
             self.count_h0_var = _zeros(vocab)
-            self.sums = {bug.name: _Sums.empty(vocab, self.n_bins, k + 1, bug.per_id) for bug in self.classes}
+            self.class_h0_var = _zeros(len(self.classes))
+            self.sums = {
+                bug.name: _Sums.empty(vocab, self.n_bins, k + 1, bug.per_id, len(self.classes)) for bug in self.classes
+            }
         elif (self.vocab, self.k) != (vocab, k):
             raise LosscheckError(
                 f"PowerAccumulator: a chunk with V = {vocab}, k = {k} after chunks with V = {self.vocab}, k = {self.k}"
             )
         self.has_slots = self.has_slots and has_slots
 
-    def _add(self, step: Step) -> None:
+    def _add(self, step: Step, scored: Step) -> None:
+        """Add a block of steps: `step` for the bugs' laws, `scored` (the same steps, q_prev as
+        the test approximates it) for the class scores."""
         m = len(step.p)
         if m == 0:
             return
@@ -437,11 +280,32 @@ class PowerAccumulator:
         self.slot_steps.index_add_(0, slot[slot >= 0], torch.ones(int((slot >= 0).sum()), dtype=torch.float64))
         self.count_h0_var += (p * (1 - p)).sum(0).cpu()
         self.surprisal_h0_var += float(y_var.sum())
+        laws = {}  # name -> p' [m, V], the classes evaluated at explicit laws
         for bug in self.classes:
             if bug.per_id:
-                self.sums[bug.name].add(_per_id_sums(step, tiles_p, tiles_r, y, self.n_bins))
+                self.sums[bug.name].add(_per_id_sums(step, tiles_p, tiles_r, y, self.n_bins, len(self.classes)))
             else:
-                self.sums[bug.name].add(self._law_sums(bug.law(step), step, tiles_p, tiles_r, y))
+                laws[bug.name] = bug.law(step)
+                self.sums[bug.name].add(self._law_sums(laws[bug.name], step, tiles_p, tiles_r, y))
+        if self.misreported is not None:
+            laws.update({bug.name: bug.law(step) for bug in self.classes if bug.per_id})
+        self._add_class_scores(laws, step, scored)
+
+    def _add_class_scores(self, laws: dict[str, torch.Tensor], step: Step, scored: Step) -> None:
+        """pit.bug_classes: each class score c under H0 and under every law in `laws`."""
+        p = step.p
+        for c, bug in enumerate(self.classes):
+            if bug.name not in laws:  # the per-id class without a fixed id: not scored
+                continue
+            model = laws[bug.name] if scored is step else bug.law(scored)
+            y_c, var_c, _ = targeted_scores(p, model)  # [m, V], [m]
+            self.class_h0_var[c] += float(var_c.sum())
+            for name, law in laws.items():
+                drift = (law * y_c).sum(-1)  # [m]
+                second = (law * y_c**2).sum(-1)  # [m]
+                sums = self.sums[name]
+                sums.class_drift[c] += float(drift.sum())
+                sums.class_var[c] += float((second - drift**2).clamp_min(0.0).sum())
 
     def _law_sums(self, law: torch.Tensor, step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor) -> _Sums:
         """The sums of one chunk's steps under an explicit law p' [m, V]."""
@@ -463,6 +327,8 @@ class PowerAccumulator:
             surprisal_var=((law * y**2).sum(-1) - drift**2).clamp_min(0.0).sum(),
             lr=_log_lr_moments(p, law).sum(0),
             tv=0.5 * (law - p).abs().sum(),
+            class_drift=_zeros(len(self.classes)),
+            class_var=_zeros(len(self.classes)),
         )
 
     @staticmethod
@@ -472,13 +338,17 @@ class PowerAccumulator:
         if not parts:
             raise LosscheckError("PowerAccumulator.merge needs at least one part")
         if not started:
-            return PowerAccumulator(classes=parts[0].classes, n_bins=parts[0].n_bins)
+            return PowerAccumulator(classes=parts[0].classes, n_bins=parts[0].n_bins, misreported=parts[0].misreported)
         first = started[0]
-        if any(
-            (a.vocab, a.k, a.n_bins, a.classes) != (first.vocab, first.k, first.n_bins, first.classes) for a in started
-        ):
-            raise LosscheckError("PowerAccumulator.merge: parts differ in vocabulary, k, bins or classes")
-        out = PowerAccumulator(classes=first.classes, n_bins=first.n_bins)
+
+        def design(a: PowerAccumulator) -> tuple:
+            return a.vocab, a.k, a.n_bins, a.classes, a.misreported
+
+        if any(design(a) != design(first) for a in started):
+            raise LosscheckError(
+                "PowerAccumulator.merge: parts differ in vocabulary, k, bins, classes or misreported id"
+            )
+        out = PowerAccumulator(classes=first.classes, n_bins=first.n_bins, misreported=first.misreported)
         assert first.vocab is not None and first.k is not None
         out._start(first.vocab, first.k, all(a.has_slots for a in started))
         for part in started:
@@ -486,15 +356,19 @@ class PowerAccumulator:
             out.slot_steps += part.slot_steps
             out.count_h0_var += part.count_h0_var
             out.surprisal_h0_var += part.surprisal_h0_var
+            out.class_h0_var += part.class_h0_var
             for name, sums in part.sums.items():
                 out.sums[name].add(sums)
         return out
 
     @property
     def misreported_id(self) -> int | None:
-        """The id the per-id class is reported at: the largest TV averaged over the steps."""
+        """The id the per-id class is reported at: `misreported` when fixed, else the largest TV
+        averaged over the steps."""
         per_id = [bug for bug in self.classes if bug.per_id]
-        if not per_id or self.steps == 0:
+        if self.misreported is not None or not per_id:
+            return self.misreported
+        if self.steps == 0:
             return None
         return int(self.sums[per_id[0].name].tv.argmax())
 
@@ -505,7 +379,8 @@ class PowerAccumulator:
     def tokens_needed(self, alpha_test: float, power: float) -> dict[str, dict[str, float]]:
         """Per class and test (`TESTS` and `LR_BOUND`), the tokens needed for the test, at level
         `alpha_test`, to reject with probability `power`; math.inf where it has no power. The
-        per-id class has no `pit.slot_chisquare` entry: its slot table would cost O(k·V·B)."""
+        per-id class has no `pit.slot_chisquare` entry (its slot table would cost O(k·V·B)), and
+        no `pit.bug_classes` entry unless `misreported` fixed its id."""
         check_open_unit("alpha_test", alpha_test)
         check_open_unit("power", power)
         return {
@@ -549,6 +424,8 @@ class PowerAccumulator:
             surprisal_var=sums.surprisal_var[v] + self.surprisal_h0_var,
             lr=sums.lr[v],
             tv=sums.tv[v],
+            class_drift=sums.class_drift,
+            class_var=sums.class_var,
         )
 
     def _effects(self, bug: BugClass) -> dict[str, _Effect]:
@@ -567,6 +444,18 @@ class PowerAccumulator:
             counts = _EvalueEffect.of(sums, self, _count_candidates(sums, self.count_h0_var))
         h1_mean, h1_var, h0_mean, h0_var = (sums.lr / n).tolist()
         slot = {} if bug.per_id else {"pit.slot_chisquare": _ChisquareEffect(slot_w2, slot_df + 1, 1.0)}
+        scores = [
+            c for c, b in enumerate(self.classes) if b in targeted(self.classes, self.has_slots, self.misreported)
+        ]
+        classes = {}
+        if not bug.per_id or self.misreported is not None:
+            classes["pit.bug_classes"] = _EvalueEffect(
+                [float(sums.class_drift[c]) / n for c in scores],
+                [float(self.class_h0_var[c]) / n for c in scores],
+                [float(sums.class_var[c]) / n for c in scores],
+                len(scores),
+                one_sided=True,
+            )
         return {
             "pit.pooled_chisquare": _ChisquareEffect(_w2(sums.pooled, self.n_bins), self.n_bins, support),
             "pit.residual_order": _ChisquareEffect(_w2(sums.residual, self.n_bins), self.n_bins, support),
@@ -575,6 +464,7 @@ class PowerAccumulator:
             "pit.surprisal": _EvalueEffect(
                 [float(sums.surprisal_drift) / n], [self.surprisal_h0_var / n], [float(sums.surprisal_var) / n], 1
             ),
+            **classes,
             LR_BOUND: _LikelihoodRatioEffect(h1_mean, h1_var, h0_mean, h0_var, outside=1.0 - support),
         }
 
@@ -631,12 +521,13 @@ class _ChisquareEffect(_Effect):
 @dataclass(frozen=True)
 class _EvalueEffect(_Effect):
     """Mixture e-value tests of candidate sums, per token: drift d, H0 variance σ², H1 variance τ²;
-    judged at alpha / `bonferroni`, the best candidate counts."""
+    judged at alpha / `bonferroni`, the best candidate counts; `one_sided`: only d > 0 is seen."""
 
     drift: list[float]
     h0_var: list[float]
     h1_var: list[float]
     bonferroni: int
+    one_sided: bool = False
 
     @classmethod
     def of(cls, sums: _Sums, acc: PowerAccumulator, ids: list[int]) -> _EvalueEffect:
@@ -651,7 +542,7 @@ class _EvalueEffect(_Effect):
     def tokens_needed(self, alpha: float, power: float) -> float:
         return min(
             (
-                _evalue_tokens(d, s2, t2, alpha / self.bonferroni, power)
+                _evalue_tokens(d, s2, t2, alpha / self.bonferroni, power, self.one_sided)
                 for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
             ),
             default=math.inf,
@@ -660,29 +551,33 @@ class _EvalueEffect(_Effect):
     def power(self, n: float, alpha: float) -> float:
         return max(
             (
-                _evalue_power(n, d, s2, t2, alpha / self.bonferroni)
+                _evalue_power(n, d, s2, t2, alpha / self.bonferroni, self.one_sided)
                 for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
             ),
             default=0.0,
         )
 
 
-def _evalue_power(n: float, d: float, h0_var: float, h1_var: float, alpha: float) -> float:
-    """P(mixture e-value of S_n >= 1/alpha) with S_n ~ N(n·d, n·τ²), W_n = n·σ²."""
-    if d == 0 or h0_var <= 0:
+def _evalue_power(n: float, d: float, h0_var: float, h1_var: float, alpha: float, one_sided: bool = False) -> float:
+    """P(mixture e-value of S_n >= 1/alpha) with S_n ~ N(n·d, n·τ²), W_n = n·σ² (the far side
+    of a two-sided test left out: it is never the one that rejects here)."""
+    shift = d if one_sided else abs(d)
+    if shift <= 0 or h0_var <= 0:
         return 0.0
-    threshold = evalue_threshold(n * h0_var, alpha)
+    threshold = evalue_threshold(n * h0_var, alpha, one_sided)
     sd = math.sqrt(n * max(h1_var, 1e-300))
-    return float(stats.norm.sf((threshold - n * abs(d)) / sd))
+    return float(stats.norm.sf((threshold - n * shift) / sd))
 
 
-def _evalue_tokens(d: float, h0_var: float, h1_var: float, alpha: float, power: float) -> float:
+def _evalue_tokens(
+    d: float, h0_var: float, h1_var: float, alpha: float, power: float, one_sided: bool = False
+) -> float:
     """Smallest n (to 0.1%) with `_evalue_power` >= power; inf beyond `MAX_TOKENS`."""
-    if d == 0 or h0_var <= 0:
+    if (d if one_sided else abs(d)) <= 0 or h0_var <= 0:
         return math.inf
 
     def enough(n: float) -> bool:
-        return _evalue_power(n, d, h0_var, h1_var, alpha) >= power
+        return _evalue_power(n, d, h0_var, h1_var, alpha, one_sided) >= power
 
     high = 1.0
     while not enough(high):
@@ -743,27 +638,7 @@ def _log_lr_moments(p: torch.Tensor, law: torch.Tensor) -> torch.Tensor:
     return torch.stack(moments, -1)
 
 
-def _previous_same_slot(q: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-    """[n, L, V] q of the most recent earlier step of each row with the same slot and a draft
-    (zeros where none, or where slots are unknown)."""
-    n, length, _ = q.shape
-    previous = torch.full((n, length), -1, dtype=torch.long)
-    if slot.numel() == 0 or int(slot.max()) < 0:
-        return torch.zeros_like(q)
-    drafted = (q.sum(-1) > 0).cpu()  # [n, L]
-    last = torch.full((n, int(slot.max()) + 1), -1, dtype=torch.long)  # [n, S]
-    rows = torch.arange(n)
-    for t in range(length):
-        s = slot[:, t].clamp_min(0)
-        previous[:, t] = torch.where(slot[:, t] >= 0, last[rows, s], -1)
-        update = drafted[:, t] & (slot[:, t] >= 0)
-        last[rows[update], s[update]] = t
-    index = previous.clamp_min(0).to(q.device)
-    gathered = q.gather(1, index[..., None].expand_as(q))
-    return torch.where((previous >= 0).to(q.device)[..., None], gathered, 0.0)
-
-
-def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, n_bins: int) -> _Sums:
+def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, n_bins: int, n_classes: int) -> _Sums:
     """drafter_misreports_one_id at every candidate id at once, over one chunk's steps.
 
     At a draft slot with reported q the drafter draws from q tilted by f = MISREPORT_FACTOR at v*.
@@ -776,7 +651,7 @@ def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, 
     """
     vocab = step.p.shape[-1]
     drafted = step.drafted.squeeze(-1)
-    empty = _Sums.empty(vocab, n_bins, 0, per_id=True)
+    empty = _Sums.empty(vocab, n_bins, 0, True, n_classes)
     if not bool(drafted.any()):
         return empty
     p, q, yd = step.p[drafted], step.q[drafted], y[drafted]  # [m, V]

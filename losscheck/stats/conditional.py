@@ -7,7 +7,7 @@ moves. But the scorer knows, at every generated position t (a *step*), the targe
 p_t and — in white-box cells — the drafter's reported distribution q_t for the slot that emitted
 the token, before the token x_t is drawn. Any statistic built from (p_t, q_t) and then evaluated
 at x_t is a predictable score: under H0 (x_t ~ p_t given everything before it) its conditional
-law is known exactly, step by step. Three such tests:
+law is known exactly, step by step. Four such tests:
 
 - `pit.residual_order`: the randomized PIT with the vocabulary ordered by descending p - q (ties
   by id), the direction in which a verifier that mishandles the residual norm(max(0, p - q))
@@ -18,6 +18,12 @@ law is known exactly, step by step. Three such tests:
   Bonferroni over ids. Catches a drafter that over-draws one id.
 - `pit.surprisal`: the standardized, clipped surprisal score of each token, centred by its exact
   conditional mean; catches temperature-like bugs (tokens more or less surprising than p says).
+- `pit.bug_classes`: per bug class of `losscheck.stats.buglaws.CATALOGUE`, whose law p'_t is a
+  function of the step known before x_t is drawn, the log-likelihood ratio ℓ_t = log(p'_t / p_t)
+  standardized, clipped and centred like the surprisal score: the likelihood-ratio test that knows
+  the bug, made bounded so that its e-value is valid. One-sided (the bug moves mass to where
+  ℓ > 0); Bonferroni over the classes. Its null law is exact whatever the true bug is: the
+  classes only choose the direction each token is scored in.
 
 Steps are slot-agnostic: q_t is all zeros where no draft emitted the token (a bonus slot, or no
 drafter), and p - q is then p. Under standard speculative sampling the emitted token at every slot
@@ -36,7 +42,8 @@ reduce by addition (`ConditionalValues.merge`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,15 +53,24 @@ from scipy import optimize, stats
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit, normalized_rows
 from losscheck.stats.budget import per_test_alpha
+from losscheck.stats.buglaws import CATALOGUE, chunk_steps, targeted
 from losscheck.stats.gof import goodness_of_fit
 from losscheck.stats.result import TestResult, scoped
 
-CONDITIONAL_TESTS = 3  # residual order, token counts, surprisal: they split the budget given to them
+# residual order, token counts, surprisal, bug classes: they split the budget given to them
+CONDITIONAL_TESTS = 4
 ORDER_BINS = 10
 SURPRISAL_CLIP = 3.0  # C: the standardized surprisal is clipped to [-C, C] so increments are bounded
-# Below this sd of log p(X) a step's surprisal is constant up to round-off (a point mass, or uniform
-# over its support): its score would be round-off divided by round-off.
-_MIN_SURPRISAL_SD = 1e-9
+CLASS_CLIP = 3.0  # C of the class scores (see `targeted_scores`)
+# A token to which a class gives less than this fraction of p's probability is scored as if it got
+# exactly this fraction. Such a token is evidence against the bug whatever its exact ratio, and the
+# clip cuts most of it anyway; the floor keeps a few tokens the bug never emits (p' = 0, ℓ = -inf)
+# from setting the sd — the scale — of every other token's score. On the bug-class table 0.1 to
+# 0.3 serve best; 1e-4 costs up to 13% more tokens (top_p_one_side, whose law has such zeros).
+RATIO_FLOOR = 0.1
+# Below this sd a step's score is constant up to round-off (a point mass, uniform surprisal over
+# the support, or a class that cannot act there): its score would be round-off divided by round-off.
+_MIN_SCORE_SD = 1e-9
 # Bennett mixture grid, equal weights. The mixture's log e-value is within log(len) of the best
 # λ on the grid and, with steps of √2, within 4% of the best λ's exponent (at λ = c·λ*, the
 # Gaussian exponent is (2c - c²) of the optimum; c = 2^(±1/4) gives 0.96). The optimum for a sum
@@ -108,29 +124,62 @@ def ordered_pit(p: torch.Tensor, key: torch.Tensor, tokens: torch.Tensor, v: tor
     return u.masked_fill(p_x == 0, math.nan)
 
 
-def surprisal_scores(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per step the centred, bounded surprisal score of every token and its exact variance.
+def bounded_scores(
+    p: torch.Tensor, raw: torch.Tensor, clip: float, outside: float, one_sided: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per step a raw score made a bounded, centred increment, with its exact variance under p.
 
-    p [m, V] float64 rows summing to 1. With H the entropy and s the sd of log p(X), X ~ p:
-    g(x) = (log p(x) + H) / s, h = clip(g, -C, C), y(x) = (h(x) - E_p h) / (2C) in [-1, 1].
-    Returns y [m, V], var [m] = Var_p(h) / (2C)² and scored [m] bool (s > 0: steps whose
-    surprisal varies at all; the others have y = 0 and var = 0).
+    p [m, V] float64 rows summing to 1; raw [m, V] finite on p's support. With s the sd of
+    raw(X), X ~ p: g(x) = (raw(x) - E_p raw) / s, h = clip(g, -C, C) on the support and
+    h = `outside` (±C) off it (never drawn under H0), y(x) = (h(x) - E_p h) / b with
+    b = 2C, so that y lies in [-1, 1] (two-sided tests); `one_sided`: b = C - E_p h, the
+    largest value of h - E_p h, so that y <= 1 — all a test of the side S > 0 needs — with
+    increments about twice as large relative to their bound (b is known before the token).
+    Returns y [m, V], var [m] = Var_p(h) / b² and scored [m] bool (s > 0: steps whose score
+    varies at all; the others have y = 0 and var = 0).
     """
     positive = p > 0
-    log_p = torch.where(positive, p, 1.0).log().masked_fill(~positive, -math.inf)  # [m, V]
-    plogp = torch.where(positive, p * log_p, 0.0)  # [m, V]
-    entropy = -plogp.sum(-1, keepdim=True)  # [m, 1]
-    centred = torch.where(positive, log_p + entropy, 0.0)  # [m, V]
+    raw = torch.where(positive, raw, 0.0)  # [m, V]
+    centred = torch.where(positive, raw - (p * raw).sum(-1, keepdim=True), 0.0)  # [m, V]
     sd = (p * centred**2).sum(-1, keepdim=True).sqrt()  # [m, 1]
-    scored = sd.squeeze(-1) > _MIN_SURPRISAL_SD  # [m]
-    # log p = -inf (tokens outside the support) clips to -C: finite, and weighted 0 under p
-    g = torch.where(positive, centred, -math.inf) / sd.clamp_min(_MIN_SURPRISAL_SD)  # [m, V]
-    h = g.clamp(-SURPRISAL_CLIP, SURPRISAL_CLIP)  # [m, V]
+    scored = sd.squeeze(-1) > _MIN_SCORE_SD  # [m]
+    g = centred / sd.clamp_min(_MIN_SCORE_SD)  # [m, V]
+    h = torch.where(positive, g.clamp(-clip, clip), outside)  # [m, V]
     mean = (p * h).sum(-1, keepdim=True)  # [m, 1]
     var = ((p * h**2).sum(-1) - mean.squeeze(-1) ** 2).clamp_min(0.0)  # [m]
-    scale = 2 * SURPRISAL_CLIP
+    scale = clip - mean if one_sided else torch.full_like(mean, 2 * clip)  # [m, 1]
+    scale = scale.clamp_min(_MIN_SCORE_SD)
     y = torch.where(scored[:, None], (h - mean) / scale, 0.0)  # [m, V]
-    return y, torch.where(scored, var / scale**2, 0.0), scored
+    return y, torch.where(scored, var / scale.squeeze(-1) ** 2, 0.0), scored
+
+
+def surprisal_scores(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per step the centred, bounded surprisal score of every token and its exact variance:
+    `bounded_scores` of log p [m, V] (g = (log p(x) + H) / s, H the entropy), clipped to
+    ±`SURPRISAL_CLIP`; tokens outside the support score -C (infinitely surprising)."""
+    log_p = torch.where(p > 0, p, 1.0).log()  # [m, V]
+    return bounded_scores(p, log_p, SURPRISAL_CLIP, -SURPRISAL_CLIP)
+
+
+def targeted_scores(p: torch.Tensor, law: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per step the centred, bounded score of every token aimed at a bug whose law is `law`:
+    `bounded_scores` of ℓ = log(max(p', RATIO_FLOOR·p) / p), clipped to ±`CLASS_CLIP`; tokens
+    outside p's support score +C (only a bug emits them).
+
+    p [m, V] and law [m, V] float64. Unclipped, h is the standardized log-likelihood ratio —
+    the Neyman–Pearson statistic against p'. The clip bounds the increments (what Bennett's
+    inequality needs) at C sd's of ℓ. C trades the evidence clipped off the tail of ℓ against
+    Bennett's price for a wide bound: a larger C shrinks every increment relative to its bound,
+    and the mixture pays ψ(λ) > λ²/2 at the larger λ it then needs. C = 3, as for the surprisal,
+    leaves a Gaussian ℓ unchanged on 99.7% of its mass; on the bug-class table C from 2 to 4
+    changes the tokens needed by under 10%, and C = 6 costs 5–20% more. The increments use the
+    one-sided bound (`bounded_scores`). Steps where the class cannot act (p' = p on the support)
+    have s = 0 and are not scored.
+    """
+    positive = p > 0
+    safe_p = torch.where(positive, p, 1.0)  # [m, V]
+    ell = torch.maximum(law, RATIO_FLOOR * safe_p).log() - safe_p.log()  # [m, V]
+    return bounded_scores(p, ell, CLASS_CLIP, CLASS_CLIP, one_sided=True)
 
 
 @dataclass(frozen=True)
@@ -146,6 +195,9 @@ class ConditionalValues:
     count_s         [V]    float64 S_v = Σ_t (1[x_t = v] - p_t(v)) over tested steps
     count_w         [V]    float64 W_v = Σ_t p_t(v)(1 - p_t(v))
     count_expected  [V]    float64 Σ_t p_t(v): the expected count of each id (for the report)
+    class_y         {class: [n_c]}  float64 the class-targeted score y_t in [-1, 1] of each tested
+                           step where the class can act, one entry per class in `pit.bug_classes`
+    class_var       {class: [n_c]}  float64 its exact conditional variance under H0
     """
 
     order_u: torch.Tensor
@@ -154,6 +206,8 @@ class ConditionalValues:
     count_s: torch.Tensor
     count_w: torch.Tensor
     count_expected: torch.Tensor
+    class_y: dict[str, torch.Tensor] = field(default_factory=dict)
+    class_var: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_steps(self) -> int:
@@ -168,6 +222,10 @@ class ConditionalValues:
         tokens: torch.Tensor,
         v: torch.Tensor,
         tested: torch.Tensor,
+        *,
+        slots: torch.Tensor | None = None,
+        k: int | None = None,
+        misreported_id: int | None = None,
     ) -> ConditionalValues:
         """The values of one chunk of rows.
 
@@ -177,6 +235,12 @@ class ConditionalValues:
         tokens [n, L]     emitted ids
         v      [n, L]     U(0, 1) draws for the ordered PIT, independent of everything else
         tested [n, L]     bool, steps counted (predictable: decided before the token is drawn)
+        slots  [n, L]     slot of each token in its round, in [0, k]; None: not recorded, and the
+                          classes whose law reads the slot are left out of `pit.bug_classes`
+        k      int        block length; needed with `slots`
+        misreported_id    the id drafter_misreports_one_id is scored at, fixed before this sample
+                          was drawn (a pilot's `PowerAccumulator.misreported_id`); None: the class
+                          is left out of `pit.bug_classes`
         """
         if p.dim() != 3:
             raise LosscheckError(f"ConditionalValues.from_chunk needs p [n, L, V], got {tuple(p.shape)}")
@@ -191,14 +255,37 @@ class ConditionalValues:
         p = normalized_rows(p, "ConditionalValues.from_chunk p")  # [n, L, V]
         q = None if q is None else reported_q(q, p.shape, "ConditionalValues.from_chunk q")
         tested = tested.to(torch.bool)
+        if slots is not None and k is None:
+            raise LosscheckError("ConditionalValues.from_chunk needs k with slots")
+        if slots is not None and tuple(slots.shape) != shape2:
+            raise LosscheckError(
+                f"ConditionalValues.from_chunk needs slots [n, L] = {shape2} like p, got {tuple(slots.shape)}"
+            )
+        step = chunk_steps(
+            p,
+            torch.zeros_like(p) if q is None else q,
+            slots,
+            0 if k is None else k,
+            tested,
+            "ConditionalValues.from_chunk",
+            misreported=misreported_id,
+        )
 
         u = ordered_pit(p, residual_key(p, q), tokens, v)[tested]  # [m]
-        p_t = p[tested]  # [m, V]
+        p_t = step.p  # [m, V]
         x = tokens.long()[tested]  # [m]
         y, var, scored = surprisal_scores(p_t)  # [m, V], [m], [m]
         y_x = y.gather(-1, x[:, None]).squeeze(-1)  # [m]
         drawn = torch.bincount(x, minlength=vocab).to(torch.float64)  # [V]
         expected = p_t.sum(0)  # [V]
+        classes = targeted(CATALOGUE, slots is not None, misreported_id)
+        class_y: dict[str, list[torch.Tensor]] = {bug.name: [] for bug in classes}
+        class_var: dict[str, list[torch.Tensor]] = {bug.name: [] for bug in classes}
+        for part, block in step.blocks():
+            for bug in classes:
+                y_c, var_c, scored_c = targeted_scores(block.p, bug.law(block))  # [b, V], [b], [b]
+                class_y[bug.name].append(y_c.gather(-1, x[part, None]).squeeze(-1)[scored_c].cpu())
+                class_var[bug.name].append(var_c[scored_c].cpu())
         return cls(
             order_u=u[~torch.isnan(u)].cpu(),
             surprisal_y=y_x[scored].cpu(),
@@ -206,6 +293,8 @@ class ConditionalValues:
             count_s=(drawn - expected).cpu(),
             count_w=(p_t * (1 - p_t)).sum(0).cpu(),
             count_expected=expected.cpu(),
+            class_y={name: _cat(parts) for name, parts in class_y.items()},
+            class_var={name: _cat(parts) for name, parts in class_var.items()},
         )
 
     @staticmethod
@@ -216,6 +305,9 @@ class ConditionalValues:
         vocab = {len(part.count_s) for part in parts}
         if len(vocab) != 1:
             raise LosscheckError(f"ConditionalValues.merge: parts have different vocabularies {sorted(vocab)}")
+        classes = {tuple(part.class_y) for part in parts}
+        if len(classes) != 1:
+            raise LosscheckError(f"ConditionalValues.merge: parts score different bug classes {sorted(classes)}")
         return ConditionalValues(
             order_u=torch.cat([part.order_u for part in parts]),
             surprisal_y=torch.cat([part.surprisal_y for part in parts]),
@@ -223,7 +315,13 @@ class ConditionalValues:
             count_s=torch.stack([part.count_s for part in parts]).sum(0),
             count_w=torch.stack([part.count_w for part in parts]).sum(0),
             count_expected=torch.stack([part.count_expected for part in parts]).sum(0),
+            class_y={name: _cat([part.class_y[name] for part in parts]) for name in parts[0].class_y},
+            class_var={name: _cat([part.class_var[name] for part in parts]) for name in parts[0].class_var},
         )
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
 def reported_q(q: torch.Tensor, shape: torch.Size, what: str) -> torch.Tensor:
@@ -250,14 +348,18 @@ def _check_tokens(what: str, tokens: torch.Tensor, vocab: int) -> None:
         )
 
 
-def log_mixture_evalue(s: ArrayLike, w: ArrayLike) -> np.ndarray:
+def log_mixture_evalue(s: ArrayLike, w: ArrayLike, one_sided: bool = False) -> np.ndarray:
     """log of the two-sided Bennett mixture e-value of sums `s` with variance sums `w` (same shape,
-    w >= 0): log( (mean_λ exp(λs - ψ(λ)w) + mean_λ exp(-λs - ψ(λ)w)) / 2 ), λ over `LAMBDAS`.
+    w >= 0): log( (mean_λ exp(λs - ψ(λ)w) + mean_λ exp(-λs - ψ(λ)w)) / 2 ), λ over `LAMBDAS`;
+    `one_sided`: log mean_λ exp(λs - ψ(λ)w), evidence for S > 0 only (valid when every increment
+    of S is <= 1; it spends no e-value on the other side, so it rejects with about log 2 less).
     Computed in log space (logaddexp): finite for any finite s, however large."""
     s = np.asarray(s, dtype=np.float64)[..., None]  # [..., 1]
     w = np.asarray(w, dtype=np.float64)[..., None]  # [..., 1]
     psi = np.expm1(LAMBDAS) - LAMBDAS  # [K]
     up = np.logaddexp.reduce(LAMBDAS * s - psi * w, axis=-1)  # [...]
+    if one_sided:
+        return up - math.log(len(LAMBDAS))
     down = np.logaddexp.reduce(-LAMBDAS * s - psi * w, axis=-1)  # [...]
     return np.logaddexp(up, down) - math.log(2 * len(LAMBDAS))
 
@@ -268,13 +370,13 @@ def mixture_evalue(s: ArrayLike, w: ArrayLike) -> np.ndarray:
     return np.exp(log_mixture_evalue(s, w))
 
 
-def evalue_threshold(w: float, alpha: float) -> float:
-    """Smallest |S| at which the mixture e-value of (S, `w`) reaches 1 / `alpha`: where the
-    e-value tests reject."""
+def evalue_threshold(w: float, alpha: float, one_sided: bool = False) -> float:
+    """Smallest |S| (S for `one_sided`) at which the mixture e-value of (S, `w`) reaches
+    1 / `alpha`: where the e-value tests reject."""
     target = -math.log(check_open_unit("alpha", alpha))
 
     def gap(s: float) -> float:
-        return float(log_mixture_evalue(s, w)) - target
+        return float(log_mixture_evalue(s, w, one_sided)) - target
 
     high = 1.0
     while gap(high) < 0:
@@ -282,16 +384,28 @@ def evalue_threshold(w: float, alpha: float) -> float:
     return float(optimize.brentq(gap, 0.0, high, xtol=1e-9, rtol=1e-12))
 
 
-def _evalue_p(log_e: float, factor: float = 1.0) -> tuple[float, float]:
-    """(p, log10 p) = min(1, factor / e), from log e."""
+def _evalue_result(
+    name: str, expected: str, observed: str, log_e: float, factor: int, statistic: float, **facts: Any
+) -> TestResult:
+    """The result of an e-value test with p = min(1, `factor` / e) (Bonferroni over `factor`
+    candidates), from log e; the e-value is appended to `observed`. `facts`: alpha, n, power,
+    detectable."""
     log_p = min(0.0, math.log(factor) - log_e)
-    return math.exp(log_p), log_p / math.log(10)
+    return TestResult(
+        name=name,
+        expected=expected,
+        observed=f"{observed}, e-value 10^{log_e / math.log(10):.2f}",
+        statistic=statistic,
+        p_value=math.exp(log_p),
+        log10_p=log_p / math.log(10),
+        **facts,
+    )
 
 
-def _detectable_sum(w: float, alpha: float, power: float) -> float:
+def _detectable_sum(w: float, alpha: float, power: float, one_sided: bool = False) -> float:
     """The mean of S that the mixture test detects at `power` when S has variance ≈ `w` (normal
     approximation): the rejection threshold plus z_power standard deviations."""
-    return evalue_threshold(w, alpha) + float(stats.norm.ppf(power)) * math.sqrt(w)
+    return evalue_threshold(w, alpha, one_sided) + float(stats.norm.ppf(power)) * math.sqrt(w)
 
 
 def residual_order_test(order_u: torch.Tensor, alpha: float, power: float) -> TestResult:
@@ -323,7 +437,6 @@ def token_counts_test(values: ConditionalValues, alpha: float, power: float) -> 
     vocab = len(s)
     log_e = log_mixture_evalue(s, w)  # [V]
     worst = int(np.argmax(log_e))
-    p_value, log10_p = _evalue_p(float(log_e[worst]), vocab)
     count = s[worst] + expected[worst]
     ratio = count / expected[worst] if expected[worst] > 0 else math.inf
     # detectable: the count ratio an id as common as the most expected one must reach
@@ -331,19 +444,14 @@ def token_counts_test(values: ConditionalValues, alpha: float, power: float) -> 
     detect = math.inf
     if expected[common] > 0 and w[common] > 0:
         detect = 1 + _detectable_sum(float(w[common]), alpha / vocab, power) / float(expected[common])
-    return TestResult(
-        name="pit.token_counts",
-        expected=(
-            "each id drawn as often as the target's probabilities at the steps predict "
-            "(Bennett mixture e-value per id, Bonferroni over the vocabulary)"
-        ),
-        observed=(
-            f"id {worst} drawn {count:.0f} times where {expected[worst]:.1f} were expected "
-            f"(ratio {ratio:.3g}, e-value 10^{float(log_e[worst]) / math.log(10):.2f})"
-        ),
-        statistic=float(log_e[worst]),
-        p_value=p_value,
-        log10_p=log10_p,
+    return _evalue_result(
+        "pit.token_counts",
+        "each id drawn as often as the target's probabilities at the steps predict "
+        "(Bennett mixture e-value per id, Bonferroni over the vocabulary)",
+        f"id {worst} drawn {count:.0f} times where {expected[worst]:.1f} were expected (ratio {ratio:.3g})",
+        float(log_e[worst]),
+        vocab,
+        float(log_e[worst]),
         alpha=alpha,
         n=values.n_steps,
         power=power,
@@ -357,20 +465,16 @@ def surprisal_test(values: ConditionalValues, alpha: float, power: float) -> Tes
     w = float(values.surprisal_var.sum())
     n = len(values.surprisal_y)
     log_e = float(log_mixture_evalue(total, w))
-    p_value, log10_p = _evalue_p(log_e)
     # y > 0: log p(x) above its mean, the token more probable than p's typical draw
     direction = "less" if total > 0 else "more"
     sd = math.sqrt(w) if w > 0 else math.inf
-    return TestResult(
-        name="pit.surprisal",
-        expected="tokens exactly as surprising as the target's distribution at each step predicts (score sum 0)",
-        observed=(
-            f"score sum {total:+.4g} ({total / sd if w > 0 else 0.0:+.2f} sd): tokens {direction} surprising "
-            f"than p says (e-value 10^{log_e / math.log(10):.2f})"
-        ),
-        statistic=total,
-        p_value=p_value,
-        log10_p=log10_p,
+    return _evalue_result(
+        "pit.surprisal",
+        "tokens exactly as surprising as the target's distribution at each step predicts (score sum 0)",
+        f"score sum {total:+.4g} ({total / sd if w > 0 else 0.0:+.2f} sd): tokens {direction} surprising than p says",
+        log_e,
+        1,
+        total,
         alpha=alpha,
         n=n,
         power=power,
@@ -379,9 +483,50 @@ def surprisal_test(values: ConditionalValues, alpha: float, power: float) -> Tes
     )
 
 
+def bug_classes_test(values: ConditionalValues, alpha: float, power: float) -> TestResult:
+    """Per class the one-sided mixture e-value of (Σ y_c, Σ var_c) of its targeted scores;
+    p = min(1, C · min_c 1/e_c) over the C classes scored."""
+    names = list(values.class_y)
+    left_out = [bug.name for bug in CATALOGUE if bug.name not in values.class_y]
+    expected = (
+        "no token leaning towards any bug class's law (one-sided mixture e-value of each class's "
+        "log-likelihood-ratio score, Bonferroni over the classes)"
+        + (f"; not scored: {', '.join(left_out)} (law not known before the token)" if left_out else "")
+    )
+    facts = {"alpha": alpha, "n": values.n_steps, "power": power}
+    if not names:
+        return _evalue_result(
+            "pit.bug_classes", expected, "no class to score", 0.0, 1, 0.0, **facts, detectable={"drift": math.inf}
+        )
+    s = np.array([float(values.class_y[name].sum()) for name in names])  # [C]
+    w = np.array([float(values.class_var[name].sum()) for name in names])  # [C]
+    log_e = log_mixture_evalue(s, w, one_sided=True)  # [C]
+    worst = int(np.argmax(log_e))
+    sd = math.sqrt(w[worst])
+    scored = len(values.class_y[names[worst]])
+    # detectable: the mean score per scored step the most scored class must reach
+    common = max(range(len(names)), key=lambda c: len(values.class_y[names[c]]))
+    n_common = len(values.class_y[names[common]])
+    drift = math.inf
+    if n_common and w[common] > 0:
+        drift = _detectable_sum(float(w[common]), alpha / len(names), power, one_sided=True) / n_common
+    return _evalue_result(
+        "pit.bug_classes",
+        expected,
+        f"{names[worst]}: score sum {s[worst]:+.4g} ({s[worst] / sd if sd > 0 else 0.0:+.2f} sd) over "
+        f"{scored} steps where it can act",
+        float(log_e[worst]),
+        len(names),
+        float(log_e[worst]),
+        **facts,
+        detectable={"drift": drift},
+    )
+
+
 def conditional_tests(values: ConditionalValues, alpha: float, power: float) -> list[TestResult]:
-    """`pit.residual_order`, `pit.token_counts`, `pit.surprisal`, each at alpha / CONDITIONAL_TESTS.
-    Their sample sizes are what the cell scored; each reports the effect it detects."""
+    """`pit.residual_order`, `pit.token_counts`, `pit.surprisal`, `pit.bug_classes`, each at
+    alpha / CONDITIONAL_TESTS. Their sample sizes are what the cell scored; each reports the
+    effect it detects."""
     check_open_unit("power", power)
     a = per_test_alpha(alpha, CONDITIONAL_TESTS)
     return scoped(
@@ -389,6 +534,7 @@ def conditional_tests(values: ConditionalValues, alpha: float, power: float) -> 
             residual_order_test(values.order_u, a, power),
             token_counts_test(values, a, power),
             surprisal_test(values, a, power),
+            bug_classes_test(values, a, power),
         ],
         "conditional",
     )

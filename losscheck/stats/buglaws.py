@@ -1,0 +1,281 @@
+"""The bug classes: realistic verifier and drafter bugs, each by the exact law of the emitted token
+at a step.
+
+A *step* is one generated position t: the target's distribution p_t [V] after logits processing,
+the drafter's reported q_t [V] for the slot that emitted the token (all zeros where no draft did:
+a bonus slot, or no drafter), the slot s_t (0 = the round's first emitted token, k = the bonus
+slot) and the block length k, the previous step's p and the previous round's q for the slot. Each
+`BugClass` gives `law(step)`: the exact conditional law p'_t of the emitted token at that step
+under the bug, known before the token is drawn. A correct loop has p'_t = p_t everywhere.
+
+Two readers: the class-targeted test (`losscheck.stats.conditional`, `pit.bug_classes`) scores
+each token by log(p'_t / p_t), and the power table (`losscheck.stats.bugclass`) asks what every
+test sees per token under each law. Both build their steps from a chunk of rows with
+`chunk_steps`, so the test and its power are computed from the same laws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from losscheck.errors import LosscheckError
+
+MISREPORT_FACTOR = 3.0  # drafter_misreports_one_id: the id is drawn this many times as often as reported
+TOP_P = 0.9  # top_p_one_side: the drafter samples from q truncated to this mass
+TARGET_TEMPERATURE_FACTOR = 1.1  # target_temperature_1.1: the target side runs at 1.1·T
+OTHER_REQUEST_TEMPERATURE = 0.7  # per_request_params_mixed: a T = 1 row verified at the other row's T
+# Steps are evaluated in blocks of at most this many probabilities (a few dozen [m, V] float64
+# temporaries of 32 MiB each), whatever the chunk the caller passes.
+BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Step:
+    """Steps, vectorised over any leading shape [...]: what a bug's law may depend on.
+
+    p       [..., V]  target distribution at the step (float64, sums to 1)
+    q       [..., V]  drafter's reported distribution for the emitting slot; zeros: no draft
+    slot    [...]     long, slot of the emitted token in its round; -1: unknown
+    k       int       block length (slot k is the bonus slot)
+    p_prev  [..., V]  p at the previous step of the row; zeros: none
+    q_prev  [..., V]  the previous round's q for this slot; zeros: none
+    misreported int | None  the id drafter_misreports_one_id over-draws (None: no such id chosen)
+    """
+
+    p: torch.Tensor
+    q: torch.Tensor
+    slot: torch.Tensor
+    k: int
+    p_prev: torch.Tensor
+    q_prev: torch.Tensor
+    misreported: int | None = None
+
+    def rows(self, part: slice) -> Step:
+        """The steps `part` of a flat batch of steps [m, ...]."""
+        return Step(
+            self.p[part], self.q[part], self.slot[part], self.k, self.p_prev[part], self.q_prev[part], self.misreported
+        )
+
+    def blocks(self) -> Iterator[tuple[slice, Step]]:
+        """The flat batch of steps [m, ...] in consecutive blocks of at most `BLOCK_ELEMENTS`
+        probabilities: (the block's slice of the m steps, its steps)."""
+        block = max(1, BLOCK_ELEMENTS // max(1, self.p.shape[-1]))
+        for start in range(0, len(self.p), block):
+            part = slice(start, start + block)
+            yield part, self.rows(part)
+
+    @property
+    def drafted(self) -> torch.Tensor:
+        """[..., 1] bool: a draft decided this step (q has mass)."""
+        return self.q.sum(-1, keepdim=True) > 0
+
+
+def mismatched_law(p: torch.Tensor, drawn: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Law [..., V] of the token a draft slot emits when the draft is drawn from `drawn` but the
+    verifier accepts with min(1, p / used) and recovers from norm(max(0, p - used)):
+    p'(x) = drawn(x)·a(x) + (1 - Σ_y drawn(y)·a(y))·r(x). `used` = `drawn` gives p exactly."""
+    accept = torch.where(used > 0, (p / used.clamp_min(1e-300)).clamp(max=1.0), 1.0)  # [..., V]
+    kept = drawn * accept  # [..., V]
+    residual = (p - used).clamp_min(0.0)  # [..., V]
+    mass = residual.sum(-1, keepdim=True)
+    recovered = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-300), p)
+    return kept + (1 - kept.sum(-1, keepdim=True)).clamp_min(0.0) * recovered
+
+
+def tempered(p: torch.Tensor, exponent: float) -> torch.Tensor:
+    """p^exponent renormalised [..., V]: p at temperature T / exponent when p is at T (zeros kept)."""
+    powered = torch.where(p > 0, p.clamp_min(1e-300) ** exponent, 0.0)
+    return powered / powered.sum(-1, keepdim=True)
+
+
+def top_p(q: torch.Tensor, top: float) -> torch.Tensor:
+    """q [..., V] truncated to its smallest most-probable set of mass >= `top`, renormalised."""
+    ranked, order = q.sort(dim=-1, descending=True, stable=True)
+    keep_ranked = (ranked.cumsum(-1) - ranked) < top  # the mass before each token is still short
+    keep = torch.zeros_like(keep_ranked).scatter(-1, order, keep_ranked)
+    kept = torch.where(keep, q, 0.0)
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp_min(1e-300), q)
+
+
+def tilted(q: torch.Tensor, token: int, factor: float) -> torch.Tensor:
+    """q [..., V] with `token`'s probability multiplied by `factor`, renormalised."""
+    weight = torch.ones(q.shape[-1], dtype=q.dtype, device=q.device)
+    weight[token] = factor
+    raw = q * weight
+    total = raw.sum(-1, keepdim=True)
+    return torch.where(total > 0, raw / total.clamp_min(1e-300), q)
+
+
+def _residual_is_p(step: Step) -> torch.Tensor:
+    overlap = torch.minimum(step.p, step.q)
+    return torch.where(step.drafted, overlap + (1 - overlap.sum(-1, keepdim=True)) * step.p, step.p)
+
+
+def _stale_q(step: Step) -> torch.Tensor:
+    acts = step.drafted & (step.q_prev.sum(-1, keepdim=True) > 0)
+    return torch.where(acts, mismatched_law(step.p, step.q, step.q_prev), step.p)
+
+
+def _bonus_from_previous_slot(step: Step) -> torch.Tensor:
+    acts = (step.slot == step.k)[..., None] & (step.p_prev.sum(-1, keepdim=True) > 0)
+    return torch.where(acts, step.p_prev, step.p)
+
+
+def _misreports_one_id(step: Step) -> torch.Tensor:
+    if step.misreported is None:
+        raise LosscheckError("drafter_misreports_one_id needs Step.misreported: the id the drafter over-draws")
+    drawn = tilted(step.q, step.misreported, MISREPORT_FACTOR)
+    return torch.where(step.drafted, mismatched_law(step.p, drawn, step.q), step.p)
+
+
+def _top_p_one_side(step: Step) -> torch.Tensor:
+    return torch.where(step.drafted, mismatched_law(step.p, top_p(step.q, TOP_P), step.q), step.p)
+
+
+@dataclass(frozen=True)
+class BugClass:
+    """A realistic losslessness bug, by the exact law of the emitted token at a step."""
+
+    name: str
+    models: str  # the real bug it stands for
+    law: Callable[[Step], torch.Tensor]  # Step -> p' [..., V]
+    caught_by: tuple[str, ...]  # the tests meant to catch it (besides the LR bound)
+    # True: the bug has a free token id (the one misreported); the accumulator evaluates it at
+    # every id at once and reports the id where its TV is largest
+    per_id: bool = False
+    # True: the law reads the slot (the bonus slot, or the previous round's q for the slot, which
+    # `chunk_steps` finds by slot); without recorded slots it cannot be evaluated
+    needs_slots: bool = False
+
+
+CATALOGUE: tuple[BugClass, ...] = (
+    BugClass(
+        "residual_is_p",
+        "the recovered token is drawn from p instead of norm(max(0, p - q)) at a rejection",
+        _residual_is_p,
+        ("pit.residual_order",),
+    ),
+    BugClass(
+        "stale_q",
+        "the verifier reads the previous round's q for the slot while the draft came from the current q",
+        _stale_q,
+        ("pit.residual_order",),
+        needs_slots=True,
+    ),
+    BugClass(
+        "target_temperature_1.1",
+        "the target side is processed at 1.1·T (p' ∝ p^(1/1.1))",
+        lambda step: tempered(step.p, 1 / TARGET_TEMPERATURE_FACTOR),
+        ("pit.surprisal",),
+    ),
+    BugClass(
+        "bonus_from_previous_slot",
+        "the bonus token is drawn from p at slot k - 1 instead of slot k",
+        _bonus_from_previous_slot,
+        ("pit.slot_chisquare",),
+        needs_slots=True,
+    ),
+    BugClass(
+        "drafter_misreports_one_id",
+        f"the drafter draws one id {MISREPORT_FACTOR:g}x as often as the q it reports (the rest "
+        "renormalised); the verifier accepts and recovers with the reported q",
+        _misreports_one_id,
+        ("pit.token_counts",),
+        per_id=True,
+    ),
+    BugClass(
+        "top_p_one_side",
+        f"the drafter samples from q truncated to top-p {TOP_P:g} but reports the untruncated q",
+        _top_p_one_side,
+        ("pit.pooled_chisquare",),  # the output leans to the head of p: the pooled law moves
+    ),
+    BugClass(
+        "per_request_params_mixed",
+        f"two requests of a batch swap temperatures: a T = 1 row is verified at T = {OTHER_REQUEST_TEMPERATURE:g}",
+        lambda step: tempered(step.p, 1 / OTHER_REQUEST_TEMPERATURE),
+        ("pit.surprisal",),
+    ),
+)
+BY_NAME = {bug.name: bug for bug in CATALOGUE}
+
+
+def targeted(classes: tuple[BugClass, ...], has_slots: bool, misreported: int | None) -> tuple[BugClass, ...]:
+    """The classes of `classes` whose law is known before each token is drawn, and so can be
+    scored: those needing slots only when slots are recorded, the per-id class only when its id
+    was fixed beforehand (`misreported`; an id the scored sample picked itself would let it choose
+    its own direction)."""
+    return tuple(
+        bug for bug in classes if (has_slots or not bug.needs_slots) and (misreported is not None or not bug.per_id)
+    )
+
+
+def chunk_steps(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    slots: torch.Tensor | None,
+    k: int,
+    tested: torch.Tensor,
+    what: str,
+    *,
+    q_prev: torch.Tensor | None = None,
+    misreported: int | None = None,
+) -> Step:
+    """The tested steps [m] of a chunk of rows, flat, in row-major order.
+
+    p       [n, L, V]  target distributions, float64 rows summing to 1
+    q       [n, L, V]  reported q of the emitting slot, float64, zeros where no draft
+    slots   [n, L]     slot of each token in its round, in [0, k]; None: not recorded (-1)
+    k       int        block length
+    tested  [n, L]     bool, the steps kept
+    q_prev  [n, L, V]  the previous round's q for each step's slot, zeros where none. None:
+                       approximated by the q of the most recent earlier step of the row with the
+                       same slot and a draft — the previous round that reached that slot (exact
+                       when the previous round did; the loop's wasted drafts are not recorded,
+                       so a round that stopped earlier is skipped over).
+    `what` names the caller in errors; `misreported` is carried into the steps.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise LosscheckError(f"{what} needs k an int >= 0, got {k!r}")
+    shape2 = tuple(p.shape[:2])
+    slot = torch.full(shape2, -1, dtype=torch.long) if slots is None else slots.long().cpu()
+    if slots is not None and slot.numel() and (int(slot.min()) < 0 or int(slot.max()) > k):
+        raise LosscheckError(f"{what} slots: must lie in [0, k = {k}]")
+    if misreported is not None and not 0 <= misreported < p.shape[-1]:
+        raise LosscheckError(f"{what} misreported id: must lie in [0, {p.shape[-1]}), got {misreported}")
+    if q_prev is None:
+        q_prev = _previous_same_slot(q, slot)
+    p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], 1)  # [n, L, V]
+    pick = tested.to(torch.bool).to(p.device)  # [n, L]
+    return Step(
+        p=p[pick],  # [m, V]
+        q=q[pick],
+        slot=slot.to(p.device)[pick],  # [m]
+        k=k,
+        p_prev=p_prev[pick],
+        q_prev=q_prev.to(p.device)[pick],
+        misreported=misreported,
+    )
+
+
+def _previous_same_slot(q: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """[n, L, V] q of the most recent earlier step of each row with the same slot and a draft
+    (zeros where none, or where slots are unknown)."""
+    n, length, _ = q.shape
+    previous = torch.full((n, length), -1, dtype=torch.long)
+    if slot.numel() == 0 or int(slot.max()) < 0:
+        return torch.zeros_like(q)
+    drafted = (q.sum(-1) > 0).cpu()  # [n, L]
+    last = torch.full((n, int(slot.max()) + 1), -1, dtype=torch.long)  # [n, S]
+    rows = torch.arange(n)
+    for t in range(length):
+        s = slot[:, t].clamp_min(0)
+        previous[:, t] = torch.where(slot[:, t] >= 0, last[rows, s], -1)
+        update = drafted[:, t] & (slot[:, t] >= 0)
+        last[rows[update], s[update]] = t
+    index = previous.clamp_min(0).to(q.device)
+    gathered = q.gather(1, index[..., None].expand_as(q))
+    return torch.where((previous >= 0).to(q.device)[..., None], gathered, 0.0)
