@@ -1,7 +1,8 @@
 """Bug-class laws and their power: each law is a distribution equal to p where the bug cannot act,
 residual_is_p matches a brute-force run of the planted buggy verifier, the per-id evaluation of
-drafter_misreports_one_id matches its explicit law at every id, and the power table says what it
-should on the synthetic Markov chain of `losscheck.selftest.bugtable`."""
+drafter_misreports_one_id matches its explicit law at every id, the power table says what it
+should on the synthetic Markov chain of `losscheck.selftest.bugtable`, and its prediction for
+pit.bug_classes matches a simulation of that test."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from losscheck.errors import LosscheckError
 from losscheck.selftest import bugtable
 from losscheck.selftest.verifiers import verify_residual_is_p
 from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator, _per_id_sums, _Tiles
-from losscheck.stats.buglaws import BY_NAME, CATALOGUE, Step, _previous_same_slot
-from losscheck.stats.conditional import surprisal_scores
+from losscheck.stats.buglaws import BY_NAME, CATALOGUE, Step, _previous_same_slot, chunk_steps, targeted
+from losscheck.stats.conditional import ConditionalValues, bug_classes_test, surprisal_scores, targeted_scores
 
 V, K = 7, 3
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -133,10 +134,13 @@ def test_previous_same_slot_q_is_the_last_drafted_step_of_that_slot():
 
 @functools.cache
 def _small_table() -> dict[float, tuple[PowerAccumulator, dict]]:
+    """Per acceptance: the accumulator of 300 rows aimed at the id a 30-row pilot picked, and its
+    tokens needed at the bug table's levels."""
     out = {}
     for acceptance in bugtable.ACCEPTANCES:
         chain = bugtable.make_chain(acceptance, seed=0)
-        acc = bugtable.accumulate(chain, bugtable.simulate(chain, rows=300, seed=1))
+        pilot = bugtable.accumulate(chain, bugtable.simulate(chain, rows=30, seed=2))
+        acc = bugtable.accumulate(chain, bugtable.simulate(chain, rows=300, seed=1), misreported=pilot.misreported_id)
         out[acceptance] = (acc, acc.tokens_needed(6.6e-6, 0.99))
     return out
 
@@ -151,6 +155,110 @@ def test_the_tests_meant_for_each_class_have_power_and_beat_the_pooled_test_wher
             best = min(row[t] for t in ("pit.residual_order", "pit.token_counts", "pit.surprisal"))
             assert best < row["pit.pooled_chisquare"], f"{name} at acc {acceptance}: {row}"
             assert row[LR_BOUND] <= best, f"{name}: the LR bound must be the smallest: {row}"
+
+
+@pytest.mark.parametrize(
+    ("name", "factor"),
+    [("residual_is_p", 2), ("stale_q", 2), ("target_temperature_1.1", 5), ("drafter_misreports_one_id", 50)],
+)
+def test_the_class_test_needs_far_fewer_tokens_than_the_residual_order(name, factor):
+    for acceptance, (_, needed) in _small_table().items():
+        row = needed[name]
+        assert row["pit.bug_classes"] * factor <= row["pit.residual_order"], f"{name} at acc {acceptance}: {row}"
+
+
+def test_the_class_test_costs_a_bounded_factor_over_the_lr_bound():
+    """Both are normal approximations, and the LR bound reads low for bugs on few steps (the bonus
+    slot): the class test needs between 0.9 and 4 times its tokens for every class."""
+    for acceptance, (_, needed) in _small_table().items():
+        for bug in CATALOGUE:
+            row = needed[bug.name]
+            ratio = row["pit.bug_classes"] / row[LR_BOUND]
+            assert 0.9 <= ratio <= 4, f"{bug.name} at acc {acceptance}: {ratio:.2f} x the LR bound, {row}"
+
+
+def test_the_class_test_scores_only_the_classes_known_in_advance():
+    chain = bugtable.make_chain(0.88, seed=5)
+    steps = bugtable.simulate(chain, rows=20, seed=6)
+    aimed = bugtable.accumulate(chain, steps, misreported=3)
+    blind = bugtable.accumulate(chain, steps)
+    assert aimed.misreported_id == 3
+    assert "pit.bug_classes" in aimed.tokens_needed(1e-3, 0.9)["drafter_misreports_one_id"]
+    assert "pit.bug_classes" not in blind.tokens_needed(1e-3, 0.9)["drafter_misreports_one_id"]
+    # without slots the bonus slot is unknown: its class cannot be scored, and the bug has no power
+    no_slots = PowerAccumulator()
+    p = chain.p[steps.before]
+    no_slots.update(p, None, steps.tokens, None, bugtable.K, torch.ones(steps.tokens.shape, dtype=torch.bool))
+    assert no_slots.tokens_needed(1e-3, 0.9)["bonus_from_previous_slot"]["pit.bug_classes"] == math.inf
+    assert math.isfinite(no_slots.tokens_needed(1e-3, 0.9)["target_temperature_1.1"]["pit.bug_classes"])
+    with pytest.raises(LosscheckError, match="misreported"):
+        PowerAccumulator.merge([aimed, blind])
+
+
+SIM_ALPHA, SIM_POWER, SIM_REPLICATES = 0.01, 0.9, 200
+
+
+@functools.cache
+def _predicted() -> dict[str, float]:
+    """pit.bug_classes' tokens needed per class, from 300 rows of the 0.88 chain."""
+    chain = bugtable.make_chain(0.88, seed=0)
+    acc = bugtable.accumulate(chain, bugtable.simulate(chain, rows=300, seed=1))
+    needed = acc.tokens_needed(SIM_ALPHA, SIM_POWER).items()
+    return {name: row["pit.bug_classes"] for name, row in needed if "pit.bug_classes" in row}
+
+
+def _rejection_rate(name: str, n: int) -> float:
+    """pit.bug_classes at SIM_ALPHA on SIM_REPLICATES samples of `n` steps of a fresh run of the
+    0.88 chain (its p, q and slots; the previous round's q exact in the law), each token drawn
+    from class `name`'s law at its step — the bug changes the token, not the steps (what the
+    accumulator assumes). The first replicate goes through `ConditionalValues.from_chunk`; the
+    others reuse its class scores, which do not depend on the tokens, at their own tokens."""
+    chain = bugtable.make_chain(0.88, seed=0)
+    length = bugtable.LENGTH
+    rows = math.ceil(n / length)
+    steps = bugtable.simulate(chain, rows=rows, seed=3)
+    drafted = (steps.slots < bugtable.K)[..., None]
+    p = chain.p[steps.before]
+    q = torch.where(drafted, chain.q[steps.before], 0.0)
+    q_prev = torch.where(drafted & (steps.stale >= 0)[..., None], chain.q[steps.stale.clamp_min(0)], 0.0)
+    tested = (torch.arange(rows * length) < n).view(rows, length)
+    law = BY_NAME[name].law(chunk_steps(p, q, steps.slots, bugtable.K, tested, "law", q_prev=q_prev))  # [n, V]
+    draws = torch.multinomial(law, SIM_REPLICATES, replacement=True, generator=torch.Generator().manual_seed(4))
+    tokens = torch.zeros(rows * length, dtype=torch.long)
+    tokens[:n] = draws[:, 0]
+    v = torch.zeros(rows, length, dtype=torch.float64)
+    first = ConditionalValues.from_chunk(p, q, tokens.view(rows, length), v, tested, slots=steps.slots, k=bugtable.K)
+    step = chunk_steps(p, q, steps.slots, bugtable.K, tested, "scores")  # the test's q_prev: from the slots
+    scores = {c.name: targeted_scores(step.p, c.law(step)) for c in targeted(CATALOGUE, True, None)}
+    rejected = 0
+    for r in range(SIM_REPLICATES):
+        class_y = {c: y.gather(-1, draws[:, r : r + 1]).squeeze(-1)[scored] for c, (y, _, scored) in scores.items()}
+        class_var = {c: var[scored] for c, (_, var, scored) in scores.items()}
+        if r == 0:
+            for c in class_y:
+                assert torch.allclose(class_y[c], first.class_y[c]) and torch.allclose(class_var[c], first.class_var[c])
+        values = dataclasses.replace(first, class_y=class_y, class_var=class_var)
+        rejected += not bug_classes_test(values, SIM_ALPHA, SIM_POWER).passed
+    return rejected / SIM_REPLICATES
+
+
+@pytest.mark.parametrize("name", ["residual_is_p", "stale_q", "target_temperature_1.1"])
+def test_predicted_tokens_for_the_class_test_agree_with_a_simulation(name):
+    """At the tokens the accumulator predicts for pit.bug_classes (α 0.01, power 0.9) the
+    simulated test rejects at least power - 3 binomial sd's (0.836) of the time, and at a third
+    of them less than the power: the prediction is right within a factor of 3. (A correct
+    prediction fails the first check with probability about 0.001.)"""
+    n = _predicted()[name]
+    margin = 3 * math.sqrt(SIM_POWER * (1 - SIM_POWER) / SIM_REPLICATES)
+    at_n = _rejection_rate(name, int(n))
+    assert at_n >= SIM_POWER - margin, (
+        f"{name}: predicted {n:.0f} tokens for power {SIM_POWER}; the simulated test rejected {at_n:.3f} of "
+        f"{SIM_REPLICATES} replicates there (expected >= {SIM_POWER - margin:.3f})"
+    )
+    at_third = _rejection_rate(name, math.ceil(n / 3))
+    assert at_third < SIM_POWER, (
+        f"{name}: at a third of the predicted {n:.0f} tokens the test already rejects {at_third}"
+    )
 
 
 def test_power_at_the_tokens_needed_is_the_power():

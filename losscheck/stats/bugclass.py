@@ -22,8 +22,9 @@ sees per token under the bug and reports the tokens needed at a per-test level �
   exact; their power here is that approximation. `pit.token_counts` is judged at α / V
   (Bonferroni over ids) for its best id, searched among the 8 ids with the largest d²/τ².
   `pit.bug_classes` is judged one-sided at α / C (Bonferroni over its C classes) for its best
-  class score: against each bug's law every class score the test holds is tried (the score aimed
-  at that bug is usually, not always, the best), with its drift and variances under that law.
+  class score: against each bug's law every class score the test holds is a candidate (the score
+  aimed at that bug is usually, not always, the best), with its drift and variances under that
+  law; the 2 with the largest d²/max(σ², τ²) are solved exactly.
 - the likelihood-ratio bound (`lr_bound`): the Neyman–Pearson test that knows the bug's law at
   every step, its log-LR sum taken as Gaussian: with ℓ = log(p'/p), per token means μ1 = KL(p'‖p)
   under the bug and μ0 = -KL(p‖p') under H0 and variances σ1², σ0² (all averaged over steps),
@@ -57,6 +58,7 @@ from losscheck.stats.power import chisquare_required_n
 
 BINS = 10  # the PIT tests' equal bins of [0, 1]
 COUNT_CANDIDATES = 8  # ids whose count test is solved exactly, of those with the largest d²/τ²
+CLASS_CANDIDATES = 2  # class scores of pit.bug_classes solved exactly against each law, likewise
 MAX_TOKENS = 1e13  # beyond this a test is reported as having no power (math.inf)
 TESTS = (
     "pit.pooled_chisquare",
@@ -444,18 +446,9 @@ class PowerAccumulator:
             counts = _EvalueEffect.of(sums, self, _count_candidates(sums, self.count_h0_var))
         h1_mean, h1_var, h0_mean, h0_var = (sums.lr / n).tolist()
         slot = {} if bug.per_id else {"pit.slot_chisquare": _ChisquareEffect(slot_w2, slot_df + 1, 1.0)}
-        scores = [
-            c for c, b in enumerate(self.classes) if b in targeted(self.classes, self.has_slots, self.misreported)
-        ]
         classes = {}
         if not bug.per_id or self.misreported is not None:
-            classes["pit.bug_classes"] = _EvalueEffect(
-                [float(sums.class_drift[c]) / n for c in scores],
-                [float(self.class_h0_var[c]) / n for c in scores],
-                [float(sums.class_var[c]) / n for c in scores],
-                len(scores),
-                one_sided=True,
-            )
+            classes["pit.bug_classes"] = self._class_effect(sums)
         return {
             "pit.pooled_chisquare": _ChisquareEffect(_w2(sums.pooled, self.n_bins), self.n_bins, support),
             "pit.residual_order": _ChisquareEffect(_w2(sums.residual, self.n_bins), self.n_bins, support),
@@ -467,6 +460,23 @@ class PowerAccumulator:
             **classes,
             LR_BOUND: _LikelihoodRatioEffect(h1_mean, h1_var, h0_mean, h0_var, outside=1.0 - support),
         }
+
+    def _class_effect(self, sums: _Sums) -> _EvalueEffect:
+        """pit.bug_classes against the law of `sums`: its class scores, judged at α / (classes
+        in the test); the `CLASS_CANDIDATES` with the largest d² / max(σ², τ²) are solved."""
+        n = float(self.steps)
+        scored = targeted(self.classes, self.has_slots, self.misreported)
+        scores = [c for c, bug in enumerate(self.classes) if bug in scored]
+        drift, h0_var, h1_var = sums.class_drift / n, self.class_h0_var / n, sums.class_var / n  # [C]
+        rank = drift.clamp_min(0.0) ** 2 / torch.maximum(h0_var, h1_var).clamp_min(1e-300)
+        best = sorted(scores, key=lambda c: -float(rank[c]))[:CLASS_CANDIDATES]
+        return _EvalueEffect(
+            [float(drift[c]) for c in best],
+            [float(h0_var[c]) for c in best],
+            [float(h1_var[c]) for c in best],
+            len(scores),
+            one_sided=True,
+        )
 
     def _slot_effect(self, sums: _Sums) -> tuple[float, int]:
         """(per-token noncentrality w², df) of the slot × bin χ²; (0, 1) without slots."""

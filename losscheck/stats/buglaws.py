@@ -265,17 +265,16 @@ def _previous_same_slot(q: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
     """[n, L, V] q of the most recent earlier step of each row with the same slot and a draft
     (zeros where none, or where slots are unknown)."""
     n, length, _ = q.shape
-    previous = torch.full((n, length), -1, dtype=torch.long)
     if slot.numel() == 0 or int(slot.max()) < 0:
         return torch.zeros_like(q)
     drafted = (q.sum(-1) > 0).cpu()  # [n, L]
-    last = torch.full((n, int(slot.max()) + 1), -1, dtype=torch.long)  # [n, S]
-    rows = torch.arange(n)
-    for t in range(length):
-        s = slot[:, t].clamp_min(0)
-        previous[:, t] = torch.where(slot[:, t] >= 0, last[rows, s], -1)
-        update = drafted[:, t] & (slot[:, t] >= 0)
-        last[rows[update], s[update]] = t
+    steps = torch.arange(length).expand(n, -1)  # [n, L]
+    none = torch.full((n, 1), -1, dtype=torch.long)
+    previous = torch.full((n, length), -1, dtype=torch.long)  # [n, L] index of that step; -1: none
+    for s in range(int(slot.max()) + 1):
+        here = slot == s
+        latest = torch.where(here & drafted, steps, -1).cummax(1).values  # [n, L] up to and with t
+        previous = torch.where(here, torch.cat([none, latest[:, :-1]], 1), previous)
     index = previous.clamp_min(0).to(q.device)
     gathered = q.gather(1, index[..., None].expand_as(q))
     return torch.where((previous >= 0).to(q.device)[..., None], gathered, 0.0)
