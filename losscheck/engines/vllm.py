@@ -250,7 +250,13 @@ class CPUEngineFactory:
                 from losscheck.engines.vllm_verifier import install_cpu_fixes
 
                 install_cpu_fixes()
-            return LLM(model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM)
+            # vLLM rewinds a seeded request's generator (`set_offset`) when it discards a token sampled
+            # after a partial prefill chunk, which a CPU generator refuses ("CPU Generator does not
+            # use offset"): with thousands of seeded rows the baseline LLM crashes. Prompts whole:
+            chunking = {"enable_chunked_prefill": False} if self.cpu_fixes else {}
+            return LLM(
+                model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM, **chunking
+            )
 
         name = "vllm-cpu" + ("+cpu-fixes" if self.cpu_fixes else "")
         eos = target.eos_id if target.eos_id is not None else 0
