@@ -125,11 +125,20 @@ def test_per_id_evaluation_matches_the_explicit_law_at_every_id():
 
 
 def test_previous_same_slot_q_is_the_last_drafted_step_of_that_slot():
-    q = torch.eye(6, dtype=torch.float64)[None].expand(1, 6, 6).clone()  # step t's q = e_t
-    q[0, 4] = 0  # step 4 had no draft
+    drafted = torch.tensor([[True, True, True, True, False, True]])  # step 4 had no draft
     slot = torch.tensor([[0, 1, 0, 1, 0, 0]])
-    prev = _previous_same_slot(q, slot)
-    assert prev.argmax(-1).tolist() == [[0, 0, 0, 1, 2, 2]] and prev[0, :2].sum() == 0
+    assert _previous_same_slot(drafted, slot).tolist() == [[-1, -1, 0, 1, 2, 2]]
+    assert _previous_same_slot(drafted, torch.full((1, 6), -1)).tolist() == [[-1] * 6]
+    q = torch.eye(6, dtype=torch.float64)[None].expand(1, 6, 6).clone()  # step t's q = e_t
+    q[0, 4] = 0
+    p = torch.full((1, 6, 6), 1 / 6, dtype=torch.float64)
+    step = chunk_steps(p, q, slot, 1, torch.tensor([[True, True, True, True, False, True]]), "test")
+    assert step.q_prev.argmax(-1).tolist() == [0, 0, 0, 1, 2] and step.q_prev[:2].sum() == 0
+    assert (
+        torch.equal(step.q, q[0, [0, 1, 2, 3, 5]])
+        and step.p_prev[0].sum() == 0
+        and torch.equal(step.p_prev[1], p[0, 0])
+    )
 
 
 @functools.cache

@@ -242,7 +242,7 @@ class PowerAccumulator:
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             raise LosscheckError(f"{what} tokens: ids must lie in [0, {vocab})")
         p = normalized_rows(p, f"{what} p")
-        q = torch.zeros_like(p) if q is None else reported_q(q, p.shape, f"{what} q")
+        q = None if q is None else reported_q(q, p.shape, f"{what} q")
         scored = chunk_steps(p, q, slots, k, tested, what, misreported=self.misreported)
         step = scored
         if q_prev is not None:

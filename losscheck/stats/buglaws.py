@@ -215,7 +215,7 @@ def targeted(classes: tuple[BugClass, ...], has_slots: bool, misreported: int | 
 
 def chunk_steps(
     p: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     slots: torch.Tensor | None,
     k: int,
     tested: torch.Tensor,
@@ -227,7 +227,7 @@ def chunk_steps(
     """The tested steps [m] of a chunk of rows, flat, in row-major order.
 
     p       [n, L, V]  target distributions, float64 rows summing to 1
-    q       [n, L, V]  reported q of the emitting slot, float64, zeros where no draft
+    q       [n, L, V]  reported q of the emitting slot, float64, zeros where no draft; None: no drafter
     slots   [n, L]     slot of each token in its round, in [0, k]; None: not recorded (-1)
     k       int        block length
     tested  [n, L]     bool, the steps kept
@@ -246,35 +246,45 @@ def chunk_steps(
         raise LosscheckError(f"{what} slots: must lie in [0, k = {k}]")
     if misreported is not None and not 0 <= misreported < p.shape[-1]:
         raise LosscheckError(f"{what} misreported id: must lie in [0, {p.shape[-1]}), got {misreported}")
-    if q_prev is None:
-        q_prev = _previous_same_slot(q, slot)
-    p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], 1)  # [n, L, V]
-    pick = tested.to(torch.bool).to(p.device)  # [n, L]
+    pick = tested.to(torch.bool).cpu()  # [n, L]
+    row, col = pick.nonzero(as_tuple=True)  # [m] each, row-major: the order of p[pick]
+    device = p.device
+
+    def at(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x [n, L, V] at the picked rows and steps t [m] (zeros where t < 0): [m, V]."""
+        found = x[row.to(device), t.clamp_min(0).to(device)]
+        return torch.where((t >= 0).to(device)[:, None], found, 0.0)
+
+    p_now = p[row.to(device), col.to(device)]  # [m, V]
+    if q is None:
+        q_now = q_before = torch.zeros_like(p_now)
+    else:
+        q_now = q[row.to(device), col.to(device)]
+        if q_prev is None:
+            previous = _previous_same_slot((q.sum(-1) > 0).cpu(), slot)  # [n, L]
+            q_before = at(q, previous[row, col])
+        else:
+            q_before = q_prev[row.to(device), col.to(device)]
     return Step(
-        p=p[pick],  # [m, V]
-        q=q[pick],
-        slot=slot.to(p.device)[pick],  # [m]
+        p=p_now,
+        q=q_now,
+        slot=slot[row, col].to(device),  # [m]
         k=k,
-        p_prev=p_prev[pick],
-        q_prev=q_prev.to(p.device)[pick],
+        p_prev=at(p, col - 1),
+        q_prev=q_before,
         misreported=misreported,
     )
 
 
-def _previous_same_slot(q: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
-    """[n, L, V] q of the most recent earlier step of each row with the same slot and a draft
-    (zeros where none, or where slots are unknown)."""
-    n, length, _ = q.shape
-    if slot.numel() == 0 or int(slot.max()) < 0:
-        return torch.zeros_like(q)
-    drafted = (q.sum(-1) > 0).cpu()  # [n, L]
+def _previous_same_slot(drafted: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """[n, L] index of the most recent earlier step of each row with the same slot and a draft
+    (`drafted` [n, L] bool, `slot` [n, L] long); -1 where none, or where the slot is unknown (-1)."""
+    n, length = slot.shape
     steps = torch.arange(length).expand(n, -1)  # [n, L]
     none = torch.full((n, 1), -1, dtype=torch.long)
-    previous = torch.full((n, length), -1, dtype=torch.long)  # [n, L] index of that step; -1: none
-    for s in range(int(slot.max()) + 1):
+    previous = torch.full((n, length), -1, dtype=torch.long)
+    for s in range(int(slot.max()) + 1 if slot.numel() else 0):
         here = slot == s
         latest = torch.where(here & drafted, steps, -1).cummax(1).values  # [n, L] up to and with t
         previous = torch.where(here, torch.cat([none, latest[:, :-1]], 1), previous)
-    index = previous.clamp_min(0).to(q.device)
-    gathered = q.gather(1, index[..., None].expand_as(q))
-    return torch.where((previous >= 0).to(q.device)[..., None], gathered, 0.0)
+    return previous

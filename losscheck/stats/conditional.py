@@ -263,7 +263,7 @@ class ConditionalValues:
             )
         step = chunk_steps(
             p,
-            torch.zeros_like(p) if q is None else q,
+            q,
             slots,
             0 if k is None else k,
             tested,
