@@ -195,7 +195,7 @@ class ConditionalValues:
     count_s         [V]    float64 S_v = Σ_t (1[x_t = v] - p_t(v)) over tested steps
     count_w         [V]    float64 W_v = Σ_t p_t(v)(1 - p_t(v))
     count_expected  [V]    float64 Σ_t p_t(v): the expected count of each id (for the report)
-    class_y         {class: [n_c]}  float64 the class-targeted score y_t in [-1, 1] of each tested
+    class_y         {class: [n_c]}  float64 the class-targeted score y_t <= 1 of each tested
                            step where the class can act, one entry per class in `pit.bug_classes`
     class_var       {class: [n_c]}  float64 its exact conditional variance under H0
     """
