@@ -122,3 +122,56 @@ def test_conformance_tests_reject_at_the_nominal_rate():
         for r in recorder.tests(CONFORMANCE_TESTS * LEVEL, 0.9):
             rejections[r.name] = rejections.get(r.name, 0) + (not r.passed)
     _rejections_within_the_binomial_bound(rejections, "the conformance tests")
+
+
+CELL_RUNS = 200
+CELL_LEVELS = (0.05, 0.01)
+CELL_TOKENS = 1_000  # tested tokens per run (the gate's cells test ~10k): many runs, not power
+
+
+@pytest.mark.slow
+def test_whole_pit_cells_of_the_real_loop_reject_at_the_nominal_rate():
+    """Whole PIT cells of losscheck's own loop under H0 (drafter A, k=4, T=1, on the bundled
+    target: slots, EOS and rounds as the engine makes them, the pilot, the design, every test of
+    the cell and the conformance tests), many seeds, each run's sample fixed at CELL_TOKENS so
+    that one set of runs serves both levels. A cell rejects at level a when any test's p-value is
+    below its share a / tests (or an impossible event is seen); under H0 the count of rejections
+    is stochastically below Binomial(runs, a), and we fail only above its 0.999 quantile."""
+    from losscheck.cells.sampled import run_pit
+    from losscheck.errors import UnderpoweredError
+
+    profile = dataclasses.replace(
+        get_profile("ci"), pilot_sequences=32, min_pit_tokens=CELL_TOKENS, max_pit_tokens=CELL_TOKENS
+    )
+    cell = Cell("A", 4, SamplingParams(temperature=1.0))
+    first = Session(Options(alpha=max(CELL_LEVELS), profile=profile, bundled="reference"))
+    first.n_statistical = 1  # the whole level goes to this one cell
+    rejections = dict.fromkeys(CELL_LEVELS, 0)
+    underpowered, runs, tokens = 0, 0, 0
+    for seed in range(CELL_RUNS):
+        try:
+            outcome = run_pit(first.derive(seed=seed), cell)
+        except UnderpoweredError:
+            underpowered += 1  # a class the pilot covered fell short in the tested sample
+            continue
+        runs += 1
+        results = outcome.verdict.results
+        tokens += next(r.n for r in results if r.name == "pit.support")
+        share = {level: level / sum(r.alpha > 0 for r in results) for level in CELL_LEVELS}
+        for level in CELL_LEVELS:
+            impossible = any(r.alpha == 0 and not r.passed for r in results)
+            rejections[level] += impossible or any(r.alpha > 0 and r.p_value < share[level] for r in results)
+    bounds = {level: int(stats.binom.ppf(0.999, runs, level)) for level in CELL_LEVELS}
+    print(
+        f"\ncalibration of whole PIT cells: {runs} runs of ~{tokens / max(runs, 1):.0f} tested tokens "
+        f"({underpowered} errored as underpowered); rejections {rejections} against binomial 0.999 bounds {bounds}"
+    )
+    for level in CELL_LEVELS:
+        assert rejections[level] <= bounds[level], (
+            f"{rejections[level]}/{runs} whole cells rejected at level {level}; above the 0.999 bound "
+            f"{bounds[level]}; false-failure probability {stats.binom.sf(bounds[level], runs, level):.2g}"
+        )
+    assert underpowered <= int(stats.binom.ppf(0.999, CELL_RUNS, 0.01)), (
+        f"{underpowered}/{CELL_RUNS} runs errored as underpowered: the design's margin "
+        "(losscheck.stats.sample_size.DESIGN_MARGIN) leaves covered classes short more than 1% of the time"
+    )

@@ -14,7 +14,7 @@ from losscheck.selftest.verifiers import in_sampled_rounds, verify_residual_is_p
 ROUNDS, ROWS, K, V = 60, 200, 3, 6
 ALPHA, POWER = 0.01, 0.99
 T1 = SamplingParams()
-HONEST_FAILS = "false-failure probability <= alpha = 0.01 (Bonferroni over the four uniformity tests)"
+HONEST_FAILS = "false-failure probability <= alpha = 0.01 (Bonferroni over the four uniformity tests and the score)"
 
 
 def run(verifier, dishonest_q: bool = False, seed: int = 0) -> dict:
@@ -58,3 +58,30 @@ def always_reject(logits, drafts, q, params, generator) -> BlockOutcome:
 def test_rejecting_a_draft_the_target_prefers_is_impossible():
     results = run(always_reject)
     assert not results["impossible_rejection"].passed and results["impossible_rejection"].statistic > 0
+
+
+def lenient(logits, drafts, q, params, generator) -> BlockOutcome:
+    """Accepts with min(1, 1.1 p / q): a lossy rule that keeps drafts a little too often at every
+    prefix, then recovers from the correct residual."""
+    from losscheck.core.sampling import process_logits
+    from losscheck.core.verify import normalized, recovery_distribution
+
+    p = normalized(process_logits(logits, params))  # [B, k+1, V]
+    q = normalized(q)  # [B, k, V]
+    k = drafts.shape[1]
+    p_x = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
+    u = torch.rand(p_x.shape, generator=generator, dtype=torch.float64)
+    keep = u < (1.1 * p_x / q_x).clamp(max=1.0)  # BUG: the ratio scaled by 1.1
+    accepted = keep.long().cumprod(-1).sum(-1)  # [B]
+    rows = torch.arange(len(accepted))
+    stop = sample(recovery_distribution(p, q)[rows, accepted].float(), generator)  # [B]
+    tokens = torch.cat([drafts, drafts[:, :1]], 1)
+    tokens[rows, accepted] = stop
+    return BlockOutcome(accepted, tokens)
+
+
+def test_a_lenient_acceptance_rule_fails_the_acceptance_score():
+    results = run(lenient)
+    assert not results["acceptance_score"].passed, results["acceptance_score"].message()
+    assert results["acceptance_score"].statistic > 0, "the rule keeps too many drafts"

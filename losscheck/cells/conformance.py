@@ -8,9 +8,13 @@ before them — under standard speculative sampling with an honest drafter:
 
 - *draft honesty*: the randomised PIT of each drafted token under the q its drafter reported
   (descending q, ties by id). Exact for an honest drafter, whatever the verifier does.
-- *acceptance*: for each draft the verifier decided (every slot up to the first rejection), the
-  Bernoulli PIT w = U·a when it was kept and a + U·(1 - a) when it was rejected, with
-  a = min(1, p(x) / q(x)). A rejected draft with p(x) >= q(x)·(1 + ε) is impossible.
+- *acceptance*: for each draft the verifier decided (every slot up to the first rejection) whose
+  acceptance probability a = min(1, p(x) / q(x)) is below 1, the Bernoulli PIT w = U·a when it
+  was kept and a + U·(1 - a) when it was rejected; and the 1-df score Σ (kept - a) over the same
+  decisions (increments in [-1, 1] of variance a(1 - a): a Bennett mixture e-value,
+  `losscheck.stats.conditional`), which sees an acceptance rule biased one way at every
+  prefix. A decision with a = 1 is not random: a rejected draft with p(x) >= q(x)·(1 + ε) is
+  impossible, as is a kept draft with p(x) = 0.
 - *residual*: at each rejection, the randomised PIT of the recovered token under
   norm(max(0, p - q)) at that slot.
 - *bonus*: after every draft was kept, the randomised PIT of the bonus token under p at slot k.
@@ -39,10 +43,12 @@ from losscheck.stats.pit import randomized_pit
 from losscheck.stats.result import TestResult, scoped
 
 KINDS = ("draft_honesty", "acceptance", "residual", "bonus")
-CONFORMANCE_TESTS = len(
-    KINDS
-)  # uniformity tests sharing the conformance budget (the impossible-rejection check spends none)
-IMPOSSIBLE_RTOL = 1e-6  # float64 p / q round-off allowed before a rejection counts as impossible
+# the uniformity tests and the acceptance score share the conformance budget (the impossible-
+# decision check spends none)
+CONFORMANCE_TESTS = len(KINDS) + 1
+# float64 p / q round-off allowed before a rejection counts as impossible; a verifier computing in
+# reduced precision is allowed that precision's round-off (`conformance_rtol`)
+IMPOSSIBLE_RTOL = 1e-6
 BINS = 10
 
 
@@ -55,9 +61,12 @@ class Recorder:
 
     inner: Verifier
     generator: torch.Generator
+    rtol: float = IMPOSSIBLE_RTOL  # p / q round-off allowed before a rejection is impossible
     values: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {kind: [] for kind in KINDS})
-    impossible: int = 0  # rejected drafts whose acceptance probability was 1
+    impossible: int = 0  # rejected drafts whose acceptance probability was 1, kept drafts of p = 0
     decided: int = 0  # draft decisions seen
+    score: float = 0.0  # Σ (kept - a) over decisions with a < 1
+    score_var: float = 0.0  # Σ a(1 - a)
 
     def __call__(
         self,
@@ -100,9 +109,13 @@ class Recorder:
         kept, rejected = slot < accepted[:, None], slot == accepted[:, None]  # [B, k]
         w = self._uniform((batch, k), device)
         bernoulli = torch.where(kept, w * a, a + w * (1 - a))  # [B, k]
-        self.values["acceptance"].append(bernoulli[kept | rejected])
-        self.decided += int((kept | rejected).sum())
-        self.impossible += int((rejected & (p_x >= q_x * (1 + IMPOSSIBLE_RTOL))).sum())
+        decided = kept | rejected  # [B, k]
+        random = decided & (a < 1)  # decisions the verifier had to draw
+        self.values["acceptance"].append(bernoulli[random])
+        self.score += float((kept.double() - a)[random].sum())
+        self.score_var += float((a * (1 - a))[random].sum())
+        self.decided += int(decided.sum())
+        self.impossible += int((rejected & (p_x >= q_x * (1 + self.rtol))).sum()) + int((kept & (p_x == 0)).sum())
 
         stop = outcome.tokens.to(device)[rows, accepted]  # [B] the recovered or bonus token
         law = recovery_distribution(p, q)[rows, accepted]  # [B, V]
@@ -119,8 +132,8 @@ class Recorder:
         results = [
             impossible_event(
                 "conformance.impossible_rejection",
-                "no draft rejected whose min(1, p/q) is 1",
-                f"{self.impossible} of {self.decided} decided drafts rejected with p >= q",
+                "no draft rejected whose min(1, p/q) is 1, none kept whose p is 0",
+                f"{self.impossible} of {self.decided} decided drafts rejected with p >= q or kept with p = 0",
                 self.impossible,
                 self.decided,
                 power,
@@ -129,7 +142,38 @@ class Recorder:
         for kind in KINDS:
             values = torch.cat(self.values[kind]).cpu() if self.values[kind] else torch.zeros(0, dtype=torch.float64)
             results.append(uniformity(f"conformance.{kind}", values, a, power))
+        results.append(self._acceptance_score(a, power))
         return scoped(results, "conformance")
+
+    def _acceptance_score(self, alpha: float, power: float) -> TestResult:
+        """The two-sided Bennett mixture e-value of Σ (kept - a): kept drafts, counted against
+        their acceptance probabilities."""
+        from losscheck.stats.conditional import evalue_threshold, log_mixture_evalue
+
+        log_e = float(log_mixture_evalue(self.score, self.score_var))
+        sd = math.sqrt(self.score_var)
+        z = self.score / sd if sd else 0.0
+        way = "more" if self.score > 0 else "fewer"
+        return TestResult(
+            name="conformance.acceptance_score",
+            expected="drafts kept as often as their acceptance probabilities min(1, p/q) say",
+            observed=(
+                f"{way} kept than expected: Σ (kept - a) = {self.score:+.4g} over decisions of variance "
+                f"{self.score_var:.4g} ({z:+.2f} sd; e-value 10^{log_e / math.log(10):.2f})"
+            ),
+            statistic=self.score,
+            p_value=min(1.0, math.exp(-log_e)),
+            alpha=alpha,
+            n=self.decided,
+            power=power,
+            detectable={"kept_excess": evalue_threshold(self.score_var, alpha) if self.score_var > 0 else math.inf},
+        )
+
+
+def conformance_rtol(logit_tolerance: float) -> float:
+    """The p / q round-off a verifier computing at a precision of logit round-off
+    `logit_tolerance` may show: e^tolerance - 1, at least the float64 `IMPOSSIBLE_RTOL`."""
+    return max(IMPOSSIBLE_RTOL, math.expm1(logit_tolerance))
 
 
 def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> TestResult:

@@ -43,7 +43,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     bug class (`losscheck.stats.bugclass`); the fresh sample then draws the tokens the costliest
     class within the profile's cap needs, and the cell asserts, from the tested sample's own p
     and q, that every such class is caught at the profile's power."""
-    from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder
+    from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder, conformance_rtol
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
     from losscheck.stats.conditional import CONDITIONAL_TESTS
@@ -77,14 +77,25 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     recorder = None
     if engine is not None:  # the recorder wraps the verifier in this process only
         recorder = engine.verifier = Recorder(
-            engine.verifier, make_generator(session.options.seed, cell.id, "conformance")
+            engine.verifier,
+            make_generator(session.options.seed, cell.id, "conformance"),
+            conformance_rtol(cell.precision.tolerance if cell.precision.reduced else 0.0),
         )
     with clock("generate"):
         rows, gen = generate_rows(session, cell, server, prompts, n, horizon, "pit-sample")
-    power = PowerAccumulator()
+    power = PowerAccumulator(misreported=measured.misreported_id)  # judged where the test looks
     with clock("score"):  # the teacher-forced pass, the PIT and conditional tests
         results, facts = score_pit(
-            session, cell.id, target, rows, gen, tolerance, alpha_scored, profile.pooled_tv, power
+            session,
+            cell.id,
+            target,
+            rows,
+            gen,
+            tolerance,
+            alpha_scored,
+            profile.pooled_tv,
+            power,
+            measured.misreported_id,
         )
     with clock("conformance"):
         if recorder is not None:

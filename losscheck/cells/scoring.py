@@ -101,13 +101,16 @@ def score_pit(
     alpha: float | None = None,
     pooled_tv: float | None = None,
     power: PowerAccumulator | None = None,
+    misreported_id: int | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The PIT tests and the exact-conditional tests of `gen` (sequences continuing `rows`) under
     `target`, with the cut-off ambiguity `tolerance`, under `alpha` (default: the cell's whole
     share; split over both families by their counts), and the facts the certificate keeps about
     them. `stream` names the PITs' uniforms (the cell id). `pooled_tv`: the pooled tests must
     detect this binned TV (None: they report what they detect). `power` is shown every scored
-    chunk (the bug classes' power from this sample's own p and q)."""
+    chunk (the bug classes' power from this sample's own p and q). `misreported_id`: the id the
+    bug-class score test judges the misreporting-drafter class at — chosen by a pilot, never by
+    the sample tested (None: that class is left out of the test)."""
     from losscheck.stats.conditional import CONDITIONAL_TESTS, ConditionalValues, conditional_tests
     from losscheck.stats.pit import PIT_TESTS, pit_tests
 
@@ -126,10 +129,15 @@ def score_pit(
     def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
         q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
         tested = generated[at] & ~unsure
-        parts.append(ConditionalValues.from_chunk(probs.double(), q, gen.tokens[at], v_order[at], tested))
+        slots = None if gen.slots is None else gen.slots[at]
+        p = probs.double()
+        parts.append(
+            ConditionalValues.from_chunk(
+                p, q, gen.tokens[at], v_order[at], tested, slots=slots, k=gen.stats.k, misreported_id=misreported_id
+            )
+        )
         if power is not None:
-            slots = None if gen.slots is None else gen.slots[at]
-            power.update(probs.double(), q, gen.tokens[at], slots, gen.stats.k, tested)
+            power.update(p, q, gen.tokens[at], slots, gen.stats.k, tested)
 
     u, ambiguous = teacher_forced_pit(
         target,

@@ -39,6 +39,7 @@ def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
         "drafter_option": options.drafter,
         "bundled_option": options.bundled,
         "engine_option": options.engine,
+        "verifier_option": options.verifier,
         "mutant": options.mutant,
         "device_option": options.device,
         "precisions": [p.label() for p in options.precisions],
