@@ -125,7 +125,7 @@ def serve(
     engine = Engine(timed_target, timed_drafter, k)  # proxies of both (Timed forwards every attribute)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    clock = _Clock(requests, device)
+    clock = _Clock(requests, device, timed_target, timed_drafter)
     gen = ContinuousBatcher(engine, concurrency).generate(
         [r.prompt for r in requests], [r.max_new for r in requests], params, generator, observer=clock
     )
@@ -139,7 +139,6 @@ def serve(
         "drafter_kv_bytes": cache_bytes(drafter) if drafter is not None else 0,
         "device_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
-    drafted = timed_drafter.seconds if timed_drafter is not None else 0.0
     return ServeTrace(
         concurrency,
         clock.traces,
@@ -147,8 +146,8 @@ def serve(
         wall,
         clock.rounds,
         clock.round_s,
-        drafted,
-        timed_target.seconds,
+        clock.draft_s,
+        clock.verify_s,
         clock.prefill_s,
         memory,
     )
@@ -157,12 +156,16 @@ def serve(
 class _Clock:
     """Times a run of the scheduler (`losscheck.serving.batching.Observer`): admissions (prefill
     and row set-up), rounds, and each request's admission, emission events and end. Every clock
-    read follows a device synchronisation."""
+    read follows a device synchronisation. The drafter's and the target's timed seconds count
+    inside rounds only (an admission's prefill runs the target too, and is the prefill's time)."""
 
-    def __init__(self, requests: Sequence[Request], device: torch.device) -> None:
+    def __init__(self, requests: Sequence[Request], device: torch.device, target: Timed, drafter: Timed | None) -> None:
         self.requests, self.device = requests, device
+        self.target, self.drafter = target, drafter
         self.traces: list[RequestTrace] = []
         self.rounds, self.round_s, self.prefill_s = 0, 0.0, 0.0
+        self.draft_s = self.verify_s = 0.0
+        self._timed0 = (0.0, 0.0)
         synchronize(device)
         self.started = self.last = self._t0 = time.perf_counter()
 
@@ -180,12 +183,19 @@ class _Clock:
     def admitted(self) -> None:
         self.prefill_s += self._now() - self._t0
 
+    def _timed(self) -> tuple[float, float]:
+        return self.target.seconds, self.drafter.seconds if self.drafter is not None else 0.0
+
     def stepping(self) -> None:
         self._t0 = self._now()
+        self._timed0 = self._timed()
 
     def stepped(self, emitted: dict[int, int], finished: list[int]) -> None:
         now = self._now()
         self.round_s += now - self._t0
+        (target, drafter), (target0, drafter0) = self._timed(), self._timed0
+        self.verify_s += target - target0
+        self.draft_s += drafter - drafter0
         self.rounds += 1
         for i, count in emitted.items():
             self.traces[i].events.append((now - self.started, count))
