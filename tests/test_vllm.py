@@ -16,7 +16,6 @@ Everything skips where vLLM cannot be imported.
 from __future__ import annotations
 
 import itertools
-import json
 import subprocess
 import sys
 
@@ -335,41 +334,6 @@ def test_a_planted_verifier_bug_in_vllm_is_caught_under_the_stress_drafter(pytes
         module="losscheck.selftest.vllm_bugs",
     )
     result.assert_outcomes(failed=1)
-
-
-ACCEPTANCE = """
-import json, sys
-from losscheck import bundled
-from losscheck.core.sampling import SamplingParams
-from losscheck.core.target import HFTarget
-from losscheck.engines import vllm
-
-engine = getattr(vllm, sys.argv[1])(HFTarget.from_pretrained(bundled.target_path()))
-prompts = [p for tier in ("low", "mid", "high") for p in bundled.load_prompts(tier)]
-out = {}
-for label, params in (("greedy", SamplingParams(temperature=0.0)), ("T1", SamplingParams())):
-    before = engine.acceptance() or {"rounds": 0, "accepted": 0}
-    engine.generate(prompts, 16, params, 1, 16, speculative=True)
-    after = engine.acceptance()
-    rounds, accepted = after["rounds"] - before["rounds"], after["accepted"] - before["accepted"]
-    out[label] = {"rounds": rounds, "tau": round(1 + accepted / rounds, 3) if rounds else None}
-print("ACCEPTANCE", sys.argv[1], json.dumps(out))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["draft_model", "draft_probabilistic", "draft_tempered2", "ngram", "eagle3"])
-def test_vllm_reports_its_acceptance_length(method):
-    """tau from vLLM's spec-decode counters, greedy and T = 1, 48 prompts x 16 rows x 16 tokens
-    (printed for docs/vllm.md; run with -s)."""
-    run = subprocess.run(
-        [sys.executable, "-c", ACCEPTANCE, f"cpu_{method}_fixed"], capture_output=True, text=True, check=False
-    )
-    line = [row for row in run.stdout.splitlines() if row.startswith("ACCEPTANCE")]
-    assert run.returncode == 0 and line, run.stderr[-3000:]
-    print(line[0])
-    taus = [v["tau"] for v in json.loads(line[0].split(" ", 2)[2]).values()]
-    assert all(tau is None or 1 <= tau <= 1 + 4 for tau in taus), taus  # k = 4
 
 
 CHUNKED_SEEDED = """
