@@ -72,6 +72,10 @@ def _serving(**axis: str) -> Callable[[Cell, int], bool]:
     return lambda cell, horizon: _greedy()(cell, horizon) and all(cell.axis(f) == v for f, v in axis.items())
 
 
+def _main_sampled(cell: Cell, horizon: int) -> bool:
+    return _sampled()(cell, horizon) and cell.target == "main"
+
+
 def _tempered(cell: Cell, horizon: int) -> bool:
     return _sampled()(cell, horizon) and cell.params.temperature != 1.0
 
@@ -231,8 +235,9 @@ CATALOGUE: tuple[Mutant, ...] = (
         "often as its reported q says.",
         "Under-reporting q(x*) raises min(1, p/q) for x*, so x* is accepted more often than p allows and "
         "over-emitted at every prefix that drafts it; the other tokens shrink by a little each. One id's "
-        "count against Σ p (pit.token_counts) sees it; the pooled PIT law spreads it thin.",
-        _sampled(),
+        "count against Σ p (pit.token_counts) sees it; the pooled PIT law spreads it thin. Main target only "
+        "(the small target has no id 30).",
+        _main_sampled,
         laws.one_id_underreported,
         wrap_drafter=planted.misreporting(planted.one_id_underreported, "one-id-under", "one_id_underreported"),
     ),
