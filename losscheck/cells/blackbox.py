@@ -14,6 +14,7 @@ second round and a bonus slot; rows cycle over the prompts of every tier.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -114,24 +115,45 @@ def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
 # --- sampling: one-sample (teacher-forced PIT) ---------------------------------------------------------
 def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
-    precision: randomized PIT uniform (`losscheck.stats.pit`), top-k / top-p cut-offs within that
-    precision's logit tolerance left out as ambiguous."""
+    precision: randomized PIT uniform (`losscheck.stats.pit`) and the exact-conditional tests,
+    top-k / top-p cut-offs within that precision's logit tolerance left out as ambiguous.
+
+    The control: the same engine's samples with speculation off, scored the same way under the
+    other half of the cell's alpha. A lossless engine whose kernels or truncation rules differ from
+    losscheck's `process_logits` on its copy of the target fails the speculative tests and the
+    control alike; a failing control is reported as "the reference differs from the engine", not as
+    lossiness."""
     engine, profile = _engine(session), session.options.profile
     horizon = max(profile.horizon, min_horizon(engine))
     prompts = _all_prompts(session)
-    n = sample_size.pit_sequences(session.per_test_alpha, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    half = session.per_test_alpha / 2
+    n = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     per_prompt = math.ceil(n / len(prompts))
-    tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, True)  # [P, m, L]
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
     target = session.target("main", cell.precision.target)
-    gen = as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params)
-    gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
-    results, facts = score_pit(
-        session, cell.id, target, rows, gen, cell.precision.tolerance, pooled_tv=profile.detect_tv
-    )
+    scored = []
+    for speculative, stream in ((True, cell.id), (False, f"{cell.id}-control")):
+        tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, speculative)  # [P, m, L]
+        gen = as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params)
+        gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
+        scored.append(
+            score_pit(session, stream, target, rows, gen, cell.precision.tolerance, half, pooled_tv=profile.detect_tv)
+        )
+    (results, facts), (control, _) = scored
+    control = [dataclasses.replace(r, name=f"control.{r.name}", scope="control") for r in control]
+    failed = [r.name for r in control if not r.passed]
+    problems = []
+    if failed:
+        problems.append(
+            f"the reference differs from the engine: its output with speculation off fails {', '.join(failed)} "
+            "under losscheck's copy of the target, so the speculative tests cannot judge losslessness here (the "
+            "engine's kernels, logits processing or truncation differ from losscheck's); certify it two-sample "
+            "(an engine of precision None) instead"
+        )
     return CellOutcome(
         cell,
-        verdict=combine(cell.id, results, session.per_test_alpha),
+        verdict=combine(cell.id, results + control, session.per_test_alpha),
+        problems=problems,
         details=_details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts),
     )
 

@@ -39,6 +39,15 @@ class OldShape(Wrapped):
     def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
         return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)[0]
 
+class OtherTopP(Wrapped):
+    # lossless (on and off alike) but truncating by another rule than losscheck's copy assumes
+    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
+        params = dataclasses.replace(params, top_p=1.0)
+        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
+
+def other_top_p(target):
+    return OtherTopP(spec_loop(target), "other-top-p")
+
 def drops_top_p(target):
     return DropsTopP(spec_loop(target), "drops-top-p")
 
@@ -95,3 +104,9 @@ def test_malformed_engine_output_errors_naming_the_engine(pytester):
     result = certify(pytester, "bb:old_shape", "engine-k4-greedy")
     outcomes(result, "0 (no statistics)", failed=1)
     result.stdout.fnmatch_lines(["*EngineOutputError: engine 'old-shape': generate returned shape (1, 64)*"])
+
+
+def test_a_lossless_engine_whose_reference_differs_fails_its_control_not_as_lossy(pytester):
+    result = certify(pytester, "bb:other_top_p", "engine-k4-T1-topp0.9")
+    outcomes(result, BUG_MISSED, failed=1)
+    result.stdout.fnmatch_lines(["*the reference differs from the engine*control.pit.*"])
