@@ -1,7 +1,7 @@
 """Calibration of the sampling gate (slow tier): a correct engine, many seeds.
 
 Each run is a whole exact-mode cell (the bundled small target and its family-A drafter, k=4,
-T=1) judged at level alpha = 0.05 — larger than the gate's per-test alpha so that 200 runs say
+T=1, at the exact cells' k) judged at level alpha = 0.05 — larger than the gate's per-test alpha so that 200 runs say
 something about it. Under H0 the cell rejects with probability <= 0.05 (Bonferroni within the
 cell), so the number of rejections is stochastically below Binomial(200, 0.05); we fail only if
 it exceeds the binomial 0.999 quantile (a false failure of this test has probability < 0.001).
@@ -21,6 +21,7 @@ from losscheck.cells.sampled import run_exact
 from losscheck.core.sampling import SamplingParams
 from losscheck.plan.matrix import Cell
 from losscheck.plan.profiles import get_profile
+from losscheck.plan.tiers import EXACT_K
 from losscheck.run.options import Options
 from losscheck.run.session import Session
 
@@ -32,7 +33,7 @@ DETECT_TV = 0.05  # smaller samples than the gate: calibration needs many runs, 
 @pytest.mark.slow
 def test_correct_engine_rejects_at_the_nominal_rate_and_p_values_are_uniform():
     profile = dataclasses.replace(get_profile("ci"), detect_tv=DETECT_TV)
-    cell = Cell("A", 4, SamplingParams(temperature=1.0), target="small")
+    cell = Cell("A", EXACT_K, SamplingParams(temperature=1.0), target="small")
     rejections, joint_p = 0, []
     first = Session(Options(alpha=LEVEL, profile=profile))
     first.n_statistical = 1  # the whole LEVEL goes to this one cell
