@@ -1,8 +1,8 @@
 """Calibration of the sampling gate (slow tier): a correct engine, many seeds.
 
-Each run is a whole exact-mode cell (the bundled small target and its family-A drafter, k=4,
-T=1, at the exact cells' k) judged at level alpha = 0.05 — larger than the gate's per-test alpha so that 200 runs say
-something about it. Under H0 the cell rejects with probability <= 0.05 (Bonferroni within the
+Each run is a whole exact-mode cell (the bundled small target and its family-A drafter at the
+exact cells' k, T=1) judged at level alpha = 0.05 — larger than the gate's per-test alpha so
+that 200 runs say something about it. Under H0 the cell rejects with probability <= 0.05 (Bonferroni within the
 cell), so the number of rejections is stochastically below Binomial(200, 0.05); we fail only if
 it exceeds the binomial 0.999 quantile (a false failure of this test has probability < 0.001).
 The joint chi-square p-values must look uniform: KS against U(0, 1) at level 0.001.
