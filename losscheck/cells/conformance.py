@@ -124,10 +124,12 @@ class Recorder:
         self.values["residual"].append(u[~bonus])
         self.values["bonus"].append(u[bonus])
 
-    def tests(self, alpha: float, power: float) -> list[TestResult]:
+    def tests(self, alpha: float, power: float, looks: int = 1) -> list[TestResult]:
         """The conformance tests under the budget `alpha` (Bonferroni over `CONFORMANCE_TESTS`).
         Their sample sizes are whatever the run produced (rejections are random), so each reports
-        the effect it detects rather than asserting one."""
+        the effect it detects rather than asserting one. `looks`: the stopping points of a
+        sequential cell (`losscheck.stats.sequential`); the fixed-sample uniformity tests are then
+        judged at their share / `looks`, the e-value acceptance score at its whole share."""
         a = per_test_alpha(alpha, CONFORMANCE_TESTS)
         results = [
             impossible_event(
@@ -141,7 +143,7 @@ class Recorder:
         ]
         for kind in KINDS:
             values = torch.cat(self.values[kind]).cpu() if self.values[kind] else torch.zeros(0, dtype=torch.float64)
-            results.append(uniformity(f"conformance.{kind}", values, a, power))
+            results.append(uniformity(f"conformance.{kind}", values, per_test_alpha(a, looks), power))
         results.append(self._acceptance_score(a, power))
         return scoped(results, "conformance")
 

@@ -25,18 +25,27 @@ def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> i
 
 
 def generate_rows(
-    session: Session, cell: Cell, server: Server, prompts: list[list[int]], n: int, horizon: int, stream: str
+    session: Session,
+    cell: Cell,
+    server: Server,
+    prompts: list[list[int]],
+    n: int,
+    horizon: int,
+    stream: str,
+    first: int = 0,
 ) -> tuple[list[list[int]], Generation]:
     """Draw `n` sequences of `horizon` tokens, cycling over `prompts`, in calls of at most the rows
-    an engine batch holds within the memory budget (or what the server takes at once)."""
+    an engine batch holds within the memory budget (or what the server takes at once). `first`:
+    the stream's index of the first sequence — draws at successive `first` continue one sample
+    (a sequential cell's looks), each call seeded by where it starts."""
     target = session.cell_target(cell)
     rows_fit = engine_batch_rows(
         cell.k, target.vocab_size, session.options.memory_budget_mib << 20, session.options.profile.batch
     )
     batch = min(server.call_rows(rows_fit), n)
-    rows = [prompts[i % len(prompts)] for i in range(n)]
+    rows = [prompts[(first + i) % len(prompts)] for i in range(n)]
     calls = [
-        Call(rows[start : start + batch], horizon, cell.params, (cell.id, stream, start))
+        Call(rows[start : start + batch], horizon, cell.params, (cell.id, stream, first + start))
         for start in range(0, n, batch)
     ]
     session.progress.update(cell.id, f"{stream} sequences drawn", 0, n)

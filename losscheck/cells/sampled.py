@@ -10,15 +10,15 @@ import torch
 
 from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
-from losscheck.cells.scoring import score_pit
+from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
 from losscheck.errors import LosscheckError, UnderpoweredError
 from losscheck.plan.cell import Cell
-from losscheck.plan.profiles import min_horizon
+from losscheck.plan.profiles import Profile, min_horizon
 from losscheck.run import factory
 from losscheck.run.session import Session
 from losscheck.serving.axis import requests
-from losscheck.stats import sample_size
+from losscheck.stats import sample_size, sequential
 from losscheck.stats.pit import pit_required_values
 
 if TYPE_CHECKING:
@@ -40,12 +40,14 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
 
     The tested sample is sized by power per bug class: a pilot, drawn from its own stream and
     never tested, measures from its own p and q what each test would see per token under each
-    bug class (`losscheck.stats.bugclass`); the fresh sample then draws the tokens the costliest
-    class within the profile's cap needs, and the cell asserts, from the tested sample's own p
-    and q, that every such class is caught at the profile's power."""
+    bug class (`losscheck.stats.bugclass`); the design is the tokens the costliest class within
+    the profile's cap needs. The fresh sample then grows look by look towards the design and
+    stops at the first look where the data rule out every class the design covers
+    (`losscheck.stats.sequential`); the cell asserts, from the tested sample's own p and q, that
+    the design catches every such class at the profile's power."""
     from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder, conformance_rtol
-    from losscheck.cells.scoring import measure_power
-    from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
+    from losscheck.cells.scoring import PitScores, measure_power
+    from losscheck.stats.bugclass import PowerAccumulator
     from losscheck.stats.conditional import CONDITIONAL_TESTS
     from losscheck.stats.pit import PIT_TESTS
 
@@ -55,6 +57,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     tests = PIT_TESTS + CONDITIONAL_TESTS + CONFORMANCE_TESTS
     alpha_scored = session.per_test_alpha * (PIT_TESTS + CONDITIONAL_TESTS) / tests
     alpha_test = session.per_test_alpha / tests
+    limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens)
     clock = Phases()
     server = factory.server(session, cell)
     target = session.cell_target(cell)
@@ -64,15 +67,17 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     with clock("pilot"):
         pilot_rows, pilot = generate_rows(session, cell, server, prompts, profile.pilot_sequences, horizon, "pit-pilot")
         measured = measure_power(session, target, pilot_rows, pilot, tolerance)
-    pooled = 0 if profile.pooled_tv is None else pit_required_values(alpha_scored, profile.power, profile.pooled_tv)
-    design = sample_size.ClassDesign.of(
-        measured.tokens_needed(alpha_test, profile.power),
-        LR_BOUND,
-        profile.min_pit_tokens,
-        profile.max_pit_tokens,
-        pooled,
+    design, fixed = (
+        _class_design(measured, profile, alpha_scored, alpha_test, looks)
+        for looks in (limit, 1)  # the sequential design, and the fixed-sample one it replaces
     )
-    n = design.sequences(int(pilot.mask().sum()) / len(pilot_rows))
+    looks = sequential.Looks(
+        sequential.look_tokens(design.floor, design.tokens, limit),
+        limit,
+        design.covered,
+        profile.power,
+    )
+    per_sequence = max(int(pilot.mask().sum()) / len(pilot_rows), 1e-9)
     engine = server.engine
     recorder = None
     if engine is not None:  # the recorder wraps the verifier in this process only
@@ -81,38 +86,49 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
             make_generator(session.options.seed, cell.id, "conformance"),
             conformance_rtol(cell.precision.tolerance if cell.precision.reduced else 0.0),
         )
-    with clock("generate"):
-        rows, gen = generate_rows(session, cell, server, prompts, n, horizon, "pit-sample")
     power = PowerAccumulator(misreported=measured.misreported_id)  # judged where the test looks
-    with clock("score"):  # the teacher-forced pass, the PIT and conditional tests
-        results, facts = score_pit(
-            session,
-            cell.id,
-            target,
-            rows,
-            gen,
-            tolerance,
-            alpha_scored,
-            profile.pooled_tv,
-            power,
-            measured.misreported_id,
-        )
+    scores = PitScores(session, cell.id, target, tolerance, power, measured.misreported_id)
+    gens: list[Generation] = []
+    drawn, stopped = 0, len(looks.tokens)
+    for look, tokens in enumerate(looks.tokens, 1):
+        more = max(math.ceil(tokens / per_sequence) - drawn, 1)
+        with clock("generate"):
+            rows, gen = generate_rows(session, cell, server, prompts, more, horizon, "pit-sample", first=drawn)
+        with clock("score"):  # the teacher-forced pass, the PITs, the conditional and rule-out sums
+            scores.add(rows, gen, part=f"look{look}")
+        drawn += more
+        gens.append(gen)
+        if look < len(looks.tokens) and looks.may_stop(power.rule_out_log_e()):
+            stopped = look
+            break
+    with clock("score"):
+        results, facts = scores.tests(alpha_scored, profile.pooled_tv, limit)
     with clock("conformance"):
         if recorder is not None:
-            results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power)
-    coverage = bug_class_coverage(design, power, alpha_test, profile.power)
+            results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power, limit)
+    early = stopped < len(looks.tokens)
+    coverage = bug_class_coverage(design, power, alpha_test, profile.power, looks, early)
     require_coverage(cell, coverage, profile.power)
+    gen = Generation.concat(gens)
     outcome = sampled_outcome(
         session,
         cell,
         results,
         gen,
-        sequences=n,
+        sequences=drawn,
         horizon=horizon,
         phases=clock.seconds,
         pilot_sequences=len(pilot_rows),
         pilot_tokens=int(pilot.mask().sum()),
         design_tokens=design.tokens,
+        fixed_design_tokens=fixed.tokens,
+        looks={
+            "tokens": list(looks.tokens),
+            "allowed": limit,
+            "stopped_at": stopped,
+            "tested_tokens": scores.tested_tokens,
+            "early": early,
+        },
         bug_classes=coverage,
         **facts,
     )
@@ -120,26 +136,71 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     return outcome
 
 
+def _class_design(
+    measured: PowerAccumulator, profile: Profile, alpha_scored: float, alpha_test: float, looks: int
+) -> sample_size.ClassDesign:
+    """The tested tokens a PIT cell aims at from its pilot, for a cell that may stop at `looks`
+    points: its tests at the power `sequential.design_power` leaves them (the profile's when the
+    cell has a single look), the fixed-sample ones at their level / `looks`."""
+    from losscheck.stats.bugclass import LR_BOUND
+    from losscheck.stats.conditional import CONDITIONAL_TESTS
+    from losscheck.stats.pit import PIT_TESTS
+
+    level = profile.power if looks == 1 else sequential.design_power(profile.power)
+    alpha_pit = alpha_scored * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
+    pooled = 0
+    if profile.pooled_tv is not None:
+        pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv)
+    return sample_size.ClassDesign.of(
+        measured.tokens_needed(alpha_test, level, looks),
+        LR_BOUND,
+        profile.min_pit_tokens,
+        profile.max_pit_tokens,
+        pooled,
+    )
+
+
 def bug_class_coverage(
-    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float
+    design: sample_size.ClassDesign,
+    power: PowerAccumulator,
+    alpha_test: float,
+    level: float,
+    looks: sequential.Looks,
+    early: bool,
 ) -> dict[str, dict[str, Any]]:
     """Per bug class, from the tested sample's own p and q: its best test, the tokens that test
-    needs at `level`, the power it had with the tokens tested, and whether the cell's design
-    covered the class (the pilot's estimate; the rest are reported, not asserted)."""
+    needs, its log10 rule-out e-value, whether the cell's design covered the class (the pilot's
+    estimate; the rest are reported, not asserted), and the cell's power against it.
+
+    A covered class is caught with probability at least the power the tests have at the last
+    look minus the chance β_r that it is ruled out first (`losscheck.stats.sequential`); the
+    tests' power is taken at the tokens tested, or, when the cell stopped early, at the design's
+    tokens, projected from the tested sample's p and q. An uncovered class: the tests' power at
+    the tokens tested."""
     from losscheck.stats.bugclass import LR_BOUND
 
-    needed = power.tokens_needed(alpha_test, level)
-    reached = power.power_at(max(power.steps, 1), alpha_test, level)
+    design_level = sequential.design_power(level)
+    needed = power.tokens_needed(alpha_test, design_level, looks.limit)
+    tested = max(power.steps, 1)
+    at_design = power.power_at(max(design.tokens, tested) if early else tested, alpha_test, level, looks.limit)
+    at_tested = power.power_at(tested, alpha_test, level, looks.limit)
+    rule_out = power.rule_out_log_e()
+    ruled = looks.ruled_out(rule_out)
+    beta_rule_out = (1.0 - level) * sequential.RULE_OUT_SHARE
     coverage = {}
     for name, tests in needed.items():
         test, tokens = min(((t, n) for t, n in tests.items() if t != LR_BOUND), key=lambda tn: tn[1])
+        covered = name in design.covered
+        log_e = rule_out.get(name)
         coverage[name] = {
             "test": test,
             "tokens_needed": tokens,
             "lr_bound_tokens": tests.get(LR_BOUND, math.inf),
-            "power": reached[name][test],
-            "covered": name in design.covered,
+            "power": max(0.0, at_design[name][test] - beta_rule_out) if covered else at_tested[name][test],
+            "covered": covered,
             "pilot_tokens_needed": design.best[name][1],
+            "rule_out_log10_e": None if log_e is None else log_e / math.log(10),
+            "ruled_out": ruled.get(name, False),
         }
     return coverage
 

@@ -4,6 +4,7 @@ the randomized PIT of every generated token, and the PIT tests with the facts th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +92,119 @@ def teacher_forced_pit(
     return torch.cat(u), torch.cat(ambiguous)
 
 
+@dataclass
+class PitScores:
+    """A tested sample scored part by part (a sequential cell's looks), tested as one.
+
+    Each `add` scores one part's sequences with a fresh teacher-forced pass: the randomized PIT
+    of every generated token, the exact-conditional values and, when `power` is given, the bug
+    classes' power and rule-out sums from the part's own p and q. `tests` then runs the PIT and
+    exact-conditional tests over every part. `stream` names the PITs' uniforms (the cell id);
+    `misreported_id`: the id the bug-class score test judges the misreporting-drafter class at —
+    chosen by a pilot, never by the sample tested (None: that class is left out of the test).
+    """
+
+    session: Session
+    stream: str
+    target: HFTarget
+    tolerance: float
+    power: PowerAccumulator | None = None
+    misreported_id: int | None = None
+    u: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] per part
+    mask: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] generated
+    ambiguous: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] cut-off ambiguous
+    slots: list[torch.Tensor | None] = field(default_factory=list)  # [n_j, L] or None
+    spare: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] completes pairs that EOS cuts
+    parts: list[Any] = field(default_factory=list)  # ConditionalValues per scored chunk
+
+    def add(self, rows: list[list[int]], gen: Generation, part: str = "") -> None:
+        """Score `gen` (sequences continuing `rows`); `part` names its uniforms within the stream."""
+        from losscheck.stats.conditional import ConditionalValues
+
+        session, target = self.session, self.target
+        seed = session.options.seed
+
+        def stream(name: str) -> torch.Generator:
+            return make_generator(seed, self.stream, f"{name}/{part}" if part else name)
+
+        # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
+        v, v_order = (
+            torch.rand(gen.tokens.shape, generator=stream(name), dtype=torch.float64).to(target.device)
+            for name in ("pit-v", "pit-order-v")
+        )
+        generated = gen.mask()
+
+        def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
+            q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
+            tested = generated[at] & ~unsure
+            slots = None if gen.slots is None else gen.slots[at]
+            p = probs.double()
+            self.parts.append(
+                ConditionalValues.from_chunk(
+                    p,
+                    q,
+                    gen.tokens[at],
+                    v_order[at],
+                    tested,
+                    slots=slots,
+                    k=gen.stats.k,
+                    misreported_id=self.misreported_id,
+                )
+            )
+            if self.power is not None:
+                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, tested)
+
+        u, ambiguous = teacher_forced_pit(
+            target,
+            rows,
+            gen,
+            v,
+            session.options.memory_budget_mib << 20,
+            session.options.profile.batch,
+            self.tolerance,
+            lambda done, n: session.progress.update(self.stream, "sequences scored", done, n),
+            observe,
+        )
+        mask = gen.mask().cpu()
+        self.u.append(u.cpu())
+        self.mask.append(mask)
+        self.ambiguous.append(ambiguous.cpu() & mask)
+        self.slots.append(None if gen.slots is None else gen.slots.cpu())
+        self.spare.append(torch.rand(gen.tokens.shape, generator=stream("pit-pairs"), dtype=torch.float64))
+
+    @property
+    def tested_tokens(self) -> int:
+        """Tokens the tests count so far: generated and not cut-off ambiguous."""
+        return sum(int((m & ~a).sum()) for m, a in zip(self.mask, self.ambiguous))
+
+    def tests(self, alpha: float, pooled_tv: float | None = None, looks: int = 1) -> tuple[list[Any], dict[str, Any]]:
+        """The PIT tests and the exact-conditional tests of every part under `alpha` (split over
+        both families by their counts) and the facts the certificate keeps about them.
+        `pooled_tv`: the pooled tests must detect this binned TV (None: they report what they
+        detect). `looks`: the stopping points of a sequential cell; the fixed-sample tests are
+        judged at their share / `looks` (`losscheck.stats.sequential`)."""
+        from losscheck.stats.conditional import CONDITIONAL_TESTS, ConditionalValues, conditional_tests
+        from losscheck.stats.pit import PIT_TESTS, pit_tests
+
+        profile = self.session.options.profile
+        u, mask, ambiguous, spare = (torch.cat(x) for x in (self.u, self.mask, self.ambiguous, self.spare))
+        known = [s for s in self.slots if s is not None]
+        slots = torch.cat(known) if len(known) == len(self.slots) else None
+        tested = mask & ~ambiguous
+        alpha_pit = alpha * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
+        results = pit_tests(
+            u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
+        )
+        results += conditional_tests(ConditionalValues.merge(self.parts), alpha - alpha_pit, profile.power, looks)
+        return results, {
+            "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins),
+            "cutoff_ambiguous": int(ambiguous.sum()),
+            "cutoff_tolerance": self.tolerance,
+            "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
+            "pit_quantiles": _quantiles(u[tested]),
+        }
+
+
 def score_pit(
     session: Session,
     stream: str,
@@ -100,73 +214,12 @@ def score_pit(
     tolerance: float,
     alpha: float | None = None,
     pooled_tv: float | None = None,
-    power: PowerAccumulator | None = None,
-    misreported_id: int | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The PIT tests and the exact-conditional tests of `gen` (sequences continuing `rows`) under
-    `target`, with the cut-off ambiguity `tolerance`, under `alpha` (default: the cell's whole
-    share; split over both families by their counts), and the facts the certificate keeps about
-    them. `stream` names the PITs' uniforms (the cell id). `pooled_tv`: the pooled tests must
-    detect this binned TV (None: they report what they detect). `power` is shown every scored
-    chunk (the bug classes' power from this sample's own p and q). `misreported_id`: the id the
-    bug-class score test judges the misreporting-drafter class at — chosen by a pilot, never by
-    the sample tested (None: that class is left out of the test)."""
-    from losscheck.stats.conditional import CONDITIONAL_TESTS, ConditionalValues, conditional_tests
-    from losscheck.stats.pit import PIT_TESTS, pit_tests
-
-    profile = session.options.profile
-    # v is drawn on the CPU, so a seed gives the same PIT uniforms on every device.
-    v, v_order = (
-        torch.rand(
-            gen.tokens.shape, generator=make_generator(session.options.seed, stream, name), dtype=torch.float64
-        ).to(target.device)
-        for name in ("pit-v", "pit-order-v")
-    )
-    budget = session.options.memory_budget_mib << 20
-    generated = gen.mask()
-    parts: list[ConditionalValues] = []
-
-    def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
-        q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
-        tested = generated[at] & ~unsure
-        slots = None if gen.slots is None else gen.slots[at]
-        p = probs.double()
-        parts.append(
-            ConditionalValues.from_chunk(
-                p, q, gen.tokens[at], v_order[at], tested, slots=slots, k=gen.stats.k, misreported_id=misreported_id
-            )
-        )
-        if power is not None:
-            power.update(p, q, gen.tokens[at], slots, gen.stats.k, tested)
-
-    u, ambiguous = teacher_forced_pit(
-        target,
-        rows,
-        gen,
-        v,
-        budget,
-        profile.batch,
-        tolerance,
-        lambda done, n: session.progress.update(stream, "sequences scored", done, n),
-        observe,
-    )
-    u, mask, ambiguous = u.cpu(), gen.mask().cpu(), ambiguous.cpu() & gen.mask().cpu()
-    tested = mask & ~ambiguous
-    spare = torch.rand(
-        gen.tokens.shape, generator=make_generator(session.options.seed, stream, "pit-pairs"), dtype=torch.float64
-    )  # completes pairs that EOS cuts
-    slots = None if gen.slots is None else gen.slots.cpu()
-    alpha = session.per_test_alpha if alpha is None else alpha
-    alpha_pit = alpha * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
-    results = pit_tests(u, tested, alpha_pit, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare)
-    results += conditional_tests(ConditionalValues.merge(parts), alpha - alpha_pit, profile.power)
-    return results, {
-        "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins),
-        "cutoff_ambiguous": int(ambiguous.sum()),
-        "cutoff_tolerance": tolerance,
-        "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
-        "pit_quantiles": _quantiles(u[tested]),
-    }
+    """The PIT tests and the exact-conditional tests of one sample `gen` (sequences continuing
+    `rows`) under `target` (`PitScores`), under `alpha` (default: the cell's whole share)."""
+    scores = PitScores(session, stream, target, tolerance)
+    scores.add(rows, gen)
+    return scores.tests(session.per_test_alpha if alpha is None else alpha, pooled_tv)
 
 
 def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> float:

@@ -203,6 +203,9 @@ class PowerAccumulator:
     count_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V] Σ_t p_t(v)(1 - p_t(v))
     surprisal_h0_var: float = 0.0  # Σ_t Var_p(y_t)
     class_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [C] Σ_t Var_p(y_c) per class score
+    # [C] Σ_t log(p_t(x_t) / p'_t(x_t)) per class at the emitted tokens: the log of the e-value that
+    # rules the class out (`losscheck.stats.sequential`); kept for the classes `targeted` scores
+    rule_out: torch.Tensor = field(default_factory=lambda: _zeros(0))
     has_slots: bool = True
     sums: dict[str, _Sums] = field(default_factory=dict)
 
@@ -249,8 +252,9 @@ class PowerAccumulator:
             q_prev = reported_q(q_prev, p.shape, f"{what} q_prev")
             step = chunk_steps(p, q, slots, k, tested, what, q_prev=q_prev, misreported=self.misreported)
         self._start(vocab, k, slots is not None)
-        for (_, block), (_, scored_block) in zip(step.blocks(), scored.blocks()):
-            self._add(block, block if step is scored else scored_block)
+        emitted = tokens.to(p.device)[tested.to(torch.bool).to(p.device)]  # [m] row-major, as `chunk_steps`
+        for (part, block), (_, scored_block) in zip(step.blocks(), scored.blocks()):
+            self._add(block, block if step is scored else scored_block, emitted[part])
 
     def _start(self, vocab: int, k: int, has_slots: bool) -> None:
         if self.vocab is None:
@@ -258,6 +262,7 @@ class PowerAccumulator:
             self.slot_steps = _zeros(k + 1)
             self.count_h0_var = _zeros(vocab)
             self.class_h0_var = _zeros(len(self.classes))
+            self.rule_out = _zeros(len(self.classes))
             self.sums = {
                 bug.name: _Sums.empty(vocab, self.n_bins, k + 1, bug.per_id, len(self.classes)) for bug in self.classes
             }
@@ -267,9 +272,10 @@ class PowerAccumulator:
             )
         self.has_slots = self.has_slots and has_slots
 
-    def _add(self, step: Step, scored: Step) -> None:
+    def _add(self, step: Step, scored: Step, emitted: torch.Tensor) -> None:
         """Add a block of steps: `step` for the bugs' laws, `scored` (the same steps, q_prev as
-        the test approximates it) for the class scores."""
+        the test approximates it) for the class scores and the rule-out sums, `emitted` [m] the
+        tokens the steps emitted."""
         m = len(step.p)
         if m == 0:
             return
@@ -292,6 +298,23 @@ class PowerAccumulator:
         if self.misreported is not None:
             laws.update({bug.name: bug.law(step) for bug in self.classes if bug.per_id})
         self._add_class_scores(laws, step, scored)
+        self._add_rule_out(laws, step, scored, emitted)
+
+    def _add_rule_out(self, laws: dict[str, torch.Tensor], step: Step, scored: Step, emitted: torch.Tensor) -> None:
+        """Σ log(p / p') at the emitted tokens, per class, under the laws the cell can evaluate
+        (those `targeted` scores, `scored`'s approximation of the previous round's q)."""
+        at = emitted[:, None]  # [m, 1]
+        log_p = step.p.gather(-1, at).squeeze(-1).clamp_min(1e-300).log()  # [m]
+        for c, bug in enumerate(self.classes):
+            if bug.name not in laws:
+                continue
+            law = laws[bug.name] if scored is step else bug.law(scored)
+            log_ratio = log_p - law.gather(-1, at).squeeze(-1).clamp_min(1e-300).log()  # [m]
+            if bug.reads_q_prev and scored.q_prev_known is not None:
+                # where the law's q_prev is a guess, the bug's own law is unknown: the step adds
+                # nothing (a factor 1, decided before the token), so the product stays a supermartingale
+                log_ratio = torch.where(scored.q_prev_known, log_ratio, 0.0)
+            self.rule_out[c] += float(log_ratio.sum())
 
     def _add_class_scores(self, laws: dict[str, torch.Tensor], step: Step, scored: Step) -> None:
         """pit.bug_classes: each class score c under H0 and under every law in `laws`."""
@@ -359,6 +382,7 @@ class PowerAccumulator:
             out.count_h0_var += part.count_h0_var
             out.surprisal_h0_var += part.surprisal_h0_var
             out.class_h0_var += part.class_h0_var
+            out.rule_out += part.rule_out
             for name, sums in part.sums.items():
                 out.sums[name].add(sums)
         return out
@@ -378,29 +402,50 @@ class PowerAccumulator:
         """Each class's TV(p', p) averaged over the steps (the per-id class at `misreported_id`)."""
         return {bug.name: float(self._view(bug).tv) / max(self.steps, 1) for bug in self.classes}
 
-    def tokens_needed(self, alpha_test: float, power: float) -> dict[str, dict[str, float]]:
+    def tokens_needed(self, alpha_test: float, power: float, looks: int = 1) -> dict[str, dict[str, float]]:
         """Per class and test (`TESTS` and `LR_BOUND`), the tokens needed for the test, at level
         `alpha_test`, to reject with probability `power`; math.inf where it has no power. The
         per-id class has no `pit.slot_chisquare` entry (its slot table would cost O(k·V·B)), and
-        no `pit.bug_classes` entry unless `misreported` fixed its id."""
+        no `pit.bug_classes` entry unless `misreported` fixed its id. `looks`: a sequential cell's
+        stopping points (`losscheck.stats.sequential`) — its fixed-sample tests (the χ² ones) are
+        judged at `alpha_test / looks`, the e-value tests, valid at any stopping time, at `alpha_test`."""
         check_open_unit("alpha_test", alpha_test)
         check_open_unit("power", power)
         return {
-            bug.name: {name: effect.tokens_needed(alpha_test, power) for name, effect in self._effects(bug).items()}
+            bug.name: {
+                name: effect.tokens_needed(effect.level(alpha_test, looks), power)
+                for name, effect in self._effects(bug).items()
+            }
             for bug in self.classes
         }
 
-    def power_at(self, n_tokens: float, alpha_test: float, power_level: float) -> dict[str, dict[str, float]]:
-        """Per class and test, the probability that the test, at level `alpha_test`, rejects after
-        `n_tokens` tokens (same approximations as `tokens_needed`). `power_level` is the power the
-        cell states: it does not enter the probabilities; it is checked so that a report pairing
-        `power_at` with `tokens_needed(alpha_test, power_level)` speaks of one valid level."""
+    def power_at(
+        self, n_tokens: float, alpha_test: float, power_level: float, looks: int = 1
+    ) -> dict[str, dict[str, float]]:
+        """Per class and test, the probability that the test, at level `alpha_test` (`looks` as in
+        `tokens_needed`), rejects after `n_tokens` tokens (same approximations as `tokens_needed`).
+        `power_level` is the power the cell states: it does not enter the probabilities; it is
+        checked so that a report pairing `power_at` with `tokens_needed(alpha_test, power_level)`
+        speaks of one valid level."""
         check_positive("n_tokens", n_tokens)
         check_open_unit("alpha_test", alpha_test)
         check_open_unit("power_level", power_level)
         return {
-            bug.name: {name: effect.power(n_tokens, alpha_test) for name, effect in self._effects(bug).items()}
+            bug.name: {
+                name: effect.power(n_tokens, effect.level(alpha_test, looks))
+                for name, effect in self._effects(bug).items()
+            }
             for bug in self.classes
+        }
+
+    def rule_out_log_e(self) -> dict[str, float | None]:
+        """Per class, log of the e-value Π_t p_t(x_t) / p'_t(x_t) of the tested steps, which rules
+        the class out (`losscheck.stats.sequential`); None where the cell cannot evaluate the
+        class's law (slots not recorded, or the per-id class without its id fixed in advance)."""
+        scored = targeted(self.classes, self.has_slots, self.misreported)
+        return {
+            bug.name: (float(self.rule_out[c]) if bug in scored and self.steps else None)
+            for c, bug in enumerate(self.classes)
         }
 
     def _view(self, bug: BugClass) -> _Sums:
@@ -503,6 +548,12 @@ def _count_candidates(sums: _Sums, h0_var: torch.Tensor) -> list[int]:
 
 
 class _Effect:
+    anytime = False  # the test's level holds at any stopping time (an e-value test)
+
+    def level(self, alpha: float, looks: int) -> float:
+        """The level the test is judged at when a cell may stop at any of `looks` points."""
+        return alpha if self.anytime else alpha / looks
+
     def tokens_needed(self, alpha: float, power: float) -> float:
         raise NotImplementedError
 
@@ -538,6 +589,7 @@ class _EvalueEffect(_Effect):
     h1_var: list[float]
     bonferroni: int
     one_sided: bool = False
+    anytime = True
 
     @classmethod
     def of(cls, sums: _Sums, acc: PowerAccumulator, ids: list[int]) -> _EvalueEffect:
@@ -611,6 +663,7 @@ class _LikelihoodRatioEffect(_Effect):
     h0_mean: float
     h0_var: float
     outside: float  # mean mass of p' outside p's support (caught by the support check)
+    anytime = True  # not so, but a benchmark: kept at the full alpha, so it reads the same in every design
 
     def tokens_needed(self, alpha: float, power: float) -> float:
         gap = self.h1_mean - self.h0_mean

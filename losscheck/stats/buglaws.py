@@ -43,6 +43,8 @@ class Step:
     p_prev  [..., V]  p at the previous step of the row; zeros: none
     q_prev  [..., V]  the previous round's q for this slot; zeros: none
     misreported int | None  the id drafter_misreports_one_id over-draws (None: no such id chosen)
+    q_prev_known [...] bool  where q_prev is the previous round's own (None: everywhere); elsewhere
+                      an approximation from an older round (`chunk_steps`)
     """
 
     p: torch.Tensor
@@ -52,11 +54,20 @@ class Step:
     p_prev: torch.Tensor
     q_prev: torch.Tensor
     misreported: int | None = None
+    q_prev_known: torch.Tensor | None = None
 
     def rows(self, part: slice) -> Step:
         """The steps `part` of a flat batch of steps [m, ...]."""
+        known = None if self.q_prev_known is None else self.q_prev_known[part]
         return Step(
-            self.p[part], self.q[part], self.slot[part], self.k, self.p_prev[part], self.q_prev[part], self.misreported
+            self.p[part],
+            self.q[part],
+            self.slot[part],
+            self.k,
+            self.p_prev[part],
+            self.q_prev[part],
+            self.misreported,
+            known,
         )
 
     def blocks(self) -> Iterator[tuple[slice, Step]]:
@@ -150,6 +161,9 @@ class BugClass:
     # True: the law reads the slot (the bonus slot, or the previous round's q for the slot, which
     # `chunk_steps` finds by slot); without recorded slots it cannot be evaluated
     needs_slots: bool = False
+    # True: the law reads the previous round's q, known exactly only where that round reached the
+    # slot (`Step.q_prev_known`)
+    reads_q_prev: bool = False
 
 
 CATALOGUE: tuple[BugClass, ...] = (
@@ -165,6 +179,7 @@ CATALOGUE: tuple[BugClass, ...] = (
         _stale_q,
         ("pit.residual_order",),
         needs_slots=True,
+        reads_q_prev=True,
     ),
     BugClass(
         "target_temperature_1.1",
@@ -256,6 +271,7 @@ def chunk_steps(
         return torch.where((t >= 0).to(device)[:, None], found, 0.0)
 
     p_now = p[row.to(device), col.to(device)]  # [m, V]
+    known = None
     if q is None:
         q_now = q_before = torch.zeros_like(p_now)
     else:
@@ -263,6 +279,7 @@ def chunk_steps(
         if q_prev is None:
             previous = _previous_same_slot((q.sum(-1) > 0).cpu(), slot)  # [n, L]
             q_before = at(q, previous[row, col])
+            known = _in_previous_round(previous, slot)[row, col].to(device)
         else:
             q_before = q_prev[row.to(device), col.to(device)]
     return Step(
@@ -273,7 +290,19 @@ def chunk_steps(
         p_prev=at(p, col - 1),
         q_prev=q_before,
         misreported=misreported,
+        q_prev_known=known,
     )
+
+
+def _in_previous_round(previous: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """[n, L] bool: the step `previous` [n, L] points at (-1: none) lies in the round just before
+    each step's own — or the step's round is its row's first, which has no previous round — so
+    that its q is the previous round's q for the slot, not an older round's. Rounds start at slot 0."""
+    rounds = (slot == 0).long().cumsum(1)  # [n, L] 1-based round of each step
+    first = rounds <= 1
+    found = previous >= 0
+    before = rounds.gather(1, previous.clamp_min(0))  # [n, L]
+    return (slot >= 0) & ((found & (before == rounds - 1)) | (~found & first))
 
 
 def _previous_same_slot(drafted: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:

@@ -523,15 +523,17 @@ def bug_classes_test(values: ConditionalValues, alpha: float, power: float) -> T
     )
 
 
-def conditional_tests(values: ConditionalValues, alpha: float, power: float) -> list[TestResult]:
+def conditional_tests(values: ConditionalValues, alpha: float, power: float, looks: int = 1) -> list[TestResult]:
     """`pit.residual_order`, `pit.token_counts`, `pit.surprisal`, `pit.bug_classes`, each at
     alpha / CONDITIONAL_TESTS. Their sample sizes are what the cell scored; each reports the
-    effect it detects."""
+    effect it detects. `looks`: the stopping points of a sequential cell
+    (`losscheck.stats.sequential`); the χ² test is then judged at its share / `looks`, the
+    e-value tests, valid at any stopping time, at their whole share."""
     check_open_unit("power", power)
     a = per_test_alpha(alpha, CONDITIONAL_TESTS)
     return scoped(
         [
-            residual_order_test(values.order_u, a, power),
+            residual_order_test(values.order_u, per_test_alpha(a, looks), power),
             token_counts_test(values, a, power),
             surprisal_test(values, a, power),
             bug_classes_test(values, a, power),

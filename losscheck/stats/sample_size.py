@@ -48,12 +48,14 @@ class ClassDesign:
     covered: the classes whose best test reaches the power within the cap, cheapest first
     tokens:  tested tokens the sample aims at: the most any covered class needs, with the margin,
              within [floor, cap], and at least `pooled` (the pooled tests' own requirement, if any)
+    floor:   the fewest tested tokens any sample of the design has: the floor, and `pooled`
     """
 
     best: dict[str, tuple[str, float]]
     covered: tuple[str, ...]
     tokens: int
     cap: int
+    floor: int
 
     @classmethod
     def of(
@@ -68,7 +70,7 @@ class ClassDesign:
         covered = tuple(sorted((c for c, (_, n) in best.items() if n * DESIGN_MARGIN <= cap), key=lambda c: best[c][1]))
         most = max((best[c][1] for c in covered), default=0.0)
         tokens = max(floor, math.ceil(most * DESIGN_MARGIN), pooled)
-        return cls(best, covered, min(tokens, max(cap, pooled)), cap)
+        return cls(best, covered, min(tokens, max(cap, pooled)), cap, max(floor, pooled))
 
     def sequences(self, tokens_per_sequence: float) -> int:
         """Sequences to draw when a sequence yields `tokens_per_sequence` tested tokens (the pilot's)."""

@@ -1,0 +1,100 @@
+"""Sequential stopping of a PIT cell: the tested sample grows look by look, and a passing cell
+stops at the first look where every bug class its design covers is ruled out by the data.
+
+Terms:
+
+- *looks*: the tested-token counts n_1 < … < n_m the cell may stop at, fixed before the tested
+  sample is drawn — the profile's floor, doubling, up to the design's tokens (`look_tokens`).
+  A profile allows at most `max_looks(floor, cap)` of them.
+- *rule-out e-value* of a class c with exact law p'_{c,t} at every step t
+  (`losscheck.stats.buglaws`): R_c = Π_t p_t(x_t) / p'_{c,t}(x_t) over the tested tokens x_t.
+  Under the bug c it is a non-negative supermartingale of mean at most 1
+  (E_{p'}[p / p'] = Σ_{p' > 0} p ≤ 1), so by Ville's inequality P(R_c ever reaches 1/β_r) ≤ β_r.
+  A class is *ruled out* once log R_c ≥ log(1/β_r).
+
+Level: the e-value tests of a cell hold at any stopping time and keep their α; every
+fixed-sample test (the χ², KS and uniformity tests) is judged at α / m (Bonferroni over the m
+looks a profile allows), so the cell's false-alarm rate stays within its budget whichever look it
+stops at.
+
+Power: the design gives each covered class's best test power 1 - β/2 at n_m, and β_r = β/2.
+Under the bug c the cell misses c only if R_c crossed 1/β_r first (probability ≤ β/2) or the tests
+at n_m missed it (≤ β/2): power 1 - β, the profile's power, at every stopping rule the looks allow.
+It rests on what the power table already assumes: the emitted token's law at each step is p'_c
+given everything before it (the bug changes the token's law, the classes' laws are exact).
+
+Cost under H0: log R_c grows by KL(p‖p'_c) per token, so a class is ruled out after about
+log(2/β) / KL tokens, a small part of the (z_α + z_β)² / χ²(p'‖p) a test needs at the gate's
+α ~ 1e-6. A cell stops as soon as its slowest covered class is ruled out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from losscheck.errors import LosscheckError
+from losscheck.stats._checks import check_open_unit
+
+LOOK_GROWTH = 2  # each look tests this many times the tokens of the one before
+RULE_OUT_SHARE = 0.5  # the part of β (1 - power) spent on ruling classes out; the rest at n_m
+
+
+def look_tokens(floor: int, tokens: int, limit: int) -> tuple[int, ...]:
+    """The tested-token counts of the looks: `floor`, doubling, then `tokens` (the design's), at
+    most `limit` looks (the earliest dropped). A design at or below the floor has one look."""
+    if floor < 1 or tokens < 1 or limit < 1:
+        raise LosscheckError(f"look_tokens needs floor, tokens and limit >= 1, got {floor}, {tokens}, {limit}")
+    looks = []
+    n = floor
+    while n < tokens:
+        looks.append(n)
+        n *= LOOK_GROWTH
+    looks.append(tokens)
+    return tuple(looks[-limit:])
+
+
+def max_looks(floor: int, cap: int) -> int:
+    """The most looks a profile with this floor and cap ever takes: its fixed-sample tests'
+    Bonferroni divisor, fixed before any sample is drawn."""
+    return len(look_tokens(floor, max(floor, cap), limit=10**6))
+
+
+def design_power(power: float) -> float:
+    """The power the tests must have at the last look so that the cell keeps `power`."""
+    check_open_unit("power", power)
+    return 1.0 - (1.0 - power) * (1.0 - RULE_OUT_SHARE)
+
+
+def rule_out_threshold(power: float) -> float:
+    """log(1/β_r): the log rule-out e-value at which a class is ruled out."""
+    check_open_unit("power", power)
+    return -math.log((1.0 - power) * RULE_OUT_SHARE)
+
+
+@dataclass(frozen=True)
+class Looks:
+    """A sequential cell's plan: where it may stop and what lets it stop.
+
+    tokens:   tested tokens at each look, increasing, from the floor (the profile's, or the pooled
+              tests' requirement when the profile sets a pooled TV) to the design's
+    limit:    the looks the profile allows (the fixed-sample tests' divisor, >= len(tokens))
+    covered:  the classes that must be ruled out to stop early
+    power:    the profile's power (1 - β)
+    """
+
+    tokens: tuple[int, ...]
+    limit: int
+    covered: tuple[str, ...]
+    power: float
+
+    def may_stop(self, rule_out: Mapping[str, float | None]) -> bool:
+        """Whether a passing cell, at a look, stops with these log rule-out e-values."""
+        threshold = rule_out_threshold(self.power)
+        return all((rule_out.get(c) or -math.inf) >= threshold for c in self.covered)
+
+    def ruled_out(self, rule_out: Mapping[str, float | None]) -> dict[str, bool]:
+        """Per class with an e-value: whether it is ruled out."""
+        threshold = rule_out_threshold(self.power)
+        return {c: e is not None and e >= threshold for c, e in rule_out.items()}

@@ -1,0 +1,151 @@
+"""Sequential stopping (`losscheck.stats.sequential`): the looks, the rule-out e-values the
+accumulator keeps, Ville's bound under each bug class, and what ruling out costs under H0 — on the
+Markov chains of `losscheck.selftest.bugtable`, where every law is exact."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from losscheck.errors import LosscheckError
+from losscheck.selftest import bugtable
+from losscheck.stats import sequential
+from losscheck.stats.buglaws import BY_NAME, chunk_steps
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROWS, SEED, REPLICATES = 150, 11, 400
+MISREPORTED = 5
+
+
+def test_looks_double_from_the_floor_to_the_design():
+    assert sequential.look_tokens(2000, 11500, limit=5) == (2000, 4000, 8000, 11500)
+    assert sequential.look_tokens(2000, 2000, limit=5) == (2000,)
+    assert sequential.look_tokens(2000, 1500, limit=5) == (1500,)
+    assert sequential.look_tokens(1000, 20000, limit=3) == (8000, 16000, 20000)  # the earliest dropped
+    assert sequential.max_looks(2000, 20000) == 5
+    with pytest.raises(LosscheckError, match="floor, tokens and limit"):
+        sequential.look_tokens(0, 10, 2)
+
+
+def test_the_power_is_split_between_ruling_out_and_the_last_look():
+    assert sequential.design_power(0.99) == pytest.approx(0.995)
+    assert sequential.rule_out_threshold(0.99) == pytest.approx(math.log(200))
+    looks = sequential.Looks((2000, 4000), 5, ("a", "b"), 0.99)
+    assert looks.may_stop({"a": 6.0, "b": 5.4})
+    assert not looks.may_stop({"a": 6.0, "b": 5.2})
+    assert not looks.may_stop({"a": 6.0, "b": None})  # a class the cell cannot evaluate never stops it
+    assert looks.ruled_out({"a": 6.0, "b": None, "c": 0.0}) == {"a": True, "b": False, "c": False}
+
+
+@functools.cache
+def _run() -> tuple[bugtable.Chain, bugtable.Steps]:
+    chain = bugtable.make_chain(0.88, seed=SEED)
+    return chain, bugtable.simulate(chain, rows=ROWS, seed=SEED + 1)
+
+
+def _tables(chain: bugtable.Chain, steps: bugtable.Steps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """p, q and the previous round's exact q [N, L, V] of the run's steps."""
+    drafted = (steps.slots < bugtable.K)[..., None]
+    p = chain.p[steps.before]
+    q = torch.where(drafted, chain.q[steps.before], 0.0)
+    q_prev = torch.where(drafted & (steps.stale >= 0)[..., None], chain.q[steps.stale.clamp_min(0)], 0.0)
+    return p, q, q_prev
+
+
+def _log_ratios(name: str, drawn_from: str | None) -> torch.Tensor:
+    """log(p / p'_name) at the run's steps [m, REPLICATES], row-major, the tokens of each
+    replicate drawn from class `drawn_from`'s exact law (None: from p, H0) at those steps — the
+    bug changes the token, not the steps. p'_name is evaluated as a cell does: the previous
+    round's q approximated from the slots, the steps where that is a guess adding nothing."""
+    chain, steps = _run()
+    p, q, q_prev = _tables(chain, steps)
+    every = torch.ones(steps.slots.shape, dtype=torch.bool)
+    exact = chunk_steps(p, q, steps.slots, bugtable.K, every, "exact", q_prev=q_prev, misreported=MISREPORTED)
+    seen = chunk_steps(p, q, steps.slots, bugtable.K, every, "seen", misreported=MISREPORTED)
+    law = exact.p if drawn_from is None else BY_NAME[drawn_from].law(exact)  # [m, V]
+    tokens = torch.multinomial(law, REPLICATES, replacement=True, generator=torch.Generator().manual_seed(SEED))
+    bug = BY_NAME[name]
+    ratio = seen.p.gather(-1, tokens).log() - bug.law(seen).gather(-1, tokens).clamp_min(1e-300).log()
+    if bug.reads_q_prev:
+        assert seen.q_prev_known is not None
+        ratio = torch.where(seen.q_prev_known[:, None], ratio, 0.0)
+    return ratio
+
+
+def _ever_ruled_out(log_ratios: torch.Tensor, beta: float) -> float:
+    """Share of replicates whose running log e-value ever reaches log(1/beta)."""
+    return float((log_ratios.cumsum(0).amax(0) >= math.log(1 / beta)).double().mean())
+
+
+VILLE_BETA = 0.05
+CLASSES = ("residual_is_p", "stale_q", "target_temperature_1.1", "drafter_misreports_one_id", "top_p_one_side")
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_a_class_present_is_ruled_out_at_most_beta_of_the_time(name):
+    """Ville: under class `name`'s own law the rule-out e-value ever reaches 1/β with
+    probability <= β. Over REPLICATES runs, fail only above Binomial(REPLICATES, β)'s 0.999
+    quantile (a correct bound fails with probability <= 0.001)."""
+    share = _ever_ruled_out(_log_ratios(name, name), VILLE_BETA)
+    bound = stats.binom.ppf(0.999, REPLICATES, VILLE_BETA) / REPLICATES
+    assert share <= bound, f"{name} present: ruled out in {share:.3f} of runs; Ville: {VILLE_BETA} (0.999: {bound})"
+
+
+def test_the_check_fails_when_the_law_is_not_the_bugs():
+    """The same check with the tokens from another law (the target at 1.1·T) and the class at
+    T = 0.7: the e-value is not a supermartingale there, and it crosses almost always."""
+    share = _ever_ruled_out(_log_ratios("per_request_params_mixed", "target_temperature_1.1"), VILLE_BETA)
+    assert share > 0.5
+
+
+def test_under_h0_the_classes_are_ruled_out_long_before_a_test_could_reject_them():
+    """Under H0 every class is ruled out at the gate's β_r (power 0.99) in every replicate, at a
+    median number of tokens below a third of what its best test needs at the gate's per-test α
+    and the design's power: what makes the sequential cell cheaper under H0."""
+    chain, steps = _run()
+    acc = bugtable.accumulate(chain, steps, misreported=MISREPORTED)
+    needed = acc.tokens_needed(bugtable.CELL_ALPHA / 14, sequential.design_power(0.99), looks=5)
+    threshold = sequential.rule_out_threshold(0.99)
+    for name in CLASSES:
+        path = _log_ratios(name, None).cumsum(0)  # [m, R]
+        crossed = path >= threshold
+        assert bool(crossed.any(0).all()), f"{name}: not ruled out within {len(path)} H0 tokens in some replicate"
+        first = crossed.double().argmax(0).double() + 1  # [R]
+        best = min(n for test, n in needed[name].items() if test != "lr_bound")
+        median = float(first.median())
+        assert median < best / 3, f"{name}: ruled out after {median:.0f} H0 tokens (median); its test needs {best:.0f}"
+
+
+def test_the_accumulator_keeps_the_log_evalue_of_the_emitted_tokens():
+    """PowerAccumulator's rule-out sums equal Σ log(p / p') at the run's own tokens, the stale-q
+    class counting only the steps whose previous-round q is known, chunk by chunk."""
+    chain, steps = _run()
+    acc = bugtable.accumulate(chain, steps, chunk=40, misreported=MISREPORTED)
+    p, q, _ = _tables(chain, steps)
+    every = torch.ones(steps.slots.shape, dtype=torch.bool)
+    seen = chunk_steps(p, q, steps.slots, bugtable.K, every, "seen", misreported=MISREPORTED)
+    tokens = steps.tokens.reshape(-1, 1)
+    for name, log_e in acc.rule_out_log_e().items():
+        bug = BY_NAME[name]
+        ratio = (seen.p.gather(-1, tokens).log() - bug.law(seen).gather(-1, tokens).clamp_min(1e-300).log()).squeeze(-1)
+        if bug.reads_q_prev:
+            assert seen.q_prev_known is not None
+            ratio = torch.where(seen.q_prev_known, ratio, 0.0)
+        assert log_e == pytest.approx(float(ratio.sum()), rel=1e-9, abs=1e-9), name
+
+
+def test_the_previous_round_is_known_only_where_it_reached_the_slot():
+    """Rounds 0 1 2 | 0 | 0 1 2 3 at k = 3: at the third round's slots 1 and 2 the last drafted
+    step of the slot is in round 1, two rounds back (round 2 stopped at slot 0): a guess. No
+    round drafts the bonus slot, so none is known there (harmless: no law reads q_prev there)."""
+    slots = torch.tensor([[0, 1, 2, 0, 0, 1, 2, 3]])
+    p = torch.full((1, 8, 4), 0.25, dtype=torch.float64)
+    q = torch.where((slots < 3)[..., None], p, 0.0)
+    step = chunk_steps(p, q, slots, 3, torch.ones(1, 8, dtype=torch.bool), "t")
+    assert step.q_prev_known is not None
+    assert step.q_prev_known.tolist() == [True, True, True, True, True, False, False, False]
