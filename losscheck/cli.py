@@ -68,8 +68,8 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     cert = sub.add_parser(
         "certify",
-        help="certify a drafter (default: the bundled reference drafter, family A, on the bundled target; "
-        "--bundled all: every bundled drafter)",
+        help="certify a drafter (default: the bundled reference drafter, family A, and family E's truncation "
+        "widths, on the bundled target; --bundled all: every bundled drafter)",
     )
     add_options(cert.add_argument, "--")
     cert.set_defaults(**{dest("out"): "reports", dest("bundled"): "reference"})

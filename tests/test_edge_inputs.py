@@ -325,7 +325,7 @@ def test_a_drafter_declaring_only_k3_is_planned_and_lossless_at_k3(session, targ
     odd = AutoregressiveDrafter(session.drafters()["A"].lm.model, "k3-only")
     odd.block_lengths = (3,)
     assert greedy_cells("odd", odd) == [Cell("odd", 3, GREEDY)]
-    cells = plan({"main": {"odd": odd}}, bundled_families=False, engine=None)
+    cells = plan({"main": {"odd": odd}}, bundled=None, engine=None)
     assert Cell("odd", 3, GREEDY) in cells[GREEDY_CELL]
     assert {c.k for found in cells.values() for c in found} == {3}, "a cell at an undeclared k"
     spec, _ = lossless(target, odd, 3, prompts, 12)

@@ -22,11 +22,24 @@ def drafter(ks=(1, 2, 4, 8), widths=()):
 
 def user_plan(precisions=(FP32,), engine=None):
     drafters = {"main": {"user": drafter(), ORACLE: drafter(range(1, 17))}}
-    return matrix.plan(drafters, False, engine, precisions, frozenset({"user"}))
+    return matrix.plan(drafters, None, engine, precisions, frozenset({"user"}))
 
 
 def ids(cells):
     return [c.id for c in cells]
+
+
+def bundled_plan(which):
+    """The plan of bundled set `which` on drafters declaring the bundled families' knobs, with
+    the default options."""
+    from losscheck.drafters.parallel import PATH_WIDTHS
+    from losscheck.plan import bundled_sets
+    from losscheck.run.options import Options
+
+    knobs = {"A": drafter((1, 2, 4, 8, 16)), "E": drafter(range(1, 17), PATH_WIDTHS)}
+    main = {name: knobs.get(name, drafter(range(1, 9))) for name in bundled_sets.families(which)}
+    drafters = {"main": {**main, ORACLE: drafter((1, 2, 4, 8, 16))}, "small": {"A": drafter(), ORACLE: drafter()}}
+    return matrix.plan(drafters, which, None, Options().precisions, frozenset({"A"}))
 
 
 def test_cell_ids_are_unique_and_every_declared_k_has_a_greedy_cell():
@@ -41,6 +54,38 @@ def test_statistical_tests_count_every_statistical_cell_of_the_full_plan():
     plan = user_plan((FP32, BF16))
     assert matrix.statistical_tests(plan) == len(plan[matrix.PIT_CELL]) + len(plan[matrix.EXACT_CELL])
     assert len(matrix.entries(plan)) == sum(len(plan[arg]) for arg in matrix.CELL_ARGS)
+
+
+def test_the_reference_set_is_a_whole_and_es_width_axis():
+    """The main job's set: every cell family A and the oracle have in the set of every bundled
+    drafter, and of family E (the one with a transition cache) the greedy cell at each declared
+    width and the T=1 cells at its sampled widths, each full width included, nothing else."""
+    reference, everything = bundled_plan("reference"), bundled_plan("all")
+    for arg in matrix.CELL_ARGS:
+        kept = [(c.id, c.slow) for c in everything[arg] if c.drafter != "E" and c.drafter in ("A", ORACLE)]
+        assert [(c.id, c.slow) for c in reference[arg] if c.drafter != "E"] == kept, arg
+    e_cells = [(c.id, c.slow) for arg in matrix.CELL_ARGS for c in reference[arg] if c.drafter == "E"]
+    assert e_cells == [
+        ("E-k4-greedy", False),
+        ("E-k4-greedy-w1", False),
+        ("E-k4-greedy-w2", False),
+        ("E-k4-greedy-w4", False),
+        ("E-k4-greedy-w16", False),
+        ("E-k4-T1", True),
+        ("E-k4-T1-w1", True),
+        ("E-k4-T1-w4", True),
+    ]
+    counts = {arg: len(reference[arg]) for arg in matrix.CELL_ARGS}
+    assert counts == {**dict.fromkeys(matrix.CELL_ARGS, 0), "greedy_cell": 24, "sampling_cell": 26, "exact_cell": 6}
+    assert matrix.statistical_tests(reference) == 32
+
+
+def test_the_bundled_sets_are_the_options_choices_and_each_family_has_a_loader():
+    from losscheck.plan import bundled_sets
+    from losscheck.run import drafters, options
+
+    assert tuple(bundled_sets.SETS) == options.BUNDLED
+    assert set(bundled_sets.families("all")) == set(drafters.LOADERS) >= set(bundled_sets.families("reference"))
 
 
 def test_each_serving_axis_value_alone_is_a_quick_greedy_cell_and_a_slow_sampled_one():

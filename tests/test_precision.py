@@ -31,7 +31,7 @@ def test_each_extra_precision_is_one_greedy_and_one_pit_cell_of_the_named_drafte
     target = tiny_target()
     drafters = {"main": {"A": noisy_drafter(target, 0.1), "self": noisy_drafter(target, 0.0)}}
     precisions = parse_precisions("bf16,fp32,fp16/fp32")
-    cells = plan(drafters, False, None, precisions, frozenset({"A"}))
+    cells = plan(drafters, None, None, precisions, frozenset({"A"}))
     extra = [c for c in cells[GREEDY_CELL] + cells[PIT_CELL] if c.precision != precisions[0] and c.axis("split") == 1]
     assert sorted((c.params.greedy, c.precision.label()) for c in extra) == [
         (False, "fp16/fp32"),

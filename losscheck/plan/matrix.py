@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.core.contract import Drafter
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
+from losscheck.plan import bundled_sets
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
 from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes
@@ -76,7 +77,7 @@ FAMILY_STRESS = ("tempered2",)
 
 def plan(
     drafters: Mapping[str, Mapping[str, Drafter]],
-    bundled_families: bool,
+    bundled: str | None,
     engine: BlackBoxEngine | None,
     precisions: tuple[Precision, ...] = (Precision(),),
     precision_drafters: frozenset[str] = frozenset(),
@@ -84,12 +85,14 @@ def plan(
     """The cells of every certification test argument.
 
     drafters: target ("main", and "small" when exact mode is on) -> drafter name -> drafter.
-    bundled_families: the drafters are losscheck's bundled families (`FAMILY_SAMPLING` applies).
+    bundled: the bundled set the drafters are (`losscheck.plan.bundled_sets`: its families get the
+        cells of `FAMILY_SAMPLING` and it keeps those of its selection), or None for a user's drafter.
     engine: the black-box engine certified (`ENGINE_CELL`, `ENGINE_GREEDY_CELL`; `engine_cells`), or None.
     precisions: the base cell's precision first, then one greedy and one sampled cell each for
         the main target's `precision_drafters` (those whose dtype losscheck sets).
     """
     base = precisions[0]
+    bundled_families = bundled is not None
     small = drafters.get("small", {})
     cells = {
         GREEDY_CELL: [c for name, d in drafters["main"].items() for c in greedy_cells(name, d)],
@@ -128,7 +131,10 @@ def plan(
         cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
     tiers = TierContext(base, base_ks, frozenset(FAMILY_SAMPLING) if bundled_families else frozenset())
-    return {arg: [replace(c, slow=in_slow_tier(c, tiers)) for c in found] for arg, found in cells.items()}
+    return {
+        arg: [replace(c, slow=in_slow_tier(c, tiers)) for c in found if bundled_sets.selected(bundled, c)]
+        for arg, found in cells.items()
+    }
 
 
 def serving_cells() -> list[Any]:

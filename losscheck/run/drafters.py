@@ -4,6 +4,7 @@ the oracle."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,27 +12,32 @@ from losscheck import bundled as fixtures
 from losscheck.core.contract import Drafter, Target
 from losscheck.drafters import autoregressive, parallel, speculators, speculators_config
 from losscheck.errors import OptionError
+from losscheck.plan import bundled_sets
 from losscheck.run.loading import is_model_dir, load_object
 
 BLOCK_FAMILIES = ("B", "C", "D", "E")  # parallel block drafters, losscheck.drafters.parallel
 # speculators-format checkpoints (losscheck.drafters.speculators): registry name -> fixture directory
 SPECULATORS = {"eagle3": "speculators_eagle3", "peagle": "speculators_peagle"}
+# bundled drafter of the main target -> (loader, fixture directory)
+LOADERS: dict[str, tuple[Callable[[Path, Target, str], Drafter], str]] = {
+    "A": (autoregressive.from_path, "drafter_a"),
+    **{family: (parallel.from_path, f"drafter_{family.lower()}") for family in BLOCK_FAMILIES},
+    **{name: (speculators.from_path, directory) for name, directory in SPECULATORS.items()},
+}
 
 
 def bundled(target_name: str, target: Target, precision: str = "fp32", which: str = "all") -> dict[str, Drafter]:
-    """The drafters trained against the bundled target `target_name`, in `precision`: the
-    reference drafter A alone (`which="reference"`), or every bundled family ("all")."""
+    """The drafters trained against the bundled target `target_name`, in `precision`: those of
+    bundled set `which` (`losscheck.plan.bundled_sets`: "reference" or "all"). The small target
+    has family A's only."""
     root = fixtures.fixtures_dir()
     if target_name == "small":
         return {"A": autoregressive.from_path(root / "small_drafter_a", target, precision)}
-    drafters: dict[str, Drafter] = {"A": autoregressive.from_path(root / "drafter_a", target, precision)}
-    if which == "reference":
-        return drafters
-    for family in BLOCK_FAMILIES:
-        drafters[family] = parallel.from_path(root / f"drafter_{family.lower()}", target, precision)
-    for name, directory in SPECULATORS.items():
-        drafters[name] = speculators.from_path(root / directory, target, precision)
-    return drafters
+    found: dict[str, Drafter] = {}
+    for name in bundled_sets.families(which):
+        load, directory = LOADERS[name]
+        found[name] = load(root / directory, target, precision)
+    return found
 
 
 def takes_precision(spec: str) -> bool:

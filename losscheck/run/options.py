@@ -39,7 +39,7 @@ class Options:
 
     target: str | None = None  # model directory; None = the bundled tiny target
     drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
-    bundled: str = DEFAULT_BUNDLED  # which bundled drafters, without --losscheck-drafter: "reference" or "all"
+    bundled: str = DEFAULT_BUNDLED  # which bundled set, without --losscheck-drafter (`losscheck.plan.bundled_sets`)
     engine: str | None = None  # pkg.mod:factory of a black-box engine (losscheck.engines)
     verifier: str | None = None  # pkg.mod:factory() -> Verifier deciding every white-box cell's blocks
     seed: int = DEFAULT_SEED
@@ -108,9 +108,9 @@ SPECS: dict[str, dict[str, Any]] = {
     "bundled": {
         "choices": BUNDLED,
         "default": DEFAULT_BUNDLED,
-        "help": "without --losscheck-drafter, certify the bundled reference drafter (family A) or all the "
-        "bundled drafters: the parallel families B-E and the speculators checkpoints too (default: %(default)s; "
-        "`losscheck certify`: reference)",
+        "help": "without --losscheck-drafter, certify the bundled reference set (the reference drafter, family A, "
+        "and the truncation widths of family E, the axis A lacks) or all the bundled drafters: the parallel "
+        "families B-E and the speculators checkpoints, whole (default: %(default)s; `losscheck certify`: reference)",
     },
     "engine": {
         "metavar": "MOD:FACTORY",

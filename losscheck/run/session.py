@@ -107,11 +107,13 @@ class Session:
 
         _ = self.prompt_sets  # a bad prompt file is one collection error, not one per test
         drafters = {name: self.drafters(name) for name in self.target_names}
+        bundled: str | None = None  # the drafters are a bundled set (`losscheck.plan.bundled_sets`)
         if self.options.drafter is None:
+            bundled = self.options.bundled
             precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
         else:
             precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
-        return matrix.plan(drafters, self.bundled_models, self.blackbox, self.options.precisions, precision_drafters)
+        return matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters)
 
     @cached_property
     def prompt_sets(self) -> dict[str, list[list[int]]]:

@@ -1,0 +1,55 @@
+"""The bundled drafter sets `--losscheck-bundled` names: which bundled drafters a run builds, and
+which cells of each one's matrix it certifies. Pure planning, no models.
+
+`losscheck.run.drafters` builds the families of a set; `losscheck.plan.matrix.plan` plans each
+family's cells as usual and keeps those its selection accepts. The self-draft oracle is in every
+set, with all its cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from losscheck.core.sampling import GREEDY, SamplingParams
+from losscheck.plan.cell import Cell
+from losscheck.plan.tiers import BASE_K
+
+Selection = Callable[[Cell], bool]  # the cells of a family's matrix a set certifies
+
+FAMILIES = ("A", "B", "C", "D", "E", "eagle3", "peagle")  # every bundled drafter, in plan order
+
+
+def every_cell(cell: Cell) -> bool:
+    return True
+
+
+def width_axis(cell: Cell) -> bool:
+    """The greedy and the T=1 cell at the base block length, at every planned truncation width
+    (full width included): the base cell and its one-change-of-width neighbours, nothing else."""
+    return (
+        cell.k == BASE_K
+        and cell.params in (GREEDY, SamplingParams(temperature=1.0))
+        and cell.stress is None
+        and not cell.serving
+    )
+
+
+# set -> family -> its selection. The main job (`losscheck certify`) certifies "reference": the
+# reference drafter A over its whole matrix, which has every axis but one; A has no transition
+# cache, so E, the bundled drafter that has one, adds the truncation-width axis. E's other cells
+# (block lengths, sampling variants, stress) run the same engine and verifier paths as A's.
+SETS: Mapping[str, Mapping[str, Selection]] = {
+    "reference": {"A": every_cell, "E": width_axis},
+    "all": dict.fromkeys(FAMILIES, every_cell),
+}
+
+
+def families(which: str) -> tuple[str, ...]:
+    """The bundled drafters set `which` builds, in plan order."""
+    return tuple(SETS[which])
+
+
+def selected(which: str | None, cell: Cell) -> bool:
+    """Whether set `which` certifies `cell`: always for a drafter outside the set (the oracle) and
+    when `which` is None (a user's drafter, not a bundled set)."""
+    return which is None or SETS[which].get(cell.drafter, every_cell)(cell)
