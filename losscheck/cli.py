@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_
 
 REFERENCE_VERIFIER = "losscheck.verifiers:reference"
 TIER_DETECT_TV = 0.01  # the verifier tier's default: its draws are cheap
+BENCH_OUT, CELLS_OUT = Path("reports/bench"), Path("reports/bench-cells")  # `losscheck bench`'s outputs
 # The options `losscheck mutants` and `losscheck families` take.
 EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact")
 # The options `losscheck perf` passes on to `pytest -m perf`.
@@ -80,8 +82,25 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="pytest-xdist workers (0 = in process; default: one per core on the CPU, 0 on a GPU)",
     )
-    bench = sub.add_parser("bench", help="time the loop against plain decoding and HF assisted generation")
-    bench.add_argument("--out", default="reports/bench", help="output directory (default: %(default)s)")
+    bench = sub.add_parser(
+        "bench", help="time the loop against plain decoding and HF assisted generation; --cells: what each cell costs"
+    )
+    bench.add_argument(
+        "--out", help=f"output directory (default: {BENCH_OUT}; with --cells: {CELLS_OUT})", type=Path, default=None
+    )
+    bench.add_argument(
+        "--cells",
+        action="store_true",
+        help="instead: what each cell of a certificate costs (seconds, target passes and tokens, tokens tested, "
+        "the share of each PIT phase) and the totals, in OUT/cost.json and cost.md; runs the main job "
+        "(`losscheck certify`, its certificate under OUT/certificate/) unless --from names a certificate",
+    )
+    bench.add_argument(
+        "--from",
+        dest="from_run",
+        metavar="RUN",
+        help="with --cells: a written certificate (run directory or certificate.json) instead of running the main job",
+    )
     bench.add_argument(
         "--pit-memory",
         metavar="VOCAB",
@@ -165,34 +184,63 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class VerdictProbe:
-    """Reads the certificate's verdict off the pytest run `losscheck certify` starts."""
+    """Reads the certificate's verdict and run directory off the pytest run `losscheck certify` starts."""
 
     verdict: str | None = None
+    run_dir: str | None = None
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        from losscheck.plugin.hooks import VERDICT_KEY
+        from losscheck.plugin.hooks import RUN_DIR_KEY, VERDICT_KEY
 
         self.verdict = config.stash.get(VERDICT_KEY, None)
+        self.run_dir = config.stash.get(RUN_DIR_KEY, None)
+
+
+def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
+    """`losscheck certify`: its exit status (0 only on a PASS) and what the run wrote."""
+    # Checked here too, so that messages name this command's options (--target, not
+    # --losscheck-target); the plugin's own check then passes.
+    options = from_parsed(lambda d: getattr(ns, d))
+    check_options(options, prefix="--")
+    if options.verifier is not None:
+        from losscheck.run.factory import load_verifier
+
+        load_verifier(options.verifier, "--verifier")
+    if ns.workers is None:
+        ns.workers = default_workers(getattr(ns, dest("device")))
+    probe = VerdictProbe()
+    status = int(pytest.main(certify_args(ns), plugins=[probe]))
+    if status == 0 and probe.verdict != "PASS":  # a certificate is PASS or it is not
+        print(f"losscheck certify: verdict {probe.verdict}; only PASS exits 0", file=sys.stderr)
+        return 1, probe
+    return status, probe
+
+
+def bench_cells(ns: argparse.Namespace) -> int:
+    """`losscheck bench --cells`: the cost table of a certificate (`losscheck.report.cell_cost`),
+    the main job's, run here through `losscheck certify` with its defaults, unless --from names
+    one. Exit status: the main job's (0 when it was read, not run)."""
+    from losscheck.report import cell_cost
+
+    out, run, status, wall = ns.out or CELLS_OUT, ns.from_run, 0, None
+    if run is None:
+        started = time.perf_counter()
+        status, probe = certify(parser().parse_args(["certify", "--out", str(out / "certificate")]))
+        wall = time.perf_counter() - started
+        if probe.run_dir is None:
+            raise LosscheckError(f"the main job wrote no certificate (exit status {status}); its output says why")
+        run = probe.run_dir
+    cert, path = cell_cost.read(run)
+    cost = cell_cost.report(cert, path, wall)
+    written = cell_cost.write(cost, out)
+    print(cell_cost.headline(cost))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return status
 
 
 def run_command(ns: argparse.Namespace) -> int:
     if ns.command == "certify":
-        # Checked here too, so that messages name this command's options (--target, not
-        # --losscheck-target); the plugin's own check then passes.
-        options = from_parsed(lambda d: getattr(ns, d))
-        check_options(options, prefix="--")
-        if options.verifier is not None:
-            from losscheck.run.factory import load_verifier
-
-            load_verifier(options.verifier, "--verifier")
-        if ns.workers is None:
-            ns.workers = default_workers(getattr(ns, dest("device")))
-        probe = VerdictProbe()
-        status = int(pytest.main(certify_args(ns), plugins=[probe]))
-        if status == 0 and probe.verdict != "PASS":  # a certificate is PASS or it is not
-            print(f"losscheck certify: verdict {probe.verdict}; only PASS exits 0", file=sys.stderr)
-            return 1
-        return status
+        return certify(ns)[0]
     if ns.command == "perf":
         check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
         return int(pytest.main(perf_args(ns)))
@@ -229,6 +277,10 @@ def run_command(ns: argparse.Namespace) -> int:
         compare_families(Path(ns.out), getattr(ns, dest("seed")), tuple(ns.ks), ns.max_new, ns.repeats)
         print(f"wrote {ns.out}/table.md, table.json, slot_acceptance.png")
         return 0
+    if ns.from_run is not None and not ns.cells:
+        raise LosscheckError("--from names the certificate of --cells; add --cells")
+    if ns.cells:
+        return bench_cells(ns)
     from losscheck.perf import bench
 
     if ns.near_ties:
@@ -237,7 +289,7 @@ def run_command(ns: argparse.Namespace) -> int:
     elif ns.pit_memory:
         print(json.dumps(bench.pit_peak_memory(ns.pit_memory, getattr(ns, dest("memory-budget")))))
     else:
-        bench.run_benchmarks(Path(ns.out))
+        bench.run_benchmarks(ns.out or BENCH_OUT)
     return 0
 
 

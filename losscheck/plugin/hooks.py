@@ -19,6 +19,7 @@ from losscheck.run.session import Session
 
 SESSION_KEY = pytest.StashKey[Session]()
 VERDICT_KEY = pytest.StashKey[str]()  # the certificate's verdict, once the terminal summary wrote it
+RUN_DIR_KEY = pytest.StashKey[str]()  # the run directory the certificate went to (with --losscheck-out)
 PLAN_ERROR_KEY = pytest.StashKey[str]()
 RECORD_PROPERTY = "losscheck"
 MANIFEST_PROPERTY = "losscheck-manifest"
@@ -217,6 +218,7 @@ class RecordCollector:
         )
         if options.out is not None:
             path = certificate.write_run(options.out, cert)
+            self.config.stash[RUN_DIR_KEY] = str(path)
             terminalreporter.write_line(f"certificate written to {path}")
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if step_summary:  # GitHub Actions shows this file on the job's page
