@@ -127,28 +127,34 @@ def test_conformance_tests_reject_at_the_nominal_rate():
 
 CELL_RUNS = 200
 CELL_LEVELS = (0.05, 0.01)
-CELL_TOKENS = 1_000  # tested tokens per run (the gate's cells test ~10k): many runs, not power
+# The tested sample's floor and cap (the gate's cells test 2,000 .. 20,000 tokens): many runs, not
+# power, and looks at 250, 500, 1,000 and the design, so that runs stop at every look.
+CELL_FLOOR, CELL_CAP = 250, 2_000
 
 
 @pytest.mark.slow
 def test_whole_pit_cells_of_the_real_loop_reject_at_the_nominal_rate():
     """Whole PIT cells of losscheck's own loop under H0 (drafter A, k=4, T=1, on the bundled
-    target: slots, EOS and rounds as the engine makes them, the pilot, the design, every test of
-    the cell and the conformance tests), many seeds, each run's sample fixed at CELL_TOKENS so
-    that one set of runs serves both levels. A cell rejects at level a when any test's p-value is
-    below its share a / tests (or an impossible event is seen); under H0 the count of rejections
-    is stochastically below Binomial(runs, a), and we fail only above its 0.999 quantile."""
+    target: slots, EOS and rounds as the engine makes them, the pilot, the design, the sequential
+    looks and their stopping rule, every test of the cell and the conformance tests), many seeds.
+    The whole level goes to the cell, and one set of runs serves both levels: a run rejects at
+    level a when any test's p-value is below its own alpha scaled by a / the cell's budget (or an
+    impossible event is seen) — at the budget, exactly what the cell does. Under H0 the count of
+    rejections is stochastically below Binomial(runs, a); we fail only above its 0.999 quantile.
+    It also prints the tested tokens against what the fixed-sample design would have tested."""
     from losscheck.cells.sampled import run_pit
     from losscheck.errors import UnderpoweredError
 
     profile = dataclasses.replace(
-        get_profile("ci"), pilot_sequences=32, min_pit_tokens=CELL_TOKENS, max_pit_tokens=CELL_TOKENS
+        get_profile("ci"), pilot_sequences=32, min_pit_tokens=CELL_FLOOR, max_pit_tokens=CELL_CAP
     )
     cell = Cell("A", 4, SamplingParams(temperature=1.0))
     first = Session(Options(alpha=max(CELL_LEVELS), profile=profile, bundled="reference"))
     first.n_statistical = 1  # the whole level goes to this one cell
+    budget = first.per_test_alpha
     rejections = dict.fromkeys(CELL_LEVELS, 0)
-    underpowered, runs, tokens = 0, 0, 0
+    underpowered, runs, tokens, fixed = 0, 0, 0, 0
+    stops: dict[int, int] = {}
     for seed in range(CELL_RUNS):
         try:
             outcome = run_pit(first.derive(seed=seed), cell)
@@ -158,14 +164,18 @@ def test_whole_pit_cells_of_the_real_loop_reject_at_the_nominal_rate():
         runs += 1
         results = outcome.verdict.results
         tokens += next(r.n for r in results if r.name == "pit.support")
-        share = {level: level / sum(r.alpha > 0 for r in results) for level in CELL_LEVELS}
+        fixed += outcome.details["fixed_design_tokens"]
+        stop = outcome.details["looks"]["stopped_at"]
+        stops[stop] = stops.get(stop, 0) + 1
         for level in CELL_LEVELS:
             impossible = any(r.alpha == 0 and not r.passed for r in results)
-            rejections[level] += impossible or any(r.alpha > 0 and r.p_value < share[level] for r in results)
+            scaled = any(r.alpha > 0 and r.p_value < r.alpha * level / budget for r in results)
+            rejections[level] += impossible or scaled
     bounds = {level: int(stats.binom.ppf(0.999, runs, level)) for level in CELL_LEVELS}
     print(
         f"\ncalibration of whole PIT cells: {runs} runs of ~{tokens / max(runs, 1):.0f} tested tokens "
-        f"({underpowered} errored as underpowered); rejections {rejections} against binomial 0.999 bounds {bounds}"
+        f"(the fixed-sample design: ~{fixed / max(runs, 1):.0f}; stopped at looks {dict(sorted(stops.items()))}; "
+        f"{underpowered} errored as underpowered); rejections {rejections} against binomial 0.999 bounds {bounds}"
     )
     for level in CELL_LEVELS:
         assert rejections[level] <= bounds[level], (

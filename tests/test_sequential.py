@@ -137,6 +137,25 @@ def test_the_accumulator_keeps_the_log_evalue_of_the_emitted_tokens():
             assert seen.q_prev_known is not None
             ratio = torch.where(seen.q_prev_known, ratio, 0.0)
         assert log_e == pytest.approx(float(ratio.sum()), rel=1e-9, abs=1e-9), name
+    misreport = BY_NAME["drafter_misreports_one_id"]
+    for v in (0, 3, MISREPORTED):  # the per-id sums at every id, against the explicit law there
+        at_v = chunk_steps(p, q, steps.slots, bugtable.K, every, "seen", misreported=v)
+        ratio = at_v.p.gather(-1, tokens).log() - misreport.law(at_v).gather(-1, tokens).clamp_min(1e-300).log()
+        assert float(acc.rule_out_ids[v]) == pytest.approx(float(ratio.sum()), rel=1e-9, abs=1e-9), v
+    assert acc.rule_out_log_e([0, 3])["drafter_misreports_one_id"] == pytest.approx(
+        float(acc.rule_out_ids[[0, 3, MISREPORTED]].min())
+    )
+
+
+def test_the_ids_a_design_covers_are_those_its_count_test_reaches():
+    """covered_ids: the count test's tokens at every id it lists are within the design's, and at
+    the next most detectable id beyond them; more tokens cover more ids."""
+    chain, steps = _run()
+    acc = bugtable.accumulate(chain, steps)
+    alpha, power = 1e-4, 0.995
+    few, many = acc.covered_ids(5_000, alpha, power), acc.covered_ids(20_000, alpha, power)
+    assert set(few) < set(many) and len(few) >= 1
+    assert acc.covered_ids(1, alpha, power) == []
 
 
 def test_the_previous_round_is_known_only_where_it_reached_the_slot():

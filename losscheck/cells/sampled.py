@@ -77,6 +77,8 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         design.covered,
         profile.power,
     )
+    # the ids a misreporting drafter may over-draw that the design's tokens catch: each must be ruled out
+    ids = measured.covered_ids(design.tokens, alpha_test, sequential.design_power(profile.power))
     per_sequence = max(int(pilot.mask().sum()) / len(pilot_rows), 1e-9)
     engine = server.engine
     recorder = None
@@ -98,7 +100,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
             scores.add(rows, gen, part=f"look{look}")
         drawn += more
         gens.append(gen)
-        if look < len(looks.tokens) and looks.may_stop(power.rule_out_log_e()):
+        if look < len(looks.tokens) and looks.may_stop(power.rule_out_log_e(ids)):
             stopped = look
             break
     with clock("score"):
@@ -107,7 +109,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         if recorder is not None:
             results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power, limit)
     early = stopped < len(looks.tokens)
-    coverage = bug_class_coverage(design, power, alpha_test, profile.power, looks, early)
+    coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, early, ids)
     require_coverage(cell, coverage, profile.power)
     gen = Generation.concat(gens)
     outcome = sampled_outcome(
@@ -162,46 +164,55 @@ def _class_design(
 
 def bug_class_coverage(
     design: sample_size.ClassDesign,
+    pilot: PowerAccumulator,
     power: PowerAccumulator,
     alpha_test: float,
     level: float,
     looks: sequential.Looks,
     early: bool,
+    ids: list[int],
 ) -> dict[str, dict[str, Any]]:
-    """Per bug class, from the tested sample's own p and q: its best test, the tokens that test
-    needs, its log10 rule-out e-value, whether the cell's design covered the class (the pilot's
-    estimate; the rest are reported, not asserted), and the cell's power against it.
+    """Per bug class: its best test and the tokens that test needs (from the tested sample's own
+    p and q), its log10 rule-out e-value, whether the cell's design covered the class (the
+    pilot's estimate; the rest are reported, not asserted), and the cell's power against it.
 
     A covered class is caught with probability at least the power the tests have at the last
-    look minus the chance β_r that it is ruled out first (`losscheck.stats.sequential`); the
-    tests' power is taken at the tokens tested, or, when the cell stopped early, at the design's
-    tokens, projected from the tested sample's p and q. An uncovered class: the tests' power at
-    the tokens tested."""
+    look minus the chance β_r that it is ruled out first (`losscheck.stats.sequential`). The
+    tests' power is taken from the tested sample at the tokens it tested when the cell ran to its
+    last look; when it stopped early, from the pilot at the design's tokens — an early stop
+    selects samples that look unlike the bugs, which biases what they say of the tests' power,
+    while the pilot was drawn before any look. An uncovered class: the tests' power at the tokens
+    tested. `ids`: the ids of the per-id class the design covers besides its aimed one (their
+    count), each of which an early stop ruled out."""
     from losscheck.stats.bugclass import LR_BOUND
 
     design_level = sequential.design_power(level)
     needed = power.tokens_needed(alpha_test, design_level, looks.limit)
     tested = max(power.steps, 1)
-    at_design = power.power_at(max(design.tokens, tested) if early else tested, alpha_test, level, looks.limit)
+    at_design = (pilot if early else power).power_at(design.tokens if early else tested, alpha_test, level, looks.limit)
     at_tested = power.power_at(tested, alpha_test, level, looks.limit)
-    rule_out = power.rule_out_log_e()
+    rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
     beta_rule_out = (1.0 - level) * sequential.RULE_OUT_SHARE
-    coverage = {}
+    per_id = {bug.name for bug in power.classes if bug.per_id}
+    coverage: dict[str, dict[str, Any]] = {}
     for name, tests in needed.items():
         test, tokens = min(((t, n) for t, n in tests.items() if t != LR_BOUND), key=lambda tn: tn[1])
         covered = name in design.covered
+        at_last = at_design[name][design.best[name][0] if early else test]  # the pilot's best test, if early
         log_e = rule_out.get(name)
         coverage[name] = {
             "test": test,
             "tokens_needed": tokens,
             "lr_bound_tokens": tests.get(LR_BOUND, math.inf),
-            "power": max(0.0, at_design[name][test] - beta_rule_out) if covered else at_tested[name][test],
+            "power": max(0.0, at_last - beta_rule_out) if covered else at_tested[name][test],
             "covered": covered,
             "pilot_tokens_needed": design.best[name][1],
             "rule_out_log10_e": None if log_e is None else log_e / math.log(10),
             "ruled_out": ruled.get(name, False),
         }
+        if name in per_id:
+            coverage[name]["covered_ids"] = len(ids)
     return coverage
 
 

@@ -15,18 +15,25 @@ CONFORMANCE = "conformance"  # the scope of the conformance tests (`losscheck.ce
 
 
 def tested(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cells, sequences and generated tokens the sampled cells tested (the pilots not counted)."""
+    """Cells, sequences and generated tokens the sampled cells tested (the pilots not counted),
+    and how the sequential PIT cells stopped: their tested tokens against what the fixed-sample
+    design would have tested (`losscheck.stats.sequential`)."""
     sampled = [r for r in records if r.get("verdict")]
     tokens = 0
     for r in sampled:
         support = [t for t in r["verdict"]["results"] if t["name"].endswith(".support")]
         tokens += max((t["n"] for t in support), default=0)
+    sequential = [r for r in sampled if r.get("looks")]
     return {
         "cells": len(records),
         "sampled_cells": len(sampled),
         "sequences": sum(int(r.get("sequences") or 0) for r in sampled),
         "tokens": tokens,
         "pilot_tokens": sum(int(r.get("pilot_tokens") or 0) for r in sampled),
+        "sequential_cells": len(sequential),
+        "stopped_early": sum(bool(r["looks"]["early"]) for r in sequential),
+        "sequential_tokens": sum(int(r["looks"]["tested_tokens"]) for r in sequential),
+        "fixed_design_tokens": sum(int(r.get("fixed_design_tokens") or 0) for r in sequential),
     }
 
 
@@ -79,6 +86,13 @@ def lines(cert: dict[str, Any]) -> list[str]:
             f"- tested: {t['cells']} cells; the sampled ones drew {t['sequences']:,} sequences, "
             f"{t['tokens']:,} generated tokens tested (plus {t['pilot_tokens']:,} pilot tokens that size the "
             "samples and are never tested)"
+        )
+    if t.get("sequential_cells"):
+        share = t["sequential_tokens"] / max(t["fixed_design_tokens"], 1)
+        out.append(
+            f"- sequential PIT cells: {t['stopped_early']} of {t['sequential_cells']} stopped early, every bug class "
+            f"their designs cover ruled out; they tested {t['sequential_tokens']:,} tokens where fixed-sample designs "
+            f"of the same α and power would test {t['fixed_design_tokens']:,} ({share:.0%})"
         )
     conf = cert.get("conformance") or {}
     if conf:

@@ -206,6 +206,7 @@ class PowerAccumulator:
     # [C] Σ_t log(p_t(x_t) / p'_t(x_t)) per class at the emitted tokens: the log of the e-value that
     # rules the class out (`losscheck.stats.sequential`); kept for the classes `targeted` scores
     rule_out: torch.Tensor = field(default_factory=lambda: _zeros(0))
+    rule_out_ids: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V] the per-id class at every id
     has_slots: bool = True
     sums: dict[str, _Sums] = field(default_factory=dict)
 
@@ -263,6 +264,7 @@ class PowerAccumulator:
             self.count_h0_var = _zeros(vocab)
             self.class_h0_var = _zeros(len(self.classes))
             self.rule_out = _zeros(len(self.classes))
+            self.rule_out_ids = _zeros(vocab)
             self.sums = {
                 bug.name: _Sums.empty(vocab, self.n_bins, k + 1, bug.per_id, len(self.classes)) for bug in self.classes
             }
@@ -305,6 +307,8 @@ class PowerAccumulator:
         (those `targeted` scores, `scored`'s approximation of the previous round's q)."""
         at = emitted[:, None]  # [m, 1]
         log_p = step.p.gather(-1, at).squeeze(-1).clamp_min(1e-300).log()  # [m]
+        if any(bug.per_id for bug in self.classes):
+            self.rule_out_ids += _per_id_rule_out(step, emitted).cpu()
         for c, bug in enumerate(self.classes):
             if bug.name not in laws:
                 continue
@@ -383,6 +387,7 @@ class PowerAccumulator:
             out.surprisal_h0_var += part.surprisal_h0_var
             out.class_h0_var += part.class_h0_var
             out.rule_out += part.rule_out
+            out.rule_out_ids += part.rule_out_ids
             for name, sums in part.sums.items():
                 out.sums[name].add(sums)
         return out
@@ -438,15 +443,49 @@ class PowerAccumulator:
             for bug in self.classes
         }
 
-    def rule_out_log_e(self) -> dict[str, float | None]:
+    def rule_out_log_e(self, ids: list[int] | None = None) -> dict[str, float | None]:
         """Per class, log of the e-value Π_t p_t(x_t) / p'_t(x_t) of the tested steps, which rules
         the class out (`losscheck.stats.sequential`); None where the cell cannot evaluate the
-        class's law (slots not recorded, or the per-id class without its id fixed in advance)."""
+        class's law (slots not recorded, or the per-id class without its id fixed in advance).
+        `ids`: the per-id class is then the smallest over these ids and the fixed one — ruled out
+        only when misreporting any of them is."""
         scored = targeted(self.classes, self.has_slots, self.misreported)
-        return {
-            bug.name: (float(self.rule_out[c]) if bug in scored and self.steps else None)
-            for c, bug in enumerate(self.classes)
-        }
+        out: dict[str, float | None] = {}
+        for c, bug in enumerate(self.classes):
+            if not self.steps:
+                out[bug.name] = None
+            elif bug.per_id and ids:
+                fixed = [] if self.misreported is None else [self.misreported]
+                out[bug.name] = float(self.rule_out_ids[sorted({*ids, *fixed})].min())
+            else:
+                out[bug.name] = float(self.rule_out[c]) if bug in scored else None
+        return out
+
+    def covered_ids(self, tokens: float, alpha_test: float, power: float) -> list[int]:
+        """The ids whose misreporting (`drafter_misreports_one_id` at that id) the count test,
+        judged at `alpha_test` / V, catches at `power` within `tokens` tested tokens — the
+        ids a design of `tokens` covers, besides the one the class score is aimed at. The
+        test's tokens fall as d² / max(σ², τ²) grows, so the boundary is searched in that order."""
+        per_id = [bug for bug in self.classes if bug.per_id]
+        if not per_id or not self.steps:
+            return []
+        sums = self.sums[per_id[0].name]
+        h0_var = self.count_h0_var
+        h1_var = h0_var + sums.count_var
+        order = _count_candidates_all(sums, h1_var)
+        n = float(self.steps)
+
+        def needs(v: int) -> float:
+            effect = _EvalueEffect(
+                [float(sums.count_drift[v]) / n], [float(h0_var[v]) / n], [float(h1_var[v]) / n], len(h0_var)
+            )
+            return effect.tokens_needed(alpha_test, power)
+
+        low, high = 0, len(order)  # order[:low] reach the power within tokens; order[high:] do not
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if needs(order[mid]) <= tokens else (low, mid)
+        return sorted(order[:low])
 
     def _view(self, bug: BugClass) -> _Sums:
         """The class's sums; for the per-id class, at `misreported_id` (counts at that id)."""
@@ -539,6 +578,34 @@ def _w2(masses: torch.Tensor, n_bins: int) -> float:
     if total <= 0:
         return 0.0
     return float(n_bins * ((masses / total - 1 / n_bins) ** 2).sum())
+
+
+def _count_candidates_all(sums: _Sums, h1_var: torch.Tensor) -> list[int]:
+    """Every id, most detectable by its count first (d² / max(σ², τ²))."""
+    score = sums.count_drift**2 / h1_var.clamp_min(1e-300)
+    return score.argsort(descending=True).tolist()
+
+
+def _per_id_rule_out(step: Step, emitted: torch.Tensor) -> torch.Tensor:
+    """[V] Σ_t log(p_t(x_t) / p'_{v,t}(x_t)) of drafter_misreports_one_id at every candidate id v,
+    over a block of steps with emitted tokens `emitted` [m]. With the terms of `_per_id_sums`,
+    p'_v(x) = p(x) - α_v·b(x) - Δ_v·r(x) + γ_v·[x = v]: O(V) per step. Steps without a draft add 0."""
+    drafted = step.drafted.squeeze(-1)
+    vocab = step.p.shape[-1]
+    if not bool(drafted.any()):
+        return torch.zeros(vocab, dtype=torch.float64, device=step.p.device)
+    p, q, x = step.p[drafted], step.q[drafted], emitted[drafted][:, None]  # [m, V], [m, V], [m, 1]
+    f = MISREPORT_FACTOR
+    b = torch.minimum(p, q)
+    accepted = b.sum(-1, keepdim=True)
+    rest = 1 - accepted
+    r = torch.where(rest > 1e-12, (p - q).clamp_min(0.0) / rest.clamp_min(1e-300), 0.0)
+    norm = 1 + (f - 1) * q  # [m, V] indexed by the candidate v
+    alpha, gamma, delta = (f - 1) * q / norm, (f - 1) * b / norm, (f - 1) * (b - q * accepted) / norm
+    p_x, b_x, r_x = p.gather(-1, x), b.gather(-1, x), r.gather(-1, x)  # [m, 1]
+    at_x = torch.zeros_like(p).scatter(-1, x, 1.0)  # [m, V]: 1 at v = x
+    law = p_x - alpha * b_x - delta * r_x + gamma * at_x  # [m, V] p'_v(x)
+    return (p_x.clamp_min(1e-300).log() - law.clamp_min(1e-300).log()).sum(0)
 
 
 def _count_candidates(sums: _Sums, h0_var: torch.Tensor) -> list[int]:

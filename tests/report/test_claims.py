@@ -1,0 +1,48 @@
+"""What a certificate claims from its cells' records (`losscheck.report.claims`)."""
+
+from __future__ import annotations
+
+from losscheck.report import claims
+
+
+def _pit(cell: str, tested: int, fixed: int, early: bool, power: float, ruled_out: bool) -> dict:
+    return {
+        "cell": cell,
+        "sequences": tested // 16,
+        "pilot_tokens": 2000,
+        "fixed_design_tokens": fixed,
+        "looks": {
+            "tokens": [2000, 4000, 8000],
+            "allowed": 5,
+            "stopped_at": 1 if early else 3,
+            "tested_tokens": tested,
+            "early": early,
+        },
+        "verdict": {"results": [{"name": "pit.support", "n": tested, "scope": "pooled", "passed": True}]},
+        "bug_classes": {
+            "stale_q": {"test": "pit.bug_classes", "tokens_needed": 1000.0, "power": power, "ruled_out": ruled_out}
+        },
+    }
+
+
+def test_the_sequential_cells_report_their_tokens_against_the_fixed_design():
+    records = [_pit("A-k4-T1", 2032, 10800, True, 0.995, True), _pit("A-k8-T1", 8100, 9000, False, 0.997, False)]
+    t = claims.tested(records)
+    assert (t["sequential_cells"], t["stopped_early"]) == (2, 1)
+    assert (t["sequential_tokens"], t["fixed_design_tokens"]) == (10132, 19800)
+    assert t["tokens"] == 10132 and t["pilot_tokens"] == 4000
+    text = "\n".join(claims.lines({"tested": t, "profile": {"power": 0.99}, "cells": records}))
+    assert "1 of 2 stopped early" in text and "10,132 tokens" in text and "19,800 (51%)" in text
+
+
+def test_a_class_counts_as_caught_only_at_the_stated_power():
+    records = [_pit("A-k4-T1", 2032, 10800, True, 0.995, True), _pit("A-k8-T1", 8100, 9000, False, 0.98, False)]
+    coverage = claims.coverage(records, 0.99)["stale_q"]
+    assert coverage["caught_by"] == ["A-k4-T1"]
+    assert coverage["best"]["cell"] == "A-k4-T1"
+
+
+def test_a_run_without_sequential_cells_says_nothing_of_them():
+    t = claims.tested([{"cell": "x", "verdict": {"results": []}}])
+    assert t["sequential_cells"] == 0
+    assert not any("sequential" in line for line in claims.lines({"tested": t}))
