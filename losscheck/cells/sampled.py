@@ -71,14 +71,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         _class_design(measured, profile, alpha_scored, alpha_test, looks)
         for looks in (limit, 1)  # the sequential design, and the fixed-sample one it replaces
     )
-    looks = sequential.Looks(
-        sequential.look_tokens(design.floor, design.tokens, limit),
-        limit,
-        design.covered,
-        profile.power,
-    )
-    # the ids a misreporting drafter may over-draw that the design's tokens catch: each must be ruled out
-    ids = measured.covered_ids(design.tokens, alpha_test, sequential.design_power(profile.power))
+    looks, ids = _looks(measured, design, alpha_test, profile.power, limit)
     per_sequence = max(int(pilot.mask().sum()) / len(pilot_rows), 1e-9)
     engine = server.engine
     recorder = None
@@ -138,6 +131,35 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     return outcome
 
 
+def _looks(
+    pilot: PowerAccumulator, design: sample_size.ClassDesign, alpha_test: float, power: float, limit: int
+) -> tuple[sequential.Looks, list[int]]:
+    """The looks of a cell's tested sample, and the ids of the misreporting drafter's class its
+    early stops must rule out: what the design covers at `sequential.design_power`, and what it
+    reaches at `sequential.PARTIAL_POWER` (the pilot's estimates, fixed before any look)."""
+    level = sequential.design_power(power)
+    at_design = pilot.power_at(design.tokens, alpha_test, power, limit)
+    partial = [
+        name
+        for name, (test, _) in design.best.items()
+        if name not in design.covered and at_design[name][test] >= sequential.PARTIAL_POWER
+    ]
+    per_id = [bug.name for bug in pilot.classes if bug.per_id]
+    covered_ids = pilot.covered_ids(design.tokens, alpha_test, level)
+    partial_ids = [
+        v for v in pilot.covered_ids(design.tokens, alpha_test, sequential.PARTIAL_POWER) if v not in covered_ids
+    ]
+    keys = {v: [sequential.id_key(name, v) for name in per_id] for v in covered_ids + partial_ids}
+    looks = sequential.Looks(
+        sequential.look_tokens(design.floor, design.tokens, limit),
+        limit,
+        (*design.covered, *(k for v in covered_ids for k in keys[v])),
+        (*partial, *(k for v in partial_ids for k in keys[v])),
+        power,
+    )
+    return looks, covered_ids + partial_ids
+
+
 def _class_design(
     measured: PowerAccumulator, profile: Profile, alpha_scored: float, alpha_test: float, looks: int
 ) -> sample_size.ClassDesign:
@@ -174,45 +196,54 @@ def bug_class_coverage(
 ) -> dict[str, dict[str, Any]]:
     """Per bug class: its best test and the tokens that test needs (from the tested sample's own
     p and q), its log10 rule-out e-value, whether the cell's design covered the class (the
-    pilot's estimate; the rest are reported, not asserted), and the cell's power against it.
+    pilot's estimate; the rest are reported, not asserted) or reached it partly, whether the data
+    ruled it out, and the cell's power against it.
 
-    A covered class is caught with probability at least the power the tests have at the last
-    look minus the chance β_r that it is ruled out first (`losscheck.stats.sequential`). The
-    tests' power is taken from the tested sample at the tokens it tested when the cell ran to its
-    last look; when it stopped early, from the pilot at the design's tokens — an early stop
-    selects samples that look unlike the bugs, which biases what they say of the tests' power,
-    while the pilot was drawn before any look. An uncovered class: the tests' power at the tokens
-    tested. `ids`: the ids of the per-id class the design covers besides its aimed one (their
-    count), each of which an early stop ruled out."""
+    Against a class it must rule out the cell keeps the power its tests have at the last look
+    less the chance it is ruled out first, β_r if covered, β_p if partly reached
+    (`losscheck.stats.sequential`). The tests' power is taken from the tested sample at the tokens
+    it tested when the cell ran to its last look; when it stopped early, from the pilot at the
+    design's tokens — an early stop selects samples that look unlike the bugs, which biases what
+    they say of the tests' power, while the pilot was drawn before any look. Any other class: the
+    tests' power at the tokens tested. `ids`: the misreporting drafter's ids the early stops had
+    to rule out (reported by count, with whether all were)."""
     from losscheck.stats.bugclass import LR_BOUND
 
-    design_level = sequential.design_power(level)
-    needed = power.tokens_needed(alpha_test, design_level, looks.limit)
+    needed = power.tokens_needed(alpha_test, sequential.design_power(level), looks.limit)
     tested = max(power.steps, 1)
-    at_design = (pilot if early else power).power_at(design.tokens if early else tested, alpha_test, level, looks.limit)
+    at_last = (pilot if early else power).power_at(design.tokens if early else tested, alpha_test, level, looks.limit)
     at_tested = power.power_at(tested, alpha_test, level, looks.limit)
     rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
-    beta_rule_out = (1.0 - level) * sequential.RULE_OUT_SHARE
-    per_id = {bug.name for bug in power.classes if bug.per_id}
+    beta = {"covered": (1.0 - level) * sequential.RULE_OUT_SHARE, "partial": sequential.PARTIAL_BETA}
     coverage: dict[str, dict[str, Any]] = {}
-    for name, tests in needed.items():
+    for bug in power.classes:
+        name, tests = bug.name, needed[bug.name]
         test, tokens = min(((t, n) for t, n in tests.items() if t != LR_BOUND), key=lambda tn: tn[1])
-        covered = name in design.covered
-        at_last = at_design[name][design.best[name][0] if early else test]  # the pilot's best test, if early
+        reach = "covered" if name in looks.covered else "partial" if name in looks.partial else "none"
+        keys = [k for k in ruled if k == name or k.startswith(f"{name}[")]
+        if reach == "none":
+            cell_power = at_tested[name][test]
+        else:
+            last = at_last[name][design.best[name][0] if early else test]  # the pilot's best test, if early
+            cell_power = max(0.0, last - beta[reach])
         log_e = rule_out.get(name)
         coverage[name] = {
             "test": test,
             "tokens_needed": tokens,
             "lr_bound_tokens": tests.get(LR_BOUND, math.inf),
-            "power": max(0.0, at_last - beta_rule_out) if covered else at_tested[name][test],
-            "covered": covered,
+            "power": cell_power,
+            "covered": reach == "covered",
+            "reach": reach,
             "pilot_tokens_needed": design.best[name][1],
             "rule_out_log10_e": None if log_e is None else log_e / math.log(10),
-            "ruled_out": ruled.get(name, False),
+            "ruled_out": bool(keys) and all(ruled[k] for k in keys),
         }
-        if name in per_id:
-            coverage[name]["covered_ids"] = len(ids)
+        if bug.per_id:
+            coverage[name]["ids"] = {
+                "covered": sum(sequential.id_key(name, v) in looks.covered for v in ids),
+                "partial": sum(sequential.id_key(name, v) in looks.partial for v in ids),
+            }
     return coverage
 
 

@@ -44,6 +44,7 @@ time and keeps O(V · bins) numbers, never [N, L, V].
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +56,7 @@ from losscheck.stats._checks import check_open_unit, check_positive, normalized_
 from losscheck.stats.buglaws import CATALOGUE, MISREPORT_FACTOR, BugClass, Step, chunk_steps, targeted
 from losscheck.stats.conditional import evalue_threshold, reported_q, surprisal_scores, targeted_scores
 from losscheck.stats.power import chisquare_required_n
+from losscheck.stats.sequential import id_key
 
 BINS = 10  # the PIT tests' equal bins of [0, 1]
 COUNT_CANDIDATES = 8  # ids whose count test is solved exactly, of those with the largest d²/τ²
@@ -443,22 +445,17 @@ class PowerAccumulator:
             for bug in self.classes
         }
 
-    def rule_out_log_e(self, ids: list[int] | None = None) -> dict[str, float | None]:
+    def rule_out_log_e(self, ids: Sequence[int] = ()) -> dict[str, float | None]:
         """Per class, log of the e-value Π_t p_t(x_t) / p'_t(x_t) of the tested steps, which rules
         the class out (`losscheck.stats.sequential`); None where the cell cannot evaluate the
         class's law (slots not recorded, or the per-id class without its id fixed in advance).
-        `ids`: the per-id class is then the smallest over these ids and the fixed one — ruled out
-        only when misreporting any of them is."""
+        Also, under `sequential.id_key`, the per-id class at each of `ids`."""
         scored = targeted(self.classes, self.has_slots, self.misreported)
         out: dict[str, float | None] = {}
         for c, bug in enumerate(self.classes):
-            if not self.steps:
-                out[bug.name] = None
-            elif bug.per_id and ids:
-                fixed = [] if self.misreported is None else [self.misreported]
-                out[bug.name] = float(self.rule_out_ids[sorted({*ids, *fixed})].min())
-            else:
-                out[bug.name] = float(self.rule_out[c]) if bug in scored else None
+            out[bug.name] = float(self.rule_out[c]) if bug in scored and self.steps else None
+            if bug.per_id:
+                out.update({id_key(bug.name, v): float(self.rule_out_ids[v]) if self.steps else None for v in ids})
         return out
 
     def covered_ids(self, tokens: float, alpha_test: float, power: float) -> list[int]:

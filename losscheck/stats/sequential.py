@@ -17,11 +17,15 @@ fixed-sample test (the χ², KS and uniformity tests) is judged at α / m (Bonfe
 looks a profile allows), so the cell's false-alarm rate stays within its budget whichever look it
 stops at.
 
-Power: the design gives each covered class's best test power 1 - β/2 at n_m, and β_r = β/2.
-Under the bug c the cell misses c only if R_c crossed 1/β_r first (probability ≤ β/2) or the tests
-at n_m missed it (≤ β/2): power 1 - β, the profile's power, at every stopping rule the looks allow.
-It rests on what the power table already assumes: the emitted token's law at each step is p'_c
-given everything before it (the bug changes the token's law, the classes' laws are exact).
+Power: under the bug c the cell misses c only if R_c crossed 1/β_r first (probability ≤ β_r) or
+the tests at n_m missed it, so against every class it must rule out the cell keeps the power its
+tests have at n_m, less β_r. The design gives each covered class's best test power 1 - β/2 at n_m,
+and β_r = β/2: power 1 - β, the profile's power, whichever look the cell stops at. A class (or a
+misreported id) the design reaches only partly — power at least `PARTIAL_POWER` at n_m — must be
+ruled out too, at β_p = `PARTIAL_BETA`: stopping early costs it at most β_p of the power the
+fixed-sample design had. It rests on what the power table already assumes: the emitted token's
+law at each step is p'_c given everything before it (the bug changes the token's law, the
+classes' laws are exact).
 
 Cost under H0: log R_c grows by KL(p‖p'_c) per token, so a class is ruled out after about
 log(2/β) / KL tokens, a small part of the (z_α + z_β)² / χ²(p'‖p) a test needs at the gate's
@@ -37,8 +41,13 @@ from dataclasses import dataclass
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit
 
-LOOK_GROWTH = 2  # each look tests this many times the tokens of the one before
+LOOK_GROWTH = 1.5  # each look tests this many times the tokens of the one before
 RULE_OUT_SHARE = 0.5  # the part of β (1 - power) spent on ruling classes out; the rest at n_m
+# A class or id the design reaches only partly (its tests' power at the last look at least
+# PARTIAL_POWER, short of the design's) must be ruled out at β_p = PARTIAL_BETA before an early
+# stop: the stop then keeps all but β_p of the power a fixed-sample design had against it.
+PARTIAL_POWER = 0.8
+PARTIAL_BETA = 0.1
 
 
 def look_tokens(floor: int, tokens: int, limit: int) -> tuple[int, ...]:
@@ -50,7 +59,7 @@ def look_tokens(floor: int, tokens: int, limit: int) -> tuple[int, ...]:
     n = floor
     while n < tokens:
         looks.append(n)
-        n *= LOOK_GROWTH
+        n = math.ceil(n * LOOK_GROWTH)
     looks.append(tokens)
     return tuple(looks[-limit:])
 
@@ -73,6 +82,11 @@ def rule_out_threshold(power: float) -> float:
     return -math.log((1.0 - power) * RULE_OUT_SHARE)
 
 
+def id_key(name: str, v: int) -> str:
+    """The rule-out key of a per-id class at id `v`."""
+    return f"{name}[{v}]"
+
+
 @dataclass(frozen=True)
 class Looks:
     """A sequential cell's plan: where it may stop and what lets it stop.
@@ -80,21 +94,29 @@ class Looks:
     tokens:   tested tokens at each look, increasing, from the floor (the profile's, or the pooled
               tests' requirement when the profile sets a pooled TV) to the design's
     limit:    the looks the profile allows (the fixed-sample tests' divisor, >= len(tokens))
-    covered:  the classes that must be ruled out to stop early
+    covered:  the classes (or `id_key`s) the design covers: ruled out at β_r to stop early
+    partial:  those it reaches only partly: ruled out at β_p = `PARTIAL_BETA`
     power:    the profile's power (1 - β)
     """
 
     tokens: tuple[int, ...]
     limit: int
     covered: tuple[str, ...]
+    partial: tuple[str, ...]
     power: float
+
+    def thresholds(self) -> dict[str, float]:
+        """Per class or id key that must be ruled out, the log e-value that does it."""
+        partial = -math.log(PARTIAL_BETA)
+        return {**dict.fromkeys(self.partial, partial), **dict.fromkeys(self.covered, rule_out_threshold(self.power))}
+
+    def ruled_out(self, rule_out: Mapping[str, float | None]) -> dict[str, bool]:
+        """Per class or id key that must be ruled out: whether these log e-values rule it out
+        (None: the cell cannot evaluate it, so it is never ruled out)."""
+        return {
+            key: (e := rule_out.get(key)) is not None and e >= threshold for key, threshold in self.thresholds().items()
+        }
 
     def may_stop(self, rule_out: Mapping[str, float | None]) -> bool:
         """Whether a passing cell, at a look, stops with these log rule-out e-values."""
-        threshold = rule_out_threshold(self.power)
-        return all((rule_out.get(c) or -math.inf) >= threshold for c in self.covered)
-
-    def ruled_out(self, rule_out: Mapping[str, float | None]) -> dict[str, bool]:
-        """Per class with an e-value: whether it is ruled out."""
-        threshold = rule_out_threshold(self.power)
-        return {c: e is not None and e >= threshold for c, e in rule_out.items()}
+        return all(self.ruled_out(rule_out).values())
