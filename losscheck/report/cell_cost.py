@@ -88,7 +88,7 @@ def cell_row(record: dict[str, Any]) -> dict[str, Any]:
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The certificate's sums, by kind, and where its cell-seconds went. `shares`: the cells
-    without phases by kind ("greedy cells"), the others by phase ("generate phase") -> share of
+    without phases by kind ("greedy cells"), the others by phase ("PIT generate") -> share of
     all cell-seconds, largest first; `phase_shares`: phase -> share of the phased cells' seconds."""
     by_kind: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -97,11 +97,13 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for key in SUMMED:
             kind[key] += r[key] or 0  # tokens_tested is None where a record says nothing of it
     phased = [r for r in rows if r["phases"]]
-    phase_seconds = {p: sum(r["phases"].get(p, 0.0) for r in phased) for p in (*PHASES, OTHER)} if phased else {}
+    found = {p for r in phased for p in r["phases"]} - {*PHASES, OTHER}  # a phase newer than this table
+    names = (*PHASES, *sorted(found), OTHER) if phased else ()
+    phase_seconds = {p: sum(r["phases"].get(p, 0.0) for r in phased) for p in names}
     parts = {
         f"{kind} cells": sum(r["seconds"] for r in rows if r["kind"] == kind and not r["phases"]) for kind in by_kind
     }
-    parts = {name: s for name, s in parts.items() if s} | {f"{p} phase": s for p, s in phase_seconds.items()}
+    parts = {name: s for name, s in parts.items() if s} | {f"PIT {p}": s for p, s in phase_seconds.items()}
     seconds, phased_seconds = sum(r["seconds"] for r in rows), sum(r["seconds"] for r in phased)
     return {
         "cells": len(rows),
@@ -188,7 +190,8 @@ def markdown(cost: dict[str, Any]) -> str:
     if t["phase_shares"]:
         phases = [(p, f"{t['phase_seconds'][p]:.1f}", _share(s)) for p, s in t["phase_shares"].items()]
         lines += ["PIT cells by phase:", "", markdown_table(("phase", "seconds", "share of PIT seconds"), phases)]
-    columns = ("cell", "kind", "s", "target passes", "target tokens", "tokens tested", *PHASES, OTHER)
+    names = tuple(t["phase_seconds"])
+    columns = ("cell", "kind", "s", "target passes", "target tokens", "tokens tested", *names)
     rows = [
         (
             r["cell"],
@@ -197,7 +200,7 @@ def markdown(cost: dict[str, Any]) -> str:
             r["target_passes"],
             f"{r['target_tokens']:,}",
             "-" if r["tokens_tested"] is None else f"{r['tokens_tested']:,}",
-            *(_share(r["phase_shares"].get(p)) for p in (*PHASES, OTHER)),
+            *(_share(r["phase_shares"].get(p)) for p in names),
         )
         for r in cost["cells"]
     ]

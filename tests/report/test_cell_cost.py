@@ -98,11 +98,11 @@ def test_rows_totals_and_shares_of_a_certificate():
     }
     assert t["phase_shares"]["generate"] == pytest.approx(0.5) and t["phase_seconds"]["other"] == pytest.approx(0.5)
     assert sum(t["shares"].values()) == pytest.approx(1.0)
-    assert list(t["shares"])[:3] == ["exact cells", "generate phase", "score phase"]
+    assert list(t["shares"])[:3] == ["exact cells", "PIT generate", "PIT score"]
     assert t["shares"]["greedy cells"] == pytest.approx(0.1)
     headline = cell_cost.headline(cost)
     assert headline.startswith("4 cells, 20 cell-seconds over 2 workers, 11 s wall; 190 target passes")
-    assert "exact cells 40%, generate phase 25%, score phase 12%" in headline
+    assert "exact cells 40%, PIT generate 25%, PIT score 12%" in headline
 
 
 def test_the_markdown_has_the_totals_and_a_row_per_cell():
@@ -177,3 +177,12 @@ def test_a_missing_or_garbled_certificate_names_the_file_and_the_fix(tmp_path, c
 def test_from_without_cells_is_an_error(capsys):
     assert cli.main(["bench", "--from", "somewhere"]) == 2
     assert "--from names the certificate of --cells" in capsys.readouterr().err
+
+
+def test_a_phase_the_table_does_not_know_is_kept_before_other():
+    cert = certificate_dict()
+    cert["cells"] = [pit("A-k4-T1", 6.0, {"pilot": 1.0, "looks": 2.0, "score": 1.0}, 10_880)]
+    cost = cell_cost.report(cert, "run/certificate.json")
+    assert list(cost["totals"]["phase_seconds"]) == [*cell_cost.PHASES, "looks", cell_cost.OTHER]
+    assert cost["totals"]["phase_seconds"]["other"] == pytest.approx(2.0)
+    assert "| conformance | looks | other |" in cell_cost.markdown(cost)
