@@ -67,11 +67,9 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     with clock("pilot"):
         pilot_rows, pilot = generate_rows(session, cell, server, prompts, profile.pilot_sequences, horizon, "pit-pilot")
         measured = measure_power(session, target, pilot_rows, pilot, tolerance)
-    design, fixed = (
-        _class_design(measured, profile, alpha_scored, alpha_test, looks)
-        for looks in (limit, 1)  # the sequential design, and the fixed-sample one it replaces
-    )
-    looks, ids = _looks(measured, design, alpha_test, profile.power, limit)
+    with clock("design"):  # from the pilot: the sequential design, the fixed-sample one it replaces, the looks
+        design, fixed = (_class_design(measured, profile, alpha_scored, alpha_test, looks) for looks in (limit, 1))
+        looks, ids = _looks(measured, design, alpha_test, profile.power, limit)
     per_sequence = max(int(pilot.mask().sum()) / len(pilot_rows), 1e-9)
     engine = server.engine
     recorder = None
@@ -102,7 +100,8 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         if recorder is not None:
             results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power, limit)
     early = stopped < len(looks.tokens)
-    coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, early, ids)
+    with clock("design"):
+        coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, early, ids)
     require_coverage(cell, coverage, profile.power)
     gen = Generation.concat(gens)
     outcome = sampled_outcome(

@@ -112,7 +112,7 @@ Verifier = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", Sampling
 def checked_outcome(outcome: object, verifier: Verifier, batch: int, k: int) -> BlockOutcome:
     """`outcome` if it is a well-formed `BlockOutcome` for `batch` rows and `k` drafts, else a
     `LosscheckError` naming the verifier and what it returned."""
-    name = getattr(verifier, "__qualname__", repr(verifier))
+    name = getattr(verifier, "__qualname__", None) or type(verifier).__qualname__  # never repr: it may hold tensors
     if not isinstance(outcome, BlockOutcome):
         raise LosscheckError(f"verifier {name} returned {type(outcome).__name__}, not a losscheck.BlockOutcome")
     shapes = (tuple(outcome.accepted.shape), tuple(outcome.tokens.shape))

@@ -692,24 +692,30 @@ def _evalue_power(n: float, d: float, h0_var: float, h1_var: float, alpha: float
         return 0.0
     threshold = evalue_threshold(n * h0_var, alpha, one_sided)
     sd = math.sqrt(n * max(h1_var, 1e-300))
-    return float(stats.norm.sf((threshold - n * shift) / sd))
+    return 0.5 * math.erfc((threshold - n * shift) / sd / math.sqrt(2))  # the normal survival function
 
 
 def _evalue_tokens(
     d: float, h0_var: float, h1_var: float, alpha: float, power: float, one_sided: bool = False
 ) -> float:
     """Smallest n (to 0.1%) with `_evalue_power` >= power; inf beyond `MAX_TOKENS`."""
-    if (d if one_sided else abs(d)) <= 0 or h0_var <= 0:
+    shift = d if one_sided else abs(d)
+    if shift <= 0 or h0_var <= 0:
         return math.inf
 
     def enough(n: float) -> bool:
         return _evalue_power(n, d, h0_var, h1_var, alpha, one_sided) >= power
 
-    high = 1.0
+    # start from the fixed-sample z test's n, which the mixture's threshold exceeds by a small
+    # factor: a few doublings bracket the answer where doubling from 1 takes a dozen or more
+    z = float(stats.norm.isf(alpha)) * math.sqrt(h0_var) + float(stats.norm.isf(1 - power)) * math.sqrt(h1_var)
+    high = max(1.0, math.floor((max(z, 0.0) / shift) ** 2))
     while not enough(high):
         high *= 2
         if high > MAX_TOKENS:
             return math.inf
+    while high > 1 and enough(high / 2):
+        high /= 2
     low = high / 2
     while high - low > max(1.0, 1e-3 * high):
         mid = (low + high) / 2
