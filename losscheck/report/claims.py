@@ -22,7 +22,8 @@ def tested(records: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = 0
     for r in sampled:
         support = [t for t in r["verdict"]["results"] if t["name"].endswith(".support")]
-        tokens += max((t["n"] for t in support), default=0)
+        n = max((t["n"] for t in support), default=0)
+        tokens += n * int(r.get("horizon") or 1) if r.get("kind") == "exact" else n  # exact: n counts sequences
     sequential = [r for r in sampled if r.get("looks")]
     return {
         "cells": len(records),

@@ -42,6 +42,12 @@ def test_a_class_counts_as_caught_only_at_the_stated_power():
     assert coverage["best"]["cell"] == "A-k4-T1"
 
 
+def test_an_exact_cell_counts_its_sequences_times_its_horizon():
+    exact = {"cell": "A-k1-T1-small", "kind": "exact", "horizon": 4, "sequences": 100}
+    exact["verdict"] = {"results": [{"name": "exact.support", "n": 100}]}
+    assert claims.tested([exact])["tokens"] == 400
+
+
 def test_a_run_without_sequential_cells_says_nothing_of_them():
     t = claims.tested([{"cell": "x", "verdict": {"results": []}}])
     assert t["sequential_cells"] == 0
