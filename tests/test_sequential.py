@@ -173,3 +173,26 @@ def test_the_previous_round_is_known_only_where_it_reached_the_slot():
     step = chunk_steps(p, q, slots, 3, torch.ones(1, 8, dtype=torch.bool), "t")
     assert step.q_prev_known is not None
     assert step.q_prev_known.tolist() == [True, True, True, True, True, False, False, False]
+
+
+def _base_cell(session):
+    return next(c for cells in session.plan.values() for c in cells if c.id == "A-k4-T1")
+
+
+def test_the_real_cell_stops_early_under_h0_and_not_under_its_bug(session):
+    """A-k4-T1 of the real loop: unmodified, it stops at an early look with every class it must
+    rule out ruled out; with a wrong residual planted (the residual_is_p class itself) the class
+    is never ruled out, so the cell draws its whole design and fails."""
+    from losscheck.cells.sampled import run_pit
+
+    cell = _base_cell(session)
+    honest = run_pit(session, cell).details
+    looks = honest["looks"]
+    assert looks["early"] and looks["tested_tokens"] < honest["fixed_design_tokens"] / 2
+    assert all(c["ruled_out"] for c in honest["bug_classes"].values() if c["reach"] != "none")
+    assert all(c["power"] >= 0.99 for c in honest["bug_classes"].values() if c["covered"])
+
+    planted = run_pit(session.derive(mutant="residual_is_p"), cell)
+    assert not planted.passed
+    assert not planted.details["looks"]["early"]
+    assert not planted.details["bug_classes"]["residual_is_p"]["ruled_out"]
