@@ -70,12 +70,14 @@ class Precision:
 
 
 def parse_precisions(text: str) -> tuple[Precision, ...]:
-    """`--losscheck-precision`: a comma-separated list; the first entry is the base cell's."""
+    """`--losscheck-precision`: a comma-separated list; the first entry is the base cell's. The
+    messages leave the option's name to the caller (pytest's and the CLI's spellings differ)."""
     found = tuple(Precision.parse(part) for part in text.split(",") if part.strip())
     if not found:
-        raise OptionError("--losscheck-precision needs at least one precision, e.g. fp32 or bf16,fp32")
-    if len(set(found)) != len(found):
-        raise OptionError(f"--losscheck-precision={text!r} names a precision twice")
+        raise OptionError(f"{text!r} names no precision; give e.g. fp32 or bf16,fp32 (from {', '.join(DTYPE_NAMES)})")
+    twice = sorted({p.label() for p in found if found.count(p) > 1})
+    if twice:
+        raise OptionError(f"{text!r} names {', '.join(twice)} twice; each precision is one cell")
     return found
 
 
