@@ -1,16 +1,21 @@
 """losscheck: certify that speculative decoding is lossless.
 
 The public contract (docs/drafter-contract.md): `Proposal`, `DraftContext`, `Drafter`, `Target`,
-`SamplingParams`, and `Engine` to drive them with a `Verifier` (`verify_block` by default, or an
-engine author's own, returning a `BlockOutcome`). Imported lazily so that loading the pytest plugin
-does not import torch.
+`SamplingParams` with `process_logits` (the logits processing a drafter's reported `q` must share
+with the target's `p`), and `Engine` to drive them with a `Verifier` (`verify_block` by default, or
+an engine author's own, returning a `BlockOutcome`). Imported lazily so that loading the pytest
+plugin does not import torch.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("losscheck")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 _EXPORTS = {
     "Proposal": "losscheck.core.contract",
@@ -18,6 +23,7 @@ _EXPORTS = {
     "Drafter": "losscheck.core.contract",
     "Target": "losscheck.core.contract",
     "SamplingParams": "losscheck.core.sampling",
+    "process_logits": "losscheck.core.sampling",
     "Engine": "losscheck.core.engine",
     "HFTarget": "losscheck.core.target",
     "BlockOutcome": "losscheck.core.verify",

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "losscheck"
 # outside production: only the entry points (the CLI, the certification tests) may import them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "bundled", "progress", "stats"),
-    ("core",),
+    ("core", "sampling"),  # sampling: the deprecated alias of core.sampling
     ("drafters", "engines", "verifiers"),
     ("serving",),
     ("plan",),
@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cells",),
     ("report",),
     ("selftest", "perf"),
-    ("plugin", "cli"),
+    ("plugin", "cli", "certify"),  # certify: the deprecated alias of plugin.certify
 )
 ROOT_MODULE = "losscheck"  # the package's __init__: the public contract's lazy re-exports
 

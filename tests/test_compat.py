@@ -1,0 +1,92 @@
+"""Moved public paths keep working, with a DeprecationWarning naming the new one; the package
+exports what the drafter contract needs; `losscheck --version` reports the installed version."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+import losscheck
+from losscheck.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ALIAS, MOVED = ROOT / "losscheck" / "certify", ROOT / "losscheck" / "plugin" / "certify"
+
+
+def fresh_import(name: str):
+    """Import `name` anew (its top-level code, the warning, runs again)."""
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def test_the_old_sampling_path_warns_and_gives_the_same_functions():
+    from losscheck.core import sampling
+
+    with pytest.warns(DeprecationWarning, match=r"losscheck\.core\.sampling.*from losscheck"):
+        old = fresh_import("losscheck.sampling")
+    assert old.process_logits is sampling.process_logits and old.SamplingParams is sampling.SamplingParams
+
+
+def test_process_logits_is_exported_with_the_contract():
+    from losscheck.core.sampling import process_logits
+
+    assert "process_logits" in losscheck.__all__ and losscheck.process_logits is process_logits
+
+
+def test_version_comes_from_the_installed_metadata(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert (
+        capsys.readouterr().out.strip() == f"losscheck {version('losscheck')}" == f"losscheck {losscheck.__version__}"
+    )
+
+
+def test_the_old_certify_package_mirrors_every_test_module_and_warns():
+    modules = sorted(p.name for p in MOVED.glob("test_*.py"))
+    assert sorted(p.name for p in ALIAS.glob("test_*.py")) == modules, "add an alias module to losscheck/certify/"
+    with pytest.warns(DeprecationWarning, match=r"losscheck\.plugin\.certify"):
+        fresh_import("losscheck.certify")
+    for name in modules:
+        stem = name.removesuffix(".py")
+        new = importlib.import_module(f"losscheck.plugin.certify.{stem}")
+        with pytest.warns(DeprecationWarning):  # the package's warning, imported anew with each module
+            sys.modules.pop("losscheck.certify", None)
+            old = fresh_import(f"losscheck.certify.{stem}")
+        tests = {n for n in vars(new) if n.startswith("test_")}
+        assert tests and {n: getattr(old, n) for n in tests} == {n: getattr(new, n) for n in tests}, stem
+        assert getattr(old, "pytestmark", None) == getattr(new, "pytestmark", None), stem
+
+
+def test_plain_pytest_does_not_collect_the_alias():
+    """The certification tests are collected once, from their new path (a testpath holding the
+    alias would collect each cell twice)."""
+    line = re.search(r"^testpaths = (\[.*\])$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert line, "pyproject.toml sets no testpaths"
+    testpaths = ast.literal_eval(line[1])
+    assert "losscheck/plugin/certify" in testpaths
+    assert not [p for p in testpaths if ALIAS.is_relative_to(ROOT / p)], testpaths
+
+
+@pytest.mark.e2e
+def test_pyargs_of_the_old_path_collects_the_same_cells_with_a_warning(tmp_path):
+    def collect(package: str) -> tuple[list[str], str]:
+        args = [sys.executable, "-m", "pytest", "--pyargs", package, "--collect-only", "-q", "-m", "lossless"]
+        done = subprocess.run(
+            [*args, "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        ids = [line.rpartition("certify/")[2] for line in done.stdout.splitlines() if "::" in line]
+        return ids, done.stdout
+
+    old, out = collect("losscheck.certify")
+    new, _ = collect("losscheck.plugin.certify")
+    assert old and old == new
+    assert "DeprecationWarning: losscheck.certify moved to losscheck.plugin.certify" in out
