@@ -12,10 +12,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+import losscheck
 from losscheck.errors import LosscheckError
 from losscheck.run.loading import check_options
 from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
@@ -42,13 +44,32 @@ PERF_OPTIONS = (
 )
 
 
-def certify_args(ns: argparse.Namespace) -> list[str]:
-    """The pytest command line that `losscheck certify` runs."""
+# `losscheck certify`'s exit statuses (docs/certificate-and-ci.md): the verdict's, or a usage error.
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+VERDICT_EXIT = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "PARTIAL": EXIT_PARTIAL, "INTERRUPTED": EXIT_INTERRUPTED}
+
+
+def certify_args(ns: argparse.Namespace, extra: Sequence[str] = ()) -> list[str]:
+    """The pytest command line that `losscheck certify` runs; `extra`: pytest's own arguments, given
+    after `--` (`-k EXPR`, `-x`, `-v`, `--junitxml F`)."""
     args = ["--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider", "-q", "-rfE"]
     args += pytest_args({name: getattr(ns, dest(name)) for name in SPECS})
     if ns.workers:
         args += ["-n", str(ns.workers)]
-    return args
+    return args + list(extra)
+
+
+def exit_status(pytest_status: int, verdict: str | None) -> int:
+    """`losscheck certify`'s exit status from pytest's and the certificate's verdict."""
+    if verdict is not None:
+        return VERDICT_EXIT[verdict]
+    if pytest_status == pytest.ExitCode.USAGE_ERROR:
+        return EXIT_USAGE
+    if pytest_status == pytest.ExitCode.INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if pytest_status == pytest.ExitCode.NO_TESTS_COLLECTED:
+        return EXIT_PARTIAL  # a selection that ran no cell certifies nothing
+    return EXIT_FAIL
 
 
 def perf_args(ns: argparse.Namespace) -> list[str]:
@@ -67,6 +88,7 @@ def default_workers(device: str | None) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="losscheck", description=__doc__)
+    top.add_argument("--version", action="version", version=f"losscheck {losscheck.__version__}")
     sub = top.add_subparsers(dest="command", required=True)
     cert = sub.add_parser(
         "certify",
@@ -75,6 +97,11 @@ def parser() -> argparse.ArgumentParser:
     )
     add_options(cert.add_argument, "--")
     cert.set_defaults(**{dest("out"): "reports", dest("bundled"): "reference"})
+    cert.add_argument(
+        "--list",
+        action="store_true",
+        help="print the plan (every cell in scope, its kind and estimated seconds, the cells out of scope) and exit",
+    )
     cert.add_argument(
         "-n",
         "--workers",
@@ -175,12 +202,24 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra: list[str] = []
+    if "--" in argv:  # what follows is pytest's (`losscheck certify ... -- -k EXPR -x`)
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1 :]
+    try:
+        ns = parser().parse_args(argv)
+    except SystemExit as exc:  # argparse's usage errors exit 2; --help and --version 0
+        return int(exc.code or 0)
+    if extra and ns.command != "certify":
+        print(f"losscheck {ns.command}: error: only certify passes arguments after -- to pytest", file=sys.stderr)
+        return EXIT_USAGE
+    ns.pytest_extra = extra
     try:
         return run_command(ns)
     except LosscheckError as exc:  # a configuration problem: its message, not a traceback
         print(f"losscheck {ns.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 class VerdictProbe:
@@ -197,23 +236,36 @@ class VerdictProbe:
 
 
 def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
-    """`losscheck certify`: its exit status (0 only on a PASS) and what the run wrote."""
+    """`losscheck certify`: its exit status (`VERDICT_EXIT`: 0 only on a PASS) and what the run wrote."""
     # Checked here too, so that messages name this command's options (--target, not
     # --losscheck-target); the plugin's own check then passes.
     options = from_parsed(lambda d: getattr(ns, d))
     check_options(options, prefix="--")
+    if not options.scope.whole:
+        from losscheck.plan.scope import serving_axis_names
+
+        options.scope.check(serving_axis_names())
     if options.verifier is not None:
         from losscheck.run.factory import load_verifier
 
         load_verifier(options.verifier, "--verifier")
+    if getattr(ns, "list", False):
+        from losscheck.report.plan import plan_lines
+
+        print("\n".join(plan_lines(options, full=True)))
+        return EXIT_PASS, VerdictProbe()
     if ns.workers is None:
         ns.workers = default_workers(getattr(ns, dest("device")))
+    if ns.workers:  # the workers load the models; in process the plugin prints the plan itself
+        from losscheck.report.plan import plan_lines
+
+        print("\n".join(plan_lines(options, full=False, workers=ns.workers)), flush=True)
     probe = VerdictProbe()
-    status = int(pytest.main(certify_args(ns), plugins=[probe]))
-    if status == 0 and probe.verdict != "PASS":  # a certificate is PASS or it is not
-        print(f"losscheck certify: verdict {probe.verdict}; only PASS exits 0", file=sys.stderr)
-        return 1, probe
-    return status, probe
+    status = int(pytest.main(certify_args(ns, getattr(ns, "pytest_extra", [])), plugins=[probe]))
+    code = exit_status(status, probe.verdict)
+    if code != EXIT_PASS and probe.verdict is not None:  # a certificate is PASS or it is not
+        print(f"losscheck certify: verdict {probe.verdict}; exit status {code} (only PASS exits 0)", file=sys.stderr)
+    return code, probe
 
 
 def bench_cells(ns: argparse.Namespace) -> int:

@@ -29,4 +29,7 @@ class OptionError(LosscheckError):
 
 class CellUnavailable(LosscheckError):
     """This platform cannot run a cell (e.g. no backend to split the target over); the message
-    says why. The certification tests report the cell as not run, with that reason."""
+    says why. The certification tests report the cell as not run, with that reason and the scope
+    term that would declare it out (`aspect`: `losscheck.plan.scope`)."""
+
+    aspect: str | None = None

@@ -1,4 +1,6 @@
-"""Progress inside a long cell (sequences drawn, scored), on an interactive terminal only.
+"""Progress of a run: one line per finished cell with the elapsed and the remaining time
+(`CellProgress`, on the terminal and in CI logs alike, under xdist too), and inside a long cell
+its stages (sequences drawn, scored) on an interactive terminal only.
 
 A sampled cell on a large target can take minutes between pytest's own progress marks. The runner
 reports its stages to `Session.progress`; in a non-interactive log (CI, a file, an xdist worker,
@@ -7,6 +9,8 @@ whose output pytest never shows) that is `QUIET` and nothing is written.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 
@@ -50,3 +54,43 @@ class TerminalProgress:
         with capture.global_and_fixture_disabled():
             writer.write(erase + text, flush=True)
         self.shown = len(text)
+
+
+class CellProgress:
+    """Writes a line as each cell finishes: `[done/total] cell verdict seconds — elapsed, ~left`.
+
+    The remaining time is the estimate of the cells not yet finished (`losscheck.plan.cost`, from
+    the manifest's matrix), scaled by how the finished cells' time compared with their estimate.
+    """
+
+    def __init__(self, write: Any, started: float | None = None) -> None:
+        self.write = write  # one line of text -> shown
+        self.started = time.monotonic() if started is None else started
+        self.selected: set[str] | None = None  # cell ids collected (None: not known yet)
+        self.estimates: dict[str, float] = {}
+        self.done: dict[str, float] = {}  # cell -> its estimate, once finished
+
+    def collected(self, cells: Iterable[str]) -> None:
+        self.selected = set(cells) if self.selected is None else self.selected | set(cells)
+
+    def planned(self, matrix: Iterable[Mapping[str, Any]]) -> None:
+        if not self.estimates:
+            self.estimates = {e["cell"]: float(e.get("estimated_s") or 0.0) for e in matrix}
+
+    def finished(self, cell: str, verdict: str, seconds: float | None) -> None:
+        if cell in self.done:
+            return
+        self.done[cell] = self.estimates.get(cell, 0.0)
+        cells = [c for c in self.estimates if self.selected is None or c in self.selected] or list(self.done)
+        elapsed = time.monotonic() - self.started
+        left_estimate = sum(self.estimates.get(c, 0.0) for c in cells if c not in self.done)
+        done_estimate = sum(self.done.values())
+        left = left_estimate * elapsed / done_estimate if done_estimate > 0 else None
+        took = f" {seconds:.1f} s" if seconds is not None else ""
+        remaining = f", ~{_clock(left)} left" if left is not None and len(self.done) < len(cells) else ""
+        self.write(f"[{len(self.done)}/{len(cells)}] {cell} {verdict}{took} — {_clock(elapsed)} elapsed{remaining}")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"

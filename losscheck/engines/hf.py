@@ -28,7 +28,7 @@ class HFAssistedEngine:
         self, model: PreTrainedModel, assistant: PreTrainedModel, k: int, eos: int, name: str = "hf-assisted"
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
-        self.precision = DTYPE_PRECISION[next(model.parameters()).dtype]
+        self.precision: str | None = DTYPE_PRECISION[next(model.parameters()).dtype]
         self.name = f"{name}(k={k})"
 
     def generation_config(self, params: SamplingParams, max_new_tokens: int) -> Any:

@@ -144,18 +144,39 @@ class VLLMEngine:
 
 
 def vllm_engine(
-    model: str, speculative_config: dict[str, Any], eos: int, precision: str | None = "bf16", **llm_kwargs: Any
+    model: str,
+    speculative_config: dict[str, Any],
+    eos: int,
+    precision: str | None = "bf16",
+    cpu_fixes: bool = False,
+    **llm_kwargs: Any,
 ) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(model, dtype=precision, **llm_kwargs)`; `precision` None: run in
-    vLLM's default dtype and certify two-sample (losscheck does not load the target)."""
+    vLLM's default dtype and certify two-sample (losscheck does not load the target). `cpu_fixes`:
+    with `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler
+    functions (`CPUEngineFactory`)."""
 
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
 
         dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
-        return LLM(model=model, speculative_config=spec, **dtype, **llm_kwargs)
+        return LLM(model=model, speculative_config=spec, **dtype, **_cpu_setup(cpu_fixes), **llm_kwargs)
 
     return VLLMEngine(make_llm, speculative_config, eos, precision)
+
+
+def _cpu_setup(cpu_fixes: bool) -> dict[str, Any]:
+    """Put the CPU fixes in place (when asked) before an LLM is built; the LLM arguments they need."""
+    if not cpu_fixes:
+        return {}
+    from losscheck.engines.vllm_verifier import install_cpu_fixes
+
+    _register_platform_kernels_once()
+    install_cpu_fixes()
+    # vLLM rewinds a seeded request's generator (`set_offset`) when it discards a token sampled
+    # after a partial prefill chunk, which a CPU generator refuses ("CPU Generator does not
+    # use offset"): with thousands of seeded rows the baseline LLM crashes. Prompts whole:
+    return {"enable_chunked_prefill": False}
 
 
 def bundled_draft_model(target: Any) -> VLLMEngine:
@@ -246,17 +267,8 @@ class CPUEngineFactory:
             from vllm import LLM
 
             _register_platform_kernels_once()
-            if self.cpu_fixes:
-                from losscheck.engines.vllm_verifier import install_cpu_fixes
-
-                install_cpu_fixes()
-            # vLLM rewinds a seeded request's generator (`set_offset`) when it discards a token sampled
-            # after a partial prefill chunk, which a CPU generator refuses ("CPU Generator does not
-            # use offset"): with thousands of seeded rows the baseline LLM crashes. Prompts whole:
-            chunking = {"enable_chunked_prefill": False} if self.cpu_fixes else {}
-            return LLM(
-                model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM, **chunking
-            )
+            setup = _cpu_setup(self.cpu_fixes)
+            return LLM(model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM, **setup)
 
         name = "vllm-cpu" + ("+cpu-fixes" if self.cpu_fixes else "")
         eos = target.eos_id if target.eos_id is not None else 0

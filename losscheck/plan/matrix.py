@@ -156,7 +156,13 @@ def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
 def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, Any]]:
     """The full matrix of a plan as JSON: one entry per cell of every certification argument,
     the rows a certificate accounts for (passed, failed, errored or not run)."""
-    return [{"cell": c.id, "mode": c.mode, "argument": arg, "slow": c.slow} for arg in CELL_ARGS for c in cells[arg]]
+    from losscheck.plan.cost import estimated_seconds
+
+    return [
+        {"cell": c.id, "mode": c.mode, "argument": arg, "slow": c.slow, "estimated_s": round(estimated_seconds(c), 1)}
+        for arg in CELL_ARGS
+        for c in cells[arg]
+    ]
 
 
 def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:

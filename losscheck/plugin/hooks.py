@@ -46,6 +46,10 @@ def pytest_configure(config: pytest.Config) -> None:
         options = from_parsed(config.getoption)
         if not hasattr(config, "workerinput"):  # xdist workers start after the controller checked
             check_options(options)
+            if not options.scope.whole:  # the serving axes are a registry: known once it loads
+                from losscheck.plan.scope import serving_axis_names
+
+                options.scope.check(serving_axis_names())
             if options.verifier is not None:  # imports the user's module and calls its factory (torch)
                 from losscheck.run.factory import load_verifier
 
@@ -159,6 +163,10 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
     return report
 
 
+def _cell_id(nodeid: str) -> str:
+    return nodeid.rpartition("[")[2].rstrip("]")
+
+
 class RecordCollector:
     """Gathers the manifests and cell records of certification tests (on the xdist controller
     too) and writes the terminal section, the certificate and the CI job summary at the end."""
@@ -168,13 +176,47 @@ class RecordCollector:
         self.records: list[dict[str, Any]] = []
         self.manifests: list[dict[str, Any]] = []
         self.interrupted = False
+        self.cert: dict[str, Any] | None = None
+        from losscheck.progress import CellProgress
+
+        self.progress = CellProgress(self._write_line)
+
+    def _write_line(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and not hasattr(self.config, "workerinput"):
+            reporter.write_line(line)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.progress.collected(_cell_id(item.nodeid) for item in session.items if "[" in item.nodeid)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.progress.collected(_cell_id(nodeid) for nodeid in ids if "[" in nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.manifests += [json.loads(str(v)) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
+        manifests = [json.loads(str(v)) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
+        for manifest in manifests:
+            self.progress.planned(manifest["matrix"])
+        self.manifests += manifests
         found = [json.loads(str(v)) for n, v in report.user_properties if n == RECORD_PROPERTY]
         for record in found:
             record.update(nodeid=report.nodeid, outcome=report.outcome)
             self.records.append(record)
+            self.progress.finished(record["cell"], "PASS" if report.passed else "FAIL", record.get("seconds"))
+        cell = _cell_id(report.nodeid)
+        lossless = "lossless" in report.keywords and "[" in report.nodeid
+        if report.skipped and report.when in ("setup", "call") and lossless and cell != "off":
+            # a cell this platform cannot run: not run, with the reason (and the scope that declares it out)
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.records.append(
+                {
+                    "nodeid": report.nodeid,
+                    "outcome": "skipped",
+                    "cell": cell,
+                    "skip_reason": reason.removeprefix("Skipped: "),
+                }
+            )
+            self.progress.finished(cell, "NOT RUN", None)
         if report.failed and not found and "lossless" in report.keywords:
             # A cell that errored (underpowered, malformed drafter output) is a failed cell.
             self.records.append(
@@ -183,36 +225,51 @@ class RecordCollector:
                     "outcome": "error",
                     "passed": False,
                     "kind": "error",
-                    "cell": report.nodeid.rpartition("[")[2].rstrip("]"),
+                    "cell": cell,
                     "error": report.longreprtext[-2000:],
                 }
             )
+            self.progress.finished(cell, "ERROR", None)
 
     def pytest_keyboard_interrupt(self) -> None:
         self.interrupted = True
 
-    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The certificate, before the terminal summary prints it; with --losscheck-require-pass
+        a verdict other than PASS makes the run's exit status non-zero."""
         if hasattr(self.config, "workerinput") or not (self.records or self.manifests):
             return
         from losscheck.report import certificate
-        from losscheck.report.summary import summary_lines
 
         options = self.config.stash[SESSION_KEY].options
         meta = certificate.run_meta(options, list(self.config.invocation_params.args))
-        cert = certificate.build(
+        self.cert = certificate.build(
             meta,
             self.manifests,
             self.records,
             int(exitstatus),
             self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED,
         )
-        self.config.stash[VERDICT_KEY] = cert["verdict"]
+        self.config.stash[VERDICT_KEY] = self.cert["verdict"]
+        if options.require_pass and self.cert["verdict"] != "PASS" and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        cert = self.cert
+        if cert is None:
+            return
+        from losscheck.report import certificate
+        from losscheck.report.summary import summary_lines
+
+        options = self.config.stash[SESSION_KEY].options
         terminalreporter.section("losscheck certificate")
         lines = (
             summary_lines(self.records) + certificate.serving_lines(self.records) + certificate.cost_lines(self.records)
         )
         for line in [s for s in lines if s]:
             terminalreporter.write_line(line)
+        terminalreporter.write_line(certificate.scope_line(cert))
         terminalreporter.write_line(
             certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS", green=cert["verdict"] == "PASS"
         )

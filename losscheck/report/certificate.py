@@ -24,6 +24,7 @@ from typing import Any
 from losscheck.report import claims
 
 SCHEMA = "losscheck.certificate/2"
+WHOLE_SCOPE = "the whole matrix"  # `losscheck.plan.scope.WHOLE`
 VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
 STATUSES = ("passed", "failed", "errored", "not run")
 
@@ -39,6 +40,7 @@ def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
         "drafter_option": options.drafter,
         "bundled_option": options.bundled,
         "engine_option": options.engine,
+        "scope_option": None if options.scope.whole else options.scope.text,
         "verifier_option": options.verifier,
         "mutant": options.mutant,
         "device_option": options.device,
@@ -66,10 +68,17 @@ def build(
         problems.append(f"pytest exited with status {exit_status} (an internal or usage error)")
     verdict, reason = _verdict(matrix, counts, problems, exit_status, interrupted, known=bool(manifests))
     first = manifests[0] if manifests else {}
+    scope = {
+        "declared": meta.get("scope_option") or WHOLE_SCOPE,
+        "whole": not meta.get("scope_option"),
+        "out": first.get("scope", {}).get("out", []),
+        "cells": len(matrix),
+    }
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "verdict": verdict,
+        "scope": scope,
         "reason": reason,
         "problems": problems,
         **meta,
@@ -77,6 +86,7 @@ def build(
         "environment": _environment(manifests),
         "targets": first.get("targets", {}),
         "drafters": first.get("drafters", {}),
+        "engine": first.get("engine"),
         "counts": counts,
         "tested": claims.tested(records),
         "conformance": claims.conformance(records),
@@ -136,7 +146,15 @@ def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> t
             "different block lengths from run to run?); no cell can be accounted for"
         )
     status = {r["cell"]: _status(r) for r in records}
-    matrix = [{**entry, "status": status.pop(entry["cell"], "not run")} for entry in planned]
+    why = {r["cell"]: r["skip_reason"] for r in records if r.get("skip_reason")}
+    matrix = [
+        {
+            **entry,
+            "status": status.pop(entry["cell"], "not run"),
+            **({"reason": why[entry["cell"]]} if entry["cell"] in why else {}),
+        }
+        for entry in planned
+    ]
     if manifests:
         problems += [f"cell {cell} ran but is not in the planned matrix" for cell in sorted(status)]
     else:  # nothing to account against: list what ran
@@ -145,6 +163,8 @@ def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> t
 
 
 def _status(record: dict[str, Any]) -> str:
+    if record.get("outcome") == "skipped":
+        return "not run"
     if record.get("outcome") == "error":
         return "errored"
     return "passed" if record.get("passed") and record.get("outcome") == "passed" else "failed"
@@ -177,6 +197,11 @@ def _verdict(
             return "PARTIAL", (
                 f"{tally}: the quick gate is complete; the {len(missing)} cells not run are the "
                 "slow tier's (`pytest -m lossless` or `losscheck certify` runs every cell)"
+            )
+        unavailable = [m for m in missing if m.get("reason")]
+        if unavailable:
+            return "PARTIAL", (
+                f"{tally}: {len(unavailable)} could not run here ({unavailable[0]['cell']}: {unavailable[0]['reason']})"
             )
         return "PARTIAL", tally
     return (
@@ -262,8 +287,22 @@ def finite(value: Any) -> Any:
     return value
 
 
+def scope_line(cert: dict[str, Any]) -> str:
+    """What the verdict covers: the declared scope and how many cells it leaves out, by reason."""
+    scope = cert.get("scope") or {}
+    if scope.get("whole", True):
+        return f"scope: the whole matrix ({scope.get('cells', len(cert.get('matrix', [])))} cells)"
+    reasons: dict[str, int] = {}
+    for entry in scope.get("out", []):
+        reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
+    out = "; ".join(f"{n} cells: {why}" for why, n in reasons.items()) or "no cell left out"
+    return f"scope: {scope['declared']} ({scope.get('cells', 0)} cells in scope; out of scope: {out})"
+
+
 def headline(cert: dict[str, Any]) -> str:
-    return f"losscheck verdict: {cert['verdict']} — {cert['reason']}"
+    scope = cert.get("scope") or {}
+    of = "" if scope.get("whole", True) else f" of --scope={scope['declared']}"
+    return f"losscheck verdict: {cert['verdict']}{of} — {cert['reason']}"
 
 
 def serving_lines(records: list[dict[str, Any]]) -> list[str]:
@@ -280,7 +319,7 @@ def serving_lines(records: list[dict[str, Any]]) -> list[str]:
 def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
     from losscheck.report.summary import markdown_table
 
-    lines = [f"# losscheck certificate — {cert['verdict']}", "", cert["reason"], ""]
+    lines = [f"# losscheck certificate — {cert['verdict']}", "", scope_line(cert), "", cert["reason"], ""]
     lines += [f"- {p}" for p in cert["problems"]]
     lines.append(f"- created: {cert['created']}, seed {cert['seed']} (replay with `--losscheck-seed={cert['seed']}`)")
     lines.append(f"- command: `pytest {shlex.join(cert['pytest_args'])}`")
@@ -314,5 +353,11 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
     missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]
     if missing:
         lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]
+    out = (cert.get("scope") or {}).get("out", [])
+    if out:
+        lines += [
+            "",
+            f"Out of the declared scope ({len(out)}): " + ", ".join(f"`{e['cell']}` ({e['reason']})" for e in out),
+        ]
     lines += ["", *[f"![{p}]({p})" for p in plots]]
     return "\n".join(lines).rstrip() + "\n"

@@ -39,10 +39,14 @@ def build(session: Session) -> dict[str, Any]:
             "per_test": session.per_test_alpha,
         },
         "targets": {name: portable(dict(t.identity)) for name, t in session.targets.items()},
-        "drafters": {
+        "drafters": {}
+        if session.engine_only
+        else {
             name: {key: portable(drafter_identity(d)) for key, d in session.drafters(name).items()}
             for name in session.target_names
         },
+        "engine": engine_identity(session.blackbox) if session.blackbox is not None else None,
+        "scope": {"declared": session.options.scope.label(), "out": session.out_of_scope},
         "environment": environment(session.device),
     }
 
@@ -63,6 +67,11 @@ def portable(identity: dict[str, Any]) -> dict[str, Any]:
     else:
         shown = Path(os.path.relpath(found)).as_posix()
     return {**identity, "path": shown}
+
+
+def engine_identity(engine: Any) -> dict[str, Any]:
+    """A black-box engine's name, block length and precision, and its own `identity` if it has one."""
+    return {"name": engine.name, "k": engine.k, "precision": engine.precision, **getattr(engine, "identity", {})}
 
 
 def drafter_identity(drafter: Any) -> dict[str, Any]:

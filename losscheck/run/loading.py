@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
+    from losscheck.engines.named import EngineRequest
     from losscheck.run.options import Options
 
 MODEL_DIR = "a local Hugging Face model directory (config.json and *.safetensors weights)"
@@ -201,7 +202,12 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
         load_factory(
             drafter, opt("drafter"), "Drafter", expected=f"an import path like 'pkg.module:factory' or {MODEL_DIR}"
         )
-    elif options.target is not None and None not in target_shape and target_shape != bundled_shape():
+    elif (
+        options.engine is None
+        and options.target is not None
+        and None not in target_shape
+        and target_shape != bundled_shape()
+    ):
         vocab, hidden = bundled_shape()
         raise OptionError(
             f"{target_name} has a vocabulary of {target_shape[0]} tokens and hidden size "
@@ -210,10 +216,58 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
             "for a Hugging Face causal-LM drafter directory"
         )
     if options.engine is not None:
-        load_factory(options.engine, opt("engine"), "black-box engine")
+        check_engine_options(options, prefix)
     if options.out is not None:
         check_out_dir(options.out, opt("out"))
     if options.prompts is not None:
         from losscheck.run.prompts import read_jsonl
 
         read_jsonl(options.prompts)
+
+
+def engine_request(options: Options, prefix: str = "--losscheck-") -> EngineRequest:
+    """What the options give a shipped engine adapter (`losscheck.engines.named`)."""
+    from losscheck import bundled
+    from losscheck.engines.named import EngineRequest, engine_args, speculative_config
+
+    return EngineRequest(
+        target=str(Path(options.target).expanduser()) if options.target is not None else str(bundled.target_path()),
+        assistant=options.assistant,
+        speculative_config=speculative_config(options.speculative_config, f"{prefix}speculative-config"),
+        args=engine_args(options.engine_args),
+        prefix=prefix,
+    )
+
+
+def check_engine_options(options: Options, prefix: str = "--losscheck-") -> None:
+    """A shipped adapter's options (and the model directories they name), or an engine factory
+    that imports; the adapter options without an adapter are refused."""
+    from losscheck.engines.named import ADAPTERS
+
+    assert options.engine is not None
+    adapter = ADAPTERS.get(options.engine)
+    if adapter is None:
+        given = [
+            name
+            for name, v in (
+                ("assistant", options.assistant),
+                ("speculative-config", options.speculative_config),
+                ("engine-arg", options.engine_args),
+            )
+            if v
+        ]
+        if given:
+            raise OptionError(
+                f"{prefix}{given[0]} is an option of the shipped engine adapters ({', '.join(ADAPTERS)}), "
+                f"not of {prefix}engine={options.engine!r}; a factory takes its own settings"
+            )
+        if ":" not in options.engine and "." not in options.engine:
+            raise OptionError(
+                f"{prefix}engine={options.engine!r}: no shipped adapter of that name ({', '.join(ADAPTERS)}) "
+                "and not an import path like 'pkg.module:factory'"
+            )
+        load_factory(options.engine, prefix + "engine", "black-box engine")
+        return
+    adapter.check(engine_request(options, prefix))
+    if options.assistant is not None:
+        model_config(options.assistant, prefix + "assistant")

@@ -17,6 +17,7 @@ from losscheck.core.precision import DEVICES, Precision, parse_precisions
 from losscheck.errors import OptionError
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
+from losscheck.plan.scope import Scope, parse_scope
 
 DEFAULT_SEED = 20261129
 DEFAULT_ALPHA = 0.01
@@ -40,7 +41,12 @@ class Options:
     target: str | None = None  # model directory; None = the bundled tiny target
     drafter: str | None = None  # pkg.mod:factory or a model directory; None = the bundled drafters
     bundled: str = DEFAULT_BUNDLED  # which bundled set, without --losscheck-drafter (`losscheck.plan.bundled_sets`)
-    engine: str | None = None  # pkg.mod:factory of a black-box engine (losscheck.engines)
+    engine: str | None = None  # a shipped adapter's name or pkg.mod:factory of a black-box engine (losscheck.engines)
+    assistant: str | None = None  # --engine hf: the assistant model directory
+    speculative_config: str | None = None  # --engine vllm: its speculative config, JSON
+    engine_args: tuple[str, ...] = ()  # KEY=VALUE arguments of a shipped adapter's engine
+    scope: Scope = field(default_factory=Scope)  # the part of the matrix certified (losscheck.plan.scope)
+    require_pass: bool = False  # pytest exits non-zero unless the verdict is PASS
     verifier: str | None = None  # pkg.mod:factory() -> Verifier deciding every white-box cell's blocks
     seed: int = DEFAULT_SEED
     out: Path | None = None  # write the certificate under this directory
@@ -85,6 +91,26 @@ def _mutant(name: str) -> str:
     return name
 
 
+def _scope(text: str) -> Scope:
+    try:
+        return parse_scope(text)
+    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _engine_arg(text: str) -> str:
+    if "=" not in text or not text.partition("=")[0].strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
+def _precisions(text: str) -> tuple[Precision, ...]:
+    try:
+        return parse_precisions(text)
+    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _compare_fail(text: str) -> str:
     try:
         parse_thresholds(text)
@@ -113,9 +139,41 @@ SPECS: dict[str, dict[str, Any]] = {
         "families B-E and the speculators checkpoints, whole (default: %(default)s; `losscheck certify`: reference)",
     },
     "engine": {
-        "metavar": "MOD:FACTORY",
-        "help": "import path of a factory(target) -> black-box engine, certified against itself with "
-        "drafting off (one-sample PIT when it declares a precision, else two-sample)",
+        "metavar": "NAME|MOD:FACTORY",
+        "help": "a black-box engine, certified against itself with drafting off (one-sample PIT when it "
+        "declares a precision, else two-sample): a shipped adapter by name (hf, vllm, vllm+cpu-fixes; "
+        "docs/black-box-engines.md) or the import path of a factory(target) -> engine. Without a drafter "
+        "option the run certifies the engine's cells only",
+    },
+    "assistant": {
+        "metavar": "DIR",
+        "help": "with --losscheck-engine=hf: the assistant model directory (Hugging Face assisted generation)",
+    },
+    "speculative-config": {
+        "metavar": "JSON",
+        "help": "with --losscheck-engine=vllm: vLLM's speculative config, as `vllm serve` takes it, e.g. "
+        '\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}\'',
+    },
+    "engine-arg": {
+        "metavar": "KEY=VALUE",
+        "type": _engine_arg,
+        "action": "append",
+        "help": "a keyword argument of a shipped adapter's engine (vllm: of vllm.LLM, VALUE as JSON where it "
+        "parses, e.g. max_model_len=512; hf: num_assistant_tokens=N); repeat for more",
+    },
+    "scope": {
+        "metavar": "TERMS",
+        "type": _scope,
+        "default": None,
+        "help": "the part of the matrix to certify: comma-separated kinds to keep (greedy, pit, exact, "
+        "engine-greedy, one-sample, two-sample, sampling, engine) and -ASPECTs to leave out (split, prefix, "
+        "batching, precision, stress, width, edge, oracle, slow), e.g. -split on one GPU; the verdict is PASS "
+        "of that scope (default: the whole matrix)",
+    },
+    "require-pass": {
+        "action": "store_true",
+        "help": "exit non-zero unless the certificate's verdict is PASS (plain pytest exits 0 on a PARTIAL "
+        "run; `losscheck certify` always requires it)",
     },
     "verifier": {
         "metavar": "MOD:FACTORY",
@@ -160,7 +218,7 @@ SPECS: dict[str, dict[str, Any]] = {
     },
     "precision": {
         "metavar": "LIST",
-        "type": parse_precisions,
+        "type": _precisions,
         "default": parse_precisions(DEFAULT_PRECISIONS),
         "help": "comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
         f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})",
@@ -238,6 +296,11 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         drafter=value("drafter"),
         bundled=value("bundled", DEFAULT_BUNDLED),
         engine=value("engine"),
+        assistant=value("assistant"),
+        speculative_config=value("speculative-config"),
+        engine_args=tuple(value("engine-arg") or ()),
+        scope=value("scope") or Scope(),
+        require_pass=bool(value("require-pass", False)),
         verifier=value("verifier"),
         seed=value("seed", DEFAULT_SEED),
         out=Path(out) if out else None,
@@ -263,6 +326,13 @@ def pytest_args(options_given: dict[str, Any]) -> list[str]:
     args = []
     for name, val in options_given.items():
         if val is None or val is False:
+            continue
+        if isinstance(val, Scope):
+            if val.whole:
+                continue
+            val = val.text
+        if isinstance(val, list):  # a repeated option
+            args += [f"--losscheck-{name}={v}" for v in val]
             continue
         if isinstance(val, tuple):  # parsed precisions: back to their command-line form
             val = ",".join(p.label() for p in val)

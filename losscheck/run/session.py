@@ -75,7 +75,9 @@ class Session:
         """ "main": the target under test; "small": the small-vocabulary exact-mode fixture (only
         with the bundled models — a user's drafter is built for the user's target — and unless
         `--losscheck-exact=off`)."""
-        return ("main", "small") if self.bundled_models and self.options.exact else ("main",)
+        if self.bundled_models and self.options.exact and not self.engine_only:
+            return ("main", "small")
+        return ("main",)
 
     @property
     def base_precision(self) -> Precision:
@@ -99,21 +101,40 @@ class Session:
         name; the self-draft oracle always."""
         return self.models.drafters(target, precision or self.base_precision)
 
-    @cached_property
+    @property
+    def engine_only(self) -> bool:
+        """A black-box engine without a drafter option: the run certifies the engine's cells only."""
+        return self.options.engine is not None and self.options.drafter is None
+
+    @property
     def plan(self) -> dict[str, list[Cell]]:
-        """The cells of every certification test argument (`losscheck.plan.matrix.plan`)."""
+        """The cells of every certification test argument in the run's declared scope."""
+        return self._scoped[0]
+
+    @property
+    def out_of_scope(self) -> list[dict[str, str]]:
+        """The cells of the full matrix the declared scope leaves out: id and the term's reason."""
+        return self._scoped[1]
+
+    @cached_property
+    def _scoped(self) -> tuple[dict[str, list[Cell]], list[dict[str, str]]]:
         from losscheck.plan import matrix
         from losscheck.run import drafters as registry
 
         _ = self.prompt_sets  # a bad prompt file is one collection error, not one per test
-        drafters = {name: self.drafters(name) for name in self.target_names}
         bundled: str | None = None  # the drafters are a bundled set (`losscheck.plan.bundled_sets`)
-        if self.options.drafter is None:
-            bundled = self.options.bundled
-            precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
+        if self.engine_only:
+            drafters: dict[str, dict[str, Drafter]] = {"main": {}}
+            precision_drafters: frozenset[str] = frozenset()
         else:
-            precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
-        return matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters)
+            drafters = {name: self.drafters(name) for name in self.target_names}
+            if self.options.drafter is None:
+                bundled = self.options.bundled
+                precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
+            else:
+                precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
+        full = matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters)
+        return self.options.scope.split(full, self.base_precision)
 
     @cached_property
     def prompt_sets(self) -> dict[str, list[list[int]]]:
@@ -164,10 +185,15 @@ class Session:
         if self.options.engine is None:
             return None
         from losscheck.engines import check_engine
-        from losscheck.run.loading import load_object
+        from losscheck.engines.named import ADAPTERS
+        from losscheck.run.loading import engine_request, load_object
 
-        engine = load_object(self.options.engine, "--losscheck-engine")(self.targets["main"])
-        return check_engine(engine, f"--losscheck-engine={self.options.engine!r}")
+        name = self.options.engine
+        if name in ADAPTERS:
+            engine = ADAPTERS[name].build(self.targets["main"], engine_request(self.options))
+        else:
+            engine = load_object(name, "--losscheck-engine")(self.targets["main"])
+        return check_engine(engine, f"--losscheck-engine={name!r}")
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """`make()`, computed once per key for the whole run: what cells share (a baseline of the

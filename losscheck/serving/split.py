@@ -46,6 +46,7 @@ PRELOAD = [
     "losscheck.core.engine",
     __name__,
 ]
+AXIS_NAME = "split"
 STOP_GRACE_S = 5.0  # a rank asked to terminate gets this long before it is killed
 
 
@@ -53,6 +54,8 @@ class SplitUnavailable(CellUnavailable):
     """This platform cannot run a split target (no torch.distributed, no backend for the device,
     too few devices, transformers' tensor-parallel loading missing a package); the message says
     why, for a caller to skip with."""
+
+    aspect = AXIS_NAME
 
 
 class SplitError(LosscheckError):
@@ -352,7 +355,7 @@ class Split:
 
 
 AXIS = Axis(
-    name="split",
+    name=AXIS_NAME,
     off=1,
     values=(2,),
     suffix=lambda ranks: f"tp{ranks}",

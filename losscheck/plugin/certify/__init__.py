@@ -20,7 +20,10 @@ def certify(run: Callable[[Any, Any], Any], session: Any, cell: Any, record: dic
     try:
         outcome = run(session, cell)
     except CellUnavailable as exc:
-        pytest.skip(f"cell {cell.id} cannot run here: {exc}")
+        from losscheck.plan.scope import hint
+
+        declare = f"; {hint(exc.aspect)}" if exc.aspect else ""
+        pytest.skip(f"cell {cell.id} cannot run here: {exc}{declare}")
     record.update(outcome.to_record(), seconds=round(time.perf_counter() - started, 2))
     if lm is not None:  # this process's target passes (a split cell's run in its ranks)
         record.update(target_passes=lm.passes - passes, target_tokens=lm.tokens - tokens)

@@ -1,0 +1,156 @@
+"""Shipped engine adapters, named on the command line the way their own CLIs name them.
+
+`--engine hf --assistant DIR` is Hugging Face assisted generation with DIR as the assistant;
+`--engine vllm --speculative-config JSON [--engine-arg KEY=VALUE …]` is `vllm.LLM(model=TARGET,
+speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them; `vllm+cpu-fixes` is the same
+with losscheck's fixes of vLLM 0.32's CPU sampler in place (docs/vllm.md). Anything else names a
+factory by import path (`pkg.mod:factory`).
+
+Each adapter is an `Adapter` in `ADAPTERS`: what it needs from the options (checked before any
+model loads; `losscheck.run.loading` checks the model directories they name) and how it builds
+the engine from the loaded target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from losscheck.errors import OptionError
+
+if TYPE_CHECKING:
+    from losscheck.core.contract import Target
+    from losscheck.engines import BlackBoxEngine
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What the options say about a shipped adapter's engine."""
+
+    target: str  # the target's model directory (the bundled target's when --target is not given)
+    assistant: str | None = None  # --assistant DIR (hf)
+    speculative_config: dict[str, Any] | None = None  # --speculative-config JSON (vllm)
+    args: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE, VALUE parsed as JSON where it parses
+    prefix: str = "--losscheck-"  # how the messages name the options
+
+
+@dataclass(frozen=True)
+class Adapter:
+    check: Callable[[EngineRequest], None]  # raises OptionError; loads nothing
+    build: Callable[[Target, EngineRequest], BlackBoxEngine]
+    summary: str
+
+
+def engine_args(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs as keyword arguments: VALUE as JSON where it parses (512, true, {"a": 1}),
+    else the string."""
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, text = pair.partition("=")
+        try:
+            args[key.strip()] = json.loads(text)
+        except ValueError:
+            args[key.strip()] = text
+    return args
+
+
+def speculative_config(text: str | None, option: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise OptionError(f'{option}={text!r} is not JSON ({exc}); e.g. \'{{"method": "ngram", ...}}\'') from None
+    if not isinstance(config, dict):
+        raise OptionError(f"{option}={text!r} is a JSON {type(config).__name__}; pass a JSON object")
+    return config
+
+
+def _check_hf(request: EngineRequest) -> None:
+    opt = request.prefix
+    if request.assistant is None:
+        raise OptionError(f"{opt}engine=hf needs {opt}assistant=DIR: the assistant model directory")
+    unknown = sorted(set(request.args) - {"num_assistant_tokens"})
+    if unknown:
+        raise OptionError(f"{opt}engine-arg {unknown[0]}: {opt}engine=hf takes num_assistant_tokens=N only")
+    k = request.args.get("num_assistant_tokens", 4)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise OptionError(f"{opt}engine-arg num_assistant_tokens={k!r}: need an int >= 1")
+    if request.speculative_config is not None:
+        raise OptionError(f"{opt}speculative-config is vLLM's; {opt}engine=hf takes {opt}assistant")
+
+
+def _build_hf(target: Target, request: EngineRequest) -> BlackBoxEngine:
+    from losscheck.core.target import load_causal_lm
+    from losscheck.engines.hf import DTYPE_PRECISION, HFAssistedEngine
+
+    assert request.assistant is not None
+    model = target.model  # type: ignore[attr-defined]
+    weight = next(model.parameters())
+    assistant = load_causal_lm(
+        Path(request.assistant).expanduser(), DTYPE_PRECISION[weight.dtype], device=weight.device
+    )
+    vocab = int(assistant.config.vocab_size)
+    if vocab != target.vocab_size:
+        raise OptionError(
+            f"{request.prefix}assistant={request.assistant!r} has a vocabulary of {vocab} tokens, the target "
+            f"{target.vocab_size}; assisted generation here drafts in the target's token ids"
+        )
+    eos = target.eos_id if target.eos_id is not None else 0
+    k = int(request.args.get("num_assistant_tokens", 4))
+    return HFAssistedEngine(model, assistant, k, eos, name=f"hf-assisted[{Path(request.assistant).name}]")
+
+
+def _check_vllm(request: EngineRequest) -> None:
+    opt = request.prefix
+    config = request.speculative_config
+    if config is None:
+        raise OptionError(
+            f"{opt}engine=vllm needs {opt}speculative-config=JSON, e.g. "
+            '\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}\''
+        )
+    k = config.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise OptionError(f"{opt}speculative-config: num_speculative_tokens must be an int >= 1, got {k!r}")
+    if request.assistant is not None:
+        raise OptionError(f"{opt}assistant is Hugging Face's; {opt}engine=vllm takes {opt}speculative-config")
+    dtype = request.args.get("dtype")
+    if dtype is not None and _precision(dtype) is None:
+        raise OptionError(f"{opt}engine-arg dtype={dtype!r}: losscheck scores float32, bfloat16 or float16 targets")
+
+
+def _precision(dtype: Any) -> str | None:
+    from losscheck.engines.vllm import VLLM_DTYPE
+
+    names = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}
+    return names.get(str(dtype))
+
+
+def _vllm_builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest], BlackBoxEngine]:
+    def build(target: Target, request: EngineRequest) -> BlackBoxEngine:
+        from losscheck.engines.hf import DTYPE_PRECISION
+        from losscheck.engines.vllm import vllm_engine
+
+        args = dict(request.args)
+        dtype = args.pop("dtype", None)
+        precision = _precision(dtype) if dtype is not None else DTYPE_PRECISION[next(target.model.parameters()).dtype]  # type: ignore[attr-defined]
+        assert request.speculative_config is not None
+        eos = target.eos_id if target.eos_id is not None else 0
+        engine = vllm_engine(request.target, request.speculative_config, eos, precision, cpu_fixes, **args)
+        if cpu_fixes:
+            engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
+        return engine
+
+    return build
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "hf": Adapter(_check_hf, _build_hf, "Hugging Face assisted generation: --assistant DIR"),
+    "vllm": Adapter(_check_vllm, _vllm_builder(False), "vllm.LLM with --speculative-config JSON"),
+    "vllm+cpu-fixes": Adapter(
+        _check_vllm, _vllm_builder(True), "vllm with losscheck's fixes of vLLM 0.32's CPU sampler (docs/vllm.md)"
+    ),
+}

@@ -1,0 +1,55 @@
+"""A run's plan as text, before it starts: the cells in its scope with their kinds and estimated
+seconds (`losscheck.plan.cost`), the cells its declared scope leaves out, and the time it should
+take (`losscheck certify --list`, and the lines `losscheck certify` prints first)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from losscheck.run.options import Options
+
+
+def planned(options: Options) -> tuple[list[dict[str, Any]], list[dict[str, str]], float]:
+    """(matrix entries in scope, cells out of scope, the target's cost scale), planned the way the
+    run plans them: the drafters are built (their declared block lengths and widths make the
+    matrix), the cells are not run."""
+    from losscheck import bundled
+    from losscheck.plan import matrix
+    from losscheck.plan.cost import target_scale
+    from losscheck.run.session import Session
+
+    session = Session(options)
+    config = json.loads((Path(options.target or bundled.target_path()).expanduser() / "config.json").read_text())
+    return matrix.entries(session.plan), session.out_of_scope, target_scale(config)
+
+
+def plan_lines(options: Options, full: bool, workers: int = 1) -> list[str]:
+    """The plan: with `full`, one line per cell, else the counts by kind; then the estimate."""
+    entries, out, scale = planned(options)
+    lines = []
+    if full:
+        width = max([len(e["cell"]) for e in entries] + [4])
+        lines.append(f"{'cell':<{width}}  {'kind':<13}  {'tier':<5}  est. s")
+        for e in entries:
+            tier = "slow" if e["slow"] else "quick"
+            lines.append(f"{e['cell']:<{width}}  {e['mode']:<13}  {tier:<5}  {e['estimated_s'] * scale:.0f}")
+        lines += [f"{e['cell']:<{width}}  out of scope: {e['reason']}" for e in out]
+    kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(e["mode"] for e in entries).items())
+    lines.append(f"plan: {len(entries)} cells ({kinds or 'none'}); {len(out)} out of the declared scope")
+    lines.append(estimate_line(sum(e["estimated_s"] for e in entries) * scale, workers))
+    return lines
+
+
+def estimate_line(cell_seconds: float, workers: int) -> str:
+    wall = cell_seconds / max(workers, 1)
+    return (
+        f"estimated: {cell_seconds:.0f} cell-seconds, ~{_duration(wall)} on {max(workers, 1)} worker(s) "
+        "(a rough figure for a 2-core CPU, scaled by the target's size; the progress lines refine it)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
