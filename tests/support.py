@@ -1,10 +1,13 @@
 """Test support, defined once: closed-form toy models (Markov tables, tiny random Llamas), the toy
-engine's prompts and noisy drafter, and the χ² check of sampled ids against a known law."""
+engine's prompts and noisy drafter, the χ² check of sampled ids against a known law, and the check
+of a written certificate against its published schema."""
 
 from __future__ import annotations
 
 import copy
+import json
 import math
+from importlib.resources import files
 from typing import TYPE_CHECKING
 
 import torch
@@ -120,3 +123,21 @@ def assert_follows(tokens: torch.Tensor, law: torch.Tensor, alpha: float, what: 
         f"{what}: χ² p = {p:.3g} <= {alpha:g} over n = {len(tokens)}: H0 (the ids follow the law) "
         f"rejected; false-failure probability {alpha:g} per call"
     )
+
+
+def certificate_errors(cert: dict) -> list[str]:
+    """Where `cert` breaks the published schema (losscheck/report/certificate.schema.json), one
+    line per violation: path in the certificate, then jsonschema's message."""
+    from jsonschema import Draft202012Validator  # the test extra's: imported by the tests that check certificates
+
+    schema = json.loads(files("losscheck.report").joinpath("certificate.schema.json").read_text())
+    errors = sorted(Draft202012Validator(schema).iter_errors(cert), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:300]}" for e in errors]
+
+
+def assert_valid_certificate(cert: dict) -> dict:
+    """Assert `cert` (a certificate as written, read back from its JSON) follows the published
+    schema; return it."""
+    errors = certificate_errors(cert)
+    assert not errors, "the certificate breaks certificate.schema.json:\n" + "\n".join(errors)
+    return cert

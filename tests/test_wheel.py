@@ -83,6 +83,7 @@ def assert_ships_fixtures_and_modules(wheel: Path) -> None:
     ]
     missing = [m for m in modules if m not in names]
     assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {missing}"
+    assert "losscheck/report/certificate.schema.json" in names, "the certificate's schema is not in the wheel"
 
 
 def fresh_venv(tmp: Path) -> tuple[Path, Path]:

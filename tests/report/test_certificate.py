@@ -11,6 +11,7 @@ from losscheck.errors import LosscheckError
 from losscheck.report import certificate, compare
 from losscheck.report.manifest import drafter_identity, weights_sha256
 from losscheck.run.options import Options
+from tests.support import assert_valid_certificate
 
 MATRIX = [
     {"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"},
@@ -43,6 +44,7 @@ def record(cell: str, passed: bool = True, outcome: str | None = None, tau: floa
     group = {"acceptance_length": tau, "row_rounds": 10}
     return {
         "cell": cell,
+        "nodeid": f"test_greedy.py::test_greedy_equals_baseline[{cell}]",
         "kind": "greedy",
         "passed": passed,
         "outcome": outcome or ("passed" if passed else "failed"),
@@ -107,7 +109,7 @@ def test_write_load_report_and_compare_round_trip(tmp_path):
     before = build([manifest()], [record("A-k4-greedy", tau=3.0), record("A-k4-T1")])
     after = build([manifest()], [record("A-k4-greedy", tau=3.5), record("A-k4-T1", passed=False)], exit_status=1)
     runs = [certificate.write_run(tmp_path / name, cert) for name, cert in (("a", before), ("b", after))]
-    loaded = [certificate.load(run) for run in runs]
+    loaded = [assert_valid_certificate(certificate.load(run)) for run in runs]
     assert loaded[0]["verdict"] == "PASS" and (runs[0] / "summary.md").exists()
     rows, regressions = compare.compare(*loaded)
     assert ["A-k4-greedy", "passed", "passed", "3.000", "3.500", "+0.500"] in rows

@@ -1,0 +1,82 @@
+"""The published JSON schema of certificate.json: a valid draft 2020-12 schema that every
+certificate losscheck writes follows, and that rejects a broken one."""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from losscheck.report import certificate
+from tests.report.test_certificate import build, manifest, record
+from tests.support import assert_valid_certificate, certificate_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def written(cert: dict, tmp_path: Path) -> dict:
+    """`cert` as `write_run` writes it and `load` reads it back."""
+    return certificate.load(certificate.write_run(tmp_path, cert))
+
+
+def test_the_schema_is_a_draft_2020_12_schema_of_this_certificate_version():
+    schema = json.loads(files("losscheck.report").joinpath("certificate.schema.json").read_text())
+    Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["schema"]["const"] == certificate.SCHEMA
+    assert set(schema["properties"]["verdict"]["enum"]) == set(certificate.VERDICTS)
+    assert set(schema["$defs"]["record"]["required"]) == {"cell", "nodeid", "outcome"}
+
+
+@pytest.mark.parametrize(
+    "manifests, records, status, interrupted",
+    [
+        ([manifest()], [record("A-k4-greedy"), record("A-k4-T1")], 0, False),  # PASS
+        ([manifest()], [record("A-k4-greedy")], 0, False),  # PARTIAL: a selection
+        ([], [record("A-k4-greedy")], 0, False),  # PARTIAL: no manifest, the matrix unknown
+        ([manifest()], [record("A-k4-T1", passed=False, outcome="error")], 1, False),  # FAIL
+        ([manifest()], [record("A-k4-greedy")], 2, True),  # INTERRUPTED
+        ([], [], 4, False),  # nothing ran
+    ],
+)
+def test_every_verdict_as_written_follows_the_schema(tmp_path, manifests, records, status, interrupted):
+    assert_valid_certificate(written(build(manifests, records, status, interrupted), tmp_path))
+
+
+def test_the_committed_certificates_follow_the_schema():
+    paths = sorted((ROOT / "reports").glob("**/certificate.json"))
+    assert paths, "reports/ holds no certificate"
+    for path in paths:
+        errors = certificate_errors(json.loads(path.read_text()))
+        assert not errors, f"{path.relative_to(ROOT)}:\n" + "\n".join(errors)
+
+
+def broken(change) -> dict:
+    cert = copy.deepcopy(build([manifest()], [record("A-k4-greedy"), record("A-k4-T1")]))
+    change(cert)
+    return json.loads(json.dumps(cert))
+
+
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        (lambda c: c.pop("verdict"), "(top): 'verdict' is a required property"),
+        (lambda c: c.update(verdict="LOSSLESS"), "verdict: 'LOSSLESS' is not one of"),
+        (lambda c: c.update(schema="losscheck.certificate/1"), "schema: 'losscheck.certificate/2' was expected"),
+        (lambda c: c["counts"].update(passed="2"), "counts/passed: '2' is not of type 'integer'"),
+        (lambda c: c["counts"].update(skipped=0), "counts: Additional properties are not allowed"),
+        (lambda c: c["cells"][0].pop("nodeid"), "cells/0: 'nodeid' is a required property"),
+        (lambda c: c["matrix"][1].update(status="flaky"), "matrix/1/status: 'flaky' is not one of"),
+        (lambda c: c["targets"]["main"].update(sha256=7), "targets/main/sha256: 7 is not of type"),
+        (lambda c: c.update(scope={"declared": "greedy", "out": [{"cell": "A-k4-T1"}]}), "scope/out/0: 'reason'"),
+    ],
+)
+def test_the_schema_rejects_a_broken_certificate(change, where):
+    assert_valid_certificate(broken(lambda c: None))
+    errors = certificate_errors(broken(change))
+    assert any(e.startswith(where) for e in errors), errors
+    with pytest.raises(AssertionError, match="breaks certificate.schema.json"):
+        assert_valid_certificate(broken(change))
