@@ -69,7 +69,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         measured = measure_power(session, target, pilot_rows, pilot, tolerance)
     with clock("design"):  # from the pilot: the sequential design, the fixed-sample one it replaces, the looks
         design, fixed = (_class_design(measured, profile, alpha_scored, alpha_test, looks) for looks in (limit, 1))
-        looks, ids = _looks(measured, design, alpha_test, profile.power, limit)
+        looks, ids, grid = _looks(measured, design, alpha_test, profile.power, limit)
     per_sequence = max(int(pilot.mask().sum()) / len(pilot_rows), 1e-9)
     engine = server.engine
     recorder = None
@@ -79,7 +79,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
             make_generator(session.options.seed, cell.id, "conformance"),
             conformance_rtol(cell.precision.tolerance if cell.precision.reduced else 0.0),
         )
-    power = PowerAccumulator(misreported=measured.misreported_id)  # judged where the test looks
+    power = PowerAccumulator(misreported=measured.misreported_id, grid=grid)  # judged where the test looks
     scores = PitScores(session, cell.id, target, tolerance, power, measured.misreported_id)
     gens: list[Generation] = []
     drawn, stopped = 0, len(looks.tokens)
@@ -132,31 +132,67 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
 
 def _looks(
     pilot: PowerAccumulator, design: sample_size.ClassDesign, alpha_test: float, power: float, limit: int
-) -> tuple[sequential.Looks, list[int]]:
-    """The looks of a cell's tested sample, and the ids of the misreporting drafter's class its
-    early stops must rule out: what the design covers at `sequential.design_power`, and what it
-    reaches at `sequential.PARTIAL_POWER` (the pilot's estimates, fixed before any look)."""
+) -> tuple[sequential.Looks, list[int], dict[str, tuple[float, ...]]]:
+    """The looks of a cell's tested sample, the ids of the misreporting drafter's class its early
+    stops must rule out, and each class's family members ρ whose rule-out e-values the tested
+    sample keeps — all from the pilot, fixed before any look.
+
+    A class's family is its mixtures (1 - ρ)·p + ρ·p' (`losscheck.stats.sequential`). The design
+    *promises* a member when its best test, at the design's tokens less `DESIGN_MARGIN` (the
+    margin the covered classes are sized with), has power `sequential.PARTIAL_POWER`; ρ_min is
+    the smallest such member. An early stop rules out every member of `sequential.family(ρ_min)`:
+    at β_r those the design covers at `sequential.design_power`, at β_p the rest. The per-id
+    class's ids share one family (the smallest ρ_min of its ids and of its aimed id); each id is
+    ruled out down to its own ρ_min and the member below it, by its count test."""
     level = sequential.design_power(power)
-    at_design = pilot.power_at(design.tokens, alpha_test, power, limit)
-    partial = [
-        name
-        for name, (test, _) in design.best.items()
-        if name not in design.covered and at_design[name][test] >= sequential.PARTIAL_POWER
-    ]
+    promised = design.tokens / sample_size.DESIGN_MARGIN
+    covered: list[str] = []
+    partial: list[str] = []
+    floors: dict[str, float] = {}
+    for name in design.best:
+        rho_min = pilot.smallest_rho(name, promised, alpha_test, sequential.PARTIAL_POWER, limit)
+        if rho_min is not None:
+            floors[name] = rho_min
     per_id = [bug.name for bug in pilot.classes if bug.per_id]
-    covered_ids = pilot.covered_ids(design.tokens, alpha_test, level)
-    partial_ids = [
-        v for v in pilot.covered_ids(design.tokens, alpha_test, sequential.PARTIAL_POWER) if v not in covered_ids
-    ]
-    keys = {v: [sequential.id_key(name, v) for name in per_id] for v in covered_ids + partial_ids}
+    id_floors = {}
+    for v in pilot.covered_ids(promised, alpha_test, sequential.PARTIAL_POWER):
+        id_floors[v] = _id_rho_min(pilot, v, promised, alpha_test)
+    grid = {name: sequential.family(rho) for name, rho in floors.items() if name not in per_id}
+    for name in per_id:
+        lowest = min([*id_floors.values(), *([floors[name]] if name in floors else [])], default=None)
+        if lowest is not None:
+            grid[name] = sequential.family(lowest)
+
+    for name, rho_min in floors.items():
+        for rho in sequential.required(grid[name], rho_min):
+            strong = pilot.best_power(name, promised, alpha_test, limit, rho) >= level
+            (covered if strong else partial).append(sequential.member_key(name, rho))
+    for name in per_id:
+        for v, rho_min in id_floors.items():
+            for rho in sequential.required(grid[name], rho_min):
+                strong = pilot.count_power(v, promised, alpha_test, rho) >= level
+                (covered if strong else partial).append(sequential.member_key(sequential.id_key(name, v), rho))
     looks = sequential.Looks(
-        sequential.look_tokens(design.floor, design.tokens, limit),
-        limit,
-        (*design.covered, *(k for v in covered_ids for k in keys[v])),
-        (*partial, *(k for v in partial_ids for k in keys[v])),
-        power,
+        sequential.look_tokens(design.floor, design.tokens, limit), limit, tuple(covered), tuple(partial), power
     )
-    return looks, covered_ids + partial_ids
+    return looks, sorted(id_floors), grid
+
+
+def _id_rho_min(pilot: PowerAccumulator, v: int, tokens: float, alpha_test: float) -> float:
+    """The smallest ρ (to 2%) at which the count test catches id `v`'s misreport at
+    `sequential.PARTIAL_POWER` within `tokens` (it does at ρ = 1)."""
+    from losscheck.stats.bugclass import RHO_FLOOR
+
+    def caught(rho: float) -> bool:
+        return pilot.count_power(v, tokens, alpha_test, rho) >= sequential.PARTIAL_POWER
+
+    if caught(RHO_FLOOR):
+        return RHO_FLOOR
+    low, high = math.log(RHO_FLOOR), 0.0
+    while high - low > 0.02:
+        mid = (low + high) / 2
+        low, high = (low, mid) if caught(math.exp(mid)) else (mid, high)
+    return math.exp(high)
 
 
 def _class_design(
@@ -194,38 +230,52 @@ def bug_class_coverage(
     ids: list[int],
 ) -> dict[str, dict[str, Any]]:
     """Per bug class: its best test and the tokens that test needs (from the tested sample's own
-    p and q), its log10 rule-out e-value, whether the cell's design covered the class (the
-    pilot's estimate; the rest are reported, not asserted) or reached it partly, whether the data
-    ruled it out, and the cell's power against it.
+    p and q), its log10 rule-out e-value at the catalogue point, whether the cell's design
+    covered the class (the pilot's estimate) or reached it partly, whether the data ruled out
+    every member of its family an early stop needed, down to which ρ, the cell's power against
+    it, and its power curve.
 
-    Against a class it must rule out the cell keeps the power its tests have at the last look
-    less the chance it is ruled out first, β_r if covered, β_p if partly reached
-    (`losscheck.stats.sequential`). The tests' power is taken from the tested sample at the tokens
-    it tested when the cell ran to its last look; when it stopped early, from the pilot at the
-    design's tokens — an early stop selects samples that look unlike the bugs, which biases what
-    they say of the tests' power, while the pilot was drawn before any look. Any other class: the
-    tests' power at the tokens tested. `ids`: the misreporting drafter's ids the early stops had
-    to rule out (reported by count, with whether all were)."""
+    Against a member it must rule out the cell keeps the power its tests have at the last look
+    less the chance the member is ruled out first, β_r if covered, β_p if partly reached
+    (`losscheck.stats.sequential`). The tests' power is the tested sample's own (its p and q):
+    at the tokens it tested when it ran to its last look, at the design's tokens when it stopped
+    early. `short` lists the members whose promise the tested sample does not keep: the design
+    promised them power `sequential.design_power` (covered) or `sequential.PARTIAL_POWER`
+    (partial) at its tokens. `curve`: the smallest member ρ its tests catch at power 0.99 and
+    0.8 at the tokens it tested (its stopping n). `ids`: the misreporting drafter's ids the early
+    stops had to rule out (reported by count, with whether all were)."""
     from losscheck.stats.bugclass import LR_BOUND
 
     needed = power.tokens_needed(alpha_test, sequential.design_power(level), looks.limit)
     tested = max(power.steps, 1)
-    at_last = (pilot if early else power).power_at(design.tokens if early else tested, alpha_test, level, looks.limit)
-    at_tested = power.power_at(tested, alpha_test, level, looks.limit)
+    at_last = design.tokens if early else tested
     rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
-    beta = {"covered": (1.0 - level) * sequential.RULE_OUT_SHARE, "partial": sequential.PARTIAL_BETA}
+    thresholds = looks.thresholds()
+    beta = {True: (1.0 - level) * sequential.RULE_OUT_SHARE, False: sequential.PARTIAL_BETA}
+    promise = {True: sequential.design_power(level), False: sequential.PARTIAL_POWER}
     coverage: dict[str, dict[str, Any]] = {}
     for bug in power.classes:
         name, tests = bug.name, needed[bug.name]
         test, tokens = min(((t, n) for t, n in tests.items() if t != LR_BOUND), key=lambda tn: tn[1])
         reach = "covered" if name in looks.covered else "partial" if name in looks.partial else "none"
-        keys = [k for k in ruled if k == name or k.startswith(f"{name}[")]
-        if reach == "none":
-            cell_power = at_tested[name][test]
-        else:
-            last = at_last[name][design.best[name][0] if early else test]  # the pilot's best test, if early
-            cell_power = max(0.0, last - beta[reach])
+        keys = [k for k in ruled if k == name or k.startswith((f"{name}[", f"{name}@"))]
+        members = {rho: sequential.member_key(name, rho) for rho in power.members(name)}
+        required = {rho: key for rho, key in members.items() if key in ruled}
+        short = []
+        for rho, key in required.items():
+            strong = key in looks.covered
+            have = power.best_power(name, at_last, alpha_test, looks.limit, rho)
+            if have < promise[strong]:
+                short.append({"rho": rho, "power": have, "promised": promise[strong]})
+        cell_power = power.best_power(name, at_last if reach != "none" else tested, alpha_test, looks.limit)
+        if reach != "none":
+            cell_power = max(0.0, cell_power - beta[reach == "covered"])
+        down_to = None
+        for rho in sorted(required, reverse=True):  # the members ruled out from ρ = 1 down
+            if not ruled[required[rho]]:
+                break
+            down_to = rho
         log_e = rule_out.get(name)
         coverage[name] = {
             "test": test,
@@ -237,28 +287,47 @@ def bug_class_coverage(
             "pilot_tokens_needed": design.best[name][1],
             "rule_out_log10_e": None if log_e is None else log_e / math.log(10),
             "ruled_out": bool(keys) and all(ruled[k] for k in keys),
+            "family": {
+                "required_down_to": min(required, default=None),
+                "ruled_out_down_to": down_to,
+                "members": [
+                    {"rho": rho, "beta": math.exp(-thresholds[key]), "ruled_out": ruled[key]}
+                    for rho, key in required.items()
+                ],
+            },
+            "curve": {
+                f"{p:g}": power.smallest_rho(name, tested, alpha_test, p, looks.limit)
+                for p in (level, sequential.PARTIAL_POWER)
+            },
+            "short": short,
         }
         if bug.per_id:
+            id_keys = [k for k in ruled if k.startswith(f"{name}[")]
             coverage[name]["ids"] = {
                 "covered": sum(sequential.id_key(name, v) in looks.covered for v in ids),
                 "partial": sum(sequential.id_key(name, v) in looks.partial for v in ids),
+                "members": len(id_keys),
+                "ruled_out": sum(ruled[k] for k in id_keys),
             }
     return coverage
 
 
 def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: float) -> None:
-    """Error (never pass) when a class the design covered was not caught at `level` by the
-    tested sample: the pilot underestimated what it needs."""
-    short = {name: c for name, c in coverage.items() if c["covered"] and c["power"] < level}
+    """Error (never pass) when the tested sample, from its own p and q, does not keep what the
+    design promised: a covered class caught at `level`, and every member of a family an early
+    stop had to rule out caught at the power the design gave it — the pilot underestimated what
+    the cell needs."""
+    short = {name: c for name, c in coverage.items() if (c["covered"] and c["power"] < level) or c.get("short")}
     if short:
         listed = "; ".join(
             f"{name}: {c['test']} power {c['power']:.3f} (needs {c['tokens_needed']:.0f} tokens, "
             f"the pilot said {c['pilot_tokens_needed']:.0f})"
+            + "".join(f", at ρ = {m['rho']:.3g} power {m['power']:.3f} < {m['promised']:g}" for m in c.get("short", []))
             for name, c in short.items()
         )
         raise UnderpoweredError(
-            f"cell {cell.id}: the tested sample does not reach power {level:g} against the bug classes its "
-            f"design covers — {listed}. Raise --losscheck-profile to thorough or report this as a losscheck bug."
+            f"cell {cell.id}: the tested sample does not reach the power its design promised against the bug "
+            f"classes it covers — {listed}. Raise --losscheck-profile to thorough or report this as a losscheck bug."
         )
 
 

@@ -56,7 +56,7 @@ from losscheck.stats._checks import check_open_unit, check_positive, normalized_
 from losscheck.stats.buglaws import CATALOGUE, MISREPORT_FACTOR, BugClass, Step, chunk_steps, targeted
 from losscheck.stats.conditional import evalue_threshold, reported_q, surprisal_scores, targeted_scores
 from losscheck.stats.power import chisquare_required_n
-from losscheck.stats.sequential import id_key
+from losscheck.stats.sequential import id_key, member_key
 
 BINS = 10  # the PIT tests' equal bins of [0, 1]
 COUNT_CANDIDATES = 8  # ids whose count test is solved exactly, of those with the largest d²/τ²
@@ -71,6 +71,7 @@ TESTS = (
     "pit.bug_classes",
 )
 LR_BOUND = "lr_bound"
+RHO_FLOOR = 1 / 128  # the smallest family member ρ a power curve reports
 _GOF_POWER = GofChisquarePower()
 
 
@@ -158,6 +159,13 @@ class _Sums:
     # and Σ_t Var_{p'}(y_c) under this class's law (the per-id class: at the fixed id only)
     class_drift: torch.Tensor
     class_var: torch.Tensor
+    # Σ_t of the squared per-step drifts, what the variance of a mixture member (1 - ρ)p + ρp'
+    # needs besides the sums above (`mixed`): of the counts [V], the surprisal [] or [V] and the
+    # class scores [C]; and Σ_t χ²(p'_t‖p_t) over p's support [] or [V], the LR bound's local form
+    count_sq: torch.Tensor
+    surprisal_sq: torch.Tensor
+    class_sq: torch.Tensor
+    chi2: torch.Tensor
 
     @classmethod
     def empty(cls, vocab: int, n_bins: int, slots: int, per_id: bool, n_classes: int) -> _Sums:
@@ -175,12 +183,51 @@ class _Sums:
             tv=_zeros(*lead),
             class_drift=_zeros(n_classes),
             class_var=_zeros(n_classes),
+            count_sq=_zeros(vocab),
+            surprisal_sq=_zeros(*lead),
+            class_sq=_zeros(n_classes),
+            chi2=_zeros(*lead),
         )
 
     def add(self, other: _Sums) -> None:
         """Add `other` (on any device) into these CPU sums."""
         for name in self.__dataclass_fields__:
             getattr(self, name).add_(getattr(other, name).cpu())
+
+    def mixed(self, rho: float, acc: PowerAccumulator) -> _Sums:
+        """These sums (a class's view: explicit law p', or the per-id class at one id) for the
+        mixture member p_ρ = (1 - ρ)·p + ρ·p' at every step: the bug at magnitude ρ, or acting on
+        each token with probability ρ. Bin masses, drifts, support and TV are linear in the law;
+        a variance is (1 - ρ)·Var_p + ρ·E_{p'}[y²] - ρ²·d² per step, so the squared drifts make
+        it exact. The log-LR moments take their local form from ρ²·χ²(p'‖p) (the LR bound is a
+        benchmark); at ρ = 1 the sums are returned unchanged."""
+        if rho == 1.0:
+            return self
+        n = float(acc.steps)
+        keep = 1.0 - rho
+        n_bins = self.pooled.shape[-1]
+        h0_count = acc.count_h0_var
+        chi2 = rho**2 * self.chi2
+        return _Sums(
+            pooled=keep * n / n_bins + rho * self.pooled,
+            residual=keep * n / n_bins + rho * self.residual,
+            slot=keep * acc.slot_steps[: self.slot.shape[0], None] / n_bins + rho * self.slot,
+            in_support=keep * n + rho * self.in_support,
+            count_drift=rho * self.count_drift,
+            count_var=h0_count + rho * (self.count_var - h0_count + self.count_sq) - rho**2 * self.count_sq,
+            surprisal_drift=rho * self.surprisal_drift,
+            surprisal_var=keep * acc.surprisal_h0_var
+            + rho * (self.surprisal_var + self.surprisal_sq)
+            - rho**2 * self.surprisal_sq,
+            lr=torch.stack([chi2 / 2, chi2, -chi2 / 2, chi2], -1),
+            tv=rho * self.tv,
+            class_drift=rho * self.class_drift,
+            class_var=keep * acc.class_h0_var + rho * (self.class_var + self.class_sq) - rho**2 * self.class_sq,
+            count_sq=rho**2 * self.count_sq,
+            surprisal_sq=rho**2 * self.surprisal_sq,
+            class_sq=rho**2 * self.class_sq,
+            chi2=chi2,
+        )
 
 
 @dataclass
@@ -205,10 +252,14 @@ class PowerAccumulator:
     count_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V] Σ_t p_t(v)(1 - p_t(v))
     surprisal_h0_var: float = 0.0  # Σ_t Var_p(y_t)
     class_h0_var: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [C] Σ_t Var_p(y_c) per class score
-    # [C] Σ_t log(p_t(x_t) / p'_t(x_t)) per class at the emitted tokens: the log of the e-value that
-    # rules the class out (`losscheck.stats.sequential`); kept for the classes `targeted` scores
-    rule_out: torch.Tensor = field(default_factory=lambda: _zeros(0))
-    rule_out_ids: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V] the per-id class at every id
+    # The members ρ of each class's family the rule-out e-values are kept for (class name ->
+    # ρs, fixed before the steps are added; a class not named: its catalogue point ρ = 1 only).
+    # Member ρ is the mixture p_ρ = (1 - ρ)·p + ρ·p' (`losscheck.stats.sequential`).
+    grid: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # per class, [G] Σ_t log(p_t(x_t) / p_ρ,t(x_t)) at the emitted tokens for each member ρ: the
+    # log of the e-value that rules the member out; kept for the classes `targeted` scores
+    rule_out: dict[str, torch.Tensor] = field(default_factory=dict)
+    rule_out_ids: torch.Tensor = field(default_factory=lambda: _zeros(0))  # [V, G] the per-id class at every id
     has_slots: bool = True
     sums: dict[str, _Sums] = field(default_factory=dict)
 
@@ -265,8 +316,9 @@ class PowerAccumulator:
             self.slot_steps = _zeros(k + 1)
             self.count_h0_var = _zeros(vocab)
             self.class_h0_var = _zeros(len(self.classes))
-            self.rule_out = _zeros(len(self.classes))
-            self.rule_out_ids = _zeros(vocab)
+            self.rule_out = {bug.name: _zeros(len(self.members(bug.name))) for bug in self.classes}
+            per_id = [bug.name for bug in self.classes if bug.per_id]
+            self.rule_out_ids = _zeros(vocab, len(self.members(per_id[0])) if per_id else 1)
             self.sums = {
                 bug.name: _Sums.empty(vocab, self.n_bins, k + 1, bug.per_id, len(self.classes)) for bug in self.classes
             }
@@ -304,23 +356,28 @@ class PowerAccumulator:
         self._add_class_scores(laws, step, scored)
         self._add_rule_out(laws, step, scored, emitted)
 
+    def members(self, name: str) -> tuple[float, ...]:
+        """The members ρ of class `name`'s family whose rule-out e-values are kept."""
+        return self.grid.get(name, (1.0,))
+
     def _add_rule_out(self, laws: dict[str, torch.Tensor], step: Step, scored: Step, emitted: torch.Tensor) -> None:
-        """Σ log(p / p') at the emitted tokens, per class, under the laws the cell can evaluate
-        (those `targeted` scores, `scored`'s approximation of the previous round's q)."""
+        """Σ log(p / p_ρ) at the emitted tokens, per class and member ρ, under the laws the cell
+        can evaluate (those `targeted` scores, `scored`'s approximation of the previous round's q)."""
         at = emitted[:, None]  # [m, 1]
-        log_p = step.p.gather(-1, at).squeeze(-1).clamp_min(1e-300).log()  # [m]
-        if any(bug.per_id for bug in self.classes):
-            self.rule_out_ids += _per_id_rule_out(step, emitted).cpu()
-        for c, bug in enumerate(self.classes):
+        p_x = step.p.gather(-1, at)  # [m, 1]
+        for bug in self.classes:
+            if bug.per_id:
+                self.rule_out_ids += _per_id_rule_out(step, emitted, self.members(bug.name)).cpu()
             if bug.name not in laws:
                 continue
             law = laws[bug.name] if scored is step else bug.law(scored)
-            log_ratio = log_p - law.gather(-1, at).squeeze(-1).clamp_min(1e-300).log()  # [m]
+            rho = torch.tensor(self.members(bug.name), dtype=p_x.dtype, device=p_x.device)  # [G]
+            log_ratio = _log_mixture_ratio(p_x, law.gather(-1, at), rho)  # [m, G]
             if bug.reads_q_prev and scored.q_prev_known is not None:
                 # where the law's q_prev is a guess, the bug's own law is unknown: the step adds
                 # nothing (a factor 1, decided before the token), so the product stays a supermartingale
-                log_ratio = torch.where(scored.q_prev_known, log_ratio, 0.0)
-            self.rule_out[c] += float(log_ratio.sum())
+                log_ratio = torch.where(scored.q_prev_known[:, None], log_ratio, 0.0)
+            self.rule_out[bug.name] += log_ratio.sum(0).cpu()
 
     def _add_class_scores(self, laws: dict[str, torch.Tensor], step: Step, scored: Step) -> None:
         """pit.bug_classes: each class score c under H0 and under every law in `laws`."""
@@ -337,6 +394,7 @@ class PowerAccumulator:
                 sums = self.sums[name]
                 sums.class_drift[c] += float(drift.sum())
                 sums.class_var[c] += float((second - drift**2).clamp_min(0.0).sum())
+                sums.class_sq[c] += float((drift**2).sum())
 
     def _law_sums(self, law: torch.Tensor, step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor) -> _Sums:
         """The sums of one chunk's steps under an explicit law p' [m, V]."""
@@ -347,6 +405,7 @@ class PowerAccumulator:
         known = step.slot >= 0
         slot.index_add_(0, step.slot[known], pooled[known])
         drift = (law * y).sum(-1)  # [m]
+        safe_p = torch.where(inside, p, 1.0)
         return _Sums(
             pooled=pooled.sum(0),
             residual=tiles_r.masses(law).sum(0),
@@ -360,6 +419,10 @@ class PowerAccumulator:
             tv=0.5 * (law - p).abs().sum(),
             class_drift=_zeros(len(self.classes)),
             class_var=_zeros(len(self.classes)),
+            count_sq=((law - p) ** 2).sum(0),
+            surprisal_sq=(drift**2).sum(),
+            class_sq=_zeros(len(self.classes)),
+            chi2=torch.where(inside, (law - p) ** 2 / safe_p, 0.0).sum(),
         )
 
     @staticmethod
@@ -369,17 +432,22 @@ class PowerAccumulator:
         if not parts:
             raise LosscheckError("PowerAccumulator.merge needs at least one part")
         if not started:
-            return PowerAccumulator(classes=parts[0].classes, n_bins=parts[0].n_bins, misreported=parts[0].misreported)
+            first = parts[0]
+            return PowerAccumulator(
+                classes=first.classes, n_bins=first.n_bins, misreported=first.misreported, grid=first.grid
+            )
         first = started[0]
 
         def design(a: PowerAccumulator) -> tuple:
-            return a.vocab, a.k, a.n_bins, a.classes, a.misreported
+            return a.vocab, a.k, a.n_bins, a.classes, a.misreported, a.grid
 
         if any(design(a) != design(first) for a in started):
             raise LosscheckError(
-                "PowerAccumulator.merge: parts differ in vocabulary, k, bins, classes or misreported id"
+                "PowerAccumulator.merge: parts differ in vocabulary, k, bins, classes, misreported id or grid"
             )
-        out = PowerAccumulator(classes=first.classes, n_bins=first.n_bins, misreported=first.misreported)
+        out = PowerAccumulator(
+            classes=first.classes, n_bins=first.n_bins, misreported=first.misreported, grid=first.grid
+        )
         assert first.vocab is not None and first.k is not None
         out._start(first.vocab, first.k, all(a.has_slots for a in started))
         for part in started:
@@ -388,7 +456,8 @@ class PowerAccumulator:
             out.count_h0_var += part.count_h0_var
             out.surprisal_h0_var += part.surprisal_h0_var
             out.class_h0_var += part.class_h0_var
-            out.rule_out += part.rule_out
+            for name, log_e in part.rule_out.items():
+                out.rule_out[name] += log_e
             out.rule_out_ids += part.rule_out_ids
             for name, sums in part.sums.items():
                 out.sums[name].add(sums)
@@ -409,28 +478,31 @@ class PowerAccumulator:
         """Each class's TV(p', p) averaged over the steps (the per-id class at `misreported_id`)."""
         return {bug.name: float(self._view(bug).tv) / max(self.steps, 1) for bug in self.classes}
 
-    def tokens_needed(self, alpha_test: float, power: float, looks: int = 1) -> dict[str, dict[str, float]]:
+    def tokens_needed(
+        self, alpha_test: float, power: float, looks: int = 1, rho: float = 1.0
+    ) -> dict[str, dict[str, float]]:
         """Per class and test (`TESTS` and `LR_BOUND`), the tokens needed for the test, at level
         `alpha_test`, to reject with probability `power`; math.inf where it has no power. The
         per-id class has no `pit.slot_chisquare` entry (its slot table would cost O(k·V·B)), and
         no `pit.bug_classes` entry unless `misreported` fixed its id. `looks`: a sequential cell's
         stopping points (`losscheck.stats.sequential`) — its fixed-sample tests (the χ² ones) are
-        judged at `alpha_test / looks`, the e-value tests, valid at any stopping time, at `alpha_test`."""
+        judged at `alpha_test / looks`, the e-value tests, valid at any stopping time, at `alpha_test`.
+        `rho`: each class's family member (1 - ρ)·p + ρ·p' instead of its catalogue point (`_Sums.mixed`)."""
         check_open_unit("alpha_test", alpha_test)
         check_open_unit("power", power)
         return {
             bug.name: {
                 name: effect.tokens_needed(effect.level(alpha_test, looks), power)
-                for name, effect in self._effects(bug).items()
+                for name, effect in self._effects(bug, rho).items()
             }
             for bug in self.classes
         }
 
     def power_at(
-        self, n_tokens: float, alpha_test: float, power_level: float, looks: int = 1
+        self, n_tokens: float, alpha_test: float, power_level: float, looks: int = 1, rho: float = 1.0
     ) -> dict[str, dict[str, float]]:
-        """Per class and test, the probability that the test, at level `alpha_test` (`looks` as in
-        `tokens_needed`), rejects after `n_tokens` tokens (same approximations as `tokens_needed`).
+        """Per class and test, the probability that the test, at level `alpha_test` (`looks` and
+        `rho` as in `tokens_needed`), rejects after `n_tokens` tokens (same approximations as `tokens_needed`).
         `power_level` is the power the cell states: it does not enter the probabilities; it is
         checked so that a report pairing `power_at` with `tokens_needed(alpha_test, power_level)`
         speaks of one valid level."""
@@ -440,42 +512,82 @@ class PowerAccumulator:
         return {
             bug.name: {
                 name: effect.power(n_tokens, effect.level(alpha_test, looks))
-                for name, effect in self._effects(bug).items()
+                for name, effect in self._effects(bug, rho).items()
             }
             for bug in self.classes
         }
 
+    def best_power(self, name: str, n_tokens: float, alpha_test: float, looks: int = 1, rho: float = 1.0) -> float:
+        """Class `name`'s member ρ: the power of the cell's best test against it after `n_tokens`
+        (the LR bound, a benchmark, left out)."""
+        bug = next(b for b in self.classes if b.name == name)
+        return max(
+            (
+                effect.power(n_tokens, effect.level(alpha_test, looks))
+                for test, effect in self._effects(bug, rho).items()
+                if test != LR_BOUND
+            ),
+            default=0.0,
+        )
+
+    def smallest_rho(
+        self, name: str, n_tokens: float, alpha_test: float, power: float, looks: int = 1, floor: float = RHO_FLOOR
+    ) -> float | None:
+        """The smallest member ρ in [`floor`, 1] of class `name`'s family that the cell's best test
+        catches at `power` after `n_tokens` (to 2% in ρ; every test's power grows with ρ: its
+        noncentrality as ρ², its drift as ρ); None when even the catalogue point is not caught."""
+        if self.best_power(name, n_tokens, alpha_test, looks) < power:
+            return None
+        if self.best_power(name, n_tokens, alpha_test, looks, floor) >= power:
+            return floor
+        low, high = math.log(floor), 0.0  # the power at e^low is short of `power`, at e^high not
+        while high - low > 0.02:
+            mid = (low + high) / 2
+            low, high = (
+                (low, mid)
+                if self.best_power(name, n_tokens, alpha_test, looks, math.exp(mid)) >= power
+                else (mid, high)
+            )
+        return math.exp(high)
+
     def rule_out_log_e(self, ids: Sequence[int] = ()) -> dict[str, float | None]:
-        """Per class, log of the e-value Π_t p_t(x_t) / p'_t(x_t) of the tested steps, which rules
-        the class out (`losscheck.stats.sequential`); None where the cell cannot evaluate the
-        class's law (slots not recorded, or the per-id class without its id fixed in advance).
-        Also, under `sequential.id_key`, the per-id class at each of `ids`."""
+        """Per class and member ρ of its family (`members`), under `sequential.member_key`, log of
+        the e-value Π_t p_t(x_t) / p_ρ,t(x_t) of the tested steps, which rules the member out
+        (`losscheck.stats.sequential`); None where the cell cannot evaluate the class's law (slots
+        not recorded, or the per-id class without its id fixed in advance). Also, under
+        `sequential.id_key`, the per-id class at each of `ids`."""
         scored = targeted(self.classes, self.has_slots, self.misreported)
         out: dict[str, float | None] = {}
-        for c, bug in enumerate(self.classes):
-            out[bug.name] = float(self.rule_out[c]) if bug in scored and self.steps else None
-            if bug.per_id:
-                out.update({id_key(bug.name, v): float(self.rule_out_ids[v]) if self.steps else None for v in ids})
+        for bug in self.classes:
+            members = self.members(bug.name)
+            for g, rho in enumerate(members):
+                known = bug in scored and self.steps
+                out[member_key(bug.name, rho)] = float(self.rule_out[bug.name][g]) if known else None
+                if bug.per_id:
+                    for v in ids:
+                        log_e = float(self.rule_out_ids[v, g]) if self.steps else None
+                        out[member_key(id_key(bug.name, v), rho)] = log_e
         return out
 
-    def covered_ids(self, tokens: float, alpha_test: float, power: float) -> list[int]:
-        """The ids whose misreporting (`drafter_misreports_one_id` at that id) the count test,
-        judged at `alpha_test` / V, catches at `power` within `tokens` tested tokens — the
-        ids a design of `tokens` covers, besides the one the class score is aimed at. The
-        test's tokens fall as d² / max(σ², τ²) grows, so the boundary is searched in that order."""
+    def covered_ids(self, tokens: float, alpha_test: float, power: float, rho: float = 1.0) -> list[int]:
+        """The ids whose misreporting (`drafter_misreports_one_id` at that id, member `rho` of
+        its family) the count test, judged at `alpha_test` / V, catches at `power` within
+        `tokens` tested tokens — the ids a design of `tokens` covers, besides the one the class
+        score is aimed at. The test's tokens fall as d² / max(σ², τ²) grows, so the boundary is
+        searched in that order."""
         per_id = [bug for bug in self.classes if bug.per_id]
         if not per_id or not self.steps:
             return []
         sums = self.sums[per_id[0].name]
         h0_var = self.count_h0_var
-        h1_var = h0_var + sums.count_var
-        order = _count_candidates_all(sums, h1_var)
+        drift = rho * sums.count_drift
+        h1_var = h0_var + rho * (sums.count_var + sums.count_sq) - rho**2 * sums.count_sq
+        score = drift**2 / h1_var.clamp_min(1e-300)
+        order = score.argsort(descending=True).tolist()
         n = float(self.steps)
 
         def needs(v: int) -> float:
-            effect = _EvalueEffect(
-                [float(sums.count_drift[v]) / n], [float(h0_var[v]) / n], [float(h1_var[v]) / n], len(h0_var)
-            )
+            effect = _EvalueEffect([float(drift[v]) / n], [float(h0_var[v]) / n], [float(h1_var[v]) / n], len(h0_var))
             return effect.tokens_needed(alpha_test, power)
 
         low, high = 0, len(order)  # order[:low] reach the power within tokens; order[high:] do not
@@ -483,6 +595,23 @@ class PowerAccumulator:
             mid = (low + high) // 2
             low, high = (mid + 1, high) if needs(order[mid]) <= tokens else (low, mid)
         return sorted(order[:low])
+
+    def count_power(self, v: int, n_tokens: float, alpha_test: float, rho: float = 1.0) -> float:
+        """The count test's power, judged at `alpha_test` / V, after `n_tokens` against the
+        misreport of id `v` (member `rho` of its family): what `covered_ids` asks of each id."""
+        per_id = [bug for bug in self.classes if bug.per_id]
+        if not per_id or not self.steps:
+            return 0.0
+        sums, n = self.sums[per_id[0].name], float(self.steps)
+        h0 = float(self.count_h0_var[v])
+        shift, sq = float(sums.count_var[v]), float(sums.count_sq[v])
+        effect = _EvalueEffect(
+            [rho * float(sums.count_drift[v]) / n],
+            [h0 / n],
+            [(h0 + rho * (shift + sq) - rho**2 * sq) / n],
+            len(self.count_h0_var),
+        )
+        return effect.power(n_tokens, alpha_test)
 
     def _view(self, bug: BugClass) -> _Sums:
         """The class's sums; for the per-id class, at `misreported_id` (counts at that id)."""
@@ -492,8 +621,8 @@ class PowerAccumulator:
         v = self.misreported_id
         assert v is not None
         n = float(self.steps)
-        count_drift = _zeros(len(sums.count_drift))
-        count_drift[v] = sums.count_drift[v]
+        count_drift, count_sq = _zeros(len(sums.count_drift)), _zeros(len(sums.count_drift))
+        count_drift[v], count_sq[v] = sums.count_drift[v], sums.count_sq[v]
         count_var = self.count_h0_var.clone()
         count_var[v] += sums.count_var[v]
         return _Sums(
@@ -509,12 +638,18 @@ class PowerAccumulator:
             tv=sums.tv[v],
             class_drift=sums.class_drift,
             class_var=sums.class_var,
+            count_sq=count_sq,
+            surprisal_sq=sums.surprisal_sq[v],
+            class_sq=sums.class_sq,
+            chi2=sums.chi2[v],
         )
 
-    def _effects(self, bug: BugClass) -> dict[str, _Effect]:
+    def _effects(self, bug: BugClass, rho: float = 1.0) -> dict[str, _Effect]:
         if self.steps == 0:
             raise LosscheckError("PowerAccumulator: no tested step was added")
-        sums = self._view(bug)
+        if not 0 < rho <= 1:
+            raise LosscheckError(f"PowerAccumulator: a family member needs 0 < rho <= 1, got {rho}")
+        sums = self._view(bug).mixed(rho, self)
         n = float(self.steps)
         support = float(sums.in_support) / n
         slot_w2, slot_df = self._slot_effect(sums)
@@ -577,20 +712,22 @@ def _w2(masses: torch.Tensor, n_bins: int) -> float:
     return float(n_bins * ((masses / total - 1 / n_bins) ** 2).sum())
 
 
-def _count_candidates_all(sums: _Sums, h1_var: torch.Tensor) -> list[int]:
-    """Every id, most detectable by its count first (d² / max(σ², τ²))."""
-    score = sums.count_drift**2 / h1_var.clamp_min(1e-300)
-    return score.argsort(descending=True).tolist()
+def _log_mixture_ratio(p_x: torch.Tensor, law_x: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """log(p(x) / ((1 - ρ)·p(x) + ρ·p'(x))) [..., G] of tokens with probabilities p_x and law_x
+    [..., 1] under p and the bug, for the members `rho` [G]; at most log(1 / (1 - ρ)) for ρ < 1."""
+    mixture = (1 - rho) * p_x + rho * law_x  # [..., G]
+    return p_x.clamp_min(1e-300).log() - mixture.clamp_min(1e-300).log()
 
 
-def _per_id_rule_out(step: Step, emitted: torch.Tensor) -> torch.Tensor:
-    """[V] Σ_t log(p_t(x_t) / p'_{v,t}(x_t)) of drafter_misreports_one_id at every candidate id v,
-    over a block of steps with emitted tokens `emitted` [m]. With the terms of `_per_id_sums`,
-    p'_v(x) = p(x) - α_v·b(x) - Δ_v·r(x) + γ_v·[x = v]: O(V) per step. Steps without a draft add 0."""
+def _per_id_rule_out(step: Step, emitted: torch.Tensor, members: tuple[float, ...]) -> torch.Tensor:
+    """[V, G] Σ_t log(p_t(x_t) / p_ρ,v,t(x_t)) of drafter_misreports_one_id at every candidate id
+    v and member ρ of `members`, over a block of steps with emitted tokens `emitted` [m]. With the
+    terms of `_per_id_sums`, p'_v(x) = p(x) - α_v·b(x) - Δ_v·r(x) + γ_v·[x = v]: O(V) per step and
+    member. Steps without a draft add 0."""
     drafted = step.drafted.squeeze(-1)
     vocab = step.p.shape[-1]
     if not bool(drafted.any()):
-        return torch.zeros(vocab, dtype=torch.float64, device=step.p.device)
+        return torch.zeros(vocab, len(members), dtype=torch.float64, device=step.p.device)
     p, q, x = step.p[drafted], step.q[drafted], emitted[drafted][:, None]  # [m, V], [m, V], [m, 1]
     f = MISREPORT_FACTOR
     b = torch.minimum(p, q)
@@ -602,7 +739,11 @@ def _per_id_rule_out(step: Step, emitted: torch.Tensor) -> torch.Tensor:
     p_x, b_x, r_x = p.gather(-1, x), b.gather(-1, x), r.gather(-1, x)  # [m, 1]
     at_x = torch.zeros_like(p).scatter(-1, x, 1.0)  # [m, V]: 1 at v = x
     law = p_x - alpha * b_x - delta * r_x + gamma * at_x  # [m, V] p'_v(x)
-    return (p_x.clamp_min(1e-300).log() - law.clamp_min(1e-300).log()).sum(0)
+    # one member at a time: [m, V] per member, where all at once would hold [m, V, G]
+    return torch.stack(
+        [_log_mixture_ratio(p_x[..., None], law[..., None], law.new_tensor([rho])).sum(0)[..., 0] for rho in members],
+        -1,
+    )
 
 
 def _count_candidates(sums: _Sums, h0_var: torch.Tensor) -> list[int]:
@@ -810,6 +951,7 @@ def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, 
     sums.pooled += tp.spread_by_id(gamma, n_bins)
     sums.residual += tr.spread_by_id(gamma, n_bins)
     sums.count_drift = at_v.sum(0)
+    sums.count_sq = (at_v**2).sum(0)
     sums.count_var = (law_v * (1 - law_v) - p * (1 - p)).sum(0)  # the shift from H0's variance
     by, ry = (b * yd).sum(-1, keepdim=True), (r * yd).sum(-1, keepdim=True)  # [m, 1]
     by2, ry2 = (b * yd**2).sum(-1, keepdim=True), (r * yd**2).sum(-1, keepdim=True)
@@ -817,6 +959,7 @@ def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, 
     second_shift = -alpha * by2 - delta * ry2 + gamma * yd**2
     sums.surprisal_drift = drift.sum(0)
     sums.surprisal_var = (second_shift - drift**2).sum(0)  # the shift from H0's variance
+    sums.surprisal_sq = (drift**2).sum(0)
     inside = p > 0
     inv = torch.where(inside, 1 / p.clamp_min(1e-300), 0.0)
     bb, br, rr = (
@@ -829,6 +972,7 @@ def _per_id_sums(step: Step, tiles_p: _Tiles, tiles_r: _Tiles, y: torch.Tensor, 
     # the local form of the log-LR's moments: mean ±χ²/2, variance χ² under both laws (exact to
     # second order in p' - p; the misreport's distortion per step is small)
     sums.lr = torch.stack([chi2 / 2, chi2, -chi2 / 2, chi2], -1)
+    sums.chi2 = chi2
     sums.tv = _per_id_tv(p, q, b, r, alpha, delta, at_v).sum(0)
     return sums
 

@@ -48,6 +48,8 @@ RULE_OUT_SHARE = 0.5  # the part of β (1 - power) spent on ruling classes out; 
 # stop: the stop then keeps all but β_p of the power a fixed-sample design had against it.
 PARTIAL_POWER = 0.8
 PARTIAL_BETA = 0.1
+# Consecutive members of a family a cell rules out differ by this factor in ρ (`family`).
+GRID_RATIO = math.sqrt(2)
 
 
 def look_tokens(floor: int, tokens: int, limit: int) -> tuple[int, ...]:
@@ -85,6 +87,33 @@ def rule_out_threshold(power: float) -> float:
 def id_key(name: str, v: int) -> str:
     """The rule-out key of a per-id class at id `v`."""
     return f"{name}[{v}]"
+
+
+def member_key(key: str, rho: float) -> str:
+    """The rule-out key of member ρ of a class's (or `id_key`'s) family; the catalogue point
+    ρ = 1 keeps the plain key."""
+    return key if rho == 1.0 else f"{key}@{rho:.4g}"
+
+
+def family(rho_min: float) -> tuple[float, ...]:
+    """The members a cell rules out to stop early, for a family the design catches down to
+    `rho_min`: ρ_min·`GRID_RATIO`^i below 1, and the catalogue point 1 (largest first)."""
+    if not 0 < rho_min <= 1:
+        raise LosscheckError(f"family needs 0 < rho_min <= 1, got {rho_min}")
+    members = [1.0]
+    count = math.floor(math.log(1 / rho_min) / math.log(GRID_RATIO) + 1e-9)
+    members += [rho_min * GRID_RATIO**i for i in range(count, -1, -1) if rho_min * GRID_RATIO**i < 1 - 1e-9]
+    return tuple(members)
+
+
+def required(members: tuple[float, ...], rho_min: float) -> tuple[float, ...]:
+    """The members of a family an early stop must rule out for a key the design promises down to
+    `rho_min`: those at or above it, and the largest below it (so that every ρ >= ρ_min has a
+    member at or below it that is ruled out)."""
+    above = tuple(r for r in members if r >= rho_min * (1 - 1e-9))
+    below = [r for r in members if r < rho_min * (1 - 1e-9)]
+    on_floor = any(abs(r - rho_min) <= 1e-9 * rho_min for r in above)
+    return above + ((max(below),) if below and not on_floor else ())
 
 
 @dataclass(frozen=True)
