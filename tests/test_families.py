@@ -239,3 +239,49 @@ def test_the_accumulator_keeps_every_members_log_evalue():
                 key = name if v is None else sequential.id_key(name, v)
                 assert log_e[sequential.member_key(key, rho)] == pytest.approx(float(ratio.sum()), rel=1e-9, abs=1e-9)
     assert "residual_is_p" in log_e and "top_p_one_side" not in log_e  # its only member is 0.25
+
+
+def _fed(chain: bugtable.Chain, steps: bugtable.Steps, misreported: int | None, grid: dict) -> PowerAccumulator:
+    """A cell's tested-sample accumulator (the family members of `grid`) over `steps`."""
+    acc = PowerAccumulator(misreported=misreported, grid=grid)
+    drafted = (steps.slots < bugtable.K)[..., None]
+    p, q = chain.p[steps.before], torch.where(drafted, chain.q[steps.before], 0.0)
+    acc.update(p, q, steps.tokens, steps.slots, bugtable.K, torch.ones(steps.tokens.shape, dtype=torch.bool))
+    return acc
+
+
+def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
+    """A design sized on a pilot from a 0.88-acceptance drafter: a tested sample of the same loop
+    keeps every promise (each member's power at the design's tokens, from its own p and q), and
+    its curve runs down to the members the design promised; a tested sample from a 0.97-acceptance
+    drafter (fewer rejections, weaker verifier bugs) does not, and `require_coverage` errors
+    after its early stop instead of passing."""
+    from types import SimpleNamespace
+
+    from losscheck.cells.sampled import _looks, bug_class_coverage, require_coverage
+    from losscheck.errors import UnderpoweredError
+    from losscheck.stats import sample_size
+    from losscheck.stats.bugclass import LR_BOUND
+
+    alpha, power, limit = bugtable.CELL_ALPHA / 14, 0.99, 7
+    chain = bugtable.make_chain(0.88, seed=3)
+    pilot = bugtable.accumulate(chain, bugtable.simulate(chain, 300, seed=4))
+    needed = pilot.tokens_needed(alpha, sequential.design_power(power), limit)
+    design = sample_size.ClassDesign.of(needed, LR_BOUND, 2000, 60_000)
+    looks, ids, grid = _looks(pilot, design, alpha, power, limit)
+    assert len(grid["stale_q"]) > 1 and any("@" in key for key in looks.partial)
+    cell = SimpleNamespace(id="bugtable")
+
+    same = _fed(chain, bugtable.simulate(chain, 300, seed=5), pilot.misreported_id, grid)
+    kept = bug_class_coverage(design, pilot, same, alpha, power, looks, True, ids)
+    require_coverage(cell, kept, power)
+    for name, c in kept.items():
+        assert not c["short"], name
+        assert c["curve"]["0.8"] is not None and c["curve"]["0.8"] <= 1.25 * c["family"]["required_down_to"], name
+
+    weaker = bugtable.make_chain(0.97, seed=3)
+    other = _fed(weaker, bugtable.simulate(weaker, 300, seed=5), pilot.misreported_id, grid)
+    short = bug_class_coverage(design, pilot, other, alpha, power, looks, True, ids)
+    assert short["residual_is_p"]["short"] and short["stale_q"]["short"]
+    with pytest.raises(UnderpoweredError, match="residual_is_p.*at ρ = 1 power"):
+        require_coverage(cell, short, power)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from losscheck.stats.bugclass import PowerAccumulator
 
 
+POOLED_TV_MISS = 0.05  # the pooled TV bound's miss rate per cell, split over its looks
+
 # Bytes held per row x scored position x vocabulary entry while a chunk is scored: float32 logits of
 # the whole row, the gathered and processed float32 distributions, and randomized_pit's float64
 # copy, mask and masked sum.
@@ -197,7 +199,9 @@ class PitScores:
         )
         results += conditional_tests(ConditionalValues.merge(self.parts), alpha - alpha_pit, profile.power, looks)
         return results, {
-            "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins),
+            # at a sequential cell's data-dependent stop: a union over the looks it may stop at
+            "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins, 1 - POOLED_TV_MISS / looks),
+            "pooled_tv_confidence": 1 - POOLED_TV_MISS / looks,
             "cutoff_ambiguous": int(ambiguous.sum()),
             "cutoff_tolerance": self.tolerance,
             "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
@@ -226,7 +230,9 @@ def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> f
     """Upper confidence bound on the binned TV between the law of the PIT values `u` [n] and
     uniform: the observed binned TV plus the deviation every one of the 2^B events of the bins
     stays within (Hoeffding and a union over them), the values taken as independent — as they are
-    under H0; under a bug the tokens of a sequence may be dependent, and the bound is then optimistic."""
+    under H0; under a bug the tokens of a sequence may be dependent, and the bound is then optimistic.
+    A sequential cell passes `confidence` 1 - 0.05 / looks: its bound then holds at whichever look
+    it stops (a union over the looks)."""
     import math
 
     n = len(u)

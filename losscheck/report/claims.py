@@ -5,6 +5,12 @@ speculative sampling as a verdict of its own.
 "Lossless" is never claimed outright: a passing run says that no deviation was detected above
 the effects its tests had the stated power for — per bug class (`losscheck.stats.bugclass`),
 and as the pooled PIT law's binned distance, whose upper confidence bound the data give.
+
+A bug class is a family: the mixtures (1 - ρ)·p + ρ·p' of the target's law p and the class's
+catalogue law p' — the bug at magnitude ρ, or acting on a share ρ of the tokens
+(`losscheck.stats.sequential`). Each cell's record gives, per class, its power curve (the
+smallest ρ its tests catch at power 0.99 and 0.8 at the tokens it tested) and, for a sequential
+cell, the members its early stop ruled out (down to which ρ, at which β).
 """
 
 from __future__ import annotations
@@ -39,12 +45,27 @@ def tested(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def coverage(records: list[dict[str, Any]], level: float) -> dict[str, dict[str, Any]]:
-    """Per bug class: the cells whose tested sample caught it at power >= `level` (from its own
-    p and q), and the best cell's power, test and tokens."""
+    """Per bug class: the cells whose tested sample caught its catalogue point at power >=
+    `level` (from its own p and q), the best cell's power, test and tokens; per power of the
+    curve, the smallest member ρ a cell's tested sample catches and that cell; and of the early
+    stops that had to rule the class's family out, how many, and the largest ρ one of them ruled
+    it out down to (every early stop ruled out every member from 1 down to at least that ρ)."""
     out: dict[str, dict[str, Any]] = {}
     for r in records:
+        early = bool((r.get("looks") or {}).get("early"))
         for name, c in (r.get("bug_classes") or {}).items():
-            entry = out.setdefault(name, {"caught_by": [], "best": None})
+            entry = out.setdefault(name, {"caught_by": [], "best": None, "curve": {}, "ruled_out": None})
+            for power, rho in (c.get("curve") or {}).items():
+                known = entry["curve"].get(power)
+                if rho is not None and (known is None or rho < known["rho"]):
+                    entry["curve"][power] = {"rho": rho, "cell": r["cell"]}
+            family = c.get("family") or {}
+            if early and family.get("members"):
+                stops = entry["ruled_out"] or {"early_stops": 0, "down_to": 0.0, "beta": 0.0}
+                stops["early_stops"] += 1
+                stops["down_to"] = max(stops["down_to"], family["ruled_out_down_to"] or 1.0)
+                stops["beta"] = max([stops["beta"], *(m["beta"] for m in family["members"])])
+                entry["ruled_out"] = stops
             if c.get("power") is not None and c["power"] >= level:
                 entry["caught_by"].append(r["cell"])
             best = entry["best"]
@@ -72,14 +93,24 @@ def conformance(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"verdict": verdict, "tests": ran, "failed": failed}
 
 
-def pooled_bound(records: list[dict[str, Any]]) -> float | None:
-    """The largest 95% upper confidence bound on a cell's pooled PIT binned TV (None: no cell has one)."""
-    bounds = [r["pooled_tv_upper"] for r in records if r.get("pooled_tv_upper") is not None]
-    return max(bounds) if bounds else None
+def pooled_bound(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The largest of the cells' upper confidence bounds on their pooled PIT binned TV, its cell
+    and its confidence (each cell's own, look-corrected; None: no cell has one)."""
+    bounds = [r for r in records if r.get("pooled_tv_upper") is not None]
+    if not bounds:
+        return None
+    worst = max(bounds, key=lambda r: r["pooled_tv_upper"])
+    return {
+        "bound": worst["pooled_tv_upper"],
+        "cell": worst["cell"],
+        "confidence": worst.get("pooled_tv_confidence", 0.95),
+    }
 
 
 def lines(cert: dict[str, Any]) -> list[str]:
     """The claims as Markdown list items."""
+    from losscheck.stats import sequential  # the package imports torch: only when claims are written
+
     t, level = cert.get("tested") or {}, cert.get("profile", {}).get("power", 0.99)
     out = []
     if t:
@@ -90,10 +121,16 @@ def lines(cert: dict[str, Any]) -> list[str]:
         )
     if t.get("sequential_cells"):
         share = t["sequential_tokens"] / max(t["fixed_design_tokens"], 1)
+        beta_r = (1 - level) * sequential.RULE_OUT_SHARE
         out.append(
-            f"- sequential PIT cells: {t['stopped_early']} of {t['sequential_cells']} stopped early, every bug class "
-            f"their designs cover ruled out; they tested {t['sequential_tokens']:,} tokens where fixed-sample designs "
-            f"of the same α and power would test {t['fixed_design_tokens']:,} ({share:.0%})"
+            f"- sequential PIT cells: {t['stopped_early']} of {t['sequential_cells']} stopped early; a cell stops "
+            "only once, for every bug class its design reaches, it has ruled out each mixture (1 - ρ)·p + ρ·p' from "
+            f"the catalogue point ρ = 1 down to the ρ at which its tests at the last look have power "
+            f"{sequential.PARTIAL_POWER:g} (at β {beta_r:.3g} where they have the design's power, "
+            f"{sequential.PARTIAL_BETA:g} elsewhere), so against those it keeps the fixed design's power less that β. "
+            f"They tested {t['sequential_tokens']:,} tokens where fixed-sample designs at the same α would test "
+            f"{t['fixed_design_tokens']:,} ({share:.0%}). Not claimed after an early stop: smaller mixtures, and "
+            "laws outside these families, which a fixed design of the full size might still have caught"
         )
     conf = cert.get("conformance") or {}
     if conf:
@@ -104,17 +141,35 @@ def lines(cert: dict[str, Any]) -> list[str]:
         )
     classes = cert.get("bug_classes") or {}
     if classes:
-        out.append(f"- bug classes (each cell's power from its own p and q, at power {level:g}):")
+        out.append(
+            f"- bug classes (each cell's power from its tested sample's own p and q; ρ: the mixture "
+            f"(1 - ρ)·p + ρ·p', the bug at magnitude ρ or on a share ρ of the tokens; caught: at power {level:g}):"
+        )
         for name, c in classes.items():
             best = c["best"]
-            where = f"caught by {len(c['caught_by'])} cells" if c["caught_by"] else "caught by no cell"
+            where = (
+                f"caught at ρ = 1 by {len(c['caught_by'])} cells" if c["caught_by"] else "caught by no cell at ρ = 1"
+            )
             if best is not None:
-                where += f"; best {best['cell']} ({best['test']}, power {best['power']:.3f})"
+                where += f" (best {best['cell']}, {best['test']}, power {best['power']:.3f})"
+            curve = c.get("curve") or {}
+            if curve:
+                where += "; its tests at their stopping n catch down to " + ", ".join(
+                    f"ρ = {point['rho']:.3g} at power {power} ({point['cell']})" for power, point in curve.items()
+                )
+            stops = c.get("ruled_out")
+            if stops:
+                where += (
+                    f"; {stops['early_stops']} early stops ruled out its mixtures from ρ = 1 down to "
+                    f"ρ ≤ {stops['down_to']:.3g} (each at β ≤ {stops['beta']:.3g})"
+                )
             out.append(f"  - `{name}`: {where}")
     bound = pooled_bound(cert.get("cells", []))
     if bound is not None:
         out.append(
-            f"- pooled PIT law: every cell's binned TV from uniform is below {bound:.3g} (95% upper confidence "
-            "bound of the worst cell, tokens taken as independent)"
+            f"- pooled PIT law: each cell's binned TV from uniform lies below its own upper confidence bound "
+            "(95% per cell at whichever look it stopped: each look's bound at 1 - 0.05 / looks; not simultaneous "
+            f"over cells; tokens taken as independent); the largest is {bound['bound']:.3g} ({bound['cell']}, "
+            f"at confidence {bound['confidence']:.3g} per look)"
         )
     return out

@@ -52,3 +52,36 @@ def test_a_run_without_sequential_cells_says_nothing_of_them():
     t = claims.tested([{"cell": "x", "verdict": {"results": []}}])
     assert t["sequential_cells"] == 0
     assert not any("sequential" in line for line in claims.lines({"tested": t}))
+
+
+def _family(record: dict, down_to: float, curve: dict) -> dict:
+    record["bug_classes"]["stale_q"].update(
+        family={
+            "required_down_to": down_to,
+            "ruled_out_down_to": down_to,
+            "members": [
+                {"rho": 1.0, "beta": 0.005, "ruled_out": True},
+                {"rho": down_to, "beta": 0.1, "ruled_out": True},
+            ],
+        },
+        curve=curve,
+    )
+    return record
+
+
+def test_the_claims_print_each_class_curve_and_how_far_early_stops_ruled_it_out():
+    records = [
+        _family(_pit("A-k4-T1", 2032, 10800, True, 0.995, True), 0.3, {"0.99": 0.6, "0.8": 0.45}),
+        _family(_pit("A-k8-T1", 8100, 9000, True, 0.997, True), 0.2, {"0.99": 0.5, "0.8": None}),
+        _family(_pit("A-k2-T1", 9000, 9000, False, 0.997, False), 0.1, {"0.99": 0.4, "0.8": 0.3}),
+    ]
+    records[0]["pooled_tv_upper"], records[0]["pooled_tv_confidence"] = 0.05, 1 - 0.05 / 7
+    coverage = claims.coverage(records, 0.99)["stale_q"]
+    assert coverage["curve"] == {"0.99": {"rho": 0.4, "cell": "A-k2-T1"}, "0.8": {"rho": 0.3, "cell": "A-k2-T1"}}
+    # the cell that ran to its last look ruled nothing out; the weaker of the two early stops is reported
+    assert coverage["ruled_out"] == {"early_stops": 2, "down_to": 0.3, "beta": 0.1}
+    cert = {"bug_classes": {"stale_q": coverage}, "profile": {"power": 0.99}, "cells": records}
+    text = "\n".join(claims.lines(cert))
+    assert "ρ = 0.4 at power 0.99 (A-k2-T1)" in text
+    assert "2 early stops ruled out its mixtures from ρ = 1 down to ρ ≤ 0.3 (each at β ≤ 0.1)" in text
+    assert "the largest is 0.05 (A-k4-T1" in text and "not simultaneous over cells" in text
