@@ -20,7 +20,9 @@ from losscheck.run.session import Session
 SESSION_KEY = pytest.StashKey[Session]()
 VERDICT_KEY = pytest.StashKey[str]()  # the certificate's verdict, once the terminal summary wrote it
 RUN_DIR_KEY = pytest.StashKey[str]()  # the run directory the certificate went to (with --losscheck-out)
-PLAN_ERROR_KEY = pytest.StashKey[str]()
+PLAN_ERROR_KEY = pytest.StashKey[str]()  # what made the plan fail (`pytest_generate_tests`)
+_PLAN_ERROR_SENT = pytest.StashKey[bool]()  # an xdist worker has sent it to the controller
+PLAN_ERROR_PREFIX = "losscheck cannot plan the run: "  # how the controller tells a worker's plan error
 RECORD_PROPERTY = "losscheck"
 MANIFEST_PROPERTY = "losscheck-manifest"
 
@@ -87,17 +89,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not args:
         return
     # What check_options cannot see before the models load (a factory's product, weights that do
-    # not load) is the collection error of the first module that needs the plan, the message
-    # alone; later modules are skipped rather than repeat it.
+    # not load) is a usage error like a bad option's, one "ERROR: ..." line naming the option,
+    # never a collection error of whichever test module came first: every module that needs the
+    # plan is skipped, and `pytest_collection_finish` raises the error. An xdist worker cannot end
+    # the run, so its first such module fails with the message, which the controller raises
+    # (`pytest_collectreport`).
     stash = metafunc.config.stash
-    if PLAN_ERROR_KEY in stash:
+    if PLAN_ERROR_KEY not in stash:
+        try:
+            plan = stash[SESSION_KEY].plan
+        except LosscheckError as exc:
+            stash[PLAN_ERROR_KEY] = str(exc)
+    if PLAN_ERROR_KEY in stash:  # outside `except`: without the exception chain
+        if hasattr(metafunc.config, "workerinput") and not stash.get(_PLAN_ERROR_SENT, False):
+            stash[_PLAN_ERROR_SENT] = True
+            pytest.fail(PLAN_ERROR_PREFIX + stash[PLAN_ERROR_KEY], pytrace=False)
         pytest.skip(f"not collected: {stash[PLAN_ERROR_KEY]}")
-    try:
-        plan, error = stash[SESSION_KEY].plan, None
-    except LosscheckError as exc:
-        error = stash[PLAN_ERROR_KEY] = str(exc)
-    if error is not None:
-        pytest.fail(error, pytrace=False)  # outside `except`: without the exception chain
     for arg in args:
         if plan[arg]:
             cells = [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in plan[arg]]
@@ -105,6 +112,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         else:
             off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
             metafunc.parametrize(arg, [off], ids=["off"])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if PLAN_ERROR_KEY in session.config.stash and not hasattr(session.config, "workerinput"):
+        raise pytest.UsageError(session.config.stash[PLAN_ERROR_KEY])
+
+
+@pytest.hookimpl(tryfirst=True)  # before the terminal records it as a collection error
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """On the xdist controller (workers have PYTEST_XDIST_WORKER set): a worker's plan error ends
+    the run as the usage error it is."""
+    text = str(report.longrepr) if report.failed else ""
+    if text.startswith(PLAN_ERROR_PREFIX) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        raise pytest.UsageError(text.removeprefix(PLAN_ERROR_PREFIX))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
