@@ -93,5 +93,50 @@ def test_untiered_prompts_are_placed_by_the_targets_entropy(tmp_path):
 
 def test_ids_outside_the_vocabulary_are_named(tmp_path):
     target = tiny_target()
-    with pytest.raises(OptionError, match="prompt 2 has ids \\[999\\]"):
-        user_prompt_sets(write(tmp_path, {"ids": [0, 1]}, {"ids": [0, 999]}), target, None, chat_template=False)
+    with pytest.raises(OptionError, match="line 3: the prompt has ids \\[999\\] outside the target's vocabulary"):
+        user_prompt_sets(write(tmp_path, {"ids": [0, 1]}, "", {"ids": [0, 999]}), target, None, chat_template=False)
+
+
+def test_a_prompt_longer_than_the_targets_positions_is_named_by_its_line(tmp_path):
+    target = tiny_target(max_positions=16)
+    path = write(tmp_path, {"ids": [0, 1]}, "", {"ids": [0] * 12})
+    assert user_prompt_sets(path, target, None, False, room=4)  # 12 + 4 fits
+    with pytest.raises(OptionError, match="line 3: the prompt is 12 tokens long; with the 5 tokens a cell gener"):
+        user_prompt_sets(path, target, None, chat_template=False, room=5)
+
+
+def test_the_room_is_the_most_tokens_a_cell_generates():
+    from losscheck.plan.profiles import PROFILES, Profile
+    from losscheck.run.prompts import new_tokens
+
+    assert new_tokens(PROFILES["ci"]) == PROFILES["ci"].greedy_max_new == 64
+    assert new_tokens(PROFILES["thorough"]) == 128
+    assert new_tokens(Profile("short", greedy_max_new=8)) == 2 * 16 + 2  # a k = 16 PIT cell's horizon
+
+
+@pytest.mark.parametrize("prefix", ["--losscheck-", "--"])
+def test_the_start_up_check_names_a_long_prompts_line_and_the_callers_option(tmp_path, prefix):
+    """`losscheck certify` checks with prefix "--" (its --prompts), pytest with "--losscheck-"."""
+    from losscheck.run.loading import check_options
+    from losscheck.run.options import Options
+
+    path = write(tmp_path, {"ids": [0, 1]}, {"ids": [0] * 200})  # the bundled target: 256 positions
+    with pytest.raises(OptionError) as error:
+        check_options(Options(prompts=str(path)), prefix=prefix)
+    assert str(error.value).startswith(f"{prefix}prompts='{path}' line 2: the prompt is 200 tokens long")
+    assert "shorten it to at most 192 tokens" in str(error.value)
+    check_options(Options(prompts=str(write(tmp_path, {"ids": [0] * 192}))), prefix=prefix)  # 192 + 64 fits
+
+
+def test_prompt_messages_name_the_callers_options(tmp_path):
+    with pytest.raises(OptionError, match="^--prompts='.*' line 1: not JSON"):
+        read_jsonl(write(tmp_path, "{not json"), prefix="--")
+    with pytest.raises(OptionError, match="^--prompts: text prompts .* or a --target directory with a tokenizer"):
+        tokenize([{"text": "hi"}], None, chat_template=False, prefix="--")
+    plain = tmp_path / "no_chat_template"  # the text target's tokenizer without its chat template
+    plain.mkdir()
+    config = json.loads((TEXT_TARGET / "tokenizer_config.json").read_text())
+    (plain / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "chat_template"}))
+    (plain / "tokenizer.json").write_bytes((TEXT_TARGET / "tokenizer.json").read_bytes())
+    with pytest.raises(OptionError, match="^--chat-template: the tokenizer in .* has no chat template"):
+        tokenize([{"text": "hi"}], plain, chat_template=True, prefix="--")

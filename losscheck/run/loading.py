@@ -219,10 +219,39 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
         check_engine_options(options, prefix)
     if options.out is not None:
         check_out_dir(options.out, opt("out"))
-    if options.prompts is not None:
-        from losscheck.run.prompts import read_jsonl
+    if options.target is None:
+        target_config = json.loads((bundled.target_path() / "config.json").read_text())
+    else:
+        target_config = json.loads((Path(options.target).expanduser() / "config.json").read_text())
+    check_prompt_file(options, target_config, prefix)
 
-        read_jsonl(options.prompts)
+
+def check_prompt_file(options: Options, target_config: dict[str, Any], prefix: str) -> None:
+    """The prompts fit the target (`target_config`, its config.json): the `--prompts` file parses,
+    its text tokenises with the target's tokenizer (no weights load), and every prompt's ids lie
+    in the vocabulary and leave the positions its cells generate; without a file, the bundled
+    prompts' ids lie in the vocabulary."""
+    from losscheck import bundled
+    from losscheck.run import prompts
+
+    vocab = _shape(target_config)[0]
+    inner = target_config.get("text_config") or {}
+    max_positions = target_config.get("max_position_embeddings") or inner.get("max_position_embeddings")
+    if options.prompts is None:
+        if options.target is None or vocab is None:
+            return
+        largest = max(t for tier in prompts.TIERS for p in bundled.load_prompts(tier) for t in p)
+        if largest >= vocab:
+            raise OptionError(
+                f"the bundled prompts are token ids of the bundled target, outside the vocabulary of {vocab} "
+                f"tokens of {prefix}target={options.target!r}; pass {prefix}prompts=FILE "
+                '(JSONL, one {"text": ...} or {"ids": [...]} per line)'
+            )
+        return
+    lines = prompts.read_lines(options.prompts, prefix)
+    ids = prompts.tokenize([r for _, r in lines], options.target, options.chat_template, prefix)
+    room = prompts.new_tokens(options.profile)
+    prompts.check_prompts(options.prompts, [n for n, _ in lines], ids, vocab, max_positions, room, prefix)
 
 
 def engine_request(options: Options, prefix: str = "--losscheck-") -> EngineRequest:
