@@ -8,6 +8,7 @@ that law is a finite sum over x — no sampling. A lossless verifier gives exact
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,6 +63,16 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def correct(slot: FirstSlot) -> torch.Tensor:
     p, q = slot.p(), slot.q()
     return first_token_law(q, ratio(p, q), residual(p, q))
+
+
+def on_share(law: Callable[[FirstSlot], torch.Tensor], share: float) -> Callable[[FirstSlot], torch.Tensor]:
+    """The first token's law of a bug with first-token law `law` that hits each round with
+    probability `share`: the mixture (1 - share)·p + share·law."""
+
+    def mixed(slot: FirstSlot) -> torch.Tensor:
+        return (1 - share) * correct(slot) + share * law(slot)
+
+    return mixed
 
 
 def unnormalised_residual(slot: FirstSlot) -> torch.Tensor:

@@ -94,6 +94,16 @@ def _bonus_in_horizon(cell: Cell, horizon: int) -> bool:
     return _sampled(FAMILY_A)(cell, horizon) and cell.k < horizon
 
 
+def _slot_drafted(slot: int) -> Callable[[Cell, int], bool]:
+    """Family-A sampling cells whose rounds draft slot `slot` (k > slot)."""
+    return lambda cell, horizon: _sampled()(cell, horizon) and cell.k > slot
+
+
+INTERMITTENT_SHARE = 0.3  # residual_is_p_on_30pct_of_rounds
+BONUS_SHARE = 0.25  # bonus_from_wrong_slot_on_25pct_of_rounds
+ROW_EVERY = 4  # residual_is_p_one_row_in_4
+SLOT = 1  # residual_is_p_at_slot_1
+
 GREEDY_NO_LAW = "greedy cells are deterministic: any divergence fails"
 FIRST_SLOT_UNTOUCHED = "the first token comes from slot 0, which this bug leaves exact"
 
@@ -118,6 +128,40 @@ CATALOGUE: tuple[Mutant, ...] = (
         _sampled(),
         laws.residual_is_p,
         verifier=bugs.in_sampled_rounds(bugs.verify_residual_is_p),
+    ),
+    Mutant(
+        "residual_is_p_on_30pct_of_rounds",
+        "sampling",
+        "Intermittent wrong residual: on 30% of each row's rounds (independently) the recovered token is "
+        "drawn from p instead of norm(max(0, p - q)).",
+        "A bug some rounds hit and others miss (a race on the residual buffer, a fallback path): the "
+        "emitted token's law is the mixture 0.7·p + 0.3·p'_residual_is_p, a member of the residual_is_p "
+        "family below its catalogue point.",
+        _sampled(),
+        laws.on_share(laws.residual_is_p, INTERMITTENT_SHARE),
+        verifier=bugs.in_sampled_rounds(bugs.on_share_of_rounds(bugs.verify_residual_is_p, INTERMITTENT_SHARE)),
+    ),
+    Mutant(
+        "residual_is_p_one_row_in_4",
+        "sampling",
+        "Wrong residual at some batch positions: rows 0, 4, 8, … of each verify call recover from p.",
+        "A batched kernel that indexes the residual wrongly for one row in four: those rows follow the "
+        "residual_is_p law, the others are exact — a quarter of the rows, fixed by batch position.",
+        _sampled(),
+        None,
+        "the first token's law depends on the row's batch position",
+        verifier=bugs.in_sampled_rounds(bugs.at_batch_positions(bugs.verify_residual_is_p, ROW_EVERY)),
+    ),
+    Mutant(
+        "residual_is_p_at_slot_1",
+        "sampling",
+        "Wrong residual at one slot: a rejection at draft slot 1 recovers from p; every other slot is exact.",
+        "A slot-indexed bug (an off-by-one in the per-slot residual buffer): only rounds whose first "
+        "rejection falls on slot 1 emit from p — a share of the tokens the slot-stratified tests see.",
+        _slot_drafted(SLOT),
+        None,
+        FIRST_SLOT_UNTOUCHED,
+        verifier=bugs.in_sampled_rounds(bugs.at_slot(bugs.verify_residual_is_p, SLOT)),
     ),
     Mutant(
         "inverted_ratio",
@@ -193,6 +237,18 @@ CATALOGUE: tuple[Mutant, ...] = (
         None,
         FIRST_SLOT_UNTOUCHED + " (the bonus is token k+1)",
         verifier=bugs.in_sampled_rounds(bugs.verify_bonus_from_wrong_slot),
+    ),
+    Mutant(
+        "bonus_from_wrong_slot_on_25pct_of_rounds",
+        "sampling",
+        "Intermittent bonus from the wrong slot: on 25% of each row's rounds the bonus is drawn from p at "
+        "the last draft's position.",
+        "bonus_from_wrong_slot on a quarter of the rounds (independently): the bonus token's law is the "
+        "mixture 0.75·p + 0.25·p_previous_slot. Shows where the tested horizon reaches a bonus (k < L).",
+        _bonus_in_horizon,
+        None,
+        FIRST_SLOT_UNTOUCHED + " (the bonus is token k+1)",
+        verifier=bugs.in_sampled_rounds(bugs.on_share_of_rounds(bugs.verify_bonus_from_wrong_slot, BONUS_SHARE)),
     ),
     Mutant(
         "recovered_after_rejected",

@@ -191,6 +191,62 @@ def verify_bonus_from_wrong_slot(p, drafts, q, generator) -> BlockOutcome:
     return verify_rejection(wrong, drafts, q, generator)
 
 
+def _either(correct: BlockOutcome, buggy: BlockOutcome, acts: torch.Tensor) -> BlockOutcome:
+    """Per row, `buggy`'s outcome where `acts` [B] bool, else `correct`'s."""
+    return BlockOutcome(
+        accepted=torch.where(acts, buggy.accepted, correct.accepted),
+        tokens=torch.where(acts[:, None], buggy.tokens, correct.tokens),
+    )
+
+
+def _coupled(sampler: RejectionSampler, p, drafts, q, generator) -> tuple[BlockOutcome, BlockOutcome]:
+    """The correct outcome and `sampler`'s, from the same uniforms: each exactly its own law, and
+    where the bug changes only the recovered or bonus token they accept the same drafts."""
+    state = generator.get_state()
+    correct = verify_rejection(p, drafts, q, generator)
+    generator.set_state(state)
+    return correct, sampler(p, drafts, q, generator)
+
+
+def on_share_of_rounds(sampler: RejectionSampler, share: float) -> RejectionSampler:
+    """`sampler`'s bug on each row's round with probability `share`, independently (a bug hit by
+    some rounds only: a race, a stale buffer now and then); the correct verifier elsewhere."""
+
+    def intermittent(p, drafts, q, generator) -> BlockOutcome:
+        acts = torch.rand(drafts.shape[0], generator=generator, dtype=torch.float64, device=drafts.device) < share
+        correct, buggy = _coupled(sampler, p, drafts, q, generator)
+        return _either(correct, buggy, acts)  # BUG: the planted bug on the rounds it hits
+
+    intermittent.__doc__ = f"{sampler.__name__} on {share:.0%} of the rounds"
+    return intermittent
+
+
+def at_batch_positions(sampler: RejectionSampler, every: int) -> RejectionSampler:
+    """`sampler`'s bug on the rows at batch positions 0, `every`, 2·`every`, … of each verify
+    call (a kernel indexing bug that touches one row in `every`); the correct verifier elsewhere."""
+
+    def by_position(p, drafts, q, generator) -> BlockOutcome:
+        correct, buggy = _coupled(sampler, p, drafts, q, generator)
+        acts = torch.arange(drafts.shape[0], device=drafts.device) % every == 0
+        return _either(correct, buggy, acts)  # BUG: the planted bug on those rows
+
+    by_position.__doc__ = f"{sampler.__name__} on one row in {every} of the batch"
+    return by_position
+
+
+def at_slot(sampler: RejectionSampler, slot: int) -> RejectionSampler:
+    """`sampler`'s bug only on rounds whose first rejection is at draft slot `slot` (the same
+    uniforms decide the drafts, so only that round's recovered token changes); exact elsewhere."""
+
+    def one_slot(p, drafts, q, generator) -> BlockOutcome:
+        correct, buggy = _coupled(sampler, p, drafts, q, generator)
+        acts = (correct.accepted == slot) & (slot < drafts.shape[1])
+        return _either(correct, buggy, acts)  # BUG: the planted bug at that slot
+
+    one_slot.__doc__ = f"{sampler.__name__} at slot {slot} only"
+    return one_slot
+
+
 def in_sampled_rounds(sampler: RejectionSampler) -> Verifier:
     """A `Verifier` with `sampler` in place of `verify_rejection`; greedy rounds verify correctly."""
 

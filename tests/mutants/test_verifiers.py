@@ -65,6 +65,12 @@ CASES = {  # name: (verify, draw, exact law, params)
     "unnormalised_residual": (planted_verifier("unnormalised_residual"), honest_draw, laws.unnormalised_residual, T1),
     "residual_is_p": (planted_verifier("residual_is_p"), honest_draw, laws.residual_is_p, T1),
     "inverted_ratio": (planted_verifier("inverted_ratio"), honest_draw, laws.inverted_ratio, T1),
+    "residual_is_p_on_30pct_of_rounds": (
+        planted_verifier("residual_is_p_on_30pct_of_rounds"),
+        honest_draw,
+        laws.on_share(laws.residual_is_p, 0.3),
+        T1,
+    ),
     "shared_uniform": (planted_verifier("shared_uniform"), honest_draw, laws.shared_uniform, T1),
     "typical_acceptance": (planted_verifier("typical_acceptance"), honest_draw, laws.typical, T1),
     "recovered_after_rejected": (
@@ -148,3 +154,29 @@ def test_rows_are_permuted_only_when_they_accept_different_counts():
     )
     ragged = greedy_logits([[1, 4], [7, 5], [3, 6]])  # row 1 rejects its draft
     assert verify_rows_mixed_up(ragged, drafts, None, GREEDY, None).tokens.tolist() == [[7, 5], [1, 4], [3, 6]]
+
+
+def test_a_batch_position_bug_touches_only_its_rows():
+    """residual_is_p_one_row_in_4: rows 0, 4, 8, … of the call follow residual_is_p's first-token
+    law, every other row the target's p."""
+    tokens = one_round(planted_verifier("residual_is_p_one_row_in_4"), honest_draw, T1).tokens[:, 0]
+    slot = first_slot(T1)
+    hit = torch.arange(ROWS) % 4 == 0
+    assert_follows(tokens[hit], laws.residual_is_p(slot), ALPHA, "rows at positions 0 mod 4 vs residual_is_p")
+    assert_follows(tokens[~hit], slot.p(), ALPHA, "the other rows vs p")
+
+
+def test_a_slot_bug_changes_only_the_rounds_that_stop_at_its_slot():
+    """residual_is_p_at_slot_1, from one seed: rounds whose first rejection is at slot 1 emit what
+    residual_is_p emits from that seed, every other round what the correct verifier emits."""
+    from losscheck.selftest.verifiers import in_sampled_rounds, verify_residual_is_p
+
+    planted_at_slot = one_round(planted_verifier("residual_is_p_at_slot_1"), honest_draw, T1, seed=3)
+    correct = one_round(verify_block, honest_draw, T1, seed=3)
+    everywhere = one_round(in_sampled_rounds(verify_residual_is_p), honest_draw, T1, seed=3)
+    at_slot = correct.accepted == 1
+    assert bool(at_slot.any()) and bool((~at_slot).any())
+    assert torch.equal(planted_at_slot.accepted, correct.accepted)
+    assert torch.equal(planted_at_slot.tokens[at_slot], everywhere.tokens[at_slot])
+    assert torch.equal(planted_at_slot.tokens[~at_slot], correct.tokens[~at_slot])
+    assert not torch.equal(planted_at_slot.tokens[at_slot], correct.tokens[at_slot])
