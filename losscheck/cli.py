@@ -171,6 +171,12 @@ def parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="verdict and acceptance differences between two certificates")
     cmp.add_argument("before", help="the earlier run (directory or certificate.json)")
     cmp.add_argument("after", help="the later run; exit status 1 when it regressed")
+    cmp.add_argument(
+        "--allow-different",
+        action="store_true",
+        help="compare certificates of different targets, drafters or engines (refused otherwise, exit status 2); "
+        "the report opens with what differs",
+    )
     tier = sub.add_parser(
         "verifier-tier",
         help="drive a Verifier with synthetic targets and drafts and test its output law exactly "
@@ -298,18 +304,20 @@ def run_command(ns: argparse.Namespace) -> int:
         return int(pytest.main(perf_args(ns)))
     if ns.command == "report":
         from losscheck.report import certificate
+        from losscheck.report.runs import certificate_file
 
-        run_dir = Path(ns.run)
-        run_dir = run_dir if run_dir.is_dir() else run_dir.parent
-        cert = certificate.load(run_dir)
-        written = certificate.render(cert, run_dir)
+        path = certificate_file(ns.run)
+        cert = certificate.load(path)
+        written = certificate.render(cert, path.parent)
         print(certificate.headline(cert))
         print("wrote " + ", ".join(str(p) for p in written))
         return 0
     if ns.command == "compare":
         from losscheck.report import certificate, compare
+        from losscheck.report.runs import certificate_file
 
-        text, regressed = compare.report(certificate.load(ns.before), certificate.load(ns.after))
+        before, after = (certificate.load(certificate_file(run)) for run in (ns.before, ns.after))
+        text, regressed = compare.report(before, after, ns.allow_different)
         print(text, end="")
         return int(regressed)
     if ns.command == "fixtures":

@@ -4,13 +4,70 @@ Per cell of either matrix: status in A and in B, and the acceptance length τ (p
 groups) in each with the difference. A regression is a cell that passed in A and does not pass in
 B, or a verdict that got worse; acceptance changes are reported, never judged (τ moves with the
 drafter, and that is the point of a new release).
+
+Both certificates must be of the same things, by their identities: the same target (content
+hash) wherever both name one, the same drafters (names and kinds: class, algorithm) and the same
+black-box engine. A drafter whose weights changed is compared as a new release of it, and the
+report says so first; anything else different is refused (`DifferentRunsError`) unless the
+caller allows it, and then the report opens with what differs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from losscheck.errors import LosscheckError
+from losscheck.plan.cell import ORACLE
 from losscheck.report.markdown import markdown_table
+
+KIND_FIELDS = ("class", "algorithm")  # what kind of drafter an identity names, beyond its weights
+
+
+class DifferentRunsError(LosscheckError):
+    """Two certificates of different targets, drafters or engines: their differences are not a change."""
+
+
+def _hash(identity: dict[str, Any] | None) -> str | None:
+    identity = identity or {}
+    return identity.get("sha256") or identity.get("weights_sha256")
+
+
+def _short(digest: str | None) -> str:
+    return "unhashed" if not digest else f"{digest[:12]}…"
+
+
+def identity_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(what makes `a` and `b` certificates of different things, the drafters whose weights changed)."""
+    different, changed = [], []
+    targets_a, targets_b = a.get("targets") or {}, b.get("targets") or {}
+    for name in sorted(set(targets_a) & set(targets_b)):
+        if _hash(targets_a[name]) != _hash(targets_b[name]):
+            different.append(
+                f"target {name}: sha256 {_short(_hash(targets_a[name]))} before, {_short(_hash(targets_b[name]))} after"
+            )
+    drafters_a, drafters_b = a.get("drafters") or {}, b.get("drafters") or {}
+    for target in sorted(set(drafters_a) & set(drafters_b)):
+        da = {k: v for k, v in drafters_a[target].items() if k != ORACLE}
+        db = {k: v for k, v in drafters_b[target].items() if k != ORACLE}
+        if set(da) != set(db):
+            before, after = ", ".join(sorted(da)) or "none", ", ".join(sorted(db)) or "none"
+            different.append(f"drafters on {target}: {before} before, {after} after")
+            continue
+        for key in sorted(da):
+            kinds = [(f, da[key].get(f), db[key].get(f)) for f in KIND_FIELDS if da[key].get(f) != db[key].get(f)]
+            if kinds:
+                different += [f"drafter {key} on {target}: {f} {x!r} before, {y!r} after" for f, x, y in kinds]
+            elif _hash(da[key]) != _hash(db[key]):
+                changed.append(
+                    f"drafter {key} on {target}: weights {_short(_hash(da[key]))} before, {_short(_hash(db[key]))} "
+                    f"after ({da[key].get('name')} -> {db[key].get('name')}), compared as a new release of it"
+                )
+    engine_a, engine_b = a.get("engine"), b.get("engine")
+    if (engine_a or {}).get("name") != (engine_b or {}).get("name"):
+        name_a, name_b = (engine_a or {}).get("name", "none"), (engine_b or {}).get("name", "none")
+        different.append(f"black-box engine: {name_a} before, {name_b} after")
+    return different, changed
+
 
 # Worse to the right: a verdict moving right between A and B is a regression.
 VERDICT_ORDER = ("PASS", "PARTIAL", "INTERRUPTED", "FAIL")
@@ -45,12 +102,22 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[list[str]], list
     return rows, regressions
 
 
-def report(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, bool]:
-    """Markdown comparing `a` and `b`, and whether `b` regressed."""
+def report(a: dict[str, Any], b: dict[str, Any], allow_different: bool = False) -> tuple[str, bool]:
+    """Markdown comparing `a` and `b`, and whether `b` regressed. Certificates of different things
+    (`identity_differences`) raise `DifferentRunsError` unless `allow_different`."""
+    different, changed = identity_differences(a, b)
+    if different and not allow_different:
+        raise DifferentRunsError(
+            "the certificates are of different things, so their differences are not a change: "
+            + "; ".join(different)
+            + ". Compare runs of the same target and drafters, or pass --allow-different to compare them anyway"
+        )
     rows, regressions = compare(a, b)
     lines = [
         f"# losscheck compare: {a['verdict']} ({a['created']}) -> {b['verdict']} ({b['created']})",
         "",
+        *(f"- WARNING: not the same run's things: {d}" for d in different),
+        *(f"- CHANGED: {c}" for c in changed),
         *(f"- REGRESSION: {r}" for r in regressions),
         *([] if regressions else ["- no regression: every cell that passed before passes now"]),
         "",
