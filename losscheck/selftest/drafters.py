@@ -72,11 +72,25 @@ def one_id_underreported(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch
     return sample(q, ctx.generator), reported / reported.sum(-1, keepdim=True)
 
 
-def one_id_underreported_q(q: torch.Tensor) -> torch.Tensor:
-    """The q [..., V] `one_id_underreported` reports for a sampling law q."""
+def one_id_underreported_q(q: torch.Tensor, factor: float = MISREPORT_FACTOR) -> torch.Tensor:
+    """The q [..., V] `one_id_underreported` reports for a sampling law q (`factor`: the mutant's
+    misreport, `MISREPORT_FACTOR` by default)."""
     reported = q.clone()
-    reported[..., MISREPORTED_ID] /= MISREPORT_FACTOR
+    reported[..., MISREPORTED_ID] /= factor
     return reported / reported.sum(-1, keepdim=True)
+
+
+def one_id_underreported_by(factor: float) -> DraftStep:
+    """`one_id_underreported` with the id reported at 1 / `factor` of its probability: the same
+    bug at a smaller magnitude (a factor between 1, no bug, and `MISREPORT_FACTOR`)."""
+
+    def draw(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        q = process_logits(logits, ctx.params)
+        if ctx.params.greedy:
+            return q.argmax(-1), q
+        return sample(q, ctx.generator), one_id_underreported_q(q, factor)  # BUG: not the q drawn from
+
+    return draw
 
 
 class MisreportingDrafter(AutoregressiveDrafter):

@@ -153,3 +153,13 @@ def truncated_candidates_full_q(slot: FirstSlot) -> torch.Tensor:
 def one_id_underreported(slot: FirstSlot) -> torch.Tensor:
     q = slot.q()
     return misreported(slot, q, one_id_underreported_q(q))
+
+
+def one_id_underreported_by(factor: float) -> Callable[[FirstSlot], torch.Tensor]:
+    """The first token's law of `one_id_underreported` at misreport `factor`."""
+
+    def law(slot: FirstSlot) -> torch.Tensor:
+        q = slot.q()
+        return misreported(slot, q, one_id_underreported_q(q, factor))
+
+    return law
