@@ -34,6 +34,12 @@ sees per token under the bug and reports the tokens needed at a per-test level �
   the bound is the smaller. It is a benchmark, not a guarantee: for bugs concentrated on few
   steps (the bonus slot) the log-LR sum is far from Gaussian.
 
+Family members: every number above is also given for a class's mixture (1 - ρ)·p + ρ·p'
+(`rho`, `losscheck.stats.sequential`) from the same sums — bin masses, drifts, support and TV
+are linear in the law, and the squared per-step drifts the accumulator also keeps make the
+variances exact (`_Sums.mixed`); the LR bound takes its local form there. `smallest_rho` is the
+power curve: the smallest member a test catches at a power within n tokens.
+
 What the numbers assume: the steps are those of the run shown (p, q and slots from the cell's own
 loop), and the bug changes only the emitted token's law at each step, not which prefixes and
 slots the run visits; the steps' contributions are summed as if independent given the steps (true

@@ -1,35 +1,40 @@
 """Sequential stopping of a PIT cell: the tested sample grows look by look, and a passing cell
-stops at the first look where every bug class its design covers is ruled out by the data.
+stops at the first look where every member of every bug-class family its design reaches is
+ruled out by the data.
 
 Terms:
 
 - *looks*: the tested-token counts n_1 < … < n_m the cell may stop at, fixed before the tested
-  sample is drawn — the profile's floor, doubling, up to the design's tokens (`look_tokens`).
-  A profile allows at most `max_looks(floor, cap)` of them.
-- *rule-out e-value* of a class c with exact law p'_{c,t} at every step t
-  (`losscheck.stats.buglaws`): R_c = Π_t p_t(x_t) / p'_{c,t}(x_t) over the tested tokens x_t.
-  Under the bug c it is a non-negative supermartingale of mean at most 1
-  (E_{p'}[p / p'] = Σ_{p' > 0} p ≤ 1), so by Ville's inequality P(R_c ever reaches 1/β_r) ≤ β_r.
-  A class is *ruled out* once log R_c ≥ log(1/β_r).
+  sample is drawn — the profile's floor, growing by `LOOK_GROWTH`, up to the design's tokens
+  (`look_tokens`). A profile allows at most `max_looks(floor, cap)` of them.
+- *family* of a class c with exact law p'_{c,t} at every step t (`losscheck.stats.buglaws`): the
+  mixtures p_ρ = (1 - ρ)·p + ρ·p'_c, 0 < ρ <= 1 — the bug at a fraction ρ of its magnitude, or
+  acting on each token with probability ρ; ρ = 1 is the catalogue point. A design promises the
+  members down to ρ_min, where its tests at the last look have power `PARTIAL_POWER`; an early
+  stop must rule out the members of `family(ρ_min)` (`required`).
+- *rule-out e-value* of member ρ: R_{c,ρ} = Π_t p_t(x_t) / p_{ρ,t}(x_t) over the tested tokens.
+  Under p_ρ it is a non-negative supermartingale of mean at most 1 (E_{p_ρ}[p / p_ρ] <= 1), so by
+  Ville's inequality P(R_{c,ρ} ever reaches 1/β) <= β; each factor is at most 1 / (1 - ρ). A
+  member is *ruled out* once log R_{c,ρ} >= log(1/β): β_r where the design's tests have power
+  `design_power` against it, β_p = `PARTIAL_BETA` where they have `PARTIAL_POWER` or more.
 
-Level: the e-value tests of a cell hold at any stopping time and keep their α; every
-fixed-sample test (the χ², KS and uniformity tests) is judged at α / m (Bonferroni over the m
-looks a profile allows), so the cell's false-alarm rate stays within its budget whichever look it
-stops at.
+Level: the e-values only decide when to stop; every fixed-sample test (the χ², KS and uniformity
+tests) is judged at α / m (Bonferroni over the m looks a profile allows) and the e-value tests
+hold at any stopping time, so the cell's false-alarm rate stays within its budget whichever look
+it stops at.
 
-Power: under the bug c the cell misses c only if R_c crossed 1/β_r first (probability ≤ β_r) or
-the tests at n_m missed it, so against every class it must rule out the cell keeps the power its
-tests have at n_m, less β_r. The design gives each covered class's best test power 1 - β/2 at n_m,
-and β_r = β/2: power 1 - β, the profile's power, whichever look the cell stops at. A class (or a
-misreported id) the design reaches only partly — power at least `PARTIAL_POWER` at n_m — must be
-ruled out too, at β_p = `PARTIAL_BETA`: stopping early costs it at most β_p of the power the
-fixed-sample design had. It rests on what the power table already assumes: the emitted token's
-law at each step is p'_c given everything before it (the bug changes the token's law, the
-classes' laws are exact).
+Power: under member ρ the cell misses it only if R_{c,ρ} crossed 1/β first (probability <= β) or
+the tests at n_m missed it; each member is judged under its own law, so requiring all of them
+needs no multiplicity correction. The design gives each covered member's best test power
+1 - β/2 at n_m, and β_r = β/2: power 1 - β, the profile's, whichever look the cell stops at; a
+partly reached member keeps its fixed-design power less β_p. A bug between two members is held
+by the member below it: in the local limit log R_{c,ρ} under p_{ρ*} drifts by ρ·χ²·(ρ/2 - ρ*)
+per token with variance ρ²·χ², so it crosses log(1/β) with probability β^(2ρ*/ρ - 1) <= β for
+ρ* >= ρ. It rests on what the power table already assumes: the emitted token's law at each step
+is the bug's given everything before it (the bug changes the token's law, not the steps).
 
-Cost under H0: log R_c grows by KL(p‖p'_c) per token, so a class is ruled out after about
-log(2/β) / KL tokens, a small part of the (z_α + z_β)² / χ²(p'‖p) a test needs at the gate's
-α ~ 1e-6. A cell stops as soon as its slowest covered class is ruled out.
+Cost under H0: log R_{c,ρ} grows by KL(p‖p_ρ) ≈ ρ²·χ²(p'‖p) / 2 per token; a cell stops as soon as
+its slowest required member — one at its class's ρ_min — is ruled out.
 """
 
 from __future__ import annotations
