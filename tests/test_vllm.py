@@ -368,3 +368,24 @@ def test_vllm_cpu_seeded_requests_after_a_partial_prefill_chunk():
     assert "GENERATED" not in chunked.stdout and "CPU Generator does not use offset" in chunked.stderr
     whole = _seeded_burst(chunked=False)
     assert "GENERATED" in whole.stdout, whole.stderr[-3000:]
+
+
+def test_vllm_certified_by_name_from_the_command_line(tmp_path):
+    """`losscheck certify --engine vllm+cpu-fixes --speculative-config JSON --engine-arg ...`, as a
+    user names vLLM: an engine-only run (the greedy cell and five one-sample cells, α split over
+    them) that PASSes with exit status 0, the engine named in the certificate."""
+    import json
+
+    from losscheck import bundled
+
+    spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
+    args = ["skip_tokenizer_init=true", "max_model_len=256", "enforce_eager=true", "seed=0"]
+    command = [sys.executable, "-m", "losscheck.cli", "certify", "--engine", "vllm+cpu-fixes"]
+    command += ["--speculative-config", json.dumps(spec), "-n", "0", "--out", str(tmp_path)]
+    command += [f"--engine-arg={a}" for a in args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "losscheck verdict: PASS — 6 passed, 0 failed, 0 errored, 0 not run of 6 cells" in done.stdout
+    (run,) = tmp_path.iterdir()
+    cert = json.loads((run / "certificate.json").read_text())
+    assert cert["engine"]["name"] == "vllm+cpu-fixes(draft_model, k=4)" and cert["drafters"] == {}

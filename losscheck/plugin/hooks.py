@@ -119,13 +119,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(session.config.stash[PLAN_ERROR_KEY])
 
 
-@pytest.hookimpl(tryfirst=True)  # before the terminal records it as a collection error
-def pytest_collectreport(report: pytest.CollectReport) -> None:
-    """On the xdist controller (workers have PYTEST_XDIST_WORKER set): a worker's plan error ends
-    the run as the usage error it is."""
-    text = str(report.longrepr) if report.failed else ""
-    if text.startswith(PLAN_ERROR_PREFIX) and not os.environ.get("PYTEST_XDIST_WORKER"):
-        raise pytest.UsageError(text.removeprefix(PLAN_ERROR_PREFIX))
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # in process, or the xdist controller
+        session.config.pluginmanager.register(PlanErrorRelay(), "losscheck-plan-error")
+
+
+class PlanErrorRelay:
+    """On the xdist controller: a worker's plan error (`pytest_generate_tests`) ends the run as the
+    usage error it is."""
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal records it as a collection error
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        text = str(report.longrepr) if report.failed else ""
+        if text.startswith(PLAN_ERROR_PREFIX):
+            raise pytest.UsageError(text.removeprefix(PLAN_ERROR_PREFIX))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -208,7 +215,14 @@ class RecordCollector:
             reporter.write_line(line)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.progress.collected(_cell_id(item.nodeid) for item in session.items if "[" in item.nodeid)
+        cells = [_cell_id(item.nodeid) for item in session.items if "lossless" in item.keywords and "[" in item.nodeid]
+        self.progress.collected(cells)
+        if cells and not hasattr(self.config, "workerinput") and not getattr(self.config.option, "numprocesses", 0):
+            # in process the plan is known now (under xdist `losscheck certify` prints it first)
+            from losscheck.report.plan import plan_lines
+
+            for line in plan_lines(self.config.stash[SESSION_KEY], full=False):
+                self._write_line(line)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

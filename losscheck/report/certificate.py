@@ -333,6 +333,9 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
             f"{key} `{str(d.get('sha256') or d.get('weights_sha256'))[:12]}`" for key, d in drafters.items()
         )
         lines.append(f"- drafters on {name}: {hashes}")
+    engine = cert.get("engine")
+    if engine:
+        lines.append(f"- engine: `{engine['name']}` (k = {engine['k']}, precision {engine['precision']})")
     alpha = cert["alpha"]
     if alpha:
         lines.append(

@@ -7,28 +7,33 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from losscheck.run.options import Options
 
+if TYPE_CHECKING:
+    from losscheck.run.session import Session
 
-def planned(options: Options) -> tuple[list[dict[str, Any]], list[dict[str, str]], float]:
+
+def planned(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, str]], float]:
     """(matrix entries in scope, cells out of scope, the target's cost scale), planned the way the
     run plans them: the drafters are built (their declared block lengths and widths make the
     matrix), the cells are not run."""
     from losscheck import bundled
     from losscheck.plan import matrix
     from losscheck.plan.cost import target_scale
-    from losscheck.run.session import Session
 
-    session = Session(options)
-    config = json.loads((Path(options.target or bundled.target_path()).expanduser() / "config.json").read_text())
+    target = session.options.target or bundled.target_path()
+    config = json.loads((Path(target).expanduser() / "config.json").read_text())
     return matrix.entries(session.plan), session.out_of_scope, target_scale(config)
 
 
-def plan_lines(options: Options, full: bool, workers: int = 1) -> list[str]:
-    """The plan: with `full`, one line per cell, else the counts by kind; then the estimate."""
-    entries, out, scale = planned(options)
+def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list[str]:
+    """The plan of a run (its options, or its session): with `full`, one line per cell, else the
+    counts by kind; then the estimate."""
+    from losscheck.run.session import Session
+
+    entries, out, scale = planned(options if isinstance(options, Session) else Session(options))
     lines = []
     if full:
         width = max([len(e["cell"]) for e in entries] + [4])

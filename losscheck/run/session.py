@@ -148,6 +148,11 @@ class Session:
             return user_prompt_sets(opts.prompts, self.target("main"), opts.target, opts.chat_template)
         sets = {tier: bundled.load_prompts(tier) for tier in TIERS}
         vocab = self.target("main").vocab_size
+        if opts.target is not None and _has_tokenizer(opts.target):
+            # a user's target with a tokenizer: the bundled text prompts, in its own tokens
+            return user_prompt_sets(
+                bundled.fixtures_dir() / "prompts" / "text.jsonl", self.target("main"), opts.target, opts.chat_template
+            )
         if max(t for found in sets.values() for p in found for t in p) >= vocab:
             raise OptionError(
                 f"the bundled prompts are token ids of the bundled target, outside the vocabulary of "
@@ -201,3 +206,10 @@ class Session:
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+
+def _has_tokenizer(target_dir: str) -> bool:
+    from pathlib import Path
+
+    root = Path(target_dir).expanduser()
+    return any((root / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))

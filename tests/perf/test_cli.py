@@ -30,10 +30,12 @@ def test_a_bad_threshold_is_a_usage_error_naming_it(capsys):
     assert "'speed:5%' is not METRIC:N%" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("verdict", "status", "expected"), [("PASS", 0, 0), ("PARTIAL", 0, 1), ("FAIL", 1, 1)])
+@pytest.mark.parametrize(
+    ("verdict", "status", "expected"), [("PASS", 0, 0), ("PARTIAL", 0, 3), ("FAIL", 1, 1), ("INTERRUPTED", 2, 4)]
+)
 def test_certify_exits_0_only_on_a_pass(monkeypatch, tmp_path, verdict, status, expected):
     """`losscheck certify` reads the certificate's verdict: a run pytest counts as passed whose
-    certificate is PARTIAL (cells skipped) is not a certificate to release with."""
+    certificate is PARTIAL (cells skipped) is not a certificate to release with: it exits 3."""
     from losscheck import cli
     from losscheck.plugin.hooks import VERDICT_KEY
 

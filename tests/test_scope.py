@@ -1,0 +1,242 @@
+"""A run's declared scope, engine-only runs, the CLI's exit statuses and progress lines.
+
+The scope is pure planning (`losscheck.plan.scope`), tested on cells directly and on the bundled
+reference plan; the verdict and exit status of a scoped run end to end, in a subprocess, on the
+cheapest cells (greedy, bundled target).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from losscheck import cli
+from losscheck.core.precision import Precision
+from losscheck.errors import OptionError
+from losscheck.plan import matrix
+from losscheck.plan.cell import ENGINE, Cell
+from losscheck.plan.scope import Scope, parse_scope
+from losscheck.progress import CellProgress
+from losscheck.report import certificate
+from losscheck.serving.axis import serving
+from tests.support import assert_valid_certificate
+
+pytest_plugins = ["pytester"]
+
+T1 = matrix.SAMPLING_VARIANTS[0]
+CELLS = {
+    "greedy_cell": [Cell("A", 4, matrix.GREEDY), Cell("A", 4, matrix.GREEDY, serving=serving(split=2))],
+    "sampling_cell": [
+        Cell("A", 4, T1),
+        Cell("A", 4, T1, precision=Precision("bf16", "bf16")),
+        Cell("A", 4, T1, stress="argmax"),
+    ],
+    "engine_cell": [Cell(ENGINE, 4, T1)],
+}
+
+
+def ids(cells: dict[str, list[Cell]]) -> set[str]:
+    return {c.id for found in cells.values() for c in found}
+
+
+def test_the_default_scope_is_the_whole_matrix():
+    kept, out = parse_scope(None).split(CELLS, Precision())
+    assert ids(kept) == ids(CELLS) and out == [] and Scope().label() == "the whole matrix"
+
+
+def test_an_aspect_out_leaves_every_cell_along_it_out_with_its_reason():
+    kept, out = parse_scope("-split").split(CELLS, Precision())
+    assert ids(kept) == ids(CELLS) - {"A-k4-greedy-tp2"}
+    assert out == [{"cell": "A-k4-greedy-tp2", "reason": "-split declared out"}]
+    kept, out = parse_scope("-precision,-stress").split(CELLS, Precision())
+    assert {e["cell"] for e in out} == {"A-k4-T1-bf16", "A-k4-T1-stress-argmax"}
+
+
+def test_kinds_in_keep_only_those_kinds_and_groups_expand():
+    kept, _ = parse_scope("greedy").split(CELLS, Precision())
+    assert ids(kept) == {"A-k4-greedy", "A-k4-greedy-tp2"}
+    kept, out = parse_scope("engine").split(CELLS, Precision())
+    assert ids(kept) == {"engine-k4-T1"}
+    assert {e["reason"] for e in out} == {"kind greedy not declared in", "kind pit not declared in"}
+    kept, _ = parse_scope("sampling,-precision").split(CELLS, Precision())
+    assert ids(kept) == {"A-k4-T1", "A-k4-T1-stress-argmax", "engine-k4-T1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("gredy", "no kind 'gredy'"), ("greedy,,pit", "empty term"), ("-splitt", "no aspect 'splitt'")],
+)
+def test_a_bad_scope_is_one_clear_error(text, says):
+    from losscheck.plan.scope import serving_axis_names
+
+    with pytest.raises(OptionError, match=says):
+        parse_scope(text).check(serving_axis_names())
+
+
+def test_a_scope_leaves_the_alpha_split_over_the_cells_it_keeps():
+    """Cells out of scope leave the matrix before the Bonferroni split: the statistical cells of
+    the reference plan without the split are fewer, each one's alpha share larger."""
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    whole = Session(Options(bundled="reference"))
+    scoped = whole.derive(scope=parse_scope("-split"))
+    scoped.n_statistical  # noqa: B018 (plans)
+    split = [e["cell"] for e in scoped.out_of_scope]
+    assert split and all("tp2" in c for c in split)
+    assert not any("tp2" in c.id for found in scoped.plan.values() for c in found)
+    removed = sum(1 for c in split if "greedy" not in c)
+    assert scoped.n_statistical == whole.n_statistical - removed
+    assert scoped.per_test_alpha > whole.per_test_alpha
+
+
+def test_an_engine_without_a_drafter_plans_the_engines_cells_only():
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    session = Session(Options(engine="losscheck.engines.spec_loop:spec_loop", bundled="reference"))
+    assert session.engine_only
+    planned = ids(session.plan)
+    assert planned and all(c.startswith("engine-") for c in planned)
+    assert session.n_statistical == len(session.plan["engine_cell"])
+
+
+def meta(scope: str | None) -> dict:
+    return {"seed": 1, "pytest_args": [], "profile": {"power": 0.99}, "scope_option": scope}
+
+
+def manifest(cells: list[str], out: list[dict]) -> dict:
+    return {
+        "matrix": [{"cell": c, "mode": "greedy", "argument": "greedy_cell", "slow": False} for c in cells],
+        "scope": {"out": out},
+        "environment": {
+            "worker": "main",
+            "threads": 1,
+            **dict.fromkeys(("losscheck", "python", "torch", "transformers", "accelerator"), "-"),
+            "git_revision": None,
+        },
+    }
+
+
+def test_a_scoped_pass_names_its_scope_first():
+    out = [{"cell": "A-k4-greedy-tp2", "reason": "-split declared out"}]
+    records = [{"cell": "A-k4-greedy", "passed": True, "outcome": "passed", "kind": "greedy"}]
+    cert = certificate.build(meta("-split"), [manifest(["A-k4-greedy"], out)], records, 0, False)
+    assert cert["verdict"] == "PASS" and cert["scope"]["out"] == out
+    assert certificate.headline(cert).startswith("losscheck verdict: PASS of --scope=-split — ")
+    summary = certificate.markdown(cert).splitlines()
+    assert summary[2].startswith("scope: -split (1 cells in scope; out of scope: 1 cells: -split declared out)")
+
+
+def test_a_cell_the_hardware_cannot_run_makes_the_run_partial_with_its_reason():
+    reason = "cell A-k4-greedy-tp2 cannot run here: 1 CUDA device; declare it out ... --losscheck-scope=-split"
+    records = [
+        {"cell": "A-k4-greedy", "passed": True, "outcome": "passed", "kind": "greedy"},
+        {"cell": "A-k4-greedy-tp2", "outcome": "skipped", "skip_reason": reason},
+    ]
+    cert = certificate.build(meta(None), [manifest(["A-k4-greedy", "A-k4-greedy-tp2"], [])], records, 0, False)
+    assert cert["verdict"] == "PARTIAL" and "--losscheck-scope=-split" in cert["reason"]
+    assert [m.get("reason") for m in cert["matrix"]] == [None, reason]
+
+
+def test_an_unavailable_cell_is_skipped_with_the_scope_that_declares_it_out():
+    from losscheck.plugin.certify import certify
+    from losscheck.serving.split import SplitUnavailable
+
+    class NoTarget:
+        target = "own"
+        id = "A-k4-greedy-tp2"
+
+    def unavailable(session, cell):
+        raise SplitUnavailable("split=2 runs one rank per CUDA device and 1 are visible")
+
+    with pytest.raises(pytest.skip.Exception, match=r"--losscheck-scope=-split \(certify: --scope=-split\)"):
+        certify(unavailable, None, NoTarget(), {})
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict", "code"),
+    [
+        (0, "PASS", 0),
+        (1, "FAIL", 1),
+        (0, "PARTIAL", 3),
+        (2, "INTERRUPTED", 4),
+        (4, None, 2),  # pytest's usage error: a bad option
+        (5, None, 3),  # a selection that ran no cell
+        (3, None, 1),  # pytest's internal error
+    ],
+)
+def test_certify_exit_status(status, verdict, code):
+    assert cli.exit_status(status, verdict) == code
+
+
+def test_progress_lines_count_cells_and_extrapolate_the_time_left():
+    lines: list[str] = []
+    progress = CellProgress(lines.append, started=0.0)
+    progress.collected(["a", "b", "c", "unrelated[x]"])
+    progress.planned([{"cell": c, "estimated_s": s} for c, s in (("a", 10.0), ("b", 10.0), ("c", 20.0))])
+    progress.finished("a", "PASS", 4.0)
+    progress.finished("a", "PASS", 4.0)  # a second report of the same cell (teardown) adds nothing
+    assert len(lines) == 1 and lines[0].startswith("[1/3] a PASS 4.0 s — ") and "left" in lines[0]
+    progress.finished("b", "FAIL", 5.0)
+    progress.finished("c", "PASS", 9.0)
+    assert lines[-1].startswith("[3/3] c PASS 9.0 s") and "left" not in lines[-1]
+
+
+GREEDY_SCOPE = "greedy,-split,-prefix,-batching,-precision,-oracle,-width"
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "losscheck.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.e2e
+def test_a_scoped_run_passes_and_a_selection_inside_it_is_partial(tmp_path):
+    """`losscheck certify --scope ...` -> PASS, exit 0, the scope in the certificate's first lines;
+    the same scope with `-- -k` running one of its cells -> PARTIAL, exit 3."""
+    done = run_cli(["certify", f"--scope={GREEDY_SCOPE}", "-n", "0", "--out", str(tmp_path / "a")], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert f"losscheck verdict: PASS of --scope={GREEDY_SCOPE}" in done.stdout
+    assert "plan: " in done.stdout and "[1/" in done.stdout  # the plan up front, a line per cell
+    (run,) = (tmp_path / "a").iterdir()
+    cert = assert_valid_certificate(json.loads((run / "certificate.json").read_text()))
+    assert cert["scope"]["declared"] == GREEDY_SCOPE and cert["scope"]["out"]
+    assert (run / "summary.md").read_text().splitlines()[2].startswith(f"scope: {GREEDY_SCOPE}")
+    part = run_cli(["certify", f"--scope={GREEDY_SCOPE}", "-n", "0", "--", "-k", "A-k4-greedy"], tmp_path)
+    assert part.returncode == 3, part.stdout[-3000:] + part.stderr[-2000:]
+    assert "losscheck verdict: PARTIAL" in part.stdout
+
+
+@pytest.mark.e2e
+def test_on_hardware_that_cannot_split_the_run_is_partial_with_the_hint(pytester):
+    """The split cells where the platform cannot split (simulated: the backend check refuses):
+    PARTIAL, the reason names --losscheck-scope=-split, and --losscheck-require-pass makes plain
+    pytest exit non-zero; declaring the split out makes the same run PASS."""
+    pytester.makeconftest(
+        textwrap.dedent(
+            """
+            from losscheck.serving import split
+
+            def _no_backend(options, ranks):
+                raise split.SplitUnavailable(f"split={ranks} runs one rank per CUDA device and 1 is visible")
+
+            split._backend = _no_backend
+            """
+        )
+    )
+    scope = "greedy,-prefix,-batching,-precision,-oracle,-width"  # A's greedy cells and the split's
+    common = ["--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider"]
+    common += ["--losscheck-bundled=reference"]
+    result = pytester.runpytest_subprocess(*common, f"--losscheck-scope={scope}", "--losscheck-require-pass")
+    result.stdout.fnmatch_lines(["*losscheck verdict: PARTIAL*could not run here*--losscheck-scope=-split*"])
+    assert result.ret == 1
+    result = pytester.runpytest_subprocess(*common, f"--losscheck-scope={scope},-split", "--losscheck-require-pass")
+    result.stdout.fnmatch_lines([f"*losscheck verdict: PASS of --scope={scope},-split*"])
+    assert result.ret == 0
