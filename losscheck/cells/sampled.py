@@ -137,26 +137,36 @@ def _looks(
     stops must rule out, and each class's family members ρ whose rule-out e-values the tested
     sample keeps — all from the pilot, fixed before any look.
 
-    A class's family is its mixtures (1 - ρ)·p + ρ·p' (`losscheck.stats.sequential`). The design
-    *promises* a member when its best test, at the design's tokens less `DESIGN_MARGIN` (the
-    margin the covered classes are sized with), has power `sequential.PARTIAL_POWER`; ρ_min is
-    the smallest such member. An early stop rules out every member of `sequential.family(ρ_min)`:
-    at β_r those the design covers at `sequential.design_power`, at β_p the rest. The per-id
-    class's ids share one family (the smallest ρ_min of its ids and of its aimed id); each id is
-    ruled out down to its own ρ_min and the member below it, by its count test."""
+    A class's family is its mixtures (1 - ρ)·p + ρ·p' (`losscheck.stats.sequential`). Its floor
+    ρ_min is the smallest member whose best test has power `sequential.PARTIAL_POWER` at the
+    design's tokens less `DESIGN_MARGIN` twice: the design *promises* the members down to it, and
+    the tested sample must confirm each promise at the design's tokens (`bug_class_coverage`) —
+    the pilot's estimate of a small member's effect is noisier than of the catalogue point, which
+    the covered classes are sized for with one margin. An early stop rules out every member of
+    `sequential.family(ρ_min)`: at β_r the catalogue point of a covered class and every member
+    whose tests have power `sequential.design_power` at the design's tokens less one margin, at
+    β_p the rest. A class the design reaches at power 0.8 at its full tokens only (not promised)
+    must still be ruled out at its catalogue point, at β_p, as must every id of the misreporting
+    drafter's class whose count test has power 0.8 at the design's tokens: the ids share one
+    family (the smallest ρ_min of its ids and of its aimed id), each ruled out down to its own
+    ρ_min and the member below it."""
     level = sequential.design_power(power)
     promised = design.tokens / sample_size.DESIGN_MARGIN
+    floor_tokens = promised / sample_size.DESIGN_MARGIN
     covered: list[str] = []
     partial: list[str] = []
+    kept: list[str] = []
     floors: dict[str, float] = {}
     for name in design.best:
-        rho_min = pilot.smallest_rho(name, promised, alpha_test, sequential.PARTIAL_POWER, limit)
+        rho_min = pilot.smallest_rho(name, floor_tokens, alpha_test, sequential.PARTIAL_POWER, limit)
         if rho_min is not None:
             floors[name] = rho_min
+        elif pilot.best_power(name, design.tokens, alpha_test, limit) >= sequential.PARTIAL_POWER:
+            floors[name] = 1.0  # reached at its catalogue point only, at the full design
     per_id = [bug.name for bug in pilot.classes if bug.per_id]
     id_floors = {}
-    for v in pilot.covered_ids(promised, alpha_test, sequential.PARTIAL_POWER):
-        id_floors[v] = _id_rho_min(pilot, v, promised, alpha_test)
+    for v in pilot.covered_ids(design.tokens, alpha_test, sequential.PARTIAL_POWER):
+        id_floors[v] = _id_rho_min(pilot, v, design.tokens, alpha_test)
     grid = {name: sequential.family(rho) for name, rho in floors.items() if name not in per_id}
     for name in per_id:
         lowest = min([*id_floors.values(), *([floors[name]] if name in floors else [])], default=None)
@@ -165,15 +175,25 @@ def _looks(
 
     for name, rho_min in floors.items():
         for rho in sequential.required(grid[name], rho_min):
-            strong = pilot.best_power(name, promised, alpha_test, limit, rho) >= level
-            (covered if strong else partial).append(sequential.member_key(name, rho))
+            key = sequential.member_key(name, rho)
+            strong = (rho == 1.0 and name in design.covered) or pilot.best_power(
+                name, promised, alpha_test, limit, rho
+            ) >= level
+            (covered if strong else partial).append(key)
+            if strong or pilot.best_power(name, floor_tokens, alpha_test, limit, rho) >= sequential.PARTIAL_POWER:
+                kept.append(key)
     for name in per_id:
         for v, rho_min in id_floors.items():
             for rho in sequential.required(grid[name], rho_min):
-                strong = pilot.count_power(v, promised, alpha_test, rho) >= level
+                strong = pilot.count_power(v, design.tokens, alpha_test, rho) >= level
                 (covered if strong else partial).append(sequential.member_key(sequential.id_key(name, v), rho))
     looks = sequential.Looks(
-        sequential.look_tokens(design.floor, design.tokens, limit), limit, tuple(covered), tuple(partial), power
+        sequential.look_tokens(design.floor, design.tokens, limit),
+        limit,
+        tuple(covered),
+        tuple(partial),
+        power,
+        promised=tuple(kept),
     )
     return looks, sorted(id_floors), grid
 
@@ -264,6 +284,8 @@ def bug_class_coverage(
         required = {rho: key for rho, key in members.items() if key in ruled}
         short = []
         for rho, key in required.items():
+            if key not in looks.promised:
+                continue
             strong = key in looks.covered
             have = power.best_power(name, at_last, alpha_test, looks.limit, rho)
             if have < promise[strong]:

@@ -131,6 +131,8 @@ class Looks:
     covered:  the classes (or `id_key`s) the design covers: ruled out at β_r to stop early
     partial:  those it reaches only partly: ruled out at β_p = `PARTIAL_BETA`
     power:    the profile's power (1 - β)
+    promised: the keys whose power the design promises with a margin, which the tested sample
+              must confirm (the rest are ruled out to stop, a cost, and not asserted)
     """
 
     tokens: tuple[int, ...]
@@ -138,6 +140,7 @@ class Looks:
     covered: tuple[str, ...]
     partial: tuple[str, ...]
     power: float
+    promised: tuple[str, ...] = ()
 
     def thresholds(self) -> dict[str, float]:
         """Per class or id key that must be ruled out, the log e-value that does it."""
