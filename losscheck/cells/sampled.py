@@ -146,10 +146,10 @@ def _looks(
     `sequential.family(ρ_min)`: at β_r the catalogue point of a covered class and every member
     whose tests have power `sequential.design_power` at the design's tokens less one margin, at
     β_p the rest. A class the design reaches at power 0.8 at its full tokens only (not promised)
-    must still be ruled out at its catalogue point, at β_p, as must every id of the misreporting
-    drafter's class whose count test has power 0.8 at the design's tokens: the ids share one
-    family (the smallest ρ_min of its ids and of its aimed id), each ruled out down to its own
-    ρ_min and the member below it."""
+    must still be ruled out at its catalogue point, at β_p. So must every id of the misreporting
+    drafter's class whose count test has power 0.8 at the design's tokens less one margin (not
+    confirmed by the tested sample): the ids share one family (the smallest ρ_min of its ids and
+    of its aimed id), each ruled out down to its own ρ_min and the member below it."""
     level = sequential.design_power(power)
     promised = design.tokens / sample_size.DESIGN_MARGIN
     floor_tokens = promised / sample_size.DESIGN_MARGIN
@@ -165,8 +165,8 @@ def _looks(
             floors[name] = 1.0  # reached at its catalogue point only, at the full design
     per_id = [bug.name for bug in pilot.classes if bug.per_id]
     id_floors = {}
-    for v in pilot.covered_ids(design.tokens, alpha_test, sequential.PARTIAL_POWER):
-        id_floors[v] = _id_rho_min(pilot, v, design.tokens, alpha_test)
+    for v in pilot.covered_ids(promised, alpha_test, sequential.PARTIAL_POWER):
+        id_floors[v] = _id_rho_min(pilot, v, promised, alpha_test)
     grid = {name: sequential.family(rho) for name, rho in floors.items() if name not in per_id}
     for name in per_id:
         lowest = min([*id_floors.values(), *([floors[name]] if name in floors else [])], default=None)
@@ -185,7 +185,7 @@ def _looks(
     for name in per_id:
         for v, rho_min in id_floors.items():
             for rho in sequential.required(grid[name], rho_min):
-                strong = pilot.count_power(v, design.tokens, alpha_test, rho) >= level
+                strong = pilot.count_power(v, promised, alpha_test, rho) >= level
                 (covered if strong else partial).append(sequential.member_key(sequential.id_key(name, v), rho))
     looks = sequential.Looks(
         sequential.look_tokens(design.floor, design.tokens, limit),
