@@ -213,6 +213,7 @@ class RecordCollector:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and not hasattr(self.config, "workerinput"):
             reporter.write_line(line)
+            reporter.flush()  # a CI log (a pipe, block-buffered) shows each line as it comes
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         cells = [_cell_id(item.nodeid) for item in session.items if "lossless" in item.keywords and "[" in item.nodeid]

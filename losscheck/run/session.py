@@ -141,18 +141,18 @@ class Session:
         """Tier ("low" / "mid" / "high" entropy) -> prompts of the main target: the
         `--losscheck-prompts` file (`losscheck.run.prompts`), else the bundled sets."""
         from losscheck import bundled
-        from losscheck.run.prompts import TIERS, user_prompt_sets
+        from losscheck.run.prompts import TIERS, new_tokens, user_prompt_sets
 
         opts = self.options
+        room = new_tokens(opts.profile)  # a prompt must leave the longest cell's tokens of positions
         if opts.prompts is not None:
-            return user_prompt_sets(opts.prompts, self.target("main"), opts.target, opts.chat_template)
+            return user_prompt_sets(opts.prompts, self.target("main"), opts.target, opts.chat_template, room)
         sets = {tier: bundled.load_prompts(tier) for tier in TIERS}
         vocab = self.target("main").vocab_size
         if opts.target is not None and _has_tokenizer(opts.target):
             # a user's target with a tokenizer: the bundled text prompts, in its own tokens
-            return user_prompt_sets(
-                bundled.fixtures_dir() / "prompts" / "text.jsonl", self.target("main"), opts.target, opts.chat_template
-            )
+            text = bundled.fixtures_dir() / "prompts" / "text.jsonl"
+            return user_prompt_sets(text, self.target("main"), opts.target, opts.chat_template, room)
         if max(t for found in sets.values() for p in found for t in p) >= vocab:
             raise OptionError(
                 f"the bundled prompts are token ids of the bundled target, outside the vocabulary of "
