@@ -240,3 +240,17 @@ def test_on_hardware_that_cannot_split_the_run_is_partial_with_the_hint(pytester
     result = pytester.runpytest_subprocess(*common, f"--losscheck-scope={scope},-split", "--losscheck-require-pass")
     result.stdout.fnmatch_lines([f"*losscheck verdict: PASS of --scope={scope},-split*"])
     assert result.ret == 0
+
+
+def test_the_weightless_plan_is_the_runs_plan():
+    """`losscheck certify --list` plans on the target's skeleton (no weight read or hashed): the
+    same cells, in the same order, as the run's plan."""
+    from losscheck.plan.matrix import entries
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    options = Options(bundled="reference", scope=parse_scope("-split"))
+    listed = Session(options, skeleton=True)
+    assert listed.target("main").model.device.type == "meta"
+    assert entries(listed.plan) == entries(Session(options).plan)
+    assert listed.out_of_scope == Session(options).out_of_scope

@@ -128,6 +128,20 @@ class HFTarget:
             identity["split"] = str(dist.get_world_size())
         return cls(model, name=path.name, identity=identity)
 
+    @classmethod
+    def skeleton(cls, path: str | Path, precision: str = "fp32", trust_remote_code: bool = False) -> HFTarget:
+        """The model of `path` built from its config.json on the meta device: its shapes and
+        declarations without reading (or hashing) a weight, for planning a run."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        path = Path(path)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch_dtype(precision), trust_remote_code=trust_remote_code
+            )
+        return cls(model.eval(), name=path.name, identity={"path": str(path.resolve()), "precision": precision})
+
     def reset(self, batch_size: int, capacity: int) -> None:
         self.lm.reset(batch_size, capacity)
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def planned(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, str]], float]:
     """(matrix entries in scope, cells out of scope, the target's cost scale), planned the way the
     run plans them: the drafters are built (their declared block lengths and widths make the
-    matrix), the cells are not run."""
+    matrix) against the target's weightless skeleton, and no cell runs."""
     from losscheck import bundled
     from losscheck.plan import matrix
     from losscheck.plan.cost import target_scale
@@ -33,7 +33,7 @@ def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list
     counts by kind; then the estimate."""
     from losscheck.run.session import Session
 
-    entries, out, scale = planned(options if isinstance(options, Session) else Session(options))
+    entries, out, scale = planned(options if isinstance(options, Session) else Session(options, skeleton=True))
     lines = []
     if full:
         width = max([len(e["cell"]) for e in entries] + [4])

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 
 class Models:
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, skeleton: bool = False) -> None:
         self.options = options
+        self.skeleton = skeleton  # targets without weights (`HFTarget.skeleton`): planning only
         self._targets: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
         self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
 
@@ -51,9 +52,11 @@ class Models:
             # xdist already runs one worker per core; more threads per worker only contend.
             torch.set_num_threads(1)
         opts = self.options
+        path = bundled.small_target_path() if name == "small" else opts.target or bundled.target_path()
+        if self.skeleton:
+            return HFTarget.skeleton(path, dtype, opts.trust_remote_code)
         if name == "small":
-            return HFTarget.from_pretrained(bundled.small_target_path(), dtype, device=self.device)
-        path = opts.target or bundled.target_path()
+            return HFTarget.from_pretrained(path, dtype, device=self.device)
         # a rank of `losscheck.serving.split` loads its shard of the main target (HF's own plan)
         dist = torch.distributed
         split = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

@@ -28,13 +28,16 @@ if TYPE_CHECKING:
 
 
 class Session:
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, skeleton: bool = False) -> None:
+        """`skeleton`: a session that only plans (`losscheck certify --list`): targets without
+        weights, prompts not read."""
         self.options = options
+        self.skeleton = skeleton
         self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
         self.manifest_sent = False  # this process's manifest went out on a report (plugin)
         self.progress: Progress = QUIET  # stages of a long cell; the plugin shows them on a terminal
         self._memo: dict[Any, Any] = {}
-        self.models = Models(options)
+        self.models = Models(options, skeleton)
 
     def derive(self, **changes: Any) -> Session:
         """A session with some options changed (seed, alpha, mutant…) that shares this one's
@@ -121,7 +124,8 @@ class Session:
         from losscheck.plan import matrix
         from losscheck.run import drafters as registry
 
-        _ = self.prompt_sets  # a bad prompt file is one collection error, not one per test
+        if not self.skeleton:
+            _ = self.prompt_sets  # a bad prompt file is one collection error, not one per test
         bundled: str | None = None  # the drafters are a bundled set (`losscheck.plan.bundled_sets`)
         if self.engine_only:
             drafters: dict[str, dict[str, Drafter]] = {"main": {}}
