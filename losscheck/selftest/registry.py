@@ -103,7 +103,7 @@ INTERMITTENT_SHARE = 0.3  # residual_is_p_on_30pct_of_rounds
 BONUS_SHARE = 0.25  # bonus_from_wrong_slot_on_25pct_of_rounds
 ROW_EVERY = 4  # residual_is_p_one_row_in_4
 SLOT = 1  # residual_is_p_at_slot_1
-SMALL_MISREPORT = 1.5  # one_id_underreported_1.5x
+SMALL_MISREPORT = 2.0  # one_id_underreported_2x
 
 GREEDY_NO_LAW = "greedy cells are deterministic: any divergence fails"
 FIRST_SLOT_UNTOUCHED = "the first token comes from slot 0, which this bug leaves exact"
@@ -299,7 +299,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         wrap_drafter=planted.misreporting(planted.one_id_underreported, "one-id-under", "one_id_underreported"),
     ),
     Mutant(
-        "one_id_underreported_1.5x",
+        "one_id_underreported_2x",
         "sampling",
         f"Drafter misreports one token by less: id {planted.MISREPORTED_ID} drawn {SMALL_MISREPORT:g}x as often "
         "as its reported q says.",
@@ -309,7 +309,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         _main_sampled,
         laws.one_id_underreported_by(SMALL_MISREPORT),
         wrap_drafter=planted.misreporting(
-            planted.one_id_underreported_by(SMALL_MISREPORT), "one-id-under-1.5x", "one_id_underreported_1.5x"
+            planted.one_id_underreported_by(SMALL_MISREPORT), "one-id-under-2x", "one_id_underreported_2x"
         ),
     ),
     Mutant(
