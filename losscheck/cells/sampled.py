@@ -269,6 +269,9 @@ def bug_class_coverage(
     needed = power.tokens_needed(alpha_test, sequential.design_power(level), looks.limit)
     tested = max(power.steps, 1)
     at_last = design.tokens if early else tested
+    # after an early stop the tested sample's own estimate of each member's power at the design's
+    # tokens is noisy (a few thousand steps); it must fall short beyond the design's margin to error
+    checked = design.tokens * sample_size.DESIGN_MARGIN if early else tested
     rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
     thresholds = looks.thresholds()
@@ -287,12 +290,14 @@ def bug_class_coverage(
             if key not in looks.promised:
                 continue
             strong = key in looks.covered
-            have = power.best_power(name, at_last, alpha_test, looks.limit, rho)
+            have = power.best_power(name, checked, alpha_test, looks.limit, rho)
             if have < promise[strong]:
                 short.append({"rho": rho, "power": have, "promised": promise[strong]})
         cell_power = power.best_power(name, at_last if reach != "none" else tested, alpha_test, looks.limit)
+        checked_power = power.best_power(name, checked if reach != "none" else tested, alpha_test, looks.limit)
         if reach != "none":
             cell_power = max(0.0, cell_power - beta[reach == "covered"])
+            checked_power = max(0.0, checked_power - beta[reach == "covered"])
         down_to = None
         for rho in sorted(required, reverse=True):  # the members ruled out from ρ = 1 down
             if not ruled[required[rho]]:
@@ -304,6 +309,7 @@ def bug_class_coverage(
             "tokens_needed": tokens,
             "lr_bound_tokens": tests.get(LR_BOUND, math.inf),
             "power": cell_power,
+            "power_checked": checked_power,
             "covered": reach == "covered",
             "reach": reach,
             "pilot_tokens_needed": design.best[name][1],
@@ -339,7 +345,11 @@ def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: flo
     design promised: a covered class caught at `level`, and every member of a family an early
     stop had to rule out caught at the power the design gave it — the pilot underestimated what
     the cell needs."""
-    short = {name: c for name, c in coverage.items() if (c["covered"] and c["power"] < level) or c.get("short")}
+    short = {
+        name: c
+        for name, c in coverage.items()
+        if (c["covered"] and c.get("power_checked", c["power"]) < level) or c.get("short")
+    }
     if short:
         listed = "; ".join(
             f"{name}: {c['test']} power {c['power']:.3f} (needs {c['tokens_needed']:.0f} tokens, "
