@@ -42,6 +42,11 @@ CAUGHT_BY = {
     "typical_acceptance": ("never-reject-p>=q", "first-token", "joint"),
     "bonus_counted_not_written": ("greedy", "support", "joint"),
     "rows_mixed_up": ("greedy", "drafted-length", "own-drafts", "first-token", "joint"),
+    # the intermittent mutants: the same mechanisms on a share of rounds, rows or slots
+    "residual_is_p_on_30pct_of_rounds": ("support", "first-token", "joint"),
+    "residual_is_p_one_row_in_4": ("support", "first-token", "joint"),
+    "residual_is_p_at_slot_1": ("support", "joint"),  # slot 0's rejections untouched: the first token too
+    "bonus_from_wrong_slot_on_25pct_of_rounds": ("joint",),
 }
 PLANTED = {m.name: m.verifier for m in CATALOGUE if m.verifier is not None}
 PLANTED_TV = 0.05  # planted bugs move the laws by far more: a coarse tier catches each in ~1 s
