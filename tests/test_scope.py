@@ -242,15 +242,17 @@ def test_on_hardware_that_cannot_split_the_run_is_partial_with_the_hint(pytester
     assert result.ret == 0
 
 
-def test_the_weightless_plan_is_the_runs_plan():
-    """`losscheck certify --list` plans on the target's skeleton (no weight read or hashed): the
-    same cells, in the same order, as the run's plan."""
+@pytest.mark.parametrize("bundled", ["reference", "all"])
+def test_the_weightless_plan_is_the_runs_plan(bundled):
+    """`losscheck certify --list` plans the bundled drafters from their declarations (no model
+    built) and a target's skeleton (no weight read or hashed): the same cells, in the same order,
+    as the run's plan."""
     from losscheck.plan.matrix import entries
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
-    options = Options(bundled="reference", scope=parse_scope("-split"))
-    listed = Session(options, skeleton=True)
+    options = Options(bundled=bundled, scope=parse_scope("-split"))
+    listed, run = Session(options, skeleton=True), Session(options)
     assert listed.target("main").model.device.type == "meta"
-    assert entries(listed.plan) == entries(Session(options).plan)
-    assert listed.out_of_scope == Session(options).out_of_scope
+    assert entries(listed.plan) == entries(run.plan)
+    assert listed.out_of_scope == run.out_of_scope

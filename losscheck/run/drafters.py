@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,44 @@ def bundled(target_name: str, target: Target, precision: str = "fp32", which: st
     for name in bundled_sets.families(which):
         load, directory = LOADERS[name]
         found[name] = load(root / directory, target, precision)
+    return found
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A bundled drafter's declarations, read from its files without building it: all a plan
+    reads of a drafter (`losscheck certify --list`)."""
+
+    name: str
+    block_lengths: tuple[int, ...]
+    widths: tuple[int | None, ...] = ()
+    uses_hidden: bool | tuple[int, ...] = False
+
+
+def declared(target_name: str, which: str = "all") -> dict[str, Declared]:
+    """What `bundled(target_name, …, which=which)` and the oracle would declare, by cell name."""
+    import json
+
+    from losscheck.drafters.autoregressive import AutoregressiveDrafter
+    from losscheck.drafters.block import FAMILIES
+    from losscheck.drafters.parallel import PATH_WIDTHS
+    from losscheck.plan.cell import ORACLE
+
+    family_a = Declared("A", AutoregressiveDrafter.block_lengths)
+    found: dict[str, Declared] = {"A": family_a} if target_name == "small" else {}
+    root = fixtures.fixtures_dir()
+    for name in () if target_name == "small" else bundled_sets.families(which):
+        directory = root / LOADERS[name][1]
+        if name == "A":
+            found[name] = family_a
+        elif name in SPECULATORS:
+            tokens = speculators_config.read_config(directory).proposal.speculative_tokens
+            found[name] = Declared(name, tuple(range(1, tokens + 1)))
+        else:
+            cfg = json.loads((directory / "config.json").read_text())
+            widths = PATH_WIDTHS if FAMILIES[cfg["family"]][1] != "none" else ()
+            found[name] = Declared(name, tuple(range(1, cfg["max_slots"] + 1)), widths)
+    found[ORACLE] = Declared(ORACLE, AutoregressiveDrafter.block_lengths)
     return found
 
 

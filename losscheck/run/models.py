@@ -69,6 +69,9 @@ class Models:
         from losscheck.run import drafters as registry
 
         key = (target, precision)
+        if self.skeleton and not (target == "main" and self.options.drafter):
+            # planning the bundled set: its declarations, no model built (`registry.declared`)
+            return registry.declared(target, self.options.bundled)  # type: ignore[return-value]
         if key not in self._drafter_sets:
             model = self.target(target, precision.target)
             if target == "main" and self.options.drafter:
