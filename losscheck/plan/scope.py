@@ -80,11 +80,12 @@ class Scope:
 
     def check(self, serving_axes: Iterable[str]) -> None:
         """Aspects that are neither `ASPECTS` nor a serving axis are refused."""
-        known = (*ASPECTS, *serving_axes)
-        unknown = [a for a in self.out if a not in known]
+        axes = tuple(serving_axes)
+        unknown = [a for a in self.out if a not in ASPECTS and a not in axes]
         if unknown:
+            listed = [f"{a} ({what})" for a, (what, _) in ASPECTS.items()] + [f"{a} (a serving axis)" for a in axes]
             raise OptionError(
-                f"scope: no aspect {unknown[0]!r} to leave out; the aspects are {', '.join(known)} "
+                f"scope: no aspect {unknown[0]!r} to leave out; the aspects are {', '.join(listed)} "
                 "(e.g. -split on one GPU)"
             )
 

@@ -48,10 +48,6 @@ def pytest_configure(config: pytest.Config) -> None:
         options = from_parsed(config.getoption)
         if not hasattr(config, "workerinput"):  # xdist workers start after the controller checked
             check_options(options)
-            if not options.scope.whole:  # the serving axes are a registry: known once it loads
-                from losscheck.plan.scope import serving_axis_names
-
-                options.scope.check(serving_axis_names())
             if options.verifier is not None:  # imports the user's module and calls its factory (torch)
                 from losscheck.run.factory import load_verifier
 

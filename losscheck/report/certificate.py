@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from losscheck.plan.scope import WHOLE
 from losscheck.report import claims
 
 SCHEMA = "losscheck.certificate/2"
-WHOLE_SCOPE = "the whole matrix"  # `losscheck.plan.scope.WHOLE`
 VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
 STATUSES = ("passed", "failed", "errored", "not run")
 
@@ -69,7 +69,7 @@ def build(
     verdict, reason = _verdict(matrix, counts, problems, exit_status, interrupted, known=bool(manifests))
     first = manifests[0] if manifests else {}
     scope = {
-        "declared": meta.get("scope_option") or WHOLE_SCOPE,
+        "declared": meta.get("scope_option") or WHOLE,
         "whole": not meta.get("scope_option"),
         "out": first.get("scope", {}).get("out", []),
         "cells": len(matrix),

@@ -215,6 +215,10 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
             f"{hidden}. Name your drafter: {opt('drafter')}=pkg.mod:factory, or {opt('drafter')}=DIR "
             "for a Hugging Face causal-LM drafter directory"
         )
+    if not options.scope.whole:  # its aspects include the serving axes: a registry, known once it loads
+        from losscheck.plan.scope import serving_axis_names
+
+        options.scope.check(serving_axis_names())
     if options.engine is not None:
         check_engine_options(options, prefix)
     if options.out is not None:
