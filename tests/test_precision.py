@@ -80,6 +80,59 @@ def test_a_token_just_outside_the_cut_is_ambiguous_and_one_far_outside_is_not():
         assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
 
 
+def test_a_token_just_past_the_top_p_mass_is_ambiguous_and_one_further_is_not():
+    """The mass before a token within `top_p_band(tolerance, V)` above top_p: ambiguous; further: a
+    support failure. V = 64: the band is 64 unit round-offs (3.8e-6) plus e^(2 tolerance) - 1."""
+    target = tiny_target()
+    prompt = [0, 3, 4]
+    with torch.no_grad():
+        logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    probs = logits.softmax(-1).double()
+    order = probs.argsort(descending=True)
+    first_out = order[3]
+    before = float(probs[order[:3]].sum())  # the mass before the fourth token
+    for top_p, tolerance, expected in (
+        (before - 1e-6, 0.0, True),
+        (before - 1e-3, 0.0, False),
+        (before - 1e-3, 1e-3, True),
+        (before - 1e-2, 1e-3, False),
+    ):
+        params = SamplingParams(top_p=top_p)
+        token = torch.tensor([[int(first_out)]])
+        probs_kept, ambiguous = teacher_forced_probs(target, [prompt], token, params, tolerance)
+        assert probs_kept[0, 0, first_out] == 0  # the cut keeps three tokens
+        assert bool(ambiguous[0, 0]) is expected, (top_p, tolerance)
+
+
+def test_every_token_hugging_faces_top_p_keeps_and_losscheck_cuts_is_in_the_band():
+    """The finding behind the band: Hugging Face's `TopPLogitsWarper` (ascending cumulative sum,
+    `<= 1 - top_p`) and `process_logits` (descending, mass before `>= top_p`) are one rule, yet on
+    the text target's 8,192 tokens they keep a different last token at a few positions in a
+    thousand. Each such token HF keeps and losscheck cuts must be ambiguous, even at tolerance 0."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from losscheck import bundled
+    from losscheck.cells.scoring import cutoff_ambiguous
+    from losscheck.core.sampling import process_logits
+
+    model = AutoModelForCausalLM.from_pretrained(bundled.fixtures_dir() / "text_target").eval()
+    ids = torch.randint(0, model.config.vocab_size, (64, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits  # [32, 64, V]
+    params = SamplingParams(top_p=0.9)
+    probs = process_logits(logits, params)
+    hf_kept = TopPLogitsWarper(0.9)(None, logits.flatten(0, 1).clone()).view_as(logits) > -math.inf
+    rows, positions, tokens = (hf_kept & (probs == 0)).nonzero(as_tuple=True)
+    assert len(tokens) > 0  # the two disagree here; else this test shows nothing
+    for row, position, token in zip(rows, positions, tokens):
+        tested = torch.zeros(logits.shape[:2], dtype=torch.long)  # [64, 64]
+        tested[row, position] = token
+        assert cutoff_ambiguous(logits, probs, tested, params, tolerance=0.0)[row, position], (row, position)
+
+
 def test_the_summary_counts_near_ties():
     from losscheck.report.summary import summary_rows
 

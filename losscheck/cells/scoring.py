@@ -3,6 +3,7 @@ the randomized PIT of every generated token, and the PIT tests with the facts th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ import torch
 
 from losscheck.core.engine import pad_prompts
 from losscheck.core.generation import Generation
-from losscheck.core.sampling import SamplingParams, make_generator, process_logits
+from losscheck.core.sampling import SamplingParams, make_generator, process_logits, top_p_band
 from losscheck.core.target import HFTarget
 
 if TYPE_CHECKING:
@@ -41,10 +42,12 @@ def teacher_forced_probs(
     distinct one once (a cell's rows cycle over a few prompts), then every row's last prompt token
     and generated tokens in one pass whose logits are the predictions of the generated tokens.
 
-    A token is *ambiguous* when top-k / top-p cut it (p = 0 here) although its raw logit lies within
-    `tolerance` of the lowest logit kept: a pass with another batch shape (the engine's cached one)
-    may round it inside the cut. Under exact H0 no generated token has p = 0, so leaving these out
-    of the test changes nothing but round-off; everything further out stays a support failure.
+    A token is *ambiguous* when top-k / top-p cut it (p = 0 here) although another implementation
+    of the same cut-off, on logits within `tolerance` of these (the engine's cached pass has another
+    batch shape), may keep it: top-k when its raw logit lies within `tolerance` of the lowest logit
+    kept, top-p when the mass before it lies within `top_p_band` above `top_p`. Under exact H0 no
+    generated token has p = 0, so leaving these out of the test changes nothing but round-off;
+    everything further out stays a support failure.
     """
     n, horizon = tokens.shape
     prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)  # [n, P], [n]
@@ -55,10 +58,26 @@ def teacher_forced_probs(
     scored = torch.cat([last, tokens[:, :-1]], dim=1)  # [n, L] the inputs that predict tokens 0 .. L-1
     logits, _ = target.forward(scored, plen - 1)  # [n, L, V]
     probs = process_logits(logits, params)  # [n, L, V]
+    return probs, cutoff_ambiguous(logits, probs, tokens, params, tolerance)
+
+
+def cutoff_ambiguous(
+    logits: torch.Tensor, probs: torch.Tensor, tokens: torch.Tensor, params: SamplingParams, tolerance: float
+) -> torch.Tensor:
+    """Generated `tokens [n, L]` that `probs [n, L, V]` (= `process_logits(logits [n, L, V])`) cut
+    though another implementation of the cut-off may keep them → bool [n, L] (see
+    `teacher_forced_probs`)."""
     cut = probs.gather(-1, tokens[..., None]).squeeze(-1) == 0  # [n, L]
+    if not cut.any():
+        return cut
     lowest_kept = logits.masked_fill(probs == 0, float("inf")).amin(-1)  # [n, L]
-    ambiguous = cut & (logits.gather(-1, tokens[..., None]).squeeze(-1) >= lowest_kept - tolerance)
-    return probs, ambiguous
+    near = logits.gather(-1, tokens[..., None]).squeeze(-1) >= lowest_kept - tolerance  # top-k's edge
+    if params.top_p < 1:  # the mass before the token, before top-p cuts: within the band above top_p
+        before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
+        own = before.gather(-1, tokens[..., None])  # [n, L, 1]
+        mass = before.masked_fill_(before <= own, 0.0).sum(-1)  # [n, L]
+        near |= (own.squeeze(-1) > 0) & (mass < params.top_p + top_p_band(tolerance, logits.shape[-1]))
+    return cut & near
 
 
 def teacher_forced_pit(

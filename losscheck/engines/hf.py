@@ -3,7 +3,8 @@
 Speculation on: `model.generate(assistant_model=...)`, which with `do_sample=True` verifies the
 assistant's candidates by standard speculative sampling (`transformers.generation.utils.
 _speculative_sampling`); off: plain `model.generate`. Assisted generation runs one row per call
-(batch size 1 is all it supports), so rows are drawn one after another.
+(batch size 1 is all it supports), so speculative rows are drawn one after another; with
+speculation off a prompt's rows are drawn in one batch.
 """
 
 from __future__ import annotations
@@ -70,15 +71,21 @@ class HFAssistedEngine:
             torch.manual_seed(seed)
             for i, prompt in enumerate(prompts):
                 ids = torch.tensor([prompt], device=device)  # [1, P]
-                for j in range(n):
+                # assisted generation takes one row per call; plain generation takes a prompt's n at once
+                for start, rows in _batches(n, 1 if speculative else n):
+                    batch = ids.expand(rows, -1)  # [rows, P]
                     # `generate` comes from GenerationMixin, which every *ForCausalLM has and
                     # transformers' PreTrainedModel type lacks
-                    row = self.model.generate(  # type: ignore[operator]
-                        ids, attention_mask=torch.ones_like(ids), generation_config=config, **assistant
-                    )  # [1, P + generated]
-                    new = row[0, len(prompt) :].cpu()
-                    out[i, j, : len(new)] = new
+                    new = self.model.generate(  # type: ignore[operator]
+                        batch, attention_mask=torch.ones_like(batch), generation_config=config, **assistant
+                    )[:, len(prompt) :].cpu()  # [rows, generated]; rows that end early pad with eos
+                    out[i, start : start + rows, : new.shape[1]] = new
         return out
+
+
+def _batches(n: int, size: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each batch of at most `size` covering `n` rows."""
+    return [(start, min(size, n - start)) for start in range(0, n, size)]
 
 
 def _bundled_parts(target: Target) -> tuple[PreTrainedModel, PreTrainedModel, int]:
