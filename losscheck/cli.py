@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import losscheck
-from losscheck.errors import LosscheckError
+from losscheck.errors import FLAG_PREFIX_ENV, LosscheckError
 from losscheck.run.loading import check_options
 from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
 
@@ -263,7 +263,11 @@ def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
 
         print("\n".join(plan_lines(options, full=False, workers=ns.workers)), flush=True)
     probe = VerdictProbe()
-    status = int(pytest.main(certify_args(ns, getattr(ns, "pytest_extra", [])), plugins=[probe]))
+    os.environ[FLAG_PREFIX_ENV] = "--"  # messages from the run (and its workers) name this command's options
+    try:
+        status = int(pytest.main(certify_args(ns, getattr(ns, "pytest_extra", [])), plugins=[probe]))
+    finally:
+        os.environ.pop(FLAG_PREFIX_ENV, None)
     code = exit_status(status, probe.verdict)
     if code != EXIT_PASS and probe.verdict is not None:  # a certificate is PASS or it is not
         print(f"losscheck certify: verdict {probe.verdict}; exit status {code} (only PASS exits 0)", file=sys.stderr)

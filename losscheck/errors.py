@@ -6,6 +6,17 @@ Each message names the offending thing and the fix; none is raised for a lossles
 
 from __future__ import annotations
 
+import os
+
+# `losscheck certify` sets it to "--" for the pytest run it starts (its workers inherit it), so
+# that messages raised once models load name its options (--target), not pytest's.
+FLAG_PREFIX_ENV = "LOSSCHECK_FLAG_PREFIX"
+
+
+def flag(name: str) -> str:
+    """Option `name` as the user spelled it: `--losscheck-NAME` under pytest, `--NAME` under the CLI."""
+    return os.environ.get(FLAG_PREFIX_ENV, "--losscheck-") + name
+
 
 class LosscheckError(Exception):
     """Base class: a configuration or input problem, not a losslessness verdict."""

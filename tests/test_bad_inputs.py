@@ -203,7 +203,7 @@ CASES = [
         "a drafter factory that returns no drafter (found once the target loads)",
         ("certify", "--drafter", "mydrafter:factory", "-n", "0"),
         2,
-        "ERROR: --losscheck-drafter='mydrafter:factory' returned int, which lacks",
+        "ERROR: --drafter='mydrafter:factory' returned int, which lacks",
         subprocess=True,
         marks=(pytest.mark.e2e,),
     ),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from losscheck.core.divergence import Divergence
 from losscheck.core.generation import Generation, LoopStats
+from losscheck.errors import flag
 from losscheck.plan.cell import ORACLE, Cell
 from losscheck.serving.axis import record as serving_record
 from losscheck.stats.result import CellVerdict, combine
@@ -66,7 +67,7 @@ class CellOutcome:
             lines = [
                 f"cell {self.cell.id}: greedy output {same} the baseline on {self.details['prompts']} prompts "
                 f"x {self.details['max_new_tokens']} tokens ({self.cell.precision.label()}; "
-                f"{self.near_ties} near-tie divergences{', failing under --losscheck-strict' if self.strict else ''})"
+                f"{self.near_ties} near-tie divergences{', failing under ' + flag('strict') if self.strict else ''})"
             ]
             lines += ["  " + d.describe() for d in self.divergences[:10]]
         lines += ["  " + p for p in self.problems]

@@ -12,7 +12,7 @@ from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
-from losscheck.errors import LosscheckError, UnderpoweredError
+from losscheck.errors import LosscheckError, UnderpoweredError, flag
 from losscheck.plan.cell import Cell
 from losscheck.plan.profiles import Profile, min_horizon
 from losscheck.run import factory
@@ -43,8 +43,9 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     bug class (`losscheck.stats.bugclass`); the design is the tokens the costliest class within
     the profile's cap needs. The fresh sample then grows look by look towards the design and
     stops at the first look where the data rule out every class the design covers
-    (`losscheck.stats.sequential`); the cell asserts, from the tested sample's own p and q, that
-    the design catches every such class at the profile's power."""
+    (`losscheck.stats.sequential`) and the tested sample's own p and q confirm that the design
+    catches every class and member it promised at its power; at the last look, the cell errors
+    unless the tested sample confirms it."""
     from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder, conformance_rtol
     from losscheck.cells.scoring import PitScores, measure_power
     from losscheck.stats.bugclass import PowerAccumulator
@@ -82,7 +83,8 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     power = PowerAccumulator(misreported=measured.misreported_id, grid=grid)  # judged where the test looks
     scores = PitScores(session, cell.id, target, tolerance, power, measured.misreported_id)
     gens: list[Generation] = []
-    drawn, stopped = 0, len(looks.tokens)
+    drawn, stopped, unconfirmed = 0, len(looks.tokens), []
+    coverage = None
     for look, tokens in enumerate(looks.tokens, 1):
         more = max(math.ceil(tokens / per_sequence) - drawn, 1)
         with clock("generate"):
@@ -92,16 +94,24 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         drawn += more
         gens.append(gen)
         if look < len(looks.tokens) and looks.may_stop(power.rule_out_log_e(ids)):
-            stopped = look
-            break
+            # the data rule every member out; the stop also needs the tested sample's own p and q
+            # to keep the design's promise (else it goes on: a stricter stop loses no power or level)
+            with clock("design"):
+                coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, True, ids)
+            if not shortfall(coverage, profile.power):
+                stopped = look
+                break
+            unconfirmed.append(look)
     with clock("score"):
         results, facts = scores.tests(alpha_scored, profile.pooled_tv, limit)
     with clock("conformance"):
         if recorder is not None:
             results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power, limit)
     early = stopped < len(looks.tokens)
-    with clock("design"):
-        coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, early, ids)
+    if not early:
+        with clock("design"):
+            coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, False, ids)
+    assert coverage is not None
     require_coverage(cell, coverage, profile.power)
     gen = Generation.concat(gens)
     outcome = sampled_outcome(
@@ -122,6 +132,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
             "stopped_at": stopped,
             "tested_tokens": scores.tested_tokens,
             "early": early,
+            "unconfirmed": unconfirmed,
         },
         bug_classes=coverage,
         **facts,
@@ -269,9 +280,9 @@ def bug_class_coverage(
     needed = power.tokens_needed(alpha_test, sequential.design_power(level), looks.limit)
     tested = max(power.steps, 1)
     at_last = design.tokens if early else tested
-    # after an early stop the tested sample's own estimate of each member's power at the design's
-    # tokens is noisy (a few thousand steps); it must fall short beyond the design's margin to error
-    checked = design.tokens * sample_size.DESIGN_MARGIN if early else tested
+    # at an early look, the power the tested sample's own p and q give at the design's tokens:
+    # the cell stops there only if that keeps the design's promise (`shortfall`)
+    checked = design.tokens if early else tested
     rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
     thresholds = looks.thresholds()
@@ -340,16 +351,22 @@ def bug_class_coverage(
     return coverage
 
 
+def shortfall(coverage: dict[str, dict[str, Any]], level: float) -> dict[str, dict[str, Any]]:
+    """The classes of `bug_class_coverage` whose promise the tested sample does not keep: covered
+    and caught below `level`, or short of a family member's promised power."""
+    return {
+        name: c
+        for name, c in coverage.items()
+        if (c["covered"] and c.get("power_checked", c["power"]) < level) or c.get("short")
+    }
+
+
 def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: float) -> None:
     """Error (never pass) when the tested sample, from its own p and q, does not keep what the
     design promised: a covered class caught at `level`, and every member of a family an early
     stop had to rule out caught at the power the design gave it — the pilot underestimated what
     the cell needs."""
-    short = {
-        name: c
-        for name, c in coverage.items()
-        if (c["covered"] and c.get("power_checked", c["power"]) < level) or c.get("short")
-    }
+    short = shortfall(coverage, level)
     if short:
         listed = "; ".join(
             f"{name}: {c['test']} power {c['power']:.3f} (needs {c['tokens_needed']:.0f} tokens, "
@@ -359,7 +376,7 @@ def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: flo
         )
         raise UnderpoweredError(
             f"cell {cell.id}: the tested sample does not reach the power its design promised against the bug "
-            f"classes it covers — {listed}. Raise --losscheck-profile to thorough or report this as a losscheck bug."
+            f"classes it covers — {listed}. Raise {flag('profile')} to thorough or report this as a losscheck bug."
         )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 
 if TYPE_CHECKING:  # torch loads only when a model does: the plugin imports this module
     import torch
@@ -97,11 +97,11 @@ def resolve_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name not in DEVICES:
-        raise OptionError(f"--losscheck-device={name!r} is not one of {list(DEVICES)}")
+        raise OptionError(f"{flag('device')}={name!r} is not one of {list(DEVICES)}")
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[name]:
         raise OptionError(
-            f"--losscheck-device={name}: no {name} device is available on this machine; "
+            f"{flag('device')}={name}: no {name} device is available on this machine; "
             "pass --losscheck-device=cpu (or leave it unset)"
         )
     return torch.device(name)

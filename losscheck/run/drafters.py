@@ -12,7 +12,7 @@ from typing import Any
 from losscheck import bundled as fixtures
 from losscheck.core.contract import Drafter, Target
 from losscheck.drafters import autoregressive, parallel, speculators, speculators_config
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 from losscheck.plan import bundled_sets
 from losscheck.run.loading import is_model_dir, load_object
 
@@ -84,7 +84,7 @@ def takes_precision(spec: str) -> bool:
     drafter's dtype, and the drafter gets the precision cells of the matrix)."""
     if is_model_dir(spec) or speculators_config.is_spec(spec):
         return True  # from_dir and the speculators loader set the dtype
-    params = inspect.signature(load_object(spec, "--losscheck-drafter")).parameters.values()
+    params = inspect.signature(load_object(spec, flag("drafter"))).parameters.values()
     return any(p.name == "precision" or p.kind is p.VAR_KEYWORD for p in params)
 
 
@@ -97,7 +97,7 @@ def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
         return speculators.from_path(speculators_config.spec_path(spec), target, precision)
     if is_model_dir(spec):
         return from_dir(spec, target, precision)
-    factory = load_object(spec, "--losscheck-drafter")
+    factory = load_object(spec, flag("drafter"))
     drafter: Any = factory(target, precision=precision) if takes_precision(spec) else factory(target)
     missing = [
         a
@@ -106,7 +106,7 @@ def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
     ]
     if missing:
         raise OptionError(
-            f"--losscheck-drafter={spec!r} returned {type(drafter).__name__}, which lacks "
+            f"{flag('drafter')}={spec!r} returned {type(drafter).__name__}, which lacks "
             f"{missing}; a drafter implements losscheck.Drafter (see losscheck/core/contract.py)"
         )
     if not drafter.block_lengths or any(int(k) < 1 for k in drafter.block_lengths):
@@ -120,7 +120,7 @@ def from_dir(path: str, target: Target, precision: str = "fp32") -> Drafter:
     try:
         return autoregressive.from_path(Path(path).expanduser(), target, precision)
     except ValueError as exc:  # another vocabulary than the target's
-        raise OptionError(f"--losscheck-drafter={path!r}: {exc}") from exc
+        raise OptionError(f"{flag('drafter')}={path!r}: {exc}") from exc
 
 
 def self_draft(target: Target) -> Drafter:

@@ -13,7 +13,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 
 GROUP = "losscheck.plants"
 
@@ -45,5 +45,5 @@ def get_plant(name: str) -> Plant:
     found = plants().get(name)
     if found is None:
         known = ", ".join(plants()) or f"none: no package registers the entry-point group {GROUP!r}"
-        raise OptionError(f"--losscheck-mutant={name!r} is not a registered planted bug; choose one of: {known}")
+        raise OptionError(f"{flag('mutant')}={name!r} is not a registered planted bug; choose one of: {known}")
     return found

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 from losscheck.progress import QUIET, Progress
 from losscheck.run.models import Models
 from losscheck.run.options import Options
@@ -160,7 +160,7 @@ class Session:
         if max(t for found in sets.values() for p in found for t in p) >= vocab:
             raise OptionError(
                 f"the bundled prompts are token ids of the bundled target, outside the vocabulary of "
-                f"{vocab} tokens of --losscheck-target={opts.target!r}; pass --losscheck-prompts=FILE "
+                f"{vocab} tokens of {flag('target')}={opts.target!r}; pass {flag('prompts')}=FILE "
                 '(JSONL, one {"text": ...} or {"ids": [...]} per line)'
             )
         return sets
@@ -201,8 +201,8 @@ class Session:
         if name in ADAPTERS:
             engine = ADAPTERS[name].build(self.targets["main"], engine_request(self.options))
         else:
-            engine = load_object(name, "--losscheck-engine")(self.targets["main"])
-        return check_engine(engine, f"--losscheck-engine={name!r}")
+            engine = load_object(name, flag("engine"))(self.targets["main"])
+        return check_engine(engine, f"{flag('engine')}={name!r}")
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """`make()`, computed once per key for the whole run: what cells share (a baseline of the

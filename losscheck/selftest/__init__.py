@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 
 if TYPE_CHECKING:
     from losscheck.selftest.registry import Mutant
@@ -33,6 +33,6 @@ def get_mutant(name: str) -> Mutant:
     found = {m.name: m for m in catalogue()}.get(name)
     if found is None:
         raise OptionError(
-            f"--losscheck-mutant={name!r} is not a registered planted bug; choose one of: " + ", ".join(names())
+            f"{flag('mutant')}={name!r} is not a registered planted bug; choose one of: " + ", ".join(names())
         )
     return found

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
-from losscheck.errors import CellUnavailable, LosscheckError
+from losscheck.errors import CellUnavailable, LosscheckError, flag
 from losscheck.serving.axis import Axis, Call, ServeContext, Server
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def _backend(options: Any, ranks: int) -> str:
             )
         return "nccl"
     if device.type != "cpu":
-        raise SplitUnavailable(f"no tensor-parallel backend for device {device.type!r}; pass --losscheck-device=cpu")
+        raise SplitUnavailable(f"no tensor-parallel backend for device {device.type!r}; pass {flag('device')}=cpu")
     if not dist.is_gloo_available():
         raise SplitUnavailable("this torch build has no gloo backend for CPU ranks")
     return "gloo"
