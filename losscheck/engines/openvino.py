@@ -1,0 +1,280 @@
+"""OpenVINO GenAI behind the black-box interface: `openvino_genai.LLMPipeline` with a draft model
+(speculation on) and the same target's pipeline without one (off, the baseline).
+
+Written against OpenVINO GenAI's documented Python API: `LLMPipeline(target_ir, "CPU",
+draft_model=openvino_genai.draft_model(draft_ir, "CPU"))`, `generate(openvino.Tensor(int64 ids
+[1, P]), GenerationConfig(...))` returning `EncodedResults` whose `tokens[0]` are the generated ids.
+Each continuation is its own call with its own `rng_seed` (derived from the call's seed), so rows
+are independent and reproducible. Both pipelines run with `INFERENCE_PRECISION_HINT = f32` and an
+f32 KV cache: the engine's precision is "fp32", and losscheck scores its samples with its own fp32
+copy of the target (one-sample PIT).
+
+The pipeline runs OpenVINO IR, not safetensors: `ir_dir` exports a Hugging Face directory once
+(`optimum-cli export openvino --task text-generation-with-past --weight-format fp32`) into a cache
+keyed by the directory's files, `$LOSSCHECK_OPENVINO_CACHE` or `~/.cache/losscheck/openvino`; a
+directory that already holds `openvino_model.xml` is used as it is. `python -m
+losscheck.engines.openvino export DIR...` fills the cache ahead of a run (`tox -e openvino` does).
+
+An engine that fails is an error, never retried: a `RuntimeError` from `generate` becomes an
+`OpenVINOEngineError` naming the engine, the row and its seed (docs/openvino.md: an intermittent
+check failure in `sequence_group.cpp`), and the pipeline is dropped, since after that failure
+OpenVINO GenAI 2026.4 keeps answering without drafting. A speculative call that drafted nothing is
+an error too: a certificate of that pipeline would certify plain decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.errors import LosscheckError, OptionError
+
+# fp32 weights, activations and KV cache: the precision the engine declares
+F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+IR_FILE = "openvino_model.xml"
+
+
+class OpenVINOEngineError(LosscheckError):
+    """OpenVINO GenAI failed on a request or stopped drafting: an engine failure, not a verdict."""
+
+
+# --- IR: the exported model directories -------------------------------------------------------------
+def cache_root() -> Path:
+    return Path(os.environ.get("LOSSCHECK_OPENVINO_CACHE") or Path.home() / ".cache" / "losscheck" / "openvino")
+
+
+def model_key(model_dir: Path) -> str:
+    """The directory's name and a hash of its files' names, sizes and modification times: a model
+    changed in place is exported again; reading weights is left to the export."""
+    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    stamp = repr([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+    digest = hashlib.sha256(f"{model_dir.resolve()}\n{stamp}".encode()).hexdigest()[:16]
+    return f"{model_dir.name}-{digest}"
+
+
+def export(model_dir: Path, out: Path) -> None:
+    """`optimum-cli export openvino` of the Hugging Face directory `model_dir` into `out` (fp32),
+    written beside `out` and moved into place, so a concurrent reader never sees half an IR."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    command = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(model_dir)]
+    command += ["--task", "text-generation-with-past", "--weight-format", "fp32", str(work)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not (work / IR_FILE).is_file():
+        shutil.rmtree(work, ignore_errors=True)
+        raise OptionError(
+            f"exporting {model_dir} to OpenVINO IR failed (exit status {done.returncode}; "
+            f"`{' '.join(command)}`):\n{done.stderr[-3000:]}\noptimum-intel[openvino] must be installed "
+            "(tox -e openvino has it), and a torchvision built for another torch breaks it: pip uninstall torchvision"
+        )
+    try:
+        work.rename(out)
+    except OSError:  # another process put it there first
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ir_dir(model_dir: str | Path) -> Path:
+    """OpenVINO IR of `model_dir`: the directory itself when it holds IR, else its cached export."""
+    path = Path(model_dir).expanduser()
+    if (path / IR_FILE).is_file():
+        return path
+    if not (path / "config.json").is_file():
+        raise OptionError(f"{path} is neither a Hugging Face model directory (config.json) nor OpenVINO IR ({IR_FILE})")
+    out = cache_root() / model_key(path)
+    if not (out / IR_FILE).is_file():
+        export(path, out)
+    return out
+
+
+# --- the engine ---------------------------------------------------------------------------------------
+def generation_config(params: SamplingParams, seed: int, max_new_tokens: int, eos: int, k: int | None) -> Any:
+    """losscheck's request as an `openvino_genai.GenerationConfig`: temperature (0: greedy), top-k,
+    top-p and nothing else. Every other processing knob is set to its neutral value explicitly, so no
+    generation_config.json default can creep in; `k` drafts per round, a constant block (no
+    confidence threshold), or None without a draft model."""
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = max_new_tokens
+    config.min_new_tokens = 0
+    config.ignore_eos = False
+    config.eos_token_id = eos
+    config.stop_token_ids = {eos}
+    config.repetition_penalty = 1.0
+    config.presence_penalty = 0.0
+    config.frequency_penalty = 0.0
+    config.min_p = 0.0
+    config.num_return_sequences = 1
+    config.do_sample = not params.greedy
+    if not params.greedy:
+        config.temperature = params.temperature
+        config.top_p = params.top_p
+        if params.top_k:  # off: OpenVINO's default, the largest size_t
+            config.top_k = params.top_k
+        config.rng_seed = seed
+    if k is not None:
+        config.num_assistant_tokens = k
+        config.assistant_confidence_threshold = 0.0
+    return config
+
+
+class OpenVINOEngine:
+    """`make_pipeline(speculative)` builds an `LLMPipeline` (with the draft model or without it);
+    each side is built on first use and kept until it fails."""
+
+    def __init__(self, make_pipeline: Callable[[bool], Any], k: int, eos: int, name: str = "openvino-genai") -> None:
+        self.make_pipeline, self.k, self.eos = make_pipeline, k, eos
+        self.precision: str | None = "fp32"
+        self.name = f"{name}(k={k})"
+        self._pipelines: dict[bool, Any] = {}
+        # spec-decode counters summed over the speculative calls (`acceptance`)
+        self.counts = {"calls": 0, "rounds": 0, "drafted": 0, "accepted": 0}
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: int,
+        speculative: bool,
+    ) -> torch.Tensor:
+        import numpy as np
+        import openvino
+
+        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
+        if max_new_tokens == 0:
+            return out
+        for i, prompt in enumerate(prompts):
+            ids = openvino.Tensor(np.asarray([prompt], dtype=np.int64))  # [1, P]
+            for j in range(n):
+                row_seed = derive_seed(seed, i, j)
+                config = generation_config(params, row_seed, max_new_tokens, self.eos, self.k if speculative else None)
+                result = self._call(speculative, ids, config, f"prompt {i}, row {j}, rng_seed {row_seed}")
+                new = list(result.tokens[0])[:max_new_tokens]
+                if speculative:
+                    self._count(result, len(new), f"prompt {i}, row {j}, rng_seed {row_seed}")
+                out[i, j, : len(new)] = torch.tensor(new, dtype=torch.long)
+        return out
+
+    def _call(self, speculative: bool, ids: Any, config: Any, where: str) -> Any:
+        if speculative not in self._pipelines:
+            self._pipelines[speculative] = self.make_pipeline(speculative)
+        try:
+            return self._pipelines[speculative].generate(ids, config)
+        except RuntimeError as exc:
+            # after this failure the pipeline answers without drafting: never reuse it
+            del self._pipelines[speculative]
+            side = "speculation on" if speculative else "speculation off"
+            temperature = config.temperature if config.do_sample else 0.0
+            raise OpenVINOEngineError(
+                f"engine {self.name!r} failed ({side}, {where}, temperature {temperature:g}, "
+                f"{config.max_new_tokens} new tokens): {exc}. Not retried: an engine failure is part of the "
+                "certificate (docs/openvino.md)"
+            ) from exc
+
+    def _count(self, result: Any, generated: int, where: str) -> None:
+        """Add one speculative call's counters; a call that drafted nothing is an error. A round is one
+        target step after the prefill (the prefill emits the first token)."""
+        metrics = result.extended_perf_metrics
+        steps = len(metrics.main_model_metrics.raw_metrics.m_batch_sizes)
+        drafted, accepted = int(metrics.get_num_draft_tokens()), int(metrics.get_num_accepted_tokens())
+        if generated >= 2 and drafted == 0:
+            self._pipelines.pop(True, None)
+            raise OpenVINOEngineError(
+                f"engine {self.name!r} drafted nothing ({where}: {generated} tokens in {steps} target steps, "
+                "0 draft tokens): the pipeline is decoding without speculation, which this certificate cannot "
+                "certify as speculative decoding (docs/openvino.md)"
+            )
+        self.counts["calls"] += 1
+        self.counts["rounds"] += max(steps - 1, 0)
+        self.counts["drafted"] += drafted
+        self.counts["accepted"] += accepted
+
+    def acceptance(self) -> dict[str, Any]:
+        """The speculative calls' counters so far, from the pipeline's `extended_perf_metrics`:
+        drafting rounds, drafted and accepted tokens, and tau = 1 + accepted / rounds."""
+        rounds = self.counts["rounds"]
+        return {**self.counts, "tau": 1 + self.counts["accepted"] / rounds if rounds else None}
+
+
+def openvino_engine(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    k: int,
+    eos: int,
+    name: str = "openvino-genai",
+    device: str = "CPU",
+    **properties: Any,
+) -> OpenVINOEngine:
+    """An `OpenVINOEngine` over the target and draft Hugging Face (or IR) directories, `k` drafts per
+    round; `properties` are OpenVINO properties of both models (e.g. INFERENCE_NUM_THREADS=1), over
+    the fp32 ones."""
+    target_ir, draft_ir = ir_dir(target_dir), ir_dir(draft_dir)
+    props = {**F32, **properties}
+
+    def make_pipeline(speculative: bool) -> Any:
+        import openvino_genai
+
+        draft = {"draft_model": openvino_genai.draft_model(str(draft_ir), device, **props)} if speculative else {}
+        return openvino_genai.LLMPipeline(str(target_ir), device, **draft, **props)
+
+    return OpenVINOEngine(make_pipeline, k, eos, name=name)
+
+
+# --- factories: the bundled fixtures ------------------------------------------------------------------
+K = 4
+
+
+def _bundled(drafter: str) -> Callable[[Any], OpenVINOEngine]:
+    def factory(target: Any) -> OpenVINOEngine:
+        from losscheck import bundled
+
+        eos = target.eos_id if target.eos_id is not None else 0
+        return openvino_engine(
+            bundled.target_path(), bundled.fixtures_dir() / drafter, K, eos, name=f"openvino-genai[{drafter}]"
+        )
+
+    factory.__doc__ = (
+        f"`--losscheck-engine=losscheck.engines.openvino:bundled_{drafter}`: the bundled target with "
+        f"`fixtures/{drafter}` as draft model, k = {K}, fp32."
+    )
+    return factory
+
+
+bundled_drafter_a = _bundled("drafter_a")
+bundled_drafter_a32 = _bundled("drafter_a32")  # drafter A's recipe at head_dim 32
+bundled_drafter_a32_tempered2 = _bundled("drafter_a32_tempered2")  # the stress drafter: q at twice T
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m losscheck.engines.openvino export DIR...`: fill the IR cache, one line per model."""
+    import time
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] != "export":
+        print("usage: python -m losscheck.engines.openvino export MODEL_DIR...", file=sys.stderr)
+        return 2
+    for model in args[1:]:
+        started = time.perf_counter()
+        try:
+            out = ir_dir(model)
+        except OptionError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"{model}: {out} ({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
