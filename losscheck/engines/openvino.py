@@ -236,25 +236,26 @@ def openvino_engine(
 K = 4
 
 
-def _bundled(drafter: str) -> Callable[[Any], OpenVINOEngine]:
+def _bundled(target_name: str, drafter: str) -> Callable[[Any], OpenVINOEngine]:
     def factory(target: Any) -> OpenVINOEngine:
         from losscheck import bundled
 
         eos = target.eos_id if target.eos_id is not None else 0
-        return openvino_engine(
-            bundled.target_path(), bundled.fixtures_dir() / drafter, K, eos, name=f"openvino-genai[{drafter}]"
-        )
+        fixtures = bundled.fixtures_dir()
+        return openvino_engine(fixtures / target_name, fixtures / drafter, K, eos, name=f"openvino-genai[{drafter}]")
 
     factory.__doc__ = (
-        f"`--losscheck-engine=losscheck.engines.openvino:bundled_{drafter}`: the bundled target with "
-        f"`fixtures/{drafter}` as draft model, k = {K}, fp32."
+        f"`fixtures/{target_name}` with `fixtures/{drafter}` as draft model, k = {K}, fp32 (certify it with "
+        f"--losscheck-target at `fixtures/{target_name}`)."
     )
     return factory
 
 
-bundled_drafter_a = _bundled("drafter_a")
-bundled_drafter_a32 = _bundled("drafter_a32")  # drafter A's recipe at head_dim 32
-bundled_drafter_a32_tempered2 = _bundled("drafter_a32_tempered2")  # the stress drafter: q at twice T
+# --losscheck-engine=losscheck.engines.openvino:NAME
+bundled_drafter_a = _bundled("target", "drafter_a")
+bundled_drafter_a32 = _bundled("target", "drafter_a32")  # drafter A's recipe at head_dim 32
+bundled_drafter_a32_tempered2 = _bundled("target", "drafter_a32_tempered2")  # the stress drafter: q at twice T
+text_drafter_a = _bundled("text_target", "text_drafter_a")  # the text fixtures, vocabulary 8,192
 
 
 def main(argv: list[str] | None = None) -> int:
