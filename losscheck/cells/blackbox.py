@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,7 +31,13 @@ from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE, Cell
 from losscheck.run.session import Session
 from losscheck.stats import sample_size
+from losscheck.stats.conditional import CONDITIONAL_TESTS
+from losscheck.stats.pit import PIT_TESTS
 from losscheck.stats.result import combine
+
+if TYPE_CHECKING:
+    from losscheck.core.target import HFTarget
+    from losscheck.stats.bugclass import PowerAccumulator
 
 
 def run_engine_cell(session: Session, cell: Cell) -> CellOutcome:
@@ -58,11 +65,14 @@ def draw(
     params: SamplingParams,
     horizon: int,
     speculative: bool,
+    purpose: str = "",
 ) -> torch.Tensor:
     """`n` continuations of each prompt from the engine → validated LongTensor [len(prompts), n, horizon]
-    (EOS-padded), seeded from the run seed, the cell and the side."""
+    (EOS-padded), seeded from the run seed, the cell, the side and the `purpose` ("pilot": a
+    sample of its own, never tested)."""
     engine, target = _engine(session), session.target("main", cell.precision.target)
-    seed = derive_seed(session.options.seed, cell.id, "speculative" if speculative else "baseline")
+    side = "speculative" if speculative else "baseline"
+    seed = derive_seed(session.options.seed, cell.id, *((side, purpose) if purpose else (side,)))
     out = engine.generate(prompts, n, params, seed, horizon, speculative)
     return checked_samples(engine, out, len(prompts), n, horizon, target.vocab_size, _eos(session, cell))
 
@@ -118,29 +128,52 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     precision: randomized PIT uniform (`losscheck.stats.pit`) and the exact-conditional tests,
     top-k / top-p cut-offs within that precision's logit tolerance left out as ambiguous.
 
+    The sample is sized for the pooled tests' detectable TV and for the bug classes a black box can
+    be judged on — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`: the engine
+    reports no q and no slots): a pilot of its own, never tested, says what each needs
+    (`_target_side_design`), and the tested sample's own p confirms it (`target_side_coverage`).
+
     The control: the same engine's samples with speculation off, scored the same way under the
     other half of the cell's alpha. A lossless engine whose kernels or truncation rules differ from
     losscheck's `process_logits` on its copy of the target fails the speculative tests and the
     control alike; a failing control is reported as "the reference differs from the engine", not as
     lossiness."""
+    from losscheck.cells.sampled import require_coverage
+    from losscheck.stats.bugclass import PowerAccumulator
+
     engine, profile = _engine(session), session.options.profile
     horizon = max(profile.horizon, min_horizon(engine))
     prompts = _all_prompts(session)
     half = session.per_test_alpha / 2
-    n = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    alpha_test = half / (PIT_TESTS + CONDITIONAL_TESTS)  # one test's share, as a PIT cell's
+    target = session.target("main", cell.precision.target)
+    design, per_sequence, pilot_tokens = _target_side_design(session, cell, prompts, horizon, alpha_test)
+    pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    n = max(pooled, design.sequences(per_sequence))
     per_prompt = math.ceil(n / len(prompts))
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
-    target = session.target("main", cell.precision.target)
+    power = PowerAccumulator()  # gathered from the speculative sample only
     scored = []
     for speculative, stream in ((True, cell.id), (False, f"{cell.id}-control")):
         tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, speculative)  # [P, m, L]
-        gen = as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params)
-        gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
+        gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params), target)
         scored.append(
-            score_pit(session, stream, target, rows, gen, cell.precision.tolerance, half, pooled_tv=profile.detect_tv)
+            score_pit(
+                session,
+                stream,
+                target,
+                rows,
+                gen,
+                cell.precision.tolerance,
+                half,
+                pooled_tv=profile.detect_tv,
+                power=power if speculative else None,
+            )
         )
     (results, facts), (control, _) = scored
     control = [dataclasses.replace(r, name=f"control.{r.name}", scope="control") for r in control]
+    coverage = target_side_coverage(design, power, alpha_test, profile.power)
+    require_coverage(cell, coverage, profile.power)
     failed = [r.name for r in control if not r.passed]
     problems = []
     if failed:
@@ -150,12 +183,80 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
             "engine's kernels, logits processing or truncation differ from losscheck's); certify it two-sample "
             "(an engine of precision None) instead"
         )
+    details = _details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts)
+    details.update(
+        pilot_sequences=math.ceil(profile.pilot_sequences / len(prompts)) * len(prompts),
+        pilot_tokens=pilot_tokens,
+        design_tokens=design.tokens,
+        bug_classes=coverage,
+    )
     return CellOutcome(
         cell,
         verdict=combine(cell.id, results + control, session.per_test_alpha),
         problems=problems,
-        details=_details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts),
+        details=details,
     )
+
+
+def _on_device(gen: Generation, target: HFTarget) -> Generation:
+    gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
+    return gen
+
+
+def _target_side_design(
+    session: Session, cell: Cell, prompts: list[list[int]], horizon: int, alpha_test: float
+) -> tuple[sample_size.ClassDesign, float, int]:
+    """From a pilot of the engine's speculative samples (a seed of its own, never tested): the
+    design of the target-side bug classes (`buglaws.TARGET_SIDE`) at the profile's power, with the
+    design's margin, within the profile's cap; the pilot's generated tokens per sequence, and in all."""
+    from losscheck.cells.scoring import measure_power
+    from losscheck.stats.bugclass import LR_BOUND
+    from losscheck.stats.buglaws import TARGET_SIDE
+
+    engine, profile = _engine(session), session.options.profile
+    target = session.target("main", cell.precision.target)
+    per_prompt = max(1, math.ceil(profile.pilot_sequences / len(prompts)))
+    tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, True, purpose="pilot")  # [P, m, L]
+    gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params), target)
+    rows = [p for p in prompts for _ in range(per_prompt)]
+    # the whole catalogue, so that pit.bug_classes is judged over the classes the test scores
+    measured = measure_power(session, target, rows, gen, cell.precision.tolerance)
+    needed = measured.tokens_needed(alpha_test, profile.power)
+    design = sample_size.ClassDesign.of(
+        {bug.name: needed[bug.name] for bug in TARGET_SIDE}, LR_BOUND, 1, profile.max_pit_tokens
+    )
+    drawn = int(gen.mask().sum())
+    return design, drawn / len(rows), drawn
+
+
+def target_side_coverage(
+    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float
+) -> dict[str, dict[str, object]]:
+    """Per target-side bug class, from the tested sample's own p: its best test and the tokens that
+    test needs at `level`, the cell's power against the catalogue point at the tokens it tested,
+    whether the pilot's design covered it, and its curve (the smallest member ρ of its family
+    (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)."""
+    from losscheck.stats.bugclass import LR_BOUND
+    from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.sequential import PARTIAL_POWER
+
+    tested = max(power.steps, 1)
+    needed = power.tokens_needed(alpha_test, level)
+    coverage: dict[str, dict[str, object]] = {}
+    for bug in TARGET_SIDE:
+        name = bug.name
+        test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
+        covered = name in design.covered
+        coverage[name] = {
+            "test": test,
+            "tokens_needed": tokens,
+            "pilot_tokens_needed": design.best[name][1],
+            "power": power.best_power(name, tested, alpha_test),
+            "covered": covered,
+            "reach": "covered" if covered else "none",
+            "curve": {f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
+        }
+    return coverage
 
 
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------

@@ -237,10 +237,12 @@ def score_pit(
     tolerance: float,
     alpha: float | None = None,
     pooled_tv: float | None = None,
+    power: PowerAccumulator | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The PIT tests and the exact-conditional tests of one sample `gen` (sequences continuing
-    `rows`) under `target` (`PitScores`), under `alpha` (default: the cell's whole share)."""
-    scores = PitScores(session, stream, target, tolerance)
+    `rows`) under `target` (`PitScores`), under `alpha` (default: the cell's whole share);
+    `power`, when given, gathers the bug classes' power from the sample's own p and q."""
+    scores = PitScores(session, stream, target, tolerance, power)
     scores.add(rows, gen)
     return scores.tests(session.per_test_alpha if alpha is None else alpha, pooled_tv)
 

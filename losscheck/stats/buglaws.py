@@ -164,6 +164,9 @@ class BugClass:
     # True: the law reads the previous round's q, known exactly only where that round reached the
     # slot (`Step.q_prev_known`)
     reads_q_prev: bool = False
+    # True: the law reads the target's p alone (no q, no slots), so it can be evaluated on the
+    # samples of a black-box engine, which reports neither (`losscheck.cells.blackbox`)
+    target_side: bool = False
 
 
 CATALOGUE: tuple[BugClass, ...] = (
@@ -186,6 +189,7 @@ CATALOGUE: tuple[BugClass, ...] = (
         "the target side is processed at 1.1·T (p' ∝ p^(1/1.1))",
         lambda step: tempered(step.p, 1 / TARGET_TEMPERATURE_FACTOR),
         ("pit.surprisal",),
+        target_side=True,
     ),
     BugClass(
         "bonus_from_previous_slot",
@@ -213,9 +217,11 @@ CATALOGUE: tuple[BugClass, ...] = (
         f"two requests of a batch swap temperatures: a T = 1 row is verified at T = {OTHER_REQUEST_TEMPERATURE:g}",
         lambda step: tempered(step.p, 1 / OTHER_REQUEST_TEMPERATURE),
         ("pit.surprisal",),
+        target_side=True,
     ),
 )
 BY_NAME = {bug.name: bug for bug in CATALOGUE}
+TARGET_SIDE = tuple(bug for bug in CATALOGUE if bug.target_side)
 
 
 def targeted(classes: tuple[BugClass, ...], has_slots: bool, misreported: int | None) -> tuple[BugClass, ...]:

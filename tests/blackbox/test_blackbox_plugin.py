@@ -45,6 +45,16 @@ class OtherTopP(Wrapped):
         params = dataclasses.replace(params, top_p=1.0)
         return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
 
+class Hotter(Wrapped):
+    # the target side at 1.1 T when speculating: the catalogue's target_temperature_1.1, a law of p alone
+    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
+        if speculative:
+            params = dataclasses.replace(params, temperature=params.temperature * 1.1)
+        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
+
+def hotter(target):
+    return Hotter(spec_loop(target), "hotter")
+
 def other_top_p(target):
     return OtherTopP(spec_loop(target), "other-top-p")
 
@@ -59,7 +69,7 @@ def old_shape(target):
 """
 
 
-def certify(pytester: pytest.Pytester, engine: str, select: str) -> pytest.RunResult:
+def certify(pytester: pytest.Pytester, engine: str, select: str, *extra: str) -> pytest.RunResult:
     pytester.makepyfile(bb=textwrap.dedent(ENGINES))
     pytester.syspathinsert()
     return pytester.runpytest_subprocess(
@@ -71,6 +81,7 @@ def certify(pytester: pytest.Pytester, engine: str, select: str) -> pytest.RunRe
         select,
         f"--losscheck-engine={engine}",
         "--losscheck-detect-tv=0.1",
+        *extra,
     )
 
 
@@ -92,6 +103,34 @@ def test_an_engine_that_drops_top_p_when_speculating_fails_one_sample_pit(pytest
     result = certify(pytester, "bb:drops_top_p", "engine-k4-T1-topp0.9")
     outcomes(result, BUG_MISSED, failed=1)
     result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1-topp0.9*"])
+
+
+ONLY_T1 = "engine-k4-T1 and not topk and not topp and not T1.5 and not two"
+
+
+def test_one_sample_cells_are_sized_by_the_target_side_bug_classes(pytester):
+    """The pooled tests alone (detect TV 0.1) size the cell for a few hundred rows; the target-side
+    classes (laws of p alone, all a black box can be judged on) size it for more, and an engine that
+    runs its target 1.1x hotter when speculating — the catalogue's target_temperature_1.1 — fails.
+    The record gives each target-side class's power and curve from the tested sample's own p."""
+    import json
+
+    from losscheck.plan.profiles import get_profile
+    from losscheck.stats import sample_size
+
+    result = certify(pytester, "bb:hotter", ONLY_T1, "--losscheck-out=reports")
+    outcomes(result, BUG_MISSED, failed=1)
+    (cert_path,) = (pytester.path / "reports").glob("*/certificate.json")
+    cert = json.loads(cert_path.read_text())
+    (record,) = cert["cells"]
+    profile = get_profile("ci")
+    half = cert["alpha"]["per_test"] / 2  # the speculative side's share
+    pooled = sample_size.pit_sequences(half, profile.power, 0.1, profile.pit_bins, record["horizon"])
+    assert record["sequences"] > pooled * 1.5, (record["sequences"], pooled)
+    classes = record["bug_classes"]
+    assert set(classes) == {"target_temperature_1.1", "per_request_params_mixed"}
+    temperature = classes["target_temperature_1.1"]
+    assert temperature["covered"] and temperature["power"] >= 0.99 and temperature["curve"]["0.99"] <= 1
 
 
 def test_an_engine_without_a_loadable_target_is_compared_with_itself_two_sample(pytester):
