@@ -189,11 +189,13 @@ class OpenVINOEngine:
         """Add one speculative call's counters. A round is one target step after the prefill (the
         prefill emits the first token), so tau = (generated - 1) / rounds; the engine's own drafted
         and accepted counts are kept beside it, though they read 0 on some rows that did draft
-        (docs/openvino.md). A row of more than k + 1 tokens with one target step per token is an
-        error: the pipeline has stopped drafting."""
+        (docs/openvino.md). A row of more than k + 1 tokens with one target step per token and no
+        draft counted is an error: the pipeline has stopped drafting (one step per token alone is a
+        row whose every round rejected its first draft)."""
         metrics = result.extended_perf_metrics
         steps = len(metrics.main_model_metrics.raw_metrics.m_batch_sizes)
-        if generated > self.k + 1 and steps >= generated:
+        drafted, accepted = int(metrics.get_num_draft_tokens()), int(metrics.get_num_accepted_tokens())
+        if generated > self.k + 1 and steps >= generated and drafted == 0:
             self._pipelines.pop(True, None)
             raise OpenVINOEngineError(
                 f"engine {self.name!r} drafted nothing ({where}: {generated} tokens in {steps} target steps): "
@@ -203,8 +205,8 @@ class OpenVINOEngine:
         self.counts["calls"] += 1
         self.counts["rounds"] += max(steps - 1, 0)
         self.counts["emitted"] += max(generated - 1, 0)
-        self.counts["drafted"] += int(metrics.get_num_draft_tokens())
-        self.counts["accepted"] += int(metrics.get_num_accepted_tokens())
+        self.counts["drafted"] += drafted
+        self.counts["accepted"] += accepted
 
     def acceptance(self) -> dict[str, Any]:
         """The speculative calls' counters so far: drafting rounds (target steps after the prefill),
