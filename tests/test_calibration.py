@@ -158,15 +158,18 @@ def test_whole_pit_cells_of_the_real_loop_reject_at_the_nominal_rate():
     for seed in range(CELL_RUNS):
         try:
             outcome = run_pit(first.derive(seed=seed), cell)
-        except UnderpoweredError:
+        except UnderpoweredError as error:
             underpowered += 1  # a class the pilot covered fell short in the tested sample
+            print(f"run {seed}: underpowered: {error}", flush=True)
             continue
         runs += 1
         results = outcome.verdict.results
-        tokens += next(r.n for r in results if r.name == "pit.support")
+        tested = next(r.n for r in results if r.name == "pit.support")
+        tokens += tested
         fixed += outcome.details["fixed_design_tokens"]
         stop = outcome.details["looks"]["stopped_at"]
         stops[stop] = stops.get(stop, 0) + 1
+        print(f"run {seed}: stopped at look {stop}, {tested} tokens tested", flush=True)  # with -s: progress
         for level in CELL_LEVELS:
             impossible = any(r.alpha == 0 and not r.passed for r in results)
             scaled = any(r.alpha > 0 and r.p_value < r.alpha * level / budget for r in results)
