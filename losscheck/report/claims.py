@@ -164,6 +164,15 @@ def lines(cert: dict[str, Any]) -> list[str]:
                     f"ρ ≤ {stops['down_to']:.3g} (each at β ≤ {stops['beta']:.3g})"
                 )
             out.append(f"  - `{name}`: {where}")
+        if any(r.get("mode") == "one-sample" for r in cert.get("cells", [])):
+            from losscheck.stats.buglaws import TARGET_SIDE
+
+            alone = ", ".join(f"`{bug.name}`" for bug in TARGET_SIDE)
+            out.append(
+                f"  - a black-box engine's one-sample cells judge only the classes whose law reads the target's p "
+                f"alone ({alone}); the others need the drafter's q and slots, which the engine does not report, "
+                "and are not claimed for its cells"
+            )
     bound = pooled_bound(cert.get("cells", []))
     if bound is not None:
         out.append(

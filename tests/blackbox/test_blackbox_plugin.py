@@ -131,6 +131,8 @@ def test_one_sample_cells_are_sized_by_the_target_side_bug_classes(pytester):
     assert set(classes) == {"target_temperature_1.1", "per_request_params_mixed"}
     temperature = classes["target_temperature_1.1"]
     assert temperature["covered"] and temperature["power"] >= 0.99 and temperature["curve"]["0.99"] <= 1
+    summary = (cert_path.parent / "summary.md").read_text()
+    assert "a black-box engine's one-sample cells judge only the classes whose law reads the target's p" in summary
 
 
 def test_an_engine_without_a_loadable_target_is_compared_with_itself_two_sample(pytester):
