@@ -7,7 +7,8 @@ the engine's target (`precision` names its dtype), else two-sample, on against o
 (`precision = None`).
 
 One adapter per module: `spec_loop` (losscheck's own loop), `hf` (Hugging Face assisted
-generation), `vllm` (vLLM's `LLM` with a speculative config).
+generation), `vllm` (vLLM's `LLM` with a speculative config), `openvino` (OpenVINO GenAI's
+`LLMPipeline` with a draft model).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 `--engine hf --assistant DIR` is Hugging Face assisted generation with DIR as the assistant;
 `--engine vllm --speculative-config JSON [--engine-arg KEY=VALUE …]` is `vllm.LLM(model=TARGET,
 speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them; `vllm+cpu-fixes` is the same
-with losscheck's fixes of vLLM 0.32's CPU sampler in place (docs/vllm.md). Anything else names a
-factory by import path (`pkg.mod:factory`).
+with losscheck's fixes of vLLM 0.32's CPU sampler in place (docs/vllm.md); `--engine openvino
+--assistant DIR [--engine-arg enable_prefix_caching=false] [--engine-arg PROPERTY=VALUE …]` is
+OpenVINO GenAI's `LLMPipeline` with DIR as its draft model (docs/openvino.md). Anything else names
+a factory by import path (`pkg.mod:factory`).
 
 Each adapter is an `Adapter` in `ADAPTERS`: what it needs from the options (checked before any
 model loads; `losscheck.run.loading` checks the model directories they name) and how it builds
@@ -147,10 +149,44 @@ def _vllm_builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest], BlackBox
     return build
 
 
+OPENVINO_ARGS = ("num_assistant_tokens", "enable_prefix_caching")  # the rest are OpenVINO properties
+
+
+def _check_openvino(request: EngineRequest) -> None:
+    opt = request.prefix
+    if request.assistant is None:
+        raise OptionError(f"{opt}engine=openvino needs {opt}assistant=DIR: the draft model directory")
+    if request.speculative_config is not None:
+        raise OptionError(f"{opt}speculative-config is vLLM's; {opt}engine=openvino takes {opt}assistant")
+    k = request.args.get("num_assistant_tokens", 4)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise OptionError(f"{opt}engine-arg num_assistant_tokens={k!r}: need an int >= 1")
+    caching = request.args.get("enable_prefix_caching")
+    if caching is not None and not isinstance(caching, bool):
+        raise OptionError(f"{opt}engine-arg enable_prefix_caching={caching!r}: need true or false")
+
+
+def _build_openvino(target: Target, request: EngineRequest) -> BlackBoxEngine:
+    from losscheck.engines.openvino import openvino_engine
+
+    assert request.assistant is not None
+    properties = {key: value for key, value in request.args.items() if key not in OPENVINO_ARGS}
+    k = int(request.args.get("num_assistant_tokens", 4))
+    caching = request.args.get("enable_prefix_caching")
+    name = f"openvino-genai[{Path(request.assistant).name}]" + ("" if caching is None else f"+prefix-caching={caching}")
+    eos = target.eos_id if target.eos_id is not None else 0
+    return openvino_engine(request.target, request.assistant, k, eos, name, prefix_caching=caching, **properties)
+
+
 ADAPTERS: dict[str, Adapter] = {
     "hf": Adapter(_check_hf, _build_hf, "Hugging Face assisted generation: --assistant DIR"),
     "vllm": Adapter(_check_vllm, _vllm_builder(False), "vllm.LLM with --speculative-config JSON"),
     "vllm+cpu-fixes": Adapter(
         _check_vllm, _vllm_builder(True), "vllm with losscheck's fixes of vLLM 0.32's CPU sampler (docs/vllm.md)"
+    ),
+    "openvino": Adapter(
+        _check_openvino,
+        _build_openvino,
+        "OpenVINO GenAI's LLMPipeline with --assistant DIR as draft model (docs/openvino.md)",
     ),
 }

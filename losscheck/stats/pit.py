@@ -123,7 +123,9 @@ def pit_tests(
                             square: serial dependence.
     The five tests split `alpha` by Bonferroni. With a `target_tv`, the pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
-    `target_tv` at `power` (`pit_required_values` says how many values suffice); without one
+    `target_tv` at `power` (`pit_required_values` says how many values suffice) — unless a token
+    of probability 0 was seen, which fails `pit.support` at any size (then, with no other value,
+    it is the only result); without one
     (a cell sized by its bug classes' power, `losscheck.stats.bugclass`) they report what they
     detect, as the stratified tests always do.
     """
@@ -140,6 +142,9 @@ def pit_tests(
     valid = mask & ~impossible  # [N, L]
     values = u[valid]  # [n], row-major like valid.nonzero()
     n = len(values)
+    support = support_check("pit.support", int(impossible.sum()), int(mask.sum()), power, "token")
+    if n == 0 and impossible.any():  # a token the target gives probability 0: a failure at any size
+        return [support]
     if n == 0:
         raise UnderpoweredError(
             "pit_tests: no PIT value to test (the mask selects no position of positive probability)"
@@ -148,7 +153,7 @@ def pit_tests(
         raise LosscheckError(
             "pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)"
         )
-    if target_tv is not None:
+    if target_tv is not None and not impossible.any():  # an impossible token fails whatever the power
         required = pit_required_values(alpha, power, target_tv, n_bins)
         _require_pooled_power(n, n_bins, a, power, target_tv, required)
 
@@ -164,7 +169,7 @@ def pit_tests(
         width = int(slot_of.max()) + 1
         slot_counts = torch.bincount(slot_of * n_bins + bins, minlength=width * n_bins).view(-1, n_bins).numpy()
     return [
-        support_check("pit.support", int(impossible.sum()), int(mask.sum()), power, "token"),
+        support,
         goodness_of_fit(
             "pit.pooled_chisquare",
             f"PIT values uniform over {n_bins} equal bins of [0, 1]",

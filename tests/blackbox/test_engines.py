@@ -3,6 +3,7 @@ losscheck's own loop and Hugging Face assisted generation behind it."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -129,3 +130,20 @@ def test_a_tempered_assistant_drafts_from_logits_divided_by_its_factor():
     plain = assistant(ids).logits
     stressed = tempered(assistant, 2.0)(ids).logits
     assert torch.allclose(stressed, plain / 2, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "request_args, message",
+    [
+        ({}, "--losscheck-engine=openvino needs --losscheck-assistant=DIR"),
+        ({"assistant": "d", "args": {"num_assistant_tokens": 0}}, "num_assistant_tokens=0: need an int >= 1"),
+        ({"assistant": "d", "args": {"enable_prefix_caching": "no"}}, "enable_prefix_caching='no': need true or false"),
+        ({"assistant": "d", "speculative_config": {}}, "--losscheck-speculative-config is vLLM's"),
+    ],
+)
+def test_the_openvino_adapter_checks_its_options_before_loading_anything(request_args, message):
+    from losscheck.engines.named import ADAPTERS, EngineRequest
+    from losscheck.errors import OptionError
+
+    with pytest.raises(OptionError, match=re.escape(message)):
+        ADAPTERS["openvino"].check(EngineRequest(target="t", **request_args))

@@ -162,6 +162,19 @@ def test_too_few_pit_values_raise_underpowered_with_the_needed_n():
         pit_tests(u, torch.ones(50, 4, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.05)
 
 
+def test_a_token_of_probability_zero_fails_even_a_sample_too_small_for_the_pooled_tests():
+    """An impossible token is a failure at any sample size: too few values for the pooled TV
+    would raise UnderpoweredError, but a sample with a token outside the support fails instead —
+    and with no other value at all, pit.support is the one result."""
+    u = _uniforms((50, 4), seed=42)
+    u[3, 2] = float("nan")  # randomized_pit's mark of a token of probability 0
+    mask = torch.ones(50, 4, dtype=torch.bool)
+    results = pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.05)
+    assert results[0].name == "pit.support" and not results[0].passed, results[0].message()
+    (only,) = pit_tests(torch.full((2, 2), float("nan")), torch.ones(2, 2, dtype=torch.bool), 0.01, 0.99, 0.05)
+    assert only.name == "pit.support" and not only.passed
+
+
 def test_pit_required_values_is_the_smallest_sample_the_pooled_tests_accept():
     needed = pit_required_values(alpha=0.01, power=0.99, target_tv=0.05)
     u = _uniforms((needed, 1), seed=41)
