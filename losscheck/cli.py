@@ -213,10 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:  # what follows is pytest's (`losscheck certify ... -- -k EXPR -x`)
         at = argv.index("--")
         argv, extra = argv[:at], argv[at + 1 :]
+    os.environ[FLAG_PREFIX_ENV] = "--"  # option checks made while parsing name this command's options
     try:
         ns = parser().parse_args(argv)
     except SystemExit as exc:  # argparse's usage errors exit 2; --help and --version 0
         return int(exc.code or 0)
+    finally:
+        os.environ.pop(FLAG_PREFIX_ENV, None)
     if extra and ns.command != "certify":
         print(f"losscheck {ns.command}: error: only certify passes arguments after -- to pytest", file=sys.stderr)
         return EXIT_USAGE

@@ -166,7 +166,7 @@ CASES = [
         "an unknown planted bug",
         ("certify", "--mutant", "no_such_bug"),
         2,
-        "losscheck certify: error: argument --mutant: --losscheck-mutant='no_such_bug' is not a registered planted bug",
+        "losscheck certify: error: argument --mutant: --mutant='no_such_bug' is not a registered planted bug",
     ),
     Case(
         "an output directory that is a file",

@@ -26,7 +26,7 @@ from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines import BlackBoxEngine, checked_samples, lengths
-from losscheck.errors import LosscheckError
+from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE, Cell
 from losscheck.run.session import Session
@@ -48,7 +48,7 @@ def run_engine_cell(session: Session, cell: Cell) -> CellOutcome:
 
 def _engine(session: Session) -> BlackBoxEngine:
     if session.blackbox is None:
-        raise LosscheckError("black-box cells need --losscheck-engine=pkg.mod:factory")
+        raise LosscheckError(f"black-box cells need {flag('engine')}=pkg.mod:factory")
     return session.blackbox
 
 

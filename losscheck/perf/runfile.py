@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 from losscheck.plan.perf_profiles import (  # noqa: F401  (the compare's thresholds, parsed with the options)
     DEFAULT_COMPARE_FAIL,
     METRICS,
@@ -35,14 +35,14 @@ def load(path: str | Path) -> dict[str, Any]:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise OptionError(
-            f"--losscheck-perf-compare={str(path)!r}: no such file; pass a perf.json "
+            f"{flag('perf-compare')}={str(path)!r}: no such file; pass a perf.json "
             "written by an earlier `pytest -m perf` or `losscheck perf`"
         ) from None
     except json.JSONDecodeError as exc:
-        raise OptionError(f"--losscheck-perf-compare={str(path)!r} is not JSON ({exc})") from None
+        raise OptionError(f"{flag('perf-compare')}={str(path)!r} is not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise OptionError(f"--losscheck-perf-compare={str(path)!r} has schema {found!r}; this losscheck reads {SCHEMA}")
+        raise OptionError(f"{flag('perf-compare')}={str(path)!r} has schema {found!r}; this losscheck reads {SCHEMA}")
     return doc
 
 

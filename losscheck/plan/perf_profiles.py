@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 
 LADDER = (1, 2, 4, 8, 16, 32)  # requests in flight (docs/perf.md)
 
@@ -33,7 +33,7 @@ PERF_PROFILES = {
 
 def get_perf_profile(name: str) -> PerfProfile:
     if name not in PERF_PROFILES:
-        raise OptionError(f"--losscheck-perf-profile={name!r} is not one of {sorted(PERF_PROFILES)}")
+        raise OptionError(f"{flag('perf-profile')}={name!r} is not one of {sorted(PERF_PROFILES)}")
     return PERF_PROFILES[name]
 
 
@@ -55,16 +55,16 @@ def parse_thresholds(text: str) -> tuple[Threshold, ...]:
         metric, _, value = part.partition(":")
         if metric not in METRICS or not value.endswith("%"):
             raise OptionError(
-                f"--losscheck-perf-compare-fail entry {part!r} is not METRIC:N% with METRIC one of "
+                f"{flag('perf-compare-fail')} entry {part!r} is not METRIC:N% with METRIC one of "
                 f"{list(METRICS)} (e.g. {DEFAULT_COMPARE_FAIL})"
             )
         try:
             drop = float(value[:-1]) / 100
         except ValueError:
-            raise OptionError(f"--losscheck-perf-compare-fail entry {part!r}: {value!r} is not a percentage") from None
+            raise OptionError(f"{flag('perf-compare-fail')} entry {part!r}: {value!r} is not a percentage") from None
         if not 0 <= drop < 1:
-            raise OptionError(f"--losscheck-perf-compare-fail entry {part!r}: the drop must be in [0%, 100%)")
+            raise OptionError(f"{flag('perf-compare-fail')} entry {part!r}: the drop must be in [0%, 100%)")
         found.append(Threshold(metric, drop))
     if not found:
-        raise OptionError(f"--losscheck-perf-compare-fail needs at least one METRIC:N%, e.g. {DEFAULT_COMPARE_FAIL}")
+        raise OptionError(f"{flag('perf-compare-fail')} needs at least one METRIC:N%, e.g. {DEFAULT_COMPARE_FAIL}")
     return tuple(found)

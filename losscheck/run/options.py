@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 from losscheck.plan.scope import Scope, parse_scope
@@ -67,11 +67,11 @@ class Options:
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
-            raise OptionError(f"--losscheck-alpha must be in (0, 1), got {self.alpha}")
+            raise OptionError(f"{flag('alpha')} must be in (0, 1), got {self.alpha}")
         if self.memory_budget_mib < 1:
-            raise OptionError(f"--losscheck-memory-budget must be >= 1 MiB, got {self.memory_budget_mib}")
+            raise OptionError(f"{flag('memory-budget')} must be >= 1 MiB, got {self.memory_budget_mib}")
         if not 0 < self.profile.detect_tv < 1:
-            raise OptionError(f"--losscheck-detect-tv must be in (0, 1), got {self.profile.detect_tv}")
+            raise OptionError(f"{flag('detect-tv')} must be in (0, 1), got {self.profile.detect_tv}")
 
 
 def _probability(text: str) -> float:
