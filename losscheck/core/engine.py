@@ -217,7 +217,7 @@ class Engine:
         """One round over the rows of `batch` not done: draft, score, verify, commit.
 
         `generate` loops over it; it is public so that a scheduler can run the rounds itself and
-        admit new requests into finished rows between them (`losscheck.perf.serving`, which also
+        admit new requests into finished rows between them (`losscheck.serving.batching`, which also
         sets `batch.budget` to per-row budgets [B]). Needs at least one row not done.
         """
         device = self.target.device
