@@ -58,7 +58,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     tests = PIT_TESTS + CONDITIONAL_TESTS + CONFORMANCE_TESTS
     alpha_scored = session.per_test_alpha * (PIT_TESTS + CONDITIONAL_TESTS) / tests
     alpha_test = session.per_test_alpha / tests
-    limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens)
+    limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens) if profile.early_stop else 1
     clock = Phases()
     server = factory.server(session, cell)
     target = session.cell_target(cell)

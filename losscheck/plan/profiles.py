@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from losscheck.core.limits import ENGINE_BATCH
-from losscheck.errors import OptionError
+from losscheck.errors import OptionError, flag
 
 
 def min_horizon(k: int) -> int:
@@ -26,6 +26,9 @@ class Profile:
     pilot_sequences: int = 128
     min_pit_tokens: int = 2_000
     max_pit_tokens: int = 20_000
+    # False: a PIT cell draws its fixed-sample design in one look and never stops early (the
+    # baseline the sequential stop's power is measured against, `losscheck.selftest.curve --fixed`)
+    early_stop: bool = True
     pooled_tv: float | None = None  # also require the pooled PIT tests to detect this binned TV
     power: float = 0.99  # at this power, under the per-test alpha
     batch: int = ENGINE_BATCH  # most rows one engine call (or teacher-forced pass) runs at once
@@ -61,5 +64,5 @@ PROFILES = {
 
 def get_profile(name: str) -> Profile:
     if name not in PROFILES:
-        raise OptionError(f"--losscheck-profile={name!r} is not one of {sorted(PROFILES)}")
+        raise OptionError(f"{flag('profile')}={name!r} is not one of {sorted(PROFILES)}")
     return PROFILES[name]

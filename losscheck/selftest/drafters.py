@@ -124,11 +124,14 @@ class StaleQDrafter(MisreportingDrafter):
     """A family-A drafter that reports, for each slot, the q of the same slot in the previous
     round (a probabilities buffer not refreshed after the round that filled it), while drafting
     from the current one. Where the stale q gives a draft probability 0, the current q is kept,
-    so the proposal stays well-formed and the bug acts everywhere else."""
+    so the proposal stays well-formed and the bug acts everywhere else. With `share` < 1 the
+    buffer is stale on that share of each row's rounds only (independently; drawn from the
+    round's generator after the drafts), as a race that loses now and then would leave it."""
 
-    def __init__(self, inner: AutoregressiveDrafter) -> None:
-        super().__init__(inner, honest, "stale-q")
+    def __init__(self, inner: AutoregressiveDrafter, share: float = 1.0) -> None:
+        super().__init__(inner, honest, "stale-q" if share == 1.0 else f"stale-q-{share:g}")
         self._previous: torch.Tensor | None = None  # [B, k, V] the last round's reported q
+        self.share = share
 
     def reset(self, batch_size: int, capacity: int) -> None:
         super().reset(batch_size, capacity)
@@ -140,15 +143,18 @@ class StaleQDrafter(MisreportingDrafter):
         self._previous = current
         if current is None or previous is None or previous.shape != current.shape:
             return proposal
-        drafted = previous.gather(-1, proposal.tokens[..., None]) > 0  # [B, k, 1]
-        return Proposal(proposal.tokens, torch.where(drafted, previous, current))  # BUG: last round's q
+        stale = previous.gather(-1, proposal.tokens[..., None]) > 0  # [B, k, 1]
+        if self.share < 1.0:
+            hits = torch.rand(stale.shape[0], generator=ctx.generator, device=ctx.generator.device) < self.share  # [B]
+            stale = stale & hits.to(stale.device)[:, None, None]
+        return Proposal(proposal.tokens, torch.where(stale, previous, current))  # BUG: last round's q
 
 
-def stale_q(drafter: Drafter) -> StaleQDrafter:
-    """The drafter wrapper of mutant `stale_q`."""
+def stale_q(drafter: Drafter, share: float = 1.0) -> StaleQDrafter:
+    """The drafter wrapper of mutant `stale_q` (on `share` of the rounds: `stale_q_on_30pct_of_rounds`)."""
     if not isinstance(drafter, AutoregressiveDrafter):
         raise LosscheckError(
             f"mutant 'stale_q' plants its bug in a family-A (autoregressive) drafter; drafter "
             f"{drafter.name!r} is a {type(drafter).__name__}. Run it on the bundled drafters' A / self cells."
         )
-    return StaleQDrafter(drafter)
+    return StaleQDrafter(drafter, share)

@@ -101,6 +101,7 @@ def _slot_drafted(slot: int) -> Callable[[Cell, int], bool]:
 
 INTERMITTENT_SHARE = 0.3  # residual_is_p_on_30pct_of_rounds
 BONUS_SHARE = 0.25  # bonus_from_wrong_slot_on_25pct_of_rounds
+STALE_SHARE = 0.3  # stale_q_on_30pct_of_rounds
 ROW_EVERY = 4  # residual_is_p_one_row_in_4
 SLOT = 1  # residual_is_p_at_slot_1
 SMALL_MISREPORT = 2.0  # one_id_underreported_2x
@@ -284,6 +285,17 @@ CATALOGUE: tuple[Mutant, ...] = (
         _sampled(),
         no_law="the first round reports its own q: the first token is exact",
         wrap_drafter=planted.stale_q,
+    ),
+    Mutant(
+        "stale_q_on_30pct_of_rounds",
+        "sampling",
+        "Intermittent stale q: on 30% of each row's rounds each slot's q is reported from the previous round.",
+        "stale_q on a share of the rounds (independently), as a buffer refresh that loses a race now and "
+        "then: on the rounds it hits the verifier judges the current drafts by last round's q; every other "
+        "round is exact. Between no bug and the catalogue point of the stale-q class.",
+        _sampled(),
+        no_law="the first round reports its own q: the first token is exact",
+        wrap_drafter=lambda drafter: planted.stale_q(drafter, STALE_SHARE),
     ),
     Mutant(
         "one_id_underreported",
