@@ -5,7 +5,9 @@
 speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them; `vllm+cpu-fixes` is the same
 with losscheck's fixes of vLLM 0.32's CPU sampler in place (docs/vllm.md); `--engine openvino
 --assistant DIR [--engine-arg enable_prefix_caching=false] [--engine-arg PROPERTY=VALUE …]` is
-OpenVINO GenAI's `LLMPipeline` with DIR as its draft model (docs/openvino.md). Anything else names
+OpenVINO GenAI's `LLMPipeline` with DIR as its draft model (docs/openvino.md); `--engine llamacpp
+--assistant DIR [--engine-arg n_draft=N]` is llama-cpp-python's `Llama` with DIR as a greedy
+`LlamaDraftModel` (docs/llamacpp.md). Anything else names
 a factory by import path (`pkg.mod:factory`).
 
 Each adapter is an `Adapter` in `ADAPTERS`: what it needs from the options (checked before any
@@ -178,6 +180,29 @@ def _build_openvino(target: Target, request: EngineRequest) -> BlackBoxEngine:
     return openvino_engine(request.target, request.assistant, k, eos, name, prefix_caching=caching, **properties)
 
 
+def _check_llamacpp(request: EngineRequest) -> None:
+    opt = request.prefix
+    if request.assistant is None:
+        raise OptionError(f"{opt}engine=llamacpp needs {opt}assistant=DIR: the draft model directory")
+    if request.speculative_config is not None:
+        raise OptionError(f"{opt}speculative-config is vLLM's; {opt}engine=llamacpp takes {opt}assistant")
+    for key, value in request.args.items():
+        if key not in ("n_draft", "n_threads") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise OptionError(
+                f"{opt}engine-arg {key}={value!r}: {opt}engine=llamacpp takes n_draft, n_threads (ints >= 1)"
+            )
+
+
+def _build_llamacpp(target: Target, request: EngineRequest) -> BlackBoxEngine:
+    from losscheck.engines.llamacpp import llamacpp_engine
+
+    assert request.assistant is not None
+    k, threads = request.args.get("n_draft", 4), request.args.get("n_threads", 1)
+    eos = target.eos_id if target.eos_id is not None else 0
+    name = f"llama-cpp-python[{Path(request.assistant).name}]"
+    return llamacpp_engine(request.target, request.assistant, k, eos, name, threads)
+
+
 ADAPTERS: dict[str, Adapter] = {
     "hf": Adapter(_check_hf, _build_hf, "Hugging Face assisted generation: --assistant DIR"),
     "vllm": Adapter(_check_vllm, _vllm_builder(False), "vllm.LLM with --speculative-config JSON"),
@@ -188,5 +213,8 @@ ADAPTERS: dict[str, Adapter] = {
         _check_openvino,
         _build_openvino,
         "OpenVINO GenAI's LLMPipeline with --assistant DIR as draft model (docs/openvino.md)",
+    ),
+    "llamacpp": Adapter(
+        _check_llamacpp, _build_llamacpp, "llama-cpp-python's Llama, --assistant DIR as draft model (docs/llamacpp.md)"
     ),
 }

@@ -1,0 +1,273 @@
+"""llama.cpp behind the black-box interface, through its Python binding (`llama-cpp-python`):
+`llama_cpp.Llama(target.gguf, draft_model=DRAFTER)` (speculation on) and the same target's `Llama`
+without a draft model (off, the baseline).
+
+The binding's speculative loop (`Llama.generate`) is *sample and match*: after each target step it
+asks the draft model (a `llama_cpp.llama_speculative.LlamaDraftModel`: `__call__(input_ids) ->
+draft ids`) for a block, evaluates the last token and the block in one batch, then samples the
+target at each position with the request's own sampler chain and keeps going while the sampled
+token equals the draft; at the first mismatch it drops the rest and the KV cache behind it. The
+target's sampler thus draws every emitted token from the target's own distribution, one draw per
+token whether drafting is on or off: a proposal decides only which positions are computed ahead,
+so a drafter cannot bias the output; what could are the loop's bookkeeping (which logits row is
+sampled, the KV rollback) and batched logits that differ from one-at-a-time ones. Drafter A is
+driven as a `LlamaDraftModel` (`GreedyDrafter`): its own `Llama` over the drafter's GGUF proposes
+its k most likely tokens in turn.
+
+Each continuation is its own `generate` call with its own sampler seed (`set_seed`), derived from
+the call's seed, the prompt and the row, the same on both sides; the sampler chain gets
+temperature, top-k, top-p and every other stage at its neutral value (min-p 0 where the binding
+defaults to 0.05, top-k 0 = off where it defaults to 40, no penalties, typical-p and tfs 1, no
+mirostat). Both models run from F32 GGUF with an F32 KV cache (llama.cpp's default is F16): the
+engine's precision is "fp32", and losscheck scores its samples with its own fp32 copy of the target.
+
+llama.cpp runs GGUF: `gguf_file` converts a Hugging Face Llama directory once with
+`fixtures/build_gguf.py` into a cache keyed by the directory's files, `$LOSSCHECK_LLAMACPP_CACHE`
+or `~/.cache/losscheck/llamacpp`; a `.gguf` path is used as it is. `python -m
+losscheck.engines.llamacpp export DIR...` fills the cache ahead of a run (`tox -e llamacpp` does).
+The GGUF has no vocabulary (`no_vocab`), so llama.cpp knows no EOS: the adapter stops a row at
+the target's EOS itself.
+
+A failure is never retried: an exception from llama.cpp becomes a `LlamaCppEngineError` naming the
+engine, the side, the prompt, the row and its seed, and the `Llama` is dropped (its KV cache is in
+an unknown state). `llama_cpp` is imported on first use only (docs/llamacpp.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.engines.openvino import model_key
+from losscheck.errors import LosscheckError, OptionError
+
+SEEDS = 0xFFFFFFFF  # llama.cpp seeds are uint32, and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random"
+N_CTX = 256  # the bundled fixtures' positions
+GGML_TYPE_F32 = 0  # llama_cpp.GGML_TYPE_F32, without importing llama_cpp
+
+
+class LlamaCppEngineError(LosscheckError):
+    """llama.cpp failed on a request: an engine failure, not a verdict."""
+
+
+# --- GGUF: the converted model files ------------------------------------------------------------------
+def cache_root() -> Path:
+    return Path(os.environ.get("LOSSCHECK_LLAMACPP_CACHE") or Path.home() / ".cache" / "losscheck" / "llamacpp")
+
+
+def _writer() -> Any:
+    """`fixtures/build_gguf.py` (installed with the package as losscheck/fixtures/build_gguf.py),
+    loaded from its file: the fixtures directory is data, not an importable package in a checkout."""
+    from losscheck import bundled
+
+    path = bundled.fixtures_dir() / "build_gguf.py"
+    spec = importlib.util.spec_from_file_location("losscheck_build_gguf", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise OptionError(f"the GGUF writer {path} is missing; set LOSSCHECK_FIXTURES to a checkout's fixtures/")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gguf_file(model: str | Path) -> Path:
+    """GGUF of `model`: the file itself when it is one, else the cached conversion of the Hugging Face
+    Llama directory."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if not (path / "config.json").is_file():
+        raise OptionError(f"{path} is neither a Hugging Face model directory (config.json) nor a .gguf file")
+    out = cache_root() / f"{model_key(path)}.gguf"
+    if not out.is_file():
+        try:
+            _writer().convert(path, out)
+        except (ImportError, ValueError) as exc:
+            raise OptionError(f"converting {path} to GGUF failed: {exc} (the gguf package must be installed)") from exc
+    return out
+
+
+# --- the drafter ------------------------------------------------------------------------------------
+def greedy_drafter(draft_gguf: Path, k: int, threads: int) -> Any:
+    """A `LlamaDraftModel` over the drafter's GGUF that proposes its k most likely tokens in turn.
+    The class is built here, so that `llama_cpp` is imported only when a drafter is made."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    class GreedyDrafter(LlamaDraftModel):
+        """`calls` counts proposals: each is followed by one target step (the batch it drafted)."""
+
+        def __init__(self) -> None:
+            self.k, self.calls = k, 0
+            self.model = Llama(
+                str(draft_gguf), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
+                type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False,
+            )  # fmt: skip
+
+        def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+            self.calls += 1
+            room = min(self.k, N_CTX - len(input_ids))
+            drafts: list[int] = []
+            if room > 0:  # the drafter's generate reuses its KV cache for the common prefix
+                for token in self.model.generate(input_ids.tolist(), temp=0.0, top_k=0, top_p=1.0, min_p=0.0):
+                    drafts.append(token)
+                    if len(drafts) == room:
+                        break
+            return np.asarray(drafts, dtype=np.intc)
+
+    return GreedyDrafter()
+
+
+# --- the engine ---------------------------------------------------------------------------------------
+def sampler_args(params: SamplingParams) -> dict[str, Any]:
+    """losscheck's request as `Llama.generate`'s sampler arguments: temperature (0: the greedy
+    sampler), top-k (0 = off), top-p, and every other stage of the binding's chain neutral, its
+    defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) overridden explicitly."""
+    return {
+        "temp": 0.0 if params.greedy else float(params.temperature),
+        "top_k": int(params.top_k),
+        "top_p": float(params.top_p),
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "tfs_z": 1.0,
+        "repeat_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "mirostat_mode": 0,
+    }
+
+
+class LlamaCppEngine:
+    """`make_llama(speculative)` builds a `llama_cpp.Llama` (with the draft model or without it) and,
+    when speculative, its drafter; each side is built on first use and kept until it fails."""
+
+    def __init__(self, make_llama: Callable[[bool], tuple[Any, Any]], k: int, eos: int, name: str = "llama.cpp"):
+        self.make_llama, self.k, self.eos = make_llama, k, eos
+        self.precision: str | None = "fp32"
+        self.name = f"{name}(k={k})"
+        self._sides: dict[bool, tuple[Any, Any]] = {}
+        # spec-decode counters summed over the speculative calls (`acceptance`)
+        self.counts = {"calls": 0, "rounds": 0, "emitted": 0}
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: int,
+        speculative: bool,
+    ) -> torch.Tensor:
+        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
+        if max_new_tokens == 0:
+            return out
+        args = sampler_args(params)
+        for i, prompt in enumerate(prompts):
+            for j in range(n):
+                row_seed = derive_seed(seed, i, j) % SEEDS
+                where = f"{'speculative' if speculative else 'plain'} side, prompt {i}, row {j}, seed {row_seed}"
+                new = self._row(speculative, prompt, row_seed, args, max_new_tokens, where)
+                out[i, j, : len(new)] = torch.tensor(new, dtype=torch.long)
+        return out
+
+    def _row(self, speculative: bool, prompt: list[int], seed: int, args: dict, limit: int, where: str) -> list[int]:
+        if speculative not in self._sides:
+            self._sides[speculative] = self.make_llama(speculative)
+        llama, drafter = self._sides[speculative]
+        calls = drafter.calls if drafter is not None else 0
+        new: list[int] = []
+        try:
+            llama.set_seed(seed)
+            tokens = llama.generate(prompt, **args)
+            for token in tokens:
+                new.append(int(token))
+                if token == self.eos or len(new) == limit:
+                    break
+            tokens.close()
+        except Exception as exc:  # the binding raises RuntimeError, ValueError, ctypes errors: all are the engine's
+            self._sides.pop(speculative, None)  # its KV cache and token buffer are in an unknown state
+            raise LlamaCppEngineError(
+                f"engine {self.name!r} failed ({where}): {type(exc).__name__}: {exc}; not retried (docs/llamacpp.md)"
+            ) from exc
+        if drafter is not None:
+            self.counts["calls"] += 1
+            self.counts["rounds"] += drafter.calls - calls
+            self.counts["emitted"] += len(new) - 1
+        return new
+
+    def acceptance(self) -> dict[str, Any]:
+        """The speculative calls' counters so far: rounds (target steps after the prefill, one per
+        proposal), tokens they emitted, and tau = emitted / rounds, tokens per round."""
+        rounds = self.counts["rounds"]
+        return {**self.counts, "tau": self.counts["emitted"] / rounds if rounds else None}
+
+
+def llamacpp_engine(
+    target: str | Path,
+    draft: str | Path,
+    k: int,
+    eos: int,
+    name: str = "llama.cpp",
+    threads: int = 1,
+    **llama_kwargs: Any,
+) -> LlamaCppEngine:
+    """A `LlamaCppEngine` over the target and draft models (Hugging Face Llama directories or GGUF
+    files), drafter driven by `greedy_drafter` with `k` tokens a round; `threads` for every
+    `Llama`; `llama_kwargs` any other `Llama` keyword, over the F32 KV cache and n_ctx 256."""
+    target_gguf, draft_gguf = gguf_file(target), gguf_file(draft)
+    kwargs = {"n_ctx": N_CTX, "type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32, **llama_kwargs}
+
+    def make_llama(speculative: bool) -> tuple[Any, Any]:
+        from llama_cpp import Llama
+
+        drafter = greedy_drafter(draft_gguf, k, threads) if speculative else None
+        llama = Llama(
+            str(target_gguf), n_threads=threads, n_threads_batch=threads, draft_model=drafter, verbose=False, **kwargs
+        )
+        return llama, drafter
+
+    return LlamaCppEngine(make_llama, k, eos, name=name)
+
+
+# --- factories: the bundled fixtures ------------------------------------------------------------------
+K = 4
+
+
+def bundled_drafter_a(target: Any) -> LlamaCppEngine:
+    """`fixtures/target` with `fixtures/drafter_a` as a greedy `LlamaDraftModel`, k = 4, fp32, one
+    thread (certify it with the default --losscheck-target)."""
+    from losscheck import bundled
+
+    eos = target.eos_id if target.eos_id is not None else 0
+    fixtures = bundled.fixtures_dir()
+    return llamacpp_engine(fixtures / "target", fixtures / "drafter_a", K, eos, "llama-cpp-python[drafter_a]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m losscheck.engines.llamacpp export DIR...`: fill the GGUF cache, one line per model."""
+    import time
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] != "export":
+        print("usage: python -m losscheck.engines.llamacpp export MODEL_DIR...", file=sys.stderr)
+        return 2
+    for model in args[1:]:
+        started = time.perf_counter()
+        try:
+            out = gguf_file(model)
+        except OptionError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"{model}: {out} ({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
