@@ -26,8 +26,8 @@ from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.llamacpp import (
     GGML_TYPE_F32,
     LlamaCppEngineError,
-    _writer,
     gguf_file,
+    gguf_writer,
     llamacpp_engine,
     sampler_args,
 )
@@ -80,7 +80,7 @@ def test_converted_logits_match_hugging_face(name):
 def test_the_logit_check_fails_without_the_rope_permutation(tmp_path, monkeypatch):
     """The same conversion with q and k left in Hugging Face's rotate-half layout: llama.cpp loads it,
     and its logits are far off, so the check above can fail."""
-    writer = _writer()
+    writer = gguf_writer()
     monkeypatch.setattr(writer, "permute", lambda weight, n_head: weight)
     model_dir = bundled.target_path()
     error = max_logit_error(model_dir, writer.convert(model_dir, tmp_path / "unpermuted.gguf"))
@@ -136,16 +136,18 @@ def test_an_engine_failure_is_raised_by_name_and_not_retried():
     assert llama.generate([[0, 2, 5]], 1, SamplingParams(), 0, 8, True).shape == (1, 1, 8)
 
 
-def test_drafting_on_and_off_share_the_random_stream():
+def test_drafting_on_and_off_give_the_same_tokens_seed_for_seed():
     """The binding's loop draws once per emitted token from the request's seeded sampler whether or
     not it drafts, so with the same seed the two sides agree token for token wherever their logits
-    agree; they may part only where a batched step rounds differently from a one-token step. Counted,
-    not assumed: docs/llamacpp.md gives the figure."""
+    agree: an exact check of the sampled path, stronger than the statistical cells. A difference
+    is either a batched step rounding differently from a one-token step (fp32 here: none seen) or a
+    bug in the loop's bookkeeping; either way it is shown, not averaged away."""
     llama, prompts = engine(), all_prompts()
-    on = llama.generate(prompts, 5, SamplingParams(), 3, 16, True)
-    off = llama.generate(prompts, 5, SamplingParams(), 3, 16, False)
-    same = int((on == off).all(-1).sum())
-    assert same >= 0.95 * on.shape[0] * on.shape[1], f"{same} of {on.shape[0] * on.shape[1]} rows equal seed for seed"
+    for params in (SamplingParams(), SamplingParams(temperature=1.5), SamplingParams(top_p=0.9)):
+        on = llama.generate(prompts, 5, params, 3, 16, True)
+        off = llama.generate(prompts, 5, params, 3, 16, False)
+        rows = (on != off).any(-1).nonzero().tolist()  # [prompt, row] pairs that differ
+        assert not rows, f"{params}: {len(rows)} of {len(prompts) * 5} rows differ seed for seed, first {rows[:3]}"
 
 
 def test_top_k_keeps_another_set_of_tied_tokens_than_torch():
@@ -183,6 +185,6 @@ def test_the_black_box_cells_certify_the_binding(pytester):
     )
     result.assert_outcomes(passed=5, failed=1)
     output = result.stdout.str()
-    assert "FAILED losscheck/plugin/certify/test_blackbox.py::test_engine_sampling[engine-k4-T1-topk8]" in output
+    assert any(line.startswith("FAILED") and "[engine-k4-T1-topk8]" in line for line in output.splitlines())
     assert "control.pit.token_counts FAILED" in output and "the reference differs from the engine" in output
     assert "LlamaCppEngineError" not in output and "UnderpoweredError" not in output

@@ -63,7 +63,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("LOSSCHECK_LLAMACPP_CACHE") or Path.home() / ".cache" / "losscheck" / "llamacpp")
 
 
-def _writer() -> Any:
+def gguf_writer() -> Any:
     """`fixtures/build_gguf.py` (installed with the package as losscheck/fixtures/build_gguf.py),
     loaded from its file: the fixtures directory is data, not an importable package in a checkout."""
     from losscheck import bundled
@@ -88,7 +88,7 @@ def gguf_file(model: str | Path) -> Path:
     out = cache_root() / f"{model_key(path)}.gguf"
     if not out.is_file():
         try:
-            _writer().convert(path, out)
+            gguf_writer().convert(path, out)
         except (ImportError, ValueError) as exc:
             raise OptionError(f"converting {path} to GGUF failed: {exc} (the gguf package must be installed)") from exc
     return out
