@@ -61,23 +61,33 @@ def test_near_ties_fail_only_under_strict(strict):
     assert not real.passed
 
 
-def test_a_token_just_outside_the_cut_is_ambiguous_and_one_far_outside_is_not():
+def test_a_top_k_edge_within_tolerance_makes_the_position_ambiguous_whatever_was_drawn():
+    """Ambiguity is the position's, decided from its logits: the first token out within tolerance
+    of the last kept makes every draw there ambiguous (kept, just out or far out alike); outside
+    the tolerance none is."""
     target = tiny_target()
     prompt = [0, 3, 4]
     with torch.no_grad():
         logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1]
     order = logits.argsort(descending=True)
     params = SamplingParams(top_k=3)
-    kept_low, first_out, far_out = order[2], order[3], order[-1]
-    gap = float(logits[kept_low] - logits[first_out])
-    for token, tolerance, expected in (
-        (first_out, gap * 1.01, True),
-        (first_out, gap * 0.99, False),
-        (far_out, gap * 1.01, False),
-        (kept_low, 10.0, False),
-    ):
-        _, ambiguous = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
-        assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
+    gap = float(logits[order[2]] - logits[order[3]])
+    for tolerance, expected in ((gap * 1.01, True), (gap * 0.99, False)):
+        for token in (order[0], order[2], order[3], order[-1]):
+            _, ambiguous = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
+            assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
+
+
+def test_tied_logits_at_the_top_k_edge_are_ambiguous_at_tolerance_zero():
+    """All logits equal (a position that saw only BOS, say): which k of them a cut keeps is the
+    implementation's choice, so the position is ambiguous even at tolerance 0; top-k off, it is not."""
+    from losscheck.cells.scoring import cutoff_ambiguous
+
+    logits = torch.zeros(2, 3, 64)
+    logits[1] = torch.linspace(0, 1, 64)  # row 1: no tie anywhere
+    ambiguous = cutoff_ambiguous(logits, SamplingParams(top_k=8), tolerance=0.0)
+    assert ambiguous[0].all() and not ambiguous[1].any()
+    assert not cutoff_ambiguous(logits, SamplingParams(), tolerance=0.0).any()
 
 
 def test_a_token_just_past_the_top_p_mass_is_ambiguous_and_one_further_is_not():
@@ -127,10 +137,8 @@ def test_every_token_hugging_faces_top_p_keeps_and_losscheck_cuts_is_in_the_band
     hf_kept = TopPLogitsWarper(0.9)(None, logits.flatten(0, 1).clone()).view_as(logits) > -math.inf
     rows, positions, tokens = (hf_kept & (probs == 0)).nonzero(as_tuple=True)
     assert len(tokens) > 0  # the two disagree here; else this test shows nothing
-    for row, position, token in zip(rows, positions, tokens):
-        tested = torch.zeros(logits.shape[:2], dtype=torch.long)  # [64, 64]
-        tested[row, position] = token
-        assert cutoff_ambiguous(logits, probs, tested, params, tolerance=0.0)[row, position], (row, position)
+    for row, position in zip(rows, positions):
+        assert cutoff_ambiguous(logits, params, tolerance=0.0)[row, position], (row, position)
 
 
 def test_the_summary_counts_near_ties():
