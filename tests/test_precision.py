@@ -78,15 +78,17 @@ def test_a_top_k_edge_within_tolerance_makes_the_position_ambiguous_whatever_was
             assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
 
 
-def test_tied_logits_at_the_top_k_edge_are_ambiguous_at_tolerance_zero():
-    """All logits equal (a position that saw only BOS, say): which k of them a cut keeps is the
-    implementation's choice, so the position is ambiguous even at tolerance 0; top-k off, it is not."""
+def test_tied_logits_at_a_cut_off_edge_are_ambiguous_at_tolerance_zero():
+    """All logits equal (a position that saw only BOS, say): which of them a top-k or top-p cut
+    keeps is the implementation's choice, so the position is ambiguous even at tolerance 0 (for
+    top-p 0.9 no mass before lies near 0.9: 57/64 and 58/64 straddle it); no cut, no ambiguity."""
     from losscheck.cells.scoring import cutoff_ambiguous
 
     logits = torch.zeros(2, 3, 64)
     logits[1] = torch.linspace(0, 1, 64)  # row 1: no tie anywhere
-    ambiguous = cutoff_ambiguous(logits, SamplingParams(top_k=8), tolerance=0.0)
-    assert ambiguous[0].all() and not ambiguous[1].any()
+    for params in (SamplingParams(top_k=8), SamplingParams(top_p=0.9)):
+        ambiguous = cutoff_ambiguous(logits, params, tolerance=0.0)
+        assert ambiguous[0].all() and not ambiguous[1].any(), params
     assert not cutoff_ambiguous(logits, SamplingParams(), tolerance=0.0).any()
 
 

@@ -62,8 +62,8 @@ def teacher_forced_probs(
 def cutoff_ambiguous(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> torch.Tensor:
     """Positions whose top-k / top-p cut-off another implementation of the same rule may draw
     elsewhere → bool [n, L], from `logits [n, L, V]` alone: top-k where the first token out lies
-    within `tolerance` of the last kept (a tie included), top-p where the mass before some token
-    lies within `top_p_band` of `top_p`. Decided without looking at the token drawn there: leaving
+    within `tolerance` of the last kept (a tie included), top-p likewise, or where the mass before
+    some token lies within `top_p_band` of `top_p`. Decided without looking at the token drawn there: leaving
     out only the positions whose drawn token one side cuts would keep those where it landed in both
     kept sets, and there the engine's draw is conditioned on landing in ours (llama.cpp and
     torch.topk keep different 8 of the 64 tied logits that follow a lone BOS)."""
@@ -74,10 +74,16 @@ def cutoff_ambiguous(logits: torch.Tensor, params: SamplingParams, tolerance: fl
         near |= edge[..., -1] >= edge[..., -2] - tolerance
     if params.top_p < 1:
         before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
-        ranked = before.sort(dim=-1, descending=True).values  # [n, L, V]
+        ranked, order = before.sort(dim=-1, descending=True)  # [n, L, V]
         mass = ranked.cumsum(-1) - ranked  # [n, L, V] the mass before each ranked token
         band = top_p_band(tolerance, vocab)
         near |= ((ranked > 0) & ((mass - params.top_p).abs() < band)).any(-1)
+        # tied tokens straddling the cut: which of them a sort ranks first is the implementation's
+        kept = ((ranked > 0) & (mass < params.top_p)).sum(-1, keepdim=True)  # [n, L, 1], >= 1
+        out = kept.clamp(max=vocab - 1)  # [n, L, 1] the first token cut
+        edge = logits.gather(-1, order).gather(-1, torch.cat([kept - 1, out], dim=-1))  # [n, L, 2]
+        cut_exists = (kept < vocab) & (ranked.gather(-1, out) > 0)  # [n, L, 1]
+        near |= cut_exists.squeeze(-1) & (edge[..., 1] >= edge[..., 0] - tolerance)
     return near
 
 
