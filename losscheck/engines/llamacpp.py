@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -252,21 +251,9 @@ def bundled_drafter_a(target: Any) -> LlamaCppEngine:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m losscheck.engines.llamacpp export DIR...`: fill the GGUF cache, one line per model."""
-    import time
+    from losscheck.engines.export import export_main
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2 or args[0] != "export":
-        print("usage: python -m losscheck.engines.llamacpp export MODEL_DIR...", file=sys.stderr)
-        return 2
-    for model in args[1:]:
-        started = time.perf_counter()
-        try:
-            out = gguf_file(model)
-        except OptionError as exc:
-            print(exc, file=sys.stderr)
-            return 1
-        print(f"{model}: {out} ({time.perf_counter() - started:.1f} s)")
-    return 0
+    return export_main("losscheck.engines.llamacpp", gguf_file, argv)
 
 
 if __name__ == "__main__":

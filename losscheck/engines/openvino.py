@@ -289,21 +289,9 @@ text_drafter_a_no_prefix_caching = _bundled(*DRAFTERS["text_drafter_a"], prefix_
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m losscheck.engines.openvino export DIR...`: fill the IR cache, one line per model."""
-    import time
+    from losscheck.engines.export import export_main
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2 or args[0] != "export":
-        print("usage: python -m losscheck.engines.openvino export MODEL_DIR...", file=sys.stderr)
-        return 2
-    for model in args[1:]:
-        started = time.perf_counter()
-        try:
-            out = ir_dir(model)
-        except OptionError as exc:
-            print(exc, file=sys.stderr)
-            return 1
-        print(f"{model}: {out} ({time.perf_counter() - started:.1f} s)")
-    return 0
+    return export_main("losscheck.engines.openvino", ir_dir, argv)
 
 
 if __name__ == "__main__":
