@@ -81,7 +81,7 @@ def cutoff_ambiguous(logits: torch.Tensor, params: SamplingParams, tolerance: fl
         # tied tokens straddling the cut: which of them a sort ranks first is the implementation's
         kept = ((ranked > 0) & (mass < params.top_p)).sum(-1, keepdim=True)  # [n, L, 1], >= 1
         out = kept.clamp(max=vocab - 1)  # [n, L, 1] the first token cut
-        edge = logits.gather(-1, order).gather(-1, torch.cat([kept - 1, out], dim=-1))  # [n, L, 2]
+        edge = logits.gather(-1, order.gather(-1, torch.cat([kept - 1, out], dim=-1)))  # [n, L, 2]
         cut_exists = (kept < vocab) & (ranked.gather(-1, out) > 0)  # [n, L, 1]
         near |= cut_exists.squeeze(-1) & (edge[..., 1] >= edge[..., 0] - tolerance)
     return near

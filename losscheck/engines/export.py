@@ -1,15 +1,25 @@
-"""`python -m losscheck.engines.ENGINE export DIR...`: convert models ahead of a run, for the
-engines that run another format than the Hugging Face directories losscheck loads (OpenVINO IR,
-GGUF), so that a tox environment fills its cache before the tests time anything."""
+"""Models converted for the engines that run another format than the Hugging Face directories
+losscheck loads (OpenVINO IR, GGUF): the cache key of a directory, and `python -m
+losscheck.engines.ENGINE export DIR...`, which fills the cache before the tests time anything."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from losscheck.errors import OptionError
+
+
+def model_key(model_dir: Path) -> str:
+    """The directory's name and a hash of its files' names, sizes and modification times: a model
+    changed in place is exported again; reading weights is left to the export."""
+    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    stamp = repr([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+    digest = hashlib.sha256(f"{model_dir.resolve()}\n{stamp}".encode()).hexdigest()[:16]
+    return f"{model_dir.name}-{digest}"
 
 
 def export_main(module: str, convert: Callable[[str], Path], argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from losscheck.core.sampling import SamplingParams, derive_seed
-from losscheck.engines.openvino import model_key
+from losscheck.engines.export import model_key
 from losscheck.errors import LosscheckError, OptionError
 
 SEEDS = 0xFFFFFFFF  # llama.cpp seeds are uint32, and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random"

@@ -26,7 +26,6 @@ builds the pipelines with a `SchedulerConfig` that turns prefix caching off (doc
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 
 from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.engines.export import model_key
 from losscheck.errors import LosscheckError, OptionError
 
 # fp32 weights, activations and KV cache: the precision the engine declares
@@ -53,15 +53,6 @@ class OpenVINOEngineError(LosscheckError):
 # --- IR: the exported model directories -------------------------------------------------------------
 def cache_root() -> Path:
     return Path(os.environ.get("LOSSCHECK_OPENVINO_CACHE") or Path.home() / ".cache" / "losscheck" / "openvino")
-
-
-def model_key(model_dir: Path) -> str:
-    """The directory's name and a hash of its files' names, sizes and modification times: a model
-    changed in place is exported again; reading weights is left to the export."""
-    files = sorted(p for p in model_dir.iterdir() if p.is_file())
-    stamp = repr([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
-    digest = hashlib.sha256(f"{model_dir.resolve()}\n{stamp}".encode()).hexdigest()[:16]
-    return f"{model_dir.name}-{digest}"
 
 
 def export(model_dir: Path, out: Path) -> None:
