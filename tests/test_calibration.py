@@ -79,7 +79,8 @@ def test_slot_and_pair_tests_reject_at_the_nominal_rate():
     five PIT tests, judged at LEVEL alone, rejects within the binomial bound."""
     import torch
 
-    from losscheck.stats.pit import PIT_TESTS, pit_tests, randomized_pit
+    from losscheck.stats.pit import pit_tests, randomized_pit
+    from losscheck.stats.registry import budget_count
 
     rejections: dict[str, int] = {}
     for run in range(NEW_RUNS):
@@ -96,7 +97,7 @@ def test_slot_and_pair_tests_reject_at_the_nominal_rate():
             slots[:, pos] = torch.where(slots[:, pos - 1] < accept[:, pos - 1], slots[:, pos - 1] + 1, 0)
         u = randomized_pit(probs, tokens, torch.rand(n, length, generator=gen, dtype=torch.float64))
         spare = torch.rand(n, length, generator=gen, dtype=torch.float64)
-        results = pit_tests(u, mask, PIT_TESTS * LEVEL, 0.9, 1.0, slots=slots, spare=spare)
+        results = pit_tests(u, mask, budget_count("pit") * LEVEL, 0.9, 1.0, slots=slots, spare=spare)
         for r in results[1:]:
             rejections[r.name] = rejections.get(r.name, 0) + (not r.passed)
     _rejections_within_the_binomial_bound(rejections, "the PIT tests (slot and pair included)")
@@ -107,9 +108,10 @@ def test_conformance_tests_reject_at_the_nominal_rate():
     """The standard verifier on honest random rounds: each conformance test at LEVEL alone."""
     import torch
 
-    from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder
+    from losscheck.cells.conformance import Recorder
     from losscheck.core.sampling import sample
     from losscheck.core.verify import verify_block
+    from losscheck.stats.registry import budget_count
 
     rejections: dict[str, int] = {}
     for run in range(NEW_RUNS):
@@ -120,7 +122,7 @@ def test_conformance_tests_reject_at_the_nominal_rate():
             # q near p (noise of sd 1 on the logits): rounds both reject and reach the bonus.
             q = torch.softmax(logits[:, :4] + torch.randn(100, 4, 8, generator=gen), -1)
             recorder(logits, sample(q, gen), q, SamplingParams(), gen)
-        for r in recorder.tests(CONFORMANCE_TESTS * LEVEL, 0.9):
+        for r in recorder.tests(budget_count("conformance") * LEVEL, 0.9):
             rejections[r.name] = rejections.get(r.name, 0) + (not r.passed)
     _rejections_within_the_binomial_bound(rejections, "the conformance tests")
 

@@ -16,7 +16,6 @@ from scipy import stats
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import BY_NAME, CATALOGUE, BugClass, Step
 from losscheck.stats.conditional import (
-    CONDITIONAL_TESTS,
     ConditionalValues,
     bug_classes_test,
     conditional_tests,
@@ -30,6 +29,9 @@ from losscheck.stats.conditional import (
     token_counts_test,
 )
 from losscheck.stats.pit import randomized_pit
+from losscheck.stats.registry import budget_count
+
+CONDITIONAL_TESTS = budget_count("conditional")
 
 V = 8
 K = 3  # every 4th step is a round's bonus slot (slot K)

@@ -53,7 +53,7 @@ def greedy_calls(session: Session) -> list[Call]:
 def run_split(cell: Cell, calls: list[Call], options: Options = OPTIONS, timeout_s: float = 300.0) -> SplitRun:
     """`calls` with `cell` (unsplit) served in 2 ranks, the target split over them."""
     try:
-        return split_generate(options, cell, 2, calls, factory.rank_server, timeout_s)
+        return split_generate(factory.rank_recipe(options, cell), cell.serving, cell.id, 2, calls, timeout_s)
     except SplitUnavailable as exc:
         pytest.skip(f"no tensor-parallel split on this platform: {exc}")
 
@@ -160,7 +160,8 @@ def test_a_timeout_kills_every_rank(session):
 
 def test_a_split_that_does_not_divide_the_heads_is_refused():
     with pytest.raises(LosscheckError, match=r"split=3 .*num_attention_heads=4, num_key_value_heads=2"):
-        split_generate(OPTIONS, Cell("A", 4, GREEDY), 3, [], factory.rank_server)
+        cell = Cell("A", 4, GREEDY)
+        split_generate(factory.rank_recipe(OPTIONS, cell), cell.serving, cell.id, 3, [])
 
 
 def test_rank_disagreement_names_the_call_and_row():

@@ -30,9 +30,7 @@ from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE, Cell
 from losscheck.run.session import Session
-from losscheck.stats import sample_size
-from losscheck.stats.conditional import CONDITIONAL_TESTS
-from losscheck.stats.pit import PIT_TESTS
+from losscheck.stats import registry, sample_size
 from losscheck.stats.result import combine
 
 if TYPE_CHECKING:
@@ -145,7 +143,7 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     horizon = max(profile.horizon, min_horizon(engine))
     prompts = _all_prompts(session)
     half = session.per_test_alpha / 2
-    alpha_test = half / (PIT_TESTS + CONDITIONAL_TESTS)  # one test's share, as a PIT cell's
+    alpha_test = registry.split(half, "pit", "conditional").per_test  # one test's share, as a PIT cell's
     target = session.target("main", cell.precision.target)
     design, per_sequence, pilot_tokens = _target_side_design(session, cell, prompts, horizon, alpha_test)
     pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, horizon)

@@ -37,15 +37,12 @@ import torch
 
 from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.core.verify import BlockOutcome, Verifier, normalized, point_mass, recovery_distribution
-from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
-from losscheck.stats.result import TestResult, scoped
+from losscheck.stats.registry import StatTest, register, run_family
+from losscheck.stats.result import TestResult
 
 KINDS = ("draft_honesty", "acceptance", "residual", "bonus")
-# the uniformity tests and the acceptance score share the conformance budget (the impossible-
-# decision check spends none)
-CONFORMANCE_TESTS = len(KINDS) + 1
 # float64 p / q round-off allowed before a rejection counts as impossible; a verifier computing in
 # reduced precision is allowed that precision's round-off (`conformance_rtol`)
 IMPOSSIBLE_RTOL = 1e-6
@@ -125,29 +122,29 @@ class Recorder:
         self.values["bonus"].append(u[bonus])
 
     def tests(self, alpha: float, power: float, looks: int = 1) -> list[TestResult]:
-        """The conformance tests under the budget `alpha` (Bonferroni over `CONFORMANCE_TESTS`).
-        Their sample sizes are whatever the run produced (rejections are random), so each reports
-        the effect it detects rather than asserting one. `looks`: the stopping points of a
-        sequential cell (`losscheck.stats.sequential`); the fixed-sample uniformity tests are then
-        judged at their share / `looks`, the e-value acceptance score at its whole share."""
-        a = per_test_alpha(alpha, CONFORMANCE_TESTS)
-        results = [
-            impossible_event(
-                "conformance.impossible_rejection",
-                "no draft rejected whose min(1, p/q) is 1, none kept whose p is 0",
-                f"{self.impossible} of {self.decided} decided drafts rejected with p >= q or kept with p = 0",
-                self.impossible,
-                self.decided,
-                power,
-            )
-        ]
-        for kind in KINDS:
-            values = torch.cat(self.values[kind]).cpu() if self.values[kind] else torch.zeros(0, dtype=torch.float64)
-            results.append(uniformity(f"conformance.{kind}", values, per_test_alpha(a, looks), power))
-        results.append(self._acceptance_score(a, power))
-        return scoped(results, "conformance")
+        """The registered tests of the `conformance` family under the budget `alpha`, split evenly
+        over them. Their sample sizes are whatever the run produced (rejections are random), so
+        each reports the effect it detects rather than asserting one. `looks`: the stopping points
+        of a sequential cell (`losscheck.stats.sequential`); the fixed-sample uniformity tests are
+        then judged at their share / `looks`, the e-value acceptance score at its whole share."""
+        return run_family("conformance", self, alpha, power, looks)
 
-    def _acceptance_score(self, alpha: float, power: float) -> TestResult:
+    def collected(self, kind: str) -> torch.Tensor:
+        """The recorded values of `kind` [n] float64, on the CPU."""
+        parts = self.values[kind]
+        return torch.cat(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)
+
+    def impossible_decisions(self, power: float) -> TestResult:
+        return impossible_event(
+            "conformance.impossible_rejection",
+            "no draft rejected whose min(1, p/q) is 1, none kept whose p is 0",
+            f"{self.impossible} of {self.decided} decided drafts rejected with p >= q or kept with p = 0",
+            self.impossible,
+            self.decided,
+            power,
+        )
+
+    def acceptance_score(self, alpha: float, power: float) -> TestResult:
         """The two-sided Bennett mixture e-value of Σ (kept - a): kept drafts, counted against
         their acceptance probabilities."""
         from losscheck.stats.conditional import evalue_threshold, log_mixture_evalue
@@ -195,16 +192,35 @@ def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> T
             power,
         )
     if n < 5 * BINS:
-        return TestResult(
-            name=name,
-            expected=expected_desc,
-            observed=f"{n} values: too few to test (need {5 * BINS})",
-            statistic=0.0,
-            p_value=1.0,
-            alpha=alpha,
-            n=n,
-            power=power,
-            detectable={"w": math.inf, "tv": math.inf},
+        return TestResult.untestable(
+            name, expected_desc, f"{n} values: too few to test (need {5 * BINS})", alpha, power, n
         )
     counts = torch.bincount((values * BINS).long().clamp(max=BINS - 1), minlength=BINS).numpy()
     return goodness_of_fit(name, expected_desc, counts, np.full(BINS, n / BINS), alpha, power)
+
+
+def _uniformity_test(kind: str) -> StatTest[Recorder]:
+    """The registered uniformity test of the recorded `kind` values."""
+    name = f"conformance.{kind}"
+    return StatTest(
+        name,
+        "conformance",
+        "conformance",
+        lambda rec, alpha, power: uniformity(name, rec.collected(kind), alpha, power),
+    )
+
+
+register(
+    StatTest(
+        "conformance.impossible_rejection",
+        "conformance",
+        "conformance",
+        lambda rec, _alpha, power: rec.impossible_decisions(power),
+        spends_alpha=False,
+    )
+)
+for _kind in KINDS:
+    register(_uniformity_test(_kind))
+register(
+    StatTest("conformance.acceptance_score", "conformance", "conformance", Recorder.acceptance_score, anytime=True)
+)

@@ -18,7 +18,7 @@ from losscheck.plan.profiles import Profile, min_horizon
 from losscheck.run import factory
 from losscheck.run.session import Session
 from losscheck.serving.axis import requests
-from losscheck.stats import sample_size, sequential
+from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.pit import pit_required_values
 
 if TYPE_CHECKING:
@@ -46,18 +46,15 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     (`losscheck.stats.sequential`) and the tested sample's own p and q confirm that the design
     catches every class and member it promised at its power; at the last look, the cell errors
     unless the tested sample confirms it."""
-    from losscheck.cells.conformance import CONFORMANCE_TESTS, Recorder, conformance_rtol
+    from losscheck.cells.conformance import Recorder, conformance_rtol
     from losscheck.cells.scoring import PitScores, measure_power
     from losscheck.stats.bugclass import PowerAccumulator
-    from losscheck.stats.conditional import CONDITIONAL_TESTS
-    from losscheck.stats.pit import PIT_TESTS
 
     profile = session.options.profile
     horizon = profile.pit_horizon(cell.k)
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
-    tests = PIT_TESTS + CONDITIONAL_TESTS + CONFORMANCE_TESTS
-    alpha_scored = session.per_test_alpha * (PIT_TESTS + CONDITIONAL_TESTS) / tests
-    alpha_test = session.per_test_alpha / tests
+    budget = registry.split(session.per_test_alpha, "pit", "conditional", "conformance")
+    alpha_scored, alpha_test = budget.share("pit", "conditional"), budget.per_test
     limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens) if profile.early_stop else 1
     clock = Phases()
     server = factory.server(session, cell)
@@ -106,7 +103,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
         results, facts = scores.tests(alpha_scored, profile.pooled_tv, limit)
     with clock("conformance"):
         if recorder is not None:
-            results += recorder.tests(session.per_test_alpha - alpha_scored, profile.power, limit)
+            results += recorder.tests(budget.share("conformance"), profile.power, limit)
     early = stopped < len(looks.tokens)
     if not early:
         with clock("design"):
@@ -233,11 +230,9 @@ def _class_design(
     points: its tests at the power `sequential.design_power` leaves them (the profile's when the
     cell has a single look), the fixed-sample ones at their level / `looks`."""
     from losscheck.stats.bugclass import LR_BOUND
-    from losscheck.stats.conditional import CONDITIONAL_TESTS
-    from losscheck.stats.pit import PIT_TESTS
 
     level = profile.power if looks == 1 else sequential.design_power(profile.power)
-    alpha_pit = alpha_scored * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
+    alpha_pit = registry.split(alpha_scored, "pit", "conditional").share("pit")
     pooled = 0
     if profile.pooled_tv is not None:
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv)

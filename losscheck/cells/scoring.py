@@ -211,15 +211,16 @@ class PitScores:
         `pooled_tv`: the pooled tests must detect this binned TV (None: they report what they
         detect). `looks`: the stopping points of a sequential cell; the fixed-sample tests are
         judged at their share / `looks` (`losscheck.stats.sequential`)."""
-        from losscheck.stats.conditional import CONDITIONAL_TESTS, ConditionalValues, conditional_tests
-        from losscheck.stats.pit import PIT_TESTS, pit_tests
+        from losscheck.stats import registry
+        from losscheck.stats.conditional import ConditionalValues, conditional_tests
+        from losscheck.stats.pit import pit_tests
 
         profile = self.session.options.profile
         u, mask, ambiguous, spare = (torch.cat(x) for x in (self.u, self.mask, self.ambiguous, self.spare))
         known = [s for s in self.slots if s is not None]
         slots = torch.cat(known) if len(known) == len(self.slots) else None
         tested = mask & ~ambiguous
-        alpha_pit = alpha * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
+        alpha_pit = registry.split(alpha, "pit", "conditional").share("pit")
         results = pit_tests(
             u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
         )

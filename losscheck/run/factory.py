@@ -11,15 +11,17 @@ acceptance rule), `losscheck.core.verify.verify_block`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError
 from losscheck.run.loading import load_object
-from losscheck.serving.axis import ServeContext, Server, build_server, runs_elsewhere
+from losscheck.serving.axis import RankRecipe, ServeContext, Server, Serving, build_server, runs_elsewhere
 
 if TYPE_CHECKING:
     from losscheck.plan.cell import Cell
@@ -125,9 +127,14 @@ def serve_context(session: Session, cell: Cell) -> ServeContext:
         max_rows=profile.batch,
         greedy_max_new=profile.greedy_max_new,
         plant=session.plant,
-        options=session.options,
-        cell=cell,
-        rank_server=rank_server,
+        ranks=rank_recipe(session.options, cell),
+    )
+
+
+def rank_recipe(options: Options, cell: Cell) -> RankRecipe:
+    """How a rank of a split run rebuilds `cell`'s server from the run's options alone."""
+    return RankRecipe(
+        options.device, options.target, options.trust_remote_code, functools.partial(rank_server, options, cell)
     )
 
 
@@ -138,8 +145,9 @@ def server(session: Session, cell: Cell) -> Server:
     return build_server(built, serve_context(session, cell))
 
 
-def rank_server(options: Options, cell: Any) -> Server:
-    """`server` in another process (a rank of a split run), from the run's options alone."""
+def rank_server(options: Options, cell: Cell, serving: Serving) -> Server:
+    """The server of `cell` served as `serving`, in another process (a rank of a split run), from
+    the run's options alone."""
     from losscheck.run.session import Session
 
-    return server(Session(options), cell)
+    return server(Session(options), dataclasses.replace(cell, serving=serving))

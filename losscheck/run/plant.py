@@ -11,23 +11,38 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Protocol
 
+from losscheck.core.contract import Drafter, Target
+from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError, flag
+from losscheck.serving.axis import ServingPlant
 
 GROUP = "losscheck.plants"
 
 
-class Plant(Protocol):
+class Plant(ServingPlant, Protocol):
     """What a planted bug may replace; None leaves the part as it is. Only the speculative engine
-    is planted: the drafter-less baseline stays plain decoding."""
+    is planted: the drafter-less baseline stays plain decoding. The serving axes' parts (prefix
+    cache, scheduler) are `ServingPlant`'s."""
 
-    name: str
-    verifier: Any  # a `losscheck.core.verify.Verifier` used in place of the engine's own, or None
-    wrap_drafter: Callable[[Any], Any] | None  # drafter -> planted drafter
-    wrap_target: Callable[[Any, int], Any] | None  # (target, k) -> planted target
-    prefix_cache: Callable[[Any], Any] | None  # the cell's `PrefixCache` -> a planted one
-    scheduler: type | None  # a planted `ContinuousBatcher` class
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def verifier(self) -> Verifier | None:
+        """Used in place of the engine's own verifier."""
+        ...
+
+    @property
+    def wrap_drafter(self) -> Callable[[Drafter], Drafter] | None:
+        """Drafter -> planted drafter."""
+        ...
+
+    @property
+    def wrap_target(self) -> Callable[[Target, int], Target] | None:
+        """(target, k) -> planted target."""
+        ...
 
 
 @cache

@@ -12,8 +12,8 @@ keeps every round's drafts, wasted ones included). The steps go through `PowerAc
 the table prints tokens needed per bug class and test at power 0.99. As in a cell, a pilot (a
 tenth of the rows, its own seed) picks the id `pit.bug_classes` aims drafter_misreports_one_id
 at, and the table is computed at that id. The per-test levels are those a cell uses: the run's
-per-test α of a cell (1.98e-5) split over the cell's pooled PIT tests (`PIT_TESTS`) for the
-pooled and slot χ², over the conditional tests (`CONDITIONAL_TESTS`) for those and for the LR
+per-test α of a cell (1.98e-5) split over the cell's PIT tests (`losscheck.stats.registry`) for the
+pooled and slot χ², over the conditional tests for those and for the LR
 bound. The previous round's q is exact in the bugs' laws; `pit.bug_classes` scores stale_q with
 the approximation a cell has (the q of the row's last step at the same slot).
 """
@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from losscheck.stats import registry
 from losscheck.stats.bugclass import LR_BOUND, TESTS, PowerAccumulator
-from losscheck.stats.conditional import CONDITIONAL_TESTS
-from losscheck.stats.pit import PIT_TESTS
 
 VOCAB, K, LENGTH = 64, 4, 16
 CELL_ALPHA = 1.98e-5  # the gate's per-test α: one cell's share of --losscheck-alpha 0.01
@@ -37,7 +36,7 @@ POWER = 0.99
 ACCEPTANCES = (0.88, 0.97)
 ROWS = 4000  # rows of LENGTH tokens per drafter: 64k steps
 PILOT_SHARE = 10  # the pilot draws ROWS / PILOT_SHARE rows
-POOLED_LEVEL = ("pit.pooled_chisquare", "pit.slot_chisquare")  # tests judged at CELL_ALPHA / PIT_TESTS
+POOLED_LEVEL = ("pit.pooled_chisquare", "pit.slot_chisquare")  # judged at CELL_ALPHA / the pit family's count
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ def accumulate(chain: Chain, steps: Steps, chunk: int = 500, misreported: int | 
 
 def level(test: str) -> float:
     """The per-test α the table judges `test` at."""
-    return CELL_ALPHA / (PIT_TESTS if test in POOLED_LEVEL else CONDITIONAL_TESTS)
+    return CELL_ALPHA / registry.budget_count("pit" if test in POOLED_LEVEL else "conditional")
 
 
 @dataclass(frozen=True)
@@ -222,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     columns = [column(a, args.rows, args.seed) for a in ACCEPTANCES]
     print(
         f"V = {VOCAB}, k = {K}, L = {LENGTH}, {args.rows} rows per drafter, seed {args.seed}; power {POWER}; "
-        f"per-test α: pooled and slot χ² {level(POOLED_LEVEL[0]):.3g} (cell α {CELL_ALPHA:g} / {PIT_TESTS}), "
-        f"conditional tests and LR bound {level(LR_BOUND):.3g} (/ {CONDITIONAL_TESTS})"
+        f"per-test α: pooled and slot χ² {level(POOLED_LEVEL[0]):.3g} (cell α {CELL_ALPHA:g} / "
+        f"{registry.budget_count('pit')}), conditional tests and LR bound {level(LR_BOUND):.3g} "
+        f"(/ {registry.budget_count('conditional')})"
     )
     for col in columns:
         print(

@@ -21,11 +21,10 @@ def main(sequences: int = 1024) -> None:
     from losscheck.run import factory
     from losscheck.run.options import Options
     from losscheck.run.session import Session
-    from losscheck.stats.conditional import CONDITIONAL_TESTS
-    from losscheck.stats.pit import PIT_TESTS
+    from losscheck.stats import registry
 
     session = Session(Options(engine="losscheck.engines.hf:hf_assisted"))
-    alpha_test = session.per_test_alpha / (PIT_TESTS + CONDITIONAL_TESTS)
+    alpha_test = registry.split(session.per_test_alpha, "pit", "conditional").per_test
     cell = Cell("A", 4, SamplingParams(temperature=1.0))
     prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
     rows, gen = generate_rows(session, cell, factory.server(session, cell), prompts, sequences, 16, "hf-rows")

@@ -33,12 +33,11 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.selftest import bugtable
-from losscheck.stats import sample_size, sequential
+from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
 from losscheck.stats.buglaws import BY_NAME, Step, chunk_steps, mismatched_law, tilted, top_p
 
 CELL_ALPHA = bugtable.CELL_ALPHA  # one cell's per-test α share of the gate
-TESTS = 14  # the cell's tests: PIT, exact-conditional and conformance
 POWER = 0.99
 FLOOR, CAP = 2_000, 20_000  # the ci profile's min_pit_tokens and max_pit_tokens
 PILOT_ROWS = 256
@@ -100,11 +99,18 @@ class Design:
     grid: dict[str, tuple[float, ...]]
 
 
+def cell_budget() -> registry.Split:
+    """A PIT cell's α split over its three families of tests, as `cells.sampled.run_pit` splits it."""
+    import losscheck.cells.conformance  # noqa: F401  (registers the conformance family)
+
+    return registry.split(CELL_ALPHA, "pit", "conditional", "conformance")
+
+
 def plan(chain: bugtable.Chain, seed: int) -> Design:
     """The cell's designs from a pilot of honest rows (`sampled._class_design`, `sampled._looks`)."""
     from losscheck.cells.sampled import _looks
 
-    alpha_test = CELL_ALPHA / TESTS
+    alpha_test = cell_budget().per_test
     pilot = bugtable.accumulate(chain, bugtable.simulate(chain, PILOT_ROWS, seed))
     design, fixed = (
         sample_size.ClassDesign.of(
@@ -162,16 +168,17 @@ def draw(tables: Tables, bug: Bug | None, misreported: int | None, g: torch.Gene
 
 def _rejects(tables: Tables, tokens: torch.Tensor, rows: int, looks: int, misreported: int | None, seed: int) -> bool:
     """Whether the cell's PIT and exact-conditional tests reject on the first `rows` rows."""
-    from losscheck.stats.conditional import CONDITIONAL_TESTS, ConditionalValues, conditional_tests
-    from losscheck.stats.pit import PIT_TESTS, pit_tests, randomized_pit
+    from losscheck.stats.conditional import ConditionalValues, conditional_tests
+    from losscheck.stats.pit import pit_tests, randomized_pit
 
     g = torch.Generator().manual_seed(seed)
     part = slice(0, rows)
     p, q, slots, x = tables.p[part], tables.q[part], tables.slots[part], tokens[part]
     v, v_order, spare = (torch.rand(x.shape, generator=g, dtype=torch.float64) for _ in range(3))
     tested = torch.ones(x.shape, dtype=torch.bool)
-    alpha_scored = CELL_ALPHA * (PIT_TESTS + CONDITIONAL_TESTS) / TESTS
-    alpha_pit = alpha_scored * PIT_TESTS / (PIT_TESTS + CONDITIONAL_TESTS)
+    budget = cell_budget()
+    alpha_scored = budget.share("pit", "conditional")
+    alpha_pit = budget.share("pit")
     u = randomized_pit(p, x, v)
     results = pit_tests(u, tested, alpha_pit / looks, POWER, None, 10, slots=slots, spare=spare)
     values = ConditionalValues.from_chunk(
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = Tables.of(chain, bugtable.simulate(chain, rows, args.seed + 2))
     print(
         f"V = {bugtable.VOCAB}, k = {bugtable.K}, acceptance {args.acceptance}, seed {args.seed}, "
-        f"{args.replicates} replicates; per-test α {CELL_ALPHA / TESTS:.3g}, power {POWER}; "
+        f"{args.replicates} replicates; per-test α {cell_budget().per_test:.3g}, power {POWER}; "
         f"sequential design {plan_.design.tokens} tokens (looks {list(plan_.looks.tokens)}), "
         f"fixed design {plan_.fixed.tokens}; members to rule out: {len(plan_.looks.covered)} at β_r, "
         f"{len(plan_.looks.partial)} at β_p; misreported id {plan_.pilot.misreported_id}"

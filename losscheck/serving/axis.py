@@ -18,7 +18,7 @@ import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -26,6 +26,10 @@ from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator
 from losscheck.errors import LosscheckError
+
+if TYPE_CHECKING:
+    from losscheck.serving.batching import ContinuousBatcher
+    from losscheck.serving.prefix_cache import PrefixCache
 
 Prompts = list[list[int]]
 AxisValue = Any  # an axis's own value type (ranks, "cold" / "warm", "continuous")
@@ -66,22 +70,47 @@ class Server(Protocol):
         ...
 
 
+class ServingPlant(Protocol):
+    """What a serving axis may take from a planted bug (`losscheck.run.plant.Plant`, the self-test
+    catalogue's way in); None leaves the part as it is."""
+
+    @property
+    def prefix_cache(self) -> Callable[[PrefixCache], PrefixCache] | None:
+        """The cell's prefix cache -> a planted one."""
+        ...
+
+    @property
+    def scheduler(self) -> type[ContinuousBatcher] | None:
+        """A planted continuous-batching scheduler class."""
+        ...
+
+
+@dataclass(frozen=True)
+class RankRecipe:
+    """How a rank of an axis that runs elsewhere (a split) builds the cell's server, minus that
+    axis, in its own process. Picklable: it crosses to the ranks."""
+
+    device: str | None  # the run's device option (None: the default), which decides the backend
+    target: str | None  # the main target's path or id (None: the bundled one)
+    trust_remote_code: bool  # how the target's config may be read
+    # the cell's server with serving `unsplit`, built in the calling process from the run's
+    # options: a module-level function bound by `functools.partial`, so that it pickles
+    build: Callable[[Serving], Server]
+
+
 @dataclass(frozen=True)
 class ServeContext:
     """What an axis may use to serve a cell: the run's seed and batch limit, the cell's id, the
-    whole cell serving (axis values) and a hook that swaps in planted parts (`Plant`)."""
+    whole cell serving (axis values), the planted parts (`ServingPlant`) and how a rank rebuilds
+    the cell elsewhere (`RankRecipe`)."""
 
     seed: int
     cell_id: str
     serving: Mapping[str, AxisValue]
     max_rows: int  # most rows one scheduler runs at once
     greedy_max_new: int  # the first turn's budget of a warm prefix cache
-    plant: Any  # `losscheck.run.plant.Plant` or None; axes call its hooks by name
-    options: Any  # the run's `Options` (a split run passes them to its ranks)
-    cell: Any  # the `Cell` (a split run rebuilds it, unsplit, in its ranks)
-    # builds a cell's server in another process from (options, cell): a module-level function,
-    # so that it pickles by name (`losscheck.run.factory.rank_server`)
-    rank_server: Callable[[Any, Any], Server] | None = None
+    plant: ServingPlant | None = None
+    ranks: RankRecipe | None = None  # None: the cell cannot be rebuilt in other processes
 
 
 class EngineServer:

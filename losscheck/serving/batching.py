@@ -258,7 +258,8 @@ class ContinuouslyBatched(Wrapped):
         if inner.engine is None:
             raise LosscheckError("continuous batching schedules the engine in this process; this cell has none")
         self.context = context
-        self.scheduler: type[ContinuousBatcher] = getattr(context.plant, "scheduler", None) or ContinuousBatcher
+        planted = context.plant.scheduler if context.plant is not None else None
+        self.scheduler: type[ContinuousBatcher] = planted or ContinuousBatcher
 
     def call_rows(self, rows: int) -> int:
         return UNBOUNDED  # one stream of requests: the scheduler sizes its rows itself

@@ -189,8 +189,8 @@ class PrefixCached(Wrapped):
         if inner.engine is None:
             raise LosscheckError("the prefix cache is a cache of the engine in this process; this cell has none")
         cache = PrefixCache(capacity=COLD_CAPACITY if state == "cold" else CAPACITY)
-        plant = getattr(context.plant, "prefix_cache", None)  # a planted cache (the self-test catalogue)
-        self.cache = plant(cache) if plant is not None else cache
+        planted = context.plant.prefix_cache if context.plant is not None else None
+        self.cache = planted(cache) if planted is not None else cache
         inner.engine.prefix_cache = self.cache
 
     def facts(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 `split_generate` starts the ranks itself. Each rank joins a `torch.distributed` process group
 (gloo over CPU processes; nccl with one CUDA device per rank) and builds the server of the cell
-unsplit, with the run's own builder (`ServeContext.rank_server`): the main target loads with
+unsplit, with the run's own builder (`ServeContext.ranks`, a `RankRecipe`): the main target loads with
 Hugging Face's tensor-parallel plan (the loader sees the group), and drafters, stress variants and
 planted bugs come the same way as in an unsplit cell; a drafter with its own model is replicated
 on every rank, as vLLM does. Every rank runs every `Call` with the same seeds; rank 0's
@@ -29,12 +29,10 @@ from typing import TYPE_CHECKING, Any
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.errors import CellUnavailable, LosscheckError, flag
-from losscheck.serving.axis import Axis, Call, ServeContext, Server
+from losscheck.serving.axis import Axis, Call, RankRecipe, ServeContext, Server, Serving
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-
-    RankServer = Callable[[Any, Any], Server]  # (options, unsplit cell) -> the cell's server in a rank
+    from collections.abc import Sequence
 
 # Imported once by the fork server (see `_context`), not once per rank: on a 2-core CI machine
 # importing transformers costs ~10 s, more than a split run of the bundled target.
@@ -107,22 +105,22 @@ def rank_disagreement(rank: int, mine: list[Generation], rank0: list[Generation]
 
 
 def split_generate(
-    options: Any,
-    cell: Any,
+    recipe: RankRecipe,
+    unsplit: Serving,
+    cell_id: str,
     ranks: int,
     calls: Sequence[Call],
-    rank_server: RankServer,
     timeout_s: float = 900.0,
 ) -> SplitRun:
-    """Run `calls` with the server `rank_server(options, cell)` builds in each of `ranks` ranks,
-    the main target split over them. `cell` is the cell unsplit; `options` the run's `Options`.
+    """Run `calls` with the server `recipe.build(unsplit)` builds in each of `ranks` ranks, the
+    main target split over them. `unsplit`: the cell's serving without the split.
 
     Raises `SplitUnavailable` where the platform cannot split, `LosscheckError` for a split the
     model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
     """
     started = time.perf_counter()
-    check_split(_config(options), ranks)
-    backend = _backend(options, ranks)
+    check_split(_config(recipe), ranks)
+    backend = _backend(recipe.device, ranks)
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="losscheck-split-") as rendezvous:
         results = ctx.Queue()
@@ -132,7 +130,7 @@ def split_generate(
                 target=_rank_main,
                 name=f"losscheck-rank{rank}",
                 daemon=True,
-                args=(rank, ranks, store, backend, timeout_s, rank_server, options, cell, list(calls), results),
+                args=(rank, ranks, store, backend, timeout_s, recipe, unsplit, list(calls), results),
             )
             for rank in range(ranks)
         ]
@@ -148,7 +146,7 @@ def split_generate(
         differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
         if differs:
             raise SplitError(
-                f"ranks of split={ranks} diverged on cell {cell.id}: {differs}; every rank "
+                f"ranks of split={ranks} diverged on cell {cell_id}: {differs}; every rank "
                 "runs the same seeds on an all-reduced target, so this is a bug",
                 pids,
             )
@@ -156,7 +154,7 @@ def split_generate(
     return SplitRun(generations, time.perf_counter() - started, ranks, backend, identity)
 
 
-def _backend(options: Any, ranks: int) -> str:
+def _backend(device_option: str | None, ranks: int) -> str:
     """gloo for CPU ranks, nccl for CUDA ranks (one device each); `SplitUnavailable` otherwise."""
     import importlib.util
 
@@ -172,7 +170,7 @@ def _backend(options: Any, ranks: int) -> str:
             "transformers loads a tensor-parallel plan only with the accelerate package "
             "installed (pip install accelerate)"
         )
-    device = resolve_device(options.device)
+    device = resolve_device(device_option)
     if device.type == "cuda":
         if not dist.is_nccl_available():
             raise SplitUnavailable("this torch build has no nccl backend for CUDA ranks")
@@ -189,14 +187,14 @@ def _backend(options: Any, ranks: int) -> str:
     return "gloo"
 
 
-def _config(options: Any) -> Any:
+def _config(recipe: RankRecipe) -> Any:
     """The main target's config, read without loading weights."""
     from transformers import AutoConfig
 
     from losscheck import bundled
 
-    path = options.target or bundled.target_path()
-    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=options.trust_remote_code)
+    path = recipe.target or bundled.target_path()
+    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=recipe.trust_remote_code)
 
 
 def _context() -> BaseContext:
@@ -266,9 +264,8 @@ def _rank_main(
     store: str,
     backend: str,
     timeout_s: float,
-    rank_server: RankServer,
-    options: Any,
-    cell: Any,
+    recipe: RankRecipe,
+    unsplit: Serving,
     calls: list[Call],
     results: Any,
 ) -> None:
@@ -291,7 +288,7 @@ def _rank_main(
         dist.init_process_group(
             backend, init_method=store, rank=rank, world_size=ranks, timeout=timedelta(seconds=timeout_s + 60)
         )
-        server = rank_server(options, cell)
+        server = recipe.build(unsplit)
         assert server.engine is not None
         out = [_on_cpu(gen) for gen in server.generate(calls)]
         # plain pickle: the queue's own pickler would share tensors by file descriptor, which
@@ -336,12 +333,10 @@ class Split:
         return rows
 
     def generate(self, calls: Sequence[Call]) -> list[Generation]:
-        unsplit = dataclasses.replace(
-            self.context.cell, serving=tuple((name, v) for name, v in self.context.serving.items() if name != AXIS.name)
-        )
-        if self.context.rank_server is None:
-            raise LosscheckError("a split cell needs ServeContext.rank_server to build its server in the ranks")
-        self.run = split_generate(self.context.options, unsplit, self.ranks, calls, self.context.rank_server)
+        unsplit = tuple((name, v) for name, v in self.context.serving.items() if name != AXIS.name)
+        if self.context.ranks is None:
+            raise LosscheckError("a split cell needs ServeContext.ranks to build its server in the ranks")
+        self.run = split_generate(self.context.ranks, unsplit, self.context.cell_id, self.ranks, calls)
         return self.run.generations
 
     def facts(self) -> dict[str, Any]:

@@ -3,12 +3,15 @@
 Pure functions: tensors and arrays in, `TestResult`s out; no engine, no pytest. One module per
 concept: `result` (what a test found, cell verdicts), `budget` (splitting α), `power`
 (detectable effects, required sample sizes), `gof` (counts against exact expected counts),
-and one module per test mode — `exact`, `pit`, `two_sample`.
+and one module per test mode — `exact`, `pit`, `conditional`, `two_sample`. `registry` holds
+the tests a sampled cell runs; importing this package registers the `pit` and `conditional`
+families (the `conformance` family registers with `losscheck.cells.conformance`).
 """
 
 from losscheck.stats.budget import per_test_alpha
+from losscheck.stats.conditional import conditional_tests
 from losscheck.stats.exact import enumerate_continuations, exact_required_n, exact_tests, probability_bins
-from losscheck.stats.pit import PIT_TESTS, pit_required_values, pit_tests, randomized_pit
+from losscheck.stats.pit import pit_required_values, pit_tests, randomized_pit
 from losscheck.stats.power import (
     chisquare_detectable_w,
     chisquare_required_n,
@@ -22,12 +25,12 @@ from losscheck.stats.result import CellVerdict, TestResult, combine
 from losscheck.stats.two_sample import two_sample_tests
 
 __all__ = [
-    "PIT_TESTS",
     "CellVerdict",
     "TestResult",
     "chisquare_detectable_w",
     "chisquare_required_n",
     "combine",
+    "conditional_tests",
     "dkwm_detectable",
     "dkwm_required_n",
     "dkwm_two_sample_detectable",

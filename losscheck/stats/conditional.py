@@ -52,13 +52,11 @@ from scipy import optimize, stats
 
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit, normalized_rows
-from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.buglaws import CATALOGUE, chunk_steps, targeted
 from losscheck.stats.gof import goodness_of_fit
-from losscheck.stats.result import TestResult, scoped
+from losscheck.stats.registry import StatTest, register, run_family
+from losscheck.stats.result import TestResult
 
-# residual order, token counts, surprisal, bug classes: they split the budget given to them
-CONDITIONAL_TESTS = 4
 ORDER_BINS = 10
 SURPRISAL_CLIP = 3.0  # C: the standardized surprisal is clipped to [-C, C] so increments are bounded
 CLASS_CLIP = 3.0  # C of the class scores (see `targeted_scores`)
@@ -421,16 +419,8 @@ def residual_order_test(order_u: torch.Tensor, alpha: float, power: float) -> Te
     n = len(order_u)
     expected = f"PIT values under the descending p - q order uniform over {ORDER_BINS} equal bins of [0, 1]"
     if n < 5 * ORDER_BINS:
-        return TestResult(
-            name="pit.residual_order",
-            expected=expected,
-            observed=f"{n} values: too few to test (need {5 * ORDER_BINS})",
-            statistic=0.0,
-            p_value=1.0,
-            alpha=alpha,
-            n=n,
-            power=power,
-            detectable={"w": math.inf, "tv": math.inf},
+        return TestResult.untestable(
+            "pit.residual_order", expected, f"{n} values: too few to test (need {5 * ORDER_BINS})", alpha, power, n
         )
     bins = (order_u * ORDER_BINS).long().clamp(0, ORDER_BINS - 1)  # [n]
     counts = torch.bincount(bins, minlength=ORDER_BINS).numpy()
@@ -532,19 +522,21 @@ def bug_classes_test(values: ConditionalValues, alpha: float, power: float) -> T
 
 
 def conditional_tests(values: ConditionalValues, alpha: float, power: float, looks: int = 1) -> list[TestResult]:
-    """`pit.residual_order`, `pit.token_counts`, `pit.surprisal`, `pit.bug_classes`, each at
-    alpha / CONDITIONAL_TESTS. Their sample sizes are what the cell scored; each reports the
-    effect it detects. `looks`: the stopping points of a sequential cell
-    (`losscheck.stats.sequential`); the χ² test is then judged at its share / `looks`, the
-    e-value tests, valid at any stopping time, at their whole share."""
+    """The registered tests of the `conditional` family (`pit.residual_order`, `pit.token_counts`,
+    `pit.surprisal`, `pit.bug_classes`, and any added since), `alpha` split evenly over them. Their
+    sample sizes are what the cell scored; each reports the effect it detects. `looks`: the
+    stopping points of a sequential cell (`losscheck.stats.sequential`); the χ² test is then
+    judged at its share / `looks`, the e-value tests, valid at any stopping time, at their whole
+    share."""
     check_open_unit("power", power)
-    a = per_test_alpha(alpha, CONDITIONAL_TESTS)
-    return scoped(
-        [
-            residual_order_test(values.order_u, per_test_alpha(a, looks), power),
-            token_counts_test(values, a, power),
-            surprisal_test(values, a, power),
-            bug_classes_test(values, a, power),
-        ],
-        "conditional",
-    )
+    return run_family("conditional", values, alpha, power, looks)
+
+
+def _residual_order(values: ConditionalValues, alpha: float, power: float) -> TestResult:
+    return residual_order_test(values.order_u, alpha, power)
+
+
+register(StatTest("pit.residual_order", "conditional", "conditional", _residual_order))
+register(StatTest("pit.token_counts", "conditional", "conditional", token_counts_test, anytime=True))
+register(StatTest("pit.surprisal", "conditional", "conditional", surprisal_test, anytime=True))
+register(StatTest("pit.bug_classes", "conditional", "conditional", bug_classes_test, anytime=True))

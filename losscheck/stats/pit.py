@@ -36,6 +36,7 @@ sequence are dependent, and in the worst case a sequence counts as one observati
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,11 +53,9 @@ from losscheck.stats.power import (
     dkwm_required_n,
     require_power,
 )
-from losscheck.stats.result import TestResult, scoped
+from losscheck.stats.registry import StatTest, budget_count, register, run_family
+from losscheck.stats.result import TestResult
 
-# Tests that share pit_tests' budget: pooled χ², pooled KS, position × bin χ², slot × bin χ², pair
-# χ² (the support check spends no alpha).
-PIT_TESTS = 5
 PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
 
 
@@ -136,15 +135,14 @@ def pit_tests(
     check_open_unit("power", power)
     if target_tv is not None:
         check_tv("target TV", target_tv)
-    a = per_test_alpha(alpha, PIT_TESTS)
+    a = per_test_alpha(alpha, budget_count("pit"))
 
     impossible = mask & torch.isnan(u)  # [N, L]
     valid = mask & ~impossible  # [N, L]
     values = u[valid]  # [n], row-major like valid.nonzero()
     n = len(values)
-    support = support_check("pit.support", int(impossible.sum()), int(mask.sum()), power, "token")
     if n == 0 and impossible.any():  # a token the target gives probability 0: a failure at any size
-        return [support]
+        return [_support(int(impossible.sum()), int(mask.sum()), power)]
     if n == 0:
         raise UnderpoweredError(
             "pit_tests: no PIT value to test (the mask selects no position of positive probability)"
@@ -161,39 +159,52 @@ def pit_tests(
     position = valid.nonzero()[:, 1]  # [n]
     cell = position * n_bins + bins  # [n]
     counts = torch.bincount(cell, minlength=u.shape[1] * n_bins).view(-1, n_bins).numpy()  # [L, B]
-
-    pooled_counts = counts.sum(0)  # [B]
     slot_counts = None
     if slots is not None:
         slot_of = torch.as_tensor(slots, dtype=torch.long)[valid]  # [n]
         width = int(slot_of.max()) + 1
         slot_counts = torch.bincount(slot_of * n_bins + bins, minlength=width * n_bins).view(-1, n_bins).numpy()
-    return [
-        support,
-        goodness_of_fit(
-            "pit.pooled_chisquare",
-            f"PIT values uniform over {n_bins} equal bins of [0, 1]",
-            pooled_counts,
-            np.full(n_bins, n / n_bins),
-            a,
-            power,
-        ),
-        _pooled_ks(values.numpy(), a, power),
-        *scoped(
-            [
-                _stratified_chisquare("pit.position_chisquare", "position", counts, a, power, min_expected),
-                _stratified_chisquare("pit.slot_chisquare", "slot", slot_counts, a, power, min_expected),
-                _pair_chisquare(u, mask, valid, spare, a, power),
-            ],
-            "stratified",
-        ),
-    ]
+    pit = PitValues(u, mask, valid, values, counts, slot_counts, spare, int(impossible.sum()), min_expected)
+    return run_family("pit", pit, alpha, power)
+
+
+@dataclass(frozen=True)
+class PitValues:
+    """What the `pit` family's tests read, counted once per cell by `pit_tests`."""
+
+    u: torch.Tensor  # [N, L] float64 PITs
+    mask: torch.Tensor  # [N, L] bool: the positions tested
+    valid: torch.Tensor  # [N, L] bool: tested and of positive probability under the target
+    values: torch.Tensor  # [n] the u's at the valid positions, row-major
+    counts: np.ndarray  # [L, B] position × bin counts
+    slot_counts: np.ndarray | None  # [S, B] slot × bin counts; None: the run records no slots
+    spare: torch.Tensor | None  # [N, L] uniforms completing pairs cut by the mask
+    impossible: int  # tested tokens of probability 0
+    min_expected: float  # per bin, for a position or slot to be tested
+
+    @property
+    def n_bins(self) -> int:
+        return self.counts.shape[1]
+
+
+def _support(impossible: int, tested: int, power: float) -> TestResult:
+    return support_check("pit.support", impossible, tested, power, "token")
+
+
+def _support_of(pit: PitValues, power: float) -> TestResult:
+    return _support(pit.impossible, int(pit.mask.sum()), power)
+
+
+def _pooled_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
+    n, bins = len(pit.values), pit.n_bins
+    expected = f"PIT values uniform over {bins} equal bins of [0, 1]"
+    return goodness_of_fit("pit.pooled_chisquare", expected, pit.counts.sum(0), np.full(bins, n / bins), alpha, power)
 
 
 def pit_required_values(alpha: float, power: float, target_tv: float, n_bins: int = 10) -> int:
     """PIT values (unmasked tokens) `pit_tests`' pooled χ² and KS need, under the cell budget
     `alpha`, to detect `target_tv` at `power`."""
-    a = per_test_alpha(alpha, PIT_TESTS)
+    a = per_test_alpha(alpha, budget_count("pit"))
     return max(
         chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, a, power),
         dkwm_required_n(target_tv, a, power),
@@ -210,8 +221,9 @@ def _require_pooled_power(n: int, n_bins: int, alpha: float, power: float, targe
     )
 
 
-def _pooled_ks(values: np.ndarray, alpha: float, power: float) -> TestResult:
-    """KS of `values` [n] against U(0,1)."""
+def _pooled_ks(pit: PitValues, alpha: float, power: float) -> TestResult:
+    """KS of the tested PITs against U(0,1)."""
+    values = pit.values.numpy()  # [n]
     ks = stats.kstest(values, "uniform")
     return TestResult(
         name="pit.pooled_ks",
@@ -238,16 +250,13 @@ def _stratified_chisquare(
     least-populated tested stratum (its noncentrality is n_s·w_s²).
     """
     if counts is None:
-        return TestResult(
-            name=name,
-            expected=f"PIT values uniform within each {stratum}",
-            observed=f"not tested: the run records no {stratum} of its tokens",
-            statistic=0.0,
-            p_value=1.0,
-            alpha=alpha,
-            n=0,
-            power=power,
-            detectable={"w": math.inf, "tv": math.inf, f"tv_one_{stratum}": math.inf},
+        return TestResult.untestable(
+            name,
+            f"PIT values uniform within each {stratum}",
+            f"not tested: the run records no {stratum} of its tokens",
+            alpha,
+            power,
+            effects=("w", "tv", f"tv_one_{stratum}"),
         )
     n_bins = counts.shape[1]
     per_position_n = counts.sum(1)  # [L]
@@ -257,16 +266,13 @@ def _stratified_chisquare(
     )
     n = int(per_position_n[tested].sum())
     if len(tested) == 0:
-        return TestResult(
-            name=name,
-            expected=expected_desc,
-            observed=f"no {stratum} has enough PIT values to test",
-            statistic=0.0,
-            p_value=1.0,
-            alpha=alpha,
-            n=0,
-            power=power,
-            detectable={"w": math.inf, "tv": math.inf, f"tv_one_{stratum}": math.inf},
+        return TestResult.untestable(
+            name,
+            expected_desc,
+            f"no {stratum} has enough PIT values to test",
+            alpha,
+            power,
+            effects=("w", "tv", f"tv_one_{stratum}"),
         )
     per_position = stats.chisquare(counts[tested], axis=1)  # statistic, pvalue: [K]
     df = len(tested) * (n_bins - 1)
@@ -296,14 +302,13 @@ def _stratified_chisquare(
     )
 
 
-def _pair_chisquare(
-    u: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor, spare: torch.Tensor | None, alpha: float, power: float
-) -> TestResult:
+def _pair_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
     """χ² of the pairs (u_{2m}, u_{2m+1}) of each sequence on a `PAIR_BINS` x `PAIR_BINS` grid
     against the uniform square (df = PAIR_BINS² - 1). A pair counts when its first position is
     tested; a second position the mask cuts is filled from `spare`. Pairs touching an impossible
     token or a position left out of the tests are dropped (those fail the support check or are
     near-ties already)."""
+    u, mask, valid, spare = pit.u, pit.mask, pit.valid, pit.spare
     length = u.shape[1] - u.shape[1] % 2
     first, second = u[:, 0:length:2], u[:, 1:length:2]  # [N, L/2]
     first_ok, second_ok = valid[:, 0:length:2], valid[:, 1:length:2]
@@ -319,16 +324,13 @@ def _pair_chisquare(
     counts = torch.bincount(grid, minlength=cells).numpy()
     n = int(counts.sum())
     if n < 5 * cells:
-        return TestResult(
-            name="pit.pair_chisquare",
-            expected="consecutive PIT pairs uniform on the unit square",
-            observed=f"{n} pairs: too few to test (need {5 * cells})",
-            statistic=0.0,
-            p_value=1.0,
-            alpha=alpha,
-            n=n,
-            power=power,
-            detectable={"w": math.inf, "tv": math.inf},
+        return TestResult.untestable(
+            "pit.pair_chisquare",
+            "consecutive PIT pairs uniform on the unit square",
+            f"{n} pairs: too few to test (need {5 * cells})",
+            alpha,
+            power,
+            n,
         )
     return goodness_of_fit(
         "pit.pair_chisquare",
@@ -338,3 +340,21 @@ def _pair_chisquare(
         alpha,
         power,
     )
+
+
+def _position_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
+    return _stratified_chisquare("pit.position_chisquare", "position", pit.counts, alpha, power, pit.min_expected)
+
+
+def _slot_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
+    return _stratified_chisquare("pit.slot_chisquare", "slot", pit.slot_counts, alpha, power, pit.min_expected)
+
+
+register(
+    StatTest("pit.support", "pit", "pooled", lambda pit, _alpha, power: _support_of(pit, power), spends_alpha=False)
+)
+register(StatTest("pit.pooled_chisquare", "pit", "pooled", _pooled_chisquare))
+register(StatTest("pit.pooled_ks", "pit", "pooled", _pooled_ks))
+register(StatTest("pit.position_chisquare", "pit", "stratified", _position_chisquare))
+register(StatTest("pit.slot_chisquare", "pit", "stratified", _slot_chisquare))
+register(StatTest("pit.pair_chisquare", "pit", "stratified", _pair_chisquare))

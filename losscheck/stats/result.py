@@ -50,6 +50,32 @@ class TestResult:
     # (the verifier's steps against standard speculative sampling)
     scope: str = "pooled"
 
+    @classmethod
+    def untestable(
+        cls,
+        name: str,
+        expected: str,
+        observed: str,
+        alpha: float,
+        power: float,
+        n: int = 0,
+        effects: Sequence[str] = ("w", "tv"),
+    ) -> TestResult:
+        """A test whose sample was too small (or absent) to judge: it passes at p = 1 and states
+        that it detects nothing (every effect in `effects` infinite), so the cell's claims can
+        never lean on it."""
+        return cls(
+            name=name,
+            expected=expected,
+            observed=observed,
+            statistic=0.0,
+            p_value=1.0,
+            alpha=alpha,
+            n=n,
+            power=power,
+            detectable=dict.fromkeys(effects, math.inf),
+        )
+
     @property
     def passed(self) -> bool:
         return self.p_value > self.alpha

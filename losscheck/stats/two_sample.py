@@ -131,16 +131,13 @@ def _position_homogeneity(
     ).numpy()  # [2, n_bins]
     expected = f"the same token distribution at position {pos} in both samples"
     if n_bins < 2:
-        return TestResult(
-            name=f"two_sample.position[{pos}]",
-            expected=expected,
-            observed="too few distinct tokens in the pooled sample for two bins: nothing to compare",
-            statistic=0.0,
-            p_value=1.0,
-            alpha=alpha,
-            n=len(a) + len(b),
-            power=power,
-            detectable={"w": math.inf, "tv": math.inf},
+        return TestResult.untestable(
+            f"two_sample.position[{pos}]",
+            expected,
+            "too few distinct tokens in the pooled sample for two bins: nothing to compare",
+            alpha,
+            power,
+            len(a) + len(b),
         )
     test = stats.chi2_contingency(table, correction=False)
     share = table / table.sum(1, keepdims=True)  # [2, n_bins]

@@ -83,3 +83,13 @@ def test_chi2_log10_tail_is_scipys_where_it_is_finite_and_an_upper_bound_beyond(
     assert chi2_log10_sf(5e4, 24) < chi2_log10_sf(5e3, 24) < -300
     # The bound is an upper bound where both are finite.
     assert chi2_log10_sf(1400.0, 24) <= -(1400 - 24 - 24 * math.log(1400 / 24)) / (2 * math.log(10)) + 1e-9
+
+
+def test_an_untestable_result_passes_and_claims_nothing():
+    """Too few values to judge: p = 1, so it never fails, and every effect it names is infinite,
+    so no claim can rest on it; the JSON says so with nulls."""
+    r = TestResult.untestable("pit.pair_chisquare", "pairs uniform", "12 pairs: too few", 0.001, 0.99, 12)
+    assert r.passed and r.p_value == 1.0 and r.n == 12
+    assert r.detectable == {"w": math.inf, "tv": math.inf}
+    assert r.to_dict()["detectable"] == {"w": None, "tv": None}
+    assert "detects w >= inf" in r.message()
