@@ -1,6 +1,7 @@
 """losscheck: certify that speculative decoding is lossless.
 
-The public contract (docs/drafter-contract.md): `Proposal`, `DraftContext`, `Drafter`, `Target`,
+The public contract (docs/drafter-contract.md): `Proposal`, `DraftContext`, `Drafter` (with the
+optional row-state protocols `ForgetsRows` and `AdmitsRows` of continuous batching), `Target`,
 `SamplingParams` with `process_logits` (the logits processing a drafter's reported `q` must share
 with the target's `p`), and `Engine` to drive them with a `Verifier` (`verify_block` by default, or
 an engine author's own, returning a `BlockOutcome`). Imported lazily so that loading the pytest
@@ -22,6 +23,8 @@ _EXPORTS = {
     "DraftContext": "losscheck.core.contract",
     "Drafter": "losscheck.core.contract",
     "Target": "losscheck.core.contract",
+    "ForgetsRows": "losscheck.core.contract",
+    "AdmitsRows": "losscheck.core.contract",
     "SamplingParams": "losscheck.core.sampling",
     "process_logits": "losscheck.core.sampling",
     "Engine": "losscheck.core.engine",

@@ -119,6 +119,20 @@ def test_production_never_imports_the_self_test_catalogue():
     assert not bad, "\n".join(bad)
 
 
+def test_serving_knows_drafters_only_through_the_contract():
+    """The scheduler and the serving axes carry a drafter's per-row state through the contract's
+    protocols (`ForgetsRows`, `AdmitsRows`), never by naming a bundled drafter class."""
+    graph = import_graph()
+    bad = [
+        f"{m} imports {t}"
+        for m in graph
+        if m.startswith("losscheck.serving")
+        for t in graph[m]
+        if t.startswith("losscheck.drafters")
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_checks_can_fail():
     graph = import_graph()
     assert not outward_imports(graph)

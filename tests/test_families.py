@@ -258,17 +258,18 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
     after its early stop instead of passing."""
     from types import SimpleNamespace
 
-    from losscheck.cells.sampled import _looks, bug_class_coverage, require_coverage
+    from losscheck.cells.sampled import require_coverage
     from losscheck.errors import UnderpoweredError
     from losscheck.stats import sample_size
     from losscheck.stats.bugclass import LR_BOUND
+    from losscheck.stats.design import bug_class_coverage, design_looks
 
     alpha, power, limit = bugtable.CELL_ALPHA / 14, 0.99, 7
     chain = bugtable.make_chain(0.88, seed=3)
     pilot = bugtable.accumulate(chain, bugtable.simulate(chain, 300, seed=4))
     needed = pilot.tokens_needed(alpha, sequential.design_power(power), limit)
     design = sample_size.ClassDesign.of(needed, LR_BOUND, 2000, 60_000)
-    looks, ids, grid = _looks(pilot, design, alpha, power, limit)
+    looks, ids, grid = design_looks(pilot, design, alpha, power, limit)
     assert len(grid["stale_q"]) > 1 and any("@" in key for key in looks.partial)
     cell = SimpleNamespace(id="bugtable")
 

@@ -29,6 +29,7 @@ from losscheck.engines import BlackBoxEngine, checked_samples, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE, Cell
+from losscheck.plan.modes import Mode
 from losscheck.run.session import Session
 from losscheck.stats import registry, sample_size
 from losscheck.stats.result import combine
@@ -38,9 +39,16 @@ if TYPE_CHECKING:
     from losscheck.stats.bugclass import PowerAccumulator
 
 
+def _copy_of_target(session: Session, cell: Cell) -> HFTarget:
+    """losscheck's copy of the engine's target (the main one), in the cell's precision."""
+    return session.target("main", cell.precision.target)
+
+
 def run_engine_cell(session: Session, cell: Cell) -> CellOutcome:
     """Certify a black-box engine's cell the way its mode asks."""
-    run = {"engine-greedy": run_engine_greedy, "one-sample": run_one_sample, "two-sample": run_two_sample}[cell.mode]
+    run = {Mode.ENGINE_GREEDY: run_engine_greedy, Mode.ONE_SAMPLE: run_one_sample, Mode.TWO_SAMPLE: run_two_sample}[
+        cell.mode
+    ]
     return run(session, cell)
 
 
@@ -68,7 +76,7 @@ def draw(
     """`n` continuations of each prompt from the engine → validated LongTensor [len(prompts), n, horizon]
     (EOS-padded), seeded from the run seed, the cell, the side and the `purpose` ("pilot": a
     sample of its own, never tested)."""
-    engine, target = _engine(session), session.target("main", cell.precision.target)
+    engine, target = _engine(session), _copy_of_target(session, cell)
     side = "speculative" if speculative else "baseline"
     seed = derive_seed(session.options.seed, cell.id, *((side, purpose) if purpose else (side,)))
     out = engine.generate(prompts, n, params, seed, horizon, speculative)
@@ -76,7 +84,7 @@ def draw(
 
 
 def _eos(session: Session, cell: Cell) -> int:
-    eos = session.target("main", cell.precision.target).eos_id
+    eos = _copy_of_target(session, cell).eos_id
     return eos if eos is not None else 0
 
 
@@ -103,7 +111,7 @@ def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
     # Margins need the engine's target: in fp32 every divergence fails, below it a margin within
     # the precision's round-off is a near-tie; without the target (two-sample mode) none is.
     scorable = cell.target != ENGINE
-    model = session.target("main", cell.precision.target).model if scorable else None
+    model = _copy_of_target(session, cell).model if scorable else None
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
     outcome = CellOutcome(
         cell,
@@ -144,7 +152,7 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     prompts = _all_prompts(session)
     half = session.per_test_alpha / 2
     alpha_test = registry.split(half, "pit", "conditional").per_test  # one test's share, as a PIT cell's
-    target = session.target("main", cell.precision.target)
+    target = _copy_of_target(session, cell)
     design, per_sequence, pilot_tokens = _target_side_design(session, cell, prompts, horizon, alpha_test)
     pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, horizon)
     n = max(pooled, design.sequences(per_sequence))
@@ -212,7 +220,7 @@ def _target_side_design(
     from losscheck.stats.buglaws import TARGET_SIDE
 
     engine, profile = _engine(session), session.options.profile
-    target = session.target("main", cell.precision.target)
+    target = _copy_of_target(session, cell)
     per_prompt = max(1, math.ceil(profile.pilot_sequences / len(prompts)))
     tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, True, purpose="pilot")  # [P, m, L]
     gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params), target)
@@ -272,7 +280,7 @@ def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
     per_prompt = math.ceil(n / len(prompts))
     on = draw(session, cell, prompts, per_prompt, cell.params, horizon, True).flatten(0, 1)  # [P*m, L]
     off = draw(session, cell, prompts, per_prompt, cell.params, horizon, False).flatten(0, 1)  # [P*m, L]
-    vocab = session.target("main", cell.precision.target).vocab_size
+    vocab = _copy_of_target(session, cell).vocab_size
     results = two_sample_tests(
         on, off, vocab, session.per_test_alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
     )

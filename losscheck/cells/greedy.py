@@ -27,8 +27,7 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
         details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance, **drafter_rule(session, cell)},
         strict=session.options.strict,
     )
-    server = factory.server(session, cell)
-    context = factory.serve_context(session, cell)
+    server, context = factory.served(session, cell)
     tiers = session.prompt_tiers
     asked = {tier: requests(server, context, session.prompts(tier), max_new, GREEDY, tier) for tier in tiers}
     specs = server.generate([Call(asked[tier], max_new, GREEDY, (cell.id, tier)) for tier in tiers])

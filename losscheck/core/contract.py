@@ -106,6 +106,26 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class ForgetsRows(Protocol):
+    """A drafter continuous batching can serve: new requests take the finished rows of a running
+    batch, so a drafter with per-row state drops those rows' state (a drafter with none does
+    nothing). Continuous batching refuses a drafter without it."""
+
+    def forget_rows(self, rows: torch.Tensor) -> None:
+        """Drop the state of `rows` [n] (long), as `reset` does for every row."""
+
+
+@runtime_checkable
+class AdmitsRows(Protocol):
+    """Optional, beside `ForgetsRows`: a drafter that reads a new request's committed tokens when
+    the request is admitted rather than at its next `propose`."""
+
+    def admit_rows(self, tokens: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> None:
+        """`rows` [n] now hold new requests: row b's committed tokens are `tokens[b, :lengths[b]]`
+        (`tokens` [B, capacity], `lengths` [B]); forget their old state and read the new."""
+
+
+@runtime_checkable
 class Target(Protocol):
     """The model being accelerated, with a per-row (ragged) KV cache.
 

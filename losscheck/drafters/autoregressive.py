@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from losscheck.core.contract import DraftContext, Proposal, Target
-from losscheck.core.ragged import RaggedLM
+from losscheck.core.ragged import RaggedLM, forward_rows
 from losscheck.core.sampling import process_logits, sample
 from losscheck.core.target import HFTarget, content_hash, load_causal_lm
 
@@ -35,6 +35,24 @@ class AutoregressiveDrafter:
     def reset(self, batch_size: int, capacity: int) -> None:
         self.lm.reset(batch_size, capacity)
         self.cached = torch.zeros(batch_size, dtype=torch.long, device=self.lm.device)
+
+    def forget_rows(self, rows: torch.Tensor) -> None:
+        """A forgotten row re-reads its tokens from the start at the next `propose`."""
+        self.cached = self.cached.clone()  # new tensors: the engine may hold the old ones
+        self.cached[rows] = 0
+
+    def admit_rows(self, tokens: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> None:
+        """Read the new rows' committed tokens (all but the pending one) now, those rows alone: a
+        catch-up at the next `propose` would re-read every row's missing tokens in one [B, read]
+        pass."""
+        if self.lm.cache is None or not self.lm.cache.keys:  # nothing drafted yet: no cache to keep
+            self.forget_rows(rows)
+            return
+        read = int((lengths[rows] - 1).max())
+        if read > 0:
+            forward_rows(self.lm, rows, tokens[rows, :read], torch.zeros_like(rows))
+        self.cached = self.cached.clone()
+        self.cached[rows] = lengths[rows] - 1
 
     def propose(self, ctx: DraftContext) -> Proposal:
         lengths, k = ctx.lengths, ctx.k

@@ -113,6 +113,9 @@ class BlockDrafter:
     def reset(self, batch_size: int, capacity: int) -> None:
         pass  # stateless, see the module docstring
 
+    def forget_rows(self, rows: torch.Tensor) -> None:
+        pass  # no per-row state
+
     def commit(self, accepted: torch.Tensor) -> None:
         pass
 

@@ -48,6 +48,7 @@ class _Wrapper:
 
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
+        self.__wrapped__ = inner  # the per-row state is the inner drafter's (`inspect.unwrap`)
         self.name = f"{inner.name}+{self.label}"
         self.block_lengths = tuple(inner.block_lengths)
         self.widths = tuple(inner.widths)

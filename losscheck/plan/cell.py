@@ -7,6 +7,7 @@ from typing import Any
 
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import SamplingParams
+from losscheck.plan.modes import Mode
 from losscheck.serving import axis as serving_axes
 from losscheck.serving.axis import Serving
 
@@ -49,13 +50,12 @@ class Cell:
         return serving_axes.value(self.serving, name)
 
     @property
-    def mode(self) -> str:
-        """How the cell is certified: "greedy", "exact", "pit", or for a black-box engine
-        "engine-greedy", "one-sample" (PIT under losscheck's copy of its target) or "two-sample"."""
+    def mode(self) -> Mode:
+        """How the cell is certified (`losscheck.plan.modes`)."""
         if self.drafter == ENGINE:
             if self.params.greedy:
-                return "engine-greedy"
-            return "two-sample" if self.target == OWN_TARGET else "one-sample"
+                return Mode.ENGINE_GREEDY
+            return Mode.TWO_SAMPLE if self.target == OWN_TARGET else Mode.ONE_SAMPLE
         if self.params.greedy:
-            return "greedy"
-        return "exact" if self.target == "small" else "pit"
+            return Mode.GREEDY
+        return Mode.EXACT if self.target == "small" else Mode.PIT

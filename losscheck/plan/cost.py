@@ -17,12 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from losscheck.plan.cell import Cell
-
-BASE_PIT = 3.5
-GREEDY = 0.8
-EXACT = 3.2
-ENGINE = 300.0
-ENGINE_GREEDY = 80.0
+from losscheck.plan.modes import MODES
 
 
 def _weights(config: Mapping[str, Any]) -> int:
@@ -45,17 +40,7 @@ def target_scale(config: Mapping[str, Any]) -> float:
 
 
 def estimated_seconds(cell: Cell) -> float:
-    mode = cell.mode
-    if mode == "engine-greedy":
-        base = ENGINE_GREEDY
-    elif mode == "greedy":
-        base = GREEDY * (1 + cell.k / 8)
-    elif mode == "exact":
-        base = EXACT
-    elif mode == "pit":
-        base = BASE_PIT * (cell.k + 1) / 5 if cell.k > 4 else BASE_PIT
-    else:
-        base = ENGINE
+    base = MODES[cell.mode].seconds(cell.k)
     if cell.precision.reduced:
         base *= 4
     return base * (1 + len(cell.serving))

@@ -21,15 +21,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from losscheck.errors import OptionError
+from losscheck.plan.modes import MODES, Mode
 
 if TYPE_CHECKING:  # the plugin parses the option before anything imports torch
     from losscheck.core.precision import Precision
     from losscheck.plan.cell import Cell
 
-KINDS = ("greedy", "pit", "exact", "engine-greedy", "one-sample", "two-sample")  # `Cell.mode`
+KINDS = tuple(Mode)  # `Cell.mode`
 GROUPS = {
-    "sampling": ("pit", "exact", "one-sample", "two-sample"),
-    "engine": ("engine-greedy", "one-sample", "two-sample"),
+    "sampling": tuple(m for m in Mode if MODES[m].statistical),
+    "engine": tuple(m for m in Mode if MODES[m].engine),
 }
 
 

@@ -138,11 +138,18 @@ def rank_recipe(options: Options, cell: Cell) -> RankRecipe:
     )
 
 
-def server(session: Session, cell: Cell) -> Server:
-    """The cell's server: its engine in this process, or, for an axis that runs elsewhere (a
-    split), no engine here at all."""
+def served(session: Session, cell: Cell) -> tuple[Server, ServeContext]:
+    """The cell's server — its engine in this process, or, for an axis that runs elsewhere (a
+    split), no engine here at all — and the context it was built with (which
+    `losscheck.serving.axis.requests` takes)."""
+    context = serve_context(session, cell)
     built = None if runs_elsewhere(cell.serving) else engine(session, cell)
-    return build_server(built, serve_context(session, cell))
+    return build_server(built, context), context
+
+
+def server(session: Session, cell: Cell) -> Server:
+    """The cell's server (`served`)."""
+    return served(session, cell)[0]
 
 
 def rank_server(options: Options, cell: Cell, serving: Serving) -> Server:

@@ -16,15 +16,16 @@ from typing import Protocol
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError, flag
-from losscheck.serving.axis import ServingPlant
+from losscheck.serving.batching import PlantsScheduler
+from losscheck.serving.prefix_cache import PlantsPrefixCache
 
 GROUP = "losscheck.plants"
 
 
-class Plant(ServingPlant, Protocol):
+class Plant(PlantsPrefixCache, PlantsScheduler, Protocol):
     """What a planted bug may replace; None leaves the part as it is. Only the speculative engine
     is planted: the drafter-less baseline stays plain decoding. The serving axes' parts (prefix
-    cache, scheduler) are `ServingPlant`'s."""
+    cache, scheduler) are declared by their axes' protocols."""
 
     @property
     def name(self) -> str: ...

@@ -5,7 +5,7 @@ design it replaces (docs/bug-classes.md).
 
 On the Markov chain of `losscheck.selftest.bugtable` (V = 64, k = 4, acceptance about 0.88), a
 pilot of honest rows sizes the cell as `losscheck.cells.sampled.run_pit` does: the sequential
-design, its looks, each bug class's family members to rule out (`sampled._looks`), and the
+design, its looks, each bug class's family members to rule out (`losscheck.stats.design.design_looks`), and the
 fixed-sample design of one look. The tested rows are honest prefixes; in each replicate their
 tokens are redrawn from a bug's law at those steps (the power model's own assumption: the bug
 changes the token, not the steps). The replicate then runs as the cell: at each look the rule-out
@@ -107,8 +107,8 @@ def cell_budget() -> registry.Split:
 
 
 def plan(chain: bugtable.Chain, seed: int) -> Design:
-    """The cell's designs from a pilot of honest rows (`sampled._class_design`, `sampled._looks`)."""
-    from losscheck.cells.sampled import _looks
+    """The cell's designs from a pilot of honest rows (`sampled._class_design`, `design_looks`)."""
+    from losscheck.stats.design import design_looks
 
     alpha_test = cell_budget().per_test
     pilot = bugtable.accumulate(chain, bugtable.simulate(chain, PILOT_ROWS, seed))
@@ -121,7 +121,7 @@ def plan(chain: bugtable.Chain, seed: int) -> Design:
         )
         for looks in (LIMIT, 1)
     )
-    looks, ids, grid = _looks(pilot, design, alpha_test, POWER, LIMIT)
+    looks, ids, grid = design_looks(pilot, design, alpha_test, POWER, LIMIT)
     return Design(pilot, design, fixed, looks, ids, grid)
 
 

@@ -18,7 +18,7 @@ import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -27,12 +27,8 @@ from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator
 from losscheck.errors import LosscheckError
 
-if TYPE_CHECKING:
-    from losscheck.serving.batching import ContinuousBatcher
-    from losscheck.serving.prefix_cache import PrefixCache
-
 Prompts = list[list[int]]
-AxisValue = Any  # an axis's own value type (ranks, "cold" / "warm", "continuous")
+AxisValue = int | str  # an axis's own value: ranks, "cold" / "warm", "continuous"
 Serving = tuple[tuple[str, AxisValue], ...]  # a cell's non-default axis values, in registry order
 UNBOUNDED = 1 << 62  # `Server.call_rows` of a server that sizes its own batches
 
@@ -70,21 +66,6 @@ class Server(Protocol):
         ...
 
 
-class ServingPlant(Protocol):
-    """What a serving axis may take from a planted bug (`losscheck.run.plant.Plant`, the self-test
-    catalogue's way in); None leaves the part as it is."""
-
-    @property
-    def prefix_cache(self) -> Callable[[PrefixCache], PrefixCache] | None:
-        """The cell's prefix cache -> a planted one."""
-        ...
-
-    @property
-    def scheduler(self) -> type[ContinuousBatcher] | None:
-        """A planted continuous-batching scheduler class."""
-        ...
-
-
 @dataclass(frozen=True)
 class RankRecipe:
     """How a rank of an axis that runs elsewhere (a split) builds the cell's server, minus that
@@ -101,15 +82,16 @@ class RankRecipe:
 @dataclass(frozen=True)
 class ServeContext:
     """What an axis may use to serve a cell: the run's seed and batch limit, the cell's id, the
-    whole cell serving (axis values), the planted parts (`ServingPlant`) and how a rank rebuilds
-    the cell elsewhere (`RankRecipe`)."""
+    whole cell serving (axis values), the planted bug (`losscheck.run.plant.Plant`; an axis takes
+    the part it may plant through its own protocol, e.g. `PlantsPrefixCache`) and how a rank
+    rebuilds the cell elsewhere (`RankRecipe`)."""
 
     seed: int
     cell_id: str
     serving: Mapping[str, AxisValue]
     max_rows: int  # most rows one scheduler runs at once
     greedy_max_new: int  # the first turn's budget of a warm prefix cache
-    plant: ServingPlant | None = None
+    plant: object | None = None
     ranks: RankRecipe | None = None  # None: the cell cannot be rebuilt in other processes
 
 
@@ -151,15 +133,18 @@ class Wrapped:
         return self.inner.facts()
 
 
+V = TypeVar("V", int, str)  # one axis's value type
+
+
 @dataclass(frozen=True)
-class Axis:
-    """One serving axis."""
+class Axis(Generic[V]):
+    """One serving axis, of values of type `V`."""
 
     name: str  # its key in a cell's serving
-    off: AxisValue  # its value in the base cell
-    values: tuple[AxisValue, ...]  # the matrix's cells: one per value, one change from the base cell
-    suffix: Callable[[AxisValue], str]  # the part of a cell's id, e.g. "prefix-warm"
-    serve: Callable[[AxisValue, Server, ServeContext], Server]  # the cell's server along this axis
+    off: V  # its value in the base cell
+    values: tuple[V, ...]  # the matrix's cells: one per value, one change from the base cell
+    suffix: Callable[[V], str]  # the part of a cell's id, e.g. "prefix-warm"
+    serve: Callable[[V, Server, ServeContext], Server]  # the cell's server along this axis
     order: int  # where the suffix goes in a cell's id, and the order `serve` wraps in (lowest first)
     doc: str  # one line for the docs and the certificate
     # combinations with other axes, each a slow-tier cell (greedy and sampled)
@@ -170,7 +155,7 @@ class Axis:
     rounds_differently: bool = False
     # the requests a cell measures in place of its prompts (a warm cache's second turn), given
     # the cell's whole server: (value, server, context, prompts, max_new_tokens, params, stream) -> requests
-    requests: Callable[[AxisValue, Server, ServeContext, Prompts, int, SamplingParams, object], Prompts] | None = None
+    requests: Callable[[V, Server, ServeContext, Prompts, int, SamplingParams, object], Prompts] | None = None
     # the cell's engine runs in other processes (a split run): none is built in this one
     runs_elsewhere: bool = False
     # combinations that cannot run, by axis name (e.g. a split cell's ranks run no prefix cache)

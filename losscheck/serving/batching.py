@@ -14,16 +14,14 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from losscheck.core.contract import Drafter
+from losscheck.core.contract import AdmitsRows, Drafter, ForgetsRows
 from losscheck.core.engine import Batch, Engine, pad_prompts
 from losscheck.core.generation import DraftQ, Generation, LoopStats
-from losscheck.core.ragged import forward_rows
 from losscheck.core.sampling import SamplingParams, make_generator
-from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.errors import LosscheckError
 from losscheck.serving.axis import UNBOUNDED, Axis, Call, ServeContext, Server, Wrapped
 
@@ -210,45 +208,41 @@ class ContinuousBatcher:
 
 def admit_drafter_rows(drafter: Drafter, batch: Batch, rows: torch.Tensor) -> None:
     """Make `drafter` treat `rows` [n] of `batch` as the new requests just put there, keeping the
-    other rows' state: an autoregressive drafter prefills their prompts alone (its catch-up would
-    re-read every row's missing tokens in one [B, read] pass), any other forgets them. A proxy
-    of a drafter (the perf tier's timer) names it as `__wrapped__`, as `functools.wraps` does."""
+    other rows' state: a drafter that `AdmitsRows` reads them now, any other forgets them. A
+    proxy of a drafter (the perf tier's timer, a stress variant) names it as `__wrapped__`, as
+    `functools.wraps` does."""
     drafter = inspect.unwrap(drafter)  # type: ignore[arg-type]  # any object with __wrapped__
-    if isinstance(drafter, AutoregressiveDrafter) and drafter.lm.cache is not None and drafter.lm.cache.keys:
-        read = int((batch.lengths[rows] - 1).max())
-        if read > 0:
-            forward_rows(drafter.lm, rows, batch.tokens[rows, :read], torch.zeros_like(rows))
-        drafter.cached = drafter.cached.clone()
-        drafter.cached[rows] = batch.lengths[rows] - 1
+    if isinstance(drafter, AdmitsRows):
+        drafter.admit_rows(batch.tokens, batch.lengths, rows)
     else:
         forget_rows(drafter, rows)
 
 
 def forget_rows(drafter: Drafter, rows: torch.Tensor) -> None:
-    """Make `drafter` treat `rows` [n] as new requests, keeping the other rows' state.
-
-    The `Drafter` protocol resets whole batches only. A drafter with per-row state can offer
-    `forget_rows(rows)`; the bundled ones need none: the autoregressive drafter re-reads a row
-    from the start once its cached count is zero, the block drafters keep no state.
-    """
-    from losscheck.drafters.parallel import BlockDrafter
-
+    """Make `drafter` treat `rows` [n] as new requests, keeping the other rows' state: the
+    `Drafter` protocol resets whole batches only, so continuous batching needs `ForgetsRows`."""
     drafter = inspect.unwrap(drafter)  # type: ignore[arg-type]  # see admit_drafter_rows
-    forget = getattr(drafter, "forget_rows", None)
-    if callable(forget):
-        forget(rows)
-    elif isinstance(drafter, AutoregressiveDrafter):
-        drafter.cached = drafter.cached.clone()
-        drafter.cached[rows] = 0
-    elif not isinstance(drafter, BlockDrafter):
+    if not isinstance(drafter, ForgetsRows):
         raise LosscheckError(
             f"drafter {drafter.name!r} ({type(drafter).__name__}) has no forget_rows(rows) method; continuous "
-            "batching admits new requests into finished rows of a running batch, so a drafter with per-row state "
-            "must drop the state of those rows (rows: LongTensor [n]) as reset() does for all of them"
+            "batching admits new requests into finished rows of a running batch, so a drafter must drop the state "
+            "of those rows (rows: LongTensor [n]) as reset() does for all of them (a stateless drafter: a method "
+            "that does nothing)"
         )
+    drafter.forget_rows(rows)
 
 
 # --- the serving axis ----------------------------------------------------------------------------
+@runtime_checkable
+class PlantsScheduler(Protocol):
+    """A planted bug that replaces the continuous-batching scheduler (`losscheck.run.plant.Plant`)."""
+
+    @property
+    def scheduler(self) -> type[ContinuousBatcher] | None:
+        """A planted scheduler class; None leaves the scheduler as it is."""
+        ...
+
+
 class ContinuouslyBatched(Wrapped):
     """Each call served by continuous batching: a quarter as many rows as requests (at least 4,
     at most the run's batch limit), arrivals staggered by a draw from the call's own stream."""
@@ -258,7 +252,7 @@ class ContinuouslyBatched(Wrapped):
         if inner.engine is None:
             raise LosscheckError("continuous batching schedules the engine in this process; this cell has none")
         self.context = context
-        planted = context.plant.scheduler if context.plant is not None else None
+        planted = context.plant.scheduler if isinstance(context.plant, PlantsScheduler) else None
         self.scheduler: type[ContinuousBatcher] = planted or ContinuousBatcher
 
     def call_rows(self, rows: int) -> int:

@@ -20,7 +20,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -180,6 +180,16 @@ def second_turn(
 AXIS_NAME = "prefix"
 
 
+@runtime_checkable
+class PlantsPrefixCache(Protocol):
+    """A planted bug that replaces the cell's prefix cache (`losscheck.run.plant.Plant`)."""
+
+    @property
+    def prefix_cache(self) -> Callable[[PrefixCache], PrefixCache] | None:
+        """The cell's prefix cache -> a planted one; None leaves it as it is."""
+        ...
+
+
 class PrefixCached(Wrapped):
     """The cell's engine with a prefix cache (cold: empty and small, so it evicts as it fills;
     warm: large, and filled by a first turn before the measured requests, `_second_turn`)."""
@@ -189,7 +199,7 @@ class PrefixCached(Wrapped):
         if inner.engine is None:
             raise LosscheckError("the prefix cache is a cache of the engine in this process; this cell has none")
         cache = PrefixCache(capacity=COLD_CAPACITY if state == "cold" else CAPACITY)
-        planted = context.plant.prefix_cache if context.plant is not None else None
+        planted = context.plant.prefix_cache if isinstance(context.plant, PlantsPrefixCache) else None
         self.cache = planted(cache) if planted is not None else cache
         inner.engine.prefix_cache = self.cache
 
