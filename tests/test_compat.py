@@ -88,3 +88,20 @@ def test_pyargs_of_the_old_path_collects_the_same_cells_with_a_warning(tmp_path)
     new, _ = collect("losscheck.plugin.certify")
     assert old and old == new
     assert "DeprecationWarning: losscheck.certify moved to losscheck.plugin.certify" in out
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "family", "count"),
+    [
+        ("losscheck.stats", "PIT_TESTS", "pit", 5),
+        ("losscheck.stats.pit", "PIT_TESTS", "pit", 5),
+        ("losscheck.stats.conditional", "CONDITIONAL_TESTS", "conditional", 4),
+        ("losscheck.cells.conformance", "CONFORMANCE_TESTS", "conformance", 5),
+    ],
+)
+def test_the_removed_test_counts_warn_and_read_the_registry(module, old, family, count):
+    expected = rf"{re.escape(module)}\.{old} is deprecated.*budget_count\('{family}'\)"
+    with pytest.warns(DeprecationWarning, match=expected):
+        assert getattr(importlib.import_module(module), old) == count
+    with pytest.raises(AttributeError, match="no attribute 'NO_SUCH_COUNT'"):
+        importlib.import_module(module).NO_SUCH_COUNT  # noqa: B018

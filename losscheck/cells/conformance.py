@@ -39,7 +39,7 @@ from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.core.verify import BlockOutcome, Verifier, normalized, point_mass, recovery_distribution
 from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
-from losscheck.stats.registry import StatTest, register, run_family
+from losscheck.stats.registry import StatTest, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
 
 KINDS = ("draft_honesty", "acceptance", "residual", "bonus")
@@ -224,3 +224,9 @@ for _kind in KINDS:
 register(
     StatTest("conformance.acceptance_score", "conformance", "conformance", Recorder.acceptance_score, anytime=True)
 )
+
+
+def __getattr__(name: str) -> int:
+    if name == "CONFORMANCE_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
+        return deprecated_count("losscheck.cells.conformance.CONFORMANCE_TESTS", "conformance")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

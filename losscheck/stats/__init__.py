@@ -22,6 +22,7 @@ from losscheck.stats.power import (
     predicted_power,
     require_power,
 )
+from losscheck.stats.registry import deprecated_count
 from losscheck.stats.result import CellVerdict, TestResult, combine
 from losscheck.stats.two_sample import two_sample_tests
 
@@ -47,3 +48,9 @@ __all__ = [
     "require_power",
     "two_sample_tests",
 ]
+
+
+def __getattr__(name: str) -> int:
+    if name == "PIT_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
+        return deprecated_count("losscheck.stats.PIT_TESTS", "pit")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,7 +53,7 @@ from losscheck.stats.power import (
     dkwm_required_n,
     require_power,
 )
-from losscheck.stats.registry import StatTest, budget_count, register, run_family
+from losscheck.stats.registry import StatTest, budget_count, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
 
 PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
@@ -358,3 +358,9 @@ register(StatTest("pit.pooled_ks", "pit", "pooled", _pooled_ks))
 register(StatTest("pit.position_chisquare", "pit", "stratified", _position_chisquare))
 register(StatTest("pit.slot_chisquare", "pit", "stratified", _slot_chisquare))
 register(StatTest("pit.pair_chisquare", "pit", "stratified", _pair_chisquare))
+
+
+def __getattr__(name: str) -> int:
+    if name == "PIT_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
+        return deprecated_count("losscheck.stats.pit.PIT_TESTS", "pit")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,7 @@ so adding a test is one function plus one `register` call — nothing else count
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, Literal, TypeVar
@@ -68,6 +69,17 @@ def registered(family: str) -> tuple[StatTest, ...]:
 def budget_count(family: str) -> int:
     """How many of `family`'s tests share its α (tests of probability-0 events spend none)."""
     return sum(t.spends_alpha for t in registered(family))
+
+
+def deprecated_count(old: str, family: str) -> int:
+    """What the removed hand-kept count `old` (e.g. `losscheck.stats.PIT_TESTS`) now reads, with a
+    `DeprecationWarning` naming its replacement; the aliases go after 0.1.0."""
+    warnings.warn(
+        f"{old} is deprecated: statistical tests are registered; use losscheck.stats.registry.budget_count({family!r})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return budget_count(family)
 
 
 def all_tests() -> tuple[StatTest, ...]:
