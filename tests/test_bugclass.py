@@ -311,3 +311,14 @@ def test_the_command_runs_fast_at_small_settings(capsys):
     out = capsys.readouterr().out
     assert "residual_is_p" in out and "observed 0.8" in out and "observed 0.9" in out
     assert elapsed < 60, f"python -m losscheck.selftest.bugtable --rows 100 took {elapsed:.0f} s"
+
+
+def test_a_class_that_changes_nothing_needs_infinitely_many_tokens_even_through_round_off():
+    """A class whose p' equals p at every step (a top-p bug in a cell without top-p) sums its
+    log-LR moments to zero up to round-off; a variance at -1e-20 once crashed a user's cell in
+    `math.sqrt` (the own-drafter example, T 1). It needs no finite sample and has no power."""
+    from losscheck.stats.bugclass import _LikelihoodRatioEffect
+
+    nothing = _LikelihoodRatioEffect(h1_mean=-9.1e-21, h1_var=-1.8e-20, h0_mean=9.1e-21, h0_var=-1.8e-20, outside=0.0)
+    assert nothing.tokens_needed(1.4e-4, 0.995) == math.inf
+    assert nothing.power(10_000, 1.4e-4) == 0.0

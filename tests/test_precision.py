@@ -74,8 +74,8 @@ def test_a_top_k_edge_within_tolerance_makes_the_position_ambiguous_whatever_was
     gap = float(logits[order[2]] - logits[order[3]])
     for tolerance, expected in ((gap * 1.01, True), (gap * 0.99, False)):
         for token in (order[0], order[2], order[3], order[-1]):
-            _, ambiguous = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
-            assert bool(ambiguous[0, 0]) is expected, (int(token), tolerance)
+            forced = teacher_forced_probs(target, [prompt], torch.tensor([[int(token)]]), params, tolerance)
+            assert bool(forced.ambiguous[0, 0]) is expected, (int(token), tolerance)
 
 
 def test_tied_logits_at_a_cut_off_edge_are_ambiguous_at_tolerance_zero():
@@ -111,9 +111,10 @@ def test_a_token_just_past_the_top_p_mass_is_ambiguous_and_one_further_is_not():
     ):
         params = SamplingParams(top_p=top_p)
         token = torch.tensor([[int(first_out)]])
-        probs_kept, ambiguous = teacher_forced_probs(target, [prompt], token, params, tolerance)
-        assert probs_kept[0, 0, first_out] == 0  # the cut keeps three tokens
-        assert bool(ambiguous[0, 0]) is expected, (top_p, tolerance)
+        forced = teacher_forced_probs(target, [prompt], token, params, tolerance)
+        assert forced.probs[0, 0, first_out] == 0  # the cut keeps three tokens
+        assert bool(forced.ambiguous[0, 0]) is expected, (top_p, tolerance)
+        assert bool(forced.left_out[0, 0]) is expected  # drawn where one cut keeps it: left out
 
 
 def test_every_token_hugging_faces_top_p_keeps_and_losscheck_cuts_is_in_the_band():
@@ -149,3 +150,84 @@ def test_the_summary_counts_near_ties():
     record = {"cell": "A-k4-greedy-bf16", "kind": "greedy", "passed": True, "near_ties": 3, "max_new_tokens": 64}
     assert summary_rows([record])[0][2] == "PASS (3 near-ties)"
     assert summary_rows([{**record, "near_ties": 0}])[0][2] == "PASS"
+
+
+def test_at_an_ambiguous_position_the_law_is_conditioned_on_the_surely_kept_tokens():
+    """Top-p 0.6 over logits 3, 2, 2 - ε, 1, 0 (p ≈ 0.52, 0.19, 0.19, 0.07, 0.03; ε within the
+    tolerance): the cut falls inside the tied pair, and which of the two a sort ranks first is the
+    implementation's, so both are uncertain. The law tested there is p restricted to the surely
+    kept first token; the tokens every implementation cuts keep p = 0 (a support failure). At
+    top-p 0.95 the cut (after the fourth token, 0.90 before it) is certain and nothing changes."""
+    from losscheck.cells.scoring import cutoff_law
+    from losscheck.core.sampling import process_logits
+
+    logits = torch.tensor([[[3.0, 2.0, 2.0 - 1e-4, 1.0, 0.0]]])
+    params = SamplingParams(top_p=0.6)
+    probs, uncertain = cutoff_law(logits, params, tolerance=1e-3)
+    assert uncertain[0, 0].tolist() == [False, True, True, False, False]  # the tied pair straddles the cut
+    p = logits.softmax(-1)[0, 0]
+    torch.testing.assert_close(probs[0, 0], torch.tensor([1.0, 0, 0, 0, 0]))
+    assert process_logits(logits, params)[0, 0, 1] > 0  # losscheck's own cut keeps the second token
+    probs, uncertain = cutoff_law(logits, SamplingParams(top_p=0.95), tolerance=1e-3)
+    assert uncertain[0, 0].tolist() == [False, False, False, False, False]
+    torch.testing.assert_close(probs[0, 0], torch.cat([p[:4] / p[:4].sum(), torch.zeros(1)]))
+
+
+def test_conditioning_on_the_surely_kept_tokens_keeps_the_pit_uniform_under_another_cut():
+    """The claim the conditioning rests on, checked by sampling: an engine whose cut keeps every
+    uncertain token (T ⊋ S) draws from p restricted to T. Its PITs under the law conditioned on S,
+    left-out draws removed, are uniform: KS at α = 1e-3 on 20,000 draws passes; the same draws'
+    PITs under losscheck's own cut (the law without conditioning) fail it, p < 1e-6, which shows
+    the test can see the difference (seven uncertain tokens carry 19% of the mass here: a tolerance
+    of 0.05 widens the top-p band to e^0.1 - 1)."""
+    from scipy import stats
+
+    from losscheck.cells.scoring import cutoff_law
+    from losscheck.core.sampling import process_logits
+    from losscheck.stats.pit import randomized_pit
+
+    gen = torch.Generator().manual_seed(20261202)
+    logits = torch.randn(1, 1, 32, generator=gen) * 2  # [1, 1, V]
+    params, tolerance = SamplingParams(top_p=0.8), 0.05
+    probs, uncertain = cutoff_law(logits, params, tolerance)
+    assert float(logits.softmax(-1)[uncertain].sum()) > 0.1 and int((probs > 0).sum()) > 1
+    wide = logits.softmax(-1) * (process_logits(logits, params) > 0 | uncertain)  # the engine keeps T = S ∪ A
+    n = 20_000
+    tokens = torch.multinomial(wide[0, 0] / wide.sum(), n, replacement=True, generator=gen)[None]  # [1, n]
+    v = torch.rand(1, n, generator=gen, dtype=torch.float64)
+    kept = ~uncertain[0, 0, tokens[0]]
+    conditioned = randomized_pit(probs.expand(1, n, -1), tokens, v)[0, kept]
+    assert stats.kstest(conditioned.numpy(), "uniform").pvalue > 1e-3
+    own = randomized_pit(process_logits(logits, params).expand(1, n, -1), tokens, v)[0]
+    own = own[~own.isnan()]  # a draw losscheck's cut removes has no PIT (a support failure besides)
+    assert stats.kstest(own.numpy(), "uniform").pvalue < 1e-6
+
+
+def test_on_the_text_target_top_p_leaves_out_a_few_drawn_tokens_not_the_ambiguous_positions():
+    """The 8,192-token text target at top-p 0.9, sampling by Hugging Face's own `generate`: most
+    positions are ambiguous (about 15 uncertain tokens of ~1e-3 mass each), yet the draws that land
+    on an uncertain token, the only ones the PIT tests leave out, are under 1% — where leaving out
+    whole ambiguous positions left 85% untested and the engine's top-p cell underpowered."""
+    from transformers import AutoModelForCausalLM
+
+    from losscheck import bundled
+    from losscheck.cells.scoring import cutoff_law
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(bundled.fixtures_dir() / "text_target").eval()
+    with torch.no_grad():
+        rows = model.generate(
+            torch.zeros(32, 1, dtype=torch.long),
+            do_sample=True,
+            top_p=0.9,
+            top_k=0,
+            max_new_tokens=28,
+            min_new_tokens=28,
+        )  # [32, 29]
+        logits = model(rows).logits[:, :-1]  # [32, 28, V] the predictions of the drawn tokens
+    probs, uncertain = cutoff_law(logits, SamplingParams(top_p=0.9), tolerance=Precision().tolerance)
+    drawn = rows[:, 1:, None]  # [32, 28, 1]
+    left_out = uncertain.gather(-1, drawn).squeeze(-1)  # [32, 28]
+    assert float(uncertain.any(-1).float().mean()) > 0.5  # the ambiguity is real on this vocabulary
+    assert float(left_out.float().mean()) < 0.01
+    assert not (probs.gather(-1, drawn).squeeze(-1)[~left_out] == 0).any()  # HF's draws: no support failure

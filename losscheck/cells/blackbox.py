@@ -153,8 +153,8 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     half = session.per_test_alpha / 2
     alpha_test = registry.split(half, "pit", "conditional").per_test  # one test's share, as a PIT cell's
     target = _copy_of_target(session, cell)
-    design, per_sequence, pilot_tokens = _target_side_design(session, cell, prompts, horizon, alpha_test)
-    pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, horizon)
+    design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(session, cell, prompts, horizon, alpha_test)
+    pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, per_sequence)
     n = max(pooled, design.sequences(per_sequence))
     per_prompt = math.ceil(n / len(prompts))
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
@@ -193,6 +193,7 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     details.update(
         pilot_sequences=math.ceil(profile.pilot_sequences / len(prompts)) * len(prompts),
         pilot_tokens=pilot_tokens,
+        pilot_tested_tokens=pilot_tested,
         design_tokens=design.tokens,
         bug_classes=coverage,
     )
@@ -211,10 +212,11 @@ def _on_device(gen: Generation, target: HFTarget) -> Generation:
 
 def _target_side_design(
     session: Session, cell: Cell, prompts: list[list[int]], horizon: int, alpha_test: float
-) -> tuple[sample_size.ClassDesign, float, int]:
+) -> tuple[sample_size.ClassDesign, float, int, int]:
     """From a pilot of the engine's speculative samples (a seed of its own, never tested): the
     design of the target-side bug classes (`buglaws.TARGET_SIDE`) at the profile's power, with the
-    design's margin, within the profile's cap; the pilot's generated tokens per sequence, and in all."""
+    design's margin, within the profile's cap; the pilot's tested tokens per sequence (EOS and
+    cut-off uncertainty leave some of the horizon untested), its generated tokens, and its tested ones."""
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
@@ -231,8 +233,7 @@ def _target_side_design(
     design = sample_size.ClassDesign.of(
         {bug.name: needed[bug.name] for bug in TARGET_SIDE}, LR_BOUND, 1, profile.max_pit_tokens
     )
-    drawn = int(gen.mask().sum())
-    return design, drawn / len(rows), drawn
+    return design, measured.steps / len(rows), int(gen.mask().sum()), measured.steps
 
 
 def target_side_coverage(

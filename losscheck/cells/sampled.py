@@ -70,7 +70,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     with clock("design"):  # from the pilot: the sequential design, the fixed-sample one it replaces, the looks
         design, fixed = (_class_design(measured, profile, alpha_scored, alpha_test, looks) for looks in (limit, 1))
         looks, ids, grid = design_looks(measured, design, alpha_test, profile.power, limit)
-    per_sequence = max(int(pilot.mask().sum()) / len(pilot_rows), 1e-9)
+    per_sequence = max(measured.steps / len(pilot_rows), 1e-9)  # tested tokens: the looks count those
     engine = server.engine
     recorder = None
     if engine is not None:  # the recorder wraps the verifier in this process only

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 POOLED_TV_MISS = 0.05  # the pooled TV bound's miss rate per cell, split over its looks
 
 # Bytes held per row x scored position x vocabulary entry while a chunk is scored: float32 logits of
-# the whole row, the gathered and processed float32 distributions, and randomized_pit's float64
-# copy, mask and masked sum.
-BYTES_PER_LOGIT = 32
+# the whole row, the processed float32 distributions, the top-p cut-off's sorted logits, order,
+# cumulative mass and two rank counts (int64), and randomized_pit's float64 copy, mask and masked sum.
+BYTES_PER_LOGIT = 64
 
 
 def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> int:
@@ -33,19 +33,37 @@ def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> 
     return max(1, min(max_rows, budget_bytes // (width * vocab * BYTES_PER_LOGIT)))
 
 
+class ForcedProbs(NamedTuple):
+    """One chunk's teacher-forced distributions and what its cut-off leaves uncertain.
+
+    probs     [n, L, V]  the target's law of each generated token after the request's logits
+                         processing; at an ambiguous position, conditioned on the tokens every
+                         implementation keeps (`cutoff_uncertain`)
+    ambiguous [n, L]     bool, positions where implementations may keep different sets of tokens
+    left_out  [n, L]     bool, positions whose drawn token one implementation may keep and another cut
+                         (every token of a position where no token is surely kept)
+    """
+
+    probs: torch.Tensor
+    ambiguous: torch.Tensor
+    left_out: torch.Tensor
+
+
 def teacher_forced_probs(
     target: HFTarget, rows: list[list[int]], tokens: torch.Tensor, params: SamplingParams, tolerance: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fresh target pass over prompt + generated `tokens [n, L]` → (p [n, L, V] at the generated
-    positions after the request's logits processing, ambiguous [n, L] bool). Independent of the
-    engine's cache: the prompts (but their last tokens) are read into a new cache first, each
-    distinct one once (a cell's rows cycle over a few prompts), then every row's last prompt token
-    and generated tokens in one pass whose logits are the predictions of the generated tokens.
+) -> ForcedProbs:
+    """A fresh target pass over prompt + generated `tokens [n, L]`, independent of the engine's
+    cache: the prompts (but their last tokens) are read into a new cache first, each distinct one
+    once (a cell's rows cycle over a few prompts), then every row's last prompt token and generated
+    tokens in one pass whose logits are the predictions of the generated tokens.
 
-    A position is *ambiguous* when another implementation of the same top-k / top-p cut-off, on
-    logits within `tolerance` of these (the engine's cached pass has another batch shape), may keep
-    another set of tokens there (`cutoff_ambiguous`). The tests leave such positions out, whatever
-    token was drawn there; a token of p = 0 anywhere else stays a support failure.
+    Where another implementation of the same top-k / top-p cut-off, on logits within `tolerance`
+    of these (the engine's cached pass has another batch shape), may keep another set of tokens,
+    the law is conditioned on the set S every such implementation keeps: whichever set T ⊇ S the
+    engine kept, its draw, given that it landed in S, follows p restricted to S. The PIT tests
+    then read only the draws that landed in S — the event is the token's, and given it the PIT is
+    uniform — and leave out the rest (`left_out`, about the mass of the uncertain tokens: 1e-3 at
+    top-p 0.9 on 8,192 tokens). A token no implementation keeps still has p = 0: a support failure.
     """
     n, horizon = tokens.shape
     prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)  # [n, P], [n]
@@ -55,36 +73,65 @@ def teacher_forced_probs(
     last = prompt_ids.gather(1, (plen - 1)[:, None])  # [n, 1]
     scored = torch.cat([last, tokens[:, :-1]], dim=1)  # [n, L] the inputs that predict tokens 0 .. L-1
     logits, _ = target.forward(scored, plen - 1)  # [n, L, V]
+    probs, uncertain = cutoff_law(logits, params, tolerance)  # [n, L, V] each
+    left_out = uncertain.gather(-1, tokens[..., None].clamp(0, logits.shape[-1] - 1)).squeeze(-1)  # [n, L]
+    return ForcedProbs(probs, uncertain.any(-1), left_out)
+
+
+def cutoff_law(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling law of `logits [n, L, V]` under `params`, conditioned on the tokens every
+    implementation of its cut-off keeps → (p [n, L, V], uncertain [n, L, V] bool, `cutoff_uncertain`).
+    Where no token is surely kept, p is `process_logits`' own and every token is uncertain."""
     probs = process_logits(logits, params)  # [n, L, V]
-    return probs, cutoff_ambiguous(logits, params, tolerance)
+    uncertain = cutoff_uncertain(logits, params, tolerance)  # [n, L, V]
+    sure = probs.masked_fill(uncertain, 0.0)  # [n, L, V]
+    mass = sure.sum(-1, keepdim=True)  # [n, L, 1], 0 where no token is surely kept
+    conditioned = torch.where(mass > 0, sure / mass.clamp(min=torch.finfo(mass.dtype).tiny), probs)
+    return conditioned, uncertain | (mass == 0)
 
 
 def cutoff_ambiguous(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> torch.Tensor:
-    """Positions whose top-k / top-p cut-off another implementation of the same rule may draw
-    elsewhere → bool [n, L], from `logits [n, L, V]` alone: top-k where the first token out lies
-    within `tolerance` of the last kept (a tie included), top-p likewise, or where the mass before
-    some token lies within `top_p_band` of `top_p`. Decided without looking at the token drawn there: leaving
-    out only the positions whose drawn token one side cuts would keep those where it landed in both
-    kept sets, and there the engine's draw is conditioned on landing in ours (llama.cpp and
-    torch.topk keep different 8 of the 64 tied logits that follow a lone BOS)."""
+    """Positions [n, L] bool where another implementation of the same top-k / top-p cut-off, on
+    logits `[n, L, V]` within `tolerance` of these, may keep another set of tokens (`cutoff_uncertain`)."""
+    return cutoff_uncertain(logits, params, tolerance).any(-1)
+
+
+def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> torch.Tensor:
+    """Tokens [n, L, V] bool that one implementation of the top-k / top-p cut-off of `params`, on
+    logits within `tolerance` of `logits [n, L, V]`, may keep and another cut.
+
+    top-k: a kept token within `tolerance` of the first token out, and a token out within it of the
+    last kept (ties included). top-p: a token is surely kept when the mass before it, counted over
+    every token whose logit may rank above it (its own logit - `tolerance` and up), lies at least
+    `top_p_band` below `top_p`, surely cut when the mass of the tokens that rank above it in every
+    implementation (its logit + `tolerance` and up) lies at least the band above. A position that
+    is ambiguous for top-k and also cut by top-p is uncertain throughout: which tokens reach the
+    top-p stage changes every token's mass. (llama.cpp and torch.topk keep different 8 of the 64
+    tied logits that follow a lone BOS: no token is surely kept there.)"""
     vocab = logits.shape[-1]
-    near = torch.zeros(logits.shape[:-1], dtype=torch.bool, device=logits.device)  # [n, L]
+    logits = logits.float()
+    ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
+    uncertain = torch.zeros_like(logits, dtype=torch.bool)  # [n, L, V]
     if 0 < params.top_k < vocab:
-        edge = logits.topk(params.top_k + 1, dim=-1).values  # [n, L, k + 1], descending
-        near |= edge[..., -1] >= edge[..., -2] - tolerance
+        last_kept, first_out = ranked_logits[..., params.top_k - 1 : params.top_k + 1].unbind(-1)  # [n, L] each
+        kept = torch.zeros_like(uncertain).scatter_(-1, order[..., : params.top_k], True)  # [n, L, V]
+        uncertain |= kept & (logits <= first_out[..., None] + tolerance)
+        uncertain |= ~kept & (logits >= last_kept[..., None] - tolerance)
     if params.top_p < 1:
         before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
-        ranked, order = before.sort(dim=-1, descending=True)  # [n, L, V]
-        mass = ranked.cumsum(-1) - ranked  # [n, L, V] the mass before each ranked token
+        ranked = before.gather(-1, order)  # [n, L, V], in descending logit order
+        cum = torch.nn.functional.pad(ranked.cumsum(-1), (1, 0))  # [n, L, V + 1] mass of the first c tokens
+        rising = (-ranked_logits).contiguous()  # [n, L, V] ascending, for searchsorted
+        may_rank_above = torch.searchsorted(rising, rising + tolerance, right=True)  # [n, L, V] counts
+        surely_above = torch.searchsorted(rising, rising - tolerance, right=False)  # [n, L, V] counts
         band = top_p_band(tolerance, vocab)
-        near |= ((ranked > 0) & ((mass - params.top_p).abs() < band)).any(-1)
-        # tied tokens straddling the cut: which of them a sort ranks first is the implementation's
-        kept = ((ranked > 0) & (mass < params.top_p)).sum(-1, keepdim=True)  # [n, L, 1], >= 1
-        out = kept.clamp(max=vocab - 1)  # [n, L, 1] the first token cut
-        edge = logits.gather(-1, order.gather(-1, torch.cat([kept - 1, out], dim=-1)))  # [n, L, 2]
-        cut_exists = (kept < vocab) & (ranked.gather(-1, out) > 0)  # [n, L, 1]
-        near |= cut_exists.squeeze(-1) & (edge[..., 1] >= edge[..., 0] - tolerance)
-    return near
+        most = cum.gather(-1, may_rank_above) - ranked  # [n, L, V] the largest mass before, itself excluded
+        least = cum.gather(-1, surely_above)  # [n, L, V] the smallest
+        unsure_sorted = (ranked > 0) & (most > params.top_p - band) & (least < params.top_p + band)
+        uncertain |= torch.zeros_like(uncertain).scatter_(-1, order, unsure_sorted)
+        if 0 < params.top_k < vocab:
+            uncertain |= uncertain.any(-1, keepdim=True)
+    return uncertain
 
 
 def teacher_forced_pit(
@@ -96,28 +143,30 @@ def teacher_forced_pit(
     max_rows: int,
     tolerance: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
-    observe: Callable[[slice, torch.Tensor, torch.Tensor], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    observe: Callable[[slice, ForcedProbs], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Randomized PIT u [N, L] of every generated token under the target (`v [N, L]` the PIT's
-    uniforms) and the cut-off ambiguity [N, L] of `teacher_forced_probs`, scored a chunk of rows at
-    a time: peak memory stays within `budget_bytes` however large rows × vocabulary grow. Rows are
-    independent, so chunking leaves every value unchanged. `progress(done, n)` before each chunk;
-    `observe(rows, p [n, L, V], ambiguous [n, L])` after it, for what else reads the chunk's p."""
+    uniforms), with the `ambiguous` [N, L] and `left_out` [N, L] of `teacher_forced_probs`, scored
+    a chunk of rows at a time: peak memory stays within `budget_bytes` however large rows ×
+    vocabulary grow. Rows are independent, so chunking leaves every value unchanged.
+    `progress(done, n)` before each chunk; `observe(rows, forced)` after it, for what else reads
+    the chunk's p."""
     from losscheck.stats.pit import randomized_pit
 
     n, horizon = gen.tokens.shape
     chunk = pit_chunk_rows(max(len(r) for r in rows) + horizon, target.vocab_size, budget_bytes, max_rows)
-    u, ambiguous = [], []
+    u, ambiguous, left_out = [], [], []
     for start in range(0, n, chunk):
         if progress is not None:
             progress(start, n)
         end = start + chunk
-        probs, unsure = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params, tolerance)
-        u.append(randomized_pit(probs, gen.tokens[start:end], v[start:end]))
-        ambiguous.append(unsure)
+        forced = teacher_forced_probs(target, rows[start:end], gen.tokens[start:end], gen.params, tolerance)
+        u.append(randomized_pit(forced.probs, gen.tokens[start:end], v[start:end]))
+        ambiguous.append(forced.ambiguous)
+        left_out.append(forced.left_out)
         if observe is not None:
-            observe(slice(start, end), probs, unsure)
-    return torch.cat(u), torch.cat(ambiguous)
+            observe(slice(start, end), forced)
+    return torch.cat(u), torch.cat(ambiguous), torch.cat(left_out)
 
 
 @dataclass
@@ -141,6 +190,7 @@ class PitScores:
     u: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] per part
     mask: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] generated
     ambiguous: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] cut-off ambiguous
+    left_out: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] drawn token's cut-off uncertain
     slots: list[torch.Tensor | None] = field(default_factory=list)  # [n_j, L] or None
     spare: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] completes pairs that EOS cuts
     parts: list[Any] = field(default_factory=list)  # ConditionalValues per scored chunk
@@ -162,27 +212,28 @@ class PitScores:
         )
         generated = gen.mask()
 
-        def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
-            q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
-            tested = generated[at] & ~unsure
+        def observe(at: slice, forced: ForcedProbs) -> None:
+            q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(forced.probs.device)
             slots = None if gen.slots is None else gen.slots[at]
-            p = probs.double()
+            p = forced.probs.double()
+            # the exact-conditional values read the engine's whole kept set (its acceptance ratio
+            # and residual): an ambiguous position is left out of them whatever was drawn there
             self.parts.append(
                 ConditionalValues.from_chunk(
                     p,
                     q,
                     gen.tokens[at],
                     v_order[at],
-                    tested,
+                    generated[at] & ~forced.ambiguous,
                     slots=slots,
                     k=gen.stats.k,
                     misreported_id=self.misreported_id,
                 )
             )
-            if self.power is not None:
-                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, tested)
+            if self.power is not None:  # what the PIT tests see: the draws they read
+                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~forced.left_out)
 
-        u, ambiguous = teacher_forced_pit(
+        u, ambiguous, left_out = teacher_forced_pit(
             target,
             rows,
             gen,
@@ -197,13 +248,14 @@ class PitScores:
         self.u.append(u.cpu())
         self.mask.append(mask)
         self.ambiguous.append(ambiguous.cpu() & mask)
+        self.left_out.append(left_out.cpu() & mask)
         self.slots.append(None if gen.slots is None else gen.slots.cpu())
         self.spare.append(torch.rand(gen.tokens.shape, generator=stream("pit-pairs"), dtype=torch.float64))
 
     @property
     def tested_tokens(self) -> int:
-        """Tokens the tests count so far: generated and not cut-off ambiguous."""
-        return sum(int((m & ~a).sum()) for m, a in zip(self.mask, self.ambiguous))
+        """Tokens the PIT tests count so far: generated, and drawn where every implementation's cut-off keeps them."""
+        return sum(int((m & ~x).sum()) for m, x in zip(self.mask, self.left_out))
 
     def tests(self, alpha: float, pooled_tv: float | None = None, looks: int = 1) -> tuple[list[Any], dict[str, Any]]:
         """The PIT tests and the exact-conditional tests of every part under `alpha` (split over
@@ -216,10 +268,12 @@ class PitScores:
         from losscheck.stats.pit import pit_tests
 
         profile = self.session.options.profile
-        u, mask, ambiguous, spare = (torch.cat(x) for x in (self.u, self.mask, self.ambiguous, self.spare))
+        u, mask, ambiguous, left_out, spare = (
+            torch.cat(x) for x in (self.u, self.mask, self.ambiguous, self.left_out, self.spare)
+        )
         known = [s for s in self.slots if s is not None]
         slots = torch.cat(known) if len(known) == len(self.slots) else None
-        tested = mask & ~ambiguous
+        tested = mask & ~left_out
         alpha_pit = registry.split(alpha, "pit", "conditional").share("pit")
         results = pit_tests(
             u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
@@ -230,6 +284,7 @@ class PitScores:
             "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins, 1 - POOLED_TV_MISS / looks),
             "pooled_tv_confidence": 1 - POOLED_TV_MISS / looks,
             "cutoff_ambiguous": int(ambiguous.sum()),
+            "cutoff_left_out": int(left_out.sum()),
             "cutoff_tolerance": self.tolerance,
             "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
             "pit_quantiles": _quantiles(u[tested]),
@@ -282,10 +337,10 @@ def measure_power(
     power = PowerAccumulator()
     generated = gen.mask()
 
-    def observe(at: slice, probs: torch.Tensor, unsure: torch.Tensor) -> None:
-        q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(probs.device)
+    def observe(at: slice, forced: ForcedProbs) -> None:
+        q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(forced.probs.device)
         slots = None if gen.slots is None else gen.slots[at]
-        power.update(probs.double(), q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~unsure)
+        power.update(forced.probs.double(), q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~forced.left_out)
 
     v = torch.zeros(gen.tokens.shape, dtype=torch.float64, device=target.device)
     budget = session.options.memory_budget_mib << 20

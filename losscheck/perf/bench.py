@@ -138,7 +138,7 @@ def pit_peak_memory(
     v = torch.rand(rows, horizon, dtype=torch.float64)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux reports KiB)
     started = time.perf_counter()
-    u, _ = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
+    u, _, _ = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
         "vocab": vocab,

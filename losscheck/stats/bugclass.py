@@ -884,9 +884,9 @@ class _LikelihoodRatioEffect(_Effect):
 
     def tokens_needed(self, alpha: float, power: float) -> float:
         gap = self.h1_mean - self.h0_mean
-        spread = float(stats.norm.isf(alpha)) * math.sqrt(self.h0_var) + float(stats.norm.ppf(power)) * math.sqrt(
-            self.h1_var
-        )
+        # a class whose p' equals p sums to zero up to round-off: a variance may come out at -1e-20
+        h0_sd, h1_sd = math.sqrt(max(self.h0_var, 0.0)), math.sqrt(max(self.h1_var, 0.0))
+        spread = float(stats.norm.isf(alpha)) * h0_sd + float(stats.norm.ppf(power)) * h1_sd
         gauss = (spread / gap) ** 2 if gap > 0 else math.inf
         support = math.log1p(-power) / math.log1p(-self.outside) if 0 < self.outside < 1 else math.inf
         n = min(gauss, support)
@@ -896,7 +896,7 @@ class _LikelihoodRatioEffect(_Effect):
         gap = self.h1_mean - self.h0_mean
         gauss = 0.0
         if gap > 0:
-            z = (math.sqrt(n) * gap - float(stats.norm.isf(alpha)) * math.sqrt(self.h0_var)) / math.sqrt(
+            z = (math.sqrt(n) * gap - float(stats.norm.isf(alpha)) * math.sqrt(max(self.h0_var, 0.0))) / math.sqrt(
                 max(self.h1_var, 1e-300)
             )
             gauss = float(stats.norm.cdf(z))

@@ -17,10 +17,11 @@ from losscheck.stats.power import chisquare_required_n
 SAMPLE_MARGIN = 1.1  # draw 10% more than the power calculation needs (EOS shortens rows)
 
 
-def pit_sequences(alpha: float, power: float, detect_tv: float, n_bins: int, horizon: int) -> int:
-    """Sequences of `horizon` tokens whose pooled PIT values reach the pooled tests' power."""
+def pit_sequences(alpha: float, power: float, detect_tv: float, n_bins: int, tokens_per_sequence: float) -> int:
+    """Sequences whose pooled PIT values reach the pooled tests' power when each yields
+    `tokens_per_sequence` tested values (a pilot's: EOS and cut-off uncertainty leave some out)."""
     values = pit_required_values(alpha, power, detect_tv, n_bins)
-    return math.ceil(values * SAMPLE_MARGIN / horizon)
+    return math.ceil(values * SAMPLE_MARGIN / max(tokens_per_sequence, 1e-9))
 
 
 def exact_sequences(n_continuations: int, horizon: int, alpha: float, power: float, detect_tv: float) -> int:
