@@ -131,3 +131,14 @@ def test_the_wheel_installs_alone_and_certifies_from_an_empty_directory(tmp_path
     )
     assert " 1 passed" in out and f"{CELL}  greedy  PASS" in out and "1/1 cells passed" in out, out[-6000:]
     assert not list(empty.iterdir()), "the run wrote into the working directory"
+
+
+def test_every_fixture_directory_is_a_listed_package():
+    """setuptools treats each data directory of `losscheck.fixtures` as a package and warns at every
+    build when one is not in `packages` (a later setuptools would leave it out of the wheel)."""
+    import tomllib
+
+    packages = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    fixtures = {f"losscheck.fixtures.{d.name}" for d in (ROOT / "fixtures").iterdir() if d.is_dir()}
+    fixtures -= {"losscheck.fixtures.__pycache__"}
+    assert fixtures <= packages, f"add to [tool.setuptools] packages in pyproject.toml: {sorted(fixtures - packages)}"
