@@ -156,7 +156,7 @@ def markdown(doc: dict[str, Any], comparisons: list[runfile.Comparison] | None =
     )
     lines += ["## Memory (MiB)\n", "Weights and the KV caches allocated for the rung; device peak on CUDA only.\n"]
 
-    def mib(b):
+    def mib(b: float | None) -> str:
         return "-" if b is None else f"{b / 2**20:.2f}"
 
     lines.append(

@@ -195,7 +195,9 @@ def _state(call: Call) -> _CallState:
     )
 
 
-def _draw(st: _CallState, case_of: torch.Tensor, gen: torch.Generator):
+def _draw(
+    st: _CallState, case_of: torch.Tensor, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drafts [N, k], their previous tokens [N, k+1], raw logits [N, k+1, V] and q [N, k, V]
     (float32) for rows of cases `case_of` [N]."""
     n, k, v = len(case_of), st.call.k, st.logits.shape[-1]
@@ -224,14 +226,22 @@ def takes_rows(verifier: Verifier) -> bool:
     return callable(getattr(verifier, "decide", None))
 
 
-def _verify(verifier: Verifier, st: _CallState, case_of, drafts, logits, q, gen) -> BlockOutcome:
-    q = None if st.call.point_mass else q
+def _verify(
+    verifier: Verifier,
+    st: _CallState,
+    case_of: torch.Tensor,
+    drafts: torch.Tensor,
+    logits: torch.Tensor,
+    q: torch.Tensor,
+    gen: torch.Generator,
+) -> BlockOutcome:
+    reported = None if st.call.point_mass else q
     params = st.call.params
     if params is None:  # a mixed call: one request per row
         rows = [st.call.cases[int(c)].params for c in case_of]
-        outcome = cast(Any, verifier).decide(logits, drafts, q, rows, gen)
+        outcome = cast(Any, verifier).decide(logits, drafts, reported, rows, gen)
     else:
-        outcome = verifier(logits, drafts, q, params, gen)
+        outcome = verifier(logits, drafts, reported, params, gen)
     return checked_outcome(outcome, verifier, *drafts.shape)
 
 
@@ -305,7 +315,17 @@ class _Run:
                     chi2 += self.chisquare(test, st.call, case, counts, law, bin_of, expected, support)
         return [*results, support.result(self.config.power), *chi2]
 
-    def chisquare(self, test, call: Call, case: Case, counts, law, bin_of, expected, support) -> list[TestResult]:
+    def chisquare(
+        self,
+        test: str,
+        call: Call,
+        case: Case,
+        counts: torch.Tensor,
+        law: torch.Tensor,
+        bin_of: torch.Tensor,
+        expected: torch.Tensor,
+        support: _Tally,
+    ) -> list[TestResult]:
         outside = counts[law == 0]
         if test == "joint":  # a first token outside p_0's support is outside the joint law's too
             if int(outside.sum()):
@@ -355,7 +375,14 @@ class _Run:
                 self.draws += len(chunk)
             self.check(st, chunk, drafts, prev, outcome)
 
-    def check(self, st: _CallState, case_of, drafts, prev, outcome: BlockOutcome) -> None:
+    def check(
+        self,
+        st: _CallState,
+        case_of: torch.Tensor,
+        drafts: torch.Tensor,
+        prev: torch.Tensor,
+        outcome: BlockOutcome,
+    ) -> None:
         call, k, vocab = st.call, st.call.k, st.logits.shape[-1]
         accepted, tokens = outcome.accepted.long().cpu(), outcome.tokens.long().cpu()
         emitted = _emitted(accepted, k)
