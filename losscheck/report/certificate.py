@@ -343,6 +343,8 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
             f"cells of the full matrix (per cell {alpha['per_test']:.3g}, Bonferroni, fixed before any "
             "selection, then split evenly over each cell's tests)"
         )
+        if alpha.get("tests"):
+            lines.append(f"- the statistical tests a sampled cell runs, by family: {_test_families(alpha['tests'])}")
     lines += claims.lines(cert)
     env = cert["environment"]
     if env:
@@ -364,3 +366,13 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
         ]
     lines += ["", *[f"![{p}]({p})" for p in plots]]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _test_families(tests: list[dict[str, Any]]) -> str:
+    """`pit`: `pit.pooled_chisquare`, ... per family; a test that spends no alpha (it fails only on
+    an event of probability 0) marked "at alpha 0", an e-value test "anytime"."""
+    families: dict[str, list[str]] = {}
+    for t in tests:
+        marks = [m for m, on in (("anytime", t["anytime"]), ("at alpha 0", not t["spends_alpha"])) if on]
+        families.setdefault(t["family"], []).append(f"`{t['name']}`" + (f" ({', '.join(marks)})" if marks else ""))
+    return "; ".join(f"{family}: {', '.join(names)}" for family, names in families.items())

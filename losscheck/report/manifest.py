@@ -37,6 +37,7 @@ def build(session: Session) -> dict[str, Any]:
             "family": session.options.alpha,
             "statistical_tests": session.n_statistical,
             "per_test": session.per_test_alpha,
+            "tests": test_catalogue(),
         },
         "targets": {name: portable(dict(t.identity)) for name, t in session.targets.items()},
         "drafters": {}
@@ -49,6 +50,28 @@ def build(session: Session) -> dict[str, Any]:
         "scope": {"declared": session.options.scope.label(), "out": session.out_of_scope},
         "environment": environment(session.device),
     }
+
+
+def test_catalogue() -> list[dict[str, Any]]:
+    """Every statistical test a sampled cell may run, as the registry declares it
+    (`losscheck.stats.registry`): the tests each cell's share of alpha is split over."""
+    import importlib
+
+    from losscheck.stats import registry
+
+    for family_module in ("losscheck.stats.pit", "losscheck.stats.conditional", "losscheck.cells.conformance"):
+        importlib.import_module(family_module)  # each registers its family's tests when imported
+
+    return [
+        {
+            "name": t.name,
+            "family": t.family,
+            "scope": t.scope,
+            "anytime": t.anytime,
+            "spends_alpha": t.spends_alpha,
+        }
+        for t in registry.all_tests()
+    ]
 
 
 def portable(identity: dict[str, Any]) -> dict[str, Any]:

@@ -80,3 +80,22 @@ def test_the_schema_rejects_a_broken_certificate(change, where):
     assert any(e.startswith(where) for e in errors), errors
     with pytest.raises(AssertionError, match="breaks certificate.schema.json"):
         assert_valid_certificate(broken(change))
+
+
+def test_the_certificate_lists_the_registered_tests(tmp_path):
+    """The tests a sampled cell's alpha is split over, as certificate.json and summary.md name them,
+    come from the registry: per family, the alpha-spending ones are the registry's budget count."""
+    from losscheck.report.manifest import test_catalogue
+    from losscheck.stats import registry
+
+    tests = test_catalogue()
+    for family in ("pit", "conditional", "conformance"):
+        assert sum(t["spends_alpha"] for t in tests if t["family"] == family) == registry.budget_count(family)
+    assert {t["name"] for t in tests} == {t.name for t in registry.all_tests()}
+    with_tests = manifest()
+    with_tests["alpha"]["tests"] = tests
+    cert = written(build([with_tests], [record("A-k4-greedy"), record("A-k4-T1")]), tmp_path)
+    assert_valid_certificate(cert)
+    assert cert["alpha"]["tests"] == tests
+    summary = certificate.markdown(cert)
+    assert "`pit.pooled_chisquare`" in summary and "`pit.token_counts` (anytime)" in summary
