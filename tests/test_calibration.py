@@ -22,6 +22,7 @@ from losscheck.core.sampling import SamplingParams
 from losscheck.plan.matrix import Cell
 from losscheck.plan.profiles import get_profile
 from losscheck.plan.tiers import EXACT_K
+from losscheck.run.context import CellContext
 from losscheck.run.options import Options
 from losscheck.run.session import Session
 
@@ -38,7 +39,7 @@ def test_correct_engine_rejects_at_the_nominal_rate_and_p_values_are_uniform():
     first = Session(Options(alpha=LEVEL, profile=profile))
     first.n_statistical = 1  # the whole LEVEL goes to this one cell
     for seed in range(RUNS):
-        outcome = run_exact(first.derive(seed=seed), cell)
+        outcome = run_exact(CellContext.of(first.derive(seed=seed), cell))
         rejections += not outcome.passed
         joint_p += [r.p_value for r in outcome.verdict.results if r.name == "exact.joint_chisquare"]
     bound = int(stats.binom.ppf(0.999, RUNS, LEVEL))
@@ -159,7 +160,7 @@ def test_whole_pit_cells_of_the_real_loop_reject_at_the_nominal_rate():
     stops: dict[int, int] = {}
     for seed in range(CELL_RUNS):
         try:
-            outcome = run_pit(first.derive(seed=seed), cell)
+            outcome = run_pit(CellContext.of(first.derive(seed=seed), cell))
         except UnderpoweredError as error:
             underpowered += 1  # a class the pilot covered fell short in the tested sample
             print(f"run {seed}: underpowered: {error}", flush=True)

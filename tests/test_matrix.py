@@ -173,6 +173,7 @@ def test_a_new_axis_is_one_registration(monkeypatch, session):
     """What adding an axis takes: an `Axis` in a module of `losscheck.serving` (here patched into
     the registry). The plan, ids, tiers, serving and record follow with no other change."""
     from losscheck.cells.greedy import run_greedy
+    from losscheck.run.context import CellContext
 
     registered = serving_axes.axes()
     monkeypatch.setattr(serving_axes, "axes", lambda: (*registered, TOY))
@@ -180,7 +181,7 @@ def test_a_new_axis_is_one_registration(monkeypatch, session):
     new = [c for arg in matrix.CELL_ARGS for c in plan[arg] if c.axis("order") == "reversed"]
     assert [(c.id, c.slow) for c in new] == [("user-k4-greedy-rev", False), ("user-k4-T1-rev", True)]
     cell = Cell("A", 4, matrix.GREEDY, serving=serving(order="reversed"))
-    outcome = run_greedy(session, cell)
+    outcome = run_greedy(CellContext.of(session, cell))
     assert outcome.passed, outcome.message()
     record = outcome.to_record()
     assert record["cell"] == "A-k4-greedy-rev" and record["serving"]["order"] == "reversed"

@@ -184,15 +184,16 @@ def test_the_real_cell_stops_early_under_h0_and_not_under_its_bug(session):
     rule out ruled out; with a wrong residual planted (the residual_is_p class itself) the class
     is never ruled out, so the cell draws its whole design and fails."""
     from losscheck.cells.sampled import run_pit
+    from losscheck.run.context import CellContext
 
     cell = _base_cell(session)
-    honest = run_pit(session, cell).details
+    honest = run_pit(CellContext.of(session, cell)).details
     looks = honest["looks"]
     assert looks["early"] and looks["tested_tokens"] < honest["fixed_design_tokens"] / 2
     assert all(c["ruled_out"] for c in honest["bug_classes"].values() if c["reach"] != "none")
     assert all(c["power"] >= 0.99 for c in honest["bug_classes"].values() if c["covered"])
 
-    planted = run_pit(session.derive(mutant="residual_is_p"), cell)
+    planted = run_pit(CellContext.of(session.derive(mutant="residual_is_p"), cell))
     assert not planted.passed
     assert not planted.details["looks"]["early"]
     assert not planted.details["bug_classes"]["residual_is_p"]["ruled_out"]

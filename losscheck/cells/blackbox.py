@@ -28,9 +28,9 @@ from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines import BlackBoxEngine, checked_samples, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
-from losscheck.plan.matrix import ENGINE, Cell
+from losscheck.plan.matrix import ENGINE
 from losscheck.plan.modes import Mode
-from losscheck.run.session import Session
+from losscheck.run.context import CellContext
 from losscheck.stats import registry, sample_size
 from losscheck.stats.result import combine
 
@@ -39,23 +39,18 @@ if TYPE_CHECKING:
     from losscheck.stats.bugclass import PowerAccumulator
 
 
-def _copy_of_target(session: Session, cell: Cell) -> HFTarget:
-    """losscheck's copy of the engine's target (the main one), in the cell's precision."""
-    return session.target("main", cell.precision.target)
-
-
-def run_engine_cell(session: Session, cell: Cell) -> CellOutcome:
+def run_engine_cell(ctx: CellContext) -> CellOutcome:
     """Certify a black-box engine's cell the way its mode asks."""
     run = {Mode.ENGINE_GREEDY: run_engine_greedy, Mode.ONE_SAMPLE: run_one_sample, Mode.TWO_SAMPLE: run_two_sample}[
-        cell.mode
+        ctx.cell.mode
     ]
-    return run(session, cell)
+    return run(ctx)
 
 
-def _engine(session: Session) -> BlackBoxEngine:
-    if session.blackbox is None:
+def _engine(ctx: CellContext) -> BlackBoxEngine:
+    if ctx.engine is None:
         raise LosscheckError(f"black-box cells need {flag('engine')}=pkg.mod:factory")
-    return session.blackbox
+    return ctx.engine
 
 
 def min_horizon(engine: BlackBoxEngine) -> int:
@@ -64,8 +59,7 @@ def min_horizon(engine: BlackBoxEngine) -> int:
 
 
 def draw(
-    session: Session,
-    cell: Cell,
+    ctx: CellContext,
     prompts: list[list[int]],
     n: int,
     params: SamplingParams,
@@ -76,15 +70,15 @@ def draw(
     """`n` continuations of each prompt from the engine → validated LongTensor [len(prompts), n, horizon]
     (EOS-padded), seeded from the run seed, the cell, the side and the `purpose` ("pilot": a
     sample of its own, never tested)."""
-    engine, target = _engine(session), _copy_of_target(session, cell)
+    engine, target = _engine(ctx), ctx.engine_target()
     side = "speculative" if speculative else "baseline"
-    seed = derive_seed(session.options.seed, cell.id, *((side, purpose) if purpose else (side,)))
+    seed = derive_seed(ctx.seed, ctx.cell.id, *((side, purpose) if purpose else (side,)))
     out = engine.generate(prompts, n, params, seed, horizon, speculative)
-    return checked_samples(engine, out, len(prompts), n, horizon, target.vocab_size, _eos(session, cell))
+    return checked_samples(engine, out, len(prompts), n, horizon, target.vocab_size, _eos(ctx))
 
 
-def _eos(session: Session, cell: Cell) -> int:
-    eos = _copy_of_target(session, cell).eos_id
+def _eos(ctx: CellContext) -> int:
+    eos = ctx.engine_target().eos_id
     return eos if eos is not None else 0
 
 
@@ -94,42 +88,38 @@ def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams
     return Generation(tokens, lengths(tokens, eos), LoopStats.empty(k), params)
 
 
-def _details(session: Session, cell: Cell, **facts: object) -> dict[str, object]:
-    engine = _engine(session)
-    return {"engine": engine.name, "engine_k": engine.k, "mode": cell.mode, **facts}
-
-
-def _all_prompts(session: Session) -> list[list[int]]:
-    return [p for tier in session.prompt_tiers for p in session.prompts(tier)]
+def _details(ctx: CellContext, **facts: object) -> dict[str, object]:
+    engine = _engine(ctx)
+    return {"engine": engine.name, "engine_k": engine.k, "mode": ctx.cell.mode, **facts}
 
 
 # --- greedy ----------------------------------------------------------------------------------------
-def run_engine_greedy(session: Session, cell: Cell) -> CellOutcome:
+def run_engine_greedy(ctx: CellContext) -> CellOutcome:
     """Speculation on == off, token for token, on every prompt of every tier."""
-    engine = _engine(session)
-    max_new = max(session.options.profile.greedy_max_new, min_horizon(engine))
+    cell, engine = ctx.cell, _engine(ctx)
+    max_new = max(ctx.profile.greedy_max_new, min_horizon(engine))
     # Margins need the engine's target: in fp32 every divergence fails, below it a margin within
     # the precision's round-off is a near-tie; without the target (two-sample mode) none is.
     scorable = cell.target != ENGINE
-    model = _copy_of_target(session, cell).model if scorable else None
+    model = ctx.engine_target().model if scorable else None
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
     outcome = CellOutcome(
         cell,
-        details=_details(session, cell, prompts=0, max_new_tokens=max_new, near_tie_margin=tolerance),
-        strict=session.options.strict,
+        details=_details(ctx, prompts=0, max_new_tokens=max_new, near_tie_margin=tolerance),
+        strict=ctx.strict,
     )
-    eos = _eos(session, cell)
-    for tier in session.prompt_tiers:
-        prompts = session.prompts(tier)
-        on = as_generation(draw(session, cell, prompts, 1, GREEDY, max_new, True)[:, 0], eos, engine.k, GREEDY)
-        off = as_generation(draw(session, cell, prompts, 1, GREEDY, max_new, False)[:, 0], eos, engine.k, GREEDY)
+    eos = _eos(ctx)
+    for tier in ctx.prompt_tiers:
+        prompts = ctx.prompts(tier)
+        on = as_generation(draw(ctx, prompts, 1, GREEDY, max_new, True)[:, 0], eos, engine.k, GREEDY)
+        off = as_generation(draw(ctx, prompts, 1, GREEDY, max_new, False)[:, 0], eos, engine.k, GREEDY)
         outcome.divergences += find_divergences(model, tier, prompts, on, off, tolerance)
         outcome.details["prompts"] += len(prompts)
     return outcome
 
 
 # --- sampling: one-sample (teacher-forced PIT) ---------------------------------------------------------
-def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
+def run_one_sample(ctx: CellContext) -> CellOutcome:
     """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
     precision: randomized PIT uniform (`losscheck.stats.pit`) and the exact-conditional tests,
     top-k / top-p cut-offs within that precision's logit tolerance left out as ambiguous.
@@ -147,13 +137,13 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     from losscheck.cells.sampled import require_coverage
     from losscheck.stats.bugclass import PowerAccumulator
 
-    engine, profile = _engine(session), session.options.profile
+    cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     horizon = max(profile.horizon, min_horizon(engine))
-    prompts = _all_prompts(session)
-    half = session.per_test_alpha / 2
+    prompts = ctx.all_prompts()
+    half = ctx.alpha / 2
     alpha_test = registry.split(half, "pit", "conditional").per_test  # one test's share, as a PIT cell's
-    target = _copy_of_target(session, cell)
-    design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(session, cell, prompts, horizon, alpha_test)
+    target = ctx.engine_target()
+    design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(ctx, prompts, horizon, alpha_test)
     pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, per_sequence)
     n = max(pooled, design.sequences(per_sequence))
     per_prompt = math.ceil(n / len(prompts))
@@ -161,11 +151,11 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     power = PowerAccumulator()  # gathered from the speculative sample only
     scored = []
     for speculative, stream in ((True, cell.id), (False, f"{cell.id}-control")):
-        tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, speculative)  # [P, m, L]
-        gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params), target)
+        tokens = draw(ctx, prompts, per_prompt, cell.params, horizon, speculative)  # [P, m, L]
+        gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(ctx), engine.k, cell.params), target)
         scored.append(
             score_pit(
-                session,
+                ctx,
                 stream,
                 target,
                 rows,
@@ -189,7 +179,7 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
             "engine's kernels, logits processing or truncation differ from losscheck's); certify it two-sample "
             "(an engine of precision None) instead"
         )
-    details = _details(session, cell, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts)
+    details = _details(ctx, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts)
     details.update(
         pilot_sequences=math.ceil(profile.pilot_sequences / len(prompts)) * len(prompts),
         pilot_tokens=pilot_tokens,
@@ -199,7 +189,7 @@ def run_one_sample(session: Session, cell: Cell) -> CellOutcome:
     )
     return CellOutcome(
         cell,
-        verdict=combine(cell.id, results + control, session.per_test_alpha),
+        verdict=combine(cell.id, results + control, ctx.alpha),
         problems=problems,
         details=details,
     )
@@ -211,7 +201,7 @@ def _on_device(gen: Generation, target: HFTarget) -> Generation:
 
 
 def _target_side_design(
-    session: Session, cell: Cell, prompts: list[list[int]], horizon: int, alpha_test: float
+    ctx: CellContext, prompts: list[list[int]], horizon: int, alpha_test: float
 ) -> tuple[sample_size.ClassDesign, float, int, int]:
     """From a pilot of the engine's speculative samples (a seed of its own, never tested): the
     design of the target-side bug classes (`buglaws.TARGET_SIDE`) at the profile's power, with the
@@ -221,14 +211,14 @@ def _target_side_design(
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
 
-    engine, profile = _engine(session), session.options.profile
-    target = _copy_of_target(session, cell)
+    cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
+    target = ctx.engine_target()
     per_prompt = max(1, math.ceil(profile.pilot_sequences / len(prompts)))
-    tokens = draw(session, cell, prompts, per_prompt, cell.params, horizon, True, purpose="pilot")  # [P, m, L]
-    gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(session, cell), engine.k, cell.params), target)
+    tokens = draw(ctx, prompts, per_prompt, cell.params, horizon, True, purpose="pilot")  # [P, m, L]
+    gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(ctx), engine.k, cell.params), target)
     rows = [p for p in prompts for _ in range(per_prompt)]
     # the whole catalogue, so that pit.bug_classes is judged over the classes the test scores
-    measured = measure_power(session, target, rows, gen, cell.precision.tolerance)
+    measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance)
     needed = measured.tokens_needed(alpha_test, profile.power)
     design = sample_size.ClassDesign.of(
         {bug.name: needed[bug.name] for bug in TARGET_SIDE}, LR_BOUND, 1, profile.max_pit_tokens
@@ -267,26 +257,24 @@ def target_side_coverage(
 
 
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------
-def run_two_sample(session: Session, cell: Cell) -> CellOutcome:
+def run_two_sample(ctx: CellContext) -> CellOutcome:
     """The engine's speculative samples against its own samples with drafting off, independent seeds,
     the same number of rows from each prompt on both sides."""
     from losscheck.stats.two_sample import two_sample_tests
 
-    engine, profile = _engine(session), session.options.profile
+    cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     horizon = max(profile.two_sample_horizon, min_horizon(engine))
-    prompts = _all_prompts(session)
-    n = sample_size.two_sample_rows(
-        session.per_test_alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon
-    )
+    prompts = ctx.all_prompts()
+    n = sample_size.two_sample_rows(ctx.alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon)
     per_prompt = math.ceil(n / len(prompts))
-    on = draw(session, cell, prompts, per_prompt, cell.params, horizon, True).flatten(0, 1)  # [P*m, L]
-    off = draw(session, cell, prompts, per_prompt, cell.params, horizon, False).flatten(0, 1)  # [P*m, L]
-    vocab = _copy_of_target(session, cell).vocab_size
+    on = draw(ctx, prompts, per_prompt, cell.params, horizon, True).flatten(0, 1)  # [P*m, L]
+    off = draw(ctx, prompts, per_prompt, cell.params, horizon, False).flatten(0, 1)  # [P*m, L]
+    vocab = ctx.engine_target().vocab_size
     results = two_sample_tests(
-        on, off, vocab, session.per_test_alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
+        on, off, vocab, ctx.alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
     )
     return CellOutcome(
         cell,
-        verdict=combine(cell.id, results, session.per_test_alpha),
-        details=_details(session, cell, sequences=len(on), prompts=len(prompts), horizon=horizon),
+        verdict=combine(cell.id, results, ctx.alpha),
+        details=_details(ctx, sequences=len(on), prompts=len(prompts), horizon=horizon),
     )

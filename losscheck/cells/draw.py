@@ -9,8 +9,7 @@ from losscheck.core.generation import Generation
 from losscheck.serving.axis import Call, Server
 
 if TYPE_CHECKING:
-    from losscheck.plan.cell import Cell
-    from losscheck.run.session import Session
+    from losscheck.run.context import CellContext
 
 
 # Bytes held per row x scored slot x vocabulary entry by one engine round: the target's float32
@@ -25,8 +24,7 @@ def engine_batch_rows(k: int, vocab: int, budget_bytes: int, max_rows: int) -> i
 
 
 def generate_rows(
-    session: Session,
-    cell: Cell,
+    ctx: CellContext,
     server: Server,
     prompts: list[list[int]],
     n: int,
@@ -38,15 +36,13 @@ def generate_rows(
     an engine batch holds within the memory budget (or what the server takes at once). `first`:
     the stream's index of the first sequence — draws at successive `first` continue one sample
     (a sequential cell's looks), each call seeded by where it starts."""
-    target = session.cell_target(cell)
-    rows_fit = engine_batch_rows(
-        cell.k, target.vocab_size, session.options.memory_budget_mib << 20, session.options.profile.batch
-    )
+    cell = ctx.cell
+    rows_fit = engine_batch_rows(cell.k, ctx.target.vocab_size, ctx.memory_budget_bytes, ctx.profile.batch)
     batch = min(server.call_rows(rows_fit), n)
     rows = [prompts[(first + i) % len(prompts)] for i in range(n)]
     calls = [
         Call(rows[start : start + batch], horizon, cell.params, (cell.id, stream, first + start))
         for start in range(0, n, batch)
     ]
-    session.progress.update(cell.id, f"{stream} sequences drawn", 0, n)
+    ctx.progress.update(cell.id, f"{stream} sequences drawn", 0, n)
     return rows, Generation.concat(server.generate(calls))

@@ -8,35 +8,33 @@ from losscheck.cells.outcome import CellOutcome, drafter_rule, oracle_problems
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, make_generator
-from losscheck.plan.cell import Cell
-from losscheck.run import factory
-from losscheck.run.session import Session
+from losscheck.run.context import CellContext
 from losscheck.serving.axis import Call, requests, rounds_differently
 
 
-def run_greedy(session: Session, cell: Cell) -> CellOutcome:
+def run_greedy(ctx: CellContext) -> CellOutcome:
     """Spec output == baseline output, token for token, on every prompt of every tier."""
-    target = session.cell_target(cell)
-    max_new = session.options.profile.greedy_max_new
+    cell, target = ctx.cell, ctx.target
+    max_new = ctx.profile.greedy_max_new
     # In fp32 every divergence fails; in reduced precision, or served in a way that reduces in
     # another order (a split), one within the target's round-off is a near-tie.
     reduced = cell.precision.reduced or rounds_differently(cell.serving)
     tolerance = cell.precision.tolerance if reduced else 0.0
     outcome = CellOutcome(
         cell,
-        details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance, **drafter_rule(session, cell)},
-        strict=session.options.strict,
+        details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance, **drafter_rule(ctx)},
+        strict=ctx.strict,
     )
-    server, context = factory.served(session, cell)
-    tiers = session.prompt_tiers
-    asked = {tier: requests(server, context, session.prompts(tier), max_new, GREEDY, tier) for tier in tiers}
+    server, serving = ctx.served()
+    tiers = ctx.prompt_tiers
+    asked = {tier: requests(server, serving, ctx.prompts(tier), max_new, GREEDY, tier) for tier in tiers}
     specs = server.generate([Call(asked[tier], max_new, GREEDY, (cell.id, tier)) for tier in tiers])
     for i, (tier, spec) in enumerate(zip(tiers, specs)):
-        session.progress.update(cell.id, "prompt tiers", i, len(tiers))
+        ctx.progress.update(cell.id, "prompt tiers", i, len(tiers))
         prompts = asked[tier]
-        base = session.memo(
+        base = ctx.memo(
             ("greedy", cell.target, cell.precision.target, tuple(map(tuple, prompts))),
-            partial(_baseline, session, cell, prompts, max_new, tier),
+            partial(_baseline, ctx, prompts, max_new, tier),
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
@@ -46,8 +44,7 @@ def run_greedy(session: Session, cell: Cell) -> CellOutcome:
     return outcome
 
 
-def _baseline(session: Session, cell: Cell, prompts: list[list[int]], max_new: int, tier: str) -> Generation:
+def _baseline(ctx: CellContext, prompts: list[list[int]], max_new: int, tier: str) -> Generation:
     """Plain decoding of `prompts` (greedy: the generator is never drawn from)."""
-    device = session.cell_target(cell).device
-    generator = make_generator(session.options.seed, cell.id, tier, device=device)
-    return factory.baseline_engine(session, cell).generate(prompts, max_new, GREEDY, generator)
+    generator = make_generator(ctx.seed, ctx.cell.id, tier, device=ctx.target.device)
+    return ctx.baseline_engine().generate(prompts, max_new, GREEDY, generator)

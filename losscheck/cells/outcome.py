@@ -19,7 +19,7 @@ from losscheck.serving.axis import record as serving_record
 from losscheck.stats.result import CellVerdict, combine
 
 if TYPE_CHECKING:
-    from losscheck.run.session import Session
+    from losscheck.run.context import CellContext
 
 
 @dataclass
@@ -116,22 +116,21 @@ def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
     ]
 
 
-def sampled_outcome(session: Session, cell: Cell, results: list[Any], gen: Generation, **details: Any) -> CellOutcome:
+def sampled_outcome(ctx: CellContext, results: list[Any], gen: Generation, **details: Any) -> CellOutcome:
     acceptance = {"all": gen.stats}
     return CellOutcome(
-        cell,
-        verdict=combine(cell.id, results, session.per_test_alpha),
+        ctx.cell,
+        verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
-        problems=oracle_problems(cell, acceptance),
-        details={**details, **drafter_rule(session, cell)},
+        problems=oracle_problems(ctx.cell, acceptance),
+        details={**details, **drafter_rule(ctx)},
     )
 
 
-def drafter_rule(session: Session, cell: Cell) -> dict[str, str]:
+def drafter_rule(ctx: CellContext) -> dict[str, str]:
     """`{"acceptance_rule": ...}` when the cell's drafter verifies with a rule of its own
     (`Drafter.acceptance_rule`, e.g. a speculators checkpoint's verifier_accept_k), else nothing."""
-    drafter = session.drafters(cell.target, cell.precision).get(cell.drafter)
-    rule = getattr(drafter, "acceptance_rule", None)
+    rule = ctx.acceptance_rule
     return {"acceptance_rule": rule} if rule else {}
 
 

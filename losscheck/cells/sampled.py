@@ -16,8 +16,7 @@ from losscheck.errors import LosscheckError, UnderpoweredError, flag
 from losscheck.plan.cell import Cell
 from losscheck.plan.modes import Mode
 from losscheck.plan.profiles import Profile, min_horizon
-from losscheck.run import factory
-from losscheck.run.session import Session
+from losscheck.run.context import CellContext
 from losscheck.serving.axis import requests
 from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.design import bug_class_coverage, design_looks, shortfall
@@ -27,15 +26,15 @@ if TYPE_CHECKING:
     from losscheck.stats.bugclass import PowerAccumulator
 
 
-def run_cell(session: Session, cell: Cell) -> CellOutcome:
+def run_cell(ctx: CellContext) -> CellOutcome:
     """Certify a cell of losscheck's own loop the way its mode asks."""
     from losscheck.cells.greedy import run_greedy
 
-    run = {Mode.GREEDY: run_greedy, Mode.PIT: run_pit, Mode.EXACT: run_exact}[cell.mode]
-    return run(session, cell)
+    run = {Mode.GREEDY: run_greedy, Mode.PIT: run_pit, Mode.EXACT: run_exact}[ctx.cell.mode]
+    return run(ctx)
 
 
-def run_pit(session: Session, cell: Cell) -> CellOutcome:
+def run_pit(ctx: CellContext) -> CellOutcome:
     """Teacher-forced PIT and exact-conditional tests of the spec loop's sequences, plus the
     conformance of its verifier to standard speculative sampling (`losscheck.cells.conformance`),
     the cell's alpha split evenly over all of them.
@@ -52,21 +51,21 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     from losscheck.cells.scoring import PitScores, measure_power
     from losscheck.stats.bugclass import PowerAccumulator
 
-    profile = session.options.profile
+    cell, profile = ctx.cell, ctx.profile
     horizon = profile.pit_horizon(cell.k)
-    prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
-    budget = registry.split(session.per_test_alpha, "pit", "conditional", "conformance")
+    prompts = ctx.all_prompts()
+    budget = registry.split(ctx.alpha, "pit", "conditional", "conformance")
     alpha_scored, alpha_test = budget.share("pit", "conditional"), budget.per_test
     limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens) if profile.early_stop else 1
     clock = Phases()
-    server, context = factory.served(session, cell)
-    target = session.cell_target(cell)
+    server, serving = ctx.served()
+    target = ctx.target
     tolerance = cell.precision.tolerance
     with clock("requests"):  # a warm prefix cache's first turn
-        prompts = requests(server, context, prompts, horizon, cell.params, "pit")
+        prompts = requests(server, serving, prompts, horizon, cell.params, "pit")
     with clock("pilot"):
-        pilot_rows, pilot = generate_rows(session, cell, server, prompts, profile.pilot_sequences, horizon, "pit-pilot")
-        measured = measure_power(session, target, pilot_rows, pilot, tolerance)
+        pilot_rows, pilot = generate_rows(ctx, server, prompts, profile.pilot_sequences, horizon, "pit-pilot")
+        measured = measure_power(ctx, target, pilot_rows, pilot, tolerance)
     with clock("design"):  # from the pilot: the sequential design, the fixed-sample one it replaces, the looks
         design, fixed = (_class_design(measured, profile, alpha_scored, alpha_test, looks) for looks in (limit, 1))
         looks, ids, grid = design_looks(measured, design, alpha_test, profile.power, limit)
@@ -76,18 +75,18 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     if engine is not None:  # the recorder wraps the verifier in this process only
         recorder = engine.verifier = Recorder(
             engine.verifier,
-            make_generator(session.options.seed, cell.id, "conformance"),
+            make_generator(ctx.seed, cell.id, "conformance"),
             conformance_rtol(cell.precision.tolerance if cell.precision.reduced else 0.0),
         )
     power = PowerAccumulator(misreported=measured.misreported_id, grid=grid)  # judged where the test looks
-    scores = PitScores(session, cell.id, target, tolerance, power, measured.misreported_id)
+    scores = PitScores(ctx, cell.id, target, tolerance, power, measured.misreported_id)
     gens: list[Generation] = []
     drawn, stopped, unconfirmed = 0, len(looks.tokens), []
     coverage = None
     for look, tokens in enumerate(looks.tokens, 1):
         more = max(math.ceil(tokens / per_sequence) - drawn, 1)
         with clock("generate"):
-            rows, gen = generate_rows(session, cell, server, prompts, more, horizon, "pit-sample", first=drawn)
+            rows, gen = generate_rows(ctx, server, prompts, more, horizon, "pit-sample", first=drawn)
         with clock("score"):  # the teacher-forced pass, the PITs, the conditional and rule-out sums
             scores.add(rows, gen, part=f"look{look}")
         drawn += more
@@ -114,8 +113,7 @@ def run_pit(session: Session, cell: Cell) -> CellOutcome:
     require_coverage(cell, coverage, profile.power)
     gen = Generation.concat(gens)
     outcome = sampled_outcome(
-        session,
-        cell,
+        ctx,
         results,
         gen,
         sequences=drawn,
@@ -181,56 +179,54 @@ def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: flo
         )
 
 
-def exact_prompt(session: Session) -> list[int]:
+def exact_prompt(ctx: CellContext) -> list[int]:
     """The small target's longest prompt: the most context, still cheap to enumerate from."""
-    return max(session.prompts("small"), key=len)
+    return max(ctx.prompts("small"), key=len)
 
 
-def exact_continuations(session: Session, target: str, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+def exact_continuations(ctx: CellContext, target: str, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Every continuation of `exact_prompt` up to the profile's exact horizon and its exact target
     probability: (sequences [S, L], probabilities [S] float64), memoised per parameters."""
     from losscheck.stats.exact import enumerate_continuations
 
-    model = session.targets[target]
-    horizon = session.options.profile.exact_horizon
+    model = ctx.target_named(target)
+    horizon = ctx.profile.exact_horizon
 
     @torch.inference_mode()
     def next_probs(context: torch.Tensor) -> torch.Tensor:
         logits = model.model(input_ids=context.to(model.device)).logits[:, -1]
         return process_logits(logits, params).double().cpu()
 
-    return session.memo(
+    return ctx.memo(
         ("exact", target, params, horizon),
-        lambda: enumerate_continuations(next_probs, exact_prompt(session), horizon, model.eos_id),
+        lambda: enumerate_continuations(next_probs, exact_prompt(ctx), horizon, model.eos_id),
     )
 
 
-def exact_cell_size(session: Session, n_continuations: int) -> int:
+def exact_cell_size(ctx: CellContext, n_continuations: int) -> int:
     """Sequences an exact cell draws."""
-    profile = session.options.profile
+    profile = ctx.profile
     return sample_size.exact_sequences(
-        n_continuations, profile.exact_horizon, session.per_test_alpha, profile.power, profile.detect_tv
+        n_continuations, profile.exact_horizon, ctx.alpha, profile.power, profile.detect_tv
     )
 
 
-def run_exact(session: Session, cell: Cell) -> CellOutcome:
+def run_exact(ctx: CellContext) -> CellOutcome:
     from losscheck.stats.exact import exact_tests
 
-    profile = session.options.profile
+    cell, profile = ctx.cell, ctx.profile
     if profile.exact_horizon < min_horizon(cell.k):
         raise LosscheckError(
             f"exact cell {cell.id}: its horizon {profile.exact_horizon} must reach a bonus slot and a second "
             f"round (2k + 2 = {min_horizon(cell.k)}); run exact mode at a smaller k or a longer exact horizon"
         )
-    target = session.targets[cell.target]
-    prompt = exact_prompt(session)
-    seqs, probs = exact_continuations(session, cell.target, cell.params)
-    n = exact_cell_size(session, len(seqs))
-    _, gen = generate_rows(
-        session, cell, factory.server(session, cell), [prompt], n, profile.exact_horizon, "exact-sample"
-    )
+    target = ctx.target_named(cell.target)
+    prompt = exact_prompt(ctx)
+    seqs, probs = exact_continuations(ctx, cell.target, cell.params)
+    n = exact_cell_size(ctx, len(seqs))
+    _, gen = generate_rows(ctx, ctx.served()[0], [prompt], n, profile.exact_horizon, "exact-sample")
     samples = torch.where(gen.mask(), gen.tokens, target.eos_id if target.eos_id is not None else 0).cpu()
-    results = exact_tests(samples, seqs, probs, session.per_test_alpha, profile.power, profile.detect_tv)
+    results = exact_tests(samples, seqs, probs, ctx.alpha, profile.power, profile.detect_tv)
     return sampled_outcome(
-        session, cell, results, gen, sequences=n, horizon=profile.exact_horizon, prompt=prompt, continuations=len(seqs)
+        ctx, results, gen, sequences=n, horizon=profile.exact_horizon, prompt=prompt, continuations=len(seqs)
     )

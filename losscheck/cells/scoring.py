@@ -16,7 +16,7 @@ from losscheck.core.sampling import SamplingParams, make_generator, process_logi
 from losscheck.core.target import HFTarget
 
 if TYPE_CHECKING:
-    from losscheck.run.session import Session
+    from losscheck.run.context import CellContext
     from losscheck.stats.bugclass import PowerAccumulator
 
 
@@ -181,7 +181,7 @@ class PitScores:
     chosen by a pilot, never by the sample tested (None: that class is left out of the test).
     """
 
-    session: Session
+    ctx: CellContext
     stream: str
     target: HFTarget
     tolerance: float
@@ -199,8 +199,8 @@ class PitScores:
         """Score `gen` (sequences continuing `rows`); `part` names its uniforms within the stream."""
         from losscheck.stats.conditional import ConditionalValues
 
-        session, target = self.session, self.target
-        seed = session.options.seed
+        ctx, target = self.ctx, self.target
+        seed = ctx.seed
 
         def stream(name: str) -> torch.Generator:
             return make_generator(seed, self.stream, f"{name}/{part}" if part else name)
@@ -238,10 +238,10 @@ class PitScores:
             rows,
             gen,
             v,
-            session.options.memory_budget_mib << 20,
-            session.options.profile.batch,
+            ctx.memory_budget_bytes,
+            ctx.profile.batch,
             self.tolerance,
-            lambda done, n: session.progress.update(self.stream, "sequences scored", done, n),
+            lambda done, n: ctx.progress.update(self.stream, "sequences scored", done, n),
             observe,
         )
         mask = gen.mask().cpu()
@@ -267,7 +267,7 @@ class PitScores:
         from losscheck.stats.conditional import ConditionalValues, conditional_tests
         from losscheck.stats.pit import pit_tests
 
-        profile = self.session.options.profile
+        profile = self.ctx.profile
         u, mask, ambiguous, left_out, spare = (
             torch.cat(x) for x in (self.u, self.mask, self.ambiguous, self.left_out, self.spare)
         )
@@ -292,7 +292,7 @@ class PitScores:
 
 
 def score_pit(
-    session: Session,
+    ctx: CellContext,
     stream: str,
     target: HFTarget,
     rows: list[list[int]],
@@ -305,9 +305,9 @@ def score_pit(
     """The PIT tests and the exact-conditional tests of one sample `gen` (sequences continuing
     `rows`) under `target` (`PitScores`), under `alpha` (default: the cell's whole share);
     `power`, when given, gathers the bug classes' power from the sample's own p and q."""
-    scores = PitScores(session, stream, target, tolerance, power)
+    scores = PitScores(ctx, stream, target, tolerance, power)
     scores.add(rows, gen)
-    return scores.tests(session.per_test_alpha if alpha is None else alpha, pooled_tv)
+    return scores.tests(ctx.alpha if alpha is None else alpha, pooled_tv)
 
 
 def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> float:
@@ -328,7 +328,7 @@ def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> f
 
 
 def measure_power(
-    session: Session, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float
+    ctx: CellContext, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float
 ) -> PowerAccumulator:
     """What each test would see per token under each bug class, from `gen`'s own p and q (one
     teacher-forced pass, no test run): a pilot sample's, to size the sample that is tested."""
@@ -343,8 +343,7 @@ def measure_power(
         power.update(forced.probs.double(), q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~forced.left_out)
 
     v = torch.zeros(gen.tokens.shape, dtype=torch.float64, device=target.device)
-    budget = session.options.memory_budget_mib << 20
-    teacher_forced_pit(target, rows, gen, v, budget, session.options.profile.batch, tolerance, observe=observe)
+    teacher_forced_pit(target, rows, gen, v, ctx.memory_budget_bytes, ctx.profile.batch, tolerance, observe=observe)
     return power
 
 

@@ -1,6 +1,9 @@
 """The pytest plugin: options, the session object, cell parametrisation, result channels.
 
-Hooks only; state lives in `losscheck.run.session.Session`, built once per process from the options.
+Hooks only; the run's state lives in `losscheck.run.session.Session`, built once per process from
+the options, and the plugin's own (the terminal's progress line, whether this process's manifest
+went out) in `config.stash`; a certification test's cell reads the run through a
+`losscheck.run.context.CellContext` (the `losscheck_context` fixture).
 Nothing heavy (torch, transformers) is imported until a hook needs it.
 """
 
@@ -8,16 +11,24 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from losscheck.errors import LosscheckError
+from losscheck.progress import QUIET, Progress
+from losscheck.run.context import CellContext
 from losscheck.run.loading import check_options
 from losscheck.run.options import add_options, from_parsed
 from losscheck.run.session import Session
 
+if TYPE_CHECKING:
+    from losscheck.plan.cell import Cell
+
 SESSION_KEY = pytest.StashKey[Session]()
+PROGRESS_KEY = pytest.StashKey[Progress]()  # stages of a long cell, on a terminal's live line
+MANIFEST_SENT_KEY = pytest.StashKey[bool]()  # this process's manifest went out on a report
 VERDICT_KEY = pytest.StashKey[str]()  # the certificate's verdict, once the terminal summary wrote it
 RUN_DIR_KEY = pytest.StashKey[str]()  # the run directory the certificate went to (with --losscheck-out)
 PLAN_ERROR_KEY = pytest.StashKey[str]()  # what made the plan fail (`pytest_generate_tests`)
@@ -55,11 +66,12 @@ def pytest_configure(config: pytest.Config) -> None:
     except LosscheckError as exc:
         # pytest prints a UsageError raised here as one "ERROR: ..." line and exits with 4.
         raise pytest.UsageError(str(exc)) from None
-    session = config.stash[SESSION_KEY] = Session(options)
+    config.stash[SESSION_KEY] = Session(options)
+    config.stash[PROGRESS_KEY] = QUIET
     if _interactive(config):
         from losscheck.progress import TerminalProgress
 
-        session.progress = TerminalProgress(config)
+        config.stash[PROGRESS_KEY] = TerminalProgress(config)
     config.pluginmanager.register(RecordCollector(config), "losscheck-records")
 
 
@@ -153,6 +165,14 @@ def losscheck_session(request: pytest.FixtureRequest) -> Session:
     return request.config.stash[SESSION_KEY]
 
 
+@pytest.fixture
+def losscheck_context(request: pytest.FixtureRequest, losscheck_session: Session) -> Callable[[Cell], CellContext]:
+    """`cell -> CellContext`: what a certification test's cell reads of the run (its progress shown
+    on the terminal's live line)."""
+    progress = request.config.stash.get(PROGRESS_KEY, QUIET)
+    return lambda cell: CellContext.of(losscheck_session, cell, progress)
+
+
 _RECORD_KEY = pytest.StashKey[dict]()
 
 
@@ -170,12 +190,12 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
     record = item.stash.get(_RECORD_KEY, None)
     if report.when != "call" or "lossless" not in item.keywords:
         return report
-    session = item.config.stash[SESSION_KEY]
-    session.progress.clear()  # before the terminal writes the test's outcome mark
-    if not session.manifest_sent:  # once per process, on its first certification test
+    session, stash = item.config.stash[SESSION_KEY], item.config.stash
+    stash[PROGRESS_KEY].clear()  # before the terminal writes the test's outcome mark
+    if not stash.get(MANIFEST_SENT_KEY, False):  # once per process, on its first certification test
         from losscheck.report.manifest import build
 
-        session.manifest_sent = True
+        stash[MANIFEST_SENT_KEY] = True
         report.user_properties.append((MANIFEST_PROPERTY, json.dumps(build(session), default=str)))
     if record:
         # JSON text survives xdist's report serialisation unchanged.

@@ -12,7 +12,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError, flag
-from losscheck.progress import QUIET, Progress
 from losscheck.run.models import Models
 from losscheck.run.options import Options
 
@@ -34,8 +33,6 @@ class Session:
         self.options = options
         self.skeleton = skeleton
         self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
-        self.manifest_sent = False  # this process's manifest went out on a report (plugin)
-        self.progress: Progress = QUIET  # stages of a long cell; the plugin shows them on a terminal
         self._memo: dict[Any, Any] = {}
         self.models = Models(options, skeleton)
 

@@ -19,6 +19,7 @@ from losscheck.cells.sampled import run_cell
 from losscheck.errors import LosscheckError
 from losscheck.plan.matrix import Cell
 from losscheck.report.markdown import markdown_table
+from losscheck.run.context import CellContext
 from losscheck.run.session import Session
 from losscheck.selftest.power import predict
 from losscheck.selftest.registry import Mutant
@@ -51,7 +52,7 @@ def _catch(session: Session, cell: Cell, mutant: Mutant | None) -> CellCatch:
     started = time.perf_counter()
     mode = cell.mode
     try:
-        outcome = run_cell(session, cell)
+        outcome = run_cell(CellContext.of(session, cell))
     except LosscheckError as exc:
         # The gate errors on this cell (e.g. the bug shortened sequences below the sample the test
         # needs): the cell does not pass, but no test caught the bug either.

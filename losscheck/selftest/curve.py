@@ -29,6 +29,7 @@ def _rho(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     from losscheck.cells.sampled import run_pit
     from losscheck.errors import UnderpoweredError
+    from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         run = session.derive(seed=first + i, **({"mutant": args.mutant} if args.mutant else {}))
         began = time.perf_counter()
         try:
-            outcome = run_pit(run, cell)
+            outcome = run_pit(CellContext.of(run, cell))
         except UnderpoweredError as error:
             print(f"seed {first + i}: ERROR underpowered: {error}")
             continue

@@ -18,7 +18,7 @@ def main(sequences: int = 1024) -> None:
     from losscheck.cells.scoring import measure_power
     from losscheck.core.sampling import SamplingParams
     from losscheck.plan.cell import Cell
-    from losscheck.run import factory
+    from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session
     from losscheck.stats import registry
@@ -26,9 +26,9 @@ def main(sequences: int = 1024) -> None:
     session = Session(Options(engine="losscheck.engines.hf:hf_assisted"))
     alpha_test = registry.split(session.per_test_alpha, "pit", "conditional").per_test
     cell = Cell("A", 4, SamplingParams(temperature=1.0))
-    prompts = [p for tier in session.prompt_tiers for p in session.prompts(tier)]
-    rows, gen = generate_rows(session, cell, factory.server(session, cell), prompts, sequences, 16, "hf-rows")
-    needed = measure_power(session, session.cell_target(cell), rows, gen, 0.0).tokens_needed(alpha_test, 0.99)
+    ctx = CellContext.of(session, cell)
+    rows, gen = generate_rows(ctx, ctx.served()[0], ctx.all_prompts(), sequences, 16, "hf-rows")
+    needed = measure_power(ctx, ctx.target, rows, gen, 0.0).tokens_needed(alpha_test, 0.99)
     per_row = int(gen.mask().sum()) / len(rows)
     print(f"per-cell alpha {session.per_test_alpha:.3g}, per test {alpha_test:.3g}; tokens per row {per_row:.2f}")
     for test, tokens in needed["residual_is_p"].items():

@@ -16,6 +16,7 @@ import torch
 from losscheck.cells.sampled import exact_cell_size, exact_continuations, exact_prompt
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.plan.matrix import Cell
+from losscheck.run.context import CellContext
 from losscheck.run.session import Session
 from losscheck.selftest.laws import FirstSlot
 from losscheck.selftest.registry import Mutant
@@ -36,7 +37,7 @@ class Prediction:
 def first_slot(session: Session, cell: Cell) -> FirstSlot:
     target = session.targets[cell.target]
     drafter = session.drafters(cell.target)[cell.drafter]
-    prompt = torch.tensor([exact_prompt(session)])
+    prompt = torch.tensor([exact_prompt(CellContext.of(session, cell))])
     vocab = target.vocab_size
     after = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, P+1]
     return FirstSlot(
@@ -52,8 +53,9 @@ def position0_level(session: Session, cell: Cell) -> tuple[int, float]:
     Bonferroni share of the cell budget among the cell's tests (support, joint χ², joint G, and
     one per position with at least two bins)."""
     target = session.targets[cell.target]
-    seqs, probs = exact_continuations(session, cell.target, cell.params)
-    n = exact_cell_size(session, len(seqs))
+    ctx = CellContext.of(session, cell)
+    seqs, probs = exact_continuations(ctx, cell.target, cell.params)
+    n = exact_cell_size(ctx, len(seqs))
     testable = 0
     for pos in range(seqs.shape[1]):
         marginal = torch.zeros(target.vocab_size, dtype=torch.float64).index_add_(0, seqs[:, pos], probs)

@@ -219,10 +219,11 @@ def test_top_k_acceptance_keeps_a_second_best_draft_within_the_tolerance():
 def test_verifier_accept_k_2_fails_the_greedy_gate_naming_the_setting():
     from losscheck.cells.greedy import run_greedy
     from losscheck.plan.matrix import Cell
+    from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
     session = Session(Options(drafter=f"speculators:{ACCEPT_K2}"))
-    outcome = run_greedy(session, Cell("user", 4, GREEDY))
+    outcome = run_greedy(CellContext.of(session, Cell("user", 4, GREEDY)))
     assert not outcome.passed
     assert "verifier_accept_k=2" in outcome.message() and outcome.divergences

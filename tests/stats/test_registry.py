@@ -91,9 +91,10 @@ def test_a_real_cell_runs_a_registered_test(with_order_mean, session):
     lists the new test, judged at the cell's α / 15 (14 built-in tests and the new one), and the
     levels of all its tests add up to the cell's share of the run's α."""
     from losscheck.cells.sampled import run_pit
+    from losscheck.run.context import CellContext
 
     cell = next(c for cells in session.plan.values() for c in cells if c.id == "A-k4-T1")
-    outcome = run_pit(session, cell)
+    outcome = run_pit(CellContext.of(session, cell))
     assert outcome.passed, outcome.message()
     tests = {t["name"]: t for t in outcome.to_record()["verdict"]["results"]}
     assert "pit.order_mean" in tests

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from losscheck.errors import CellUnavailable
 
+if TYPE_CHECKING:
+    from losscheck.cells.outcome import CellOutcome
+    from losscheck.run.context import CellContext
 
-def certify(run: Callable[[Any, Any], Any], session: Any, cell: Any, record: dict[str, Any]) -> None:
-    """Run `cell`, put its record on the report and assert it passed; a cell this platform cannot
-    run is skipped with the reason (the certificate lists it as not run)."""
-    lm = None if cell.target not in ("main", "small") else session.cell_target(cell).lm
+
+def certify(run: Callable[[CellContext], CellOutcome], ctx: CellContext, record: dict[str, Any]) -> None:
+    """Run a cell in its context (the `losscheck_context` fixture's), put its record on the
+    report and assert it passed; a cell this platform cannot run is skipped with the reason (the
+    certificate lists it as not run)."""
+    cell = ctx.cell
+    lm = None if cell.target not in ("main", "small") else ctx.target.lm
     passes, tokens = (lm.passes, lm.tokens) if lm is not None else (0, 0)
     started = time.perf_counter()
     try:
-        outcome = run(session, cell)
+        outcome = run(ctx)
     except CellUnavailable as exc:
         from losscheck.plan.scope import hint
 

@@ -16,17 +16,17 @@ from losscheck.plugin.certify import certify
 pytestmark = pytest.mark.lossless
 
 
-def test_engine_greedy_equals_baseline(engine_greedy_cell, losscheck_session, losscheck_record):
+def test_engine_greedy_equals_baseline(engine_greedy_cell, losscheck_context, losscheck_record):
     """Speculation on == off, token for token, near-ties triaged by the float64 margin."""
     from losscheck.cells.blackbox import run_engine_greedy
 
-    certify(run_engine_greedy, losscheck_session, engine_greedy_cell, losscheck_record)
+    certify(run_engine_greedy, losscheck_context(engine_greedy_cell), losscheck_record)
 
 
 @pytest.mark.statistical
-def test_engine_sampling(engine_cell, losscheck_session, losscheck_record):
+def test_engine_sampling(engine_cell, losscheck_context, losscheck_record):
     """The engine's speculative samples follow the target's distribution (one-sample PIT) or its
     samples with drafting off (two-sample)."""
     from losscheck.cells.blackbox import run_engine_cell
 
-    certify(run_engine_cell, losscheck_session, engine_cell, losscheck_record)
+    certify(run_engine_cell, losscheck_context(engine_cell), losscheck_record)

@@ -9,7 +9,7 @@ from losscheck.plugin.certify import certify
 pytestmark = pytest.mark.lossless
 
 
-def test_greedy_equals_baseline(greedy_cell, losscheck_session, losscheck_record):
+def test_greedy_equals_baseline(greedy_cell, losscheck_context, losscheck_record):
     from losscheck.cells.greedy import run_greedy
 
-    certify(run_greedy, losscheck_session, greedy_cell, losscheck_record)
+    certify(run_greedy, losscheck_context(greedy_cell), losscheck_record)

@@ -1,0 +1,111 @@
+"""What one cell reads of its run, built once per cell (`CellContext.of`).
+
+A cell takes a `CellContext`, never the run's `Session`: its share of the family-wise alpha, the
+options it reads (seed, profile, memory budget, strictness), its target in its precision, the
+prompts, the black-box engine, what cells share (`memo`), where it reports progress, and how to
+build its server and its plain-decoding baseline. The models stay the session's (loaded once per
+process, lazily: a two-sample engine cell never loads a target), reached only through these
+typed members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from losscheck.progress import QUIET, Progress
+
+if TYPE_CHECKING:
+    from losscheck.core.engine import Engine
+    from losscheck.core.target import HFTarget
+    from losscheck.engines import BlackBoxEngine
+    from losscheck.plan.cell import Cell
+    from losscheck.plan.profiles import Profile
+    from losscheck.run.session import Session
+    from losscheck.serving.axis import ServeContext, Server
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class CellContext:
+    cell: Cell
+    alpha: float  # the cell's share of the family-wise alpha (Bonferroni over the matrix's statistical cells)
+    seed: int  # the run's seed: every stream of the cell is derived from it and the cell's id
+    profile: Profile
+    memory_budget_bytes: int
+    strict: bool  # greedy near-ties fail too
+    progress: Progress  # where the cell reports its stages (the plugin's terminal line, else nothing)
+    _session: Session
+
+    @classmethod
+    def of(cls, session: Session, cell: Cell, progress: Progress = QUIET) -> CellContext:
+        opts = session.options
+        return cls(
+            cell,
+            session.per_test_alpha,
+            opts.seed,
+            opts.profile,
+            opts.memory_budget_mib << 20,
+            opts.strict,
+            progress,
+            session,
+        )
+
+    @cached_property
+    def target(self) -> HFTarget:
+        """The cell's target in the cell's precision."""
+        return self._session.cell_target(self.cell)
+
+    def target_named(self, name: str) -> HFTarget:
+        """Target `name` ("main", or "small": the exact-mode fixture) in the run's base precision."""
+        return self._session.target(name)
+
+    def engine_target(self) -> HFTarget:
+        """losscheck's copy of a black-box engine's target (the main one) in the cell's precision."""
+        return self._session.target("main", self.cell.precision.target)
+
+    @property
+    def prompt_tiers(self) -> tuple[str, ...]:
+        """The main target's non-empty prompt tiers."""
+        return self._session.prompt_tiers
+
+    def prompts(self, tier: str) -> list[list[int]]:
+        """Prompt set `tier` of the main target, or "small": the exact-mode target's."""
+        return self._session.prompts(tier)
+
+    def all_prompts(self) -> list[list[int]]:
+        """Every prompt of every tier of the main target, tier by tier."""
+        return [p for tier in self.prompt_tiers for p in self.prompts(tier)]
+
+    @property
+    def engine(self) -> BlackBoxEngine | None:
+        """The run's black-box engine (`--losscheck-engine`), or None."""
+        return self._session.blackbox
+
+    def memo(self, key: Any, make: Callable[[], T]) -> T:
+        """`make()`, computed once per key for the whole run (what cells share)."""
+        result: T = self._session.memo(key, make)
+        return result
+
+    def served(self) -> tuple[Server, ServeContext]:
+        """The cell's server and the context it was built with (`losscheck.run.factory.served`)."""
+        from losscheck.run import factory
+
+        return factory.served(self._session, self.cell)
+
+    def baseline_engine(self) -> Engine:
+        """Plain decoding of the cell's target in its precision: the same loop, no drafter."""
+        from losscheck.run import factory
+
+        return factory.baseline_engine(self._session, self.cell)
+
+    @cached_property
+    def acceptance_rule(self) -> str | None:
+        """The rule the cell's drafter verifies with when it has one of its own
+        (`Drafter.acceptance_rule`, e.g. a speculators checkpoint's verifier_accept_k), else None."""
+        drafter = self._session.drafters(self.cell.target, self.cell.precision).get(self.cell.drafter)
+        rule = getattr(drafter, "acceptance_rule", None)
+        return str(rule) if rule else None
