@@ -152,11 +152,14 @@ def test_an_unavailable_cell_is_skipped_with_the_scope_that_declares_it_out():
         target = "own"
         id = "A-k4-greedy-tp2"
 
-    def unavailable(session, cell):
+    class Context:
+        cell = NoTarget()
+
+    def unavailable(ctx):
         raise SplitUnavailable("split=2 runs one rank per CUDA device and 1 are visible")
 
     with pytest.raises(pytest.skip.Exception, match=r"--losscheck-scope=-split \(certify: --scope=-split\)"):
-        certify(unavailable, None, NoTarget(), {})
+        certify(unavailable, Context(), {})
 
 
 @pytest.mark.parametrize(
