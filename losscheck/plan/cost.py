@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from losscheck.plan.cell import Cell
-from losscheck.plan.modes import MODES
+from losscheck.plan.modes import MODES, Mode
 
 
 def _weights(config: Mapping[str, Any]) -> int:
@@ -28,15 +28,29 @@ def _weights(config: Mapping[str, Any]) -> int:
     return layers * (4 * hidden * hidden + 3 * hidden * inner) + int(config.get("vocab_size") or 64) * hidden
 
 
-def target_scale(config: Mapping[str, Any]) -> float:
-    """How much slower than the bundled target a target of this config.json runs, by its weights
-    (at least 1: the bundled target's cost is mostly Python overhead, not arithmetic)."""
+# A sampled cell draws, processes and scores every token over the whole vocabulary (softmax, the
+# top-k / top-p sort, the sampler, the teacher-forced PIT and its cut-off), work that grows with the
+# vocabulary however small the layers are: black-box one-sample cells of Hugging Face assisted
+# generation took ~300 s on the bundled 64-token target and 2,300-4,000 s on the 8,192-token text
+# target of about the same weights (2026-12-02, 2-core CPU), about 1 + V / 1,000 times as long.
+# One target fitted: a rough figure, as every estimate here.
+VOCAB_COST_TOKENS = 1000
+
+
+def target_scale(config: Mapping[str, Any], mode: Mode) -> float:
+    """How much slower than on the bundled target a cell of `mode` runs on a target of this
+    config.json: by its weights (at least 1: the bundled target's cost is mostly Python overhead,
+    not arithmetic) and, for a sampled cell, by its vocabulary."""
     import json
 
     from losscheck import bundled
 
     reference = json.loads((bundled.target_path() / "config.json").read_text())
-    return max(1.0, _weights(config) / _weights(reference))
+    scale = max(1.0, _weights(config) / _weights(reference))
+    if MODES[mode].statistical:
+        vocab, reference_vocab = (int(c.get("vocab_size") or 64) for c in (config, reference))
+        scale *= max(1.0, (1 + vocab / VOCAB_COST_TOKENS) / (1 + reference_vocab / VOCAB_COST_TOKENS))
+    return scale
 
 
 def estimated_seconds(cell: Cell) -> float:

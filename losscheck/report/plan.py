@@ -15,17 +15,22 @@ if TYPE_CHECKING:
     from losscheck.run.session import Session
 
 
-def planned(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, str]], float]:
-    """(matrix entries in scope, cells out of scope, the target's cost scale), planned the way the
-    run plans them: the drafters are built (their declared block lengths and widths make the
-    matrix) against the target's weightless skeleton, and no cell runs."""
+def planned(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(matrix entries in scope, each with its `estimated_s` scaled to the run's target; cells out
+    of scope), planned the way the run plans them: the drafters are built (their declared block
+    lengths and widths make the matrix) against the target's weightless skeleton, and no cell runs."""
     from losscheck import bundled
     from losscheck.plan import matrix
     from losscheck.plan.cost import target_scale
+    from losscheck.plan.modes import Mode
 
     target = session.options.target or bundled.target_path()
     config = json.loads((Path(target).expanduser() / "config.json").read_text())
-    return matrix.entries(session.plan), session.out_of_scope, target_scale(config)
+    entries = [
+        {**e, "estimated_s": round(e["estimated_s"] * target_scale(config, Mode(e["mode"])), 1)}
+        for e in matrix.entries(session.plan)
+    ]
+    return entries, session.out_of_scope
 
 
 def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list[str]:
@@ -33,18 +38,18 @@ def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list
     counts by kind; then the estimate."""
     from losscheck.run.session import Session
 
-    entries, out, scale = planned(options if isinstance(options, Session) else Session(options, skeleton=True))
+    entries, out = planned(options if isinstance(options, Session) else Session(options, skeleton=True))
     lines = []
     if full:
         width = max([len(e["cell"]) for e in entries] + [4])
         lines.append(f"{'cell':<{width}}  {'kind':<13}  {'tier':<5}  est. s")
         for e in entries:
             tier = "slow" if e["slow"] else "quick"
-            lines.append(f"{e['cell']:<{width}}  {e['mode']:<13}  {tier:<5}  {e['estimated_s'] * scale:.0f}")
+            lines.append(f"{e['cell']:<{width}}  {e['mode']:<13}  {tier:<5}  {e['estimated_s']:.0f}")
         lines += [f"{e['cell']:<{width}}  out of scope: {e['reason']}" for e in out]
     kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(e["mode"] for e in entries).items())
     lines.append(f"plan: {len(entries)} cells ({kinds or 'none'}); {len(out)} out of the declared scope")
-    lines.append(estimate_line(sum(e["estimated_s"] for e in entries) * scale, workers))
+    lines.append(estimate_line(sum(e["estimated_s"] for e in entries), workers))
     return lines
 
 
