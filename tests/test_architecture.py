@@ -112,7 +112,7 @@ def test_no_import_cycles_among_packages():
         pytest.fail("import cycle among losscheck packages: " + " -> ".join(exc.args[1]))
 
 
-def test_production_never_imports_the_self_test_catalogue():
+def test_production_never_imports_the_self_registered_tests():
     graph = import_graph()
     production = [m for m in graph if m != ROOT_MODULE and layer_of(m) < layer_of("losscheck.selftest")]
     bad = [f"{m} imports {t}" for m in production for t in graph[m] if t.startswith("losscheck.selftest")]

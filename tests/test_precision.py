@@ -231,3 +231,16 @@ def test_on_the_text_target_top_p_leaves_out_a_few_drawn_tokens_not_the_ambiguou
     assert float(uncertain.any(-1).float().mean()) > 0.5  # the ambiguity is real on this vocabulary
     assert float(left_out.float().mean()) < 0.01
     assert not (probs.gather(-1, drawn).squeeze(-1)[~left_out] == 0).any()  # HF's draws: no support failure
+
+
+def test_with_top_k_and_top_p_only_a_top_k_ambiguity_makes_every_token_uncertain():
+    """Top-k then top-p over logits 3, 2, 2 - ε, 1, 0, -5: with top-k 4 (a clear edge) only the tied
+    pair straddling the top-p 0.6 cut is uncertain; with top-k 2 the top-k edge falls in the tie,
+    which tokens reach the top-p stage is the implementation's, and so is every token's mass."""
+    from losscheck.cells.scoring import cutoff_uncertain
+
+    logits = torch.tensor([[[3.0, 2.0, 2.0 - 1e-4, 1.0, 0.0, -5.0]]])
+    clear_edge = cutoff_uncertain(logits, SamplingParams(top_k=4, top_p=0.6), tolerance=1e-3)
+    assert clear_edge[0, 0].tolist() == [False, True, True, False, False, False]
+    tied_edge = cutoff_uncertain(logits, SamplingParams(top_k=2, top_p=0.6), tolerance=1e-3)
+    assert tied_edge[0, 0].all()

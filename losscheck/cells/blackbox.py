@@ -122,7 +122,9 @@ def run_engine_greedy(ctx: CellContext) -> CellOutcome:
 def run_one_sample(ctx: CellContext) -> CellOutcome:
     """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
     precision: randomized PIT uniform (`losscheck.stats.pit`) and the exact-conditional tests,
-    top-k / top-p cut-offs within that precision's logit tolerance left out as ambiguous.
+    at a top-k / top-p cut-off another implementation may draw elsewhere within that precision's
+    logit tolerance, the law conditioned on the tokens every implementation keeps
+    (`losscheck.cells.scoring.cutoff_law`).
 
     The sample is sized for the pooled tests' detectable TV and for the bug classes a black box can
     be judged on — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`: the engine

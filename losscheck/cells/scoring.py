@@ -117,6 +117,8 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
         kept = torch.zeros_like(uncertain).scatter_(-1, order[..., : params.top_k], True)  # [n, L, V]
         uncertain |= kept & (logits <= first_out[..., None] + tolerance)
         uncertain |= ~kept & (logits >= last_kept[..., None] - tolerance)
+        if params.top_p < 1:  # the set reaching the top-p stage is uncertain: so is every mass
+            uncertain |= uncertain.any(-1, keepdim=True)
     if params.top_p < 1:
         before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
         ranked = before.gather(-1, order)  # [n, L, V], in descending logit order
@@ -129,8 +131,6 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
         least = cum.gather(-1, surely_above)  # [n, L, V] the smallest
         unsure_sorted = (ranked > 0) & (most > params.top_p - band) & (least < params.top_p + band)
         uncertain |= torch.zeros_like(uncertain).scatter_(-1, order, unsure_sorted)
-        if 0 < params.top_k < vocab:
-            uncertain |= uncertain.any(-1, keepdim=True)
     return uncertain
 
 

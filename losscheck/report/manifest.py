@@ -37,7 +37,7 @@ def build(session: Session) -> dict[str, Any]:
             "family": session.options.alpha,
             "statistical_tests": session.n_statistical,
             "per_test": session.per_test_alpha,
-            "tests": test_catalogue(),
+            "tests": registered_tests(),
         },
         "targets": {name: portable(dict(t.identity)) for name, t in session.targets.items()},
         "drafters": {}
@@ -52,7 +52,7 @@ def build(session: Session) -> dict[str, Any]:
     }
 
 
-def test_catalogue() -> list[dict[str, Any]]:
+def registered_tests() -> list[dict[str, Any]]:
     """Every statistical test a sampled cell may run, as the registry declares it
     (`losscheck.stats.registry`): the tests each cell's share of alpha is split over."""
     import importlib

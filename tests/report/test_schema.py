@@ -85,10 +85,10 @@ def test_the_schema_rejects_a_broken_certificate(change, where):
 def test_the_certificate_lists_the_registered_tests(tmp_path):
     """The tests a sampled cell's alpha is split over, as certificate.json and summary.md name them,
     come from the registry: per family, the alpha-spending ones are the registry's budget count."""
-    from losscheck.report.manifest import test_catalogue
+    from losscheck.report.manifest import registered_tests
     from losscheck.stats import registry
 
-    tests = test_catalogue()
+    tests = registered_tests()
     for family in ("pit", "conditional", "conformance"):
         assert sum(t["spends_alpha"] for t in tests if t["family"] == family) == registry.budget_count(family)
     assert {t["name"] for t in tests} == {t.name for t in registry.all_tests()}
