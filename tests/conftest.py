@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -30,3 +33,24 @@ def session():
 def target(session):
     """The bundled main target in fp32."""
     return session.target()
+
+
+WRITTEN_RUN = re.compile(r"\d{8}T\d{6}-seed-?\d+")  # the run directories `certificate.write_run` makes
+
+
+@pytest.fixture(scope="session", autouse=True)
+def written_certificates_follow_the_schema(tmp_path_factory):
+    """Every certificate losscheck writes during the tests (in process or in a pytester
+    subprocess, anywhere under this process's temporary directory) is checked against the
+    published schema when the session ends; hand-made certificates (in directories of other
+    names) are the tests' own and may be broken on purpose."""
+    yield
+    from tests.support import certificate_errors
+
+    found = [
+        p for p in tmp_path_factory.getbasetemp().rglob("certificate.json") if WRITTEN_RUN.fullmatch(p.parent.name)
+    ]
+    broken = {str(p): errors for p in found if (errors := certificate_errors(json.loads(p.read_text())))}
+    assert not broken, "certificates written by the tests break certificate.schema.json:\n" + "\n".join(
+        f"{path}: {errors[:3]}" for path, errors in broken.items()
+    )

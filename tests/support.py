@@ -141,3 +141,55 @@ def assert_valid_certificate(cert: dict) -> dict:
     errors = certificate_errors(cert)
     assert not errors, "the certificate breaks certificate.schema.json:\n" + "\n".join(errors)
     return cert
+
+
+def acceptance_json(tau: float = 3.0, rounds: int = 10, k: int = 4) -> dict:
+    """A prompt group's loop counters in the certificate's JSON form: `rounds` rounds emitting
+    `tau` tokens each on average (the accepted drafts spread over the first slots)."""
+    accepted = [min(rounds, max(0, round((tau - 1) * rounds - j * rounds))) for j in range(k)]
+    return {
+        "k": k,
+        "acceptance_length": tau,
+        "slot_acceptance": [a / rounds for a in accepted],
+        "proposed": [rounds] * k,
+        "accepted": accepted,
+        "wasted_fraction": 0.0,
+        "row_rounds": rounds,
+        "draft_seconds": 0.1,
+        "target_seconds": 0.2,
+        "total_seconds": 0.3,
+        "draft_time_fraction": 1 / 3,
+    }
+
+
+def cell_record(cell: str, outcome: str = "passed", **fields: object):
+    """A hand-made `CellRecord`, `fields` given in the certificate's JSON form (so a test reads
+    as the certificate does); read through `CellRecord.from_json`, which checks every value."""
+    from losscheck.cells.record import CellRecord
+
+    return CellRecord.from_json(
+        {"cell": cell, "nodeid": f"test_cells.py::test_cell[{cell}]", "outcome": outcome, **fields}
+    )
+
+
+def verdict_json(cell: str, *results: dict, alpha: float = 0.01) -> dict:
+    """A sampled cell's verdict in the certificate's JSON form."""
+    return {"cell": cell, "alpha": alpha, "passed": all(r["passed"] for r in results), "results": list(results)}
+
+
+def result_json(name: str, n: int, p_value: float = 0.5, alpha: float = 0.001, **fields: object) -> dict:
+    """One statistical test's result in the certificate's JSON form."""
+    result = {
+        "name": name,
+        "expected": "uniform",
+        "observed": "uniform",
+        "statistic": 1.0,
+        "p_value": p_value,
+        "alpha": alpha,
+        "n": n,
+        "power": 0.99,
+        "passed": p_value > alpha,
+        "detectable": {"tv": 0.05},
+        "scope": "pooled",
+    }
+    return {**result, **fields}

@@ -17,6 +17,7 @@ import pytest
 
 from losscheck import bundled
 from losscheck.cli import main
+from tests.support import cell_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"
@@ -58,7 +59,7 @@ def certificate_run(path: Path, drafters: dict, schema: str = "losscheck.certifi
         "drafters": {"main": drafters},
         "environment": {"losscheck": "0", "worker": "main", "threads": 1},
     }
-    record = {"cell": "A-k4-greedy", "nodeid": "t::A-k4-greedy", "outcome": "passed", "kind": "greedy", "passed": True}
+    record = cell_record("A-k4-greedy", kind="greedy", passed=True)
     cert = certificate.build(certificate.run_meta(Options(), []), [manifest], [record], 0, False)
     path.mkdir(parents=True)
     (path / "certificate.json").write_text(json.dumps({**cert, "schema": schema}, default=str))

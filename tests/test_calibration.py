@@ -169,8 +169,9 @@ def test_whole_pit_cells_of_the_real_loop_reject_at_the_nominal_rate():
         results = outcome.verdict.results
         tested = next(r.n for r in results if r.name == "pit.support")
         tokens += tested
-        fixed += outcome.details["fixed_design_tokens"]
-        stop = outcome.details["looks"]["stopped_at"]
+        assert outcome.facts.fixed_design_tokens is not None and outcome.facts.looks is not None
+        fixed += outcome.facts.fixed_design_tokens
+        stop = outcome.facts.looks.stopped_at
         stops[stop] = stops.get(stop, 0) + 1
         print(f"run {seed}: stopped at look {stop}, {tested} tokens tested", flush=True)  # with -s: progress
         for level in CELL_LEVELS:

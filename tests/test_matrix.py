@@ -3,10 +3,12 @@ CI depends on, checked on drafters that only declare their knobs (no models)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
+from losscheck.cells.record import CellRecord, RunFacts
 from losscheck.core.precision import Precision
 from losscheck.plan import matrix, tiers
 from losscheck.plan.cell import ORACLE, Cell
@@ -181,11 +183,13 @@ def test_a_new_axis_is_one_registration(monkeypatch, session):
     new = [c for arg in matrix.CELL_ARGS for c in plan[arg] if c.axis("order") == "reversed"]
     assert [(c.id, c.slow) for c in new] == [("user-k4-greedy-rev", False), ("user-k4-T1-rev", True)]
     cell = Cell("A", 4, matrix.GREEDY, serving=serving(order="reversed"))
-    outcome = run_greedy(CellContext.of(session, cell))
+    # a session of its own: the shared one must not cache a plan made while the toy axis is registered
+    outcome = run_greedy(CellContext.of(session.derive(), cell))
     assert outcome.passed, outcome.message()
-    record = outcome.to_record()
-    assert record["cell"] == "A-k4-greedy-rev" and record["serving"]["order"] == "reversed"
-    assert record["serving_facts"]["order"]["summary"] == "rows served in reverse order"
+    record = outcome.to_record(RunFacts("test_greedy.py::test_greedy_equals_baseline[A-k4-greedy-rev]", "passed"))
+    assert record.cell == "A-k4-greedy-rev" and record.serving["order"] == "reversed"
+    assert record.serving_facts["order"]["summary"] == "rows served in reverse order"
+    assert CellRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
 
 def test_costly_cells_are_estimated_costlier():

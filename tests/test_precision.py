@@ -3,10 +3,13 @@ and top-k / top-p cut-off ambiguity in the teacher-forced pass."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.record import SampleFacts
 from losscheck.cells.scoring import teacher_forced_probs
 from losscheck.core.divergence import Divergence
 from losscheck.core.precision import Precision, parse_precisions
@@ -54,10 +57,10 @@ def divergence(margin: float, near_tie: bool) -> Divergence:
 @pytest.mark.parametrize("strict", [False, True])
 def test_near_ties_fail_only_under_strict(strict):
     cell = Cell("A", 4, GREEDY, precision=Precision("bf16", "bf16"))
-    details = {"prompts": 1, "max_new_tokens": 8}
-    tie = CellOutcome(cell, divergences=[divergence(0.01, True)], details=details, strict=strict)
+    facts = SampleFacts(prompts=1, max_new_tokens=8)
+    tie = CellOutcome(cell, divergences=[divergence(0.01, True)], facts=facts, strict=strict)
     assert tie.passed is not strict and tie.near_ties == 1
-    real = CellOutcome(cell, divergences=[divergence(2.0, False)], details=details, strict=strict)
+    real = CellOutcome(cell, divergences=[divergence(2.0, False)], facts=facts, strict=strict)
     assert not real.passed
 
 
@@ -146,10 +149,11 @@ def test_every_token_hugging_faces_top_p_keeps_and_losscheck_cuts_is_in_the_band
 
 def test_the_summary_counts_near_ties():
     from losscheck.report.summary import summary_rows
+    from tests.support import cell_record
 
-    record = {"cell": "A-k4-greedy-bf16", "kind": "greedy", "passed": True, "near_ties": 3, "max_new_tokens": 64}
+    record = cell_record("A-k4-greedy-bf16", kind="greedy", passed=True, near_ties=3, max_new_tokens=64)
     assert summary_rows([record])[0][2] == "PASS (3 near-ties)"
-    assert summary_rows([{**record, "near_ties": 0}])[0][2] == "PASS"
+    assert summary_rows([dataclasses.replace(record, near_ties=0)])[0][2] == "PASS"
 
 
 def test_at_an_ambiguous_position_the_law_is_conditioned_on_the_surely_kept_tokens():

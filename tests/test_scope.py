@@ -24,7 +24,7 @@ from losscheck.plan.scope import Scope, parse_scope
 from losscheck.progress import CellProgress
 from losscheck.report import certificate
 from losscheck.serving.axis import serving
-from tests.support import assert_valid_certificate
+from tests.support import assert_valid_certificate, cell_record
 
 pytest_plugins = ["pytester"]
 
@@ -125,7 +125,7 @@ def manifest(cells: list[str], out: list[dict]) -> dict:
 
 def test_a_scoped_pass_names_its_scope_first():
     out = [{"cell": "A-k4-greedy-tp2", "reason": "-split declared out"}]
-    records = [{"cell": "A-k4-greedy", "passed": True, "outcome": "passed", "kind": "greedy"}]
+    records = [cell_record("A-k4-greedy", kind="greedy", passed=True)]
     cert = certificate.build(meta("-split"), [manifest(["A-k4-greedy"], out)], records, 0, False)
     assert cert["verdict"] == "PASS" and cert["scope"]["out"] == out
     assert certificate.headline(cert).startswith("losscheck verdict: PASS of --scope=-split — ")
@@ -136,8 +136,8 @@ def test_a_scoped_pass_names_its_scope_first():
 def test_a_cell_the_hardware_cannot_run_makes_the_run_partial_with_its_reason():
     reason = "cell A-k4-greedy-tp2 cannot run here: 1 CUDA device; declare it out ... --losscheck-scope=-split"
     records = [
-        {"cell": "A-k4-greedy", "passed": True, "outcome": "passed", "kind": "greedy"},
-        {"cell": "A-k4-greedy-tp2", "outcome": "skipped", "skip_reason": reason},
+        cell_record("A-k4-greedy", kind="greedy", passed=True),
+        cell_record("A-k4-greedy-tp2", "skipped", skip_reason=reason),
     ]
     cert = certificate.build(meta(None), [manifest(["A-k4-greedy", "A-k4-greedy-tp2"], [])], records, 0, False)
     assert cert["verdict"] == "PARTIAL" and "--losscheck-scope=-split" in cert["reason"]

@@ -187,13 +187,15 @@ def test_the_real_cell_stops_early_under_h0_and_not_under_its_bug(session):
     from losscheck.run.context import CellContext
 
     cell = _base_cell(session)
-    honest = run_pit(CellContext.of(session, cell)).details
-    looks = honest["looks"]
-    assert looks["early"] and looks["tested_tokens"] < honest["fixed_design_tokens"] / 2
-    assert all(c["ruled_out"] for c in honest["bug_classes"].values() if c["reach"] != "none")
-    assert all(c["power"] >= 0.99 for c in honest["bug_classes"].values() if c["covered"])
+    honest = run_pit(CellContext.of(session, cell)).facts
+    looks, classes, fixed = honest.looks, honest.bug_classes, honest.fixed_design_tokens
+    assert looks is not None and classes is not None and fixed is not None
+    assert looks.early and looks.tested_tokens < fixed / 2
+    assert all(c.ruled_out for c in classes.values() if c.reach != "none")
+    assert all(c.power >= 0.99 for c in classes.values() if c.covered)
 
     planted = run_pit(CellContext.of(session.derive(mutant="residual_is_p"), cell))
     assert not planted.passed
-    assert not planted.details["looks"]["early"]
-    assert not planted.details["bug_classes"]["residual_is_p"]["ruled_out"]
+    looks, classes = planted.facts.looks, planted.facts.bug_classes
+    assert looks is not None and classes is not None
+    assert not looks.early and not classes["residual_is_p"].ruled_out

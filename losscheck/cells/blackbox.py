@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.record import SampleFacts, bug_class_records
 from losscheck.cells.scoring import score_pit
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
@@ -88,9 +89,10 @@ def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams
     return Generation(tokens, lengths(tokens, eos), LoopStats.empty(k), params)
 
 
-def _details(ctx: CellContext, **facts: object) -> dict[str, object]:
+def _facts(ctx: CellContext, facts: SampleFacts) -> SampleFacts:
+    """`facts` with the engine's name, block length and the cell's test mode."""
     engine = _engine(ctx)
-    return {"engine": engine.name, "engine_k": engine.k, "mode": ctx.cell.mode, **facts}
+    return dataclasses.replace(facts, engine=engine.name, engine_k=engine.k, mode=ctx.cell.mode)
 
 
 # --- greedy ----------------------------------------------------------------------------------------
@@ -103,18 +105,15 @@ def run_engine_greedy(ctx: CellContext) -> CellOutcome:
     scorable = cell.target != ENGINE
     model = ctx.engine_target().model if scorable else None
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
-    outcome = CellOutcome(
-        cell,
-        details=_details(ctx, prompts=0, max_new_tokens=max_new, near_tie_margin=tolerance),
-        strict=ctx.strict,
-    )
+    outcome = CellOutcome(cell, strict=ctx.strict)
     eos = _eos(ctx)
     for tier in ctx.prompt_tiers:
         prompts = ctx.prompts(tier)
         on = as_generation(draw(ctx, prompts, 1, GREEDY, max_new, True)[:, 0], eos, engine.k, GREEDY)
         off = as_generation(draw(ctx, prompts, 1, GREEDY, max_new, False)[:, 0], eos, engine.k, GREEDY)
         outcome.divergences += find_divergences(model, tier, prompts, on, off, tolerance)
-        outcome.details["prompts"] += len(prompts)
+    asked = sum(len(ctx.prompts(tier)) for tier in ctx.prompt_tiers)
+    outcome.facts = _facts(ctx, SampleFacts(prompts=asked, max_new_tokens=max_new, near_tie_margin=tolerance))
     return outcome
 
 
@@ -181,19 +180,22 @@ def run_one_sample(ctx: CellContext) -> CellOutcome:
             "engine's kernels, logits processing or truncation differ from losscheck's); certify it two-sample "
             "(an engine of precision None) instead"
         )
-    details = _details(ctx, sequences=len(rows), prompts=len(prompts), horizon=horizon, **facts)
-    details.update(
+    facts = dataclasses.replace(
+        facts,
+        sequences=len(rows),
+        prompts=len(prompts),
+        horizon=horizon,
         pilot_sequences=math.ceil(profile.pilot_sequences / len(prompts)) * len(prompts),
         pilot_tokens=pilot_tokens,
         pilot_tested_tokens=pilot_tested,
         design_tokens=design.tokens,
-        bug_classes=coverage,
+        bug_classes=bug_class_records(coverage),
     )
     return CellOutcome(
         cell,
         verdict=combine(cell.id, results + control, ctx.alpha),
         problems=problems,
-        details=details,
+        facts=_facts(ctx, facts),
     )
 
 
@@ -278,5 +280,5 @@ def run_two_sample(ctx: CellContext) -> CellOutcome:
     return CellOutcome(
         cell,
         verdict=combine(cell.id, results, ctx.alpha),
-        details=_details(ctx, sequences=len(on), prompts=len(prompts), horizon=horizon),
+        facts=_facts(ctx, SampleFacts(sequences=len(on), prompts=len(prompts), horizon=horizon)),
     )

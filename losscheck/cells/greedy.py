@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from losscheck.cells.outcome import CellOutcome, drafter_rule, oracle_problems
+from losscheck.cells.outcome import CellOutcome, oracle_problems, with_rule
+from losscheck.cells.record import SampleFacts
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, make_generator
@@ -20,11 +21,7 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
     # another order (a split), one within the target's round-off is a near-tie.
     reduced = cell.precision.reduced or rounds_differently(cell.serving)
     tolerance = cell.precision.tolerance if reduced else 0.0
-    outcome = CellOutcome(
-        cell,
-        details={"prompts": 0, "max_new_tokens": max_new, "near_tie_margin": tolerance, **drafter_rule(ctx)},
-        strict=ctx.strict,
-    )
+    outcome = CellOutcome(cell, strict=ctx.strict)
     server, serving = ctx.served()
     tiers = ctx.prompt_tiers
     asked = {tier: requests(server, serving, ctx.prompts(tier), max_new, GREEDY, tier) for tier in tiers}
@@ -38,7 +35,9 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
-        outcome.details["prompts"] += len(prompts)
+    outcome.facts = with_rule(
+        ctx, SampleFacts(prompts=sum(map(len, asked.values())), max_new_tokens=max_new, near_tie_margin=tolerance)
+    )
     outcome.problems = oracle_problems(cell, outcome.acceptance)
     outcome.serving_facts = server.facts()
     return outcome

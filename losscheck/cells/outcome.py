@@ -1,22 +1,33 @@
 """What a cell found: `CellOutcome`, the typed findings of one cell (statistical verdict,
-divergences, loop statistics, oracle problems), which explain themselves in `message()` and become
-the certificate's record in `to_record()`, the one place they are serialised. The certification
-tests only assert on it."""
+divergences, loop statistics, oracle problems, the facts of its sample), which explain themselves
+in `message()` and become the certificate's `CellRecord` in `to_record()`. The certification tests
+only assert on it."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from losscheck.cells.record import (
+    AcceptanceRecord,
+    CellRecord,
+    DivergenceRecord,
+    RunFacts,
+    SampleFacts,
+    Scalar,
+    VerdictRecord,
+    decode,
+)
 from losscheck.core.divergence import Divergence
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.errors import flag
 from losscheck.plan.cell import ORACLE, Cell
 from losscheck.serving.axis import record as serving_record
-from losscheck.stats.result import CellVerdict, combine
+from losscheck.stats.result import CellVerdict, TestResult, combine
 
 if TYPE_CHECKING:
     from losscheck.run.context import CellContext
@@ -31,8 +42,8 @@ class CellOutcome:
     divergences: list[Divergence] = field(default_factory=list)  # greedy cells
     acceptance: dict[str, LoopStats] = field(default_factory=dict)  # prompt group -> loop counters
     problems: list[str] = field(default_factory=list)  # e.g. the oracle rejected a draft
-    details: dict[str, Any] = field(default_factory=dict)  # JSON-ready facts: sample sizes, horizon…
-    serving_facts: dict[str, Any] = field(default_factory=dict)  # serving axis -> what it measured
+    facts: SampleFacts = field(default_factory=SampleFacts)  # sample sizes, horizon, design, looks…
+    serving_facts: dict[str, dict[str, Scalar]] = field(default_factory=dict)  # serving axis -> what it measured
     strict: bool = False  # near-tie divergences fail too (--losscheck-strict)
 
     @property
@@ -65,41 +76,46 @@ class CellOutcome:
                 else "differs at near-ties only from"
             )
             lines = [
-                f"cell {self.cell.id}: greedy output {same} the baseline on {self.details['prompts']} prompts "
-                f"x {self.details['max_new_tokens']} tokens ({self.cell.precision.label()}; "
+                f"cell {self.cell.id}: greedy output {same} the baseline on {self.facts.prompts} prompts "
+                f"x {self.facts.max_new_tokens} tokens ({self.cell.precision.label()}; "
                 f"{self.near_ties} near-tie divergences{', failing under ' + flag('strict') if self.strict else ''})"
             ]
             lines += ["  " + d.describe() for d in self.divergences[:10]]
         lines += ["  " + p for p in self.problems]
-        if self.details.get("acceptance_rule"):  # a checkpoint that brings its own rule names it
-            lines.append(f"  the drafter ran its own acceptance rule: {self.details['acceptance_rule']}")
+        if self.facts.acceptance_rule:  # a checkpoint that brings its own rule names it
+            lines.append(f"  the drafter ran its own acceptance rule: {self.facts.acceptance_rule}")
         for group, stats in self.acceptance.items():
             slots = ", ".join(f"{a:.3f}" for a in stats.slot_acceptance())
             lines.append(f"  {group}: acceptance length {stats.acceptance_length:.3f}, slot acceptance {slots}")
         return "\n".join(lines)
 
-    def to_record(self) -> dict[str, Any]:
-        """The cell's entry in the certificate (JSON-ready)."""
+    def to_record(self, run: RunFacts) -> CellRecord:
+        """The cell's entry in the certificate, with how its test ran."""
         c = self.cell
-        return {
-            "cell": c.id,
-            "kind": self.kind,
-            "drafter": c.drafter,
-            "k": c.k,
-            "width": c.width,
-            "params": c.params.label(),
-            "target": c.target,
-            "precision": c.precision.label(),
-            "passed": self.passed,
-            "near_ties": self.near_ties,
-            "verdict": None if self.verdict is None else self.verdict.to_dict(),
-            "divergences": [d.to_dict() for d in self.divergences],
-            "acceptance": {group: stats.to_dict() for group, stats in self.acceptance.items()},
-            "problems": self.problems,
-            "serving": serving_record(c.serving),
-            "serving_facts": self.serving_facts,
-            **self.details,
-        }
+        verdict = None if self.verdict is None else decode(VerdictRecord, self.verdict.to_dict(), "verdict")
+        return CellRecord(
+            cell=c.id,
+            run=run,
+            kind=self.kind,
+            drafter=c.drafter,
+            k=c.k,
+            width=c.width,
+            params=c.params.label(),
+            target=c.target,
+            precision=c.precision.label(),
+            passed=self.passed,
+            near_ties=self.near_ties,
+            verdict=verdict,
+            divergences=tuple(decode(DivergenceRecord, d.to_dict(), "divergence") for d in self.divergences),
+            acceptance={
+                group: decode(AcceptanceRecord, stats.to_dict(), f"acceptance.{group}")
+                for group, stats in self.acceptance.items()
+            },
+            problems=tuple(self.problems),
+            serving=serving_record(c.serving),
+            serving_facts=self.serving_facts,
+            sample=self.facts,
+        )
 
 
 def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
@@ -116,22 +132,21 @@ def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
     ]
 
 
-def sampled_outcome(ctx: CellContext, results: list[Any], gen: Generation, **details: Any) -> CellOutcome:
+def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation, facts: SampleFacts) -> CellOutcome:
     acceptance = {"all": gen.stats}
     return CellOutcome(
         ctx.cell,
         verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
         problems=oracle_problems(ctx.cell, acceptance),
-        details={**details, **drafter_rule(ctx)},
+        facts=with_rule(ctx, facts),
     )
 
 
-def drafter_rule(ctx: CellContext) -> dict[str, str]:
-    """`{"acceptance_rule": ...}` when the cell's drafter verifies with a rule of its own
-    (`Drafter.acceptance_rule`, e.g. a speculators checkpoint's verifier_accept_k), else nothing."""
-    rule = ctx.acceptance_rule
-    return {"acceptance_rule": rule} if rule else {}
+def with_rule(ctx: CellContext, facts: SampleFacts) -> SampleFacts:
+    """`facts` naming the cell drafter's own acceptance rule when it verifies with one
+    (`Drafter.acceptance_rule`, e.g. a speculators checkpoint's verifier_accept_k)."""
+    return dataclasses.replace(facts, acceptance_rule=ctx.acceptance_rule or None)
 
 
 class Phases:

@@ -3,6 +3,7 @@ verifier's conformance checks) and exact enumeration on the small-vocabulary tar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ import torch
 
 from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
+from losscheck.cells.record import LooksRecord, SampleFacts, bug_class_records
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
 from losscheck.errors import LosscheckError, UnderpoweredError, flag
@@ -116,23 +118,25 @@ def run_pit(ctx: CellContext) -> CellOutcome:
         ctx,
         results,
         gen,
-        sequences=drawn,
-        horizon=horizon,
-        phases=clock.seconds,
-        pilot_sequences=len(pilot_rows),
-        pilot_tokens=int(pilot.mask().sum()),
-        design_tokens=design.tokens,
-        fixed_design_tokens=fixed.tokens,
-        looks={
-            "tokens": list(looks.tokens),
-            "allowed": limit,
-            "stopped_at": stopped,
-            "tested_tokens": scores.tested_tokens,
-            "early": early,
-            "unconfirmed": unconfirmed,
-        },
-        bug_classes=coverage,
-        **facts,
+        dataclasses.replace(
+            facts,
+            sequences=drawn,
+            horizon=horizon,
+            phases=clock.seconds,
+            pilot_sequences=len(pilot_rows),
+            pilot_tokens=int(pilot.mask().sum()),
+            design_tokens=design.tokens,
+            fixed_design_tokens=fixed.tokens,
+            looks=LooksRecord(
+                tokens=tuple(looks.tokens),
+                allowed=limit,
+                stopped_at=stopped,
+                tested_tokens=scores.tested_tokens,
+                early=early,
+                unconfirmed=tuple(unconfirmed),
+            ),
+            bug_classes=bug_class_records(coverage),
+        ),
     )
     outcome.serving_facts = server.facts()
     return outcome
@@ -227,6 +231,5 @@ def run_exact(ctx: CellContext) -> CellOutcome:
     _, gen = generate_rows(ctx, ctx.served()[0], [prompt], n, profile.exact_horizon, "exact-sample")
     samples = torch.where(gen.mask(), gen.tokens, target.eos_id if target.eos_id is not None else 0).cpu()
     results = exact_tests(samples, seqs, probs, ctx.alpha, profile.power, profile.detect_tv)
-    return sampled_outcome(
-        ctx, results, gen, sequences=n, horizon=profile.exact_horizon, prompt=prompt, continuations=len(seqs)
-    )
+    facts = SampleFacts(sequences=n, horizon=profile.exact_horizon, prompt=tuple(prompt), continuations=len(seqs))
+    return sampled_outcome(ctx, results, gen, facts)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from losscheck.cells.record import SampleFacts
 from losscheck.core.engine import pad_prompts
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits, top_p_band
@@ -18,6 +19,7 @@ from losscheck.core.target import HFTarget
 if TYPE_CHECKING:
     from losscheck.run.context import CellContext
     from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.result import TestResult
 
 
 POOLED_TV_MISS = 0.05  # the pooled TV bound's miss rate per cell, split over its looks
@@ -257,7 +259,9 @@ class PitScores:
         """Tokens the PIT tests count so far: generated, and drawn where every implementation's cut-off keeps them."""
         return sum(int((m & ~x).sum()) for m, x in zip(self.mask, self.left_out))
 
-    def tests(self, alpha: float, pooled_tv: float | None = None, looks: int = 1) -> tuple[list[Any], dict[str, Any]]:
+    def tests(
+        self, alpha: float, pooled_tv: float | None = None, looks: int = 1
+    ) -> tuple[list[TestResult], SampleFacts]:
         """The PIT tests and the exact-conditional tests of every part under `alpha` (split over
         both families by their counts) and the facts the certificate keeps about them.
         `pooled_tv`: the pooled tests must detect this binned TV (None: they report what they
@@ -279,16 +283,16 @@ class PitScores:
             u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
         )
         results += conditional_tests(ConditionalValues.merge(self.parts), alpha - alpha_pit, profile.power, looks)
-        return results, {
+        return results, SampleFacts(
             # at a sequential cell's data-dependent stop: a union over the looks it may stop at
-            "pooled_tv_upper": pooled_tv_upper(u[tested], profile.pit_bins, 1 - POOLED_TV_MISS / looks),
-            "pooled_tv_confidence": 1 - POOLED_TV_MISS / looks,
-            "cutoff_ambiguous": int(ambiguous.sum()),
-            "cutoff_left_out": int(left_out.sum()),
-            "cutoff_tolerance": self.tolerance,
-            "pit_histogram": torch.histc(u[tested].float(), 20, 0, 1).tolist(),
-            "pit_quantiles": _quantiles(u[tested]),
-        }
+            pooled_tv_upper=pooled_tv_upper(u[tested], profile.pit_bins, 1 - POOLED_TV_MISS / looks),
+            pooled_tv_confidence=1 - POOLED_TV_MISS / looks,
+            cutoff_ambiguous=int(ambiguous.sum()),
+            cutoff_left_out=int(left_out.sum()),
+            cutoff_tolerance=self.tolerance,
+            pit_histogram=tuple(torch.histc(u[tested].float(), 20, 0, 1).tolist()),
+            pit_quantiles=tuple(_quantiles(u[tested])),
+        )
 
 
 def score_pit(
@@ -301,7 +305,7 @@ def score_pit(
     alpha: float | None = None,
     pooled_tv: float | None = None,
     power: PowerAccumulator | None = None,
-) -> tuple[list[Any], dict[str, Any]]:
+) -> tuple[list[TestResult], SampleFacts]:
     """The PIT tests and the exact-conditional tests of one sample `gen` (sequences continuing
     `rows`) under `target` (`PitScores`), under `alpha` (default: the cell's whole share);
     `power`, when given, gathers the bug classes' power from the sample's own p and q."""

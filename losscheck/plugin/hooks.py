@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from losscheck.cells.record import CellRecord, RunFacts
 from losscheck.errors import LosscheckError
 from losscheck.progress import QUIET, Progress
 from losscheck.run.context import CellContext
@@ -173,21 +175,31 @@ def losscheck_context(request: pytest.FixtureRequest, losscheck_session: Session
     return lambda cell: CellContext.of(losscheck_session, cell, progress)
 
 
-_RECORD_KEY = pytest.StashKey[dict]()
+@dataclass
+class RecordSlot:
+    """Where a certification test leaves its cell's record (`certify`); the record travels on
+    the test's report into the certificate."""
+
+    nodeid: str
+    record: CellRecord | None = None
+
+
+_RECORD_KEY = pytest.StashKey[RecordSlot]()
 
 
 @pytest.fixture
-def losscheck_record(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """A dict a certification test fills; it travels on the test report into the certificate."""
-    record: dict[str, Any] = {}
-    request.node.stash[_RECORD_KEY] = record
-    return record
+def losscheck_record(request: pytest.FixtureRequest) -> RecordSlot:
+    """The slot a certification test leaves its cell's record in."""
+    slot = RecordSlot(request.node.nodeid)
+    request.node.stash[_RECORD_KEY] = slot
+    return slot
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item) -> Any:
     report = yield
-    record = item.stash.get(_RECORD_KEY, None)
+    slot = item.stash.get(_RECORD_KEY, None)
+    record = None if slot is None else slot.record
     if report.when != "call" or "lossless" not in item.keywords:
         return report
     session, stash = item.config.stash[SESSION_KEY], item.config.stash
@@ -197,9 +209,9 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
 
         stash[MANIFEST_SENT_KEY] = True
         report.user_properties.append((MANIFEST_PROPERTY, json.dumps(build(session), default=str)))
-    if record:
+    if record is not None:
         # JSON text survives xdist's report serialisation unchanged.
-        report.user_properties.append((RECORD_PROPERTY, json.dumps(record, default=str)))
+        report.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_json(), default=str)))
         # JUnit XML writes the properties of the teardown report, which copies the item's.
         from losscheck.report.summary import junit_properties
 
@@ -217,7 +229,7 @@ class RecordCollector:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.records: list[dict[str, Any]] = []
+        self.records: list[CellRecord] = []
         self.manifests: list[dict[str, Any]] = []
         self.interrupted = False
         self.cert: dict[str, Any] | None = None
@@ -250,37 +262,26 @@ class RecordCollector:
         for manifest in manifests:
             self.progress.planned(manifest["matrix"])
         self.manifests += manifests
-        found = [json.loads(str(v)) for n, v in report.user_properties if n == RECORD_PROPERTY]
+        found = [
+            CellRecord.from_json(json.loads(str(v)), report.nodeid)
+            for n, v in report.user_properties
+            if n == RECORD_PROPERTY
+        ]
         for record in found:
-            record.update(nodeid=report.nodeid, outcome=report.outcome)
-            self.records.append(record)
-            self.progress.finished(record["cell"], "PASS" if report.passed else "FAIL", record.get("seconds"))
+            self.records.append(record.with_run(nodeid=report.nodeid, outcome=report.outcome))
+            self.progress.finished(record.cell, "PASS" if report.passed else "FAIL", record.run.seconds)
         cell = _cell_id(report.nodeid)
         lossless = "lossless" in report.keywords and "[" in report.nodeid
         if report.skipped and report.when in ("setup", "call") and lossless and cell != "off":
             # a cell this platform cannot run: not run, with the reason (and the scope that declares it out)
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            self.records.append(
-                {
-                    "nodeid": report.nodeid,
-                    "outcome": "skipped",
-                    "cell": cell,
-                    "skip_reason": reason.removeprefix("Skipped: "),
-                }
-            )
+            run = RunFacts(report.nodeid, "skipped", skip_reason=reason.removeprefix("Skipped: "))
+            self.records.append(CellRecord(cell, run))
             self.progress.finished(cell, "NOT RUN", None)
         if report.failed and not found and "lossless" in report.keywords:
             # A cell that errored (underpowered, malformed drafter output) is a failed cell.
-            self.records.append(
-                {
-                    "nodeid": report.nodeid,
-                    "outcome": "error",
-                    "passed": False,
-                    "kind": "error",
-                    "cell": cell,
-                    "error": report.longreprtext[-2000:],
-                }
-            )
+            run = RunFacts(report.nodeid, "error", error=report.longreprtext[-2000:])
+            self.records.append(CellRecord(cell, run, kind="error"))
             self.progress.finished(cell, "ERROR", None)
 
     def pytest_keyboard_interrupt(self) -> None:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.report import certificate
 from losscheck.report.markdown import markdown_table
@@ -39,47 +40,50 @@ def read(run: str | Path) -> tuple[dict[str, Any], Path]:
         cert = certificate.load(path)
     except LosscheckError as exc:
         raise LosscheckError(f"{exc}; {FIX}") from None
-    cells = cert.get("cells")
-    if not isinstance(cells, list) or not all(isinstance(r, dict) for r in cells):
-        raise LosscheckError(f"{str(path)!r} has no list of cell records under 'cells'; {FIX}")
-    for r in cells:
-        missing = [key for key in TIMED if not isinstance(r.get(key), (int, float))]
-        if r.get("outcome") != "error" and missing:
+    try:
+        records = certificate.records_of(cert)
+    except LosscheckError as exc:
+        raise LosscheckError(f"{str(path)!r}: {exc}; {FIX}") from None
+    for r in records:
+        missing = [key for key in TIMED if getattr(r.run, key) is None]
+        if r.run.outcome != "error" and missing:
             raise LosscheckError(
-                f"{str(path)!r}: cell {r.get('cell')!r} has no {', '.join(missing)} (a certificate older than the "
+                f"{str(path)!r}: cell {r.cell!r} has no {', '.join(missing)} (a certificate older than the "
                 f"cost fields?); {FIX}"
             )
     return cert, path
 
 
-def tokens_tested(record: dict[str, Any]) -> int | None:
+def tokens_tested(record: CellRecord) -> int | None:
     """Generated tokens a cell's tests judged: an exact cell's sequences x horizon; a sampled
     cell's tested sample (its `*.support` test's n; the pilot, which only sizes the sample, is not
     counted); a greedy cell's prompts x max_new_tokens (compared token for token; a row that ends
     at EOS compares fewer). None when the record says neither."""
-    if record.get("kind") == "exact":
-        return int(record["sequences"]) * int(record["horizon"])
-    support = [t["n"] for t in (record.get("verdict") or {}).get("results", []) if t["name"].endswith(".support")]
+    facts = record.sample
+    if record.kind == "exact" and facts.sequences is not None and facts.horizon is not None:
+        return facts.sequences * facts.horizon
+    results = record.verdict.results if record.verdict is not None else ()
+    support = [t.n for t in results if t.name.endswith(".support")]
     if support:
-        return int(max(support))
-    if record.get("prompts") is not None and record.get("max_new_tokens") is not None:
-        return int(record["prompts"]) * int(record["max_new_tokens"])
+        return max(support)
+    if facts.prompts is not None and facts.max_new_tokens is not None:
+        return facts.prompts * facts.max_new_tokens
     return None
 
 
-def cell_row(record: dict[str, Any]) -> dict[str, Any]:
+def cell_row(record: CellRecord) -> dict[str, Any]:
     """One timed cell: kind, seconds, target passes and tokens, tokens tested, and for a PIT cell
     the seconds of each phase (`OTHER`: the rest) with their shares of the cell's seconds."""
-    seconds = float(record["seconds"])
-    phases = {p: float(s) for p, s in (record.get("phases") or {}).items()}
+    seconds = record.run.seconds or 0.0
+    phases = dict(record.sample.phases or {})
     if phases:
         phases[OTHER] = max(seconds - sum(phases.values()), 0.0)
     return {
-        "cell": record.get("cell", "?"),
-        "kind": record.get("kind", "?"),
+        "cell": record.cell,
+        "kind": record.kind or "?",
         "seconds": seconds,
-        "target_passes": int(record["target_passes"]),
-        "target_tokens": int(record["target_tokens"]),
+        "target_passes": record.run.target_passes or 0,
+        "target_tokens": record.run.target_tokens or 0,
         "tokens_tested": tokens_tested(record),
         "phases": phases,
         "phase_shares": {p: s / seconds if seconds else 0.0 for p, s in phases.items()},
@@ -121,7 +125,8 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def report(cert: dict[str, Any], source: str | Path, wall_seconds: float | None = None) -> dict[str, Any]:
     """The cost report of `cert` (read from `source`); `wall_seconds`: the run's wall time when
     `losscheck bench` ran it, else None (a certificate does not record it)."""
-    ran = [r for r in cert["cells"] if r.get("seconds") is not None]
+    records = certificate.records_of(cert)
+    ran = [r for r in records if r.run.seconds is not None]
     rows = sorted((cell_row(r) for r in ran), key=lambda r: (-r["seconds"], r["cell"]))
     env = cert.get("environment") or {}
     return {
@@ -136,7 +141,7 @@ def report(cert: dict[str, Any], source: str | Path, wall_seconds: float | None 
             "workers": len(env.get("workers") or {}) or None,
         },
         "wall_seconds": wall_seconds,
-        "untimed_cells": [r.get("cell", "?") for r in cert["cells"] if r.get("seconds") is None],
+        "untimed_cells": [r.cell for r in records if r.run.seconds is None],
         "totals": totals(rows),
         "cells": rows,
     }

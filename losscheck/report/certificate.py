@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from losscheck.cells.record import CellRecord
 from losscheck.plan.scope import WHOLE
 from losscheck.report import claims
 
@@ -52,7 +53,7 @@ def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
 def build(
     meta: dict[str, Any],
     manifests: list[dict[str, Any]],
-    records: list[dict[str, Any]],
+    records: Sequence[CellRecord],
     exit_status: int,
     interrupted: bool,
 ) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def build(
 
     meta: what the controller knows without models: seed, options, the pytest command line.
     manifests: one per process that ran certification tests (they must agree on the matrix).
-    records: one per certification test that ran (`CellOutcome.to_record()` + pytest outcome).
+    records: one per certification test that ran, skipped or errored.
     """
     matrix, problems = _matrix(manifests, records)
     counts = {s: sum(1 for m in matrix if m["status"] == s) for s in STATUSES}
@@ -94,34 +95,32 @@ def build(
         "cost": cost(records),
         "matrix": matrix,
         "pytest_exit_status": exit_status,
-        "cells": records,
+        "cells": [r.to_json() for r in records],
     }
 
 
-def cost(records: list[dict[str, Any]]) -> dict[str, Any]:
+def cost(records: Sequence[CellRecord]) -> dict[str, Any]:
     """Seconds the cells took, in all, by kind and by phase of the PIT cells (summed over
     processes: under xdist more than the run's wall time), and the slowest cells."""
-    timed = [r for r in records if r.get("seconds") is not None]
+    timed = [(r, r.run.seconds) for r in records if r.run.seconds is not None]
     by_kind: dict[str, float] = {}
-    for r in timed:
-        by_kind[r.get("kind", "?")] = by_kind.get(r.get("kind", "?"), 0.0) + r["seconds"]
+    for r, seconds in timed:
+        by_kind[r.kind or "?"] = by_kind.get(r.kind or "?", 0.0) + seconds
     phases: dict[str, float] = {}
     for r in records:
-        for phase, s in (r.get("phases") or {}).items():
+        for phase, s in (r.sample.phases or {}).items():
             phases[phase] = phases.get(phase, 0.0) + s
     return {
-        "cell_seconds": round(sum(r["seconds"] for r in timed), 1),
-        "target_passes": sum(r.get("target_passes", 0) for r in records),
-        "target_tokens": sum(r.get("target_tokens", 0) for r in records),
+        "cell_seconds": round(sum(seconds for _, seconds in timed), 1),
+        "target_passes": sum(r.run.target_passes or 0 for r in records),
+        "target_tokens": sum(r.run.target_tokens or 0 for r in records),
         "by_kind": {kind: round(s, 1) for kind, s in sorted(by_kind.items())},
         "pit_phases": {phase: round(s, 1) for phase, s in phases.items()},
-        "slowest": [
-            {"cell": r["cell"], "seconds": r["seconds"]} for r in sorted(timed, key=lambda r: -r["seconds"])[:10]
-        ],
+        "slowest": [{"cell": r.cell, "seconds": seconds} for r, seconds in sorted(timed, key=lambda rs: -rs[1])[:10]],
     }
 
 
-def cost_lines(records: list[dict[str, Any]]) -> list[str]:
+def cost_lines(records: Sequence[CellRecord]) -> list[str]:
     """One line of what the cells cost (`cost`), for the terminal and the summary."""
     c = cost(records)
     if not c["cell_seconds"]:
@@ -136,7 +135,18 @@ def cost_lines(records: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def records_of(cert: dict[str, Any]) -> list[CellRecord]:
+    """The cell records of a certificate read back from its JSON; `LosscheckError` naming the
+    first record that is not one."""
+    from losscheck.errors import LosscheckError
+
+    cells = cert.get("cells", [])
+    if not isinstance(cells, list):
+        raise LosscheckError("the certificate has no list of cell records under 'cells'")
+    return [CellRecord.from_json(c, f"cells[{i}]") for i, c in enumerate(cells)]
+
+
+def _matrix(manifests: list[dict[str, Any]], records: Sequence[CellRecord]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every planned cell with its status; records of cells outside the matrix are problems."""
     problems: list[str] = []
     planned = manifests[0]["matrix"] if manifests else []
@@ -145,8 +155,8 @@ def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> t
             "the pytest processes planned different matrices (a drafter that declares "
             "different block lengths from run to run?); no cell can be accounted for"
         )
-    status = {r["cell"]: _status(r) for r in records}
-    why = {r["cell"]: r["skip_reason"] for r in records if r.get("skip_reason")}
+    status = {r.cell: r.status for r in records}
+    why = {r.cell: r.run.skip_reason for r in records if r.run.skip_reason}
     matrix = [
         {
             **entry,
@@ -160,14 +170,6 @@ def _matrix(manifests: list[dict[str, Any]], records: list[dict[str, Any]]) -> t
     else:  # nothing to account against: list what ran
         matrix = [{"cell": cell, "status": s} for cell, s in sorted(status.items())]
     return matrix, problems
-
-
-def _status(record: dict[str, Any]) -> str:
-    if record.get("outcome") == "skipped":
-        return "not run"
-    if record.get("outcome") == "error":
-        return "errored"
-    return "passed" if record.get("passed") and record.get("outcome") == "passed" else "failed"
 
 
 def _verdict(
@@ -252,7 +254,7 @@ def render(cert: dict[str, Any], run: Path) -> list[Path]:
     """(Re)draw the plots and write summary.md of `cert` in `run`; return the files written."""
     from losscheck.report.plots import plot_certificate
 
-    plots = plot_certificate(cert, run)
+    plots = plot_certificate(cert, records_of(cert), run)
     (run / "summary.md").write_text(markdown(cert, [p.name for p in plots]))
     return [run / "summary.md", *plots]
 
@@ -305,14 +307,14 @@ def headline(cert: dict[str, Any]) -> str:
     return f"losscheck verdict: {cert['verdict']}{of} — {cert['reason']}"
 
 
-def serving_lines(records: list[dict[str, Any]]) -> list[str]:
+def serving_lines(records: Sequence[CellRecord]) -> list[str]:
     """What the serving cells measured, as each serving axis summarises it (e.g. the split run's
     wall time, the prefix cache's hit rate)."""
     lines = []
-    for r in sorted(records, key=lambda r: r.get("cell", "")):
-        facts = [f["summary"] for f in (r.get("serving_facts") or {}).values() if f.get("summary")]
+    for r in sorted(records, key=lambda r: r.cell):
+        facts = [str(f["summary"]) for f in r.serving_facts.values() if f.get("summary")]
         if facts:
-            lines.append(f"- `{r['cell']}`: " + "; ".join(facts))
+            lines.append(f"- `{r.cell}`: " + "; ".join(facts))
     return ["", "Serving cells:", "", *lines] if lines else []
 
 
@@ -345,7 +347,7 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
         )
         if alpha.get("tests"):
             lines.append(f"- the statistical tests a sampled cell runs, by family: {_test_families(alpha['tests'])}")
-    lines += claims.lines(cert)
+    lines += claims.lines(cert, records_of(cert))
     env = cert["environment"]
     if env:
         workers = ", ".join(f"{w}: {v['threads']} threads" for w, v in env["workers"].items())
@@ -353,8 +355,9 @@ def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
             f"- losscheck {env['losscheck']} (git {env['git_revision'] or '-'}), python {env['python']}, "
             f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}"
         )
-    lines += ["", markdown_table(cert["cells"])]
-    lines += serving_lines(cert["cells"]) + cost_lines(cert["cells"])
+    records = records_of(cert)
+    lines += ["", markdown_table(records)]
+    lines += serving_lines(records) + cost_lines(records)
     missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]
     if missing:
         lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]

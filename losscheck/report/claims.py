@@ -15,36 +15,39 @@ cell, the members its early stop ruled out (down to which ρ, at which β).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from losscheck.cells.record import CellRecord
 
 CONFORMANCE = "conformance"  # the scope of the conformance tests (`losscheck.cells.conformance`)
 
 
-def tested(records: list[dict[str, Any]]) -> dict[str, Any]:
+def tested(records: Sequence[CellRecord]) -> dict[str, Any]:
     """Cells, sequences and generated tokens the sampled cells tested (the pilots not counted),
     and how the sequential PIT cells stopped: their tested tokens against what the fixed-sample
     design would have tested (`losscheck.stats.sequential`)."""
-    sampled = [r for r in records if r.get("verdict")]
+    sampled = [r for r in records if r.verdict is not None]
     tokens = 0
     for r in sampled:
-        support = [t for t in r["verdict"]["results"] if t["name"].endswith(".support")]
-        n = max((t["n"] for t in support), default=0)
-        tokens += n * int(r.get("horizon") or 1) if r.get("kind") == "exact" else n  # exact: n counts sequences
-    sequential = [r for r in sampled if r.get("looks")]
+        assert r.verdict is not None
+        n = max((t.n for t in r.verdict.results if t.name.endswith(".support")), default=0)
+        tokens += n * (r.sample.horizon or 1) if r.kind == "exact" else n  # exact: n counts sequences
+    looks = [r.sample.looks for r in sampled if r.sample.looks is not None]
     return {
         "cells": len(records),
         "sampled_cells": len(sampled),
-        "sequences": sum(int(r.get("sequences") or 0) for r in sampled),
+        "sequences": sum(r.sample.sequences or 0 for r in sampled),
         "tokens": tokens,
-        "pilot_tokens": sum(int(r.get("pilot_tokens") or 0) for r in sampled),
-        "sequential_cells": len(sequential),
-        "stopped_early": sum(bool(r["looks"]["early"]) for r in sequential),
-        "sequential_tokens": sum(int(r["looks"]["tested_tokens"]) for r in sequential),
-        "fixed_design_tokens": sum(int(r.get("fixed_design_tokens") or 0) for r in sequential),
+        "pilot_tokens": sum(r.sample.pilot_tokens or 0 for r in sampled),
+        "sequential_cells": len(looks),
+        "stopped_early": sum(look.early for look in looks),
+        "sequential_tokens": sum(look.tested_tokens for look in looks),
+        "fixed_design_tokens": sum(r.sample.fixed_design_tokens or 0 for r in sampled if r.sample.looks is not None),
     }
 
 
-def coverage(records: list[dict[str, Any]], level: float) -> dict[str, dict[str, Any]]:
+def coverage(records: Sequence[CellRecord], level: float) -> dict[str, dict[str, Any]]:
     """Per bug class: the cells whose tested sample caught its catalogue point at power >=
     `level` (from its own p and q), the best cell's power, test and tokens; per power of the
     curve, the smallest member ρ a cell's tested sample catches and that cell; and of the early
@@ -52,63 +55,54 @@ def coverage(records: list[dict[str, Any]], level: float) -> dict[str, dict[str,
     it out down to (every early stop ruled out every member from 1 down to at least that ρ)."""
     out: dict[str, dict[str, Any]] = {}
     for r in records:
-        early = bool((r.get("looks") or {}).get("early"))
-        for name, c in (r.get("bug_classes") or {}).items():
+        early = r.sample.looks is not None and r.sample.looks.early
+        for name, c in (r.sample.bug_classes or {}).items():
             entry = out.setdefault(name, {"caught_by": [], "best": None, "curve": {}, "ruled_out": None})
-            for power, rho in (c.get("curve") or {}).items():
+            for power, rho in c.curve.items():
                 known = entry["curve"].get(power)
                 if rho is not None and (known is None or rho < known["rho"]):
-                    entry["curve"][power] = {"rho": rho, "cell": r["cell"]}
-            family = c.get("family") or {}
-            if early and family.get("members"):
+                    entry["curve"][power] = {"rho": rho, "cell": r.cell}
+            if early and c.family is not None and c.family.members:
                 stops = entry["ruled_out"] or {"early_stops": 0, "down_to": 0.0, "beta": 0.0}
                 stops["early_stops"] += 1
-                stops["down_to"] = max(stops["down_to"], family["ruled_out_down_to"] or 1.0)
-                stops["beta"] = max([stops["beta"], *(m["beta"] for m in family["members"])])
+                stops["down_to"] = max(stops["down_to"], c.family.ruled_out_down_to or 1.0)
+                stops["beta"] = max([stops["beta"], *(m.beta for m in c.family.members)])
                 entry["ruled_out"] = stops
-            if c.get("power") is not None and c["power"] >= level:
-                entry["caught_by"].append(r["cell"])
+            if c.power >= level:
+                entry["caught_by"].append(r.cell)
             best = entry["best"]
-            if c.get("power") is not None and (best is None or c["power"] > best["power"]):
-                entry["best"] = {
-                    "cell": r["cell"],
-                    "power": c["power"],
-                    "test": c["test"],
-                    "tokens": c["tokens_needed"],
-                }
+            if best is None or c.power > best["power"]:
+                entry["best"] = {"cell": r.cell, "power": c.power, "test": c.test, "tokens": c.tokens_needed}
     return out
 
 
-def conformance(records: list[dict[str, Any]]) -> dict[str, Any]:
+def conformance(records: Sequence[CellRecord]) -> dict[str, Any]:
     """The conformance tests' own verdict: PASS when every one that ran passed (a verifier
     lossless by another rule fails them legitimately, so this line is kept apart)."""
     ran, failed = 0, []
     for r in records:
-        for t in (r.get("verdict") or {}).get("results", []):
-            if t.get("scope") == CONFORMANCE:
+        for t in r.verdict.results if r.verdict is not None else ():
+            if t.scope == CONFORMANCE:
                 ran += 1
-                if not t.get("passed"):
-                    failed.append(f"{r['cell']}:{t['name']}")
+                if not t.passed:
+                    failed.append(f"{r.cell}:{t.name}")
     verdict = "not tested" if not ran else ("PASS" if not failed else "FAIL")
     return {"verdict": verdict, "tests": ran, "failed": failed}
 
 
-def pooled_bound(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def pooled_bound(records: Sequence[CellRecord]) -> dict[str, Any] | None:
     """The largest of the cells' upper confidence bounds on their pooled PIT binned TV, its cell
     and its confidence (each cell's own, look-corrected; None: no cell has one)."""
-    bounds = [r for r in records if r.get("pooled_tv_upper") is not None]
+    bounds = [(r.sample.pooled_tv_upper, r) for r in records if r.sample.pooled_tv_upper is not None]
     if not bounds:
         return None
-    worst = max(bounds, key=lambda r: r["pooled_tv_upper"])
-    return {
-        "bound": worst["pooled_tv_upper"],
-        "cell": worst["cell"],
-        "confidence": worst.get("pooled_tv_confidence", 0.95),
-    }
+    bound, worst = max(bounds, key=lambda br: br[0])
+    confidence = worst.sample.pooled_tv_confidence
+    return {"bound": bound, "cell": worst.cell, "confidence": 0.95 if confidence is None else confidence}
 
 
-def lines(cert: dict[str, Any]) -> list[str]:
-    """The claims as Markdown list items."""
+def lines(cert: dict[str, Any], records: Sequence[CellRecord]) -> list[str]:
+    """The claims of `cert` (whose cells are `records`) as Markdown list items."""
     from losscheck.stats import sequential  # the package imports torch: only when claims are written
 
     t, level = cert.get("tested") or {}, cert.get("profile", {}).get("power", 0.99)
@@ -164,7 +158,7 @@ def lines(cert: dict[str, Any]) -> list[str]:
                     f"ρ ≤ {stops['down_to']:.3g} (each at β ≤ {stops['beta']:.3g})"
                 )
             out.append(f"  - `{name}`: {where}")
-        if any(r.get("mode") == "one-sample" for r in cert.get("cells", [])):
+        if any(r.sample.mode == "one-sample" for r in records):
             from losscheck.stats.buglaws import TARGET_SIDE
 
             alone = ", ".join(f"`{bug.name}`" for bug in TARGET_SIDE)
@@ -173,7 +167,7 @@ def lines(cert: dict[str, Any]) -> list[str]:
                 f"alone ({alone}); the others need the drafter's q and slots, which the engine does not report, "
                 "and are not claimed for its cells"
             )
-    bound = pooled_bound(cert.get("cells", []))
+    bound = pooled_bound(records)
     if bound is not None:
         out.append(
             f"- pooled PIT law: each cell's binned TV from uniform lies below its own upper confidence bound "

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.plan.cell import ORACLE
+from losscheck.report.certificate import records_of
 from losscheck.report.markdown import markdown_table
 
 KIND_FIELDS = ("class", "algorithm")  # what kind of drafter an identity names, beyond its weights
@@ -73,21 +75,21 @@ def identity_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str
 VERDICT_ORDER = ("PASS", "PARTIAL", "INTERRUPTED", "FAIL")
 
 
-def pooled_tau(record: dict[str, Any] | None) -> float | None:
+def pooled_tau(record: CellRecord | None) -> float | None:
     """Tokens per round over every prompt group of a cell (None: no acceptance counters)."""
-    groups = list(((record or {}).get("acceptance") or {}).values())
-    rounds = sum(g["row_rounds"] for g in groups)
+    groups = [g for g in (record.acceptance.values() if record is not None else ()) if g.acceptance_length is not None]
+    rounds = sum(g.row_rounds for g in groups)
     if not rounds:
         return None
-    return sum(g["acceptance_length"] * g["row_rounds"] for g in groups) / rounds
+    return sum((g.acceptance_length or 0.0) * g.row_rounds for g in groups) / rounds
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
     """(table rows, regressions) between certificates `a` (before) and `b` (after)."""
     status_a = {m["cell"]: m["status"] for m in a["matrix"]}
     status_b = {m["cell"]: m["status"] for m in b["matrix"]}
-    record_a = {r["cell"]: r for r in a["cells"]}
-    record_b = {r["cell"]: r for r in b["cells"]}
+    record_a = {r.cell: r for r in records_of(a)}
+    record_b = {r.cell: r for r in records_of(b)}
     regressions = []
     if VERDICT_ORDER.index(b["verdict"]) > VERDICT_ORDER.index(a["verdict"]):
         regressions.append(f"verdict {a['verdict']} -> {b['verdict']}")

@@ -11,25 +11,29 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from losscheck.cells.record import CellRecord
 
 PIT_BINS = 20  # the record's `pit_histogram` has this many equal bins on [0, 1]
 HIDDEN = {"self", "engine"}  # the oracle and black-box cells are not drafters to compare
 
 
-def plot_certificate(cert: dict[str, Any], run: Path) -> list[Path]:
-    """Draw what the certificate has data for under `run`; return the files written."""
+def plot_certificate(cert: dict[str, Any], records: Sequence[CellRecord], run: Path) -> list[Path]:
+    """Draw what the certificate (whose cells are `records`) has data for under `run`; return the
+    files written."""
     import matplotlib
 
     matplotlib.use("Agg")
     written = []
     for name, draw in (
-        ("slot_acceptance.png", slot_acceptance),
-        ("pit_histograms.png", pit_histograms),
-        ("pit_qq.png", pit_qq),
+        ("slot_acceptance.png", lambda: slot_acceptance(cert, records)),
+        ("pit_histograms.png", lambda: pit_histograms(records)),
+        ("pit_qq.png", lambda: pit_qq(cert, records)),
     ):
-        figure = draw(cert)
+        figure = draw()
         if figure is not None:
             figure.savefig(run / name, dpi=110, bbox_inches="tight")
             written.append(run / name)
@@ -39,32 +43,32 @@ def plot_certificate(cert: dict[str, Any], run: Path) -> list[Path]:
     return written
 
 
-def pooled_slot_acceptance(record: dict[str, Any]) -> list[float]:
+def pooled_slot_acceptance(record: CellRecord) -> list[float]:
     """accepted / proposed per slot over every prompt group of a cell (NaN: slot never reached)."""
-    groups = list((record.get("acceptance") or {}).values())
+    groups = list(record.acceptance.values())
     if not groups:
         return []
-    proposed = [sum(g["proposed"][j] for g in groups) for j in range(len(groups[0]["proposed"]))]
-    accepted = [sum(g["accepted"][j] for g in groups) for j in range(len(groups[0]["accepted"]))]
+    proposed = [sum(g.proposed[j] for g in groups) for j in range(len(groups[0].proposed))]
+    accepted = [sum(g.accepted[j] for g in groups) for j in range(len(groups[0].accepted))]
     return [a / p if p else math.nan for a, p in zip(accepted, proposed)]
 
 
-def slot_acceptance(cert: dict[str, Any]) -> Any:
+def slot_acceptance(cert: dict[str, Any], records: Sequence[CellRecord]) -> Any:
     import matplotlib.pyplot as plt
 
     base = cert["precisions"][0]
-    greedy: dict[str, dict[str, Any]] = {}
-    sampled: dict[str, dict[str, Any]] = {}
-    for r in cert["cells"]:
-        if not r.get("acceptance") or r.get("drafter") in HIDDEN or r.get("target", "main") != "main":
+    greedy: dict[str, CellRecord] = {}
+    sampled: dict[str, CellRecord] = {}
+    for r in records:
+        if not r.acceptance or r.drafter is None or r.drafter in HIDDEN or (r.target or "main") != "main":
             continue
-        if r.get("width") is not None or r.get("precision") != base:
+        if r.width is not None or r.precision != base or r.k is None:
             continue  # one variable at a time: base width and precision only
-        drafter = r["drafter"]
-        if r["kind"] == "greedy" and r["k"] >= greedy.get(drafter, {}).get("k", 0):
-            greedy[drafter] = r
-        elif r["kind"] == "pit" and r.get("params") == "T1" and r["k"] == 4:
-            sampled[drafter] = r
+        known = greedy.get(r.drafter)
+        if r.kind == "greedy" and (known is None or r.k >= (known.k or 0)):
+            greedy[r.drafter] = r
+        elif r.kind == "pit" and r.params == "T1" and r.k == 4:
+            sampled[r.drafter] = r
     if not greedy and not sampled:
         return None
     panels = [
@@ -74,7 +78,7 @@ def slot_acceptance(cert: dict[str, Any]) -> Any:
     for ax, (chosen, title) in zip(axes[0], panels):
         for drafter, r in sorted(chosen.items()):
             rates = pooled_slot_acceptance(r)
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{drafter} (k={r['k']})")
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{drafter} (k={r.k})")
         ax.set_title(title)
         ax.set_xlabel("draft slot j")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -86,22 +90,23 @@ def slot_acceptance(cert: dict[str, Any]) -> Any:
     return fig
 
 
-def _pit_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted((r for r in cells if r.get("pit_histogram")), key=lambda r: r["cell"])
+def _pit_cells(records: Sequence[CellRecord]) -> list[tuple[CellRecord, tuple[float, ...]]]:
+    """The cells with a PIT histogram, and it, by cell id."""
+    found = [(r, r.sample.pit_histogram) for r in records if r.sample.pit_histogram]
+    return sorted(((r, h) for r, h in found if h), key=lambda rh: rh[0].cell)
 
 
-def pit_histograms(cert: dict[str, Any]) -> Any:
+def pit_histograms(records: Sequence[CellRecord]) -> Any:
     import matplotlib.pyplot as plt
     from scipy.stats import binom
 
-    found = _pit_cells(cert["cells"])
+    found = _pit_cells(records)
     if not found:
         return None
     cols = min(6, len(found))
     rows = math.ceil(len(found) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.3 * cols, 1.9 * rows), squeeze=False, sharey=False)
-    for ax, r in zip(axes.flat, found):
-        counts = r["pit_histogram"]
+    for ax, (r, counts) in zip(axes.flat, found):
         n = sum(counts)
         expected = n / PIT_BINS
         low, high = binom.ppf([0.005, 0.995], n, 1 / PIT_BINS) / expected
@@ -112,11 +117,11 @@ def pit_histograms(cert: dict[str, Any]) -> Any:
             density,
             [i / PIT_BINS for i in range(PIT_BINS + 1)],
             lw=1.2,
-            color="tab:blue" if r.get("passed") else "tab:red",
+            color="tab:blue" if r.passed else "tab:red",
         )
         spread = max(high - 1, 1 - low, *(abs(d - 1) for d in density)) * 1.15
         ax.set_ylim(1 - spread, 1 + spread)
-        ax.set_title(r["cell"], fontsize=7, color="black" if r.get("passed") else "red")
+        ax.set_title(r.cell, fontsize=7, color="black" if r.passed else "red")
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=6)
     for ax in list(axes.flat)[len(found) :]:
@@ -126,26 +131,25 @@ def pit_histograms(cert: dict[str, Any]) -> Any:
     return fig
 
 
-def pit_qq(cert: dict[str, Any]) -> Any:
+def pit_qq(cert: dict[str, Any], records: Sequence[CellRecord]) -> Any:
     import matplotlib.pyplot as plt
 
-    found = [r for r in _pit_cells(cert["cells"]) if r.get("pit_quantiles")]
+    found = [(r, r.sample.pit_quantiles, counts) for r, counts in _pit_cells(records) if r.sample.pit_quantiles]
     a = (cert.get("alpha") or {}).get("per_test") or cert["alpha_option"]
     if not found:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     widest = 0.0
-    for r in found:
-        quantiles = r["pit_quantiles"]
+    for r, quantiles, counts in found:
         probs = [(i + 1) / (len(quantiles) + 1) for i in range(len(quantiles))]
         ax.plot(
             probs,
             [q - p for q, p in zip(quantiles, probs)],
             lw=0.8,
-            color=None if r.get("passed") else "red",
-            label=None if r.get("passed") else r["cell"],
+            color=None if r.passed else "red",
+            label=None if r.passed else r.cell,
         )
-        widest = max(widest, math.sqrt(math.log(2 / a) / (2 * sum(r["pit_histogram"]))))
+        widest = max(widest, math.sqrt(math.log(2 / a) / (2 * sum(counts))))
     ax.axhspan(
         -widest,
         widest,

@@ -56,26 +56,28 @@ def main(argv: list[str] | None = None) -> int:
         except UnderpoweredError as error:
             print(f"seed {first + i}: ERROR underpowered: {error}")
             continue
-        d = outcome.details
-        looks = d["looks"]
+        facts = outcome.facts
+        looks = facts.looks
+        assert looks is not None, "a PIT cell records its looks"
         caught += not outcome.passed
         failed = [r.name for r in (outcome.verdict.results if outcome.verdict else []) if not r.passed]
         # the conformance checks judge the verifier white-box; the rest judge the output's law
         by_law += any(not name.startswith("conformance.") for name in failed)
         print(
             f"seed {first + i}: {'PASS' if outcome.passed else 'FAIL ' + ', '.join(failed)}; tested "
-            f"{looks['tested_tokens']:,} tokens (look {looks['stopped_at']} of {len(looks['tokens'])}, "
-            f"{'early' if looks['early'] else 'the last'}); design {d['design_tokens']:,}, fixed design "
-            f"{d['fixed_design_tokens']:,}; {time.perf_counter() - began:.1f} s"
+            f"{looks.tested_tokens:,} tokens (look {looks.stopped_at} of {len(looks.tokens)}, "
+            f"{'early' if looks.early else 'the last'}); design {facts.design_tokens:,}, fixed design "
+            f"{facts.fixed_design_tokens:,}; {time.perf_counter() - began:.1f} s"
         )
         if i == 0:
             print("| class | reach | power at ρ = 1 | ρ_min promised | ruled out down to | ρ at 0.99 | ρ at 0.8 |")
             print("|---|---|---|---|---|---|---|")
-            for name, c in d["bug_classes"].items():
-                family, curve = c["family"], c["curve"]
+            for name, c in (facts.bug_classes or {}).items():
+                required = c.family.required_down_to if c.family else None
+                ruled = c.family.ruled_out_down_to if c.family else None
                 print(
-                    f"| {name} | {c['reach']} | {c['power']:.3f} | {_rho(family['required_down_to'])} | "
-                    f"{_rho(family['ruled_out_down_to'])} | {_rho(curve['0.99'])} | {_rho(curve['0.8'])} |"
+                    f"| {name} | {c.reach} | {c.power:.3f} | {_rho(required)} | {_rho(ruled)} | "
+                    f"{_rho(c.curve.get('0.99'))} | {_rho(c.curve.get('0.8'))} |"
                 )
     if args.seeds > 1:
         print(f"caught in {caught} of {args.seeds} seeds ({by_law} by a test of the output's law, not conformance)")

@@ -11,12 +11,14 @@ import pytest
 from losscheck import cli
 from losscheck.errors import LosscheckError
 from losscheck.report import cell_cost, certificate
+from tests.support import result_json, verdict_json
 
 
 def pit(cell: str, seconds: float, phases: dict[str, float], tested: int) -> dict:
-    results = [{"name": "pit.support", "n": tested}, {"name": "pit.pooled_ks", "n": tested}]
+    results = [result_json("pit.support", tested), result_json("pit.pooled_ks", tested)]
     return {
         "cell": cell,
+        "nodeid": f"t::{cell}",
         "kind": "pit",
         "seconds": seconds,
         "target_passes": 30,
@@ -24,7 +26,7 @@ def pit(cell: str, seconds: float, phases: dict[str, float], tested: int) -> dic
         "phases": phases,
         "sequences": tested // 16,
         "horizon": 16,
-        "verdict": {"results": results},
+        "verdict": verdict_json(cell, *results),
         "outcome": "passed",
     }
 
@@ -34,6 +36,7 @@ CELLS = [
     pit("E-k4-T1-w1", 4.0, {"requests": 0.0, "pilot": 0.5, "generate": 2.0, "score": 1.0, "conformance": 0.5}, 8_000),
     {
         "cell": "A-k4-greedy",
+        "nodeid": "t::A-k4-greedy",
         "kind": "greedy",
         "seconds": 2.0,
         "target_passes": 60,
@@ -45,16 +48,17 @@ CELLS = [
     },
     {
         "cell": "A-k1-T1-small",
+        "nodeid": "t::A-k1-T1-small",
         "kind": "exact",
         "seconds": 8.0,
         "target_passes": 70,
         "target_tokens": 400_000,
         "sequences": 1_000,
         "horizon": 4,
-        "verdict": {"results": [{"name": "exact.support", "n": 1_000}]},
+        "verdict": verdict_json("A-k1-T1-small", result_json("exact.support", 1_000)),
         "outcome": "passed",
     },
-    {"cell": "A-k8-T1", "kind": "error", "passed": False, "outcome": "error", "error": "underpowered"},
+    {"cell": "A-k8-T1", "nodeid": "t::A-k8-T1", "kind": "error", "passed": False, "outcome": "error", "error": "x"},
 ]
 
 
@@ -133,7 +137,8 @@ def test_bench_cells_runs_the_main_job_through_certify(monkeypatch, tmp_path):
     def fake_main(args, plugins):
         seen.extend(args)
         out = next(a.split("=", 1)[1] for a in args if a.startswith("--losscheck-out="))
-        run = write_certificate(Path(out) / "20261201T120000-seed7")  # relative, as --out was given
+        # relative, as --out was given; a hand-made certificate, so not named as `write_run` names a run
+        run = write_certificate(Path(out) / "hand-made-run")
         config = pytest.Config.__new__(pytest.Config)
         config.stash = pytest.Stash()
         config.stash[VERDICT_KEY], config.stash[RUN_DIR_KEY] = "PASS", str(run)
@@ -146,7 +151,7 @@ def test_bench_cells_runs_the_main_job_through_certify(monkeypatch, tmp_path):
     assert cli.main(["bench", "--cells", "--out", "cells"]) == 0
     assert "--losscheck-bundled=reference" in seen and "--losscheck-out=cells/certificate" in seen
     cost = json.loads((tmp_path / "cells" / "cost.json").read_text())
-    assert cost["certificate"]["path"] == "cells/certificate/20261201T120000-seed7/certificate.json"
+    assert cost["certificate"]["path"] == "cells/certificate/hand-made-run/certificate.json"
     assert cost["wall_seconds"] is not None
 
 
@@ -156,7 +161,15 @@ def test_bench_cells_runs_the_main_job_through_certify(monkeypatch, tmp_path):
         (None, "no certificate at"),
         ("{not json", "is not valid JSON"),
         (json.dumps({**certificate_dict(), "cells": {"A-k4-T1": {}}}), "has no list of cell records"),
-        (json.dumps({**certificate_dict(), "cells": [{"cell": "A-k4-T1", "kind": "pit"}]}), "has no seconds"),
+        (json.dumps({**certificate_dict(), "cells": [{"cell": "A-k4-T1", "kind": "pit"}]}), "'nodeid' is missing"),
+        (
+            json.dumps({**certificate_dict(), "cells": [{"cell": "A-k4-T1", "nodeid": "t", "outcome": "passed"}]}),
+            "has no seconds",
+        ),
+        (
+            json.dumps({**certificate_dict(), "cells": [{"cell": "A-k4-T1", "nodeid": "t", "outcome": "maybe"}]}),
+            "cells[0].outcome: 'maybe' is not one of",
+        ),
     ],
 )
 def test_a_missing_or_garbled_certificate_names_the_file_and_the_fix(tmp_path, capsys, content, expected):

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
+from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.report import certificate, compare
 from losscheck.report.manifest import drafter_identity, weights_sha256
 from losscheck.run.options import Options
-from tests.support import assert_valid_certificate
+from tests.support import acceptance_json, assert_valid_certificate, cell_record
 
 MATRIX = [
     {"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"},
@@ -40,16 +41,14 @@ def manifest(worker: str = "gw0", matrix: list | None = None) -> dict:
     }
 
 
-def record(cell: str, passed: bool = True, outcome: str | None = None, tau: float = 3.0) -> dict:
-    group = {"acceptance_length": tau, "row_rounds": 10}
-    return {
-        "cell": cell,
-        "nodeid": f"test_greedy.py::test_greedy_equals_baseline[{cell}]",
-        "kind": "greedy",
-        "passed": passed,
-        "outcome": outcome or ("passed" if passed else "failed"),
-        "acceptance": {"mid": group},
-    }
+def record(cell: str, passed: bool = True, outcome: str | None = None, tau: float = 3.0) -> CellRecord:
+    return cell_record(
+        cell,
+        outcome or ("passed" if passed else "failed"),
+        kind="greedy",
+        passed=passed,
+        acceptance={"mid": acceptance_json(tau)},
+    )
 
 
 def build(manifests: list, records: list, exit_status: int = 0, interrupted: bool = False) -> dict:
@@ -169,17 +168,17 @@ def test_the_cost_adds_the_cells_seconds_by_kind_and_phase():
     from losscheck.report.certificate import cost, cost_lines
 
     records = [
-        {
-            "cell": "a",
-            "kind": "pit",
-            "seconds": 10.0,
-            "phases": {"generate": 6.0, "score": 3.0},
-            "target_passes": 3,
-            "target_tokens": 1200,
-        },
-        {"cell": "b", "kind": "pit", "seconds": 5.0, "phases": {"generate": 4.0, "score": 0.5}},
-        {"cell": "c", "kind": "greedy", "seconds": 1.0},
-        {"cell": "d", "kind": "error"},  # errored before a time was taken
+        cell_record(
+            "a",
+            kind="pit",
+            seconds=10.0,
+            phases={"generate": 6.0, "score": 3.0},
+            target_passes=3,
+            target_tokens=1200,
+        ),
+        cell_record("b", kind="pit", seconds=5.0, phases={"generate": 4.0, "score": 0.5}),
+        cell_record("c", kind="greedy", seconds=1.0),
+        cell_record("d", "error", kind="error"),  # errored before a time was taken
     ]
     found = cost(records)
     assert found["cell_seconds"] == 16.0 and found["by_kind"] == {"greedy": 1.0, "pit": 15.0}
@@ -189,4 +188,4 @@ def test_the_cost_adds_the_cells_seconds_by_kind_and_phase():
         "Cell time: 16 s summed over workers (greedy 1, pit 15); 3 target passes over 1,200 token positions; "
         "PIT cells by phase: generate 10, score 4"
     )
-    assert cost_lines([{"cell": "x", "kind": "pit"}]) == []
+    assert cost_lines([cell_record("x", kind="pit")]) == []

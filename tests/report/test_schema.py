@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 
 from losscheck.report import certificate
 from tests.report.test_certificate import build, manifest, record
+from tests.report.test_certificate import record as record_of
 from tests.support import assert_valid_certificate, certificate_errors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def test_the_schema_is_a_draft_2020_12_schema_of_this_certificate_version():
     Draft202012Validator.check_schema(schema)
     assert schema["properties"]["schema"]["const"] == certificate.SCHEMA
     assert set(schema["properties"]["verdict"]["enum"]) == set(certificate.VERDICTS)
-    assert set(schema["$defs"]["record"]["required"]) == {"cell", "nodeid", "outcome"}
+    assert set(schema["$defs"]["cell_record"]["required"]) == {"cell", "nodeid", "outcome"}
 
 
 @pytest.mark.parametrize(
@@ -44,6 +45,29 @@ def test_the_schema_is_a_draft_2020_12_schema_of_this_certificate_version():
 )
 def test_every_verdict_as_written_follows_the_schema(tmp_path, manifests, records, status, interrupted):
     assert_valid_certificate(written(build(manifests, records, status, interrupted), tmp_path))
+
+
+def test_the_published_schema_is_the_one_generated_from_the_record():
+    """The record's definitions in certificate.schema.json are `CellRecord`'s, as
+    `python -m losscheck.report.schema` writes them."""
+    from losscheck.report import schema
+
+    assert schema.published() == schema.generated(), "run `python -m losscheck.report.schema` and commit the file"
+
+
+def test_a_record_round_trips_through_its_json_and_a_wrong_value_is_named():
+    from losscheck.cells.record import CellRecord
+    from losscheck.errors import LosscheckError
+
+    record = record_of("A-k4-T1")
+    assert CellRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    bad = {**record.to_json(), "k": "four"}
+    with pytest.raises(LosscheckError, match=r"record\.k: expected int, found 'four'"):
+        CellRecord.from_json(bad)
+    nested = json.loads(json.dumps(record.to_json()))
+    nested["acceptance"]["mid"]["proposed"][1] = None
+    with pytest.raises(LosscheckError, match=r"record\.acceptance\.mid\.proposed\[1\]: expected int, found None"):
+        CellRecord.from_json(nested)
 
 
 def test_the_committed_certificates_follow_the_schema():

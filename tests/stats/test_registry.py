@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
+from losscheck.cells.record import RunFacts
 from losscheck.errors import LosscheckError
 from losscheck.stats import registry
 from losscheck.stats.conditional import ConditionalValues, conditional_tests
@@ -96,10 +97,12 @@ def test_a_real_cell_runs_a_registered_test(with_order_mean, session):
     cell = next(c for cells in session.plan.values() for c in cells if c.id == "A-k4-T1")
     outcome = run_pit(CellContext.of(session, cell))
     assert outcome.passed, outcome.message()
-    tests = {t["name"]: t for t in outcome.to_record()["verdict"]["results"]}
+    verdict = outcome.to_record(RunFacts("test_sampling.py::test_sampling[A-k4-T1]", "passed")).verdict
+    assert verdict is not None
+    tests = {t.name: t for t in verdict.results}
     assert "pit.order_mean" in tests
-    assert tests["pit.token_counts"]["alpha"] == pytest.approx(session.per_test_alpha / 15)
-    assert math.fsum(t["alpha"] for t in tests.values()) <= session.per_test_alpha * (1 + 1e-9)
+    assert tests["pit.token_counts"].alpha == pytest.approx(session.per_test_alpha / 15)
+    assert math.fsum(t.alpha for t in tests.values()) <= session.per_test_alpha * (1 + 1e-9)
 
 
 def test_registry_errors_name_the_fix(with_order_mean):

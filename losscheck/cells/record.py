@@ -1,0 +1,412 @@
+"""A cell's entry in the certificate: `CellRecord`, frozen and typed. A cell builds it
+(`CellOutcome.to_record`), the plugin completes it with how the test ran (`RunFacts`), and
+`losscheck.report` reads it. Its JSON form, `to_json` / `from_json`, is the one place its keys
+are spelled, and the certificate schema's record definitions are generated from these classes
+(`json_schema`), so the published schema and the record cannot drift apart.
+
+The JSON form: each field under its own name, nested records as objects, tuples as arrays, None
+as null; the fields of `SampleFacts` and `RunFacts` sit in the record's own object (the
+certificate's shape since schema 2), and are left out when None. Reading ignores keys this version does
+not know (a certificate of the same schema from a later losscheck), and names the path and the
+expected type of any value of the wrong type.
+
+Imports nothing heavy: the xdist controller reads records without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar, Union
+
+from losscheck.errors import LosscheckError
+
+Scalar = str | int | float | bool | None
+Outcome = Literal["passed", "failed", "skipped", "error"]
+_FLAT = {"flat": True}  # a field whose record's keys sit in the enclosing object
+
+
+@dataclass(frozen=True)
+class TestRecord:
+    """One statistical test (`losscheck.stats.result.TestResult`); infinities written as null."""
+
+    __test__ = False  # a record, not a pytest test class
+
+    name: str
+    expected: str
+    observed: str
+    statistic: float | None
+    p_value: float
+    alpha: float
+    n: int
+    power: float
+    passed: bool
+    detectable: dict[str, float | None] = field(default_factory=dict)  # effect -> smallest detected
+    log10_p: float | None = None
+    scope: str = "pooled"
+
+
+@dataclass(frozen=True)
+class VerdictRecord:
+    """A sampled cell's statistical verdict: its tests under its share `alpha`."""
+
+    cell: str
+    alpha: float
+    passed: bool
+    results: tuple[TestRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class DivergenceRecord:
+    """Where greedy speculative output first left the baseline on one prompt."""
+
+    tier: str
+    prompt_index: int
+    prompt: tuple[int, ...]
+    position: int  # index into the generated tokens
+    spec_token: int | None  # None: the speculative output ended here
+    base_token: int | None  # None: the baseline ended here
+    top1: int
+    top2: int
+    margin: float  # float64 top-2 logit margin of the target at the baseline prefix
+    near_tie: bool = False
+
+
+@dataclass(frozen=True)
+class AcceptanceRecord:
+    """The loop's counters over one prompt group (`losscheck.core.generation.LoopStats`)."""
+
+    k: int
+    acceptance_length: float | None
+    slot_acceptance: tuple[float | None, ...]  # None: a slot never proposed
+    proposed: tuple[int, ...]  # [k] drafts proposed per slot
+    accepted: tuple[int, ...]  # [k] drafts accepted per slot
+    wasted_fraction: float | None
+    row_rounds: int
+    draft_seconds: float
+    target_seconds: float
+    total_seconds: float
+    draft_time_fraction: float
+
+
+@dataclass(frozen=True)
+class LooksRecord:
+    """A sequential PIT cell's looks: the tested tokens at each, and where it stopped."""
+
+    tokens: tuple[int, ...]
+    allowed: int  # looks the design allowed
+    stopped_at: int  # index of the look it stopped at (len(tokens): ran to the end)
+    tested_tokens: int
+    early: bool
+    unconfirmed: tuple[int, ...] = ()  # looks where the data ruled every member out, the power not yet
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """A member ρ of a bug class's family an early stop had to rule out."""
+
+    rho: float
+    beta: float  # the chance the data rule it out wrongly
+    ruled_out: bool
+
+
+@dataclass(frozen=True)
+class FamilyRecord:
+    required_down_to: float | None  # the smallest ρ an early stop had to rule out
+    ruled_out_down_to: float | None  # the smallest ρ ruled out (from ρ = 1 down, without a gap)
+    members: tuple[MemberRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShortRecord:
+    """A member whose promised power the tested sample does not keep."""
+
+    rho: float
+    power: float
+    promised: float
+
+
+@dataclass(frozen=True)
+class IdsRecord:
+    """A misreporting drafter's ids an early stop had to rule out, by count (None: a certificate
+    from before these counts)."""
+
+    covered: int
+    partial: int
+    members: int | None = None
+    ruled_out: int | None = None
+
+
+@dataclass(frozen=True)
+class BugClassRecord:
+    """What a cell's tested sample says of one bug class (`losscheck.stats.design`)."""
+
+    test: str  # the test with the most power against it
+    tokens_needed: float | None  # tokens that test needs at the design's power (None: never)
+    power: float
+    covered: bool
+    reach: str = "none"  # "covered", "partial" or "none": how the cell's design reached it
+    power_checked: float | None = None
+    lr_bound_tokens: float | None = None
+    pilot_tokens_needed: float | None = None
+    rule_out_log10_e: float | None = None
+    ruled_out: bool = False
+    family: FamilyRecord | None = None
+    curve: dict[str, float | None] = field(default_factory=dict)  # power -> smallest ρ caught
+    short: tuple[ShortRecord, ...] = ()
+    ids: IdsRecord | None = None
+
+
+@dataclass(frozen=True)
+class SampleFacts:
+    """What a cell measured of its sample; None where its kind of cell measures no such thing."""
+
+    prompts: int | None = None
+    max_new_tokens: int | None = None  # greedy cells
+    near_tie_margin: float | None = None  # greedy cells: a smaller float64 margin is a near-tie
+    sequences: int | None = None  # sampled cells: sequences tested
+    horizon: int | None = None  # tokens per sequence
+    prompt: tuple[int, ...] | None = None  # exact cells: the one prompt
+    continuations: int | None = None  # exact cells: continuations enumerated
+    pilot_sequences: int | None = None
+    pilot_tokens: int | None = None
+    pilot_tested_tokens: int | None = None
+    design_tokens: int | None = None
+    fixed_design_tokens: int | None = None  # what a fixed-sample design would have tested
+    looks: LooksRecord | None = None
+    bug_classes: dict[str, BugClassRecord] | None = None
+    phases: dict[str, float] | None = None  # wall seconds per phase of a PIT cell
+    cutoff_ambiguous: int | None = None  # positions where implementations may cut differently
+    cutoff_left_out: int | None = None  # draws of tokens some implementation may cut
+    cutoff_tolerance: float | None = None
+    pit_histogram: tuple[float, ...] | None = None  # tested PIT values in 20 equal bins of [0, 1]
+    pit_quantiles: tuple[float, ...] | None = None
+    pooled_tv_upper: float | None = None  # upper confidence bound on the pooled PIT binned TV
+    pooled_tv_confidence: float | None = None
+    engine: str | None = None  # black-box cells: the engine's name, block length and test mode
+    engine_k: int | None = None
+    mode: str | None = None
+    acceptance_rule: str | None = None  # a drafter that verifies with a rule of its own names it
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """How the certification test ran (the plugin's part of the record)."""
+
+    nodeid: str
+    outcome: Outcome
+    seconds: float | None = None
+    target_passes: int | None = None  # this process's target passes during the cell
+    target_tokens: int | None = None
+    skip_reason: str | None = None  # a cell this platform cannot run
+    error: str | None = None  # the end of the traceback of a cell that errored
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One certification test's cell: its identity in the matrix, what it found, its sample, and
+    how its test ran. A record of a cell that errored or could not run carries little but its id
+    and `run`."""
+
+    cell: str
+    run: RunFacts = field(metadata=_FLAT)
+    kind: str | None = None  # the cell's mode ("greedy", "pit", ...); "error" for an errored cell
+    drafter: str | None = None
+    k: int | None = None
+    width: int | None = None
+    params: str | None = None
+    target: str | None = None
+    precision: str | None = None
+    passed: bool = False
+    near_ties: int = 0  # greedy divergences within the precision's round-off
+    verdict: VerdictRecord | None = None
+    divergences: tuple[DivergenceRecord, ...] = ()
+    acceptance: dict[str, AcceptanceRecord] = field(default_factory=dict)  # prompt group -> counters
+    problems: tuple[str, ...] = ()
+    serving: dict[str, int | str] = field(default_factory=dict)  # serving axis -> its value
+    serving_facts: dict[str, dict[str, Scalar]] = field(default_factory=dict)  # axis -> what it measured
+    sample: SampleFacts = field(default_factory=SampleFacts, metadata=_FLAT)
+
+    @property
+    def status(self) -> str:
+        """ "passed", "failed", "errored" or "not run", as the certificate's matrix counts it."""
+        if self.run.outcome == "skipped":
+            return "not run"
+        if self.run.outcome == "error":
+            return "errored"
+        return "passed" if self.passed and self.run.outcome == "passed" else "failed"
+
+    def with_run(self, **changes: object) -> CellRecord:
+        return dataclasses.replace(self, run=dataclasses.replace(self.run, **changes))  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, object]:
+        encoded = encode(self)
+        assert isinstance(encoded, dict)
+        return encoded
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "record") -> CellRecord:
+        """The record of `data` (a certificate's `cells` entry); `LosscheckError` naming the path
+        of a missing or mistyped value."""
+        return decode(cls, data, where)
+
+
+def bug_class_records(coverage: Mapping[str, Mapping[str, object]]) -> dict[str, BugClassRecord]:
+    """`losscheck.stats.design`'s per-class coverage as records."""
+    return decode(dict[str, BugClassRecord], coverage, "bug_classes")
+
+
+# --- the JSON form -----------------------------------------------------------------------------
+T = TypeVar("T")
+
+
+def encode(value: object, flat: bool = False) -> object:
+    """`value` as JSON: records as objects, the fields of a flat one merged into its parent's
+    (and left out there when None), tuples as arrays."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            if f.metadata.get("flat"):
+                inner = encode(v, flat=True)
+                assert isinstance(inner, dict)
+                out.update(inner)
+            elif v is not None or not flat:
+                out[f.name] = encode(v)
+        return out
+    if isinstance(value, (tuple, list)):
+        return [encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): encode(v) for k, v in value.items()}
+    return value
+
+
+def decode(tp: type[T], data: object, where: str) -> T:
+    """`data` read as `tp` (a record class or a field type of one)."""
+    return typing.cast(T, _decode(tp, data, where))
+
+
+def _decode(tp: object, data: object, where: str) -> object:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _decode(option, data, where)
+            except LosscheckError as exc:
+                errors.append(str(exc))
+        raise LosscheckError(errors[0] if len(options) == 1 else f"{where}: {data!r} is none of {_name(tp)}")
+    if origin is Literal:
+        if data not in args:
+            raise LosscheckError(f"{where}: {data!r} is not one of {', '.join(map(repr, args))}")
+        return data
+    if origin is tuple:
+        return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(_of(list, data, where)))
+    if origin is dict:
+        return {k: _decode(args[1], v, f"{where}.{k}") for k, v in _of(dict, data, where).items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _record(tp, _of(dict, data, where), where)
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise LosscheckError(f"{where}: expected a number, found {data!r}")
+        return float(data)
+    if tp in (int, str, bool):
+        if not isinstance(data, typing.cast(type, tp)) or (tp is int and isinstance(data, bool)):
+            raise LosscheckError(f"{where}: expected {_name(tp)}, found {data!r}")
+        return data
+    raise TypeError(f"{where}: no JSON form for {tp!r}")
+
+
+def _record(cls: type, data: dict[str, object], where: str) -> object:
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("flat"):
+            values[f.name] = _record(hints[f.name], data, where)
+        elif f.name in data and data[f.name] is not None:
+            values[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif not _has_default(f) and not _optional(hints[f.name]):
+            raise LosscheckError(f"{where}: {f.name!r} is missing")
+        elif not _has_default(f):
+            values[f.name] = None
+    return cls(**values)
+
+
+def _of(kind: type[T], data: object, where: str) -> T:
+    if not isinstance(data, kind):
+        raise LosscheckError(f"{where}: expected {'an array' if kind is list else 'an object'}, found {data!r}")
+    return data
+
+
+def _has_default(f: dataclasses.Field[object]) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _optional(tp: object) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _name(tp: object) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+# --- the schema --------------------------------------------------------------------------------
+_SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
+
+
+def json_schema(cls: type = CellRecord) -> dict[str, object]:
+    """The JSON schema (draft 2020-12) of `cls`'s JSON form: `{"$ref": ..., "$defs": ...}` with
+    a definition per record class, named as the class in snake case."""
+    defs: dict[str, object] = {}
+    return {"$ref": _schema(cls, defs)["$ref"], "$defs": defs}
+
+
+def _schema(tp: object, defs: dict[str, object]) -> dict[str, object]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        options = [_schema(a, defs) for a in args]
+        scalars = [o["type"] for o in options if set(o) == {"type"} and isinstance(o["type"], str)]
+        return {"type": scalars} if len(scalars) == len(options) else {"anyOf": options}
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin is tuple:
+        return {"type": "array", "items": _schema(args[0], defs)}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _schema(args[1], defs)}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        name = _snake(tp.__name__)
+        if name not in defs:
+            defs[name] = {}  # reserve the name before the fields refer back to it
+            properties, required = _fields(tp, defs)
+            defs[name] = {"type": "object", "required": required, "properties": properties}
+        return {"$ref": f"#/$defs/{name}"}
+    if isinstance(tp, type) and tp in _SCALARS:
+        return {"type": _SCALARS[tp]}
+    raise TypeError(f"no JSON schema for {tp!r}")
+
+
+def _fields(cls: type, defs: dict[str, object]) -> tuple[dict[str, object], list[str]]:
+    """The properties and required keys of `cls`'s object, flat fields' merged in."""
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, object] = {}
+    required: list[str] = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("flat"):
+            inner, needed = _fields(hints[f.name], defs)
+            properties.update(inner)
+            required += needed
+            continue
+        properties[f.name] = _schema(hints[f.name], defs)
+        if not _has_default(f) and not _optional(hints[f.name]):
+            required.append(f.name)
+    return properties, required
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
