@@ -29,8 +29,10 @@ def generated() -> dict[str, Any]:
     """The published schema with its record definitions generated afresh."""
     schema = published()
     record = json_schema()
+    defs = record["$defs"]
+    assert isinstance(defs, dict)
     own = {name: d for name, d in schema["$defs"].items() if name in HAND_WRITTEN}
-    schema["$defs"] = {**own, **record["$defs"]}
+    schema["$defs"] = {**own, **defs}
     schema["properties"]["cells"]["items"] = {"$ref": record["$ref"]}
     return schema
 
