@@ -9,7 +9,8 @@ One concept per module:
 - `metrics`: per-run figures (throughput, TTFT, TPOT, ITL, latency percentiles) and the speedup CI;
 - `model`: the speedup's analytic decomposition into acceptance length and round cost;
 - `peer`: Hugging Face assisted generation timed on the same requests;
-- `suite`: the measurements of one run, memoised, shared by the tests and the report;
-- `runfile`: the versioned JSON run file and the regression compare;
-- `report`: Markdown and plots.
+- `suite`: the measurements of one run, memoised, shared by the tests and the report.
+
+The run file and its regression compare (`losscheck.report.perf_run`) and the report's Markdown
+and plots (`losscheck.report.perf`) live with the other renderers in `losscheck.report`.
 """

@@ -1,5 +1,5 @@
 """The measurements of one perf run, memoised: any subset of the perf tests measures only what it
-needs, and the report (`losscheck.perf.report`) shows whatever was measured.
+needs, and the report (`losscheck.report.perf`) shows whatever was measured.
 
 A *rung* is one engine ("baseline" or a drafter) at one concurrency on one workload: one warm-up
 run, then `profile.repeats` timed runs of the same requests (`losscheck.perf.serving.serve`).
@@ -21,10 +21,10 @@ from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.errors import OptionError
 from losscheck.perf.metrics import Latencies, round_breakdown, speedup, throughput
 from losscheck.perf.model import Decomposition
-from losscheck.perf.runfile import SCHEMA, Comparison
 from losscheck.perf.serving import ServeTrace, serve
 from losscheck.perf.workload import Request, distinct_prompts, make_workload
 from losscheck.plan.perf_profiles import PerfProfile
+from losscheck.report.perf_run import SCHEMA, Comparison
 
 if TYPE_CHECKING:
     from losscheck.run.session import Session
@@ -169,7 +169,7 @@ class PerfRun:
         return list(self._traces)
 
     def document(self) -> dict[str, Any]:
-        """The run file (`losscheck.perf.runfile`): environment, identities, every rung measured."""
+        """The run file (`losscheck.report.perf_run`): environment, identities, every rung measured."""
         from losscheck.report.manifest import environment
 
         session = self.session

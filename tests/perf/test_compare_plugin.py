@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from losscheck.perf.runfile import SCHEMA
+from losscheck.report.perf_run import SCHEMA
 
 pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
 

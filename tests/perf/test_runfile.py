@@ -7,7 +7,7 @@ import json
 import pytest
 
 from losscheck.errors import OptionError
-from losscheck.perf import runfile
+from losscheck.report import perf_run
 
 
 def doc(speedup: float, tau: float, engine: str = "A", concurrency: int = 1) -> dict:
@@ -20,7 +20,7 @@ def doc(speedup: float, tau: float, engine: str = "A", concurrency: int = 1) -> 
     }
     base = {"engine": "baseline", "concurrency": concurrency, "workload": "ladder", "tau": 1.0}
     return {
-        "schema": runfile.SCHEMA,
+        "schema": perf_run.SCHEMA,
         "rungs": [rung, base],
         "environment": {"device": "cpu", "torch": "2"},
         "target": {"name": "t", "sha256": "x"},
@@ -28,9 +28,9 @@ def doc(speedup: float, tau: float, engine: str = "A", concurrency: int = 1) -> 
 
 
 def test_thresholds_parse_and_bad_ones_name_the_entry():
-    assert runfile.parse_thresholds("speedup:10%, tau:2.5%") == (
-        runfile.Threshold("speedup", 0.10),
-        runfile.Threshold("tau", 0.025),
+    assert perf_run.parse_thresholds("speedup:10%, tau:2.5%") == (
+        perf_run.Threshold("speedup", 0.10),
+        perf_run.Threshold("tau", 0.025),
     )
     for bad, says in (
         ("speed:10%", "'speed:10%'"),
@@ -40,41 +40,41 @@ def test_thresholds_parse_and_bad_ones_name_the_entry():
         ("", "at least one"),
     ):
         with pytest.raises(OptionError, match=says):
-            runfile.parse_thresholds(bad)
+            perf_run.parse_thresholds(bad)
 
 
 def test_a_drop_beyond_the_threshold_fails_and_within_it_passes():
     saved = doc(2.0, 4.0)
-    thresholds = runfile.parse_thresholds("speedup:10%,tau:5%")
-    ok = runfile.compare(doc(1.85, 3.9), saved, thresholds)  # -7.5%, -2.5%
+    thresholds = perf_run.parse_thresholds("speedup:10%,tau:5%")
+    ok = perf_run.compare(doc(1.85, 3.9), saved, thresholds)  # -7.5%, -2.5%
     assert [c.failed for c in ok] == [False, False]
-    bad = runfile.compare(doc(1.7, 3.7), saved, thresholds)  # -15%, -7.5%
+    bad = perf_run.compare(doc(1.7, 3.7), saved, thresholds)  # -15%, -7.5%
     assert [c.failed for c in bad] == [True, True]
     assert "REGRESSED" in bad[0].line() and "-15.0%" in bad[0].line()
-    assert runfile.compare(doc(3.0, 5.0), saved, thresholds)[0].failed is False  # faster is no regression
+    assert perf_run.compare(doc(3.0, 5.0), saved, thresholds)[0].failed is False  # faster is no regression
 
 
 def test_only_rungs_in_both_runs_are_compared():
-    assert runfile.compare(doc(1.0, 1.0, concurrency=8), doc(2.0, 4.0), runfile.parse_thresholds("tau:1%")) == []
+    assert perf_run.compare(doc(1.0, 1.0, concurrency=8), doc(2.0, 4.0), perf_run.parse_thresholds("tau:1%")) == []
 
 
 def test_load_round_trips_and_refuses_what_it_cannot_read(tmp_path):
     path = tmp_path / "run" / "perf.json"
-    runfile.save(doc(2.0, 4.0), path)
-    assert runfile.load(path) == json.loads(path.read_text())
+    perf_run.save(doc(2.0, 4.0), path)
+    assert perf_run.load(path) == json.loads(path.read_text())
     with pytest.raises(OptionError, match="no such file"):
-        runfile.load(tmp_path / "missing.json")
+        perf_run.load(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(OptionError, match="not JSON"):
-        runfile.load(tmp_path / "bad.json")
+        perf_run.load(tmp_path / "bad.json")
     (tmp_path / "old.json").write_text(json.dumps({"schema": "losscheck.perf/0"}))
     with pytest.raises(OptionError, match="losscheck.perf/0"):
-        runfile.load(tmp_path / "old.json")
+        perf_run.load(tmp_path / "old.json")
 
 
 def test_environment_changes_are_listed():
     now, saved = doc(2.0, 4.0), doc(2.0, 4.0)
     now["environment"]["device"] = "cuda:0"
     now["target"]["sha256"] = "y"
-    found = runfile.environment_changes(now, saved)
+    found = perf_run.environment_changes(now, saved)
     assert "device: cpu -> cuda:0" in found and any("another sha256" in f for f in found)

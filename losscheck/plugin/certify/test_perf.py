@@ -52,8 +52,8 @@ def perf_run(request: pytest.FixtureRequest, losscheck_session):
             f"the perf tier does not time under pytest-xdist (this is worker {worker}): parallel workers "
             "share the cores and the device, so each one's clock measures the others; run -m perf without -n"
         )
-    from losscheck.perf.report import write_report
     from losscheck.perf.suite import PerfRun
+    from losscheck.report.perf import write_report
 
     run = PerfRun(losscheck_session, _profile(request.config))
     yield run
@@ -117,18 +117,18 @@ def test_peer_hf_assisted(perf_run) -> None:
 def test_compare_saved_run(perf_run) -> None:
     """`--losscheck-perf-compare=RUN`: no speedup or tau below the saved run's by more than the
     thresholds of `--losscheck-perf-compare-fail`."""
-    from losscheck.perf import runfile
+    from losscheck.report import perf_run
 
     options = perf_run.session.options
     if options.perf_compare is None:
         pytest.skip("no saved run to compare with (--losscheck-perf-compare=RUN)")
-    saved = runfile.load(options.perf_compare)
-    found = runfile.compare(perf_run.document(), saved, runfile.parse_thresholds(options.perf_compare_fail))
+    saved = perf_run.load(options.perf_compare)
+    found = perf_run.compare(perf_run.document(), saved, perf_run.parse_thresholds(options.perf_compare_fail))
     perf_run.comparisons = found
     if not found:
         pytest.fail(f"{options.perf_compare} shares no drafter rung with this run; nothing to compare", pytrace=False)
     failed = [c.line() for c in found if c.failed]
-    changes = runfile.environment_changes(perf_run.document(), saved)
+    changes = perf_run.environment_changes(perf_run.document(), saved)
     assert not failed, (
         "regressed against "
         + options.perf_compare

@@ -12,17 +12,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from losscheck.perf import runfile
+from losscheck.report import perf_run
 from losscheck.report.markdown import markdown_table
 
 BASELINE = "baseline"
 WORKLOAD_ORDER = ("short", "low", "mid", "high")
 
 
-def write_report(doc: dict[str, Any], out: Path, comparisons: list[runfile.Comparison] | None = None) -> list[Path]:
+def write_report(doc: dict[str, Any], out: Path, comparisons: list[perf_run.Comparison] | None = None) -> list[Path]:
     """Write the run file, the Markdown summary and the plots under `out`; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    runfile.save(doc, out / "perf.json")
+    perf_run.save(doc, out / "perf.json")
     (out / "perf.md").write_text(markdown(doc, comparisons))
     return [out / "perf.json", out / "perf.md", *plot(doc, out)]
 
@@ -40,7 +40,7 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def markdown(doc: dict[str, Any], comparisons: list[runfile.Comparison] | None = None) -> str:
+def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None = None) -> str:
     env, p = doc["environment"], doc["profile"]
     lines = [
         "# losscheck perf\n",
