@@ -117,18 +117,18 @@ def test_peer_hf_assisted(perf_run) -> None:
 def test_compare_saved_run(perf_run) -> None:
     """`--losscheck-perf-compare=RUN`: no speedup or tau below the saved run's by more than the
     thresholds of `--losscheck-perf-compare-fail`."""
-    from losscheck.report import perf_run
+    from losscheck.report import perf_run as saved_runs
 
     options = perf_run.session.options
     if options.perf_compare is None:
         pytest.skip("no saved run to compare with (--losscheck-perf-compare=RUN)")
-    saved = perf_run.load(options.perf_compare)
-    found = perf_run.compare(perf_run.document(), saved, perf_run.parse_thresholds(options.perf_compare_fail))
+    saved = saved_runs.load(options.perf_compare)
+    found = saved_runs.compare(perf_run.document(), saved, saved_runs.parse_thresholds(options.perf_compare_fail))
     perf_run.comparisons = found
     if not found:
         pytest.fail(f"{options.perf_compare} shares no drafter rung with this run; nothing to compare", pytrace=False)
     failed = [c.line() for c in found if c.failed]
-    changes = perf_run.environment_changes(perf_run.document(), saved)
+    changes = saved_runs.environment_changes(perf_run.document(), saved)
     assert not failed, (
         "regressed against "
         + options.perf_compare
