@@ -73,9 +73,10 @@ class CellProgress:
     def collected(self, cells: Iterable[str]) -> None:
         self.selected = set(cells) if self.selected is None else self.selected | set(cells)
 
-    def planned(self, matrix: Iterable[Mapping[str, Any]]) -> None:
+    def planned(self, estimates: Mapping[str, float]) -> None:
+        """The plan's estimated seconds per cell (the first plan to arrive counts)."""
         if not self.estimates:
-            self.estimates = {e["cell"]: float(e.get("estimated_s") or 0.0) for e in matrix}
+            self.estimates = dict(estimates)
 
     def finished(self, cell: str, verdict: str, seconds: float | None) -> None:
         if cell in self.done:

@@ -193,3 +193,38 @@ def result_json(name: str, n: int, p_value: float = 0.5, alpha: float = 0.001, *
         "scope": "pooled",
     }
     return {**result, **fields}
+
+
+ENVIRONMENT = {
+    "losscheck": "0.1.0",
+    "git_revision": None,
+    "python": "3.11",
+    "platform": "Linux",
+    "machine": "x86_64",
+    "cpu_count": 2,
+    "torch": "2.13",
+    "transformers": "5",
+    "numpy": "2",
+    "scipy": "1",
+    "device": "cpu",
+    "accelerator": "cpu (x86_64)",
+    "worker": "gw0",
+    "threads": 1,
+}
+
+
+def manifest_record(matrix: list[dict], worker: str = "gw0", out: list[dict] | None = None, **fields: object):
+    """A hand-made process manifest (`losscheck.report.manifest.Manifest`), `matrix` and `fields`
+    in its JSON form, the rest filled with plausible values."""
+    from losscheck.report.manifest import Manifest
+
+    doc = {
+        "matrix": matrix,
+        "alpha": {"family": 0.01, "statistical_tests": 1, "per_test": 0.01},
+        "targets": {"main": {"path": "t", "sha256": "a" * 64, "precision": "fp32"}},
+        "drafters": {"main": {"A": {"name": "A", "sha256": "b" * 64}}},
+        "engine": None,
+        "scope": {"declared": "all", "out": out or []},
+        "environment": {**ENVIRONMENT, "worker": worker},
+    }
+    return Manifest.from_json({**doc, **fields})

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "losscheck"
 # and the run knows nothing of how cells certify. The self-test catalogue and the perf tier sit
 # outside production: only the entry points (the CLI, the certification tests) may import them.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "bundled", "progress", "stats"),
+    ("errors", "bundled", "progress", "jsonrecord", "stats"),
     ("core", "sampling"),  # sampling: the deprecated alias of core.sampling
     ("drafters", "engines", "verifiers"),
     ("serving",),

@@ -17,7 +17,7 @@ import pytest
 
 from losscheck import bundled
 from losscheck.cli import main
-from tests.support import cell_record
+from tests.support import cell_record, manifest_record
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"
@@ -52,13 +52,13 @@ def certificate_run(path: Path, drafters: dict, schema: str = "losscheck.certifi
     from losscheck.report import certificate
     from losscheck.run.options import Options
 
-    manifest = {
-        "matrix": [{"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"}],
-        "alpha": {"family": 0.01, "statistical_tests": 0, "per_test": None},
-        "targets": {"main": {"path": "bundled:target", "sha256": "a" * 64, "precision": "fp32"}},
-        "drafters": {"main": drafters},
-        "environment": {"losscheck": "0", "worker": "main", "threads": 1},
-    }
+    manifest = manifest_record(
+        [{"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"}],
+        "main",
+        alpha={"family": 0.01, "statistical_tests": 0, "per_test": None},
+        targets={"main": {"path": "bundled:target", "sha256": "a" * 64, "precision": "fp32"}},
+        drafters={"main": drafters},
+    )
     record = cell_record("A-k4-greedy", kind="greedy", passed=True)
     cert = certificate.build(certificate.run_meta(Options(), []), [manifest], [record], 0, False)
     path.mkdir(parents=True)

@@ -24,7 +24,7 @@ from losscheck.plan.scope import Scope, parse_scope
 from losscheck.progress import CellProgress
 from losscheck.report import certificate
 from losscheck.serving.axis import serving
-from tests.support import assert_valid_certificate, cell_record
+from tests.support import assert_valid_certificate, cell_record, manifest_record
 
 pytest_plugins = ["pytester"]
 
@@ -110,17 +110,9 @@ def meta(scope: str | None) -> dict:
     return {"seed": 1, "pytest_args": [], "profile": {"power": 0.99}, "scope_option": scope}
 
 
-def manifest(cells: list[str], out: list[dict]) -> dict:
-    return {
-        "matrix": [{"cell": c, "mode": "greedy", "argument": "greedy_cell", "slow": False} for c in cells],
-        "scope": {"out": out},
-        "environment": {
-            "worker": "main",
-            "threads": 1,
-            **dict.fromkeys(("losscheck", "python", "torch", "transformers", "accelerator"), "-"),
-            "git_revision": None,
-        },
-    }
+def manifest(cells: list[str], out: list[dict]):
+    matrix = [{"cell": c, "mode": "greedy", "argument": "greedy_cell", "slow": False} for c in cells]
+    return manifest_record(matrix, "main", out)
 
 
 def test_a_scoped_pass_names_its_scope_first():
@@ -182,7 +174,7 @@ def test_progress_lines_count_cells_and_extrapolate_the_time_left():
     lines: list[str] = []
     progress = CellProgress(lines.append, started=0.0)
     progress.collected(["a", "b", "c", "unrelated[x]"])
-    progress.planned([{"cell": c, "estimated_s": s} for c, s in (("a", 10.0), ("b", 10.0), ("c", 20.0))])
+    progress.planned({"a": 10.0, "b": 10.0, "c": 20.0})
     progress.finished("a", "PASS", 4.0)
     progress.finished("a", "PASS", 4.0)  # a second report of the same cell (teardown) adds nothing
     assert len(lines) == 1 and lines[0].startswith("[1/3] a PASS 4.0 s — ") and "left" in lines[0]

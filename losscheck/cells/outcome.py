@@ -18,13 +18,12 @@ from losscheck.cells.record import (
     DivergenceRecord,
     RunFacts,
     SampleFacts,
-    Scalar,
     VerdictRecord,
-    decode,
 )
 from losscheck.core.divergence import Divergence
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.errors import flag
+from losscheck.jsonrecord import Scalar, decode
 from losscheck.plan.cell import ORACLE, Cell
 from losscheck.serving.axis import record as serving_record
 from losscheck.stats.result import CellVerdict, TestResult, combine

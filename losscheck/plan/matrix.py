@@ -17,6 +17,7 @@ from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.plan import bundled_sets
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
+from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes
 from losscheck.serving.axis import serving
@@ -153,15 +154,12 @@ def statistical_tests(cells: Mapping[str, list[Cell]]) -> int:
     return sum(len(cells[arg]) for arg in STATISTICAL_ARGS)
 
 
-def entries(cells: Mapping[str, list[Cell]]) -> list[dict[str, Any]]:
-    """The full matrix of a plan as JSON: one entry per cell of every certification argument,
-    the rows a certificate accounts for (passed, failed, errored or not run)."""
+def entries(cells: Mapping[str, list[Cell]]) -> list[MatrixEntry]:
+    """The full matrix of a plan: one entry per cell of every certification argument."""
     from losscheck.plan.cost import estimated_seconds
 
     return [
-        {"cell": c.id, "mode": c.mode, "argument": arg, "slow": c.slow, "estimated_s": round(estimated_seconds(c), 1)}
-        for arg in CELL_ARGS
-        for c in cells[arg]
+        MatrixEntry(c.id, c.mode, arg, c.slow, round(estimated_seconds(c), 1)) for arg in CELL_ARGS for c in cells[arg]
     ]
 
 

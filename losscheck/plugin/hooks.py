@@ -20,6 +20,7 @@ import pytest
 from losscheck.cells.record import CellRecord, RunFacts
 from losscheck.errors import LosscheckError
 from losscheck.progress import QUIET, Progress
+from losscheck.report.manifest import Manifest
 from losscheck.run.context import CellContext
 from losscheck.run.loading import check_options
 from losscheck.run.options import add_options, from_parsed
@@ -208,7 +209,7 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
         from losscheck.report.manifest import build
 
         stash[MANIFEST_SENT_KEY] = True
-        report.user_properties.append((MANIFEST_PROPERTY, json.dumps(build(session), default=str)))
+        report.user_properties.append((MANIFEST_PROPERTY, json.dumps(build(session).to_json(), default=str)))
     if record is not None:
         # JSON text survives xdist's report serialisation unchanged.
         report.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_json(), default=str)))
@@ -230,7 +231,7 @@ class RecordCollector:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[CellRecord] = []
-        self.manifests: list[dict[str, Any]] = []
+        self.manifests: list[Manifest] = []
         self.interrupted = False
         self.cert: dict[str, Any] | None = None
         from losscheck.progress import CellProgress
@@ -258,9 +259,13 @@ class RecordCollector:
         self.progress.collected(_cell_id(nodeid) for nodeid in ids if "[" in nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        manifests = [json.loads(str(v)) for n, v in report.user_properties if n == MANIFEST_PROPERTY]
+        manifests = [
+            Manifest.from_json(json.loads(str(v)), f"{report.nodeid}: manifest")
+            for n, v in report.user_properties
+            if n == MANIFEST_PROPERTY
+        ]
         for manifest in manifests:
-            self.progress.planned(manifest["matrix"])
+            self.progress.planned({e.cell: e.estimated_s or 0.0 for e in manifest.matrix})
         self.manifests += manifests
         found = [
             CellRecord.from_json(json.loads(str(v)), report.nodeid)

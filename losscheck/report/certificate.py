@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from losscheck.cells.record import CellRecord
+from losscheck.jsonrecord import encode
+from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.scope import WHOLE
 from losscheck.report import claims
+from losscheck.report.manifest import Manifest
 
 SCHEMA = "losscheck.certificate/2"
 VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
@@ -52,7 +55,7 @@ def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
 
 def build(
     meta: dict[str, Any],
-    manifests: list[dict[str, Any]],
+    manifests: Sequence[Manifest],
     records: Sequence[CellRecord],
     exit_status: int,
     interrupted: bool,
@@ -68,11 +71,11 @@ def build(
     if exit_status not in (0, 1, 5) and not interrupted:
         problems.append(f"pytest exited with status {exit_status} (an internal or usage error)")
     verdict, reason = _verdict(matrix, counts, problems, exit_status, interrupted, known=bool(manifests))
-    first = manifests[0] if manifests else {}
+    first = manifests[0] if manifests else None
     scope = {
         "declared": meta.get("scope_option") or WHOLE,
         "whole": not meta.get("scope_option"),
-        "out": first.get("scope", {}).get("out", []),
+        "out": encode(first.scope.out) if first else [],
         "cells": len(matrix),
     }
     return {
@@ -83,11 +86,11 @@ def build(
         "reason": reason,
         "problems": problems,
         **meta,
-        "alpha": first.get("alpha"),
+        "alpha": encode(first.alpha) if first else None,
         "environment": _environment(manifests),
-        "targets": first.get("targets", {}),
-        "drafters": first.get("drafters", {}),
-        "engine": first.get("engine"),
+        "targets": first.targets if first else {},
+        "drafters": first.drafters if first else {},
+        "engine": first.engine if first else None,
         "counts": counts,
         "tested": claims.tested(records),
         "conformance": claims.conformance(records),
@@ -146,11 +149,11 @@ def records_of(cert: dict[str, Any]) -> list[CellRecord]:
     return [CellRecord.from_json(c, f"cells[{i}]") for i, c in enumerate(cells)]
 
 
-def _matrix(manifests: list[dict[str, Any]], records: Sequence[CellRecord]) -> tuple[list[dict[str, Any]], list[str]]:
+def _matrix(manifests: Sequence[Manifest], records: Sequence[CellRecord]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every planned cell with its status; records of cells outside the matrix are problems."""
     problems: list[str] = []
-    planned = manifests[0]["matrix"] if manifests else []
-    if any(m["matrix"] != planned for m in manifests[1:]):
+    planned = manifests[0].matrix if manifests else ()
+    if any(m.matrix != planned for m in manifests[1:]):
         problems.append(
             "the pytest processes planned different matrices (a drafter that declares "
             "different block lengths from run to run?); no cell can be accounted for"
@@ -159,9 +162,9 @@ def _matrix(manifests: list[dict[str, Any]], records: Sequence[CellRecord]) -> t
     why = {r.cell: r.run.skip_reason for r in records if r.run.skip_reason}
     matrix = [
         {
-            **entry,
-            "status": status.pop(entry["cell"], "not run"),
-            **({"reason": why[entry["cell"]]} if entry["cell"] in why else {}),
+            **_entry(entry),
+            "status": status.pop(entry.cell, "not run"),
+            **({"reason": why[entry.cell]} if entry.cell in why else {}),
         }
         for entry in planned
     ]
@@ -170,6 +173,12 @@ def _matrix(manifests: list[dict[str, Any]], records: Sequence[CellRecord]) -> t
     else:  # nothing to account against: list what ran
         matrix = [{"cell": cell, "status": s} for cell, s in sorted(status.items())]
     return matrix, problems
+
+
+def _entry(entry: MatrixEntry) -> dict[str, Any]:
+    encoded = encode(entry)
+    assert isinstance(encoded, dict)
+    return encoded
 
 
 def _verdict(
@@ -212,13 +221,15 @@ def _verdict(
     )
 
 
-def _environment(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first process's environment, with each process's worker id, threads and device."""
+def _environment(manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The first process's environment, with each process's worker id and threads."""
     if not manifests:
         return {}
     per_process = ("worker", "threads")
-    env = {k: v for k, v in manifests[0]["environment"].items() if k not in per_process}
-    env["workers"] = {m["environment"]["worker"]: {"threads": m["environment"]["threads"]} for m in manifests}
+    first = encode(manifests[0].environment)
+    assert isinstance(first, dict)
+    env = {k: v for k, v in first.items() if k not in per_process}
+    env["workers"] = {m.environment.worker: {"threads": m.environment.threads} for m in manifests}
     return env
 
 

@@ -15,8 +15,12 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from losscheck.jsonrecord import decode, encode
+from losscheck.plan.entry import MatrixEntry
 
 if TYPE_CHECKING:
     import torch
@@ -25,34 +29,111 @@ if TYPE_CHECKING:
 
 UNHASHED = "no weights found to hash: give the drafter an `identity` dict with its own 'sha256'"
 
+Identity = dict[str, object]  # a model's identity: path, sha256, precision and what it declares of itself
 
-def build(session: Session) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class RegisteredTest:
+    """A statistical test a sampled cell may run, as the registry declares it."""
+
+    __test__ = False  # a record, not a pytest test class
+
+    name: str
+    family: str
+    scope: str
+    anytime: bool  # valid under any stopping rule (an e-value)
+    spends_alpha: bool  # False: fails only on an event of probability 0 under H0
+
+
+@dataclass(frozen=True)
+class AlphaSplit:
+    """The family-wise α and its Bonferroni split over the statistical cells of the full matrix."""
+
+    family: float
+    statistical_tests: int
+    per_test: float | None  # None: no statistical cell
+    tests: tuple[RegisteredTest, ...] = ()
+
+
+@dataclass(frozen=True)
+class OutOfScope:
+    cell: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeclaredScope:
+    declared: str  # the --scope text
+    out: tuple[OutOfScope, ...] = ()  # the cells of the full matrix it leaves out
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What one process ran on."""
+
+    losscheck: str
+    git_revision: str | None  # None: not run from a git checkout
+    python: str
+    platform: str
+    machine: str
+    cpu_count: int | None
+    torch: str
+    transformers: str
+    numpy: str
+    scipy: str
+    device: str
+    accelerator: str
+    worker: str  # the xdist worker id ("main" in process)
+    threads: int  # torch's threads in this process
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One process's manifest: the full matrix, the α split, every model's identity, the declared
+    scope and the environment."""
+
+    matrix: tuple[MatrixEntry, ...]
+    alpha: AlphaSplit
+    targets: dict[str, Identity]
+    drafters: dict[str, dict[str, Identity]]  # target name -> drafter name -> identity
+    engine: Identity | None
+    scope: DeclaredScope
+    environment: Environment
+
+    def to_json(self) -> dict[str, object]:
+        encoded = encode(self)
+        assert isinstance(encoded, dict)
+        return encoded
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "manifest") -> Manifest:
+        return decode(cls, data, where)
+
+
+def build(session: Session) -> Manifest:
     """The manifest of this process (loads the models and plans the matrix, if not done yet)."""
     from losscheck.plan import matrix
 
     plan = session.plan
-    return {
-        "matrix": matrix.entries(plan),
-        "alpha": {
-            "family": session.options.alpha,
-            "statistical_tests": session.n_statistical,
-            "per_test": session.per_test_alpha,
-            "tests": registered_tests(),
-        },
-        "targets": {name: portable(dict(t.identity)) for name, t in session.targets.items()},
-        "drafters": {}
+    return Manifest(
+        matrix=tuple(matrix.entries(plan)),
+        alpha=AlphaSplit(session.options.alpha, session.n_statistical, session.per_test_alpha, registered_tests()),
+        targets={name: portable(dict(t.identity)) for name, t in session.targets.items()},
+        drafters={}
         if session.engine_only
         else {
             name: {key: portable(drafter_identity(d)) for key, d in session.drafters(name).items()}
             for name in session.target_names
         },
-        "engine": engine_identity(session.blackbox) if session.blackbox is not None else None,
-        "scope": {"declared": session.options.scope.label(), "out": session.out_of_scope},
-        "environment": environment(session.device),
-    }
+        engine=engine_identity(session.blackbox) if session.blackbox is not None else None,
+        scope=DeclaredScope(
+            session.options.scope.label(), tuple(OutOfScope(o["cell"], o["reason"]) for o in session.out_of_scope)
+        ),
+        environment=environment(session.device),
+    )
 
 
-def registered_tests() -> list[dict[str, Any]]:
+def registered_tests() -> tuple[RegisteredTest, ...]:
     """Every statistical test a sampled cell may run, as the registry declares it
     (`losscheck.stats.registry`): the tests each cell's share of alpha is split over."""
     import importlib
@@ -62,26 +143,17 @@ def registered_tests() -> list[dict[str, Any]]:
     for family_module in ("losscheck.stats.pit", "losscheck.stats.conditional", "losscheck.cells.conformance"):
         importlib.import_module(family_module)  # each registers its family's tests when imported
 
-    return [
-        {
-            "name": t.name,
-            "family": t.family,
-            "scope": t.scope,
-            "anytime": t.anytime,
-            "spends_alpha": t.spends_alpha,
-        }
-        for t in registry.all_tests()
-    ]
+    return tuple(RegisteredTest(t.name, t.family, t.scope, t.anytime, t.spends_alpha) for t in registry.all_tests())
 
 
-def portable(identity: dict[str, Any]) -> dict[str, Any]:
+def portable(identity: Identity) -> Identity:
     """`identity` with its model `path` as a certificate attached to a release can carry it: a
     bundled fixture as `bundled:NAME`, any other path relative to the directory the run started
     in (the hash, not the path, is what identifies the model)."""
     from losscheck import bundled
 
     path = identity.get("path")
-    if not path:
+    if not isinstance(path, str) or not path:
         return identity
     fixtures = bundled.fixtures_dir().resolve()
     found = Path(path).resolve()
@@ -92,15 +164,15 @@ def portable(identity: dict[str, Any]) -> dict[str, Any]:
     return {**identity, "path": shown}
 
 
-def engine_identity(engine: Any) -> dict[str, Any]:
+def engine_identity(engine: Any) -> Identity:
     """A black-box engine's name, block length and precision, and its own `identity` if it has one."""
     return {"name": engine.name, "k": engine.k, "precision": engine.precision, **getattr(engine, "identity", {})}
 
 
-def drafter_identity(drafter: Any) -> dict[str, Any]:
+def drafter_identity(drafter: Any) -> Identity:
     """Name, class, declared knobs and content hash: the drafter's own `identity` (files it was
     loaded from), else a hash of the tensors of the modules it holds."""
-    identity: dict[str, Any] = {
+    identity: Identity = {
         "name": drafter.name,
         "class": f"{type(drafter).__module__}.{type(drafter).__qualname__}",
         "block_lengths": list(drafter.block_lengths),
@@ -138,7 +210,7 @@ def _bytes(tensor: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes()
 
 
-def environment(device: torch.device) -> dict[str, Any]:
+def environment(device: torch.device) -> Environment:
     """Library versions, losscheck's version and git revision, device and accelerator, and the
     threads this process's torch uses."""
     import numpy
@@ -146,22 +218,22 @@ def environment(device: torch.device) -> dict[str, Any]:
     import torch
     import transformers
 
-    return {
-        "losscheck": _losscheck_version(),
-        "git_revision": git_revision(Path(__file__).resolve().parent),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "numpy": numpy.__version__,
-        "scipy": scipy.__version__,
-        "device": str(device),
-        "accelerator": accelerator(device),
-        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-        "threads": torch.get_num_threads(),
-    }
+    return Environment(
+        losscheck=_losscheck_version(),
+        git_revision=git_revision(Path(__file__).resolve().parent),
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        machine=platform.machine(),
+        cpu_count=os.cpu_count(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        numpy=numpy.__version__,
+        scipy=scipy.__version__,
+        device=str(device),
+        accelerator=accelerator(device),
+        worker=os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        threads=torch.get_num_threads(),
+    )
 
 
 def accelerator(device: torch.device) -> str:

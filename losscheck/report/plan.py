@@ -4,18 +4,20 @@ take (`losscheck certify --list`, and the lines `losscheck certify` prints first
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from losscheck.plan.entry import MatrixEntry
 from losscheck.run.options import Options
 
 if TYPE_CHECKING:
     from losscheck.run.session import Session
 
 
-def planned(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def planned(session: Session) -> tuple[list[MatrixEntry], list[dict[str, str]]]:
     """(matrix entries in scope, each with its `estimated_s` scaled to the run's target; cells out
     of scope), planned the way the run plans them: the drafters are built (their declared block
     lengths and widths make the matrix) against the target's weightless skeleton, and no cell runs."""
@@ -27,7 +29,7 @@ def planned(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, str]
     target = session.options.target or bundled.target_path()
     config = json.loads((Path(target).expanduser() / "config.json").read_text())
     entries = [
-        {**e, "estimated_s": round(e["estimated_s"] * target_scale(config, Mode(e["mode"])), 1)}
+        dataclasses.replace(e, estimated_s=round((e.estimated_s or 0.0) * target_scale(config, Mode(e.mode)), 1))
         for e in matrix.entries(session.plan)
     ]
     return entries, session.out_of_scope
@@ -41,15 +43,15 @@ def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list
     entries, out = planned(options if isinstance(options, Session) else Session(options, skeleton=True))
     lines = []
     if full:
-        width = max([len(e["cell"]) for e in entries] + [4])
+        width = max([len(e.cell) for e in entries] + [4])
         lines.append(f"{'cell':<{width}}  {'kind':<13}  {'tier':<5}  est. s")
         for e in entries:
-            tier = "slow" if e["slow"] else "quick"
-            lines.append(f"{e['cell']:<{width}}  {e['mode']:<13}  {tier:<5}  {e['estimated_s']:.0f}")
+            tier = "slow" if e.slow else "quick"
+            lines.append(f"{e.cell:<{width}}  {e.mode:<13}  {tier:<5}  {e.estimated_s or 0.0:.0f}")
         lines += [f"{e['cell']:<{width}}  out of scope: {e['reason']}" for e in out]
-    kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(e["mode"] for e in entries).items())
+    kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(e.mode for e in entries).items())
     lines.append(f"plan: {len(entries)} cells ({kinds or 'none'}); {len(out)} out of the declared scope")
-    lines.append(estimate_line(sum(e["estimated_s"] for e in entries), workers))
+    lines.append(estimate_line(sum(e.estimated_s or 0.0 for e in entries), workers))
     return lines
 
 

@@ -11,7 +11,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from losscheck.cells.record import json_schema
+from losscheck.cells.record import record_schema
 
 HAND_WRITTEN = ("identity",)  # the definitions not generated from the record
 
@@ -28,7 +28,7 @@ def published() -> dict[str, Any]:
 def generated() -> dict[str, Any]:
     """The published schema with its record definitions generated afresh."""
     schema = published()
-    record = json_schema()
+    record = record_schema()
     defs = record["$defs"]
     assert isinstance(defs, dict)
     own = {name: d for name, d in schema["$defs"].items() if name in HAND_WRITTEN}

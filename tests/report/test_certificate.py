@@ -10,35 +10,18 @@ import torch
 from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.report import certificate, compare
-from losscheck.report.manifest import drafter_identity, weights_sha256
+from losscheck.report.manifest import Manifest, drafter_identity, weights_sha256
 from losscheck.run.options import Options
-from tests.support import acceptance_json, assert_valid_certificate, cell_record
+from tests.support import acceptance_json, assert_valid_certificate, cell_record, manifest_record
 
 MATRIX = [
     {"cell": "A-k4-greedy", "mode": "greedy", "argument": "greedy_cell"},
     {"cell": "A-k4-T1", "mode": "pit", "argument": "sampling_cell"},
 ]
-ENV = {
-    "losscheck": "0.1.0",
-    "git_revision": None,
-    "python": "3.11",
-    "torch": "2.13",
-    "transformers": "5",
-    "accelerator": "cpu",
-    "device": "cpu",
-    "worker": "gw0",
-    "threads": 1,
-}
 
 
-def manifest(worker: str = "gw0", matrix: list | None = None) -> dict:
-    return {
-        "matrix": MATRIX if matrix is None else matrix,
-        "alpha": {"family": 0.01, "statistical_tests": 1, "per_test": 0.01},
-        "targets": {"main": {"path": "t", "sha256": "a" * 64, "precision": "fp32"}},
-        "drafters": {"main": {"A": {"name": "A", "sha256": "b" * 64}}},
-        "environment": {**ENV, "worker": worker},
-    }
+def manifest(worker: str = "gw0", matrix: list | None = None) -> Manifest:
+    return manifest_record(MATRIX if matrix is None else matrix, worker)
 
 
 def record(cell: str, passed: bool = True, outcome: str | None = None, tau: float = 3.0) -> CellRecord:

@@ -4,6 +4,7 @@ certificate losscheck writes follows, and that rejects a broken one."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from importlib.resources import files
 from pathlib import Path
@@ -114,12 +115,12 @@ def test_the_certificate_lists_the_registered_tests(tmp_path):
 
     tests = registered_tests()
     for family in ("pit", "conditional", "conformance"):
-        assert sum(t["spends_alpha"] for t in tests if t["family"] == family) == registry.budget_count(family)
-    assert {t["name"] for t in tests} == {t.name for t in registry.all_tests()}
-    with_tests = manifest()
-    with_tests["alpha"]["tests"] = tests
+        assert sum(t.spends_alpha for t in tests if t.family == family) == registry.budget_count(family)
+    assert {t.name for t in tests} == {t.name for t in registry.all_tests()}
+    plain = manifest()
+    with_tests = dataclasses.replace(plain, alpha=dataclasses.replace(plain.alpha, tests=tests))
     cert = written(build([with_tests], [record("A-k4-greedy"), record("A-k4-T1")]), tmp_path)
     assert_valid_certificate(cert)
-    assert cert["alpha"]["tests"] == tests
+    assert cert["alpha"]["tests"] == [dataclasses.asdict(t) for t in tests]
     summary = certificate.markdown(cert)
     assert "`pit.pooled_chisquare`" in summary and "`pit.token_counts` (anytime)" in summary
