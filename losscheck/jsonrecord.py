@@ -24,6 +24,22 @@ from losscheck.errors import LosscheckError
 Scalar = str | int | float | bool | None
 FLAT = {"flat": True}  # a field whose record's keys sit in the enclosing object
 T = TypeVar("T")
+R = TypeVar("R", bound="JsonRecord")
+
+
+class JsonRecord:
+    """A record (a frozen dataclass that derives from this) that writes and reads its own JSON."""
+
+    def to_json(self) -> dict[str, object]:
+        encoded = encode(self)
+        assert isinstance(encoded, dict)
+        return encoded
+
+    @classmethod
+    def from_json(cls: type[R], data: object, where: str | None = None) -> R:
+        """The record of `data`; `LosscheckError` naming the path (from `where`, by default the
+        record's name) of a missing or mistyped value."""
+        return decode(cls, data, where or _snake(cls.__name__))
 
 
 def encode(value: object, flat: bool = False) -> object:

@@ -20,16 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from losscheck.jsonrecord import FLAT, Scalar, decode, encode, json_schema
+from losscheck.jsonrecord import FLAT, JsonRecord, Scalar, decode, json_schema
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
 
 
 @dataclass(frozen=True)
-class TestRecord:
-    """One statistical test (`losscheck.stats.result.TestResult`); infinities written as null."""
-
-    __test__ = False  # a record, not a pytest test class
+class ResultRecord:
+    """One statistical test's result (`losscheck.stats.result.TestResult`); infinities written as null."""
 
     name: str
     expected: str
@@ -52,7 +50,7 @@ class VerdictRecord:
     cell: str
     alpha: float
     passed: bool
-    results: tuple[TestRecord, ...] = ()
+    results: tuple[ResultRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -202,7 +200,7 @@ class RunFacts:
 
 
 @dataclass(frozen=True)
-class CellRecord:
+class CellRecord(JsonRecord):
     """One certification test's cell: its identity in the matrix, what it found, its sample, and
     how its test ran. A record of a cell that errored or could not run carries little but its id
     and `run`."""
@@ -228,7 +226,7 @@ class CellRecord:
 
     @property
     def status(self) -> str:
-        """ "passed", "failed", "errored" or "not run", as the certificate's matrix counts it."""
+        """What the certificate's matrix counts the cell as: passed, failed, errored or not run."""
         if self.run.outcome == "skipped":
             return "not run"
         if self.run.outcome == "error":
@@ -237,17 +235,6 @@ class CellRecord:
 
     def with_run(self, **changes: object) -> CellRecord:
         return dataclasses.replace(self, run=dataclasses.replace(self.run, **changes))  # type: ignore[arg-type]
-
-    def to_json(self) -> dict[str, object]:
-        encoded = encode(self)
-        assert isinstance(encoded, dict)
-        return encoded
-
-    @classmethod
-    def from_json(cls, data: object, where: str = "record") -> CellRecord:
-        """The record of `data` (a certificate's `cells` entry); `LosscheckError` naming the path
-        of a missing or mistyped value."""
-        return decode(cls, data, where)
 
 
 def bug_class_records(coverage: Mapping[str, Mapping[str, object]]) -> dict[str, BugClassRecord]:

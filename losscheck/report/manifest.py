@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from losscheck.jsonrecord import decode, encode
+from losscheck.jsonrecord import JsonRecord
 from losscheck.plan.entry import MatrixEntry
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ Identity = dict[str, object]  # a model's identity: path, sha256, precision and 
 @dataclass(frozen=True)
 class RegisteredTest:
     """A statistical test a sampled cell may run, as the registry declares it."""
-
-    __test__ = False  # a record, not a pytest test class
 
     name: str
     family: str
@@ -88,7 +86,7 @@ class Environment:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(JsonRecord):
     """One process's manifest: the full matrix, the α split, every model's identity, the declared
     scope and the environment."""
 
@@ -99,15 +97,6 @@ class Manifest:
     engine: Identity | None
     scope: DeclaredScope
     environment: Environment
-
-    def to_json(self) -> dict[str, object]:
-        encoded = encode(self)
-        assert isinstance(encoded, dict)
-        return encoded
-
-    @classmethod
-    def from_json(cls, data: object, where: str = "manifest") -> Manifest:
-        return decode(cls, data, where)
 
 
 def build(session: Session) -> Manifest:

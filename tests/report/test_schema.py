@@ -63,11 +63,11 @@ def test_a_record_round_trips_through_its_json_and_a_wrong_value_is_named():
     record = record_of("A-k4-T1")
     assert CellRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
     bad = {**record.to_json(), "k": "four"}
-    with pytest.raises(LosscheckError, match=r"record\.k: expected int, found 'four'"):
+    with pytest.raises(LosscheckError, match=r"cell_record\.k: expected int, found 'four'"):
         CellRecord.from_json(bad)
     nested = json.loads(json.dumps(record.to_json()))
     nested["acceptance"]["mid"]["proposed"][1] = None
-    with pytest.raises(LosscheckError, match=r"record\.acceptance\.mid\.proposed\[1\]: expected int, found None"):
+    with pytest.raises(LosscheckError, match=r"cell_record\.acceptance\.mid\.proposed\[1\]: expected int, found None"):
         CellRecord.from_json(nested)
 
 
