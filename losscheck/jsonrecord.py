@@ -4,8 +4,11 @@ cell's record, a process's manifest).
 A record is a frozen dataclass whose fields are typed with str, int, float, bool, None, `Literal`,
 unions of these, `tuple[X, ...]`, `dict[str, X]`, `object` (free-form JSON, e.g. a model's own
 identity) and other records. `encode` writes it (records as objects, tuples as arrays); a field
-whose metadata is `FLAT` has its record's fields merged into the enclosing object, and left out
-there when None. `decode` reads JSON back as a record type, ignoring keys the record does not
+whose metadata is `FLAT` has its record's fields merged into the enclosing object, and the None
+fields of a record whose class sets `OMIT_NONE` are left out. A field's
+metadata may give its JSON name (`json_field(name=...)`, for a key that is no identifier) and
+schema keywords (`json_field(doc=..., minimum=0, ...)`); a class's `SCHEMA` adds keywords to its
+definition. `decode` reads JSON back as a record type, ignoring keys the record does not
 know and raising `LosscheckError` with the path and the expected type of any value it cannot
 read; `json_schema` writes the draft 2020-12 schema of a record type, one definition per record
 class. Imports nothing heavy: the xdist controller reads records without torch.
@@ -23,6 +26,19 @@ from losscheck.errors import LosscheckError
 
 Scalar = str | int | float | bool | None
 FLAT = {"flat": True}  # a field whose record's keys sit in the enclosing object
+
+
+def json_field(name: str | None = None, doc: str | None = None, **schema: object) -> dict[str, object]:
+    """A field's metadata: its JSON name (default: the field's), its description and other schema
+    keywords for the published schema."""
+    keywords = {**({"description": doc} if doc else {}), **schema}
+    return {**({"name": name} if name else {}), **({"schema": keywords} if keywords else {})}
+
+
+def _key(f: dataclasses.Field[object]) -> str:
+    return str(f.metadata.get("name", f.name))
+
+
 T = TypeVar("T")
 R = TypeVar("R", bound="JsonRecord")
 
@@ -42,19 +58,20 @@ class JsonRecord:
         return decode(cls, data, where or _snake(cls.__name__))
 
 
-def encode(value: object, flat: bool = False) -> object:
-    """`value` as JSON: records as objects, the fields of a flat one merged into its parent's
-    (and left out there when None), tuples as arrays."""
+def encode(value: object) -> object:
+    """`value` as JSON: records as objects (the fields of a flat one merged into its parent's;
+    None fields left out of a record whose class sets `OMIT_NONE`), tuples as arrays."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        omit = getattr(value, "OMIT_NONE", False)
         out: dict[str, object] = {}
         for f in dataclasses.fields(value):
             v = getattr(value, f.name)
             if f.metadata.get("flat"):
-                inner = encode(v, flat=True)
+                inner = encode(v)
                 assert isinstance(inner, dict)
                 out.update(inner)
-            elif v is not None or not flat:
-                out[f.name] = encode(v)
+            elif v is not None or not omit:
+                out[_key(f)] = encode(v)
         return out
     if isinstance(value, (tuple, list)):
         return [encode(v) for v in value]
@@ -108,12 +125,13 @@ def _record(cls: type, data: dict[str, object], where: str) -> object:
     hints = typing.get_type_hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
+        key = _key(f)
         if f.metadata.get("flat"):
             values[f.name] = _record(hints[f.name], data, where)
-        elif f.name in data and data[f.name] is not None:
-            values[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif key in data and data[key] is not None:
+            values[f.name] = _decode(hints[f.name], data[key], f"{where}.{key}")
         elif not _has_default(f) and not _optional(hints[f.name]):
-            raise LosscheckError(f"{where}: {f.name!r} is missing")
+            raise LosscheckError(f"{where}: {key!r} is missing")
         elif not _has_default(f):
             values[f.name] = None
     return cls(**values)
@@ -156,7 +174,7 @@ def _schema(tp: object, defs: dict[str, object]) -> dict[str, object]:
         scalars = [o["type"] for o in options if set(o) == {"type"} and isinstance(o["type"], str)]
         return {"type": scalars} if len(scalars) == len(options) else {"anyOf": options}
     if origin is Literal:
-        return {"enum": list(args)}
+        return {"const": args[0]} if len(args) == 1 else {"enum": list(args)}
     if origin is tuple:
         return {"type": "array", "items": _schema(args[0], defs)}
     if origin is dict:
@@ -166,7 +184,9 @@ def _schema(tp: object, defs: dict[str, object]) -> dict[str, object]:
         if name not in defs:
             defs[name] = {}  # reserve the name before the fields refer back to it
             properties, required = _fields(tp, defs)
-            defs[name] = {"type": "object", "required": required, "properties": properties}
+            doc = {"description": " ".join(tp.__doc__.split())} if tp.__doc__ else {}
+            extra = getattr(tp, "SCHEMA", {})
+            defs[name] = {"type": "object", **doc, "required": required, "properties": properties, **extra}
         return {"$ref": f"#/$defs/{name}"}
     if isinstance(tp, type) and tp in _SCALARS:
         return {"type": _SCALARS[tp]}
@@ -184,9 +204,9 @@ def _fields(cls: type, defs: dict[str, object]) -> tuple[dict[str, object], list
             properties.update(inner)
             required += needed
             continue
-        properties[f.name] = _schema(hints[f.name], defs)
-        if not _has_default(f) and not _optional(hints[f.name]):
-            required.append(f.name)
+        properties[_key(f)] = {**_schema(hints[f.name], defs), **f.metadata.get("schema", {})}
+        if not _has_default(f):  # written always (None as null), though a reader takes it as absent
+            required.append(_key(f))
     return properties, required
 
 

@@ -62,7 +62,7 @@ def certificate_run(path: Path, drafters: dict, schema: str = "losscheck.certifi
     record = cell_record("A-k4-greedy", kind="greedy", passed=True)
     cert = certificate.build(certificate.run_meta(Options(), []), [manifest], [record], 0, False)
     path.mkdir(parents=True)
-    (path / "certificate.json").write_text(json.dumps({**cert, "schema": schema}, default=str))
+    (path / "certificate.json").write_text(json.dumps({**cert.to_json(), "schema": schema}, default=str))
 
 
 def setup_files(cwd: Path) -> None:

@@ -7,6 +7,7 @@ cheapest cells (greedy, bundled target).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -106,8 +107,10 @@ def test_an_engine_without_a_drafter_plans_the_engines_cells_only():
     assert session.n_statistical == len(session.plan["engine_cell"])
 
 
-def meta(scope: str | None) -> dict:
-    return {"seed": 1, "pytest_args": [], "profile": {"power": 0.99}, "scope_option": scope}
+def meta(scope: str | None):
+    from losscheck.run.options import Options
+
+    return dataclasses.replace(certificate.run_meta(Options(seed=1), []), scope_option=scope)
 
 
 def manifest(cells: list[str], out: list[dict]):
@@ -119,7 +122,7 @@ def test_a_scoped_pass_names_its_scope_first():
     out = [{"cell": "A-k4-greedy-tp2", "reason": "-split declared out"}]
     records = [cell_record("A-k4-greedy", kind="greedy", passed=True)]
     cert = certificate.build(meta("-split"), [manifest(["A-k4-greedy"], out)], records, 0, False)
-    assert cert["verdict"] == "PASS" and cert["scope"]["out"] == out
+    assert cert.verdict == "PASS" and cert.to_json()["scope"]["out"] == out
     assert certificate.headline(cert).startswith("losscheck verdict: PASS of --scope=-split — ")
     summary = certificate.markdown(cert).splitlines()
     assert summary[2].startswith("scope: -split (1 cells in scope; out of scope: 1 cells: -split declared out)")
@@ -132,8 +135,8 @@ def test_a_cell_the_hardware_cannot_run_makes_the_run_partial_with_its_reason():
         cell_record("A-k4-greedy-tp2", "skipped", skip_reason=reason),
     ]
     cert = certificate.build(meta(None), [manifest(["A-k4-greedy", "A-k4-greedy-tp2"], [])], records, 0, False)
-    assert cert["verdict"] == "PARTIAL" and "--losscheck-scope=-split" in cert["reason"]
-    assert [m.get("reason") for m in cert["matrix"]] == [None, reason]
+    assert cert.verdict == "PARTIAL" and "--losscheck-scope=-split" in cert.reason
+    assert [m.reason for m in cert.matrix] == [None, reason]
 
 
 def test_an_unavailable_cell_is_skipped_with_the_scope_that_declares_it_out():

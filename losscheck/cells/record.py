@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from losscheck.jsonrecord import FLAT, JsonRecord, Scalar, decode, json_schema
 
@@ -156,7 +156,9 @@ class BugClassRecord:
 
 @dataclass(frozen=True)
 class SampleFacts:
-    """What a cell measured of its sample; None where its kind of cell measures no such thing."""
+    """What a cell measured of its sample; None (left out) where its kind of cell measures no such thing."""
+
+    OMIT_NONE: ClassVar[bool] = True
 
     prompts: int | None = None
     max_new_tokens: int | None = None  # greedy cells
@@ -189,6 +191,8 @@ class SampleFacts:
 @dataclass(frozen=True)
 class RunFacts:
     """How the certification test ran (the plugin's part of the record)."""
+
+    OMIT_NONE: ClassVar[bool] = True
 
     nodeid: str
     outcome: Outcome
@@ -225,7 +229,7 @@ class CellRecord(JsonRecord):
     sample: SampleFacts = field(default_factory=SampleFacts, metadata=FLAT)
 
     @property
-    def status(self) -> str:
+    def status(self) -> Literal["passed", "failed", "errored", "not run"]:
         """What the certificate's matrix counts the cell as: passed, failed, errored or not run."""
         if self.run.outcome == "skipped":
             return "not run"

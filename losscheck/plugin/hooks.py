@@ -28,6 +28,7 @@ from losscheck.run.session import Session
 
 if TYPE_CHECKING:
     from losscheck.plan.cell import Cell
+    from losscheck.report.document import Certificate
 
 SESSION_KEY = pytest.StashKey[Session]()
 PROGRESS_KEY = pytest.StashKey[Progress]()  # stages of a long cell, on a terminal's live line
@@ -233,7 +234,7 @@ class RecordCollector:
         self.records: list[CellRecord] = []
         self.manifests: list[Manifest] = []
         self.interrupted = False
-        self.cert: dict[str, Any] | None = None
+        self.cert: Certificate | None = None
         from losscheck.progress import CellProgress
 
         self.progress = CellProgress(self._write_line)
@@ -309,8 +310,8 @@ class RecordCollector:
             int(exitstatus),
             self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED,
         )
-        self.config.stash[VERDICT_KEY] = self.cert["verdict"]
-        if options.require_pass and self.cert["verdict"] != "PASS" and session.exitstatus == 0:
+        self.config.stash[VERDICT_KEY] = self.cert.verdict
+        if options.require_pass and self.cert.verdict != "PASS" and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
@@ -329,7 +330,7 @@ class RecordCollector:
             terminalreporter.write_line(line)
         terminalreporter.write_line(certificate.scope_line(cert))
         terminalreporter.write_line(
-            certificate.headline(cert), bold=True, red=cert["verdict"] != "PASS", green=cert["verdict"] == "PASS"
+            certificate.headline(cert), bold=True, red=cert.verdict != "PASS", green=cert.verdict == "PASS"
         )
         if options.out is not None:
             path = certificate.write_run(options.out, cert)

@@ -21,6 +21,7 @@ from typing import Any
 from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.report import certificate
+from losscheck.report.document import Certificate
 from losscheck.report.markdown import markdown_table
 
 SCHEMA = "losscheck.bench-cells/1"
@@ -31,7 +32,7 @@ TIMED = ("seconds", "target_passes", "target_tokens")  # what every ran cell's r
 SUMMED = (*TIMED, "tokens_tested")  # a cell row's figures that add up over cells
 
 
-def read(run: str | Path) -> tuple[dict[str, Any], Path]:
+def read(run: str | Path) -> tuple[Certificate, Path]:
     """The certificate of `run` (a run directory or its certificate.json) and its path, checked to
     carry what a cost table needs; a missing or garbled file is a `LosscheckError` naming it."""
     path = Path(run)
@@ -40,11 +41,7 @@ def read(run: str | Path) -> tuple[dict[str, Any], Path]:
         cert = certificate.load(path)
     except LosscheckError as exc:
         raise LosscheckError(f"{exc}; {FIX}") from None
-    try:
-        records = certificate.records_of(cert)
-    except LosscheckError as exc:
-        raise LosscheckError(f"{str(path)!r}: {exc}; {FIX}") from None
-    for r in records:
+    for r in cert.cells:
         missing = [key for key in TIMED if getattr(r.run, key) is None]
         if r.run.outcome != "error" and missing:
             raise LosscheckError(
@@ -122,26 +119,25 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def report(cert: dict[str, Any], source: str | Path, wall_seconds: float | None = None) -> dict[str, Any]:
+def report(cert: Certificate, source: str | Path, wall_seconds: float | None = None) -> dict[str, Any]:
     """The cost report of `cert` (read from `source`); `wall_seconds`: the run's wall time when
     `losscheck bench` ran it, else None (a certificate does not record it)."""
-    records = certificate.records_of(cert)
-    ran = [r for r in records if r.run.seconds is not None]
+    ran = [r for r in cert.cells if r.run.seconds is not None]
     rows = sorted((cell_row(r) for r in ran), key=lambda r: (-r["seconds"], r["cell"]))
-    env = cert.get("environment") or {}
+    env = cert.environment
     return {
         "schema": SCHEMA,
         "certificate": {
             "path": Path(source).as_posix(),
-            "created": cert.get("created"),
-            "verdict": cert.get("verdict"),
-            "seed": cert.get("seed"),
-            "git_revision": env.get("git_revision"),
-            "pytest_args": cert.get("pytest_args"),
-            "workers": len(env.get("workers") or {}) or None,
+            "created": cert.created,
+            "verdict": cert.verdict,
+            "seed": cert.meta.seed,
+            "git_revision": env.git_revision,
+            "pytest_args": list(cert.meta.pytest_args),
+            "workers": len(env.workers) or None,
         },
         "wall_seconds": wall_seconds,
-        "untimed_cells": [r.cell for r in records if r.run.seconds is None],
+        "untimed_cells": [r.cell for r in cert.cells if r.run.seconds is None],
         "totals": totals(rows),
         "cells": rows,
     }

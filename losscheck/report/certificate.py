@@ -13,53 +13,70 @@ verdict is
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from losscheck.cells.record import CellRecord
-from losscheck.jsonrecord import encode
 from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.scope import WHOLE
 from losscheck.report import claims
-from losscheck.report.manifest import Manifest
+from losscheck.report.document import (
+    SCHEMA,
+    Certificate,
+    Cost,
+    Counts,
+    MatrixRow,
+    RunEnvironment,
+    RunMeta,
+    Scope,
+    Slowest,
+    Status,
+    Verdict,
+    Worker,
+)
+from losscheck.report.manifest import Identity, Manifest, RegisteredTest
 
-SCHEMA = "losscheck.certificate/2"
+if TYPE_CHECKING:
+    from losscheck.run.options import Options
+
 VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
 STATUSES = ("passed", "failed", "errored", "not run")
+__all__ = ["SCHEMA", "Certificate", "build", "load", "run_meta", "write_run"]
 
 
-def run_meta(options: Any, pytest_args: list[str]) -> dict[str, Any]:
-    """What the controller knows about a run before any model loads (`options`: `Options`)."""
-    return {
-        "seed": options.seed,
-        "pytest_args": list(pytest_args),
-        "alpha_option": options.alpha,
-        "profile": dict(options.profile.__dict__),
-        "target_option": options.target,
-        "drafter_option": options.drafter,
-        "bundled_option": options.bundled,
-        "engine_option": options.engine,
-        "scope_option": None if options.scope.whole else options.scope.text,
-        "verifier_option": options.verifier,
-        "mutant": options.mutant,
-        "device_option": options.device,
-        "precisions": [p.label() for p in options.precisions],
-        "strict": options.strict,
-    }
+def run_meta(options: Options, pytest_args: list[str]) -> RunMeta:
+    """What the controller knows about a run before any model loads."""
+    return RunMeta(
+        seed=options.seed,
+        pytest_args=tuple(pytest_args),
+        alpha_option=options.alpha,
+        profile=options.profile,
+        target_option=options.target,
+        drafter_option=options.drafter,
+        bundled_option=options.bundled,
+        engine_option=options.engine,
+        scope_option=None if options.scope.whole else options.scope.text,
+        verifier_option=options.verifier,
+        mutant=options.mutant,
+        device_option=options.device,
+        precisions=tuple(p.label() for p in options.precisions),
+        strict=options.strict,
+    )
 
 
 def build(
-    meta: dict[str, Any],
+    meta: RunMeta,
     manifests: Sequence[Manifest],
     records: Sequence[CellRecord],
     exit_status: int,
     interrupted: bool,
-) -> dict[str, Any]:
+) -> Certificate:
     """The certificate of a run.
 
     meta: what the controller knows without models: seed, options, the pytest command line.
@@ -67,42 +84,37 @@ def build(
     records: one per certification test that ran, skipped or errored.
     """
     matrix, problems = _matrix(manifests, records)
-    counts = {s: sum(1 for m in matrix if m["status"] == s) for s in STATUSES}
+    counts = Counts(*(sum(1 for m in matrix if m.status == s) for s in STATUSES))
     if exit_status not in (0, 1, 5) and not interrupted:
         problems.append(f"pytest exited with status {exit_status} (an internal or usage error)")
     verdict, reason = _verdict(matrix, counts, problems, exit_status, interrupted, known=bool(manifests))
     first = manifests[0] if manifests else None
-    scope = {
-        "declared": meta.get("scope_option") or WHOLE,
-        "whole": not meta.get("scope_option"),
-        "out": encode(first.scope.out) if first else [],
-        "cells": len(matrix),
-    }
-    return {
-        "schema": SCHEMA,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "verdict": verdict,
-        "scope": scope,
-        "reason": reason,
-        "problems": problems,
-        **meta,
-        "alpha": encode(first.alpha) if first else None,
-        "environment": _environment(manifests),
-        "targets": first.targets if first else {},
-        "drafters": first.drafters if first else {},
-        "engine": first.engine if first else None,
-        "counts": counts,
-        "tested": claims.tested(records),
-        "conformance": claims.conformance(records),
-        "bug_classes": claims.coverage(records, meta.get("profile", {}).get("power", 0.99)),
-        "cost": cost(records),
-        "matrix": matrix,
-        "pytest_exit_status": exit_status,
-        "cells": [r.to_json() for r in records],
-    }
+    scope = Scope(meta.scope_option or WHOLE, not meta.scope_option, first.scope.out if first else (), len(matrix))
+    return Certificate(
+        schema=SCHEMA,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        verdict=verdict,
+        scope=scope,
+        reason=reason,
+        problems=tuple(problems),
+        meta=meta,
+        alpha=first.alpha if first else None,
+        environment=_environment(manifests),
+        targets=first.targets if first else {},
+        drafters=first.drafters if first else {},
+        engine=first.engine if first else None,
+        counts=counts,
+        tested=claims.tested(records),
+        conformance=claims.conformance(records),
+        bug_classes=claims.coverage(records, meta.profile.power),
+        cost=cost(records),
+        matrix=tuple(matrix),
+        pytest_exit_status=exit_status,
+        cells=tuple(records),
+    )
 
 
-def cost(records: Sequence[CellRecord]) -> dict[str, Any]:
+def cost(records: Sequence[CellRecord]) -> Cost:
     """Seconds the cells took, in all, by kind and by phase of the PIT cells (summed over
     processes: under xdist more than the run's wall time), and the slowest cells."""
     timed = [(r, r.run.seconds) for r in records if r.run.seconds is not None]
@@ -113,43 +125,32 @@ def cost(records: Sequence[CellRecord]) -> dict[str, Any]:
     for r in records:
         for phase, s in (r.sample.phases or {}).items():
             phases[phase] = phases.get(phase, 0.0) + s
-    return {
-        "cell_seconds": round(sum(seconds for _, seconds in timed), 1),
-        "target_passes": sum(r.run.target_passes or 0 for r in records),
-        "target_tokens": sum(r.run.target_tokens or 0 for r in records),
-        "by_kind": {kind: round(s, 1) for kind, s in sorted(by_kind.items())},
-        "pit_phases": {phase: round(s, 1) for phase, s in phases.items()},
-        "slowest": [{"cell": r.cell, "seconds": seconds} for r, seconds in sorted(timed, key=lambda rs: -rs[1])[:10]],
-    }
+    return Cost(
+        cell_seconds=round(sum(seconds for _, seconds in timed), 1),
+        target_passes=sum(r.run.target_passes or 0 for r in records),
+        target_tokens=sum(r.run.target_tokens or 0 for r in records),
+        by_kind={kind: round(s, 1) for kind, s in sorted(by_kind.items())},
+        pit_phases={phase: round(s, 1) for phase, s in phases.items()},
+        slowest=tuple(Slowest(r.cell, seconds) for r, seconds in sorted(timed, key=lambda rs: -rs[1])[:10]),
+    )
 
 
 def cost_lines(records: Sequence[CellRecord]) -> list[str]:
     """One line of what the cells cost (`cost`), for the terminal and the summary."""
     c = cost(records)
-    if not c["cell_seconds"]:
+    if not c.cell_seconds:
         return []
-    kinds = ", ".join(f"{kind} {s:.0f}" for kind, s in c["by_kind"].items())
-    phases = ", ".join(f"{phase} {s:.0f}" for phase, s in c["pit_phases"].items())
+    kinds = ", ".join(f"{kind} {s:.0f}" for kind, s in c.by_kind.items())
+    phases = ", ".join(f"{phase} {s:.0f}" for phase, s in c.pit_phases.items())
     return [
         "",
-        f"Cell time: {c['cell_seconds']:.0f} s summed over workers ({kinds}); "
-        f"{c['target_passes']} target passes over {c['target_tokens']:,} token positions"
+        f"Cell time: {c.cell_seconds:.0f} s summed over workers ({kinds}); "
+        f"{c.target_passes} target passes over {c.target_tokens:,} token positions"
         + (f"; PIT cells by phase: {phases}" if phases else ""),
     ]
 
 
-def records_of(cert: dict[str, Any]) -> list[CellRecord]:
-    """The cell records of a certificate read back from its JSON; `LosscheckError` naming the
-    first record that is not one."""
-    from losscheck.errors import LosscheckError
-
-    cells = cert.get("cells", [])
-    if not isinstance(cells, list):
-        raise LosscheckError("the certificate has no list of cell records under 'cells'")
-    return [CellRecord.from_json(c, f"cells[{i}]") for i, c in enumerate(cells)]
-
-
-def _matrix(manifests: Sequence[Manifest], records: Sequence[CellRecord]) -> tuple[list[dict[str, Any]], list[str]]:
+def _matrix(manifests: Sequence[Manifest], records: Sequence[CellRecord]) -> tuple[list[MatrixRow], list[str]]:
     """Every planned cell with its status; records of cells outside the matrix are problems."""
     problems: list[str] = []
     planned = manifests[0].matrix if manifests else ()
@@ -160,59 +161,50 @@ def _matrix(manifests: Sequence[Manifest], records: Sequence[CellRecord]) -> tup
         )
     status = {r.cell: r.status for r in records}
     why = {r.cell: r.run.skip_reason for r in records if r.run.skip_reason}
-    matrix = [
-        {
-            **_entry(entry),
-            "status": status.pop(entry.cell, "not run"),
-            **({"reason": why[entry.cell]} if entry.cell in why else {}),
-        }
-        for entry in planned
-    ]
+    matrix = [_row(entry, status.pop(entry.cell, "not run"), why.get(entry.cell)) for entry in planned]
     if manifests:
         problems += [f"cell {cell} ran but is not in the planned matrix" for cell in sorted(status)]
     else:  # nothing to account against: list what ran
-        matrix = [{"cell": cell, "status": s} for cell, s in sorted(status.items())]
+        matrix = [MatrixRow(cell, s) for cell, s in sorted(status.items())]
     return matrix, problems
 
 
-def _entry(entry: MatrixEntry) -> dict[str, Any]:
-    encoded = encode(entry)
-    assert isinstance(encoded, dict)
-    return encoded
+def _row(entry: MatrixEntry, status: Status, reason: str | None) -> MatrixRow:
+    return MatrixRow(entry.cell, status, entry.mode, entry.argument, entry.slow, entry.estimated_s, reason)
 
 
 def _verdict(
-    matrix: list[dict[str, Any]],
-    counts: dict[str, int],
+    matrix: list[MatrixRow],
+    counts: Counts,
     problems: list[str],
     exit_status: int,
     interrupted: bool,
     known: bool,
-) -> tuple[str, str]:
-    ran = counts["passed"] + counts["failed"] + counts["errored"]
+) -> tuple[Verdict, str]:
+    ran = counts.passed + counts.failed + counts.errored
     tally = (
-        f"{counts['passed']} passed, {counts['failed']} failed, {counts['errored']} errored, "
-        f"{counts['not run']} not run of {len(matrix)} cells"
+        f"{counts.passed} passed, {counts.failed} failed, {counts.errored} errored, "
+        f"{counts.not_run} not run of {len(matrix)} cells"
     )
     if interrupted:
         return "INTERRUPTED", f"the run was interrupted: {tally}"
-    if counts["failed"] or counts["errored"] or problems:
+    if counts.failed or counts.errored or problems:
         return "FAIL", tally + ("; " + "; ".join(problems) if problems else "")
     if exit_status not in (0, 5):
         return "FAIL", f"{tally}; a test outside the matrix failed (pytest exit status {exit_status})"
     if not known:
         return "PARTIAL", f"no certification test ran, so the matrix is unknown ({ran} cells recorded)"
-    if counts["not run"]:
-        missing = [m for m in matrix if m["status"] == "not run"]
-        if all(m.get("slow") for m in missing):
+    if counts.not_run:
+        missing = [m for m in matrix if m.status == "not run"]
+        if all(m.slow for m in missing):
             return "PARTIAL", (
                 f"{tally}: the quick gate is complete; the {len(missing)} cells not run are the "
                 "slow tier's (`pytest -m lossless` or `losscheck certify` runs every cell)"
             )
-        unavailable = [m for m in missing if m.get("reason")]
+        unavailable = [m for m in missing if m.reason]
         if unavailable:
             return "PARTIAL", (
-                f"{tally}: {len(unavailable)} could not run here ({unavailable[0]['cell']}: {unavailable[0]['reason']})"
+                f"{tally}: {len(unavailable)} could not run here ({unavailable[0].cell}: {unavailable[0].reason})"
             )
         return "PARTIAL", tally
     return (
@@ -221,72 +213,86 @@ def _verdict(
     )
 
 
-def _environment(manifests: Sequence[Manifest]) -> dict[str, Any]:
+def _environment(manifests: Sequence[Manifest]) -> RunEnvironment:
     """The first process's environment, with each process's worker id and threads."""
     if not manifests:
-        return {}
-    per_process = ("worker", "threads")
-    first = encode(manifests[0].environment)
-    assert isinstance(first, dict)
-    env = {k: v for k, v in first.items() if k not in per_process}
-    env["workers"] = {m.environment.worker: {"threads": m.environment.threads} for m in manifests}
-    return env
+        return RunEnvironment()
+    env = manifests[0].environment
+    return RunEnvironment(
+        losscheck=env.losscheck,
+        git_revision=env.git_revision,
+        python=env.python,
+        platform=env.platform,
+        machine=env.machine,
+        cpu_count=env.cpu_count,
+        torch=env.torch,
+        transformers=env.transformers,
+        numpy=env.numpy,
+        scipy=env.scipy,
+        device=env.device,
+        accelerator=env.accelerator,
+        workers={m.environment.worker: Worker(m.environment.threads) for m in manifests},
+    )
 
 
-def write_run(out: str | Path, cert: dict[str, Any]) -> Path:
+def write_run(out: str | Path, cert: Certificate) -> Path:
     """Write the certificate, its Markdown summary and plots under `out`; return the run dir."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    run = Path(out) / f"{stamp}-seed{cert['seed']}"
+    run = Path(out) / f"{stamp}-seed{cert.meta.seed}"
     run.mkdir(parents=True, exist_ok=True)
     cert = relative_to_run(cert, run)
-    (run / "certificate.json").write_text(json.dumps(finite(cert), indent=2, allow_nan=False, default=str))
+    (run / "certificate.json").write_text(json.dumps(finite(cert.to_json()), indent=2, allow_nan=False, default=str))
     render(cert, run)
     return run
 
 
-def relative_to_run(cert: dict[str, Any], run: Path) -> dict[str, Any]:
+def relative_to_run(cert: Certificate, run: Path) -> Certificate:
     """`cert` with each model path that is not a bundled fixture made relative to the run
     directory `run` (the manifests give them relative to the directory the run started in, the
     current one): a certificate moved with its models keeps pointing at them, and no absolute
     path of the machine that made it is written."""
 
-    def moved(identity: dict[str, Any]) -> dict[str, Any]:
+    def moved(identity: Identity) -> Identity:
         path = identity.get("path")
         if not isinstance(path, str) or not path or path.startswith("bundled:"):
             return identity
         return {**identity, "path": Path(os.path.relpath(Path(path).resolve(), run.resolve())).as_posix()}
 
-    targets = {name: moved(t) for name, t in cert.get("targets", {}).items()}
-    drafters = {name: {k: moved(d) for k, d in ds.items()} for name, ds in cert.get("drafters", {}).items()}
-    return {**cert, "targets": targets, "drafters": drafters}
+    targets = {name: moved(t) for name, t in cert.targets.items()}
+    drafters = {name: {k: moved(d) for k, d in ds.items()} for name, ds in cert.drafters.items()}
+    return dataclasses.replace(cert, targets=targets, drafters=drafters)
 
 
-def render(cert: dict[str, Any], run: Path) -> list[Path]:
+def render(cert: Certificate, run: Path) -> list[Path]:
     """(Re)draw the plots and write summary.md of `cert` in `run`; return the files written."""
     from losscheck.report.plots import plot_certificate
 
-    plots = plot_certificate(cert, records_of(cert), run)
+    plots = plot_certificate(cert, run)
     (run / "summary.md").write_text(markdown(cert, [p.name for p in plots]))
     return [run / "summary.md", *plots]
 
 
-def load(run: str | Path) -> dict[str, Any]:
+def load(run: str | Path) -> Certificate:
     """A saved certificate: a run directory or its certificate.json."""
     from losscheck.errors import LosscheckError
 
     path = Path(run)
     path = path / "certificate.json" if path.is_dir() else path
     try:
-        cert = json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise LosscheckError(
             f"no certificate at {str(path)!r}; pass a run directory written by --losscheck-out"
         ) from None
     except json.JSONDecodeError as exc:
         raise LosscheckError(f"{str(path)!r} is not valid JSON ({exc})") from None
-    if cert.get("schema") != SCHEMA:
-        raise LosscheckError(f"{str(path)!r} has schema {cert.get('schema')!r}; this losscheck reads {SCHEMA!r}")
-    return cert
+    found = doc.get("schema") if isinstance(doc, dict) else None
+    if found != SCHEMA:
+        raise LosscheckError(f"{str(path)!r} has schema {found!r}; this losscheck reads {SCHEMA!r}")
+    try:
+        return Certificate.from_json(doc, "certificate")
+    except LosscheckError as exc:
+        raise LosscheckError(f"{str(path)!r}: {exc}") from None
 
 
 def finite(value: Any) -> Any:
@@ -300,22 +306,23 @@ def finite(value: Any) -> Any:
     return value
 
 
-def scope_line(cert: dict[str, Any]) -> str:
+def scope_line(cert: Certificate) -> str:
     """What the verdict covers: the declared scope and how many cells it leaves out, by reason."""
-    scope = cert.get("scope") or {}
-    if scope.get("whole", True):
-        return f"scope: the whole matrix ({scope.get('cells', len(cert.get('matrix', [])))} cells)"
+    scope = cert.scope
+    if scope is None or scope.whole:
+        cells = scope.cells if scope is not None and scope.cells is not None else len(cert.matrix)
+        return f"scope: the whole matrix ({cells} cells)"
     reasons: dict[str, int] = {}
-    for entry in scope.get("out", []):
-        reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
+    for entry in scope.out:
+        reasons[entry.reason] = reasons.get(entry.reason, 0) + 1
     out = "; ".join(f"{n} cells: {why}" for why, n in reasons.items()) or "no cell left out"
-    return f"scope: {scope['declared']} ({scope.get('cells', 0)} cells in scope; out of scope: {out})"
+    return f"scope: {scope.declared} ({scope.cells or 0} cells in scope; out of scope: {out})"
 
 
-def headline(cert: dict[str, Any]) -> str:
-    scope = cert.get("scope") or {}
-    of = "" if scope.get("whole", True) else f" of --scope={scope['declared']}"
-    return f"losscheck verdict: {cert['verdict']}{of} — {cert['reason']}"
+def headline(cert: Certificate) -> str:
+    scope = cert.scope
+    of = "" if scope is None or scope.whole else f" of --scope={scope.declared}"
+    return f"losscheck verdict: {cert.verdict}{of} — {cert.reason}"
 
 
 def serving_lines(records: Sequence[CellRecord]) -> list[str]:
@@ -329,64 +336,65 @@ def serving_lines(records: Sequence[CellRecord]) -> list[str]:
     return ["", "Serving cells:", "", *lines] if lines else []
 
 
-def markdown(cert: dict[str, Any], plots: Sequence[str] = ()) -> str:
+def markdown(cert: Certificate, plots: Sequence[str] = ()) -> str:
     from losscheck.report.summary import markdown_table
 
-    lines = [f"# losscheck certificate — {cert['verdict']}", "", scope_line(cert), "", cert["reason"], ""]
-    lines += [f"- {p}" for p in cert["problems"]]
-    lines.append(f"- created: {cert['created']}, seed {cert['seed']} (replay with `--losscheck-seed={cert['seed']}`)")
-    lines.append(f"- command: `pytest {shlex.join(cert['pytest_args'])}`")
-    for name, target in cert["targets"].items():
+    meta = cert.meta
+    lines = [f"# losscheck certificate — {cert.verdict}", "", scope_line(cert), "", cert.reason, ""]
+    lines += [f"- {p}" for p in cert.problems]
+    lines.append(f"- created: {cert.created}, seed {meta.seed} (replay with `--losscheck-seed={meta.seed}`)")
+    lines.append(f"- command: `pytest {shlex.join(meta.pytest_args)}`")
+    for name, target in cert.targets.items():
         lines.append(
             f"- target {name}: `{target.get('path')}` sha256 `{str(target.get('sha256'))[:16]}…` "
             f"({target.get('precision')})"
         )
-    for name, drafters in cert["drafters"].items():
+    for name, drafters in cert.drafters.items():
         hashes = ", ".join(
             f"{key} `{str(d.get('sha256') or d.get('weights_sha256'))[:12]}`" for key, d in drafters.items()
         )
         lines.append(f"- drafters on {name}: {hashes}")
-    engine = cert.get("engine")
+    engine = cert.engine
     if engine:
-        lines.append(f"- engine: `{engine['name']}` (k = {engine['k']}, precision {engine['precision']})")
-    alpha = cert["alpha"]
+        lines.append(f"- engine: `{engine.get('name')}` (k = {engine.get('k')}, precision {engine.get('precision')})")
+    alpha = cert.alpha
     if alpha:
+        per_test = "-" if alpha.per_test is None else f"{alpha.per_test:.3g}"
         lines.append(
-            f"- family-wise alpha {alpha['family']} over the {alpha['statistical_tests']} statistical "
-            f"cells of the full matrix (per cell {alpha['per_test']:.3g}, Bonferroni, fixed before any "
+            f"- family-wise alpha {alpha.family} over the {alpha.statistical_tests} statistical "
+            f"cells of the full matrix (per cell {per_test}, Bonferroni, fixed before any "
             "selection, then split evenly over each cell's tests)"
         )
-        if alpha.get("tests"):
-            lines.append(f"- the statistical tests a sampled cell runs, by family: {_test_families(alpha['tests'])}")
-    lines += claims.lines(cert, records_of(cert))
-    env = cert["environment"]
-    if env:
-        workers = ", ".join(f"{w}: {v['threads']} threads" for w, v in env["workers"].items())
+        if alpha.tests:
+            lines.append(f"- the statistical tests a sampled cell runs, by family: {_test_families(alpha.tests)}")
+    lines += claims.lines(cert)
+    env = cert.environment
+    if env.workers:
+        workers = ", ".join(f"{w}: {v.threads} threads" for w, v in env.workers.items())
         lines.append(
-            f"- losscheck {env['losscheck']} (git {env['git_revision'] or '-'}), python {env['python']}, "
-            f"torch {env['torch']}, transformers {env['transformers']}; {env['accelerator']}; {workers}"
+            f"- losscheck {env.losscheck} (git {env.git_revision or '-'}), python {env.python}, "
+            f"torch {env.torch}, transformers {env.transformers}; {env.accelerator}; {workers}"
         )
-    records = records_of(cert)
-    lines += ["", markdown_table(records)]
-    lines += serving_lines(records) + cost_lines(records)
-    missing = [m["cell"] for m in cert["matrix"] if m["status"] == "not run"]
+    lines += ["", markdown_table(cert.cells)]
+    lines += serving_lines(cert.cells) + cost_lines(cert.cells)
+    missing = [m.cell for m in cert.matrix if m.status == "not run"]
     if missing:
         lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]
-    out = (cert.get("scope") or {}).get("out", [])
+    out = cert.scope.out if cert.scope is not None else ()
     if out:
         lines += [
             "",
-            f"Out of the declared scope ({len(out)}): " + ", ".join(f"`{e['cell']}` ({e['reason']})" for e in out),
+            f"Out of the declared scope ({len(out)}): " + ", ".join(f"`{e.cell}` ({e.reason})" for e in out),
         ]
     lines += ["", *[f"![{p}]({p})" for p in plots]]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _test_families(tests: list[dict[str, Any]]) -> str:
+def _test_families(tests: Sequence[RegisteredTest]) -> str:
     """`pit`: `pit.pooled_chisquare`, ... per family; a test that spends no alpha (it fails only on
     an event of probability 0) marked "at alpha 0", an e-value test "anytime"."""
     families: dict[str, list[str]] = {}
     for t in tests:
-        marks = [m for m, on in (("anytime", t["anytime"]), ("at alpha 0", not t["spends_alpha"])) if on]
-        families.setdefault(t["family"], []).append(f"`{t['name']}`" + (f" ({', '.join(marks)})" if marks else ""))
+        marks = [m for m, on in (("anytime", t.anytime), ("at alpha 0", not t.spends_alpha)) if on]
+        families.setdefault(t.family, []).append(f"`{t.name}`" + (f" ({', '.join(marks)})" if marks else ""))
     return "; ".join(f"{family}: {', '.join(names)}" for family, names in families.items())

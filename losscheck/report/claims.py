@@ -15,15 +15,20 @@ cell, the members its early stop ruled out (down to which ρ, at which β).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from losscheck.cells.record import CellRecord
+from losscheck.report.document import BestCell, BugClassClaim, Conformance, CurvePoint, RuledOut, Tested
+
+if TYPE_CHECKING:
+    from losscheck.report.document import Certificate
 
 CONFORMANCE = "conformance"  # the scope of the conformance tests (`losscheck.cells.conformance`)
 
 
-def tested(records: Sequence[CellRecord]) -> dict[str, Any]:
+def tested(records: Sequence[CellRecord]) -> Tested:
     """Cells, sequences and generated tokens the sampled cells tested (the pilots not counted),
     and how the sequential PIT cells stopped: their tested tokens against what the fixed-sample
     design would have tested (`losscheck.stats.sequential`)."""
@@ -34,49 +39,52 @@ def tested(records: Sequence[CellRecord]) -> dict[str, Any]:
         n = max((t.n for t in r.verdict.results if t.name.endswith(".support")), default=0)
         tokens += n * (r.sample.horizon or 1) if r.kind == "exact" else n  # exact: n counts sequences
     looks = [r.sample.looks for r in sampled if r.sample.looks is not None]
-    return {
-        "cells": len(records),
-        "sampled_cells": len(sampled),
-        "sequences": sum(r.sample.sequences or 0 for r in sampled),
-        "tokens": tokens,
-        "pilot_tokens": sum(r.sample.pilot_tokens or 0 for r in sampled),
-        "sequential_cells": len(looks),
-        "stopped_early": sum(look.early for look in looks),
-        "sequential_tokens": sum(look.tested_tokens for look in looks),
-        "fixed_design_tokens": sum(r.sample.fixed_design_tokens or 0 for r in sampled if r.sample.looks is not None),
-    }
+    return Tested(
+        cells=len(records),
+        sampled_cells=len(sampled),
+        sequences=sum(r.sample.sequences or 0 for r in sampled),
+        tokens=tokens,
+        pilot_tokens=sum(r.sample.pilot_tokens or 0 for r in sampled),
+        sequential_cells=len(looks),
+        stopped_early=sum(look.early for look in looks),
+        sequential_tokens=sum(look.tested_tokens for look in looks),
+        fixed_design_tokens=sum(r.sample.fixed_design_tokens or 0 for r in sampled if r.sample.looks is not None),
+    )
 
 
-def coverage(records: Sequence[CellRecord], level: float) -> dict[str, dict[str, Any]]:
+def coverage(records: Sequence[CellRecord], level: float) -> dict[str, BugClassClaim]:
     """Per bug class: the cells whose tested sample caught its catalogue point at power >=
     `level` (from its own p and q), the best cell's power, test and tokens; per power of the
     curve, the smallest member ρ a cell's tested sample catches and that cell; and of the early
     stops that had to rule the class's family out, how many, and the largest ρ one of them ruled
     it out down to (every early stop ruled out every member from 1 down to at least that ρ)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, BugClassClaim] = {}
     for r in records:
         early = r.sample.looks is not None and r.sample.looks.early
         for name, c in (r.sample.bug_classes or {}).items():
-            entry = out.setdefault(name, {"caught_by": [], "best": None, "curve": {}, "ruled_out": None})
+            claim = out.get(name, BugClassClaim())
+            curve = dict(claim.curve)
             for power, rho in c.curve.items():
-                known = entry["curve"].get(power)
-                if rho is not None and (known is None or rho < known["rho"]):
-                    entry["curve"][power] = {"rho": rho, "cell": r.cell}
+                known = curve.get(power)
+                if rho is not None and (known is None or rho < known.rho):
+                    curve[power] = CurvePoint(rho, r.cell)
+            ruled = claim.ruled_out
             if early and c.family is not None and c.family.members:
-                stops = entry["ruled_out"] or {"early_stops": 0, "down_to": 0.0, "beta": 0.0}
-                stops["early_stops"] += 1
-                stops["down_to"] = max(stops["down_to"], c.family.ruled_out_down_to or 1.0)
-                stops["beta"] = max([stops["beta"], *(m.beta for m in c.family.members)])
-                entry["ruled_out"] = stops
-            if c.power >= level:
-                entry["caught_by"].append(r.cell)
-            best = entry["best"]
-            if best is None or c.power > best["power"]:
-                entry["best"] = {"cell": r.cell, "power": c.power, "test": c.test, "tokens": c.tokens_needed}
+                stops = ruled or RuledOut(0, 0.0, 0.0)
+                ruled = RuledOut(
+                    stops.early_stops + 1,
+                    max(stops.down_to, c.family.ruled_out_down_to or 1.0),
+                    max([stops.beta, *(m.beta for m in c.family.members)]),
+                )
+            best = claim.best
+            if best is None or c.power > best.power:
+                best = BestCell(r.cell, c.power, c.test, c.tokens_needed)
+            caught = (*claim.caught_by, r.cell) if c.power >= level else claim.caught_by
+            out[name] = dataclasses.replace(claim, caught_by=caught, best=best, curve=curve, ruled_out=ruled)
     return out
 
 
-def conformance(records: Sequence[CellRecord]) -> dict[str, Any]:
+def conformance(records: Sequence[CellRecord]) -> Conformance:
     """The conformance tests' own verdict: PASS when every one that ran passed (a verifier
     lossless by another rule fails them legitimately, so this line is kept apart)."""
     ran, failed = 0, []
@@ -87,10 +95,10 @@ def conformance(records: Sequence[CellRecord]) -> dict[str, Any]:
                 if not t.passed:
                     failed.append(f"{r.cell}:{t.name}")
     verdict = "not tested" if not ran else ("PASS" if not failed else "FAIL")
-    return {"verdict": verdict, "tests": ran, "failed": failed}
+    return Conformance(verdict, ran, tuple(failed))
 
 
-def pooled_bound(records: Sequence[CellRecord]) -> dict[str, Any] | None:
+def pooled_bound(records: Sequence[CellRecord]) -> tuple[float, str, float] | None:
     """The largest of the cells' upper confidence bounds on their pooled PIT binned TV, its cell
     and its confidence (each cell's own, look-corrected; None: no cell has one)."""
     bounds = [(r.sample.pooled_tv_upper, r) for r in records if r.sample.pooled_tv_upper is not None]
@@ -98,67 +106,64 @@ def pooled_bound(records: Sequence[CellRecord]) -> dict[str, Any] | None:
         return None
     bound, worst = max(bounds, key=lambda br: br[0])
     confidence = worst.sample.pooled_tv_confidence
-    return {"bound": bound, "cell": worst.cell, "confidence": 0.95 if confidence is None else confidence}
+    return bound, worst.cell, 0.95 if confidence is None else confidence
 
 
-def lines(cert: dict[str, Any], records: Sequence[CellRecord]) -> list[str]:
-    """The claims of `cert` (whose cells are `records`) as Markdown list items."""
+def lines(cert: Certificate) -> list[str]:
+    """The claims of `cert` as Markdown list items."""
     from losscheck.stats import sequential  # the package imports torch: only when claims are written
 
-    t, level = cert.get("tested") or {}, cert.get("profile", {}).get("power", 0.99)
+    t, level = cert.tested, cert.meta.profile.power
     out = []
-    if t:
+    if t is not None:
         out.append(
-            f"- tested: {t['cells']} cells; the sampled ones drew {t['sequences']:,} sequences, "
-            f"{t['tokens']:,} generated tokens tested (plus {t['pilot_tokens']:,} pilot tokens that size the "
+            f"- tested: {t.cells} cells; the sampled ones drew {t.sequences:,} sequences, "
+            f"{t.tokens:,} generated tokens tested (plus {t.pilot_tokens:,} pilot tokens that size the "
             "samples and are never tested)"
         )
-    if t.get("sequential_cells"):
-        share = t["sequential_tokens"] / max(t["fixed_design_tokens"], 1)
+    if t is not None and t.sequential_cells:
+        share = t.sequential_tokens / max(t.fixed_design_tokens, 1)
         beta_r = (1 - level) * sequential.RULE_OUT_SHARE
         out.append(
-            f"- sequential PIT cells: {t['stopped_early']} of {t['sequential_cells']} stopped early; a cell stops "
+            f"- sequential PIT cells: {t.stopped_early} of {t.sequential_cells} stopped early; a cell stops "
             "only once, for every bug class its design reaches, it has ruled out each mixture (1 - ρ)·p + ρ·p' from "
             f"the catalogue point ρ = 1 down to the ρ at which its tests at the last look have power "
             f"{sequential.PARTIAL_POWER:g} (at β {beta_r:.3g} where they have the design's power, "
             f"{sequential.PARTIAL_BETA:g} elsewhere), so against those it keeps the fixed design's power less that β. "
-            f"They tested {t['sequential_tokens']:,} tokens where fixed-sample designs at the same α would test "
-            f"{t['fixed_design_tokens']:,} ({share:.0%}). Not claimed after an early stop: smaller mixtures, and "
+            f"They tested {t.sequential_tokens:,} tokens where fixed-sample designs at the same α would test "
+            f"{t.fixed_design_tokens:,} ({share:.0%}). Not claimed after an early stop: smaller mixtures, and "
             "laws outside these families, which a fixed design of the full size might still have caught"
         )
-    conf = cert.get("conformance") or {}
-    if conf:
-        failed = f": failed {', '.join(conf['failed'][:5])}" if conf.get("failed") else ""
+    conf = cert.conformance
+    if conf is not None:
+        failed = f": failed {', '.join(conf.failed[:5])}" if conf.failed else ""
         out.append(
             f"- conformance to standard speculative sampling (its own verdict; a verifier lossless by another "
-            f"rule fails it legitimately): {conf['verdict']} over {conf['tests']} tests{failed}"
+            f"rule fails it legitimately): {conf.verdict} over {conf.tests} tests{failed}"
         )
-    classes = cert.get("bug_classes") or {}
+    classes = cert.bug_classes or {}
     if classes:
         out.append(
             f"- bug classes (each cell's power from its tested sample's own p and q; ρ: the mixture "
             f"(1 - ρ)·p + ρ·p', the bug at magnitude ρ or on a share ρ of the tokens; caught: at power {level:g}):"
         )
         for name, c in classes.items():
-            best = c["best"]
-            where = (
-                f"caught at ρ = 1 by {len(c['caught_by'])} cells" if c["caught_by"] else "caught by no cell at ρ = 1"
-            )
+            best = c.best
+            where = f"caught at ρ = 1 by {len(c.caught_by)} cells" if c.caught_by else "caught by no cell at ρ = 1"
             if best is not None:
-                where += f" (best {best['cell']}, {best['test']}, power {best['power']:.3f})"
-            curve = c.get("curve") or {}
-            if curve:
+                where += f" (best {best.cell}, {best.test}, power {best.power:.3f})"
+            if c.curve:
                 where += "; its tests at their stopping n catch down to " + ", ".join(
-                    f"ρ = {point['rho']:.3g} at power {power} ({point['cell']})" for power, point in curve.items()
+                    f"ρ = {point.rho:.3g} at power {power} ({point.cell})" for power, point in c.curve.items()
                 )
-            stops = c.get("ruled_out")
+            stops = c.ruled_out
             if stops:
                 where += (
-                    f"; {stops['early_stops']} early stops ruled out its mixtures from ρ = 1 down to "
-                    f"ρ ≤ {stops['down_to']:.3g} (each at β ≤ {stops['beta']:.3g})"
+                    f"; {stops.early_stops} early stops ruled out its mixtures from ρ = 1 down to "
+                    f"ρ ≤ {stops.down_to:.3g} (each at β ≤ {stops.beta:.3g})"
                 )
             out.append(f"  - `{name}`: {where}")
-        if any(r.sample.mode == "one-sample" for r in records):
+        if any(r.sample.mode == "one-sample" for r in cert.cells):
             from losscheck.stats.buglaws import TARGET_SIDE
 
             alone = ", ".join(f"`{bug.name}`" for bug in TARGET_SIDE)
@@ -167,12 +172,13 @@ def lines(cert: dict[str, Any], records: Sequence[CellRecord]) -> list[str]:
                 f"alone ({alone}); the others need the drafter's q and slots, which the engine does not report, "
                 "and are not claimed for its cells"
             )
-    bound = pooled_bound(records)
+    bound = pooled_bound(cert.cells)
     if bound is not None:
+        worst, cell, confidence = bound
         out.append(
             f"- pooled PIT law: each cell's binned TV from uniform lies below its own upper confidence bound "
             "(95% per cell at whichever look it stopped: each look's bound at 1 - 0.05 / looks; not simultaneous "
-            f"over cells; tokens taken as independent); the largest is {bound['bound']:.3g} ({bound['cell']}, "
-            f"at confidence {bound['confidence']:.3g} per look)"
+            f"over cells; tokens taken as independent); the largest is {worst:.3g} ({cell}, "
+            f"at confidence {confidence:.3g} per look)"
         )
     return out

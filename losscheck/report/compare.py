@@ -14,12 +14,11 @@ caller allows it, and then the report opens with what differs.
 
 from __future__ import annotations
 
-from typing import Any
-
 from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.plan.cell import ORACLE
-from losscheck.report.certificate import records_of
+from losscheck.report.document import Certificate
+from losscheck.report.manifest import Identity
 from losscheck.report.markdown import markdown_table
 
 KIND_FIELDS = ("class", "algorithm")  # what kind of drafter an identity names, beyond its weights
@@ -29,25 +28,26 @@ class DifferentRunsError(LosscheckError):
     """Two certificates of different targets, drafters or engines: their differences are not a change."""
 
 
-def _hash(identity: dict[str, Any] | None) -> str | None:
+def _hash(identity: Identity | None) -> str | None:
     identity = identity or {}
-    return identity.get("sha256") or identity.get("weights_sha256")
+    digest = identity.get("sha256") or identity.get("weights_sha256")
+    return digest if isinstance(digest, str) else None
 
 
 def _short(digest: str | None) -> str:
     return "unhashed" if not digest else f"{digest[:12]}…"
 
 
-def identity_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], list[str]]:
+def identity_differences(a: Certificate, b: Certificate) -> tuple[list[str], list[str]]:
     """(what makes `a` and `b` certificates of different things, the drafters whose weights changed)."""
     different, changed = [], []
-    targets_a, targets_b = a.get("targets") or {}, b.get("targets") or {}
+    targets_a, targets_b = a.targets, b.targets
     for name in sorted(set(targets_a) & set(targets_b)):
         if _hash(targets_a[name]) != _hash(targets_b[name]):
             different.append(
                 f"target {name}: sha256 {_short(_hash(targets_a[name]))} before, {_short(_hash(targets_b[name]))} after"
             )
-    drafters_a, drafters_b = a.get("drafters") or {}, b.get("drafters") or {}
+    drafters_a, drafters_b = a.drafters, b.drafters
     for target in sorted(set(drafters_a) & set(drafters_b)):
         da = {k: v for k, v in drafters_a[target].items() if k != ORACLE}
         db = {k: v for k, v in drafters_b[target].items() if k != ORACLE}
@@ -64,7 +64,7 @@ def identity_differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str
                     f"drafter {key} on {target}: weights {_short(_hash(da[key]))} before, {_short(_hash(db[key]))} "
                     f"after ({da[key].get('name')} -> {db[key].get('name')}), compared as a new release of it"
                 )
-    engine_a, engine_b = a.get("engine"), b.get("engine")
+    engine_a, engine_b = a.engine, b.engine
     if (engine_a or {}).get("name") != (engine_b or {}).get("name"):
         name_a, name_b = (engine_a or {}).get("name", "none"), (engine_b or {}).get("name", "none")
         different.append(f"black-box engine: {name_a} before, {name_b} after")
@@ -84,15 +84,15 @@ def pooled_tau(record: CellRecord | None) -> float | None:
     return sum((g.acceptance_length or 0.0) * g.row_rounds for g in groups) / rounds
 
 
-def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+def compare(a: Certificate, b: Certificate) -> tuple[list[list[str]], list[str]]:
     """(table rows, regressions) between certificates `a` (before) and `b` (after)."""
-    status_a = {m["cell"]: m["status"] for m in a["matrix"]}
-    status_b = {m["cell"]: m["status"] for m in b["matrix"]}
-    record_a = {r.cell: r for r in records_of(a)}
-    record_b = {r.cell: r for r in records_of(b)}
+    status_a: dict[str, str] = {m.cell: m.status for m in a.matrix}
+    status_b: dict[str, str] = {m.cell: m.status for m in b.matrix}
+    record_a = {r.cell: r for r in a.cells}
+    record_b = {r.cell: r for r in b.cells}
     regressions = []
-    if VERDICT_ORDER.index(b["verdict"]) > VERDICT_ORDER.index(a["verdict"]):
-        regressions.append(f"verdict {a['verdict']} -> {b['verdict']}")
+    if VERDICT_ORDER.index(b.verdict) > VERDICT_ORDER.index(a.verdict):
+        regressions.append(f"verdict {a.verdict} -> {b.verdict}")
     rows = []
     for cell in list(dict.fromkeys([*status_a, *status_b])):
         sa, sb = status_a.get(cell, "absent"), status_b.get(cell, "absent")
@@ -104,7 +104,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[list[str]], list
     return rows, regressions
 
 
-def report(a: dict[str, Any], b: dict[str, Any], allow_different: bool = False) -> tuple[str, bool]:
+def report(a: Certificate, b: Certificate, allow_different: bool = False) -> tuple[str, bool]:
     """Markdown comparing `a` and `b`, and whether `b` regressed. Certificates of different things
     (`identity_differences`) raise `DifferentRunsError` unless `allow_different`."""
     different, changed = identity_differences(a, b)
@@ -116,7 +116,7 @@ def report(a: dict[str, Any], b: dict[str, Any], allow_different: bool = False) 
         )
     rows, regressions = compare(a, b)
     lines = [
-        f"# losscheck compare: {a['verdict']} ({a['created']}) -> {b['verdict']} ({b['created']})",
+        f"# losscheck compare: {a.verdict} ({a.created}) -> {b.verdict} ({b.created})",
         "",
         *(f"- WARNING: not the same run's things: {d}" for d in different),
         *(f"- CHANGED: {c}" for c in changed),

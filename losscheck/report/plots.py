@@ -13,25 +13,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from losscheck.cells.record import CellRecord
+
+if TYPE_CHECKING:
+    from losscheck.report.document import Certificate
 
 PIT_BINS = 20  # the record's `pit_histogram` has this many equal bins on [0, 1]
 HIDDEN = {"self", "engine"}  # the oracle and black-box cells are not drafters to compare
 
 
-def plot_certificate(cert: dict[str, Any], records: Sequence[CellRecord], run: Path) -> list[Path]:
-    """Draw what the certificate (whose cells are `records`) has data for under `run`; return the
-    files written."""
+def plot_certificate(cert: Certificate, run: Path) -> list[Path]:
+    """Draw what the certificate has data for under `run`; return the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
     written = []
     for name, draw in (
-        ("slot_acceptance.png", lambda: slot_acceptance(cert, records)),
-        ("pit_histograms.png", lambda: pit_histograms(records)),
-        ("pit_qq.png", lambda: pit_qq(cert, records)),
+        ("slot_acceptance.png", lambda: slot_acceptance(cert.meta.precisions[0], cert.cells)),
+        ("pit_histograms.png", lambda: pit_histograms(cert.cells)),
+        ("pit_qq.png", lambda: pit_qq(cert.alpha.per_test if cert.alpha else None, cert.meta.alpha_option, cert.cells)),
     ):
         figure = draw()
         if figure is not None:
@@ -53,10 +55,10 @@ def pooled_slot_acceptance(record: CellRecord) -> list[float]:
     return [a / p if p else math.nan for a, p in zip(accepted, proposed)]
 
 
-def slot_acceptance(cert: dict[str, Any], records: Sequence[CellRecord]) -> Any:
+def slot_acceptance(base: str, records: Sequence[CellRecord]) -> Any:
+    """Per-slot acceptance of each drafter's cells at the base precision `base`."""
     import matplotlib.pyplot as plt
 
-    base = cert["precisions"][0]
     greedy: dict[str, CellRecord] = {}
     sampled: dict[str, CellRecord] = {}
     for r in records:
@@ -131,11 +133,13 @@ def pit_histograms(records: Sequence[CellRecord]) -> Any:
     return fig
 
 
-def pit_qq(cert: dict[str, Any], records: Sequence[CellRecord]) -> Any:
+def pit_qq(per_test: float | None, alpha: float, records: Sequence[CellRecord]) -> Any:
+    """The detrended QQ of every PIT cell, with the DKW band at the per-test alpha (`alpha`, the
+    run's, where no per-test one is known)."""
     import matplotlib.pyplot as plt
 
     found = [(r, r.sample.pit_quantiles, counts) for r, counts in _pit_cells(records) if r.sample.pit_quantiles]
-    a = (cert.get("alpha") or {}).get("per_test") or cert["alpha_option"]
+    a = per_test or alpha
     if not found:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))

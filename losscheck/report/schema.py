@@ -1,7 +1,8 @@
-"""The certificate's published JSON schema, `certificate.schema.json` (draft 2020-12). The
-document's own shape (verdict, scope, alpha, matrix, models) is written there by hand; the
-definitions of a cell's record are generated from `losscheck.cells.record.CellRecord`, so the two
-cannot drift apart. `python -m losscheck.report.schema` rewrites the file; a test keeps the
+"""The certificate's published JSON schema, `certificate.schema.json` (draft 2020-12), generated
+from the records that write the certificate (`losscheck.report.document.Certificate` and the cell
+record, `losscheck.cells.record.CellRecord`), so the published schema cannot drift from what
+losscheck writes. Only a model's identity, which a drafter may extend with fields of its own, is
+described here by hand. `python -m losscheck.report.schema` rewrites the file; a test keeps the
 published one equal to what this module generates."""
 
 from __future__ import annotations
@@ -11,9 +12,21 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from losscheck.cells.record import record_schema
+from losscheck.jsonrecord import json_schema
+from losscheck.report.document import SCHEMA, Certificate
 
-HAND_WRITTEN = ("identity",)  # the definitions not generated from the record
+IDENTITY = {
+    "type": "object",
+    "description": "what a model is: its path (bundled:NAME, or relative to the run directory) and content hash",
+    "properties": {
+        "path": {"type": ["string", "null"]},
+        "sha256": {"type": ["string", "null"]},
+        "weights_sha256": {"type": ["string", "null"]},
+        "precision": {"type": "string"},
+        "name": {"type": "string"},
+        "block_lengths": {"type": "array", "items": {"type": "integer"}},
+    },
+}
 
 
 def path() -> Path:
@@ -26,15 +39,18 @@ def published() -> dict[str, Any]:
 
 
 def generated() -> dict[str, Any]:
-    """The published schema with its record definitions generated afresh."""
-    schema = published()
-    record = record_schema()
-    defs = record["$defs"]
+    """The schema of certificate.json as the records define it."""
+    found = json_schema(Certificate)
+    defs = found["$defs"]
     assert isinstance(defs, dict)
-    own = {name: d for name, d in schema["$defs"].items() if name in HAND_WRITTEN}
-    schema["$defs"] = {**own, **defs}
-    schema["properties"]["cells"]["items"] = {"$ref": record["$ref"]}
-    return schema
+    root = defs.pop("certificate")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://losscheck.invalid/schemas/certificate/{SCHEMA.rpartition('/')[2]}",
+        "title": "losscheck certificate",
+        **root,
+        "$defs": {"identity": IDENTITY, **defs},
+    }
 
 
 def text(schema: dict[str, Any]) -> str:

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from losscheck import cli
+from losscheck.cells.record import CellRecord
 from losscheck.errors import LosscheckError
 from losscheck.report import cell_cost, certificate
-from tests.support import result_json, verdict_json
+from losscheck.report.document import Certificate
+from tests.support import ENVIRONMENT, manifest_record, result_json, verdict_json
 
 
 def pit(cell: str, seconds: float, phases: dict[str, float], tested: int) -> dict:
@@ -63,15 +65,18 @@ CELLS = [
 
 
 def certificate_dict() -> dict:
-    return {
-        "schema": certificate.SCHEMA,
-        "created": "2026-12-01T12:00:00+00:00",
-        "verdict": "FAIL",
-        "seed": 7,
-        "pytest_args": ["-m", "lossless"],
-        "environment": {"git_revision": "abc", "workers": {"gw0": {"threads": 1}, "gw1": {"threads": 1}}},
-        "cells": CELLS,
-    }
+    """A certificate of two workers over `CELLS`, in its JSON form."""
+    from losscheck.run.options import Options
+
+    matrix = [{"cell": c["cell"], "mode": c["kind"], "argument": "sampling_cell"} for c in CELLS]
+    manifests = [
+        manifest_record(matrix, worker, environment={**ENVIRONMENT, "git_revision": "abc", "worker": worker})
+        for worker in ("gw0", "gw1")
+    ]
+    meta = certificate.run_meta(Options(seed=7), ["-m", "lossless"])
+    records = [CellRecord.from_json(c) for c in CELLS]
+    cert = certificate.build(meta, manifests, records, 1, False).to_json()
+    return {**cert, "created": "2026-12-01T12:00:00+00:00"}
 
 
 def write_certificate(directory, cert: dict | None = None):
@@ -81,7 +86,7 @@ def write_certificate(directory, cert: dict | None = None):
 
 
 def test_rows_totals_and_shares_of_a_certificate():
-    cost = cell_cost.report(certificate_dict(), "run/certificate.json", wall_seconds=11.0)
+    cost = cell_cost.report(Certificate.from_json(certificate_dict()), "run/certificate.json", wall_seconds=11.0)
     rows = {r["cell"]: r for r in cost["cells"]}
     assert [r["cell"] for r in cost["cells"]] == ["A-k1-T1-small", "A-k4-T1", "E-k4-T1-w1", "A-k4-greedy"]
     assert cost["untimed_cells"] == ["A-k8-T1"]
@@ -110,7 +115,7 @@ def test_rows_totals_and_shares_of_a_certificate():
 
 
 def test_the_markdown_has_the_totals_and_a_row_per_cell():
-    text = cell_cost.markdown(cell_cost.report(certificate_dict(), "run/certificate.json"))
+    text = cell_cost.markdown(cell_cost.report(Certificate.from_json(certificate_dict()), "run/certificate.json"))
     assert "| all | 4 | 20.0 | 100% | 190 | 545,000 | 25,952 |" in text
     assert "| A-k4-T1 | pit | 6.00 | 30 | 70,000 | 10,880 | 0% | 17% | 50% | 25% | 0% | 8% |" in text
     assert "| A-k4-greedy | greedy | 2.00 | 60 | 5,000 | 3,072 | - | - | - | - | - | - |" in text
@@ -160,7 +165,7 @@ def test_bench_cells_runs_the_main_job_through_certify(monkeypatch, tmp_path):
     [
         (None, "no certificate at"),
         ("{not json", "is not valid JSON"),
-        (json.dumps({**certificate_dict(), "cells": {"A-k4-T1": {}}}), "has no list of cell records"),
+        (json.dumps({**certificate_dict(), "cells": {"A-k4-T1": {}}}), "certificate.cells: expected an array"),
         (json.dumps({**certificate_dict(), "cells": [{"cell": "A-k4-T1", "kind": "pit"}]}), "'nodeid' is missing"),
         (
             json.dumps({**certificate_dict(), "cells": [{"cell": "A-k4-T1", "nodeid": "t", "outcome": "passed"}]}),
@@ -195,7 +200,7 @@ def test_from_without_cells_is_an_error(capsys):
 def test_a_phase_the_table_does_not_know_is_kept_before_other():
     cert = certificate_dict()
     cert["cells"] = [pit("A-k4-T1", 6.0, {"pilot": 1.0, "looks": 2.0, "score": 1.0}, 10_880)]
-    cost = cell_cost.report(cert, "run/certificate.json")
+    cost = cell_cost.report(Certificate.from_json(cert), "run/certificate.json")
     assert list(cost["totals"]["phase_seconds"]) == [*cell_cost.PHASES, "looks", cell_cost.OTHER]
     assert cost["totals"]["phase_seconds"]["other"] == pytest.approx(2.0)
     assert "| conformance | looks | other |" in cell_cost.markdown(cost)

@@ -42,14 +42,14 @@ def build(manifests: list, records: list, exit_status: int = 0, interrupted: boo
 
 def test_pass_needs_every_cell_of_the_matrix_run_and_passed():
     cert = build([manifest("gw0"), manifest("gw1")], [record("A-k4-greedy"), record("A-k4-T1")])
-    assert cert["verdict"] == "PASS" and cert["counts"]["passed"] == 2
-    assert set(cert["environment"]["workers"]) == {"gw0", "gw1"}
+    assert cert.verdict == "PASS" and cert.counts.passed == 2
+    assert set(cert.environment.workers) == {"gw0", "gw1"}
 
 
 def test_a_selection_is_partial_and_names_what_did_not_run():
     cert = build([manifest()], [record("A-k4-greedy")])
-    assert cert["verdict"] == "PARTIAL"
-    assert [m["cell"] for m in cert["matrix"] if m["status"] == "not run"] == ["A-k4-T1"]
+    assert cert.verdict == "PARTIAL"
+    assert [m.cell for m in cert.matrix if m.status == "not run"] == ["A-k4-T1"]
     assert "Not run (1): `A-k4-T1`" in certificate.markdown(cert)
 
 
@@ -59,40 +59,42 @@ def test_a_selection_is_partial_and_names_what_did_not_run():
 )
 def test_a_failed_or_errored_cell_fails_even_a_partial_run(bad, status):
     cert = build([manifest()], [bad], exit_status=1)
-    assert cert["verdict"] == "FAIL" and cert["counts"][status] == 1
+    assert cert.verdict == "FAIL" and cert.to_json()["counts"][status] == 1
 
 
 def test_an_interrupted_run_is_interrupted_whatever_passed():
     cert = build([manifest()], [record("A-k4-greedy")], exit_status=2, interrupted=True)
-    assert cert["verdict"] == "INTERRUPTED" and "1 not run" in cert["reason"]
+    assert cert.verdict == "INTERRUPTED" and "1 not run" in cert.reason
 
 
 def test_a_failure_outside_the_matrix_fails_the_certificate():
     cert = build([manifest()], [record("A-k4-greedy"), record("A-k4-T1")], exit_status=1)
-    assert cert["verdict"] == "FAIL" and "outside the matrix" in cert["reason"]
+    assert cert.verdict == "FAIL" and "outside the matrix" in cert.reason
 
 
 def test_workers_that_planned_different_matrices_fail_it():
     cert = build([manifest(), manifest("gw1", MATRIX[:1])], [record("A-k4-greedy"), record("A-k4-T1")])
-    assert cert["verdict"] == "FAIL" and "different matrices" in cert["reason"]
+    assert cert.verdict == "FAIL" and "different matrices" in cert.reason
 
 
 def test_a_cell_outside_the_planned_matrix_is_a_problem():
     cert = build([manifest()], [record("A-k4-greedy"), record("A-k4-T1"), record("Z-k1-greedy")])
-    assert cert["verdict"] == "FAIL" and "Z-k1-greedy ran but is not in the planned matrix" in cert["reason"]
+    assert cert.verdict == "FAIL" and "Z-k1-greedy ran but is not in the planned matrix" in cert.reason
 
 
 def test_without_a_manifest_the_matrix_is_unknown_so_at_most_partial():
     cert = build([], [record("A-k4-greedy")])
-    assert cert["verdict"] == "PARTIAL" and "matrix is unknown" in cert["reason"]
+    assert cert.verdict == "PARTIAL" and "matrix is unknown" in cert.reason
 
 
 def test_write_load_report_and_compare_round_trip(tmp_path):
     before = build([manifest()], [record("A-k4-greedy", tau=3.0), record("A-k4-T1")])
     after = build([manifest()], [record("A-k4-greedy", tau=3.5), record("A-k4-T1", passed=False)], exit_status=1)
     runs = [certificate.write_run(tmp_path / name, cert) for name, cert in (("a", before), ("b", after))]
-    loaded = [assert_valid_certificate(certificate.load(run)) for run in runs]
-    assert loaded[0]["verdict"] == "PASS" and (runs[0] / "summary.md").exists()
+    for run in runs:
+        assert_valid_certificate(json.loads((run / "certificate.json").read_text()))
+    loaded = [certificate.load(run) for run in runs]
+    assert loaded[0].verdict == "PASS" and (runs[0] / "summary.md").exists()
     rows, regressions = compare.compare(*loaded)
     assert ["A-k4-greedy", "passed", "passed", "3.000", "3.500", "+0.500"] in rows
     assert regressions == ["verdict PASS -> FAIL", "cell A-k4-T1: passed -> failed"]
@@ -130,7 +132,7 @@ def test_weights_hash_follows_every_tensor_and_says_when_there_is_none():
 def test_a_run_without_the_slow_tier_says_the_quick_gate_is_complete():
     matrix = [MATRIX[0], {**MATRIX[1], "slow": True}]
     cert = build([manifest(matrix=matrix)], [record("A-k4-greedy")])
-    assert cert["verdict"] == "PARTIAL" and "quick gate is complete" in cert["reason"]
+    assert cert.verdict == "PARTIAL" and "quick gate is complete" in cert.reason
 
 
 def test_model_paths_in_a_certificate_are_portable(tmp_path, monkeypatch):
@@ -164,9 +166,9 @@ def test_the_cost_adds_the_cells_seconds_by_kind_and_phase():
         cell_record("d", "error", kind="error"),  # errored before a time was taken
     ]
     found = cost(records)
-    assert found["cell_seconds"] == 16.0 and found["by_kind"] == {"greedy": 1.0, "pit": 15.0}
-    assert found["pit_phases"] == {"generate": 10.0, "score": 3.5}
-    assert [s["cell"] for s in found["slowest"]] == ["a", "b", "c"]
+    assert found.cell_seconds == 16.0 and found.by_kind == {"greedy": 1.0, "pit": 15.0}
+    assert found.pit_phases == {"generate": 10.0, "score": 3.5}
+    assert [s.cell for s in found.slowest] == ["a", "b", "c"]
     assert cost_lines(records)[-1] == (
         "Cell time: 16 s summed over workers (greedy 1, pit 15); 3 target passes over 1,200 token positions; "
         "PIT cells by phase: generate 10, score 4"

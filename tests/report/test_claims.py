@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from losscheck.report import claims
+from losscheck.report.document import CurvePoint, RuledOut
 from tests.support import cell_record, result_json, verdict_json
 
 
 def records(*cells: dict) -> list:
     return [cell_record(**cell) for cell in cells]
+
+
+def certificate_of(found: list):
+    """The certificate (default options, no manifest) of the records `found`: its claims are theirs."""
+    from losscheck.report import certificate
+    from losscheck.run.options import Options
+
+    return certificate.build(certificate.run_meta(Options(), []), [], found, 0, False)
 
 
 def _pit(cell: str, tested: int, fixed: int, early: bool, power: float, ruled_out: bool) -> dict:
@@ -39,30 +48,30 @@ def _pit(cell: str, tested: int, fixed: int, early: bool, power: float, ruled_ou
 def test_the_sequential_cells_report_their_tokens_against_the_fixed_design():
     found = records(_pit("A-k4-T1", 2032, 10800, True, 0.995, True), _pit("A-k8-T1", 8100, 9000, False, 0.997, False))
     t = claims.tested(found)
-    assert (t["sequential_cells"], t["stopped_early"]) == (2, 1)
-    assert (t["sequential_tokens"], t["fixed_design_tokens"]) == (10132, 19800)
-    assert t["tokens"] == 10132 and t["pilot_tokens"] == 4000
-    text = "\n".join(claims.lines({"tested": t, "profile": {"power": 0.99}}, found))
+    assert (t.sequential_cells, t.stopped_early) == (2, 1)
+    assert (t.sequential_tokens, t.fixed_design_tokens) == (10132, 19800)
+    assert t.tokens == 10132 and t.pilot_tokens == 4000
+    text = "\n".join(claims.lines(certificate_of(found)))
     assert "1 of 2 stopped early" in text and "10,132 tokens" in text and "19,800 (51%)" in text
 
 
 def test_a_class_counts_as_caught_only_at_the_stated_power():
     found = records(_pit("A-k4-T1", 2032, 10800, True, 0.995, True), _pit("A-k8-T1", 8100, 9000, False, 0.98, False))
     coverage = claims.coverage(found, 0.99)["stale_q"]
-    assert coverage["caught_by"] == ["A-k4-T1"]
-    assert coverage["best"]["cell"] == "A-k4-T1"
+    assert coverage.caught_by == ("A-k4-T1",)
+    assert coverage.best is not None and coverage.best.cell == "A-k4-T1"
 
 
 def test_an_exact_cell_counts_its_sequences_times_its_horizon():
     verdict = verdict_json("A-k1-T1-small", result_json("exact.support", 100))
     exact = cell_record("A-k1-T1-small", kind="exact", horizon=4, sequences=100, verdict=verdict)
-    assert claims.tested([exact])["tokens"] == 400
+    assert claims.tested([exact]).tokens == 400
 
 
 def test_a_run_without_sequential_cells_says_nothing_of_them():
     t = claims.tested([cell_record("x", verdict={"cell": "x", "alpha": 0.01, "passed": True, "results": []})])
-    assert t["sequential_cells"] == 0
-    assert not any("sequential" in line for line in claims.lines({"tested": t}, []))
+    assert t.sequential_cells == 0
+    assert not any("sequential" in line for line in claims.lines(certificate_of([])))
 
 
 def _family(record: dict, down_to: float, curve: dict) -> dict:
@@ -89,11 +98,10 @@ def test_the_claims_print_each_class_curve_and_how_far_early_stops_ruled_it_out(
     cells[0]["pooled_tv_upper"], cells[0]["pooled_tv_confidence"] = 0.05, 1 - 0.05 / 7
     found = records(*cells)
     coverage = claims.coverage(found, 0.99)["stale_q"]
-    assert coverage["curve"] == {"0.99": {"rho": 0.4, "cell": "A-k2-T1"}, "0.8": {"rho": 0.3, "cell": "A-k2-T1"}}
+    assert coverage.curve == {"0.99": CurvePoint(0.4, "A-k2-T1"), "0.8": CurvePoint(0.3, "A-k2-T1")}
     # the cell that ran to its last look ruled nothing out; the weaker of the two early stops is reported
-    assert coverage["ruled_out"] == {"early_stops": 2, "down_to": 0.3, "beta": 0.1}
-    cert = {"bug_classes": {"stale_q": coverage}, "profile": {"power": 0.99}}
-    text = "\n".join(claims.lines(cert, found))
+    assert coverage.ruled_out == RuledOut(early_stops=2, down_to=0.3, beta=0.1)
+    text = "\n".join(claims.lines(certificate_of(found)))
     assert "ρ = 0.4 at power 0.99 (A-k2-T1)" in text
     assert "2 early stops ruled out its mixtures from ρ = 1 down to ρ ≤ 0.3 (each at β ≤ 0.1)" in text
     assert "the largest is 0.05 (A-k4-T1" in text and "not simultaneous over cells" in text

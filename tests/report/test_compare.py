@@ -4,12 +4,14 @@ run directory or its certificate.json, nothing standing in for one."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
 
 from losscheck.cli import main
 from losscheck.report import certificate, compare
+from losscheck.report.document import Certificate
 from tests.report.test_certificate import build, manifest, record
 from tests.support import assert_valid_certificate
 
@@ -17,7 +19,13 @@ DIFFERENT = "the certificates are of different things"
 
 
 def cert(tau: float = 3.0, passed: bool = True) -> dict:
-    return build([manifest()], [record("A-k4-greedy", tau=tau), record("A-k4-T1", passed=passed)], int(not passed))
+    """A certificate in its JSON form (the tests change it as a file would differ)."""
+    records = [record("A-k4-greedy", tau=tau), record("A-k4-T1", passed=passed)]
+    return build([manifest()], records, int(not passed)).to_json()
+
+
+def typed(c: dict) -> Certificate:
+    return Certificate.from_json(json.loads(json.dumps(c)))
 
 
 def changed(base: dict, change) -> dict:
@@ -43,9 +51,9 @@ def test_certificates_of_different_things_are_refused_unless_allowed(change, mes
     a = cert()
     b = changed(a, change)
     with pytest.raises(compare.DifferentRunsError, match=DIFFERENT) as error:
-        compare.report(a, b)
+        compare.report(typed(a), typed(b))
     assert message in str(error.value) and "pass --allow-different" in str(error.value)
-    text, regressed = compare.report(a, b, allow_different=True)
+    text, regressed = compare.report(typed(a), typed(b), allow_different=True)
     warning = text.splitlines()[2]  # after the title: what differs
     assert warning.startswith("- WARNING: not the same run's things: ") and message in warning and not regressed
 
@@ -53,21 +61,21 @@ def test_certificates_of_different_things_are_refused_unless_allowed(change, mes
 def test_a_drafter_with_new_weights_is_compared_as_a_new_release_and_said_so():
     a = cert(tau=3.0)
     b = changed(cert(tau=3.5), lambda c: drafter(c).update(sha256="d" * 64))
-    text, regressed = compare.report(a, b)
+    text, regressed = compare.report(typed(a), typed(b))
     assert "- CHANGED: drafter A on main: weights bbbbbbbbbbbb… before, dddddddddddd… after" in text
     assert "| A-k4-greedy | passed | passed | 3.000 | 3.500 | +0.500 |" in text and not regressed
-    assert "CHANGED" not in compare.report(a, cert(tau=3.5))[0]  # the same drafter: nothing to say
+    assert "CHANGED" not in compare.report(typed(a), typed(cert(tau=3.5)))[0]  # the same drafter: nothing to say
 
 
 def test_the_oracle_and_targets_only_one_run_has_do_not_make_runs_different():
     a = cert()
     b = changed(a, lambda c: (c["targets"].update(small={"sha256": "e" * 64}), c["drafters"]["main"].pop("self", 0)))
     a["drafters"]["main"]["self"] = {"name": "self-draft", "class": "x.SelfDraft"}
-    assert compare.identity_differences(a, b) == ([], [])
+    assert compare.identity_differences(typed(a), typed(b)) == ([], [])
 
 
 def write(tmp_path: Path, name: str, c: dict) -> Path:
-    return certificate.write_run(tmp_path / name, c)
+    return certificate.write_run(tmp_path / name, typed(c))
 
 
 def test_compare_exits_2_on_different_targets_and_compares_them_when_allowed(tmp_path, capsys):
@@ -86,7 +94,7 @@ def test_report_rerenders_a_run_directory_or_its_certificate(tmp_path, capsys):
     for given in (run, run / "certificate.json"):
         assert main(["report", str(given)]) == 0
         assert (run / "summary.md").is_file() and "losscheck verdict: PASS" in capsys.readouterr().out
-    assert_valid_certificate(certificate.load(run))
+    assert_valid_certificate(json.loads((run / "certificate.json").read_text()))
 
 
 @pytest.mark.parametrize(
