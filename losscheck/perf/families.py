@@ -25,6 +25,7 @@ from losscheck import bundled
 from losscheck.core.engine import Engine
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
+from losscheck.jsonrecord import encode
 from losscheck.plan.matrix import ORACLE
 from losscheck.report.families import write_report
 from losscheck.report.manifest import environment
@@ -106,7 +107,7 @@ def compare_families(
             "prompts_per_tier": {t: len(p) for t, p in prompts.items()},
             "sampled_repeats": repeats,
         },
-        "environment": environment(target.device),
+        "environment": encode(environment(target.device)),
         "runs": records,
     }
     write_report(doc, out)

@@ -170,6 +170,7 @@ class PerfRun:
 
     def document(self) -> dict[str, Any]:
         """The run file (`losscheck.report.perf_run`): environment, identities, every rung measured."""
+        from losscheck.jsonrecord import encode
         from losscheck.report.manifest import environment
 
         session = self.session
@@ -180,7 +181,7 @@ class PerfRun:
         return {
             "schema": SCHEMA,
             "created": self.started.isoformat(timespec="seconds"),
-            "environment": environment(session.device),
+            "environment": encode(environment(session.device)),
             "target": {"name": target.name, **target.identity},
             "drafters": {
                 name: {"name": drafters[name].name, **getattr(drafters[name], "identity", {})}
