@@ -258,6 +258,7 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
     after its early stop instead of passing."""
     from types import SimpleNamespace
 
+    from losscheck.cells.record import bug_class_records
     from losscheck.cells.sampled import require_coverage
     from losscheck.errors import UnderpoweredError
     from losscheck.stats import sample_size
@@ -274,15 +275,17 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
     cell = SimpleNamespace(id="bugtable")
 
     same = _fed(chain, bugtable.simulate(chain, 300, seed=5), pilot.misreported_id, grid)
-    kept = bug_class_coverage(design, pilot, same, alpha, power, looks, True, ids)
+    kept = bug_class_records(bug_class_coverage(design, pilot, same, alpha, power, looks, True, ids))
     require_coverage(cell, kept, power)
     for name, c in kept.items():
-        assert not c["short"], name
-        assert c["curve"]["0.8"] is not None and c["curve"]["0.8"] <= 1.25 * c["family"]["required_down_to"], name
+        assert not c.short, name
+        assert c.family is not None and c.family.required_down_to is not None, name
+        rho = c.curve["0.8"]
+        assert rho is not None and rho <= 1.25 * c.family.required_down_to, name
 
     weaker = bugtable.make_chain(0.97, seed=3)
     other = _fed(weaker, bugtable.simulate(weaker, 300, seed=5), pilot.misreported_id, grid)
-    short = bug_class_coverage(design, pilot, other, alpha, power, looks, True, ids)
-    assert short["residual_is_p"]["short"] and short["stale_q"]["short"]
+    short = bug_class_records(bug_class_coverage(design, pilot, other, alpha, power, looks, True, ids))
+    assert short["residual_is_p"].short and short["stale_q"].short
     with pytest.raises(UnderpoweredError, match="residual_is_p.*at ρ = 1 power"):
         require_coverage(cell, short, power)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from losscheck.cells.outcome import CellOutcome
-from losscheck.cells.record import SampleFacts, bug_class_records
+from losscheck.cells.record import BugClassRecord, SampleFacts
 from losscheck.cells.scoring import score_pit
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
@@ -189,7 +189,7 @@ def run_one_sample(ctx: CellContext) -> CellOutcome:
         pilot_tokens=pilot_tokens,
         pilot_tested_tokens=pilot_tested,
         design_tokens=design.tokens,
-        bug_classes=bug_class_records(coverage),
+        bug_classes=coverage,
     )
     return CellOutcome(
         cell,
@@ -232,7 +232,7 @@ def _target_side_design(
 
 def target_side_coverage(
     design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float
-) -> dict[str, dict[str, object]]:
+) -> dict[str, BugClassRecord]:
     """Per target-side bug class, from the tested sample's own p: its best test and the tokens that
     test needs at `level`, the cell's power against the catalogue point at the tokens it tested,
     whether the pilot's design covered it, and its curve (the smallest member ρ of its family
@@ -243,20 +243,20 @@ def target_side_coverage(
 
     tested = max(power.steps, 1)
     needed = power.tokens_needed(alpha_test, level)
-    coverage: dict[str, dict[str, object]] = {}
+    coverage: dict[str, BugClassRecord] = {}
     for bug in TARGET_SIDE:
         name = bug.name
         test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
         covered = name in design.covered
-        coverage[name] = {
-            "test": test,
-            "tokens_needed": tokens,
-            "pilot_tokens_needed": design.best[name][1],
-            "power": power.best_power(name, tested, alpha_test),
-            "covered": covered,
-            "reach": "covered" if covered else "none",
-            "curve": {f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
-        }
+        coverage[name] = BugClassRecord(
+            test=test,
+            tokens_needed=tokens,
+            pilot_tokens_needed=design.best[name][1],
+            power=power.best_power(name, tested, alpha_test),
+            covered=covered,
+            reach="covered" if covered else "none",
+            curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
+        )
     return coverage
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
-from losscheck.cells.record import LooksRecord, SampleFacts, bug_class_records
+from losscheck.cells.record import BugClassRecord, LooksRecord, SampleFacts, bug_class_records
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
 from losscheck.errors import LosscheckError, UnderpoweredError, flag
@@ -21,7 +21,7 @@ from losscheck.plan.profiles import Profile, min_horizon
 from losscheck.run.context import CellContext
 from losscheck.serving.axis import requests
 from losscheck.stats import registry, sample_size, sequential
-from losscheck.stats.design import bug_class_coverage, design_looks, shortfall
+from losscheck.stats.design import bug_class_coverage, design_looks
 from losscheck.stats.pit import pit_required_values
 
 if TYPE_CHECKING:
@@ -97,7 +97,9 @@ def run_pit(ctx: CellContext) -> CellOutcome:
             # the data rule every member out; the stop also needs the tested sample's own p and q
             # to keep the design's promise (else it goes on: a stricter stop loses no power or level)
             with clock("design"):
-                coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, True, ids)
+                coverage = bug_class_records(
+                    bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, True, ids)
+                )
             if not shortfall(coverage, profile.power):
                 stopped = look
                 break
@@ -110,7 +112,9 @@ def run_pit(ctx: CellContext) -> CellOutcome:
     early = stopped < len(looks.tokens)
     if not early:
         with clock("design"):
-            coverage = bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, False, ids)
+            coverage = bug_class_records(
+                bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, False, ids)
+            )
     assert coverage is not None
     require_coverage(cell, coverage, profile.power)
     gen = Generation.concat(gens)
@@ -135,7 +139,7 @@ def run_pit(ctx: CellContext) -> CellOutcome:
                 early=early,
                 unconfirmed=tuple(unconfirmed),
             ),
-            bug_classes=bug_class_records(coverage),
+            bug_classes=coverage,
         ),
     )
     outcome.serving_facts = server.facts()
@@ -164,7 +168,17 @@ def _class_design(
     )
 
 
-def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: float) -> None:
+def shortfall(coverage: dict[str, BugClassRecord], level: float) -> dict[str, BugClassRecord]:
+    """The classes whose promise the tested sample does not keep: covered and caught below
+    `level`, or short of a family member's promised power."""
+    return {
+        name: c
+        for name, c in coverage.items()
+        if (c.covered and (c.power if c.power_checked is None else c.power_checked) < level) or c.short
+    }
+
+
+def require_coverage(cell: Cell, coverage: dict[str, BugClassRecord], level: float) -> None:
     """Error (never pass) when the tested sample, from its own p and q, does not keep what the
     design promised: a covered class caught at `level`, and every member of a family an early
     stop had to rule out caught at the power the design gave it — the pilot underestimated what
@@ -172,15 +186,19 @@ def require_coverage(cell: Cell, coverage: dict[str, dict[str, Any]], level: flo
     short = shortfall(coverage, level)
     if short:
         listed = "; ".join(
-            f"{name}: {c['test']} power {c['power']:.3f} (needs {c['tokens_needed']:.0f} tokens, "
-            f"the pilot said {c['pilot_tokens_needed']:.0f})"
-            + "".join(f", at ρ = {m['rho']:.3g} power {m['power']:.3f} < {m['promised']:g}" for m in c.get("short", []))
+            f"{name}: {c.test} power {c.power:.3f} (needs {_tokens(c.tokens_needed)} tokens, "
+            f"the pilot said {_tokens(c.pilot_tokens_needed)})"
+            + "".join(f", at ρ = {m.rho:.3g} power {m.power:.3f} < {m.promised:g}" for m in c.short)
             for name, c in short.items()
         )
         raise UnderpoweredError(
             f"cell {cell.id}: the tested sample does not reach the power its design promised against the bug "
             f"classes it covers — {listed}. Raise {flag('profile')} to thorough or report this as a losscheck bug."
         )
+
+
+def _tokens(n: float | None) -> str:
+    return "-" if n is None else f"{n:.0f}"
 
 
 def exact_prompt(ctx: CellContext) -> list[int]:

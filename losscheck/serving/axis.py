@@ -18,7 +18,7 @@ import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -26,8 +26,10 @@ from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator
 from losscheck.errors import LosscheckError
+from losscheck.jsonrecord import Scalar
 
 Prompts = list[list[int]]
+Facts = dict[str, dict[str, Scalar]]  # serving axis -> what it measured, with a one-line "summary"
 AxisValue = int | str  # an axis's own value: ranks, "cold" / "warm", "continuous"
 Serving = tuple[tuple[str, AxisValue], ...]  # a cell's non-default axis values, in registry order
 UNBOUNDED = 1 << 62  # `Server.call_rows` of a server that sizes its own batches
@@ -60,9 +62,9 @@ class Server(Protocol):
         """One generation per call, in order."""
         ...
 
-    def facts(self) -> dict[str, Any]:
-        """What the certificate records of this way of serving: axis name -> JSON-ready facts,
-        with a one-line "summary" the certificate prints."""
+    def facts(self) -> Facts:
+        """What the certificate records of this way of serving: axis name -> its facts, with a
+        one-line "summary" the certificate prints."""
         ...
 
 
@@ -112,7 +114,7 @@ class EngineServer:
             self.engine.generate(c.prompts, c.max_new_tokens, c.params, c.generator(self.seed, device)) for c in calls
         ]
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> Facts:
         return {}
 
 
@@ -129,7 +131,7 @@ class Wrapped:
     def generate(self, calls: Sequence[Call]) -> list[Generation]:
         return self.inner.generate(calls)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> Facts:
         return self.inner.facts()
 
 

@@ -20,14 +20,15 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from losscheck.core.ragged import RaggedKVCache, ragged_cache  # noqa: F401  (where the cache's users find it)
 from losscheck.core.sampling import SamplingParams
 from losscheck.errors import LosscheckError
-from losscheck.serving.axis import Axis, Call, Prompts, ServeContext, Server, Wrapped
+from losscheck.jsonrecord import Scalar
+from losscheck.serving.axis import Axis, Call, Facts, Prompts, ServeContext, Server, Wrapped
 
 BLOCK = 16  # tokens per block, vLLM's default
 CAPACITY = 4096  # blocks kept
@@ -59,7 +60,7 @@ class CacheStats:
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Scalar]:
         return {**self.__dict__, "hit_rate": self.hit_rate}
 
 
@@ -203,13 +204,14 @@ class PrefixCached(Wrapped):
         self.cache = planted(cache) if planted is not None else cache
         inner.engine.prefix_cache = self.cache
 
-    def facts(self) -> dict[str, Any]:
-        c = {"block": self.cache.block, "capacity": self.cache.capacity, **self.cache.stats.to_dict()}
+    def facts(self) -> Facts:
+        cache, stats = self.cache, self.cache.stats
         summary = (
-            f"prefix cache (block {c['block']}, {c['capacity']} blocks): hit rate {c['hit_rate']:.1%} "
-            f"({c['hits']}/{c['lookups']} blocks looked up), {c['stored']} stored, {c['evictions']} evicted"
+            f"prefix cache (block {cache.block}, {cache.capacity} blocks): hit rate {stats.hit_rate:.1%} "
+            f"({stats.hits}/{stats.lookups} blocks looked up), {stats.stored} stored, {stats.evictions} evicted"
         )
-        return {**self.inner.facts(), AXIS_NAME: {**c, "summary": summary}}
+        facts = {"block": cache.block, "capacity": cache.capacity, **stats.to_dict(), "summary": summary}
+        return {**self.inner.facts(), AXIS_NAME: facts}
 
 
 def _second_turn(

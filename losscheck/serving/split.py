@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.errors import CellUnavailable, LosscheckError, flag
-from losscheck.serving.axis import Axis, Call, RankRecipe, ServeContext, Server, Serving
+from losscheck.serving.axis import Axis, Call, Facts, RankRecipe, ServeContext, Server, Serving
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -339,7 +339,7 @@ class Split:
         self.run = split_generate(self.context.ranks, unsplit, self.context.cell_id, self.ranks, calls)
         return self.run.generations
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> Facts:
         if self.run is None:
             return {}
         run = self.run

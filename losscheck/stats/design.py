@@ -1,6 +1,6 @@
 """A sequential PIT cell's design statistics, from its pilot and its tested sample: the looks and
 the family members an early stop must rule out (`design_looks`), and what the tested sample's
-own p and q confirm of the design's promises (`bug_class_coverage`, `shortfall`).
+own p and q confirm of the design's promises (`bug_class_coverage`).
 
 Model-free: everything is read from `PowerAccumulator`s (`losscheck.stats.bugclass`), the design
 (`losscheck.stats.sample_size.ClassDesign`) and the stopping rule (`losscheck.stats.sequential`).
@@ -9,7 +9,6 @@ Model-free: everything is read from `PowerAccumulator`s (`losscheck.stats.bugcla
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from losscheck.stats import sample_size, sequential
 from losscheck.stats.bugclass import LR_BOUND, RHO_FLOOR, PowerAccumulator
@@ -108,12 +107,12 @@ def bug_class_coverage(
     looks: sequential.Looks,
     early: bool,
     ids: list[int],
-) -> dict[str, dict[str, Any]]:
-    """Per bug class: its best test and the tokens that test needs (from the tested sample's own
-    p and q), its log10 rule-out e-value at the catalogue point, whether the cell's design
-    covered the class (the pilot's estimate) or reached it partly, whether the data ruled out
-    every member of its family an early stop needed, down to which ρ, the cell's power against
-    it, and its power curve.
+) -> dict[str, dict[str, object]]:
+    """Per bug class, in the JSON form `losscheck.cells.record.BugClassRecord` reads: its best
+    test and the tokens that test needs (from the tested sample's own p and q), its log10
+    rule-out e-value at the catalogue point, whether the cell's design covered the class (the
+    pilot's estimate) or reached it partly, whether the data ruled out every member of its family
+    an early stop needed, down to which ρ, the cell's power against it, and its power curve.
 
     Against a member it must rule out the cell keeps the power its tests have at the last look
     less the chance the member is ruled out first, β_r if covered, β_p if partly reached
@@ -128,14 +127,14 @@ def bug_class_coverage(
     tested = max(power.steps, 1)
     at_last = design.tokens if early else tested
     # at an early look, the power the tested sample's own p and q give at the design's tokens:
-    # the cell stops there only if that keeps the design's promise (`shortfall`)
+    # the cell stops there only if that keeps the design's promise (`losscheck.cells.sampled.shortfall`)
     checked = design.tokens if early else tested
     rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
     thresholds = looks.thresholds()
     beta = {True: (1.0 - level) * sequential.RULE_OUT_SHARE, False: sequential.PARTIAL_BETA}
     promise = {True: sequential.design_power(level), False: sequential.PARTIAL_POWER}
-    coverage: dict[str, dict[str, Any]] = {}
+    coverage: dict[str, dict[str, object]] = {}
     for bug in power.classes:
         name, tests = bug.name, needed[bug.name]
         test, tokens = min(((t, n) for t, n in tests.items() if t != LR_BOUND), key=lambda tn: tn[1])
@@ -196,13 +195,3 @@ def bug_class_coverage(
                 "ruled_out": sum(ruled[k] for k in id_keys),
             }
     return coverage
-
-
-def shortfall(coverage: dict[str, dict[str, Any]], level: float) -> dict[str, dict[str, Any]]:
-    """The classes of `bug_class_coverage` whose promise the tested sample does not keep: covered
-    and caught below `level`, or short of a family member's promised power."""
-    return {
-        name: c
-        for name, c in coverage.items()
-        if (c["covered"] and c.get("power_checked", c["power"]) < level) or c.get("short")
-    }

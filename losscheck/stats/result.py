@@ -95,7 +95,7 @@ class TestResult:
             return f"<= 10^{self.log10_p:.1f}"
         return f"{self.p_value:.3g}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready fields, `passed` included; infinities become None (JSON has no inf)."""
         d = {k: _json_number(v) for k, v in asdict(self).items()}
         d["detectable"] = {k: _json_number(v) for k, v in self.detectable.items()}
@@ -124,7 +124,7 @@ class CellVerdict:
         shown = failed if failed else self.results
         return "\n".join([head, *("  " + r.message() for r in shown)])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "cell": self.cell,
             "alpha": self.alpha,
