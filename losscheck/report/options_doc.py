@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from losscheck.run.options import SPECS
+from losscheck.run.options import SPECS, OptionSpec
 
 COMMAND = "python -m losscheck.report.options_doc"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "options.md"
@@ -46,7 +46,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;")
 
 
-def _value(spec: dict[str, Any]) -> str:
+def _value(spec: OptionSpec) -> str:
     """What follows the option's name: `=METAVAR`, `=a|b` for choices, nothing for a flag."""
     if spec.get("action") == "store_true":
         return ""
@@ -55,16 +55,16 @@ def _value(spec: dict[str, Any]) -> str:
     return "=" + spec.get("metavar", "VALUE")
 
 
-def _default(spec: dict[str, Any]) -> str:
+def _default(spec: OptionSpec) -> str:
     if spec.get("action") == "store_true":
         return "off"
     default = spec.get("default")
     return "–" if default is None else f"`{_text(default)}`"
 
 
-def _help(spec: dict[str, Any]) -> str:
+def _help(spec: OptionSpec) -> str:
     """The help text as argparse prints it (`%(default)s` filled in, `%%` as `%`)."""
-    return str(spec["help"]) % {**spec, "default": _text(spec.get("default"))}
+    return spec["help"] % {**spec, "default": _text(spec.get("default"))}
 
 
 def render() -> str:

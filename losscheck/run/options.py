@@ -8,10 +8,10 @@ under the same `dest`, so `from_parsed` builds `Options` the same way from eithe
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
 from losscheck.errors import OptionError, flag
@@ -119,8 +119,22 @@ def _compare_fail(text: str) -> str:
     return text
 
 
-# name -> keyword arguments of addoption / add_argument
-SPECS: dict[str, dict[str, Any]] = {
+class _Help(TypedDict):
+    help: str
+
+
+class OptionSpec(_Help, total=False):
+    """The keyword arguments of pytest's `addoption` / argparse's `add_argument` an option uses."""
+
+    metavar: str
+    choices: Sequence[str]
+    default: object
+    type: Callable[[str], object]
+    action: str
+
+
+# name -> how it is declared
+SPECS: dict[str, OptionSpec] = {
     "target": {
         "metavar": "PATH",
         "help": "local Hugging Face model directory of the target (default: the bundled tiny target)",
