@@ -86,7 +86,8 @@ def write_certificate(directory, cert: dict | None = None):
 
 
 def test_rows_totals_and_shares_of_a_certificate():
-    cost = cell_cost.report(Certificate.from_json(certificate_dict()), "run/certificate.json", wall_seconds=11.0)
+    report = cell_cost.report(Certificate.from_json(certificate_dict()), "run/certificate.json", wall_seconds=11.0)
+    cost = report.to_json()  # as cost.json has it
     rows = {r["cell"]: r for r in cost["cells"]}
     assert [r["cell"] for r in cost["cells"]] == ["A-k1-T1-small", "A-k4-T1", "E-k4-T1-w1", "A-k4-greedy"]
     assert cost["untimed_cells"] == ["A-k8-T1"]
@@ -109,7 +110,7 @@ def test_rows_totals_and_shares_of_a_certificate():
     assert sum(t["shares"].values()) == pytest.approx(1.0)
     assert list(t["shares"])[:3] == ["exact cells", "PIT generate", "PIT score"]
     assert t["shares"]["greedy cells"] == pytest.approx(0.1)
-    headline = cell_cost.headline(cost)
+    headline = cell_cost.headline(report)
     assert headline.startswith("4 cells, 20 cell-seconds over 2 workers, 11 s wall; 190 target passes")
     assert "exact cells 40%, PIT generate 25%, PIT score 12%" in headline
 
@@ -201,6 +202,6 @@ def test_a_phase_the_table_does_not_know_is_kept_before_other():
     cert = certificate_dict()
     cert["cells"] = [pit("A-k4-T1", 6.0, {"pilot": 1.0, "looks": 2.0, "score": 1.0}, 10_880)]
     cost = cell_cost.report(Certificate.from_json(cert), "run/certificate.json")
-    assert list(cost["totals"]["phase_seconds"]) == [*cell_cost.PHASES, "looks", cell_cost.OTHER]
-    assert cost["totals"]["phase_seconds"]["other"] == pytest.approx(2.0)
+    assert list(cost.totals.phase_seconds) == [*cell_cost.PHASES, "looks", cell_cost.OTHER]
+    assert cost.totals.phase_seconds["other"] == pytest.approx(2.0)
     assert "| conformance | looks | other |" in cell_cost.markdown(cost)
