@@ -217,22 +217,9 @@ def _environment(manifests: Sequence[Manifest]) -> RunEnvironment:
     """The first process's environment, with each process's worker id and threads."""
     if not manifests:
         return RunEnvironment()
-    env = manifests[0].environment
-    return RunEnvironment(
-        losscheck=env.losscheck,
-        git_revision=env.git_revision,
-        python=env.python,
-        platform=env.platform,
-        machine=env.machine,
-        cpu_count=env.cpu_count,
-        torch=env.torch,
-        transformers=env.transformers,
-        numpy=env.numpy,
-        scipy=env.scipy,
-        device=env.device,
-        accelerator=env.accelerator,
-        workers={m.environment.worker: Worker(m.environment.threads) for m in manifests},
-    )
+    per_process = ("worker", "threads")
+    shared = {k: v for k, v in dataclasses.asdict(manifests[0].environment).items() if k not in per_process}
+    return RunEnvironment(**shared, workers={m.environment.worker: Worker(m.environment.threads) for m in manifests})
 
 
 def write_run(out: str | Path, cert: Certificate) -> Path:
