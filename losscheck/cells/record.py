@@ -237,8 +237,9 @@ class CellRecord(JsonRecord):
             return "errored"
         return "passed" if self.passed and self.run.outcome == "passed" else "failed"
 
-    def with_run(self, **changes: object) -> CellRecord:
-        return dataclasses.replace(self, run=dataclasses.replace(self.run, **changes))  # type: ignore[arg-type]
+    def with_run(self, nodeid: str, outcome: Outcome) -> CellRecord:
+        """The record with its test's node id and outcome as pytest reported them."""
+        return dataclasses.replace(self, run=dataclasses.replace(self.run, nodeid=nodeid, outcome=outcome))
 
 
 def bug_class_records(coverage: Mapping[str, Mapping[str, object]]) -> dict[str, BugClassRecord]:
