@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from losscheck.cells.outcome import CellOutcome
 from losscheck.cells.sampled import run_cell
@@ -21,7 +20,7 @@ from losscheck.plan.matrix import Cell
 from losscheck.report.markdown import markdown_table
 from losscheck.run.context import CellContext
 from losscheck.run.session import Session
-from losscheck.selftest.power import predict
+from losscheck.selftest.power import Prediction, predict
 from losscheck.selftest.registry import Mutant
 
 
@@ -30,6 +29,34 @@ def gate_session(base: Session, mutant: str | None) -> Session:
     (split over every statistical cell of the gate's plan)."""
     base.drafters("main")  # load the models once, so every derived session shares them
     return base.derive(mutant=mutant)  # its alpha split is the same full plan's
+
+
+@dataclass(frozen=True)
+class CellPrediction:
+    """A mutant's predicted power in one cell (`losscheck.selftest.power.Prediction`), or n/a and why."""
+
+    cell: str | None  # None: the mutant shows in no cell of the run
+    power: float | None
+    tv: float | None
+    note: str
+
+    @classmethod
+    def of(cls, cell: str | None, prediction: Prediction) -> CellPrediction:
+        return cls(cell, prediction.power, prediction.tv, prediction.note)
+
+
+@dataclass(frozen=True)
+class CatchMeta:
+    """The run a catch table comes from."""
+
+    seed: int
+    profile: str
+    alpha: float
+    per_test_alpha: float
+    gate_statistical_tests: int  # the statistical tests of the gate's plan the alpha is split over
+    all_cells: bool = False  # every cell of each mutant run, not only up to its first catch
+    stress: bool = True  # with the stress cells
+    seconds: float | None = None
 
 
 @dataclass
@@ -44,7 +71,7 @@ class CellCatch:
     p_value: float | None  # its p-value
     evidence: str  # the first divergence, or the failing tests' message
     seconds: float
-    prediction: dict[str, Any] = field(default_factory=dict)
+    prediction: Prediction | None = None  # exact cells only
     error: str = ""  # the cell errored instead of reaching a verdict (not a catch)
 
 
@@ -61,7 +88,7 @@ def _catch(session: Session, cell: Cell, mutant: Mutant | None) -> CellCatch:
         )
     seconds = time.perf_counter() - started
     failing, test_name, p_value, evidence = _evidence(outcome)
-    prediction = predict(session, mutant, cell).to_dict() if mutant is not None and mode == "exact" else {}
+    prediction = predict(session, mutant, cell) if mutant is not None and mode == "exact" else None
     return CellCatch(cell.id, mode, not outcome.passed, failing, test_name, p_value, evidence, seconds, prediction)
 
 
@@ -96,7 +123,7 @@ class MutantReport:
     cells: list[str]  # the gate cells it manifests in, in run order
     runs: list[CellCatch]  # the cells actually run (up to the first catch, or all)
     seconds: float
-    prediction: dict[str, Any] = field(default_factory=dict)  # best exact-mode prediction
+    prediction: CellPrediction | None = None  # the best exact-mode prediction
 
     @property
     def caught(self) -> bool:
@@ -117,7 +144,7 @@ class MutantReport:
             lines.append(f"  {r.cell} [{r.mode}] {verdict} {', '.join(r.failing)} {r.evidence}{r.error}".rstrip())
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "caught": self.caught}
 
 
@@ -144,16 +171,16 @@ def run_mutant(base: Session, mutant: Mutant, all_cells: bool = False, stress: b
     )
 
 
-def _headline_prediction(session: Session, mutant: Mutant, cells: list[Cell], runs: list[CellCatch]) -> dict[str, Any]:
+def _headline_prediction(session: Session, mutant: Mutant, cells: list[Cell], runs: list[CellCatch]) -> CellPrediction:
     """The catching cell's prediction when it is an exact cell, else the first exact cell's (or,
     with none, the first cell's n/a and its reason)."""
     catch = next((r for r in runs if r.failed), None)
-    if catch is not None and catch.prediction:
-        return {"cell": catch.cell, **catch.prediction}
+    if catch is not None and catch.prediction is not None:
+        return CellPrediction.of(catch.cell, catch.prediction)
     cell = next((c for c in cells if c.target == "small"), cells[0] if cells else None)
     if cell is None:
-        return {"cell": None, "power": None, "tv": None, "note": "n/a: the mutant shows in no cell of this run"}
-    return {"cell": cell.id, **predict(session, mutant, cell).to_dict()}
+        return CellPrediction(None, None, None, "n/a: the mutant shows in no cell of this run")
+    return CellPrediction.of(cell.id, predict(session, mutant, cell))
 
 
 def run_control(base: Session, cells: list[Cell]) -> list[CellCatch]:
@@ -191,10 +218,10 @@ def table_rows(reports: list[MutantReport]) -> list[tuple[str, ...]]:
             more = f" (+{len(catch.failing) - 1} more)" if len(catch.failing) > 1 else ""
             by = f"{catch.cell}: {catch.test_name}{more}"
             evidence = f"p = {catch.p_value:.3g}" if catch.p_value is not None else catch.evidence
-        pred = r.prediction
-        power = _fmt(pred.get("power"), ".4f")
-        if pred.get("power") is not None and pred.get("cell") != (catch.cell if catch else None):
-            power += f" ({pred['cell']})"
+        pred = r.prediction or CellPrediction(None, None, None, "n/a")
+        power = _fmt(pred.power, ".4f")
+        if pred.power is not None and pred.cell != (catch.cell if catch else None):
+            power += f" ({pred.cell})"
         rows.append(
             (
                 r.name,
@@ -204,7 +231,7 @@ def table_rows(reports: list[MutantReport]) -> list[tuple[str, ...]]:
                 by,
                 evidence,
                 power,
-                _fmt(pred.get("tv"), ".3f"),
+                _fmt(pred.tv, ".3f"),
                 _cell_counts(r),
                 f"{r.seconds:.0f}",
             )
@@ -218,14 +245,14 @@ def _cell_counts(report: MutantReport) -> str:
     return text + (f", {errors} errored" if errors else "")
 
 
-def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any]) -> str:
+def markdown(reports: list[MutantReport], control: list[CellCatch], meta: CatchMeta) -> str:
     caught = sum(r.caught for r in reports)
     lines = [
         "# Mutant catch table",
         "",
-        f"{caught}/{len(reports)} planted bugs caught by the lossless gate (seed {meta['seed']}, profile "
-        f"{meta['profile']}, family-wise alpha {meta['alpha']}, per-test alpha {meta['per_test_alpha']:.3g} "
-        f"= alpha / {meta['gate_statistical_tests']} gate statistical tests).",
+        f"{caught}/{len(reports)} planted bugs caught by the lossless gate (seed {meta.seed}, profile "
+        f"{meta.profile}, family-wise alpha {meta.alpha}, per-test alpha {meta.per_test_alpha:.3g} "
+        f"= alpha / {meta.gate_statistical_tests} gate statistical tests).",
         "",
         markdown_table(TABLE_COLUMNS, table_rows(reports)),
         "Predicted power: power of the exact-mode `exact.position[0]` test (same bins, n and level as the "
@@ -242,12 +269,15 @@ def markdown(reports: list[MutantReport], control: list[CellCatch], meta: dict[s
     return "\n".join(lines) + "\n"
 
 
-def write_table(
-    reports: list[MutantReport], control: list[CellCatch], meta: dict[str, Any], out: Path
-) -> tuple[Path, Path]:
+def write_table(reports: list[MutantReport], control: list[CellCatch], meta: CatchMeta, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "catch_table.md", out / "catch_table.json"
     md.write_text(markdown(reports, control, meta))
-    payload = {"schema": 1, **meta, "mutants": [r.to_dict() for r in reports], "control": [asdict(c) for c in control]}
+    payload = {
+        "schema": 1,
+        **asdict(meta),
+        "mutants": [r.to_dict() for r in reports],
+        "control": [asdict(c) for c in control],
+    }
     js.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return md, js

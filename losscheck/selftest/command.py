@@ -8,7 +8,7 @@ from pathlib import Path
 from losscheck.run.options import Options
 from losscheck.run.session import Session
 from losscheck.selftest import catalogue, get_mutant
-from losscheck.selftest.catch import gate_session, markdown, run_control, run_mutant, write_table
+from losscheck.selftest.catch import CatchMeta, gate_session, markdown, run_control, run_mutant, write_table
 
 
 def run(out: Path, options: Options, names: list[str], all_cells: bool, stress: bool = True) -> int:
@@ -27,18 +27,19 @@ def run(out: Path, options: Options, names: list[str], all_cells: bool, stress: 
     session = gate_session(base, None)
     planned = {c.id: c for m in mutants for c in m.cells(session.plan, options.profile, stress)}
     control = run_control(base, [c for c in planned.values() if c.id in catching])
-    meta = {
-        "seed": options.seed,
-        "profile": options.profile.name,
-        "alpha": options.alpha,
-        "per_test_alpha": session.per_test_alpha,
-        "gate_statistical_tests": session.n_statistical,
-        "all_cells": all_cells,
-        "stress": stress,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    seconds = round(time.perf_counter() - started, 1)
+    meta = CatchMeta(
+        options.seed,
+        options.profile.name,
+        options.alpha,
+        session.per_test_alpha,
+        session.n_statistical,
+        all_cells,
+        stress,
+        seconds,
+    )
     md, js = write_table(reports, control, meta, out)
     print()
     print(markdown(reports, control, meta))
-    print(f"wrote {md} and {js} in {meta['seconds']:.0f} s")
+    print(f"wrote {md} and {js} in {seconds:.0f} s")
     return 0 if all(r.caught for r in reports) and not any(c.failed or c.error for c in control) else 1

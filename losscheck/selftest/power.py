@@ -29,9 +29,6 @@ class Prediction:
     tv: float | None  # total variation between the target's and the mutant's first-token laws
     note: str  # the test it is for, or why there is none
 
-    def to_dict(self) -> dict[str, object]:
-        return {"power": self.power, "tv": self.tv, "note": self.note}
-
 
 @torch.inference_mode()
 def first_slot(session: Session, cell: Cell) -> FirstSlot:

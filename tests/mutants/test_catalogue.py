@@ -111,7 +111,8 @@ def test_predicted_power_is_alpha_for_a_lossless_law_and_high_for_a_lossy_one(se
 
 
 def test_catch_table_rows_and_files(tmp_path):
-    from losscheck.selftest.catch import CellCatch, MutantReport, write_table
+    from losscheck.selftest.catch import CatchMeta, CellCatch, CellPrediction, MutantReport, write_table
+    from losscheck.selftest.power import Prediction
 
     caught = MutantReport(
         "m1",
@@ -128,11 +129,11 @@ def test_catch_table_rows_and_files(tmp_path):
                 1e-30,
                 "x",
                 1.0,
-                {"power": 1.0, "tv": 0.2, "note": "exact.position[0]"},
+                Prediction(1.0, 0.2, "exact.position[0]"),
             )
         ],
         1.0,
-        {"cell": "c1", "power": 1.0, "tv": 0.2, "note": "exact.position[0]"},
+        CellPrediction("c1", 1.0, 0.2, "exact.position[0]"),
     )
     missed = MutantReport(
         "m2",
@@ -141,9 +142,9 @@ def test_catch_table_rows_and_files(tmp_path):
         ["g1"],
         [CellCatch("g1", "greedy", False, [], "", None, "", 1.0)],
         1.0,
-        {"cell": "g1", "power": None, "tv": None, "note": "n/a: greedy"},
+        CellPrediction("g1", None, None, "n/a: greedy"),
     )
-    meta = {"seed": 1, "profile": "ci", "alpha": 0.01, "per_test_alpha": 0.01 / 18, "gate_statistical_tests": 18}
+    meta = CatchMeta(seed=1, profile="ci", alpha=0.01, per_test_alpha=0.01 / 18, gate_statistical_tests=18)
     md, js = write_table([caught, missed], [], meta, tmp_path)
     text = md.read_text()
     assert "1/2 planted bugs caught" in text
