@@ -34,6 +34,31 @@ def test_the_old_sampling_path_warns_and_gives_the_same_functions():
     assert old.process_logits is sampling.process_logits and old.SamplingParams is sampling.SamplingParams
 
 
+@pytest.mark.parametrize(
+    "old, new, names",
+    [
+        ("losscheck.perf.runfile", "losscheck.report.perf_run", ("load", "compare", "SCHEMA", "parse_thresholds")),
+        ("losscheck.perf.report", "losscheck.report.perf", ("write_report", "markdown", "plot")),
+    ],
+)
+def test_the_old_perf_report_paths_warn_and_give_the_same_functions(old, new, names):
+    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}"):
+        module = fresh_import(old)
+    current = importlib.import_module(new)
+    assert all(getattr(module, name) is getattr(current, name) for name in names)
+
+
+def test_the_old_outcome_details_warn_and_give_the_sample_facts():
+    from losscheck.cells.outcome import CellOutcome
+    from losscheck.cells.record import SampleFacts
+    from losscheck.plan.cell import Cell
+    from losscheck.plan.matrix import GREEDY
+
+    outcome = CellOutcome(Cell("A", 4, GREEDY), facts=SampleFacts(prompts=3, max_new_tokens=8))
+    with pytest.warns(DeprecationWarning, match="CellOutcome.facts"):
+        assert outcome.details == {"prompts": 3, "max_new_tokens": 8}
+
+
 def test_process_logits_is_exported_with_the_contract():
     from losscheck.core.sampling import process_logits
 

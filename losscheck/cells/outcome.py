@@ -23,7 +23,7 @@ from losscheck.cells.record import (
 from losscheck.core.divergence import Divergence
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.errors import flag
-from losscheck.jsonrecord import Scalar, decode
+from losscheck.jsonrecord import Scalar, decode, encode
 from losscheck.plan.cell import ORACLE, Cell
 from losscheck.serving.axis import record as serving_record
 from losscheck.stats.result import CellVerdict, TestResult, combine
@@ -44,6 +44,20 @@ class CellOutcome:
     facts: SampleFacts = field(default_factory=SampleFacts)  # sample sizes, horizon, design, looks…
     serving_facts: dict[str, dict[str, Scalar]] = field(default_factory=dict)  # serving axis -> what it measured
     strict: bool = False  # near-tie divergences fail too (--losscheck-strict)
+
+    @property
+    def details(self) -> dict[str, object]:
+        """Deprecated: the sample's facts as the JSON object they used to be; read `facts`."""
+        import warnings
+
+        warnings.warn(
+            "CellOutcome.details is deprecated: read CellOutcome.facts (a SampleFacts); it will be removed after 0.1.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        facts = encode(self.facts)
+        assert isinstance(facts, dict)
+        return facts
 
     @property
     def kind(self) -> str:

@@ -9,7 +9,6 @@ here, and reading ignores fields this version does not know. Torch-free.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Final, Literal
 
@@ -229,6 +228,3 @@ class Certificate(JsonRecord):
     )
     pytest_exit_status: int
     cells: tuple[CellRecord, ...] = field(metadata=json_field(doc="one record per certification test"))
-
-    def with_models(self, targets: dict[str, Identity], drafters: dict[str, dict[str, Identity]]) -> Certificate:
-        return dataclasses.replace(self, targets=targets, drafters=drafters)
