@@ -17,6 +17,7 @@ import numpy as np
 from scipy import stats as sstats
 
 from losscheck.perf.serving import ServeTrace
+from losscheck.report.perf_record import Speedup
 
 PERCENTILES = (50, 95, 99)
 
@@ -84,21 +85,6 @@ def round_breakdown(trace: ServeTrace) -> dict[str, float]:
         "prefill_fraction": trace.prefill_s / trace.wall_s,
     }
     return per
-
-
-@dataclass(frozen=True)
-class Speedup:
-    """Spec over baseline throughput: the ratio of geometric means over repeated runs and its
-    confidence interval on log throughputs (Student's t on the log ratios of paired runs, Welch's t
-    otherwise); NaN with fewer than two runs a side."""
-
-    ratio: float
-    low: float
-    high: float
-    level: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {"ratio": self.ratio, "ci_low": self.low, "ci_high": self.high, "level": self.level}
 
 
 def speedup(spec: Sequence[float], base: Sequence[float], level: float = 0.95, paired: bool = False) -> Speedup:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from losscheck.report.perf_record import Sources
+
 
 @dataclass(frozen=True)
 class Decomposition:
@@ -45,13 +47,8 @@ class Decomposition:
     def predicted(self) -> float:
         return self.tau / (self.draft_cost + self.verify_cost)
 
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "tau": self.tau,
-            "step_s": self.step_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
-            "draft_cost": self.draft_cost,
-            "verify_cost": self.verify_cost,
-            "predicted": self.predicted,
-        }
+    def sources(self) -> Sources:
+        """The record of the run file (`losscheck.report.perf_record`)."""
+        return Sources(
+            self.tau, self.step_s, self.draft_s, self.verify_s, self.draft_cost, self.verify_cost, self.predicted
+        )

@@ -13,7 +13,7 @@ budgets), and one per entropy tier.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import asdict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from losscheck.core.generation import LoopStats
@@ -24,12 +24,12 @@ from losscheck.perf.model import Decomposition
 from losscheck.perf.serving import ServeTrace, serve
 from losscheck.perf.workload import Request, distinct_prompts, make_workload
 from losscheck.plan.perf_profiles import PerfProfile
-from losscheck.report.perf_run import SCHEMA, Comparison
+from losscheck.report.perf_record import BASELINE, SCHEMA, Peer, PerfRunFile, PerRound, Rung
+from losscheck.report.perf_run import Comparison
 
 if TYPE_CHECKING:
     from losscheck.run.session import Session
 
-BASELINE = "baseline"
 LADDER, SHORT = "ladder", "short"
 WARMUP_MAX_NEW = 8  # output budget of the warm-up run: enough rounds to touch every code path
 
@@ -54,7 +54,7 @@ class PerfRun:
         self.seed = session.options.seed
         self._traces: dict[tuple[str, int, str], list[ServeTrace]] = {}
         self._paired: dict[tuple[str, int, str], list[ServeTrace]] = {}
-        self._peer: dict[str, Any] | None = None
+        self._peer: Peer | None = None
         self.comparisons: list[Comparison] | None = None  # set by the compare with a saved run
         self.started = dt.datetime.now(dt.timezone.utc)
 
@@ -104,23 +104,23 @@ class PerfRun:
 
     # -- records ------------------------------------------------------------------------------
 
-    def rung(self, engine: str, concurrency: int, kind: str = LADDER) -> dict[str, Any]:
+    def rung(self, engine: str, concurrency: int, kind: str = LADDER) -> Rung:
         """The figures of a rung; a drafter's with its speedup over its paired baseline runs and
         the speedup's decomposition (`losscheck.perf.model`)."""
         record = _record(engine, concurrency, kind, self.profile.k, self.traces(engine, concurrency, kind))
-        if engine != BASELINE:
-            base = _record(BASELINE, concurrency, kind, self.profile.k, self.paired_baseline(engine, concurrency, kind))
-            record["baseline_tok_s"] = base["throughput_tok_s"]
-            record["speedup"] = speedup(record["throughput_tok_s"], base["throughput_tok_s"], paired=True).to_dict()
-            record["decomposition"] = Decomposition(
-                record["tau"],
-                base["per_round"]["verify_s"],
-                record["per_round"]["draft_s"],
-                record["per_round"]["verify_s"],
-            ).to_dict()
-        return record
+        if engine == BASELINE:
+            return record
+        base = _record(BASELINE, concurrency, kind, self.profile.k, self.paired_baseline(engine, concurrency, kind))
+        return replace(
+            record,
+            baseline_tok_s=base.throughput_tok_s,
+            speedup=speedup(record.throughput_tok_s, base.throughput_tok_s, paired=True),
+            decomposition=Decomposition(
+                record.tau, base.per_round.verify_s, record.per_round.draft_s, record.per_round.verify_s
+            ).sources(),
+        )
 
-    def peer(self) -> dict[str, Any]:
+    def peer(self) -> Peer:
         """Hugging Face assisted generation with the family-A drafter at concurrency 1, on the
         ladder's concurrency-1 requests, against its own plain `generate`; ours beside it."""
         if self._peer is None:
@@ -135,18 +135,19 @@ class PerfRun:
                     seconds, tokens = hf_generate_seconds(model, helper, requests, self.params, k, self.seed + i)
                     runs[name].append(tokens / seconds)
             ours = self.rung(self.peer_drafter(), 1)
-            self._peer = {
-                "drafter": self.peer_drafter(),
-                "k": k,
-                "concurrency": 1,
-                "requests": len(requests),
-                "hf_plain_tok_s": runs["plain"],
-                "hf_assisted_tok_s": runs["assisted"],
-                "hf_speedup": speedup(runs["assisted"], runs["plain"], paired=True).to_dict(),
-                "ours_speedup": ours["speedup"],
-                "ours_spec_tok_s": ours["throughput_tok_s"],
-                "ours_baseline_tok_s": ours["baseline_tok_s"],
-            }
+            assert ours.speedup is not None and ours.baseline_tok_s is not None  # a drafter's rung
+            self._peer = Peer(
+                drafter=self.peer_drafter(),
+                k=k,
+                concurrency=1,
+                requests=len(requests),
+                hf_plain_tok_s=tuple(runs["plain"]),
+                hf_assisted_tok_s=tuple(runs["assisted"]),
+                hf_speedup=speedup(runs["assisted"], runs["plain"], paired=True),
+                ours_speedup=ours.speedup,
+                ours_spec_tok_s=ours.throughput_tok_s,
+                ours_baseline_tok_s=ours.baseline_tok_s,
+            )
         return self._peer
 
     def peer_drafter(self) -> str:
@@ -168,9 +169,8 @@ class PerfRun:
     def measured(self) -> list[tuple[str, int, str]]:
         return list(self._traces)
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> PerfRunFile:
         """The run file (`losscheck.report.perf_run`): environment, identities, every rung measured."""
-        from losscheck.jsonrecord import encode
         from losscheck.report.manifest import environment
 
         session = self.session
@@ -178,24 +178,24 @@ class PerfRun:
         rungs += [self.rung(e, c, kind) for e, c, kind in self._traces if e == BASELINE]
         target = session.target("main")
         drafters = session.drafters("main")
-        return {
-            "schema": SCHEMA,
-            "created": self.started.isoformat(timespec="seconds"),
-            "environment": encode(environment(session.device)),
-            "target": {"name": target.name, **target.identity},
-            "drafters": {
+        return PerfRunFile(
+            schema=SCHEMA,
+            created=self.started.isoformat(timespec="seconds"),
+            environment=environment(session.device),
+            target={"name": target.name, **target.identity},
+            drafters={
                 name: {"name": drafters[name].name, **getattr(drafters[name], "identity", {})}
                 for name in sorted({e for e, _, _ in self._traces} - {BASELINE})
             },
-            "profile": asdict(self.profile),
-            "params": self.params.label(),
-            "seed": self.seed,
-            "rungs": rungs,
-            "peer": self._peer,
-        }
+            profile=self.profile,
+            params=self.params.label(),
+            seed=self.seed,
+            rungs=tuple(rungs),
+            peer=self._peer,
+        )
 
 
-def _record(engine: str, concurrency: int, kind: str, k: int, traces: list[ServeTrace]) -> dict[str, Any]:
+def _record(engine: str, concurrency: int, kind: str, k: int, traces: list[ServeTrace]) -> Rung:
     """The figures of one rung's timed runs (latencies pooled over the runs)."""
     latencies = Latencies([], [], [], [])
     stats = LoopStats.empty(traces[0].stats.k)
@@ -217,25 +217,25 @@ def _record(engine: str, concurrency: int, kind: str, k: int, traces: list[Serve
     breakdown = round_breakdown(pooled)
     requests = [r.request for r in traces[0].requests]
     tokens = [sum(r.output_tokens for r in t.requests) for t in traces]
-    return {
-        "engine": engine,
-        "concurrency": concurrency,
-        "workload": kind,
-        "k": k if engine != BASELINE else 0,
-        "requests": len(requests),
-        "distinct_prompts": distinct_prompts(requests),
-        "repeats": len(traces),
-        "output_tokens": tokens,
-        "throughput_tok_s": [throughput(t) for t in traces],
-        "latency_s": latencies.summary(),
-        "tau": stats.acceptance_length,
-        "slot_acceptance": stats.slot_acceptance() if engine != BASELINE else [],
-        "wasted_fraction": stats.wasted_fraction,
-        "rounds": pooled.rounds,
-        "per_round": {key: breakdown[key] for key in ("draft_s", "verify_s", "overhead_s", "round_s")},
-        "draft_time_fraction": breakdown["draft_fraction"],
-        "verify_time_fraction": breakdown["verify_fraction"],
-        "overhead_fraction": breakdown["overhead_fraction"],
-        "prefill_fraction": breakdown["prefill_fraction"],
-        "memory": traces[-1].memory,
-    }
+    return Rung(
+        engine=engine,
+        concurrency=concurrency,
+        workload=kind,
+        k=k if engine != BASELINE else 0,
+        requests=len(requests),
+        distinct_prompts=distinct_prompts(requests),
+        repeats=len(traces),
+        output_tokens=tuple(tokens),
+        throughput_tok_s=tuple(throughput(t) for t in traces),
+        latency_s=latencies.summary(),
+        tau=stats.acceptance_length,
+        slot_acceptance=tuple(stats.slot_acceptance()) if engine != BASELINE else (),
+        wasted_fraction=stats.wasted_fraction,
+        rounds=pooled.rounds,
+        per_round=PerRound(breakdown["draft_s"], breakdown["verify_s"], breakdown["overhead_s"], breakdown["round_s"]),
+        draft_time_fraction=breakdown["draft_fraction"],
+        verify_time_fraction=breakdown["verify_fraction"],
+        overhead_fraction=breakdown["overhead_fraction"],
+        prefill_fraction=breakdown["prefill_fraction"],
+        memory=traces[-1].memory,
+    )

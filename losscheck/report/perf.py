@@ -9,17 +9,18 @@ analytic prediction dashed, the HF peer at concurrency 1), `throughput_latency.p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from losscheck.report import perf_run
 from losscheck.report.markdown import markdown_table
+from losscheck.report.perf_record import BASELINE, PerfRunFile, Rung, Sources, Speedup
 
-BASELINE = "baseline"
 WORKLOAD_ORDER = ("short", "low", "mid", "high")
 
 
-def write_report(doc: dict[str, Any], out: Path, comparisons: list[perf_run.Comparison] | None = None) -> list[Path]:
+def write_report(doc: PerfRunFile, out: Path, comparisons: list[perf_run.Comparison] | None = None) -> list[Path]:
     """Write the run file, the Markdown summary and the plots under `out`; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     perf_run.save(doc, out / "perf.json")
@@ -31,33 +32,33 @@ def _ms(x: float) -> str:
     return "-" if math.isnan(x) else f"{x * 1e3:.1f}"
 
 
-def _ladder(doc: dict[str, Any], spec: bool = True) -> list[dict[str, Any]]:
-    rows = [r for r in doc["rungs"] if r["workload"] == "ladder" and (r["engine"] != BASELINE) == spec]
-    return sorted(rows, key=lambda r: (r["engine"], r["concurrency"]))
+def _drafted(rungs: Iterable[Rung]) -> list[tuple[Rung, Speedup, Sources]]:
+    """The drafters' rungs among `rungs`, each with its speedup and the speedup's sources."""
+    return [(r, r.speedup, r.decomposition) for r in rungs if r.speedup is not None and r.decomposition is not None]
 
 
-def _mean(xs: list[float]) -> float:
+def _mean(xs: tuple[float, ...]) -> float:
     return sum(xs) / len(xs)
 
 
-def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None = None) -> str:
-    env, p = doc["environment"], doc["profile"]
+def markdown(doc: PerfRunFile, comparisons: list[perf_run.Comparison] | None = None) -> str:
+    env, p = doc.environment, doc.profile
     lines = [
         "# losscheck perf\n",
         (
-            f"- run {doc['created']}; losscheck {env.get('losscheck')} ({env.get('git_revision')}); "
-            f"torch {env.get('torch')}, transformers {env.get('transformers')}, {env.get('threads')} threads"
+            f"- run {doc.created}; losscheck {env.losscheck} ({env.git_revision}); "
+            f"torch {env.torch}, transformers {env.transformers}, {env.threads} threads"
         ),
-        f"- device {env.get('device')}: {env.get('accelerator')}; {env.get('platform')}, {env.get('cpu_count')} CPUs",
+        f"- device {env.device}: {env.accelerator}; {env.platform}, {env.cpu_count} CPUs",
         (
-            f"- target {doc['target']['name']} ({doc['target'].get('precision')}, "
-            f"sha256 {str(doc['target'].get('sha256'))[:12]}); drafters: "
+            f"- target {doc.target['name']} ({doc.target.get('precision')}, "
+            f"sha256 {str(doc.target.get('sha256'))[:12]}); drafters: "
         )
-        + ", ".join(f"{k} = {v['name']}" for k, v in doc["drafters"].items()),
+        + ", ".join(f"{k} = {v['name']}" for k, v in doc.drafters.items()),
         (
-            f"- profile {p['name']}: k={p['k']}, {doc['params']}, output budgets uniform in "
-            f"[{p['max_new'] // 2}, {p['max_new']}], {p['repeats']} timed runs per rung after a warm-up; "
-            f"requests = max({p['min_requests']}, {p['requests_per_slot']} x concurrency), admitted into finished "
+            f"- profile {p.name}: k={p.k}, {doc.params}, output budgets uniform in "
+            f"[{p.max_new // 2}, {p.max_new}], {p.repeats} timed runs per rung after a warm-up; "
+            f"requests = max({p.min_requests}, {p.requests_per_slot} x concurrency), admitted into finished "
             "rows between rounds (closed loop)"
         ),
         "",
@@ -69,23 +70,22 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
             "(`losscheck.perf.model`). Overhead = engine time in a round outside drafter and target forwards.\n"
         ),
     ]
-    rows = []
-    for r in _ladder(doc):
-        s, d = r["speedup"], r["decomposition"]
+    rows: list[tuple[object, ...]] = []
+    for r, s, d in _drafted(doc.ladder()):
         rows.append(
             (
-                r["engine"],
-                r["concurrency"],
-                f"{_mean(r['baseline_tok_s']):.0f}",
-                f"{_mean(r['throughput_tok_s']):.0f}",
-                f"{s['ratio']:.2f}x [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
-                f"{d['predicted']:.2f}x",
-                f"{r['tau']:.2f}",
-                f"{d['draft_cost']:.2f}",
-                f"{d['verify_cost']:.2f}",
-                f"{r['draft_time_fraction']:.0%}",
-                f"{r['overhead_fraction']:.1%}",
-                f"{r['wasted_fraction']:.0%}",
+                r.engine,
+                r.concurrency,
+                f"{_mean(r.baseline_tok_s or ()):.0f}",
+                f"{_mean(r.throughput_tok_s):.0f}",
+                s.label(),
+                f"{d.predicted:.2f}x",
+                f"{r.tau:.2f}",
+                f"{d.draft_cost:.2f}",
+                f"{d.verify_cost:.2f}",
+                f"{r.draft_time_fraction:.0%}",
+                f"{r.overhead_fraction:.1%}",
+                f"{r.wasted_fraction:.0%}",
             )
         )
     lines.append(
@@ -115,12 +115,12 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
         ),
     ]
     rows = []
-    for r in _ladder(doc, spec=False) + _ladder(doc):
-        lat = r["latency_s"]
+    for r in doc.ladder(spec=False) + doc.ladder():
+        lat = r.latency_s
         rows.append(
             (
-                r["engine"],
-                r["concurrency"],
+                r.engine,
+                r.concurrency,
                 *(_ms(lat[m][q]) for m in ("ttft", "tpot", "itl") for q in ("p50", "p95", "p99")),
                 _ms(lat["e2e"]["p50"]),
                 _ms(lat["e2e"]["p99"]),
@@ -146,12 +146,12 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
             rows,
         )
     )
-    k = max((len(r["slot_acceptance"]) for r in doc["rungs"]), default=0)
+    k = max((len(r.slot_acceptance) for r in doc.rungs), default=0)
     lines += ["## Per-slot acceptance\n", "P(draft j accepted | drafts before it accepted).\n"]
     lines.append(
         markdown_table(
             ("drafter", "c", *(f"slot {j + 1}" for j in range(k))),
-            [(r["engine"], r["concurrency"], *(f"{a:.2f}" for a in r["slot_acceptance"])) for r in _ladder(doc)],
+            [(r.engine, r.concurrency, *(f"{a:.2f}" for a in r.slot_acceptance)) for r in doc.ladder()],
         )
     )
     lines += ["## Memory (MiB)\n", "Weights and the KV caches allocated for the rung; device peak on CUDA only.\n"]
@@ -164,10 +164,10 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
             ("engine", "c", "target weights", "drafter weights", "target KV", "drafter KV", "device peak"),
             [
                 (
-                    r["engine"],
-                    r["concurrency"],
+                    r.engine,
+                    r.concurrency,
                     *(
-                        mib(r["memory"][m])
+                        mib(r.memory[m])
                         for m in (
                             "target_weights_bytes",
                             "drafter_weights_bytes",
@@ -177,18 +177,18 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
                         )
                     ),
                 )
-                for r in _ladder(doc, spec=False) + _ladder(doc)
+                for r in doc.ladder(spec=False) + doc.ladder()
             ],
         )
     )
     other = sorted(
-        (r for r in doc["rungs"] if r["workload"] != "ladder" and "speedup" in r),
-        key=lambda r: (r["engine"], r["workload"]),
+        (r for r in doc.rungs if r.workload != "ladder" and r.speedup is not None),
+        key=lambda r: (r.engine, r.workload),
     )
     if other:
         lines += [
             "## Sensitivity: output length and entropy tier\n",
-            f"short = output budgets in [{p['short_max_new'] // 2}, {p['short_max_new']}]; "
+            f"short = output budgets in [{p.short_max_new // 2}, {p.short_max_new}]; "
             "low/mid/high = prompts of one tier.\n",
         ]
         lines.append(
@@ -196,21 +196,20 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
                 ("drafter", "c", "workload", "speedup [95% CI]", "predicted", "tau", "draft time"),
                 [
                     (
-                        r["engine"],
-                        r["concurrency"],
-                        r["workload"],
-                        f"{r['speedup']['ratio']:.2f}x [{r['speedup']['ci_low']:.2f}, {r['speedup']['ci_high']:.2f}]",
-                        f"{r['decomposition']['predicted']:.2f}x",
-                        f"{r['tau']:.2f}",
-                        f"{r['draft_time_fraction']:.0%}",
+                        r.engine,
+                        r.concurrency,
+                        r.workload,
+                        s.label(),
+                        f"{d.predicted:.2f}x",
+                        f"{r.tau:.2f}",
+                        f"{r.draft_time_fraction:.0%}",
                     )
-                    for r in other
+                    for r, s, d in _drafted(other)
                 ],
             )
         )
-    peer = doc.get("peer")
+    peer = doc.peer
     if peer:
-        h, o = peer["hf_speedup"], peer["ours_speedup"]
         lines += [
             "## The peer: Hugging Face assisted generation, concurrency 1\n",
             markdown_table(
@@ -218,17 +217,17 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
                 [
                     (
                         "losscheck",
-                        peer["drafter"],
-                        f"{_mean(peer['ours_baseline_tok_s']):.0f}",
-                        f"{_mean(peer['ours_spec_tok_s']):.0f}",
-                        f"{o['ratio']:.2f}x [{o['ci_low']:.2f}, {o['ci_high']:.2f}]",
+                        peer.drafter,
+                        f"{_mean(peer.ours_baseline_tok_s):.0f}",
+                        f"{_mean(peer.ours_spec_tok_s):.0f}",
+                        peer.ours_speedup.label(),
                     ),
                     (
                         "HF assisted generation",
-                        peer["drafter"],
-                        f"{_mean(peer['hf_plain_tok_s']):.0f}",
-                        f"{_mean(peer['hf_assisted_tok_s']):.0f}",
-                        f"{h['ratio']:.2f}x [{h['ci_low']:.2f}, {h['ci_high']:.2f}]",
+                        peer.drafter,
+                        f"{_mean(peer.hf_plain_tok_s):.0f}",
+                        f"{_mean(peer.hf_assisted_tok_s):.0f}",
+                        peer.hf_speedup.label(),
                     ),
                 ],
             ),
@@ -238,77 +237,69 @@ def markdown(doc: dict[str, Any], comparisons: list[perf_run.Comparison] | None 
     return "\n".join(lines) + "\n"
 
 
-def plot(doc: dict[str, Any], out: Path) -> list[Path]:
+def plot(doc: PerfRunFile, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    spec = _ladder(doc)
-    drafters = sorted({r["engine"] for r in spec})
+    spec = _drafted(doc.ladder())
+    drafters = sorted({r.engine for r, _, _ in spec})
     colours = {name: f"C{i}" for i, name in enumerate(drafters)}
     if spec:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for name in drafters:
-            rs = [r for r in spec if r["engine"] == name]
-            c = [r["concurrency"] for r in rs]
-            ratio = [r["speedup"]["ratio"] for r in rs]
+            rs = [(r, s, d) for r, s, d in spec if r.engine == name]
+            c = [r.concurrency for r, _, _ in rs]
+            ratio = [s.ratio for _, s, _ in rs]
             err = [
-                [
-                    max(x - r["speedup"]["ci_low"], 0) if not math.isnan(r["speedup"]["ci_low"]) else 0
-                    for x, r in zip(ratio, rs)
-                ],
-                [
-                    max(r["speedup"]["ci_high"] - x, 0) if not math.isnan(r["speedup"]["ci_high"]) else 0
-                    for x, r in zip(ratio, rs)
-                ],
+                [0 if math.isnan(s.low) else max(s.ratio - s.low, 0) for _, s, _ in rs],
+                [0 if math.isnan(s.high) else max(s.high - s.ratio, 0) for _, s, _ in rs],
             ]
             ax.errorbar(c, ratio, yerr=err, marker="o", capsize=3, color=colours[name], label=f"{name} measured")
             ax.plot(
                 c,
-                [r["decomposition"]["predicted"] for r in rs],
+                [d.predicted for _, _, d in rs],
                 ls="--",
                 color=colours[name],
                 alpha=0.6,
                 label=f"{name} predicted",
             )
-        peer = doc.get("peer")
+        peer = doc.peer
         if peer:
             ax.plot(
                 [1],
-                [peer["hf_speedup"]["ratio"]],
+                [peer.hf_speedup.ratio],
                 marker="*",
                 ms=14,
                 ls="none",
                 color="black",
-                label=f"HF assisted ({peer['drafter']})",
+                label=f"HF assisted ({peer.drafter})",
             )
         ax.axhline(1, color="grey", lw=0.8)
-        _ladder_axis(ax, spec)
+        _ladder_axis(ax, [r for r, _, _ in spec])
         # A wide interval (few noisy runs) must not flatten the curves: the axis follows the
         # points, and the bars are clipped at its edge.
-        points = [r["speedup"]["ratio"] for r in spec] + [r["decomposition"]["predicted"] for r in spec]
-        ax.set_ylim(0, max(1.5, 1.3 * max(points + ([peer["hf_speedup"]["ratio"]] if peer else []))))
+        points = [s.ratio for _, s, _ in spec] + [d.predicted for _, _, d in spec]
+        ax.set_ylim(0, max(1.5, 1.3 * max(points + ([peer.hf_speedup.ratio] if peer else []))))
         ax.set_ylabel("speedup over baseline (throughput)")
-        ax.set_title(f"Speedup against concurrency, k={doc['profile']['k']}, {doc['params']}; bars: 95% CI")
+        ax.set_title(f"Speedup against concurrency, k={doc.profile.k}, {doc.params}; bars: 95% CI")
         ax.legend(fontsize=7, ncol=2)
         written.append(_save(fig, out / "speedup.png"))
 
-    rungs = _ladder(doc, spec=False) + spec
+    rungs = doc.ladder(spec=False) + [r for r, _, _ in spec]
     if rungs:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for name in [BASELINE, *drafters]:
-            rs = [r for r in rungs if r["engine"] == name]
-            if not rs:
+            own = [r for r in rungs if r.engine == name]
+            if not own:
                 continue
             colour = "black" if name == BASELINE else colours[name]
-            c = [r["concurrency"] for r in rs]
-            ax1.plot(c, [_mean(r["throughput_tok_s"]) for r in rs], marker="o", color=colour, label=name)
-            ax2.plot(
-                c, [r["latency_s"]["tpot"]["p50"] * 1e3 for r in rs], marker="o", color=colour, label=f"{name} P50"
-            )
-            ax2.plot(c, [r["latency_s"]["tpot"]["p99"] * 1e3 for r in rs], ls=":", color=colour, label=f"{name} P99")
+            c = [r.concurrency for r in own]
+            ax1.plot(c, [_mean(r.throughput_tok_s) for r in own], marker="o", color=colour, label=name)
+            ax2.plot(c, [r.latency_s["tpot"]["p50"] * 1e3 for r in own], marker="o", color=colour, label=f"{name} P50")
+            ax2.plot(c, [r.latency_s["tpot"]["p99"] * 1e3 for r in own], ls=":", color=colour, label=f"{name} P99")
         for ax, label in ((ax1, "output tokens / s"), (ax2, "time per output token (ms)")):
             ax.set_yscale("log")
             _ladder_axis(ax, rungs)
@@ -318,55 +309,55 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
         ax1.legend(fontsize=7)
         written.append(_save(fig, out / "throughput_latency.png"))
 
-    low = min((r["concurrency"] for r in spec), default=None)
-    first = [r for r in spec if r["concurrency"] == low]
+    low = min((r.concurrency for r, _, _ in spec), default=None)
+    first = [(r, d) for r, _, d in spec if r.concurrency == low]
     if first:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for r in first:
+        for r, _ in first:
             ax1.plot(
-                range(1, len(r["slot_acceptance"]) + 1),
-                r["slot_acceptance"],
+                range(1, len(r.slot_acceptance) + 1),
+                r.slot_acceptance,
                 marker="o",
-                color=colours[r["engine"]],
-                label=f"{r['engine']} (tau {r['tau']:.2f})",
+                color=colours[r.engine],
+                label=f"{r.engine} (tau {r.tau:.2f})",
             )
         ax1.set_ylim(0, 1.05)
-        ax1.set_xticks(range(1, max(len(r["slot_acceptance"]) for r in first) + 1))
+        ax1.set_xticks(range(1, max(len(r.slot_acceptance) for r, _ in first) + 1))
         ax1.set_xlabel("draft slot j")
         ax1.set_ylabel("P(accepted | earlier accepted)")
         ax1.set_title(f"Per-slot acceptance, concurrency {low}")
         ax1.legend(fontsize=7)
-        names = [r["engine"] for r in first]
-        step = [r["decomposition"]["step_s"] for r in first]
-        draft = [r["per_round"]["draft_s"] / s for r, s in zip(first, step)]
-        verify = [r["per_round"]["verify_s"] / s for r, s in zip(first, step)]
-        over = [r["per_round"]["overhead_s"] / s for r, s in zip(first, step)]
+        names = [r.engine for r, _ in first]
+        draft = [r.per_round.draft_s / d.step_s for r, d in first]
+        verify = [r.per_round.verify_s / d.step_s for r, d in first]
+        over = [r.per_round.overhead_s / d.step_s for r, d in first]
         ax2.bar(names, draft, label="draft", color="C1")
         ax2.bar(names, verify, bottom=draft, label="verify (target)", color="C0")
         ax2.bar(names, over, bottom=[d + v for d, v in zip(draft, verify)], label="engine overhead", color="C7")
-        for i, r in enumerate(first):
-            ax2.text(i, draft[i] + verify[i] + over[i], f"tau {r['tau']:.2f}", ha="center", va="bottom", fontsize=8)
+        for i, (r, _) in enumerate(first):
+            ax2.text(i, draft[i] + verify[i] + over[i], f"tau {r.tau:.2f}", ha="center", va="bottom", fontsize=8)
         ax2.set_ylabel("seconds per round / baseline target step")
         ax2.set_title(f"Cost of a round, concurrency {low}")
         ax2.legend(fontsize=7)
         written.append(_save(fig, out / "acceptance.png"))
 
-    other = [r for r in doc["rungs"] if "speedup" in r and r["workload"] != "ladder"]
+    drafted = _drafted(doc.rungs)
+    other = [r for r, _, _ in drafted if r.workload != "ladder"]
     if other:
-        present = {r["workload"] for r in other}
+        present = {r.workload for r in other}
         kinds = ["ladder", *(k for k in WORKLOAD_ORDER if k in present), *sorted(present - set(WORKLOAD_ORDER))]
-        conc = min(r["concurrency"] for r in other)
-        pool = [r for r in doc["rungs"] if "speedup" in r and r["concurrency"] == conc]
-        names = sorted({r["engine"] for r in other})
+        conc = min(r.concurrency for r in other)
+        pool = [(r, s) for r, s, _ in drafted if r.concurrency == conc]
+        names = sorted({r.engine for r in other})
         fig, ax = plt.subplots(figsize=(8, 4.2))
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             xs, ys = [], []
             for j, kind in enumerate(kinds):
-                found = [r for r in pool if r["engine"] == name and r["workload"] == kind]
+                found = [s for r, s in pool if r.engine == name and r.workload == kind]
                 if found:
                     xs.append(j + i * width)
-                    ys.append(found[0]["speedup"]["ratio"])
+                    ys.append(found[0].ratio)
             ax.bar(xs, ys, width=width, color=colours.get(name, f"C{i}"), label=name)
         ax.axhline(1, color="grey", lw=0.8)
         ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(kinds))], labels=kinds)
@@ -377,11 +368,11 @@ def plot(doc: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
-def _ladder_axis(ax: Any, rungs: list[dict[str, Any]]) -> None:
+def _ladder_axis(ax: Any, rungs: list[Rung]) -> None:
     """A log2 concurrency axis labelled with the ladder's own values."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    ladder = sorted({r["concurrency"] for r in rungs})
+    ladder = sorted({r.concurrency for r in rungs})
     ax.set_xscale("log", base=2)
     ax.set_xticks(ladder, labels=[str(c) for c in ladder])
     ax.xaxis.set_minor_formatter(NullFormatter())

@@ -10,26 +10,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from losscheck.errors import OptionError, flag
+from losscheck.errors import LosscheckError, OptionError, flag
 from losscheck.plan.perf_profiles import (  # noqa: F401  (the compare's thresholds, parsed with the options)
     DEFAULT_COMPARE_FAIL,
     METRICS,
     Threshold,
     parse_thresholds,
 )
+from losscheck.report.perf_record import SCHEMA, PerfRunFile, Rung
 
-SCHEMA = "losscheck.perf/1"
 
-
-def save(doc: dict[str, Any], path: Path) -> None:
+def save(doc: PerfRunFile, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, allow_nan=True))
+    path.write_text(json.dumps(doc.to_json(), indent=1, allow_nan=True))
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """A saved run; a missing file, bad JSON or another schema raises `OptionError`."""
+def load(path: str | Path) -> PerfRunFile:
+    """A saved run; a missing file, bad JSON, another schema or a malformed record raises `OptionError`."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -43,11 +41,16 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise OptionError(f"{flag('perf-compare')}={str(path)!r} has schema {found!r}; this losscheck reads {SCHEMA}")
-    return doc
+    try:
+        return PerfRunFile.from_json(doc, "perf_run")
+    except LosscheckError as exc:
+        raise OptionError(f"{flag('perf-compare')}={str(path)!r} is no perf run file: {exc}") from None
 
 
-def metric(rung: dict[str, Any], name: str) -> float:
-    return float(rung["speedup"]["ratio"] if name == "speedup" else rung["tau"])
+def metric(rung: Rung, name: str) -> float:
+    """A drafter rung's figure that the compare watches: its speedup ratio or its τ."""
+    assert rung.speedup is not None, f"{rung.key} is the baseline's rung: it has no speedup"
+    return rung.speedup.ratio if name == "speedup" else rung.tau
 
 
 @dataclass(frozen=True)
@@ -76,31 +79,26 @@ class Comparison:
         )
 
 
-def compare(now: dict[str, Any], saved: dict[str, Any], thresholds: tuple[Threshold, ...]) -> list[Comparison]:
+def compare(now: PerfRunFile, saved: PerfRunFile, thresholds: tuple[Threshold, ...]) -> list[Comparison]:
     """Every drafter rung of `now` that `saved` also has, against each threshold."""
-
-    def key(r: dict[str, Any]) -> tuple[str, int, str]:
-        return r["engine"], r["concurrency"], r["workload"]
-
-    old = {key(r): r for r in saved["rungs"] if "speedup" in r}
+    old = {r.key: r for r in saved.rungs if r.speedup is not None}
     return [
-        Comparison(*key(r), t.metric, metric(old[key(r)], t.metric), metric(r, t.metric), t.max_drop)
-        for r in now["rungs"]
-        if "speedup" in r and key(r) in old
+        Comparison(*r.key, t.metric, metric(old[r.key], t.metric), metric(r, t.metric), t.max_drop)
+        for r in now.rungs
+        if r.speedup is not None and r.key in old
         for t in thresholds
     ]
 
 
-def environment_changes(now: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+def environment_changes(now: PerfRunFile, saved: PerfRunFile) -> list[str]:
     """What differs between the runs' machines, devices, libraries and models (shown with a
     comparison: a speedup measured elsewhere is not a regression of the drafter)."""
     keys = ("accelerator", "device", "torch", "transformers", "losscheck", "cpu_count")
     found = [
-        f"{k}: {saved['environment'].get(k)} -> {now['environment'].get(k)}"
+        f"{k}: {getattr(saved.environment, k)} -> {getattr(now.environment, k)}"
         for k in keys
-        if saved["environment"].get(k) != now["environment"].get(k)
+        if getattr(saved.environment, k) != getattr(now.environment, k)
     ]
-    for what in ("target",):
-        if saved[what].get("sha256") != now[what].get("sha256"):
-            found.append(f"{what}: {saved[what].get('name')} -> {now[what].get('name')} (another sha256)")
+    if saved.target.get("sha256") != now.target.get("sha256"):
+        found.append(f"target: {saved.target.get('name')} -> {now.target.get('name')} (another sha256)")
     return found

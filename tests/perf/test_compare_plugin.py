@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from losscheck.report.perf_run import SCHEMA
+from tests.perf.runs import run_file
 
 pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
 
@@ -17,20 +17,7 @@ pytest_plugins = ["pytester"]
 @pytest.mark.slow
 def test_a_regression_against_the_saved_run_fails_and_names_the_rung(pytester, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the subprocess is no xdist worker
-    saved = {
-        "schema": SCHEMA,
-        "environment": {},
-        "target": {"name": "elsewhere", "sha256": "0"},
-        "rungs": [
-            {
-                "engine": "A",
-                "concurrency": 1,
-                "workload": "ladder",
-                "tau": 9.0,
-                "speedup": {"ratio": 100.0, "ci_low": 90.0, "ci_high": 110.0, "level": 0.95},
-            }
-        ],
-    }
+    saved = run_file(100.0, 9.0, target={"name": "elsewhere", "sha256": "0"}).to_json()
     run = pytester.path / "saved.json"
     run.write_text(json.dumps(saved))
     result = pytester.runpytest_subprocess(

@@ -97,9 +97,9 @@ def test_engine_overhead(perf_run) -> None:
     low, drafter = min(perf_run.profile.concurrency), perf_run.peer_drafter()
     r = perf_run.rung(drafter, low)
     bound = perf_run.profile.max_overhead
-    assert r["overhead_fraction"] < bound, (
-        f"{drafter} at concurrency {low}: engine overhead {r['overhead_fraction']:.1%} of a round "
-        f"({r['per_round']['overhead_s'] * 1e3:.2f} ms of {r['per_round']['round_s'] * 1e3:.2f} ms), bound {bound:.0%}"
+    assert r.overhead_fraction < bound, (
+        f"{drafter} at concurrency {low}: engine overhead {r.overhead_fraction:.1%} of a round "
+        f"({r.per_round.overhead_s * 1e3:.2f} ms of {r.per_round.round_s * 1e3:.2f} ms), bound {bound:.0%}"
     )
 
 
@@ -111,7 +111,7 @@ def test_peer_hf_assisted(perf_run) -> None:
         peer = perf_run.peer()
     except OptionError as exc:
         pytest.skip(str(exc))
-    assert min(peer["hf_assisted_tok_s"] + peer["hf_plain_tok_s"]) > 0, peer
+    assert min(peer.hf_assisted_tok_s + peer.hf_plain_tok_s) > 0, peer
 
 
 def test_compare_saved_run(perf_run) -> None:
