@@ -348,9 +348,9 @@ def run_command(ns: argparse.Namespace) -> int:
 
     if ns.near_ties:
         for dtype in ("fp32", "bf16", "fp16"):
-            print(json.dumps(bench.margin_noise(dtype)))
+            print(json.dumps(bench.margin_noise(dtype).to_json()))
     elif ns.pit_memory:
-        print(json.dumps(bench.pit_peak_memory(ns.pit_memory, getattr(ns, dest("memory-budget")))))
+        print(json.dumps(bench.pit_peak_memory(ns.pit_memory, getattr(ns, dest("memory-budget"))).to_json()))
     else:
         bench.run_benchmarks(ns.out or BENCH_OUT)
     return 0

@@ -1,6 +1,7 @@
 """Test support, defined once: closed-form toy models (Markov tables, tiny random Llamas), the toy
 engine's prompts and noisy drafter, the χ² check of sampled ids against a known law, and the check
-of a written certificate against its published schema."""
+of a written certificate against its published schema, and the run of the shipped certify tests
+for a black-box engine in a process of its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 from importlib.resources import files
 from typing import TYPE_CHECKING
 
+import pytest
 import torch
 from scipy.stats import chisquare
 
@@ -228,3 +230,22 @@ def manifest_record(matrix: list[dict], worker: str = "gw0", out: list[dict] | N
         "environment": {**ENVIRONMENT, "worker": worker},
     }
     return Manifest.from_json({**doc, **fields})
+
+
+def certify_engine(
+    pytester: pytest.Pytester, engine: str, select: str, *args: str, **kwargs: float
+) -> pytest.RunResult:
+    """The shipped certify tests selected by `select` (`-k`) for `--losscheck-engine=engine`, in a
+    pytest process of its own; `args` are more options, `kwargs` go to `runpytest_subprocess`
+    (its `timeout`)."""
+    return pytester.runpytest_subprocess(
+        "--pyargs",
+        "losscheck.plugin.certify",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        select,
+        f"--losscheck-engine={engine}",
+        *args,
+        **kwargs,
+    )

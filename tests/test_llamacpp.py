@@ -31,6 +31,7 @@ from losscheck.engines.llamacpp import (
     llamacpp_engine,
     sampler_args,
 )
+from tests import support
 
 pytestmark = pytest.mark.llamacpp
 pytest_plugins = ["pytester"]
@@ -173,14 +174,10 @@ def test_the_black_box_cells_certify_the_binding(pytester):
     the tied [BOS] prompt (the test above) are cut-off ambiguous and left out of its tests, whatever
     token was drawn there (`losscheck.cells.scoring.cutoff_ambiguous`; before, only positions whose
     drawn token losscheck cut were, and the cell failed its control on the rest)."""
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
+    result = support.certify_engine(
+        pytester,
+        "llamacpp",
         "test_engine_greedy or test_engine_sampling",
-        "--losscheck-engine=llamacpp",
         f"--losscheck-assistant={bundled.fixtures_dir() / 'drafter_a'}",
         "-rA",
     )

@@ -36,6 +36,7 @@ from losscheck.engines.openvino import (
     ir_dir,
     openvino_engine,
 )
+from tests import support
 
 pytestmark = pytest.mark.openvino
 pytest_plugins = ["pytester"]
@@ -116,17 +117,7 @@ def test_greedy_speculation_drafts_and_equals_plain_decoding():
 def certify_engine(pytester: pytest.Pytester, factory: str, select: str, *args: str) -> pytest.RunResult:
     """The shipped black-box tests selected by `select` for `losscheck.engines.openvino:<factory>`, in
     a pytest process of its own."""
-    return pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        select,
-        f"--losscheck-engine=losscheck.engines.openvino:{factory}",
-        *args,
-        "-rA",
-    )
+    return support.certify_engine(pytester, f"losscheck.engines.openvino:{factory}", select, *args, "-rA")
 
 
 @pytest.mark.parametrize(

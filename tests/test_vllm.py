@@ -32,6 +32,7 @@ from losscheck.engines.vllm_verifier import (
     rejection_sampler,
     rejection_sampler_cpu_fixed,
 )
+from tests import support
 from tests.support import chi_square_p, markov_table
 
 pytestmark = pytest.mark.vllm
@@ -273,16 +274,7 @@ def certify_engine(
 ) -> pytest.RunResult:
     """The shipped black-box tests (`losscheck/plugin/certify/test_blackbox.py`) selected by `select`,
     for `<module>:<factory>`, in a pytest process of its own."""
-    return pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        select,
-        f"--losscheck-engine={module}:{factory}",
-        "-rA",
-    )
+    return support.certify_engine(pytester, f"{module}:{factory}", select, "-rA")
 
 
 GREEDY_AND_T1 = "test_engine_greedy or (test_engine_sampling and T1])"

@@ -121,8 +121,7 @@ class CellOutcome:
             verdict=verdict,
             divergences=tuple(decode(DivergenceRecord, d.to_dict(), "divergence") for d in self.divergences),
             acceptance={
-                group: decode(AcceptanceRecord, stats.to_dict(), f"acceptance.{group}")
-                for group, stats in self.acceptance.items()
+                group: AcceptanceRecord.of(stats, f"acceptance.{group}") for group, stats in self.acceptance.items()
             },
             problems=tuple(self.problems),
             serving=serving_record(c.serving),

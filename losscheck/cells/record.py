@@ -16,11 +16,15 @@ Imports nothing heavy: the xdist controller reads records without torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 from losscheck.jsonrecord import FLAT, JsonRecord, Scalar, decode, json_schema
+
+if TYPE_CHECKING:
+    from losscheck.core.generation import LoopStats
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
 
@@ -84,6 +88,14 @@ class AcceptanceRecord:
     target_seconds: float
     total_seconds: float
     draft_time_fraction: float
+
+    @classmethod
+    def of(cls, stats: LoopStats, where: str = "acceptance") -> AcceptanceRecord:
+        """The record of `stats`; a slot no round reached (NaN acceptance) as None."""
+        counters = stats.to_dict()
+        slots = cast("list[float]", counters["slot_acceptance"])
+        counters["slot_acceptance"] = [None if math.isnan(a) else a for a in slots]
+        return decode(cls, counters, where)
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from losscheck import bundled
+from losscheck.core.contract import Drafter
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
 from losscheck.drafters.autoregressive import from_path
-from losscheck.perf.peer import hf_generate_seconds
+from losscheck.jsonrecord import JsonRecord
+from losscheck.perf.peer import assistant_model, hf_generate_seconds
 from losscheck.perf.workload import Request
-from losscheck.report.bench import write_report
+from losscheck.report.bench import BenchResults, LoopRow, SamplesPerSecond, write_report
 
 
 def best_seconds(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -42,50 +45,54 @@ def prompts_for(batch: int) -> list[list[int]]:
 
 
 def loop_throughput(
-    target: HFTarget, drafter: Any, batch: int, new: int, params: SamplingParams, k: int, repeats: int
-) -> dict[str, float]:
+    target: HFTarget, drafter: Drafter, batch: int, new: int, params: SamplingParams, k: int, repeats: int
+) -> LoopRow:
     """Generated tokens per second of the spec loop and of the baseline, same prompts."""
     prompts = prompts_for(batch)
-    row: dict[str, float] = {"batch": batch, "new_tokens": new, "k": k}
+    tokens_per_s, gens = {}, {}
     for name, engine in (("baseline", Engine(target)), ("spec", Engine(target, drafter, k))):
 
         def run(engine: Engine = engine) -> Generation:  # this engine, a fresh generator each repeat
             return engine.generate(prompts, new, params, make_generator(0, "bench"))
 
-        seconds, gen = best_seconds(run, repeats)
-        row[f"{name}_tokens_per_s"] = float(gen.lengths.sum()) / seconds
-        if name == "spec":
-            row["acceptance_length"] = gen.stats.acceptance_length
-            row["draft_time_fraction"] = gen.stats.draft_seconds / max(gen.stats.total_seconds, 1e-12)
-    row["speedup"] = row["spec_tokens_per_s"] / row["baseline_tokens_per_s"]
-    return row
+        seconds, gens[name] = best_seconds(run, repeats)
+        tokens_per_s[name] = float(gens[name].lengths.sum()) / seconds
+    stats = gens["spec"].stats
+    return LoopRow(
+        batch=batch,
+        new_tokens=new,
+        k=k,
+        baseline_tokens_per_s=tokens_per_s["baseline"],
+        spec_tokens_per_s=tokens_per_s["spec"],
+        acceptance_length=stats.acceptance_length,
+        draft_time_fraction=stats.draft_seconds / max(stats.total_seconds, 1e-12),
+        speedup=tokens_per_s["spec"] / tokens_per_s["baseline"],
+        params=params.label(),
+    )
 
 
-def hf_assisted_samples_per_s(target: HFTarget, drafter: Any, new: int, n: int, k: int) -> float:
+def hf_assisted_samples_per_s(target: HFTarget, drafter: Drafter, new: int, n: int, k: int) -> float:
     """Sequences per second of Hugging Face assisted generation (`losscheck.perf.peer`) over `n`
     prompts, up to `new` tokens each (a row ends sooner at EOS, as in the loop), batch 1 (its only
     supported batch), sampling at T=1, `drafter` as assistant drafting `k` tokens per round; timed
     after a one-request warm-up."""
     requests = [Request(prompt, new, "bench") for prompt in prompts_for(n)]
-    model, assistant, params = target.model, drafter.lm.model, SamplingParams(temperature=1.0)
+    model, assistant, params = target.model, assistant_model(drafter), SamplingParams(temperature=1.0)
     hf_generate_seconds(model, assistant, requests[:1], params, k, 0)  # warm-up
     seconds, _ = hf_generate_seconds(model, assistant, requests, params, k, 0)
     return n / seconds
 
 
-def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
+def run_benchmarks(out: Path, repeats: int = 2) -> BenchResults:
     target = HFTarget.from_pretrained(bundled.target_path())
     drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
     horizon = 16
-    results: dict[str, Any] = {"threads": torch.get_num_threads(), "torch": torch.__version__, "rows": []}
+    rows = []
     for batch in (1, 64, 1024):
         for params in (GREEDY, SamplingParams(temperature=1.0)):
-            row = {
-                **loop_throughput(target, drafter, batch, 64 if batch == 1 else horizon, params, 4, repeats),
-                "params": params.label(),
-            }
-            results["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            row = loop_throughput(target, drafter, batch, 64 if batch == 1 else horizon, params, 4, repeats)
+            rows.append(row)
+            print(json.dumps(row.to_json()), flush=True)
     # Samples per second: our loop at batch 1024 vs HF assisted generation at batch 1.
     seconds, _ = best_seconds(
         lambda: Engine(target, drafter, 4).generate(
@@ -95,21 +102,31 @@ def run_benchmarks(out: Path, repeats: int = 2) -> dict[str, Any]:
     )
     ours = 1024 / seconds
     theirs = hf_assisted_samples_per_s(target, drafter, horizon, 32, 4)
-    results["samples_per_s"] = {
-        "losscheck_batch1024": ours,
-        "hf_assisted_batch1": theirs,
-        "ratio": ours / theirs,
-        "horizon": horizon,
-        "k": 4,
-    }
-    print(json.dumps(results["samples_per_s"]), flush=True)
+    samples = SamplesPerSecond(ours, theirs, ours / theirs, horizon, 4)
+    print(json.dumps(samples.to_json()), flush=True)
+    results = BenchResults(torch.get_num_threads(), torch.__version__, tuple(rows), samples)
     write_report(results, out)
     return results
 
 
-def pit_peak_memory(
-    vocab: int, budget_mib: int, rows: int = 2541, horizon: int = 16, prompt: int = 16
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PitMemory(JsonRecord):
+    """Peak memory of one PIT cell's teacher-forced scoring (`pit_peak_memory`)."""
+
+    vocab: int
+    rows: int
+    positions: int  # prompt + horizon
+    budget_mib: int
+    chunk_rows: int  # rows scored per chunk under the budget
+    unchunked_logits_mib: float  # what scoring every row at once would hold in logits
+    rss_before_mib: int
+    rss_peak_mib: int
+    scoring_peak_mib: int
+    seconds: float
+    pit_values: int
+
+
+def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int = 16, prompt: int = 16) -> PitMemory:
     """Peak memory of one PIT cell's teacher-forced scoring — the gate's sample, `rows` sequences
     of `horizon` tokens after `prompt`-token prompts — on a random 2-layer Llama of `vocab` tokens,
     under a budget of `budget_mib`. Reads this process's resident high-water mark before and after:
@@ -140,23 +157,37 @@ def pit_peak_memory(
     started = time.perf_counter()
     u, _, _ = teacher_forced_pit(target, prompts, gen, v, budget_mib << 20, 4096)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {
-        "vocab": vocab,
-        "rows": rows,
-        "positions": prompt + horizon,
-        "budget_mib": budget_mib,
-        "chunk_rows": pit_chunk_rows(prompt + horizon, vocab, budget_mib << 20, 4096),
-        "unchunked_logits_mib": rows * (prompt + horizon) * vocab * 4 / 2**20,
-        "rss_before_mib": round(before),
-        "rss_peak_mib": round(peak),
-        "scoring_peak_mib": round(peak - before),
-        "seconds": round(time.perf_counter() - started, 1),
-        "pit_values": int(u.numel()),
-    }
+    return PitMemory(
+        vocab=vocab,
+        rows=rows,
+        positions=prompt + horizon,
+        budget_mib=budget_mib,
+        chunk_rows=pit_chunk_rows(prompt + horizon, vocab, budget_mib << 20, 4096),
+        unchunked_logits_mib=rows * (prompt + horizon) * vocab * 4 / 2**20,
+        rss_before_mib=round(before),
+        rss_peak_mib=round(peak),
+        scoring_peak_mib=round(peak - before),
+        seconds=round(time.perf_counter() - started, 1),
+        pit_values=int(u.numel()),
+    )
+
+
+@dataclass(frozen=True)
+class MarginNoise(JsonRecord):
+    """How far a precision's top-2 logit margins move with the batch shape (`margin_noise`)."""
+
+    dtype: str
+    prompts: int
+    positions: int
+    tolerance: float  # `LOGIT_TOLERANCE[dtype]`, the one in use
+    max_deviation: dict[str, float]  # by shape: "one-token", "block-{k+1}", "whole-row"
+    p999_deviation: dict[str, float]
+    argmax_disagreements: int  # positions where the shapes' argmaxes differ
+    float64_margin_under_tolerance: int
 
 
 @torch.inference_mode()
-def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> dict[str, Any]:
+def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> MarginNoise:
     """How far a reduced-precision target's top-2 logit margins move with the batch shape: the
     measurement behind `losscheck.core.precision.LOGIT_TOLERANCE` (`losscheck bench --near-ties`).
 
@@ -197,13 +228,13 @@ def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> dict[str, Any]:
             for name, logits in shapes.items():
                 deviations[name].append(abs(float(logits[pos, top1] - logits[pos, top2]) - margin))
     found = {name: torch.tensor(d, dtype=torch.float64) for name, d in deviations.items()}
-    return {
-        "dtype": dtype,
-        "prompts": len(prompts),
-        "positions": positions,
-        "tolerance": LOGIT_TOLERANCE[dtype],
-        "max_deviation": {name: float(d.max()) for name, d in found.items()},
-        "p999_deviation": {name: float(d.quantile(0.999)) for name, d in found.items()},
-        "argmax_disagreements": flips,
-        "float64_margin_under_tolerance": int(under),
-    }
+    return MarginNoise(
+        dtype=dtype,
+        prompts=len(prompts),
+        positions=positions,
+        tolerance=LOGIT_TOLERANCE[dtype],
+        max_deviation={name: float(d.max()) for name, d in found.items()},
+        p999_deviation={name: float(d.quantile(0.999)) for name, d in found.items()},
+        argmax_disagreements=flips,
+        float64_margin_under_tolerance=int(under),
+    )

@@ -19,15 +19,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from losscheck import bundled
+from losscheck.cells.record import AcceptanceRecord
 from losscheck.core.engine import Engine
+from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
-from losscheck.jsonrecord import encode
 from losscheck.plan.matrix import ORACLE
-from losscheck.report.families import write_report
+from losscheck.report.families import SCHEMA, FamiliesSetup, FamiliesTable, FamilyRun, write_report
 from losscheck.report.manifest import environment
 from losscheck.run import drafters as registry
 
@@ -54,15 +54,15 @@ def _params(mode: str) -> SamplingParams:
 
 def compare_families(
     out: Path, seed: int, ks: tuple[int, ...] = KS, max_new: int = MAX_NEW, repeats: int = SAMPLED_REPEATS
-) -> dict[str, Any]:
-    """Run the comparison and write the report files under `out`; return the JSON document."""
+) -> FamiliesTable:
+    """Run the comparison and write the report files under `out`; return the document."""
     target = HFTarget.from_pretrained(bundled.target_path())
     drafters = {**registry.bundled("main", target), ORACLE: registry.self_draft(target)}
     variants = [Variant(name) for name in drafters]
     variants += [Variant(name, TRUNCATED_WIDTH) for name, d in drafters.items() if TRUNCATED_WIDTH in d.widths]
     prompts = prompt_groups({tier: bundled.load_prompts(tier) for tier in bundled.PROMPT_TIERS})
 
-    def run(variant: Variant, k: int, mode: str, tier: str) -> Any:
+    def run(variant: Variant, k: int, mode: str, tier: str) -> Generation:
         rows = prompts[tier] * (1 if mode == "greedy" else repeats)
         engine = Engine(target, drafters[variant.drafter], k, variant.width)
         gen = make_generator(seed, "families", variant.label, k, mode, tier)
@@ -80,36 +80,18 @@ def compare_families(
         for k in declared(variant):
             for mode in MODES:
                 for tier in prompts:
-                    stats = run(variant, k, mode, tier).stats
-                    records.append(
-                        {
-                            "drafter": variant.label,
-                            "family": variant.drafter,
-                            "width": variant.width,
-                            "k": k,
-                            "mode": mode,
-                            "tier": tier,
-                            **stats.to_dict(),
-                        }
-                    )
-                    # a slot no round reached has no acceptance (NaN): null in JSON
-                    records[-1]["slot_acceptance"] = [a if a == a else None for a in stats.slot_acceptance()]
-    doc = {
-        "schema": "losscheck.perf.families/1",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seed": seed,
-        "target": target.identity,
-        "drafters": {v.label: drafters[v.drafter].name for v in variants},
-        "setup": {
-            "ks": list(ks),
-            "modes": list(MODES),
-            "max_new_tokens": max_new,
-            "prompts_per_tier": {t: len(p) for t, p in prompts.items()},
-            "sampled_repeats": repeats,
-        },
-        "environment": encode(environment(target.device)),
-        "runs": records,
-    }
+                    stats = AcceptanceRecord.of(run(variant, k, mode, tier).stats)
+                    records.append(FamilyRun(variant.label, variant.drafter, variant.width, mode, tier, stats))
+    doc = FamiliesTable(
+        schema=SCHEMA,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        seed=seed,
+        target=dict[str, object](target.identity),
+        drafters={v.label: drafters[v.drafter].name for v in variants},
+        setup=FamiliesSetup(ks, MODES, max_new, {t: len(p) for t, p in prompts.items()}, repeats),
+        environment=environment(target.device),
+        runs=tuple(records),
+    )
     write_report(doc, out)
     return doc
 

@@ -10,16 +10,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from losscheck.core.contract import Drafter
 from losscheck.core.precision import synchronize
 from losscheck.core.sampling import SamplingParams
+from losscheck.errors import OptionError
 from losscheck.perf.workload import Request
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+def assistant_model(drafter: Drafter) -> PreTrainedModel:
+    """The model HF assisted generation drafts with: a family-A drafter's causal LM; an
+    `OptionError` for any other drafter."""
+    from losscheck.drafters.autoregressive import AutoregressiveDrafter
+
+    if not isinstance(drafter, AutoregressiveDrafter):
+        raise OptionError(
+            f"the HF assisted-generation peer needs a family-A drafter (a causal LM); drafter "
+            f"{drafter.name!r} is a {type(drafter).__name__}. Pass --losscheck-drafter=DIR (a local "
+            "Hugging Face causal LM) to compare with the peer"
+        )
+    return cast("PreTrainedModel", drafter.lm.model)  # RaggedLM keeps the causal LM it was built from
 
 
 def hf_generate_seconds(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from losscheck.core.generation import LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
@@ -28,6 +28,8 @@ from losscheck.report.perf_record import BASELINE, SCHEMA, Peer, PerfRunFile, Pe
 from losscheck.report.perf_run import Comparison
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from losscheck.run.session import Session
 
 LADDER, SHORT = "ladder", "short"
@@ -153,18 +155,11 @@ class PerfRun:
     def peer_drafter(self) -> str:
         return "user" if self.session.options.drafter else "A"
 
-    def peer_assistant(self) -> Any:
+    def peer_assistant(self) -> PreTrainedModel:
         """The module HF assisted generation drafts with: the family-A drafter's causal LM."""
-        from losscheck.drafters.autoregressive import AutoregressiveDrafter
+        from losscheck.perf.peer import assistant_model
 
-        drafter = self.session.drafters("main")[self.peer_drafter()]
-        if not isinstance(drafter, AutoregressiveDrafter):
-            raise OptionError(
-                f"the HF assisted-generation peer needs a family-A drafter (a causal LM); drafter "
-                f"{drafter.name!r} is a {type(drafter).__name__}. Pass --losscheck-drafter=DIR (a local "
-                "Hugging Face causal LM) to compare with the peer"
-            )
-        return drafter.lm.model
+        return assistant_model(self.session.drafters("main")[self.peer_drafter()])
 
     def measured(self) -> list[tuple[str, int, str]]:
         return list(self._traces)

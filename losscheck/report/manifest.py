@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from losscheck.jsonrecord import JsonRecord
 from losscheck.plan.entry import MatrixEntry
@@ -25,6 +25,8 @@ from losscheck.plan.entry import MatrixEntry
 if TYPE_CHECKING:
     import torch
 
+    from losscheck.core.contract import Drafter
+    from losscheck.engines import BlackBoxEngine
     from losscheck.run.session import Session
 
 UNHASHED = "no weights found to hash: give the drafter an `identity` dict with its own 'sha256'"
@@ -153,12 +155,12 @@ def portable(identity: Identity) -> Identity:
     return {**identity, "path": shown}
 
 
-def engine_identity(engine: Any) -> Identity:
+def engine_identity(engine: BlackBoxEngine) -> Identity:
     """A black-box engine's name, block length and precision, and its own `identity` if it has one."""
     return {"name": engine.name, "k": engine.k, "precision": engine.precision, **getattr(engine, "identity", {})}
 
 
-def drafter_identity(drafter: Any) -> Identity:
+def drafter_identity(drafter: Drafter) -> Identity:
     """Name, class, declared knobs and content hash: the drafter's own `identity` (files it was
     loaded from), else a hash of the tensors of the modules it holds."""
     identity: Identity = {
@@ -175,7 +177,7 @@ def drafter_identity(drafter: Any) -> Identity:
     return identity
 
 
-def weights_sha256(obj: Any) -> str | None:
+def weights_sha256(obj: object) -> str | None:
     """sha256 over name, dtype, shape and bytes of every tensor of the `torch.nn.Module`
     attributes of `obj` (None when it has none). Bytes as stored, so bf16 and fp32 copies of the
     same weights hash differently: the hash names what ran."""

@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+from tests.support import certify_engine
+
 pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
 
 pytest_plugins = ["pytester"]
@@ -72,17 +74,7 @@ def old_shape(target):
 def certify(pytester: pytest.Pytester, engine: str, select: str, *extra: str) -> pytest.RunResult:
     pytester.makepyfile(bb=textwrap.dedent(ENGINES))
     pytester.syspathinsert()
-    return pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        select,
-        f"--losscheck-engine={engine}",
-        "--losscheck-detect-tv=0.1",
-        *extra,
-    )
+    return certify_engine(pytester, engine, select, "--losscheck-detect-tv=0.1", *extra)
 
 
 def outcomes(result: pytest.RunResult, false_failure: str, **expected: int) -> None:

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.support import certify_engine
+
 pytest_plugins = ["pytester"]
 
 HF = "losscheck.engines.hf:hf_assisted"
@@ -29,16 +31,7 @@ BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9
 
 def certify(pytester: pytest.Pytester, engine: str, select: str) -> tuple[pytest.RunResult, float]:
     started = time.perf_counter()
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        select,
-        f"--losscheck-engine={engine}",
-        timeout=3 * 3600,
-    )
+    result = certify_engine(pytester, engine, select, timeout=3 * 3600)
     seconds = time.perf_counter() - started
     section = result.stdout.str().partition("losscheck certificate")[2]
     print(f"\n{engine} (-k {select!r}): {seconds:.0f} s\n{section}")

@@ -9,6 +9,8 @@ import importlib.util
 import pytest
 import torch
 
+from tests.support import certify_engine
+
 pytest_plugins = ["pytester"]
 
 pytestmark = [
@@ -21,14 +23,10 @@ pytestmark = [
 
 def test_vllm_draft_model_speculation_is_certified(pytester):
     """Greedy on == off and five one-sample PIT cells; a false failure has probability <= alpha 0.01."""
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
+    result = certify_engine(
+        pytester,
+        "losscheck.engines.vllm:bundled_draft_model",
         "test_engine_greedy or test_engine_sampling",
-        "--losscheck-engine=losscheck.engines.vllm:bundled_draft_model",
         "--losscheck-device=cuda",
     )
     result.assert_outcomes(passed=6)
