@@ -255,26 +255,34 @@ class Engine:
             capacity += longest
         tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         tokens[:, :longest] = prompt_ids
+        done = torch.full((rows,), max_new_tokens == 0, device=device)
+        return self.new_batch(tokens, lengths, done, max_new_tokens, params)
+
+    def new_batch(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        done: torch.Tensor,
+        budget: int | torch.Tensor,
+        params: SamplingParams,
+    ) -> Batch:
+        """A batch of the rows `tokens` [B, capacity] with `lengths` [B] committed (all of them
+        prompt), `done` [B] and `budget`, with its hidden-state and q buffers, and the target's,
+        drafter's and prefix cache's per-row state reset: the one way a batch starts (`generate`,
+        and a scheduler's empty batch before its first admission)."""
+        rows, capacity = tokens.shape
         hidden = None
         if self.drafter is not None and self.drafter.uses_hidden is not False:
             width = self.target.hidden_size * (len(self.layers) if self.layers else 1)
-            hidden = torch.zeros(rows, capacity, width, device=device)
+            hidden = torch.zeros(rows, capacity, width, device=tokens.device)
         self.target.reset(rows, capacity)
         if self.drafter is not None:
             self.drafter.reset(rows, capacity)
         if self.prefix_cache is not None:
             self.prefix_cache.reset(rows)
-        done = torch.full((rows,), max_new_tokens == 0, device=device)
         q = self.q_buffers(rows, capacity, params)
         return Batch(
-            tokens,
-            lengths,
-            lengths.clone(),
-            hidden,
-            done,
-            max_new_tokens,
-            torch.zeros_like(tokens),
-            *(q or (None, None)),
+            tokens, lengths, lengths.clone(), hidden, done, budget, torch.zeros_like(tokens), *(q or (None, None))
         )
 
     def prefill(self, batch: Batch, rows: torch.Tensor | None = None) -> None:

@@ -154,12 +154,18 @@ def _vllm_builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest], BlackBox
 OPENVINO_ARGS = ("num_assistant_tokens", "enable_prefix_caching")  # the rest are OpenVINO properties
 
 
-def _check_openvino(request: EngineRequest) -> None:
+def _check_assistant(request: EngineRequest, engine: str) -> None:
+    """An engine that drafts with a model directory: `--assistant` given, no vLLM speculative config."""
     opt = request.prefix
     if request.assistant is None:
-        raise OptionError(f"{opt}engine=openvino needs {opt}assistant=DIR: the draft model directory")
+        raise OptionError(f"{opt}engine={engine} needs {opt}assistant=DIR: the draft model directory")
     if request.speculative_config is not None:
-        raise OptionError(f"{opt}speculative-config is vLLM's; {opt}engine=openvino takes {opt}assistant")
+        raise OptionError(f"{opt}speculative-config is vLLM's; {opt}engine={engine} takes {opt}assistant")
+
+
+def _check_openvino(request: EngineRequest) -> None:
+    opt = request.prefix
+    _check_assistant(request, "openvino")
     k = request.args.get("num_assistant_tokens", 4)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise OptionError(f"{opt}engine-arg num_assistant_tokens={k!r}: need an int >= 1")
@@ -182,10 +188,7 @@ def _build_openvino(target: Target, request: EngineRequest) -> BlackBoxEngine:
 
 def _check_llamacpp(request: EngineRequest) -> None:
     opt = request.prefix
-    if request.assistant is None:
-        raise OptionError(f"{opt}engine=llamacpp needs {opt}assistant=DIR: the draft model directory")
-    if request.speculative_config is not None:
-        raise OptionError(f"{opt}speculative-config is vLLM's; {opt}engine=llamacpp takes {opt}assistant")
+    _check_assistant(request, "llamacpp")
     for key, value in request.args.items():
         if key not in ("n_draft", "n_threads") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise OptionError(

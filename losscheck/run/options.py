@@ -11,13 +11,15 @@ import argparse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
 from losscheck.errors import OptionError, flag
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 from losscheck.plan.scope import Scope, parse_scope
+
+T = TypeVar("T")
 
 DEFAULT_SEED = 20261129
 DEFAULT_ALPHA = 0.01
@@ -81,41 +83,34 @@ def _probability(text: str) -> float:
     return value
 
 
-def _mutant(name: str) -> str:
+def _usage_errors(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """`parse` as an argparse `type`: its `OptionError` becomes an `ArgumentTypeError`, which
+    argparse and pytest show as a usage error."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except OptionError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _registered_plant(name: str) -> str:
     from losscheck.run.plant import get_plant  # the registered plants load only when the option is given
 
-    try:
-        get_plant(name)
-    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    get_plant(name)
     return name
 
 
-def _scope(text: str) -> Scope:
-    try:
-        return parse_scope(text)
-    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _checked_thresholds(text: str) -> str:
+    parse_thresholds(text)
+    return text
 
 
 def _engine_arg(text: str) -> str:
     if "=" not in text or not text.partition("=")[0].strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return text
-
-
-def _precisions(text: str) -> tuple[Precision, ...]:
-    try:
-        return parse_precisions(text)
-    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _compare_fail(text: str) -> str:
-    try:
-        parse_thresholds(text)
-    except OptionError as exc:  # argparse and pytest show an ArgumentTypeError as a usage error
-        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -177,7 +172,7 @@ SPECS: dict[str, OptionSpec] = {
     },
     "scope": {
         "metavar": "TERMS",
-        "type": _scope,
+        "type": _usage_errors(parse_scope),
         "default": None,
         "help": "the part of the matrix to certify: comma-separated kinds to keep (greedy, pit, exact, "
         "engine-greedy, one-sample, two-sample, sampling, engine) and -ASPECTs to leave out (split, prefix, "
@@ -222,7 +217,7 @@ SPECS: dict[str, OptionSpec] = {
     "trust-remote-code": {"action": "store_true", "help": "let the target load custom modelling code"},
     "mutant": {
         "metavar": "NAME",
-        "type": _mutant,
+        "type": _usage_errors(_registered_plant),
         "help": "run the gate against a planted bug (see `losscheck mutants`)",
     },
     "device": {
@@ -232,7 +227,7 @@ SPECS: dict[str, OptionSpec] = {
     },
     "precision": {
         "metavar": "LIST",
-        "type": _precisions,
+        "type": _usage_errors(parse_precisions),
         "default": parse_precisions(DEFAULT_PRECISIONS),
         "help": "comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
         f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})",
@@ -278,7 +273,7 @@ SPECS: dict[str, OptionSpec] = {
     },
     "perf-compare-fail": {
         "metavar": "EXPR",
-        "type": _compare_fail,
+        "type": _usage_errors(_checked_thresholds),
         "default": DEFAULT_COMPARE_FAIL,
         "help": "drops that fail the compare, METRIC:N%%,... with METRIC speedup or tau (default: %(default)s)",
     },

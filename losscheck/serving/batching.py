@@ -158,31 +158,11 @@ class ContinuousBatcher:
 
     def _empty(self, rows: int, capacity: int, params: SamplingParams) -> Batch:
         """`rows` finished rows with no request: the state before the first admission."""
-        engine, target = self.engine, self.engine.target
-        device = target.device
+        device = self.engine.target.device
         ones = torch.ones(rows, dtype=torch.long, device=device)
-        hidden = None
-        if engine.drafter is not None and engine.drafter.uses_hidden is not False:
-            width = target.hidden_size * (len(engine.layers) if engine.layers else 1)
-            hidden = torch.zeros(rows, capacity, width, device=device)
         tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-        target.reset(rows, capacity)
-        if engine.drafter is not None:
-            engine.drafter.reset(rows, capacity)
-        if engine.prefix_cache is not None:
-            engine.prefix_cache.reset(rows)
         done = torch.ones(rows, dtype=torch.bool, device=device)
-        q = engine.q_buffers(rows, capacity, params)
-        return Batch(
-            tokens,
-            ones,
-            ones.clone(),
-            hidden,
-            done,
-            torch.zeros_like(ones),
-            torch.zeros_like(tokens),
-            *(q or (None, None)),
-        )
+        return self.engine.new_batch(tokens, ones, done, torch.zeros_like(ones), params)
 
     def _place(self, batch: Batch, row: int, prompt: list[int]) -> int:
         """Write `prompt` into the freed `row`, from slot 0 (a fresh row) → the row's length."""
