@@ -232,20 +232,16 @@ def manifest_record(matrix: list[dict], worker: str = "gw0", out: list[dict] | N
     return Manifest.from_json({**doc, **fields})
 
 
+def run_shipped(
+    pytester: pytest.Pytester, *args: str, module: str = "losscheck.plugin.certify", **kwargs: float
+) -> pytest.RunResult:
+    """The shipped certify tests (`module`, by default all of them) with `args`, in a pytest process
+    of its own without the cache plugin; `kwargs` go to `runpytest_subprocess` (its `timeout`)."""
+    return pytester.runpytest_subprocess("--pyargs", module, "-p", "no:cacheprovider", *args, **kwargs)
+
+
 def certify_engine(
     pytester: pytest.Pytester, engine: str, select: str, *args: str, **kwargs: float
 ) -> pytest.RunResult:
-    """The shipped certify tests selected by `select` (`-k`) for `--losscheck-engine=engine`, in a
-    pytest process of its own; `args` are more options, `kwargs` go to `runpytest_subprocess`
-    (its `timeout`)."""
-    return pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        select,
-        f"--losscheck-engine={engine}",
-        *args,
-        **kwargs,
-    )
+    """The shipped certify tests selected by `select` (`-k`) for `--losscheck-engine=engine`."""
+    return run_shipped(pytester, "-k", select, f"--losscheck-engine={engine}", *args, **kwargs)

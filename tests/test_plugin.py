@@ -15,7 +15,7 @@ import pytest
 
 from losscheck import bundled
 from losscheck.errors import LosscheckError, OptionError
-from tests.support import assert_valid_certificate
+from tests.support import assert_valid_certificate, run_shipped
 
 pytest_plugins = ["pytester"]
 
@@ -70,16 +70,7 @@ BUG_MISSED = "<= 1 - 0.99 (the gate's power) if the bug moves the law by at leas
 def run_gate(pytester: pytest.Pytester, module: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(mydrafter=textwrap.dedent(module))
     pytester.syspathinsert()
-    return pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
-        "-m",
-        "lossless",
-        "-p",
-        "no:cacheprovider",
-        "--losscheck-drafter=mydrafter:factory",
-        *args,
-    )
+    return run_shipped(pytester, "-m", "lossless", "--losscheck-drafter=mydrafter:factory", *args)
 
 
 def assert_gate(result: pytest.RunResult, false_failure: str, **expected: int) -> None:

@@ -22,6 +22,7 @@ from losscheck.errors import OptionError, UnderpoweredError
 from losscheck.selftest.registry import CATALOGUE
 from losscheck.verifiers import cases
 from losscheck.verifiers.tier import TierConfig, run_tier
+from tests.support import run_shipped
 
 pytestmark = pytest.mark.verifier
 pytest_plugins = ["pytester"]
@@ -263,13 +264,10 @@ def test_a_lossy_verifier_given_to_the_plugin_fails_the_greedy_cell(pytester, mo
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models: a second thread only contends
     pytester.makepyfile(myverifier=textwrap.dedent(LOSSY_GREEDY))
     pytester.syspathinsert()
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify",
+    result = run_shipped(
+        pytester,
         "-m",
         "lossless",
-        "-p",
-        "no:cacheprovider",
         "--losscheck-bundled=reference",
         "--losscheck-verifier=myverifier:factory",
         "-k",

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.perf.runs import run_file
+from tests.support import run_shipped
 
 pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
 
@@ -20,18 +21,16 @@ def test_a_regression_against_the_saved_run_fails_and_names_the_rung(pytester, m
     saved = run_file(100.0, 9.0, target={"name": "elsewhere", "sha256": "0"}).to_json()
     run = pytester.path / "saved.json"
     run.write_text(json.dumps(saved))
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify.test_perf",
+    result = run_shipped(
+        pytester,
         "-m",
         "perf",
-        "-p",
-        "no:cacheprovider",
         "-k",
         "compare or (test_rung and A-c1 and not c16)",
         f"--losscheck-perf-compare={run}",
         "--losscheck-perf-compare-fail=speedup:10%,tau:5%",
         f"--losscheck-out={pytester.path / 'out'}",
+        module="losscheck.plugin.certify.test_perf",
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(

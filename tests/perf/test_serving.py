@@ -15,6 +15,7 @@ from losscheck.errors import LosscheckError
 from losscheck.perf.serving import forget_rows, serve, trace_problems
 from losscheck.perf.workload import Request, make_workload
 from losscheck.run import drafters as registry
+from tests.support import run_shipped
 
 pytest_plugins = ["pytester"]
 
@@ -95,16 +96,7 @@ def test_a_drafter_with_unknown_row_state_must_offer_forget_rows(drafters):
 @pytest.mark.e2e
 def test_the_perf_tier_refuses_to_time_under_xdist(pytester, monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "losscheck.plugin.certify.test_perf",
-        "-m",
-        "perf",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        "-k",
-        "compare or (test_rung and baseline and c32)",
-    )
+    select = "compare or (test_rung and baseline and c32)"
+    result = run_shipped(pytester, "-m", "perf", "-rs", "-k", select, module="losscheck.plugin.certify.test_perf")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*does not time under pytest-xdist (this is worker gw3)*"])
