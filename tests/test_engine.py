@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from losscheck.core.contract import Proposal
-from losscheck.core.engine import Engine
+from losscheck.core.engine import Engine, emit_counts, reported_q
+from losscheck.core.generation import DraftQ
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
 from losscheck.drafters.autoregressive import AutoregressiveDrafter, self_draft
@@ -151,3 +152,32 @@ def test_a_pass_from_slot_0_computes_repeated_rows_once_and_gives_every_row_its_
     model.forward(rows, torch.zeros(len(rows), dtype=torch.long))
     after, _ = model.forward(torch.tensor([[2], [0], [2], [0], [6]]), torch.full((len(rows),), 4))
     assert torch.allclose(after[0], after[2]) and torch.allclose(after[1], after[3])
+
+
+def test_emit_counts_stop_at_the_budget_and_after_the_first_eos():
+    eos = 9
+    emitted = torch.tensor([[1, 9, 2, 9], [1, 2, 3, 4], [9, 1, 2, 3], [1, 2, 9, 3]])  # [B, k+1]
+    count = torch.tensor([4, 4, 4, 2])  # accepted + 1
+    room = torch.tensor([5, 2, 5, 5])  # budget left
+    emit, ended = emit_counts(emitted, count, room, eos)
+    # row 0: EOS at slot 1; row 1: the budget; row 2: EOS first; row 3: its EOS lies past its count
+    assert emit.tolist() == [2, 2, 1, 2]
+    assert ended is not None and ended.tolist() == [True, False, True, False]
+    emit, ended = emit_counts(emitted, count, room, None)
+    assert emit.tolist() == [4, 2, 4, 2] and ended is None
+
+
+@pytest.mark.parametrize("entries", [3, 8, 16])
+def test_reported_q_keeps_the_largest_entries_of_each_draft(entries):
+    """Each slot's sparse q holds the `entries` largest of the drafter's q (all of them when
+    entries >= V), so its dense form is q itself, or q cut to its top entries; the bonus slot
+    holds nothing. A point mass for a drafter without probs."""
+    B, k, V = 2, 3, 8
+    q = torch.softmax(torch.randn(B, k, V, generator=torch.Generator().manual_seed(1)), -1)
+    ids, probs = reported_q(Proposal(q.argmax(-1), q), entries)  # [B, k+1, M]
+    dense = DraftQ(ids, probs).dense(V)  # [B, k+1, V]
+    kept = q.topk(min(entries, V), -1)
+    expected = torch.zeros(B, k, V, dtype=torch.float64).scatter_(-1, kept.indices, kept.values.double())
+    assert torch.equal(dense[:, :k], expected) and not dense[:, k].any()
+    ids, probs = reported_q(Proposal(q.argmax(-1)), entries)
+    assert torch.equal(DraftQ(ids, probs).dense(V)[:, :k], torch.nn.functional.one_hot(q.argmax(-1), V).double())

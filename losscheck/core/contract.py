@@ -201,10 +201,10 @@ def validate_proposal(
     for name, tensor in (("tokens", tokens), ("probs", probs)):
         if device is not None and isinstance(tensor, torch.Tensor) and tensor.device != device:
             raise fail(f"{name} is on {tensor.device}, the target's device is {device}")
-    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise fail(f"token ids span [{int(tokens.min())}, {int(tokens.max())}], outside the vocabulary")
     tokens = tokens.long()
     if probs is None:
+        if tokens.numel() and not _in_vocab(tokens, vocab):
+            raise fail(_ids_problem(tokens))
         return Proposal(tokens, None)
     if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
         raise fail("probs must be a floating-point tensor or None")
@@ -213,16 +213,50 @@ def validate_proposal(
     if tuple(probs.shape) != (batch, k, vocab):
         raise fail(f"probs has shape {tuple(probs.shape)}")
     probs = probs.float()
-    if not torch.isfinite(probs).all():
-        raise fail("probs contains NaN or inf")
-    if (probs < 0).any():
-        raise fail(f"probs has negative entries (min {float(probs.min()):.3g})")
-    worst = float((probs.sum(-1) - 1).abs().max()) if probs.numel() else 0.0
-    if worst > PROB_SUM_TOLERANCE:
-        raise fail(f"probs rows do not sum to 1 (worst |sum - 1| = {worst:.3g})")
-    if (probs.gather(-1, tokens[..., None]) <= 0).any():
-        raise fail("a drafted token has zero probability under its own q")
+    if tokens.numel() and not _plausible(tokens, probs, vocab):
+        raise fail(_problem(tokens, probs, vocab))
     return Proposal(tokens, probs)
+
+
+def _in_vocab(tokens: torch.Tensor, vocab: int) -> bool:
+    """tokens [B, k] (non-empty) all in [0, vocab)."""
+    low, high = torch.aminmax(tokens)
+    return 0 <= low.item() and high.item() < vocab
+
+
+def _plausible(tokens: torch.Tensor, probs: torch.Tensor, vocab: int) -> bool:
+    """Every check of a drafted block in as few tensor ops as possible (this runs every round;
+    on a small model the ops' dispatch is most of the engine's own time): tokens [B, k]
+    (non-empty) in the vocabulary, probs [B, k, V] non-negative with rows summing to 1 within
+    `PROB_SUM_TOLERANCE`, each drafted token positive under its q. A NaN entry fails every
+    comparison its row's sum enters, an inf one the sum's bounds, so neither passes."""
+    if not _in_vocab(tokens, vocab):
+        return False
+    low, high = torch.aminmax(probs.sum(-1))  # row sums
+    return (
+        probs.amin().item() >= 0
+        and 1 - PROB_SUM_TOLERANCE <= low.item()
+        and high.item() <= 1 + PROB_SUM_TOLERANCE
+        and probs.gather(-1, tokens[..., None]).amin().item() > 0
+    )
+
+
+def _ids_problem(tokens: torch.Tensor) -> str:
+    return f"token ids span [{int(tokens.min())}, {int(tokens.max())}], outside the vocabulary"
+
+
+def _problem(tokens: torch.Tensor, probs: torch.Tensor, vocab: int) -> str:
+    """What is wrong with a block `_plausible` refused, checked one property at a time."""
+    if not _in_vocab(tokens, vocab):
+        return _ids_problem(tokens)
+    if not torch.isfinite(probs).all():
+        return "probs contains NaN or inf"
+    if (probs < 0).any():
+        return f"probs has negative entries (min {float(probs.min()):.3g})"
+    worst = float((probs.sum(-1) - 1).abs().max())
+    if worst > PROB_SUM_TOLERANCE:
+        return f"probs rows do not sum to 1 (worst |sum - 1| = {worst:.3g})"
+    return "a drafted token has zero probability under its own q"
 
 
 def target_probs(proposal: Proposal, vocab: int) -> torch.Tensor | None:

@@ -135,19 +135,19 @@ class Batch:
 
 def reported_q(proposal: Proposal, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The q each slot of a round's output stands on, sparse: (ids [B, k+1, M], probs [B, k+1, M])
-    with the `entries` (M) largest of each draft's reported q, a point mass for a deterministic
-    drafter, and zeros at the bonus slot k."""
+    with the `entries` (M) largest of each draft's reported q (all of them, in id order, when
+    M >= V), a point mass for a deterministic drafter, and zeros at the bonus slot k."""
     tokens = proposal.tokens  # [B, k]
     rows, k = tokens.shape
-    ids = tokens.new_zeros(rows, k + 1, entries)
-    probs = torch.zeros(rows, k + 1, entries, device=tokens.device)
     if proposal.probs is None:
-        ids[:, :k, 0], probs[:, :k, 0] = tokens, 1.0
-    elif k:
-        top = proposal.probs.float().topk(min(entries, proposal.probs.shape[-1]), dim=-1)  # [B, k, m]
-        m = top.indices.shape[-1]
-        ids[:, :k, :m], probs[:, :k, :m] = top.indices, top.values
-    return ids, probs
+        ids, probs = tokens[..., None], torch.ones(rows, k, 1, device=tokens.device)  # [B, k, 1]
+    elif entries >= proposal.probs.shape[-1]:  # every entry: no need to rank them
+        vocab = proposal.probs.shape[-1]
+        ids, probs = torch.arange(vocab, device=tokens.device).expand(rows, k, vocab), proposal.probs.float()
+    else:
+        probs, ids = proposal.probs.float().topk(entries, dim=-1)  # [B, k, M]
+    pad = (0, entries - ids.shape[-1], 0, 1)  # zero entries up to M, and the bonus slot
+    return torch.nn.functional.pad(ids, pad), torch.nn.functional.pad(probs, pad)
 
 
 def parked(batch: Batch, k: int, max_positions: int) -> torch.Tensor:
@@ -157,15 +157,20 @@ def parked(batch: Batch, k: int, max_positions: int) -> torch.Tensor:
     return torch.where(batch.done, batch.lengths.clamp(max=max_positions - k).clamp(min=1), batch.lengths)
 
 
-def emit_counts(emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None) -> torch.Tensor:
-    """[B] tokens a row commits: `count` (accepted + 1), at most `room` (budget left), and none
-    after the first EOS among them. emitted [B, k+1] the verified tokens."""
+def emit_counts(
+    emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([B] tokens a row commits, [B] bool whether they end with EOS, None without an EOS id):
+    `count` (accepted + 1), at most `room` (budget left), and none after the first EOS among
+    them. emitted [B, k+1] the verified tokens."""
     count = torch.minimum(count, room)
-    if eos is not None:
-        slot = torch.arange(emitted.shape[1], device=emitted.device)[None, :]
-        first_eos = torch.where((emitted == eos) & (slot < count[:, None]), slot, emitted.shape[1]).min(1).values
-        count = torch.minimum(count, first_eos + 1)
-    return count
+    if eos is None:
+        return count, None
+    width = emitted.shape[1]
+    slot = torch.arange(width, device=emitted.device)[None, :]  # [1, k+1]
+    first_eos = torch.where((emitted == eos) & (slot < count[:, None]), slot, width).amin(1)  # [B]; width: none
+    ended = first_eos < width
+    return torch.where(ended, first_eos + 1, count), ended
 
 
 class Engine:
@@ -221,10 +226,12 @@ class Engine:
         sets `batch.budget` to per-row budgets [B]). Needs at least one row not done.
         """
         device = self.target.device
+        k = self._block(batch)
+        at = parked(batch, k, self.target.max_positions)  # [B] where each row drafts and is scored
         with stats.clock("draft", device):
-            proposal = self._draft(batch, params, generator)
+            proposal = self._draft(batch, at, k, params, generator)
         with stats.clock("target", device):
-            logits, states = self._score(batch, proposal)
+            logits, states = self._score(batch, at, proposal)
             outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
         outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
         self._commit(batch, outcome, states, stats, proposal)
@@ -317,23 +324,30 @@ class Engine:
         if reuse is not None and cache is not None:
             reuse.store(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
 
-    def _draft(self, batch: Batch, params: SamplingParams, generator: torch.Generator) -> Proposal:
-        """The drafter's block for every row; no drafts for the baseline or at the last positions."""
+    def _block(self, batch: Batch) -> int:
+        """The round's block length: `k`, fewer at the target's last positions, 0 without a drafter."""
+        if self.drafter is None:
+            return 0
+        longest = int(torch.where(batch.done, 0, batch.lengths).amax())  # the longest active row
+        return max(0, min(self.k, self.target.max_positions - longest))
+
+    def _draft(
+        self, batch: Batch, at: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator
+    ) -> Proposal:
+        """The drafter's block of `k` for every row, drafted at lengths `at` [B]."""
         rows = batch.tokens.shape[0]
-        k = min(self.k, self.target.max_positions - int(batch.lengths[~batch.done].max()))
-        if k <= 0 or self.drafter is None:
+        if k == 0 or self.drafter is None:
             return Proposal(batch.tokens.new_zeros(rows, 0))
-        ctx = DraftContext(
-            batch.tokens, parked(batch, k, self.target.max_positions), batch.hidden, k, self.width, params, generator
-        )
+        ctx = DraftContext(batch.tokens, at, batch.hidden, k, self.width, params, generator)
         proposal = self.drafter.propose(ctx)
         return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
 
-    def _score(self, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
-        """One target pass over `[pending, d_1 .. d_k]` → logits [B, k+1, V], states [B, k+1, n·H]."""
-        lengths = parked(batch, proposal.tokens.shape[1], self.target.max_positions)
-        scored = torch.cat([batch.tokens.gather(1, (lengths - 1)[:, None]), proposal.tokens], dim=1)  # [B, k+1]
-        return self._forward(scored, lengths - 1)
+    def _score(self, batch: Batch, at: torch.Tensor, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target pass over `[pending, d_1 .. d_k]` at lengths `at` [B] → logits [B, k+1, V],
+        states [B, k+1, n·H]."""
+        pending = at - 1  # [B] the slot of each row's last committed token
+        scored = torch.cat([batch.tokens.gather(1, pending[:, None]), proposal.tokens], dim=1)  # [B, k+1]
+        return self._forward(scored, pending)
 
     def _forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's pass, with the states of the drafter's layers when it names them."""
@@ -348,19 +362,21 @@ class Engine:
         width = outcome.tokens.shape[1]  # k + 1
         active = ~batch.done
         accepted = torch.where(active, outcome.accepted, 0)  # [B]
-        room = batch.budget - (batch.lengths - batch.prompt_lengths)
-        emit = torch.where(active, emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id), 0)
+        room = batch.budget - (batch.lengths - batch.prompt_lengths)  # [B] budget left
+        emit, ended = emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id)
+        emit = torch.where(active, emit, 0)
         slot = torch.arange(width, device=emit.device)[None, :]  # [1, k+1]
-        slots = batch.lengths[:, None] + slot  # [B, k+1]; junk past emit is overwritten later
-        keep = slot < emit[:, None]
-        batch.tokens.scatter_(1, slots, torch.where(keep, outcome.tokens, batch.tokens.gather(1, slots)))
+        # every slot of the round is written, the kept ones and junk past a row's emit (and a
+        # finished row's): nothing reads a row past its length, and the next round overwrites it
+        slots = batch.lengths[:, None] + slot  # [B, k+1]
+        batch.tokens.scatter_(1, slots, outcome.tokens)
         if batch.slot_of is not None:
-            batch.slot_of.scatter_(1, slots, torch.where(keep, slot, batch.slot_of.gather(1, slots)))
+            batch.slot_of.scatter_(1, slots, slot.expand_as(slots))
         if batch.q_ids is not None and batch.q_probs is not None:
             ids, probs = reported_q(proposal, batch.q_ids.shape[2])  # [B, k+1, M]
-            at, kept = slots[..., None].expand_as(ids), keep[..., None]
-            batch.q_ids.scatter_(1, at, torch.where(kept, ids, batch.q_ids.gather(1, at)))
-            batch.q_probs.scatter_(1, at, torch.where(kept, probs, batch.q_probs.gather(1, at)))
+            at = slots[..., None].expand_as(ids)
+            batch.q_ids.scatter_(1, at, ids)
+            batch.q_probs.scatter_(1, at, probs)
         if batch.hidden is not None:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
             batch.hidden.scatter_(1, read, states.float())
@@ -371,9 +387,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.commit(accepted)
         stats.record_round(accepted, active, width - 1)
-        last = batch.pending().squeeze(1)
-        ended = (emit > 0) & (last == self.target.eos_id) if self.target.eos_id is not None else False
-        batch.done = batch.done | (batch.lengths - batch.prompt_lengths >= batch.budget) | ended
+        finished = emit >= room  # spent its budget (a row already done stays done)
+        batch.done = batch.done | (finished if ended is None else finished | ended)
 
 
 def _allocated(target: Target) -> bool:

@@ -33,13 +33,15 @@ class LoopStats:
 
     def record_round(self, accepted: torch.Tensor, active: torch.Tensor, k: int) -> None:
         """One verified round of `k` drafts: accepted [B] drafts kept, active [B] rows that took part."""
-        n_active = int(active.sum())
+        slot = torch.arange(k, device=accepted.device)[None, :]  # [1, k]
+        per_slot = ((slot < accepted[:, None]) & active[:, None]).sum(0)  # [k] accepted at slot j
+        counts = torch.cat([active.sum()[None], per_slot]).tolist()  # one host sync per round
+        n_active, kept = counts[0], counts[1:]
         self.row_rounds += n_active
-        self.emitted += int((accepted + 1)[active].sum())
+        self.emitted += n_active + sum(kept)  # each active row: its accepted drafts + 1
         if k:
-            slot = torch.arange(k, device=accepted.device)[None, :]
             self.proposed[:k] += n_active
-            self.accepted[:k] += ((slot < accepted[:, None]) & active[:, None]).sum(0).cpu()
+            self.accepted[:k] += torch.tensor(kept)
 
     @contextmanager
     def clock(self, part: Literal["draft", "target"], device: torch.device) -> Iterator[None]:
