@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from losscheck import SamplingParams, Target, process_logits
+from losscheck.engines import row_by_row
 
 
 class SpeculativeEngine:
@@ -36,13 +37,12 @@ class SpeculativeEngine:
         max_new_tokens: int,
         speculative: bool,
     ) -> torch.Tensor:
-        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
-        rng = torch.Generator().manual_seed(seed)
-        for i, prompt in enumerate(prompts):
-            for j in range(n):
-                new = self._row(prompt, params, max_new_tokens, rng, speculative)
-                out[i, j, : len(new)] = torch.tensor(new)
-        return out
+        rng = torch.Generator().manual_seed(seed)  # one stream for every row, drawn in row order
+
+        def row(i: int, j: int) -> list[int]:  # the j-th continuation of prompt i
+            return self._row(prompts[i], params, max_new_tokens, rng, speculative)
+
+        return row_by_row(prompts, n, max_new_tokens, self.eos, row)  # padded with EOS: [P, n, max_new_tokens]
 
     def _dist(self, model: torch.nn.Module, ids: list[int], params: SamplingParams, last: int) -> torch.Tensor:
         """The processed next-token distributions after each of the last `last` positions -> [last, V]."""

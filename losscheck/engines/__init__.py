@@ -13,6 +13,7 @@ generation), `vllm` (vLLM's `LLM` with a speculative config), `openvino` (OpenVI
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -88,6 +89,28 @@ def check_engine(engine: object, source: str) -> BlackBoxEngine:
     if not isinstance(getattr(engine, "name", None), str):
         raise OptionError(f"{where} without a name (str)")
     return engine  # type: ignore[return-value]
+
+
+def row_by_row(
+    prompts: list[list[int]], n: int, max_new_tokens: int, eos: int, row: Callable[[int, int], Sequence[int]]
+) -> torch.Tensor:
+    """What `generate` returns, LongTensor [len(prompts), n, max_new_tokens], for an engine that
+    samples one continuation at a time: `row(i, j)` is the j-th continuation of `prompts[i]`, its
+    new ids (at most `max_new_tokens`; ending at EOS or not), padded here with `eos`. Not called
+    when `max_new_tokens` is 0."""
+    out = torch.full((len(prompts), n, max_new_tokens), eos, dtype=torch.long)  # [P, n, L]
+    if max_new_tokens == 0:
+        return out
+    for i in range(len(prompts)):
+        for j in range(n):
+            new = list(row(i, j))
+            if len(new) > max_new_tokens:
+                raise EngineOutputError(
+                    f"continuation {j} of prompt {i} has {len(new)} new ids, more than max_new_tokens="
+                    f"{max_new_tokens}; stop the engine at the budget"
+                )
+            out[i, j, : len(new)] = torch.tensor(new, dtype=torch.long)
+    return out
 
 
 def checked_samples(

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.engines import row_by_row
 from losscheck.engines.export import model_key
 from losscheck.errors import LosscheckError, OptionError
 
@@ -164,17 +165,14 @@ class LlamaCppEngine:
         max_new_tokens: int,
         speculative: bool,
     ) -> torch.Tensor:
-        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
-        if max_new_tokens == 0:
-            return out
         args = sampler_args(params)
-        for i, prompt in enumerate(prompts):
-            for j in range(n):
-                row_seed = derive_seed(seed, i, j) % SEEDS
-                where = f"{'speculative' if speculative else 'plain'} side, prompt {i}, row {j}, seed {row_seed}"
-                new = self._row(speculative, prompt, row_seed, args, max_new_tokens, where)
-                out[i, j, : len(new)] = torch.tensor(new, dtype=torch.long)
-        return out
+
+        def row(i: int, j: int) -> list[int]:
+            row_seed = derive_seed(seed, i, j) % SEEDS
+            where = f"{'speculative' if speculative else 'plain'} side, prompt {i}, row {j}, seed {row_seed}"
+            return self._row(speculative, prompts[i], row_seed, args, max_new_tokens, where)
+
+        return row_by_row(prompts, n, max_new_tokens, self.eos, row)
 
     def _row(self, speculative: bool, prompt: list[int], seed: int, args: dict, limit: int, where: str) -> list[int]:
         if speculative not in self._sides:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.engines import row_by_row
 from losscheck.engines.export import model_key
 from losscheck.errors import LosscheckError, OptionError
 
@@ -145,20 +146,18 @@ class OpenVINOEngine:
         import numpy as np
         import openvino
 
-        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
-        if max_new_tokens == 0:
-            return out
-        for i, prompt in enumerate(prompts):
-            ids = openvino.Tensor(np.asarray([prompt], dtype=np.int64))  # [1, P]
-            for j in range(n):
-                row_seed = derive_seed(seed, i, j)
-                config = generation_config(params, row_seed, max_new_tokens, self.eos, self.k if speculative else None)
-                result = self._call(speculative, ids, config, f"prompt {i}, row {j}, rng_seed {row_seed}")
-                new = list(result.tokens[0])[:max_new_tokens]
-                if speculative:
-                    self._count(result, len(new), f"prompt {i}, row {j}, rng_seed {row_seed}")
-                out[i, j, : len(new)] = torch.tensor(new, dtype=torch.long)
-        return out
+        def row(i: int, j: int) -> list[int]:
+            ids = openvino.Tensor(np.asarray([prompts[i]], dtype=np.int64))  # [1, P]
+            row_seed = derive_seed(seed, i, j)
+            where = f"prompt {i}, row {j}, rng_seed {row_seed}"
+            config = generation_config(params, row_seed, max_new_tokens, self.eos, self.k if speculative else None)
+            result = self._call(speculative, ids, config, where)
+            new = list(result.tokens[0])[:max_new_tokens]
+            if speculative:
+                self._count(result, len(new), where)
+            return new
+
+        return row_by_row(prompts, n, max_new_tokens, self.eos, row)
 
     def _call(self, speculative: bool, ids: Any, config: Any, where: str) -> Any:
         if speculative not in self._pipelines:
