@@ -59,6 +59,14 @@ def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torc
     return (p_draft.double() / q_draft.double()).clamp(max=1.0)
 
 
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """`norm(max(0, p - q))` over the last axis: p, q [..., V] → [..., V]. Where the residual has
+    no mass (p == q up to round-off, where a rejection has probability 0), p itself."""
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+
+
 def recovery_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Distribution of the token emitted at each slot if verification stops there.
 
@@ -66,10 +74,7 @@ def recovery_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     at slot j < k, and `p_k` for the bonus token.
     """
     q_padded = torch.cat([q, q.new_zeros(q.shape[0], 1, q.shape[-1])], dim=1)  # bonus slot: q = 0
-    residual = (p - q_padded).clamp_min(0.0)
-    mass = residual.sum(-1, keepdim=True)
-    # mass == 0 only when p_j == q_j, where a rejection has probability 0 (float round-off).
-    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+    return residual_distribution(p, q_padded)
 
 
 def verify_rejection(
@@ -86,21 +91,33 @@ def verify_rejection(
     generator: source of the `B*k` acceptance uniforms and the recovered/bonus draws.
     """
     batch, k = drafts.shape
+    rows = torch.arange(batch, device=p.device)
     # In float64, with q renormalised: a drafter's q may sum to 1 ± 1e-3 (validation allows that
     # for fp16 drafters) and its sampler drew in proportion to it, so q / sum(q) is the law the
     # drafts came from; the raw q would make the acceptance ratio and the residual lossy by as much.
-    p = p.double()
-    q = point_mass(drafts, p.shape[-1]).double() if q is None else normalized(q)
-    p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
-    q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    # Only the drafted entries and the one slot each row stops at are widened to float64 (the
+    # same values as widening everything first, at a fraction of the work on a large vocabulary).
+    p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1).double()  # [B, k]
+    if q is None:
+        q_draft = torch.ones_like(p_draft)
+    else:
+        mass = q.sum(-1, dtype=torch.float64)  # [B, k]
+        q_draft = q.gather(-1, drafts[..., None]).squeeze(-1).double() / mass  # [B, k]
     u = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=p.device)
     keep = u < acceptance_probability(p_draft, q_draft)  # [B, k]
     accepted = keep.long().cumprod(-1).sum(-1)  # [B]
 
-    rows = torch.arange(batch, device=p.device)
-    stop = recovery_distribution(p, q)[rows, accepted]  # [B, V]
+    p_stop = p[rows, accepted].double()  # [B, V]
+    q_stop = torch.zeros_like(p_stop)  # [B, V]; stays 0 for a row that stops at the bonus slot
+    if k:
+        slot = accepted.clamp(max=k - 1)  # [B]
+        if q is None:
+            q_stop.scatter_(-1, drafts[rows, slot][:, None], 1.0)
+        else:
+            q_stop = q[rows, slot].double() / mass[rows, slot][:, None]
+        q_stop = torch.where((accepted < k)[:, None], q_stop, 0.0)
     tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
-    tokens[rows, accepted] = sample(stop, generator)
+    tokens[rows, accepted] = sample(residual_distribution(p_stop, q_stop), generator)
     return BlockOutcome(accepted=accepted, tokens=tokens)
 
 
