@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.core.verify import acceptance_probability, recovery_distribution, verify_greedy, verify_rejection
+from losscheck.selftest.verifiers import widening_everything
 from tests.support import assert_follows, markov_table
 
 
@@ -173,26 +174,6 @@ def test_point_mass_drafts_are_verified_against_the_point_mass():
     assert (verdict.tokens[rejected, 0] == 1).all()  # residual of p - δ_0 is all on token 1
 
 
-def _verify_widening_everything(p, drafts, q, generator):
-    """The rejection sampler as written before the stop-slot gather (float64 over every slot, the
-    residual at every slot, then each row's stopping slot): the reference `verify_rejection` must
-    equal draw for draw."""
-    from losscheck.core.sampling import sample
-    from losscheck.core.verify import normalized, point_mass
-
-    batch, k = drafts.shape
-    p = p.double()
-    q = point_mass(drafts, p.shape[-1]).double() if q is None else normalized(q)
-    p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
-    q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)
-    u = torch.rand(batch, k, generator=generator, dtype=torch.float64)
-    accepted = (u < acceptance_probability(p_draft, q_draft)).long().cumprod(-1).sum(-1)
-    rows = torch.arange(batch)
-    tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)
-    tokens[rows, accepted] = sample(recovery_distribution(p, q)[rows, accepted], generator)
-    return accepted, tokens
-
-
 @pytest.mark.parametrize("k", [0, 1, 4])
 @pytest.mark.parametrize("point_mass", [False, True])
 @pytest.mark.parametrize("vocab", [7, 1000])
@@ -208,8 +189,9 @@ def test_gathering_the_stop_slot_first_changes_no_draw(k, point_mass, vocab):
     drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(rows, k)
     q = None if point_mass else q
     got = verify_rejection(p, drafts, q, torch.Generator().manual_seed(3))
-    accepted, tokens = _verify_widening_everything(p, drafts, q, torch.Generator().manual_seed(3))
+    ref = widening_everything(p, drafts, q, torch.Generator().manual_seed(3))
+    accepted = ref.accepted
     assert torch.equal(got.accepted, accepted)
     emitted = torch.arange(k + 1)[None, :] <= accepted[:, None]
-    assert torch.equal(got.tokens[emitted], tokens[emitted])
+    assert torch.equal(got.tokens[emitted], ref.tokens[emitted])
     assert 0 < int(accepted.sum()) < rows * k or k == 0  # rows stopped at drafts and at the bonus

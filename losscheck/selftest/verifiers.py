@@ -22,6 +22,7 @@ from losscheck.core.verify import (
     BlockOutcome,
     Verifier,
     acceptance_probability,
+    normalized,
     point_mass,
     recovery_distribution,
     verify_block,
@@ -35,6 +36,26 @@ RejectionSampler = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", 
 # Medusa's typical-acceptance defaults (posterior_threshold ε, posterior_alpha δ).
 TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3
+
+
+def widening_everything(
+    p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator
+) -> BlockOutcome:
+    """Not a bug: `verify_rejection` as written before it gathered the stopping slot first (float64
+    over the whole [B, k+1, V] block, the residual at every slot). The correct verifier must draw
+    exactly what this draws (tests/test_verify.py) and is timed against it
+    (reports/bench/verify_widening.py)."""
+    batch, k = drafts.shape
+    p = p.double()
+    q = point_mass(drafts, p.shape[-1]).double() if q is None else normalized(q)
+    p_draft = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    q_draft = q.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    u = torch.rand(batch, k, generator=generator, dtype=torch.float64, device=p.device)
+    accepted = (u < acceptance_probability(p_draft, q_draft)).long().cumprod(-1).sum(-1)  # [B]
+    rows = torch.arange(batch, device=p.device)
+    tokens = torch.cat([drafts, drafts.new_zeros(batch, 1)], dim=1)  # [B, k+1]
+    tokens[rows, accepted] = sample(recovery_distribution(p, q)[rows, accepted], generator)
+    return BlockOutcome(accepted=accepted, tokens=tokens)
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, clamp_to_support: bool = True) -> torch.Tensor:
