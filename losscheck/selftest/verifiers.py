@@ -7,7 +7,9 @@ engine can be given. Bugs that also live in greedy rounds or in the processing o
 `Verifier`s themselves (raw logits and the sampling parameters in). The line that differs from
 the correct verifier is marked `# BUG:`. They reuse the correct pieces (`acceptance_probability`,
 `recovery_distribution`, `verify_block`) everywhere else, so each one is lossy for exactly the
-reason its docstring gives.
+reason its docstring gives. One function here is not a bug: `widening_everything`, the correct
+sampler in the form it had before it gathered the stopping slot first, kept as the reference the
+current one must match draw for draw.
 """
 
 from __future__ import annotations
