@@ -9,7 +9,7 @@ margin is within that round-off.
 
 `LOGIT_TOLERANCE` bounds, per dtype, how far a top-2 logit margin computed by the model in any
 batch shape lies from the same margin with the LM head applied in float64 to the final hidden
-state (`losscheck.core.divergence.top2_float64`). It is measured by `losscheck bench --near-ties`
+state (`losscheck.core.divergence.top2_float64`). It is measured by `losscheck bench near-ties`
 (`losscheck.perf.bench.margin_noise`) on the bundled fixtures and set to 4x the largest deviation
 seen, rounded up; docs/precision.md has the figures. A divergence whose float64 margin is
 below the tolerance is a *near-tie*; in fp32 every divergence is a failure.

@@ -130,7 +130,7 @@ def pit_peak_memory(vocab: int, budget_mib: int, rows: int = 2541, horizon: int 
     """Peak memory of one PIT cell's teacher-forced scoring — the gate's sample, `rows` sequences
     of `horizon` tokens after `prompt`-token prompts — on a random 2-layer Llama of `vocab` tokens,
     under a budget of `budget_mib`. Reads this process's resident high-water mark before and after:
-    run it in a fresh process (`losscheck bench --pit-memory VOCAB`)."""
+    run it in a fresh process (`losscheck bench pit-memory VOCAB`)."""
     import resource
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -189,7 +189,7 @@ class MarginNoise(JsonRecord):
 @torch.inference_mode()
 def margin_noise(dtype: str, max_new: int = 64, k: int = 4) -> MarginNoise:
     """How far a reduced-precision target's top-2 logit margins move with the batch shape: the
-    measurement behind `losscheck.core.precision.LOGIT_TOLERANCE` (`losscheck bench --near-ties`).
+    measurement behind `losscheck.core.precision.LOGIT_TOLERANCE` (`losscheck bench near-ties`).
 
     On the bundled target in `dtype`, along the fp32 greedy continuation of every bundled prompt,
     each position's top-2 margin is computed three ways — one token at a time through the cache

@@ -1,4 +1,4 @@
-"""What each cell of a certificate cost (`losscheck bench --cells`): `cost.json` and `cost.md`.
+"""What each cell of a certificate cost (`losscheck bench cells`): `cost.json` and `cost.md`.
 
 Read off a written certificate (`certificate.json`: every cell record carries `seconds`,
 `target_passes`, `target_tokens`, and a PIT cell its `phases`), so a run is timed once and any
@@ -29,7 +29,7 @@ from losscheck.report.markdown import markdown_table
 SCHEMA = "losscheck.bench-cells/1"
 PHASES = ("requests", "pilot", "generate", "score", "conformance")  # a PIT cell's, in run order
 OTHER = "other"
-FIX = "run `losscheck certify --out DIR` and pass its run directory, or `losscheck bench --cells` without --from"
+FIX = "run `losscheck certify --out DIR` and pass its run directory, or `losscheck bench cells` without --from"
 TIMED = ("seconds", "target_passes", "target_tokens")  # what every ran cell's record carries
 
 

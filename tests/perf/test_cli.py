@@ -47,7 +47,7 @@ def test_certify_exits_0_only_on_a_pass(monkeypatch, tmp_path, verdict, status, 
             plugin.pytest_unconfigure(config)
         return status
 
-    monkeypatch.setattr(cli.pytest, "main", fake_main)
+    monkeypatch.setattr(pytest, "main", fake_main)
     ns = cli.parser().parse_args(["certify", "--out", str(tmp_path), "-n", "0"])
     assert cli.run_command(ns) == expected
     assert "--losscheck-bundled=reference" in cli.certify_args(ns)

@@ -1,4 +1,4 @@
-"""The per-cell cost report (`losscheck bench --cells`, `losscheck.report.cell_cost`), from a
+"""The per-cell cost report (`losscheck bench cells`, `losscheck.report.cell_cost`), from a
 hand-made certificate (no models)."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_the_markdown_has_the_totals_and_a_row_per_cell():
 
 def test_bench_cells_reads_a_written_certificate(tmp_path, capsys):
     run = write_certificate(tmp_path / "run")
-    assert cli.main(["bench", "--cells", "--from", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert cli.main(["bench", "cells", "--from", str(run), "--out", str(tmp_path / "out")]) == 0
     cost = json.loads((tmp_path / "out" / "cost.json").read_text())
     assert cost["schema"] == cell_cost.SCHEMA and cost["wall_seconds"] is None
     assert cost["certificate"]["path"] == (run / "certificate.json").as_posix()
@@ -134,7 +134,7 @@ def test_bench_cells_reads_a_written_certificate(tmp_path, capsys):
 
 
 def test_bench_cells_runs_the_main_job_through_certify(monkeypatch, tmp_path):
-    """Without --from, `losscheck bench --cells` is `losscheck certify` with its defaults, its
+    """Without --from, `losscheck bench cells` is `losscheck certify` with its defaults, its
     certificate under OUT/certificate/, then the cost of what that run wrote."""
     from losscheck.plugin.hooks import RUN_DIR_KEY, VERDICT_KEY
 
@@ -152,9 +152,9 @@ def test_bench_cells_runs_the_main_job_through_certify(monkeypatch, tmp_path):
             plugin.pytest_unconfigure(config)
         return 0
 
-    monkeypatch.setattr(cli.pytest, "main", fake_main)
+    monkeypatch.setattr(pytest, "main", fake_main)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["bench", "--cells", "--out", "cells"]) == 0
+    assert cli.main(["bench", "cells", "--out", "cells"]) == 0
     assert "--losscheck-bundled=reference" in seen and "--losscheck-out=cells/certificate" in seen
     cost = json.loads((tmp_path / "cells" / "cost.json").read_text())
     assert cost["certificate"]["path"] == "cells/certificate/hand-made-run/certificate.json"
@@ -188,7 +188,7 @@ def test_a_missing_or_garbled_certificate_names_the_file_and_the_fix(tmp_path, c
     message = str(info.value)
     assert expected in message and str(run / "certificate.json") in message
     assert message.endswith(cell_cost.FIX)
-    assert cli.main(["bench", "--cells", "--from", str(run), "--out", str(tmp_path / "out")]) == 2
+    assert cli.main(["bench", "cells", "--from", str(run), "--out", str(tmp_path / "out")]) == 2
     assert f"losscheck bench: error: {message}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

@@ -1,0 +1,125 @@
+"""`losscheck certify`: the main job, the lossless tier run by pytest with this command's options
+passed on as `--losscheck-*`; its exit status is the certificate's verdict (`VERDICT_EXIT`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import pytest
+
+from losscheck.cli.command import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_PASS, EXIT_USAGE, Command
+from losscheck.errors import FLAG_PREFIX_ENV
+from losscheck.run.loading import check_options
+from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
+
+VERDICT_EXIT = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "PARTIAL": EXIT_PARTIAL, "INTERRUPTED": EXIT_INTERRUPTED}
+
+
+def add_arguments(cert: argparse.ArgumentParser) -> None:
+    add_options(cert.add_argument, "--")
+    cert.set_defaults(**{dest("out"): "reports", dest("bundled"): "reference"})
+    cert.add_argument(
+        "--list",
+        action="store_true",
+        help="print the plan (every cell in scope, its kind and estimated seconds, the cells out of scope) and exit",
+    )
+    cert.add_argument(
+        "-n",
+        "--workers",
+        type=int,
+        default=None,
+        help="pytest-xdist workers (0 = in process; default: one per core on the CPU, 0 on a GPU)",
+    )
+
+
+def certify_args(ns: argparse.Namespace, extra: Sequence[str] = ()) -> list[str]:
+    """The pytest command line that `losscheck certify` runs; `extra`: pytest's own arguments, given
+    after `--` (`-k EXPR`, `-x`, `-v`, `--junitxml F`)."""
+    args = ["--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider", "-q", "-rfE"]
+    args += pytest_args({name: getattr(ns, dest(name)) for name in SPECS})
+    if ns.workers:
+        args += ["-n", str(ns.workers)]
+    return args + list(extra)
+
+
+def exit_status(pytest_status: int, verdict: str | None) -> int:
+    """`losscheck certify`'s exit status from pytest's and the certificate's verdict."""
+    if verdict is not None:
+        return VERDICT_EXIT[verdict]
+    if pytest_status == pytest.ExitCode.USAGE_ERROR:
+        return EXIT_USAGE
+    if pytest_status == pytest.ExitCode.INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if pytest_status == pytest.ExitCode.NO_TESTS_COLLECTED:
+        return EXIT_PARTIAL  # a selection that ran no cell certifies nothing
+    return EXIT_FAIL
+
+
+def default_workers(device: str | None) -> int:
+    """xdist workers `losscheck certify` starts: one per core on the CPU; in process (0) on an
+    accelerator, where every worker would hold its own copy of the models in device memory."""
+    from losscheck.core.precision import resolve_device
+
+    return (os.cpu_count() or 1) if resolve_device(device).type == "cpu" else 0
+
+
+class VerdictProbe:
+    """Reads the certificate's verdict and run directory off the pytest run `losscheck certify` starts."""
+
+    verdict: str | None = None
+    run_dir: str | None = None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        from losscheck.plugin.hooks import RUN_DIR_KEY, VERDICT_KEY
+
+        self.verdict = config.stash.get(VERDICT_KEY, None)
+        self.run_dir = config.stash.get(RUN_DIR_KEY, None)
+
+
+def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
+    """`losscheck certify`: its exit status (`VERDICT_EXIT`: 0 only on a PASS) and what the run wrote."""
+    # Checked here too, so that messages name this command's options (--target, not
+    # --losscheck-target); the plugin's own check then passes.
+    options = from_parsed(lambda d: getattr(ns, d))
+    check_options(options, prefix="--")
+    if options.verifier is not None:
+        from losscheck.run.factory import load_verifier
+
+        load_verifier(options.verifier, "--verifier")
+    if getattr(ns, "list", False):
+        from losscheck.report.plan import plan_lines
+
+        print("\n".join(plan_lines(options, full=True)))
+        return EXIT_PASS, VerdictProbe()
+    if ns.workers is None:
+        ns.workers = default_workers(getattr(ns, dest("device")))
+    if ns.workers:  # the workers load the models; in process the plugin prints the plan itself
+        from losscheck.report.plan import plan_lines
+
+        print("\n".join(plan_lines(options, full=False, workers=ns.workers)), flush=True)
+    probe = VerdictProbe()
+    os.environ[FLAG_PREFIX_ENV] = "--"  # messages from the run (and its workers) name this command's options
+    try:
+        status = int(pytest.main(certify_args(ns, getattr(ns, "pytest_extra", [])), plugins=[probe]))
+    finally:
+        os.environ.pop(FLAG_PREFIX_ENV, None)
+    code = exit_status(status, probe.verdict)
+    if code != EXIT_PASS and probe.verdict is not None:  # a certificate is PASS or it is not
+        print(f"losscheck certify: verdict {probe.verdict}; exit status {code} (only PASS exits 0)", file=sys.stderr)
+    return code, probe
+
+
+def run(ns: argparse.Namespace) -> int:
+    return certify(ns)[0]
+
+
+COMMAND = Command(
+    "certify",
+    "certify a drafter (default: the bundled reference drafter, family A, and family E's truncation "
+    "widths, on the bundled target; --bundled all: every bundled drafter)",
+    add_arguments,
+    run,
+)

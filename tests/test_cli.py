@@ -1,0 +1,132 @@
+"""The `losscheck` command table: every subcommand is in the table, parsed and listed by --help;
+`bench`'s benchmarks are subcommands, and its old flags still reach the same benchmark with the
+same options, warning on stderr with the new command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from losscheck import cli
+from losscheck.cli import bench
+from losscheck.run.options import DEFAULT_MEMORY_BUDGET_MIB, dest
+
+# Each subcommand with the fewest arguments it parses.
+MINIMAL_ARGV = {
+    "certify": [],
+    "bench": [],
+    "families": [],
+    "mutants": [],
+    "perf": [],
+    "report": ["reports/run"],
+    "compare": ["reports/a", "reports/b"],
+    "verifier-tier": [],
+    "fixtures": [],
+}
+BENCH_MODES = ("loop", "cells", "near-ties", "pit-memory")
+
+
+def test_the_table_holds_every_subcommand_once():
+    names = [command.name for command in cli.COMMANDS]
+    assert names == list(MINIMAL_ARGV) and [mode.name for mode in bench.MODES] == list(BENCH_MODES)
+
+
+@pytest.mark.parametrize("name", MINIMAL_ARGV)
+def test_each_subcommand_parses_to_its_own_entry(name):
+    ns = cli.parser().parse_args([name, *MINIMAL_ARGV[name]])
+    assert ns.command == name
+
+
+def test_help_lists_every_subcommand_and_every_benchmark(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n    {name} " in out for name in MINIMAL_ARGV), out
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n    {mode} " in out for mode in BENCH_MODES), out
+
+
+def test_the_console_script_and_python_m_run_main():
+    (script,) = entry_points(group="console_scripts", name="losscheck")
+    assert script.load() is cli.main
+    done = subprocess.run(
+        [sys.executable, "-m", "losscheck.cli", "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and "verifier-tier" in done.stdout, done.stderr
+
+
+@pytest.fixture
+def reached(monkeypatch):
+    """The benchmarks replaced by a recorder: (mode, its options) for each one run."""
+    seen: list[tuple[str, dict]] = []
+
+    def recorder(name):
+        def run(ns):
+            keys = {"out", "from_run", "vocab", dest("memory-budget")}
+            seen.append((name, {k: v for k, v in vars(ns).items() if k in keys}))
+            return 0
+
+        return run
+
+    modes = tuple(dataclasses.replace(mode, run=recorder(mode.name)) for mode in bench.MODES)
+    monkeypatch.setattr(bench, "MODES", modes)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "options"),
+    [
+        (["--out", "x"], ["loop", "--out=x"], {"out": Path("x")}),
+        (["--cells"], ["cells"], {"out": bench.CELLS_OUT, "from_run": None}),
+        (
+            ["--cells", "--from", "run", "--out", "o"],
+            ["cells", "--out=o", "--from=run"],
+            {"out": Path("o"), "from_run": "run"},
+        ),
+        (["--near-ties"], ["near-ties"], {}),
+        (["--pit-memory", "8"], ["pit-memory", "8"], {"vocab": 8, dest("memory-budget"): DEFAULT_MEMORY_BUDGET_MIB}),
+        (
+            ["--memory-budget", "512", "--pit-memory", "8"],
+            ["pit-memory", "8", "--memory-budget=512"],
+            {"vocab": 8, dest("memory-budget"): 512},
+        ),
+        (["--cells", "--near-ties"], ["cells"], {"out": bench.CELLS_OUT, "from_run": None}),  # --cells chose first
+    ],
+)
+def test_the_old_bench_flags_reach_the_same_benchmark_and_warn(reached, capsys, old, new, options):
+    assert cli.main(["bench", *old]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("losscheck bench: warning: the old form (") and "deprecated" in err
+    assert f"use `losscheck bench {' '.join(new)}`" in err
+    assert cli.main(["bench", *new]) == 0
+    assert capsys.readouterr().err == ""
+    assert reached[0] == reached[1] == (new[0], options)
+
+
+def test_bench_alone_runs_the_loop_benchmark_without_a_warning(reached, capsys):
+    assert cli.main(["bench"]) == 0
+    assert reached == [("loop", {"out": bench.LOOP_OUT})] and capsys.readouterr().err == ""
+
+
+def test_an_old_value_starting_with_a_dash_keeps_its_meaning(reached, capsys):
+    assert cli.main(["bench", "--cells", "--from=-run"]) == 0
+    assert "use `losscheck bench cells --from=-run`" in capsys.readouterr().err
+    assert reached == [("cells", {"out": bench.CELLS_OUT, "from_run": "-run"})]
+
+
+def test_old_flags_beside_a_subcommand_are_a_usage_error(reached, capsys):
+    assert cli.main(["bench", "--cells", "loop"]) == 2
+    assert "losscheck bench: error: --cells: the old form of the subcommands" in capsys.readouterr().err
+    assert not reached
+
+
+def test_a_subcommand_option_is_its_own(capsys):
+    """--from belongs to `bench cells`: given to another benchmark it is argparse's usage error."""
+    assert cli.main(["bench", "loop", "--from", "run"]) == 2
+    assert "unrecognized arguments: --from run" in capsys.readouterr().err
