@@ -85,3 +85,26 @@ def test_a_lenient_acceptance_rule_fails_the_acceptance_score():
     results = run(lenient)
     assert not results["acceptance_score"].passed, results["acceptance_score"].message()
     assert results["acceptance_score"].statistic > 0, "the rule keeps too many drafts"
+
+
+def test_a_recording_watches_the_engine_verifier_inside_the_with_only():
+    from losscheck.cells.conformance import recording
+    from losscheck.core.engine import Engine
+    from losscheck.core.sampling import make_generator
+    from tests.support import PROMPTS, noisy_drafter, tiny_target
+
+    target = tiny_target()
+    engine = Engine(target, noisy_drafter(target, 0.6), K)
+    own = engine.verifier
+    with recording(engine, torch.Generator().manual_seed(1), 1e-6) as recorder:
+        assert recorder is not None and engine.verifier is recorder and recorder.inner is own
+        engine.generate(PROMPTS, 8, T1, make_generator(0, "recorded"))
+    assert engine.verifier is own and recorder.decided > 0
+    decided = recorder.decided
+    engine.generate(PROMPTS, 8, T1, make_generator(0, "after"))
+    assert recorder.decided == decided
+    with pytest.raises(RuntimeError), recording(engine, torch.Generator(), 1e-6):
+        raise RuntimeError
+    assert engine.verifier is own
+    with recording(None, torch.Generator(), 1e-6) as nothing:  # a split run: no engine in this process
+        assert nothing is None

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from losscheck.cells.sequential_design import SequentialDesign
 from losscheck.selftest import bugtable, seqpower
 from losscheck.stats.buglaws import BY_NAME
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
-def _setup() -> tuple[seqpower.Design, seqpower.Tables]:
+def _setup() -> tuple[SequentialDesign, seqpower.Tables]:
     chain = bugtable.make_chain(0.88, seed=0)
     plan = seqpower.plan(chain, 1)
     rows = math.ceil(max(plan.design.tokens, plan.fixed.tokens) / bugtable.LENGTH)

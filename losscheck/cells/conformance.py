@@ -30,7 +30,10 @@ same output law) fails them legitimately. p is recomputed from the raw logits wi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,6 +44,9 @@ from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
 from losscheck.stats.registry import StatTest, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
+
+if TYPE_CHECKING:
+    from losscheck.core.engine import Engine
 
 KINDS = ("draft_honesty", "acceptance", "residual", "bonus")
 # float64 p / q round-off allowed before a rejection counts as impossible; a verifier computing in
@@ -173,6 +179,18 @@ def conformance_rtol(logit_tolerance: float) -> float:
     """The p / q round-off a verifier computing at a precision of logit round-off
     `logit_tolerance` may show: e^tolerance - 1, at least the float64 `IMPOSSIBLE_RTOL`."""
     return max(IMPOSSIBLE_RTOL, math.expm1(logit_tolerance))
+
+
+@contextmanager
+def recording(engine: Engine | None, generator: torch.Generator, rtol: float) -> Iterator[Recorder | None]:
+    """A `Recorder` (of its own `generator` and `rtol`) watching `engine`'s verifier over the blocks
+    decided inside the `with`; None when the cell has no engine in this process (a split run's
+    engines live in its ranks)."""
+    if engine is None:
+        yield None
+        return
+    with engine.verifier_wrapped(lambda inner: Recorder(inner, generator, rtol)) as recorder:
+        yield recorder
 
 
 def uniformity(name: str, values: torch.Tensor, alpha: float, power: float) -> TestResult:

@@ -5,27 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from losscheck.cells.draw import generate_rows
 from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
-from losscheck.cells.record import BugClassRecord, LooksRecord, SampleFacts, bug_class_records
+from losscheck.cells.record import BugClassRecord, SampleFacts
+from losscheck.cells.sequential_design import SequentialDesign, shortfall
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
 from losscheck.errors import LosscheckError, UnderpoweredError, flag
 from losscheck.plan.cell import Cell
 from losscheck.plan.modes import Mode
-from losscheck.plan.profiles import Profile, min_horizon
+from losscheck.plan.profiles import min_horizon
 from losscheck.run.context import CellContext
-from losscheck.serving.axis import requests
-from losscheck.stats import registry, sample_size, sequential
-from losscheck.stats.design import bug_class_coverage, design_looks
-from losscheck.stats.pit import pit_required_values
-
-if TYPE_CHECKING:
-    from losscheck.stats.bugclass import PowerAccumulator
+from losscheck.serving.axis import Server, requests
+from losscheck.stats import registry, sample_size
 
 
 def run_cell(ctx: CellContext) -> CellOutcome:
@@ -41,104 +36,55 @@ def run_pit(ctx: CellContext) -> CellOutcome:
     conformance of its verifier to standard speculative sampling (`losscheck.cells.conformance`),
     the cell's alpha split evenly over all of them.
 
-    The tested sample is sized by power per bug class: a pilot, drawn from its own stream and
-    never tested, measures from its own p and q what each test would see per token under each
-    bug class (`losscheck.stats.bugclass`); the design is the tokens the costliest class within
-    the profile's cap needs. The fresh sample then grows look by look towards the design and
-    stops at the first look where the data rule out every class the design covers
-    (`losscheck.stats.sequential`) and the tested sample's own p and q confirm that the design
-    catches every class and member it promised at its power; at the last look, the cell errors
-    unless the tested sample confirms it."""
-    from losscheck.cells.conformance import Recorder, conformance_rtol
-    from losscheck.cells.scoring import PitScores, measure_power
-    from losscheck.stats.bugclass import PowerAccumulator
+    The tested sample is sized by power per bug class (`losscheck.cells.sequential_design`): a
+    pilot, drawn from its own stream and never tested, measures from its own p and q what each
+    test would see per token under each bug class (`losscheck.stats.bugclass`); the design is the
+    tokens the costliest class within the profile's cap needs. The fresh sample then grows look
+    by look towards the design and stops at the first look where the data rule out every class
+    the design covers (`losscheck.stats.sequential`) and the tested sample's own p and q confirm
+    that the design catches every class and member it promised at its power; at the last look,
+    the cell errors unless the tested sample confirms it."""
+    from losscheck.cells.conformance import conformance_rtol, recording
+    from losscheck.cells.scoring import measure_power
 
     cell, profile = ctx.cell, ctx.profile
     horizon = profile.pit_horizon(cell.k)
-    prompts = ctx.all_prompts()
     budget = registry.split(ctx.alpha, "pit", "conditional", "conformance")
-    alpha_scored, alpha_test = budget.share("pit", "conditional"), budget.per_test
-    limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens) if profile.early_stop else 1
     clock = Phases()
     server, serving = ctx.served()
-    target = ctx.target
-    tolerance = cell.precision.tolerance
     with clock("requests"):  # a warm prefix cache's first turn
-        prompts = requests(server, serving, prompts, horizon, cell.params, "pit")
+        prompts = requests(server, serving, ctx.all_prompts(), horizon, cell.params, "pit")
     with clock("pilot"):
         pilot_rows, pilot = generate_rows(ctx, server, prompts, profile.pilot_sequences, horizon, "pit-pilot")
-        measured = measure_power(ctx, target, pilot_rows, pilot, tolerance)
+        measured = measure_power(ctx, ctx.target, pilot_rows, pilot, cell.precision.tolerance)
     with clock("design"):  # from the pilot: the sequential design, the fixed-sample one it replaces, the looks
-        design, fixed = (_class_design(measured, profile, alpha_scored, alpha_test, looks) for looks in (limit, 1))
-        looks, ids, grid = design_looks(measured, design, alpha_test, profile.power, limit)
-    per_sequence = max(measured.steps / len(pilot_rows), 1e-9)  # tested tokens: the looks count those
-    engine = server.engine
-    recorder = None
-    if engine is not None:  # the recorder wraps the verifier in this process only
-        recorder = engine.verifier = Recorder(
-            engine.verifier,
-            make_generator(ctx.seed, cell.id, "conformance"),
-            conformance_rtol(cell.precision.tolerance if cell.precision.reduced else 0.0),
-        )
-    power = PowerAccumulator(misreported=measured.misreported_id, grid=grid)  # judged where the test looks
-    scores = PitScores(ctx, cell.id, target, tolerance, power, measured.misreported_id)
-    gens: list[Generation] = []
-    drawn, stopped, unconfirmed = 0, len(looks.tokens), []
-    coverage = None
-    for look, tokens in enumerate(looks.tokens, 1):
-        more = max(math.ceil(tokens / per_sequence) - drawn, 1)
-        with clock("generate"):
-            rows, gen = generate_rows(ctx, server, prompts, more, horizon, "pit-sample", first=drawn)
-        with clock("score"):  # the teacher-forced pass, the PITs, the conditional and rule-out sums
-            scores.add(rows, gen, part=f"look{look}")
-        drawn += more
-        gens.append(gen)
-        if look < len(looks.tokens) and looks.may_stop(power.rule_out_log_e(ids)):
-            # the data rule every member out; the stop also needs the tested sample's own p and q
-            # to keep the design's promise (else it goes on: a stricter stop loses no power or level)
-            with clock("design"):
-                coverage = bug_class_records(
-                    bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, True, ids)
-                )
-            if not shortfall(coverage, profile.power):
-                stopped = look
-                break
-            unconfirmed.append(look)
+        design = SequentialDesign.plan(measured, profile, budget)
+    sample = _TestedSample(ctx, server, prompts, horizon, design, measured.steps / len(pilot_rows), clock)
+    rtol = conformance_rtol(cell.precision.tolerance if cell.precision.reduced else 0.0)
+    with recording(server.engine, make_generator(ctx.seed, cell.id, "conformance"), rtol) as recorder:
+        stop = design.run(sample.power, sample.grow, clock)
     with clock("score"):
-        results, facts = scores.tests(alpha_scored, profile.pooled_tv, limit)
+        results, facts = sample.scores.tests(budget.share("pit", "conditional"), profile.pooled_tv, design.limit)
     with clock("conformance"):
         if recorder is not None:
-            results += recorder.tests(budget.share("conformance"), profile.power, limit)
-    early = stopped < len(looks.tokens)
-    if not early:
-        with clock("design"):
-            coverage = bug_class_records(
-                bug_class_coverage(design, measured, power, alpha_test, profile.power, looks, False, ids)
-            )
-    assert coverage is not None
+            results += recorder.tests(budget.share("conformance"), profile.power, design.limit)
+    with clock("design"):
+        coverage = design.confirmed(stop, sample.power)
     require_coverage(cell, coverage, profile.power)
-    gen = Generation.concat(gens)
     outcome = sampled_outcome(
         ctx,
         results,
-        gen,
+        Generation.concat(sample.gens),
         dataclasses.replace(
             facts,
-            sequences=drawn,
+            sequences=sample.drawn,
             horizon=horizon,
             phases=clock.seconds,
             pilot_sequences=len(pilot_rows),
             pilot_tokens=int(pilot.mask().sum()),
-            design_tokens=design.tokens,
-            fixed_design_tokens=fixed.tokens,
-            looks=LooksRecord(
-                tokens=tuple(looks.tokens),
-                allowed=limit,
-                stopped_at=stopped,
-                tested_tokens=scores.tested_tokens,
-                early=early,
-                unconfirmed=tuple(unconfirmed),
-            ),
+            design_tokens=design.design.tokens,
+            fixed_design_tokens=design.fixed.tokens,
+            looks=design.record(stop, sample.scores.tested_tokens),
             bug_classes=coverage,
         ),
     )
@@ -146,36 +92,43 @@ def run_pit(ctx: CellContext) -> CellOutcome:
     return outcome
 
 
-def _class_design(
-    measured: PowerAccumulator, profile: Profile, alpha_scored: float, alpha_test: float, looks: int
-) -> sample_size.ClassDesign:
-    """The tested tokens a PIT cell aims at from its pilot, for a cell that may stop at `looks`
-    points: its tests at the power `sequential.design_power` leaves them (the profile's when the
-    cell has a single look), the fixed-sample ones at their level / `looks`."""
-    from losscheck.stats.bugclass import LR_BOUND
+class _TestedSample:
+    """A PIT cell's tested sample, grown look by look (`SequentialDesign.run`): the sequences
+    drawn, their scores, and the bug classes' power and rule-out sums from their own p and q."""
 
-    level = profile.power if looks == 1 else sequential.design_power(profile.power)
-    alpha_pit = registry.split(alpha_scored, "pit", "conditional").share("pit")
-    pooled = 0
-    if profile.pooled_tv is not None:
-        pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv)
-    return sample_size.ClassDesign.of(
-        measured.tokens_needed(alpha_test, level, looks),
-        LR_BOUND,
-        profile.min_pit_tokens,
-        profile.max_pit_tokens,
-        pooled,
-    )
+    def __init__(
+        self,
+        ctx: CellContext,
+        server: Server,
+        prompts: list[list[int]],
+        horizon: int,
+        design: SequentialDesign,
+        per_sequence: float,
+        clock: Phases,
+    ) -> None:
+        from losscheck.cells.scoring import PitScores
 
+        self.ctx, self.server, self.prompts, self.horizon, self.clock = ctx, server, prompts, horizon, clock
+        self.per_sequence = max(per_sequence, 1e-9)  # tested tokens per sequence, the pilot's
+        self.power = design.tested()
+        cell = ctx.cell
+        self.scores = PitScores(
+            ctx, cell.id, ctx.target, cell.precision.tolerance, self.power, design.pilot.misreported_id
+        )
+        self.drawn = 0
+        self.gens: list[Generation] = []
 
-def shortfall(coverage: dict[str, BugClassRecord], level: float) -> dict[str, BugClassRecord]:
-    """The classes whose promise the tested sample does not keep: covered and caught below
-    `level`, or short of a family member's promised power."""
-    return {
-        name: c
-        for name, c in coverage.items()
-        if (c.covered and (c.power if c.power_checked is None else c.power_checked) < level) or c.short
-    }
+    def grow(self, look: int, tokens: int) -> None:
+        """Draw on to about `tokens` tested tokens (at least one more sequence) and score them."""
+        more = max(math.ceil(tokens / self.per_sequence) - self.drawn, 1)
+        with self.clock("generate"):
+            rows, gen = generate_rows(
+                self.ctx, self.server, self.prompts, more, self.horizon, "pit-sample", first=self.drawn
+            )
+        with self.clock("score"):  # the teacher-forced pass, the PITs, the conditional and rule-out sums
+            self.scores.add(rows, gen, part=f"look{look}")
+        self.drawn += more
+        self.gens.append(gen)
 
 
 def require_coverage(cell: Cell, coverage: dict[str, BugClassRecord], level: float) -> None:

@@ -12,8 +12,10 @@ pending token and the accepted drafts in the cache and everything after them sta
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -23,6 +25,8 @@ from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_
 from losscheck.core.sampling import SamplingParams
 from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
 from losscheck.errors import LosscheckError
+
+W = TypeVar("W", bound=Verifier)  # a verifier that wraps the engine's (`Engine.verifier_wrapped`)
 
 
 class KVReuse(Protocol):
@@ -202,6 +206,18 @@ class Engine:
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
         self._by_id = drafter is not None and not isinstance(drafter.uses_hidden, bool)
+
+    @contextmanager
+    def verifier_wrapped(self, wrap: Callable[[Verifier], W]) -> Iterator[W]:
+        """Blocks decided by `wrap(verifier)` inside the `with` — a recorder that watches the
+        engine's verifier (`losscheck.cells.conformance.Recorder`) — and by the verifier alone
+        again after it."""
+        own = self.verifier
+        self.verifier = wrapped = wrap(own)
+        try:
+            yield wrapped
+        finally:
+            self.verifier = own
 
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams, generator: torch.Generator

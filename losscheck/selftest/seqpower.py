@@ -4,16 +4,17 @@ design it replaces (docs/bug-classes.md).
     python -m losscheck.selftest.seqpower [--replicates R] [--seed S]
 
 On the Markov chain of `losscheck.selftest.bugtable` (V = 64, k = 4, acceptance about 0.88), a
-pilot of honest rows sizes the cell as `losscheck.cells.sampled.run_pit` does: the sequential
-design, its looks, each bug class's family members to rule out (`losscheck.stats.design.design_looks`), and the
-fixed-sample design of one look. The tested rows are honest prefixes; in each replicate their
-tokens are redrawn from a bug's law at those steps (the power model's own assumption: the bug
-changes the token, not the steps). The replicate then runs as the cell: at each look the rule-out
-e-values of every member the design requires (`PowerAccumulator` with the design's grid); at the
-first look where all are ruled out it stops, and the cell's PIT and exact-conditional tests
-(`pit_tests`, `conditional_tests`, at the cell's levels, the χ² ones at share / looks) run on the
-tokens tested so far. The fixed design runs the same tests at its tokens at one look. Power:
-the share of replicates where some test rejects.
+pilot of honest rows sizes a cell of the ci profile with the object `losscheck.cells.sampled.run_pit`
+runs (`losscheck.cells.sequential_design.SequentialDesign`): the sequential design, its looks,
+each bug class's family members to rule out, and the fixed-sample design of one look. The tested
+rows are honest prefixes; in each replicate their tokens are redrawn from a bug's law at those
+steps (the power model's own assumption: the bug changes the token, not the steps). The
+replicate then runs the design's looks and stop rule as the cell does: at each look the rule-out
+e-values of every member the design requires; at the first look where all are ruled out and the
+tested sample keeps the design's promises it stops, and the cell's PIT and exact-conditional
+tests (`pit_tests`, `conditional_tests`, at the cell's levels, the χ² ones at share / looks) run
+on the tokens tested so far. The fixed design runs the same tests at its tokens at one look.
+Power: the share of replicates where some test rejects.
 
 Bugs: every class's catalogue point and its family members at ρ_min (the smallest member the
 design promises) — exact members, each token from (1 - ρ)·p + ρ·p' — and the issue's rows between
@@ -32,16 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
+from losscheck.cells.sequential_design import SequentialDesign
+from losscheck.plan.profiles import PROFILES
 from losscheck.selftest import bugtable
-from losscheck.stats import registry, sample_size, sequential
-from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
+from losscheck.stats import registry
 from losscheck.stats.buglaws import BY_NAME, Step, chunk_steps, mismatched_law, tilted, top_p
 
 CELL_ALPHA = bugtable.CELL_ALPHA  # one cell's per-test α share of the gate
-POWER = 0.99
-FLOOR, CAP = 2_000, 20_000  # the ci profile's min_pit_tokens and max_pit_tokens
+PROFILE = PROFILES["ci"]  # the tested tokens' floor and cap, the power, the pooled TV
 PILOT_ROWS = 256
-LIMIT = sequential.max_looks(FLOOR, CAP)
 
 
 @dataclass(frozen=True)
@@ -87,18 +87,6 @@ def between_points() -> list[Bug]:
     ]
 
 
-@dataclass
-class Design:
-    """What the pilot fixed: both designs, the looks, the ids and the families' grids."""
-
-    pilot: PowerAccumulator
-    design: sample_size.ClassDesign
-    fixed: sample_size.ClassDesign
-    looks: sequential.Looks
-    ids: list[int]
-    grid: dict[str, tuple[float, ...]]
-
-
 def cell_budget() -> registry.Split:
     """A PIT cell's α split over its three families of tests, as `cells.sampled.run_pit` splits it."""
     import losscheck.cells.conformance  # noqa: F401  (registers the conformance family)
@@ -106,23 +94,10 @@ def cell_budget() -> registry.Split:
     return registry.split(CELL_ALPHA, "pit", "conditional", "conformance")
 
 
-def plan(chain: bugtable.Chain, seed: int) -> Design:
-    """The cell's designs from a pilot of honest rows (`sampled._class_design`, `design_looks`)."""
-    from losscheck.stats.design import design_looks
-
-    alpha_test = cell_budget().per_test
+def plan(chain: bugtable.Chain, seed: int) -> SequentialDesign:
+    """The cell's designs from a pilot of honest rows."""
     pilot = bugtable.accumulate(chain, bugtable.simulate(chain, PILOT_ROWS, seed))
-    design, fixed = (
-        sample_size.ClassDesign.of(
-            pilot.tokens_needed(alpha_test, POWER if looks == 1 else sequential.design_power(POWER), looks),
-            LR_BOUND,
-            FLOOR,
-            CAP,
-        )
-        for looks in (LIMIT, 1)
-    )
-    looks, ids, grid = design_looks(pilot, design, alpha_test, POWER, LIMIT)
-    return Design(pilot, design, fixed, looks, ids, grid)
+    return SequentialDesign.plan(pilot, PROFILE, cell_budget())
 
 
 @dataclass(frozen=True)
@@ -166,7 +141,9 @@ def draw(tables: Tables, bug: Bug | None, misreported: int | None, g: torch.Gene
     return buggy.view(tables.slots.shape)
 
 
-def _rejects(tables: Tables, tokens: torch.Tensor, rows: int, looks: int, misreported: int | None, seed: int) -> bool:
+def _rejects(
+    tables: Tables, tokens: torch.Tensor, rows: int, looks: int, misreported: int | None, power: float, seed: int
+) -> bool:
     """Whether the cell's PIT and exact-conditional tests reject on the first `rows` rows."""
     from losscheck.stats.conditional import ConditionalValues, conditional_tests
     from losscheck.stats.pit import pit_tests, randomized_pit
@@ -180,38 +157,40 @@ def _rejects(tables: Tables, tokens: torch.Tensor, rows: int, looks: int, misrep
     alpha_scored = budget.share("pit", "conditional")
     alpha_pit = budget.share("pit")
     u = randomized_pit(p, x, v)
-    results = pit_tests(u, tested, alpha_pit / looks, POWER, None, 10, slots=slots, spare=spare)
+    results = pit_tests(u, tested, alpha_pit / looks, power, None, 10, slots=slots, spare=spare)
     values = ConditionalValues.from_chunk(
         p, q, x, v_order, tested, slots=slots, k=bugtable.K, misreported_id=misreported
     )
-    results += conditional_tests(values, alpha_scored - alpha_pit, POWER, looks)
+    results += conditional_tests(values, alpha_scored - alpha_pit, power, looks)
     return not all(r.passed for r in results)
 
 
-def replicate(plan_: Design, tables: Tables, bug: Bug | None, seed: int) -> tuple[bool, bool, int]:
+def replicate(plan_: SequentialDesign, tables: Tables, bug: Bug | None, seed: int) -> tuple[bool, bool, int]:
     """One replicate: (the sequential cell rejects, the fixed design rejects, tokens the
     sequential cell tested)."""
     g = torch.Generator().manual_seed(seed)
     misreported = plan_.pilot.misreported_id
     tokens = draw(tables, bug, misreported, g)
     length = tables.slots.shape[1]
-    acc = PowerAccumulator(misreported=misreported, grid=plan_.grid)
-    done, stop_rows = 0, 0
-    for look, n in enumerate(plan_.looks.tokens, 1):
+    acc = plan_.tested()
+    done = 0
+
+    def grow(_look: int, n: int) -> None:
+        nonlocal done
         rows = min(math.ceil(n / length), len(tokens))
         part = slice(done, rows)
         tested = torch.ones(tokens[part].shape, dtype=torch.bool)
         acc.update(tables.p[part], tables.q[part], tokens[part], tables.slots[part], bugtable.K, tested)
-        done = stop_rows = rows
-        if look < len(plan_.looks.tokens) and plan_.looks.may_stop(acc.rule_out_log_e(plan_.ids)):
-            break
-    sequential_rejects = _rejects(tables, tokens, stop_rows, LIMIT, misreported, seed + 1)
+        done = rows
+
+    plan_.run(acc, grow)
+    sequential_rejects = _rejects(tables, tokens, done, plan_.limit, misreported, plan_.power, seed + 1)
     fixed_rows = min(math.ceil(plan_.fixed.tokens / length), len(tokens))
-    fixed_rejects = _rejects(tables, tokens, fixed_rows, 1, misreported, seed + 2)
-    return sequential_rejects, fixed_rejects, stop_rows * length
+    fixed_rejects = _rejects(tables, tokens, fixed_rows, 1, misreported, plan_.power, seed + 2)
+    return sequential_rejects, fixed_rejects, done * length
 
 
-def bugs(plan_: Design) -> list[Bug]:
+def bugs(plan_: SequentialDesign) -> list[Bug]:
     """Each class's catalogue point and its member at ρ_min (when the design promises one below 1),
     then the rows between the points."""
     out = []
@@ -236,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = Tables.of(chain, bugtable.simulate(chain, rows, args.seed + 2))
     print(
         f"V = {bugtable.VOCAB}, k = {bugtable.K}, acceptance {args.acceptance}, seed {args.seed}, "
-        f"{args.replicates} replicates; per-test α {cell_budget().per_test:.3g}, power {POWER}; "
+        f"{args.replicates} replicates; per-test α {cell_budget().per_test:.3g}, power {plan_.power}; "
         f"sequential design {plan_.design.tokens} tokens (looks {list(plan_.looks.tokens)}), "
         f"fixed design {plan_.fixed.tokens}; members to rule out: {len(plan_.looks.covered)} at β_r, "
         f"{len(plan_.looks.partial)} at β_p; misreported id {plan_.pilot.misreported_id}"

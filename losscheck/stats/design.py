@@ -127,7 +127,7 @@ def bug_class_coverage(
     tested = max(power.steps, 1)
     at_last = design.tokens if early else tested
     # at an early look, the power the tested sample's own p and q give at the design's tokens:
-    # the cell stops there only if that keeps the design's promise (`losscheck.cells.sampled.shortfall`)
+    # the cell stops there only if that keeps the design's promise (`losscheck.cells.sequential_design.shortfall`)
     checked = design.tokens if early else tested
     rule_out = power.rule_out_log_e(ids)
     ruled = looks.ruled_out(rule_out)
