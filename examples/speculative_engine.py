@@ -2,7 +2,7 @@
 from scratch over two Hugging Face causal LMs (the target losscheck loaded, and the bundled
 drafter A as the draft model), one row at a time, without a KV cache.
 
-losscheck sees only `generate` (ids in, ids out) and compares the engine with itself with drafting
+losscheck sees only `generate` (a `GenerationRequest` in, ids out) and compares the engine with itself with drafting
 off; the target's copy that losscheck loads scores the samples (one-sample PIT, `precision`).
 
     losscheck certify --engine examples.speculative_engine:factory --scope=engine-greedy
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from losscheck import SamplingParams, Target, process_logits
-from losscheck.engines import row_by_row
+from losscheck.engines import GenerationRequest, row_by_row
 
 
 class SpeculativeEngine:
@@ -28,21 +28,14 @@ class SpeculativeEngine:
         self.target, self.draft, self.eos = target_model, draft_model, eos
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
-        rng = torch.Generator().manual_seed(seed)  # one stream for every row, drawn in row order
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        rng = torch.Generator().manual_seed(request.seed)  # one stream for every row, drawn in row order
 
         def row(i: int, j: int) -> list[int]:  # the j-th continuation of prompt i
-            return self._row(prompts[i], params, max_new_tokens, rng, speculative)
+            prompt = list(request.prompts[i])
+            return self._row(prompt, request.params, request.max_new_tokens, rng, request.speculative)
 
-        return row_by_row(prompts, n, max_new_tokens, self.eos, row)  # padded with EOS: [P, n, max_new_tokens]
+        return row_by_row(request, self.eos, row)  # padded with EOS: [P, n, max_new_tokens]
 
     def _dist(self, model: torch.nn.Module, ids: list[int], params: SamplingParams, last: int) -> torch.Tensor:
         """The processed next-token distributions after each of the last `last` positions -> [last, V]."""

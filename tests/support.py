@@ -1,7 +1,7 @@
 """Test support, defined once: closed-form toy models (Markov tables, tiny random Llamas), the toy
-engine's prompts and noisy drafter, the χ² check of sampled ids against a known law, and the check
-of a written certificate against its published schema, and the run of the shipped certify tests
-for a black-box engine in a process of its own."""
+engine's prompts and noisy drafter, a black-box engine's request, the χ² check of sampled ids
+against a known law, and the check of a written certificate against its published schema, and the
+run of the shipped certify tests for a black-box engine in a process of its own."""
 
 from __future__ import annotations
 
@@ -16,11 +16,23 @@ import torch
 from scipy.stats import chisquare
 
 if TYPE_CHECKING:
+    from losscheck.core.sampling import SamplingParams
     from losscheck.core.target import HFTarget
     from losscheck.drafters.autoregressive import AutoregressiveDrafter
+    from losscheck.engines import GenerationRequest
 
 # Ragged prompts for the tiny Llamas (vocabulary 32, BOS 0): rows of different lengths share a batch.
 PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
+
+
+def engine_request(
+    prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int, speculative: bool
+) -> GenerationRequest:
+    """A black-box engine's request, its fields in the old contract's order (tests only)."""
+    from losscheck.engines import GenerationRequest
+
+    fields = ("prompts", "n", "params", "seed", "max_new_tokens", "speculative")
+    return GenerationRequest(**dict(zip(fields, (prompts, n, params, seed, max_new_tokens, speculative))))
 
 
 def markov_table(vocab: int, generator: torch.Generator, sharpness: float = 2.0) -> torch.Tensor:

@@ -29,8 +29,8 @@ WRONG_SHAPE_ENGINE = """import torch
 class WrongShape:
     name, k, precision = "wrong-shape", 4, None
 
-    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
-        return torch.zeros(len(prompts), max_new_tokens, dtype=torch.long)  # no n axis
+    def generate(self, request):
+        return torch.zeros(len(request.prompts), request.max_new_tokens, dtype=torch.long)  # no n axis
 
 
 def factory(target):
@@ -279,15 +279,17 @@ def test_an_engine_returning_the_wrong_shape_is_named_with_both_shapes():
     """The engine's output check itself (the case above runs it end to end, slowly)."""
     import torch
 
-    from losscheck.engines import EngineOutputError, checked_samples
+    from losscheck.core.sampling import GREEDY
+    from losscheck.engines import EngineOutputError, GenerationRequest, checked_samples
 
     class Engine:
         name, k, precision = "wrong-shape", 4, None
 
+    request = GenerationRequest(prompts=[[0]] * 3, n=2, params=GREEDY, seed=0, max_new_tokens=8, speculative=True)
     with pytest.raises(EngineOutputError) as error:
-        checked_samples(Engine(), torch.zeros(3, 8, dtype=torch.long), 3, 2, 8, vocab_size=64, eos=1)  # type: ignore[arg-type]
+        checked_samples(Engine(), torch.zeros(3, 8, dtype=torch.long), request, vocab_size=64, eos=1)  # type: ignore[arg-type]
     assert str(error.value) == (
         "engine 'wrong-shape': generate returned shape (3, 8), expected [prompts, n, max_new_tokens] = (3, 2, 8)"
     )
     with pytest.raises(EngineOutputError, match="generate returned list, expected a LongTensor"):
-        checked_samples(Engine(), [[1, 2]], 3, 2, 8, vocab_size=64, eos=1)  # type: ignore[arg-type]
+        checked_samples(Engine(), [[1, 2]], request, vocab_size=64, eos=1)  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ from losscheck.engines.llamacpp import (
     sampler_args,
 )
 from tests import support
+from tests.support import engine_request
 
 pytestmark = pytest.mark.llamacpp
 pytest_plugins = ["pytester"]
@@ -113,18 +114,18 @@ def test_greedy_speculation_drafts_and_equals_plain_decoding():
     """On the bundled prompts at 64 tokens: speculation on == off token for token, and the drafter
     was asked for a block more than once per four tokens (tau > 1.5, tokens per target step)."""
     llama, prompts = engine(), all_prompts()
-    on = llama.generate(prompts, 1, GREEDY, 0, 64, True)
-    off = llama.generate(prompts, 1, GREEDY, 0, 64, False)
+    on = llama.generate(engine_request(prompts, 1, GREEDY, 0, 64, True))
+    off = llama.generate(engine_request(prompts, 1, GREEDY, 0, 64, False))
     assert torch.equal(on, off)
-    counts = llama.acceptance()
-    assert counts["calls"] == len(prompts) and counts["tau"] > 1.5, counts
+    counts = llama.counters()
+    assert counts.drafts > 0 and counts.drafted > 0 and counts.tau > 1.5, counts
 
 
 def test_rows_are_reproducible_from_the_seed_and_differ_across_seeds():
     llama, prompts, params = engine(), all_prompts()[:6], SamplingParams()
-    first = llama.generate(prompts, 3, params, 11, 16, True)
-    assert torch.equal(first, llama.generate(prompts, 3, params, 11, 16, True))
-    assert not torch.equal(first, llama.generate(prompts, 3, params, 12, 16, True))
+    first = llama.generate(engine_request(prompts, 3, params, 11, 16, True))
+    assert torch.equal(first, llama.generate(engine_request(prompts, 3, params, 11, 16, True)))
+    assert not torch.equal(first, llama.generate(engine_request(prompts, 3, params, 12, 16, True)))
     assert not torch.equal(first[:, 0], first[:, 1])  # rows of one call are independent draws
 
 
@@ -133,8 +134,8 @@ def test_an_engine_failure_is_raised_by_name_and_not_retried():
     prompt, the row and its seed; the next call builds a fresh Llama and answers."""
     llama = engine()
     with pytest.raises(LlamaCppEngineError, match=r"speculative side, prompt 1, row 0, seed \d+"):
-        llama.generate([[0, 2, 5], [0, 64]], 1, SamplingParams(), 0, 8, True)
-    assert llama.generate([[0, 2, 5]], 1, SamplingParams(), 0, 8, True).shape == (1, 1, 8)
+        llama.generate(engine_request([[0, 2, 5], [0, 64]], 1, SamplingParams(), 0, 8, True))
+    assert llama.generate(engine_request([[0, 2, 5]], 1, SamplingParams(), 0, 8, True)).shape == (1, 1, 8)
 
 
 def test_drafting_on_and_off_give_the_same_tokens_seed_for_seed():
@@ -145,8 +146,8 @@ def test_drafting_on_and_off_give_the_same_tokens_seed_for_seed():
     bug in the loop's bookkeeping; either way it is shown, not averaged away."""
     llama, prompts = engine(), all_prompts()
     for params in (SamplingParams(), SamplingParams(temperature=1.5), SamplingParams(top_p=0.9)):
-        on = llama.generate(prompts, 5, params, 3, 16, True)
-        off = llama.generate(prompts, 5, params, 3, 16, False)
+        on = llama.generate(engine_request(prompts, 5, params, 3, 16, True))
+        off = llama.generate(engine_request(prompts, 5, params, 3, 16, False))
         rows = (on != off).any(-1).nonzero().tolist()  # [prompt, row] pairs that differ
         assert not rows, f"{params}: {len(rows)} of {len(prompts) * 5} rows differ seed for seed, first {rows[:3]}"
 
@@ -162,7 +163,9 @@ def test_top_k_keeps_another_set_of_tied_tokens_than_torch():
     assert bool((logits == logits[0]).all()), "the logits after [BOS] are no longer tied: the finding is gone"
     kept = set(logits.topk(8).indices.tolist())
     for speculative in (True, False):
-        drawn = set(engine().generate([[0]], 200, SamplingParams(top_k=8), 0, 1, speculative).flatten().tolist())
+        drawn = set(
+            engine().generate(engine_request([[0]], 200, SamplingParams(top_k=8), 0, 1, speculative)).flatten().tolist()
+        )
         assert len(drawn) == 8 and drawn != kept, (speculative, sorted(drawn), sorted(kept))
 
 

@@ -37,6 +37,7 @@ from losscheck.engines.openvino import (
     openvino_engine,
 )
 from tests import support
+from tests.support import engine_request
 
 pytestmark = pytest.mark.openvino
 pytest_plugins = ["pytester"]
@@ -106,11 +107,11 @@ def test_greedy_speculation_drafts_and_equals_plain_decoding():
     own counters say it drafted (tau > 1): the greedy cell certifies speculative decoding."""
     ov = engine()
     prompts = all_prompts()
-    on = ov.generate(prompts, 1, GREEDY, 0, 64, True)
-    off = ov.generate(prompts, 1, GREEDY, 0, 64, False)
+    on = ov.generate(engine_request(prompts, 1, GREEDY, 0, 64, True))
+    off = ov.generate(engine_request(prompts, 1, GREEDY, 0, 64, False))
     assert torch.equal(on, off)
-    counts = ov.acceptance()
-    assert counts["calls"] == len(prompts) and counts["drafted"] > 0 and counts["tau"] > 1.5, counts
+    counts = ov.counters()
+    assert counts.drafts > 0 and counts.drafted > 0 and counts.tau > 1.5, counts
 
 
 # --- 2. the black-box cells -------------------------------------------------------------------------
@@ -166,8 +167,8 @@ def test_speculative_sampling_draws_tokens_top_k_excludes():
     target's top 8 (probability 0 under the request), with it off under 1% (fp32 differences at the
     cut-off). The finding behind the top-k cell's sample falling short (docs/openvino.md)."""
     ov, prompts, params = engine(prefix_caching=False), all_prompts(), SamplingParams(top_k=8)
-    on = outside_top_k(ov.generate(prompts, 5, params, 0, 16, True), prompts, 8)
-    off = outside_top_k(ov.generate(prompts, 5, params, 0, 16, False), prompts, 8)
+    on = outside_top_k(ov.generate(engine_request(prompts, 5, params, 0, 16, True)), prompts, 8)
+    off = outside_top_k(ov.generate(engine_request(prompts, 5, params, 0, 16, False)), prompts, 8)
     assert on[0] > 0.1 * on[1] and off[0] < 0.01 * off[1], f"outside the top 8: on {on}, off {off} (of tokens)"
 
 
@@ -202,7 +203,7 @@ def test_every_temperature_cell_fails(pytester, factory, temperatures):
 def test_speculative_sampling_completes():
     """One T = 1 continuation of 16 tokens per bundled prompt with drafter A drafting 4, the
     pipeline as users build it: every call returns."""
-    engine().generate(all_prompts(), 1, SamplingParams(), 0, 16, True)
+    engine().generate(engine_request(all_prompts(), 1, SamplingParams(), 0, 16, True))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.3), SamplingParams(top_k=8)])
@@ -210,9 +211,9 @@ def test_speculative_sampling_completes_and_drafts_without_prefix_caching(params
     """The same requests with prefix caching off: every call returns, and drafting is on (tau > 1,
     tokens per target step after the prefill)."""
     ov = engine(prefix_caching=False)
-    ov.generate(all_prompts(), 1, params, 0, 16, True)
-    counts = ov.acceptance()
-    assert counts["calls"] == len(all_prompts()) and counts["tau"] > 1.5, counts
+    ov.generate(engine_request(all_prompts(), 1, params, 0, 16, True))
+    counts = ov.counters()
+    assert counts.drafts > 0 and counts.tau > 1.5, counts
 
 
 def test_after_the_failure_the_pipeline_decodes_without_drafting():
@@ -239,7 +240,7 @@ def test_after_the_failure_the_pipeline_decodes_without_drafting():
 
     stuck = OpenVINOEngine(lambda speculative: pipe, 4, EOS)
     with pytest.raises(OpenVINOEngineError, match="drafted nothing"):
-        stuck.generate([all_prompts()[0]], 1, GREEDY, 0, 16, True)
+        stuck.generate(engine_request([all_prompts()[0]], 1, GREEDY, 0, 16, True))
 
 
 def test_drafting_on_and_off_do_not_share_a_random_stream():

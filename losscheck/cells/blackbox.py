@@ -26,7 +26,7 @@ from losscheck.cells.scoring import score_pit
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, checked_samples, lengths
+from losscheck.engines import BlackBoxEngine, GenerationRequest, checked_samples, engine_counters, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE
@@ -45,7 +45,14 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
     run = {Mode.ENGINE_GREEDY: run_engine_greedy, Mode.ONE_SAMPLE: run_one_sample, Mode.TWO_SAMPLE: run_two_sample}[
         ctx.cell.mode
     ]
-    return run(ctx)
+    engine = _engine(ctx)
+    before = engine_counters(engine)
+    outcome = run(ctx)
+    after = engine_counters(engine)
+    if after is not None:  # the engine's own counts of this cell's speculative calls
+        counted = after.since(before) if before is not None else after
+        outcome.facts = dataclasses.replace(outcome.facts, engine_counters=counted)
+    return outcome
 
 
 def _engine(ctx: CellContext) -> BlackBoxEngine:
@@ -74,8 +81,15 @@ def draw(
     engine, target = _engine(ctx), ctx.engine_target()
     side = "speculative" if speculative else "baseline"
     seed = derive_seed(ctx.seed, ctx.cell.id, *((side, purpose) if purpose else (side,)))
-    out = engine.generate(prompts, n, params, seed, horizon, speculative)
-    return checked_samples(engine, out, len(prompts), n, horizon, target.vocab_size, _eos(ctx))
+    request = GenerationRequest(
+        prompts=tuple(map(tuple, prompts)),
+        n=n,
+        params=params,
+        seed=seed,
+        max_new_tokens=horizon,
+        speculative=speculative,
+    )
+    return checked_samples(engine, engine.generate(request), request, target.vocab_size, _eos(ctx))
 
 
 def _eos(ctx: CellContext) -> int:

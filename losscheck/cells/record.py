@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
+from losscheck.engines.counters import EngineCounters
 from losscheck.jsonrecord import FLAT, JsonRecord, Scalar, decode, json_schema
 
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ class SampleFacts:
     engine: str | None = None  # black-box cells: the engine's name, block length and test mode
     engine_k: int | None = None
     mode: str | None = None
+    engine_counters: EngineCounters | None = None  # black-box cells: the engine's own counts of the cell's calls
     acceptance_rule: str | None = None  # a drafter that verifies with a rule of its own names it
 
 

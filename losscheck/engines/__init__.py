@@ -6,25 +6,53 @@ token for token; sampled output is tested one-sample by teacher-forced PIT when 
 the engine's target (`precision` names its dtype), else two-sample, on against off
 (`precision = None`).
 
+The contract (docs/black-box-engines.md): `generate(request: GenerationRequest)` → LongTensor
+[P, n, L] (`losscheck.engines.request`), and optionally `counters()` → `EngineCounters`
+(`losscheck.engines.counters`), the engine's own draft and accept counts, which the certificate
+records per cell. An adapter written against the old six-argument `generate` is wrapped
+(`LegacyEngine`) with a DeprecationWarning. `losscheck.engines.pool` keeps an adapter's instances
+(speculation on and off) under an explicit memory policy.
+
 One adapter per module: `spec_loop` (losscheck's own loop), `hf` (Hugging Face assisted
 generation), `vllm` (vLLM's `LLM` with a speculative config), `openvino` (OpenVINO GenAI's
-`LLMPipeline` with a draft model).
+`LLMPipeline` with a draft model), `llamacpp` (llama-cpp-python with a draft model).
+
+Imports nothing heavy: the certificate's records read `EngineCounters` without torch.
 """
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from losscheck.core.precision import DTYPE_NAMES
-from losscheck.core.sampling import SamplingParams
+from losscheck.engines.counters import EngineCounters
+from losscheck.engines.request import GenerationRequest
 from losscheck.errors import LosscheckError, OptionError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BlackBoxEngine",
+    "EngineCounters",
+    "EngineOutputError",
+    "GenerationRequest",
+    "LegacyEngine",
+    "ReportsCounters",
+    "check_engine",
+    "checked_samples",
+    "engine_counters",
+    "lengths",
+    "row_by_row",
+]
 
 
 class EngineOutputError(LosscheckError):
-    """A black-box engine returned malformed ids (shape, dtype, ids outside the vocabulary)."""
+    """A black-box engine returned malformed ids (shape, dtype, ids outside the vocabulary) or
+    inconsistent counters."""
 
 
 @runtime_checkable
@@ -46,36 +74,63 @@ class BlackBoxEngine(Protocol):
     k: int
     precision: str | None
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
-        """`n` independent continuations of each prompt → LongTensor [len(prompts), n, max_new_tokens].
-
-        prompts      token ids of the target's vocabulary, one list per prompt (non-empty).
-        params       temperature (0 = greedy), top-k (0 = off), top-p (1 = off), applied in that
-                     order to the target's logits; no other processing (no repetition penalty,
-                     no model-default top-k).
-        seed         every random draw of the call derives from it; another seed, independent samples.
-        speculative  True: drafting on; False: the same engine with drafting off (the baseline).
-        Row [i, j] is the j-th continuation of prompts[i]: exactly `max_new_tokens` ids, except that
-        a row that emits the target's EOS stops there and is padded with EOS after it.
-        """
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        """The request's continuations → LongTensor [len(request.prompts), request.n,
+        request.max_new_tokens], EOS-padded (`GenerationRequest` states the law of each row)."""
         ...
 
 
+@runtime_checkable
+class ReportsCounters(Protocol):
+    """An engine that keeps its own speculative-decoding counters (optional)."""
+
+    def counters(self) -> EngineCounters | None:
+        """The counters of every speculative call so far (they only grow), or None when the engine
+        has none to give now (e.g. its statistics logging is off)."""
+        ...
+
+
+OLD_SIGNATURE = "generate(prompts, n, params, seed, max_new_tokens, speculative)"
+
+
+class LegacyEngine:
+    """An engine written against the old contract, `generate(prompts, n, params, seed,
+    max_new_tokens, speculative)`, behind the new one."""
+
+    def __init__(self, engine: object) -> None:
+        self.engine = engine
+        self.name: str = engine.name  # type: ignore[attr-defined]  # check_engine read them
+        self.k: int = engine.k  # type: ignore[attr-defined]
+        self.precision: str | None = engine.precision  # type: ignore[attr-defined]
+
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        prompts = [list(prompt) for prompt in request.prompts]
+        args = (request.n, request.params, request.seed, request.max_new_tokens, request.speculative)
+        return self.engine.generate(prompts, *args)  # type: ignore[attr-defined]
+
+    def counters(self) -> EngineCounters | None:
+        return engine_counters(self.engine)
+
+
+def _takes_old_signature(generate: Callable[..., object]) -> bool:
+    """Whether a bound `generate` needs more than one positional argument (the old contract)."""
+    try:
+        parameters = inspect.signature(generate).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): assume the current contract
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters) > 1
+
+
 def check_engine(engine: object, source: str) -> BlackBoxEngine:
-    """`engine` if it has the protocol's attributes with valid values; else an error naming `source`."""
+    """`engine` if it has the protocol's attributes with valid values (an old-contract engine
+    wrapped in `LegacyEngine`, with a DeprecationWarning); else an error naming `source`."""
     where = f"{source} returned {type(engine).__name__}"
-    if not callable(getattr(engine, "generate", None)):
+    generate = getattr(engine, "generate", None)
+    if not callable(generate):
         raise OptionError(
-            f"{where} without a generate(prompts, n, params, seed, max_new_tokens, speculative) "
-            "method (see losscheck/engines/__init__.py, BlackBoxEngine)"
+            f"{where} without a generate(request: GenerationRequest) method "
+            "(see losscheck/engines/__init__.py, BlackBoxEngine)"
         )
     k = getattr(engine, "k", None)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -88,37 +143,65 @@ def check_engine(engine: object, source: str) -> BlackBoxEngine:
         )
     if not isinstance(getattr(engine, "name", None), str):
         raise OptionError(f"{where} without a name (str)")
+    if _takes_old_signature(generate):
+        warnings.warn(
+            f"{where}, whose {OLD_SIGNATURE} is the old engine contract: write "
+            "generate(self, request: losscheck.engines.GenerationRequest) -> LongTensor [P, n, L] "
+            "(docs/black-box-engines.md). It is wrapped for now; the old form will be removed.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return LegacyEngine(engine)
     return engine  # type: ignore[return-value]
 
 
-def row_by_row(
-    prompts: list[list[int]], n: int, max_new_tokens: int, eos: int, row: Callable[[int, int], Sequence[int]]
-) -> torch.Tensor:
-    """What `generate` returns, LongTensor [len(prompts), n, max_new_tokens], for an engine that
-    samples one continuation at a time: `row(i, j)` is the j-th continuation of `prompts[i]`, its
-    new ids (at most `max_new_tokens`; ending at EOS or not), padded here with `eos`. Not called
-    when `max_new_tokens` is 0."""
-    out = torch.full((len(prompts), n, max_new_tokens), eos, dtype=torch.long)  # [P, n, L]
-    if max_new_tokens == 0:
+def engine_counters(engine: object) -> EngineCounters | None:
+    """The engine's counters when it keeps them, validated; None when it has none."""
+    if not isinstance(engine, ReportsCounters):
+        return None
+    counters = engine.counters()
+    name = getattr(engine, "name", type(engine).__name__)
+    if counters is not None and not isinstance(counters, EngineCounters):
+        raise EngineOutputError(
+            f"engine {name!r}: counters() returned {type(counters).__name__}; return "
+            "losscheck.engines.EngineCounters or None"
+        )
+    if counters is not None and counters.problems():
+        raise EngineOutputError(f"engine {name!r}: inconsistent counters: {'; '.join(counters.problems())}")
+    return counters
+
+
+def row_by_row(request: GenerationRequest, eos: int, row: Callable[[int, int], Sequence[int]]) -> torch.Tensor:
+    """What `generate` returns, LongTensor [P, n, max_new_tokens], for an engine that samples one
+    continuation at a time: `row(i, j)` is the j-th continuation of `request.prompts[i]`, its new
+    ids (at most `max_new_tokens`; ending at EOS or not), padded here with `eos`. Not called when
+    the budget is 0."""
+    import torch
+
+    out = torch.full(request.shape, eos, dtype=torch.long)  # [P, n, L]
+    if request.max_new_tokens == 0:
         return out
-    for i in range(len(prompts)):
-        for j in range(n):
+    for i in range(len(request.prompts)):
+        for j in range(request.n):
             new = list(row(i, j))
-            if len(new) > max_new_tokens:
+            if len(new) > request.max_new_tokens:
                 raise EngineOutputError(
                     f"continuation {j} of prompt {i} has {len(new)} new ids, more than max_new_tokens="
-                    f"{max_new_tokens}; stop the engine at the budget"
+                    f"{request.max_new_tokens}; stop the engine at the budget"
                 )
             out[i, j, : len(new)] = torch.tensor(new, dtype=torch.long)
     return out
 
 
 def checked_samples(
-    engine: BlackBoxEngine, out: object, n_prompts: int, n: int, max_new_tokens: int, vocab_size: int, eos: int
+    engine: BlackBoxEngine, out: object, request: GenerationRequest, vocab_size: int, eos: int
 ) -> torch.Tensor:
-    """The engine's `out` as LongTensor [n_prompts, n, max_new_tokens] on the CPU, validated: shape,
-    integer dtype, ids in [0, vocab_size), nothing but EOS after a row's first EOS."""
+    """The engine's `out` for `request` as LongTensor [P, n, max_new_tokens] on the CPU, validated:
+    shape, integer dtype, ids in [0, vocab_size), nothing but EOS after a row's first EOS."""
+    import torch
+
     name = f"engine {engine.name!r}"
+    n_prompts, n, max_new_tokens = request.shape
     if not isinstance(out, torch.Tensor):
         raise EngineOutputError(
             f"{name}: generate returned {type(out).__name__}, expected a LongTensor "
@@ -126,10 +209,10 @@ def checked_samples(
         )
     if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
         raise EngineOutputError(f"{name}: generate returned dtype {out.dtype}, expected integer token ids (torch.long)")
-    if tuple(out.shape) != (n_prompts, n, max_new_tokens):
+    if tuple(out.shape) != request.shape:
         raise EngineOutputError(
             f"{name}: generate returned shape {tuple(out.shape)}, expected "
-            f"[prompts, n, max_new_tokens] = ({n_prompts}, {n}, {max_new_tokens})"
+            f"[prompts, n, max_new_tokens] = {request.shape}"
         )
     out = out.long().cpu()
     if out.numel() and (out.min() < 0 or out.max() >= vocab_size):
@@ -147,5 +230,7 @@ def checked_samples(
 
 def lengths(tokens: torch.Tensor, eos: int) -> torch.Tensor:
     """Generated tokens per row of EOS-padded `tokens` [..., L] (its first EOS included) → [...]."""
+    import torch
+
     is_eos = tokens == eos  # [..., L]
     return torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, tokens.shape[-1])

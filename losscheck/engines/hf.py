@@ -15,6 +15,7 @@ import torch
 
 from losscheck.core.contract import Target
 from losscheck.core.sampling import SamplingParams
+from losscheck.engines.request import GenerationRequest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -53,24 +54,17 @@ class HFAssistedEngine:
             **sampling,
         )
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
-        config = self.generation_config(params, max_new_tokens)
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        config = self.generation_config(request.params, request.max_new_tokens)
+        speculative, n = request.speculative, request.n
         assistant = {"assistant_model": self.assistant} if speculative else {}
         device = next(self.model.parameters()).device
-        out = torch.full((len(prompts), n, max_new_tokens), self.eos, dtype=torch.long)  # [P, n, L]
+        out = torch.full(request.shape, self.eos, dtype=torch.long)  # [P, n, L]
         # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            for i, prompt in enumerate(prompts):
-                ids = torch.tensor([prompt], device=device)  # [1, P]
+            torch.manual_seed(request.seed)
+            for i, prompt in enumerate(request.prompts):
+                ids = torch.tensor([list(prompt)], device=device)  # [1, P]
                 # assisted generation takes one row per call; plain generation takes a prompt's n at once
                 for start, rows in _batches(n, 1 if speculative else n):
                     batch = ids.expand(rows, -1)  # [rows, P]

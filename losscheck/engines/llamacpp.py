@@ -44,9 +44,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.core.sampling import SamplingParams
 from losscheck.engines import row_by_row
+from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
+from losscheck.engines.pool import Instances, Policy
+from losscheck.engines.request import GenerationRequest
 from losscheck.errors import LosscheckError, OptionError
 
 SEEDS = 0xFFFFFFFF  # llama.cpp seeds are uint32, and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random"
@@ -102,10 +105,11 @@ def greedy_drafter(draft_gguf: Path, k: int, threads: int) -> Any:
     from llama_cpp.llama_speculative import LlamaDraftModel
 
     class GreedyDrafter(LlamaDraftModel):
-        """`calls` counts proposals: each is followed by one target step (the batch it drafted)."""
+        """`calls` counts proposals: each is followed by one target step (the batch it drafted);
+        `drafted` the ids proposed."""
 
         def __init__(self) -> None:
-            self.k, self.calls = k, 0
+            self.k, self.calls, self.drafted = k, 0, 0
             self.model = Llama(
                 str(draft_gguf), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
                 type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False,
@@ -120,6 +124,7 @@ def greedy_drafter(draft_gguf: Path, k: int, threads: int) -> Any:
                     drafts.append(token)
                     if len(drafts) == room:
                         break
+            self.drafted += len(drafts)
             return np.asarray(drafts, dtype=np.intc)
 
     return GreedyDrafter()
@@ -149,36 +154,27 @@ class LlamaCppEngine:
     when speculative, its drafter; each side is built on first use and kept until it fails."""
 
     def __init__(self, make_llama: Callable[[bool], tuple[Any, Any]], k: int, eos: int, name: str = "llama.cpp"):
-        self.make_llama, self.k, self.eos = make_llama, k, eos
+        self.k, self.eos = k, eos
         self.precision: str | None = "fp32"
         self.name = f"{name}(k={k})"
-        self._sides: dict[bool, tuple[Any, Any]] = {}
-        # spec-decode counters summed over the speculative calls (`acceptance`)
-        self.counts = {"calls": 0, "rounds": 0, "emitted": 0}
+        self.sides: Instances[bool, tuple[Any, Any]] = Instances(make_llama, Policy.KEEP_ALL)
+        # spec-decode counters summed over the speculative calls (`counters`)
+        self._counters = EngineCounters(drafts=0, drafted=0, emitted=0)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
-        args = sampler_args(params)
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        args = sampler_args(request.params)
+        speculative = request.speculative
 
         def row(i: int, j: int) -> list[int]:
-            row_seed = derive_seed(seed, i, j) % SEEDS
+            row_seed = request.row_seed(i, j) % SEEDS
             where = f"{'speculative' if speculative else 'plain'} side, prompt {i}, row {j}, seed {row_seed}"
-            return self._row(speculative, prompts[i], row_seed, args, max_new_tokens, where)
+            return self._row(speculative, list(request.prompts[i]), row_seed, args, request.max_new_tokens, where)
 
-        return row_by_row(prompts, n, max_new_tokens, self.eos, row)
+        return row_by_row(request, self.eos, row)
 
     def _row(self, speculative: bool, prompt: list[int], seed: int, args: dict, limit: int, where: str) -> list[int]:
-        if speculative not in self._sides:
-            self._sides[speculative] = self.make_llama(speculative)
-        llama, drafter = self._sides[speculative]
-        calls = drafter.calls if drafter is not None else 0
+        llama, drafter = self.sides.get(speculative)
+        calls, drafted = (drafter.calls, drafter.drafted) if drafter is not None else (0, 0)
         new: list[int] = []
         try:
             llama.set_seed(seed)
@@ -189,21 +185,20 @@ class LlamaCppEngine:
                     break
             tokens.close()
         except Exception as exc:  # the binding raises RuntimeError, ValueError, ctypes errors: all are the engine's
-            self._sides.pop(speculative, None)  # its KV cache and token buffer are in an unknown state
+            self.sides.discard(speculative)  # its KV cache and token buffer are in an unknown state
             raise LlamaCppEngineError(
                 f"engine {self.name!r} failed ({where}): {type(exc).__name__}: {exc}; not retried (docs/llamacpp.md)"
             ) from exc
         if drafter is not None:
-            self.counts["calls"] += 1
-            self.counts["rounds"] += drafter.calls - calls
-            self.counts["emitted"] += len(new) - 1
+            one = EngineCounters(drafts=drafter.calls - calls, drafted=drafter.drafted - drafted, emitted=len(new) - 1)
+            self._counters = self._counters.plus(one)
         return new
 
-    def acceptance(self) -> dict[str, Any]:
+    def counters(self) -> EngineCounters:
         """The speculative calls' counters so far: rounds (target steps after the prefill, one per
-        proposal), tokens they emitted, and tau = emitted / rounds, tokens per round."""
-        rounds = self.counts["rounds"]
-        return {**self.counts, "tau": self.counts["emitted"] / rounds if rounds else None}
+        proposal), the ids the drafter proposed, and the tokens the rounds emitted (tau = emitted /
+        rounds). The binding does not report which drafts it accepted."""
+        return self._counters
 
 
 def llamacpp_engine(

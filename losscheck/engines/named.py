@@ -2,7 +2,8 @@
 
 `--engine hf --assistant DIR` is Hugging Face assisted generation with DIR as the assistant;
 `--engine vllm --speculative-config JSON [--engine-arg KEY=VALUE …]` is `vllm.LLM(model=TARGET,
-speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them; `vllm+cpu-fixes` is the same
+speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them (except
+`losscheck_instances=one-at-a-time`, which keeps one LLM alive at a time, for one GPU); `vllm+cpu-fixes` is the same
 with losscheck's fixes of vLLM 0.32's CPU sampler in place (docs/vllm.md); `--engine openvino
 --assistant DIR [--engine-arg enable_prefix_caching=false] [--engine-arg PROPERTY=VALUE …]` is
 OpenVINO GenAI's `LLMPipeline` with DIR as its draft model (docs/openvino.md); `--engine llamacpp
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from losscheck.engines.pool import Policy
 from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
@@ -124,6 +126,15 @@ def _check_vllm(request: EngineRequest) -> None:
     dtype = request.args.get("dtype")
     if dtype is not None and _precision(dtype) is None:
         raise OptionError(f"{opt}engine-arg dtype={dtype!r}: losscheck scores float32, bfloat16 or float16 targets")
+    policy = request.args.get(INSTANCES, Policy.KEEP_ALL.value)
+    if policy not in {p.value for p in Policy}:
+        raise OptionError(
+            f"{opt}engine-arg {INSTANCES}={policy!r}: one of {[p.value for p in Policy]} "
+            "(one-at-a-time: the speculative and the plain LLM never alive together, for one GPU)"
+        )
+
+
+INSTANCES = "losscheck_instances"  # --engine-arg of vllm: losscheck's, not passed to vllm.LLM
 
 
 def _precision(dtype: Any) -> str | None:
@@ -140,10 +151,11 @@ def _vllm_builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest], BlackBox
 
         args = dict(request.args)
         dtype = args.pop("dtype", None)
+        policy = Policy(args.pop(INSTANCES, Policy.KEEP_ALL.value))
         precision = _precision(dtype) if dtype is not None else DTYPE_PRECISION[next(target.model.parameters()).dtype]  # type: ignore[attr-defined]
         assert request.speculative_config is not None
         eos = target.eos_id if target.eos_id is not None else 0
-        engine = vllm_engine(request.target, request.speculative_config, eos, precision, cpu_fixes, **args)
+        engine = vllm_engine(request.target, request.speculative_config, eos, precision, cpu_fixes, policy, **args)
         if cpu_fixes:
             engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
         return engine

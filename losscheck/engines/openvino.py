@@ -37,9 +37,12 @@ from typing import Any
 
 import torch
 
-from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.core.sampling import SamplingParams
 from losscheck.engines import row_by_row
+from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
+from losscheck.engines.pool import Instances, Policy
+from losscheck.engines.request import GenerationRequest
 from losscheck.errors import LosscheckError, OptionError
 
 # fp32 weights, activations and KV cache: the precision the engine declares
@@ -127,46 +130,38 @@ class OpenVINOEngine:
     each side is built on first use and kept until it fails."""
 
     def __init__(self, make_pipeline: Callable[[bool], Any], k: int, eos: int, name: str = "openvino-genai") -> None:
-        self.make_pipeline, self.k, self.eos = make_pipeline, k, eos
+        self.k, self.eos = k, eos
         self.precision: str | None = "fp32"
         self.name = f"{name}(k={k})"
-        self._pipelines: dict[bool, Any] = {}
-        # spec-decode counters summed over the speculative calls (`acceptance`)
-        self.counts = {"calls": 0, "rounds": 0, "emitted": 0, "drafted": 0, "accepted": 0}
+        self.pipelines: Instances[bool, Any] = Instances(make_pipeline, Policy.KEEP_ALL)
+        # spec-decode counters summed over the speculative calls (`counters`)
+        self._counters = EngineCounters(drafts=0, drafted=0, accepted=0, emitted=0)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
         import numpy as np
         import openvino
 
+        speculative, budget = request.speculative, request.max_new_tokens
+
         def row(i: int, j: int) -> list[int]:
-            ids = openvino.Tensor(np.asarray([prompts[i]], dtype=np.int64))  # [1, P]
-            row_seed = derive_seed(seed, i, j)
+            ids = openvino.Tensor(np.asarray([request.prompts[i]], dtype=np.int64))  # [1, P]
+            row_seed = request.row_seed(i, j)
             where = f"prompt {i}, row {j}, rng_seed {row_seed}"
-            config = generation_config(params, row_seed, max_new_tokens, self.eos, self.k if speculative else None)
+            config = generation_config(request.params, row_seed, budget, self.eos, self.k if speculative else None)
             result = self._call(speculative, ids, config, where)
-            new = list(result.tokens[0])[:max_new_tokens]
+            new = list(result.tokens[0])[:budget]
             if speculative:
                 self._count(result, len(new), where)
             return new
 
-        return row_by_row(prompts, n, max_new_tokens, self.eos, row)
+        return row_by_row(request, self.eos, row)
 
     def _call(self, speculative: bool, ids: Any, config: Any, where: str) -> Any:
-        if speculative not in self._pipelines:
-            self._pipelines[speculative] = self.make_pipeline(speculative)
         try:
-            return self._pipelines[speculative].generate(ids, config)
+            return self.pipelines.get(speculative).generate(ids, config)
         except RuntimeError as exc:
             # after this failure the pipeline answers without drafting: never reuse it
-            del self._pipelines[speculative]
+            self.pipelines.discard(speculative)
             side = "speculation on" if speculative else "speculation off"
             temperature = config.temperature if config.do_sample else 0.0
             raise OpenVINOEngineError(
@@ -186,24 +181,22 @@ class OpenVINOEngine:
         steps = len(metrics.main_model_metrics.raw_metrics.m_batch_sizes)
         drafted, accepted = int(metrics.get_num_draft_tokens()), int(metrics.get_num_accepted_tokens())
         if generated > self.k + 1 and steps >= generated and drafted == 0:
-            self._pipelines.pop(True, None)
+            self.pipelines.discard(True)
             raise OpenVINOEngineError(
                 f"engine {self.name!r} drafted nothing ({where}: {generated} tokens in {steps} target steps): "
                 "the pipeline is decoding without speculation, which this certificate cannot certify as "
                 "speculative decoding (docs/openvino.md)"
             )
-        self.counts["calls"] += 1
-        self.counts["rounds"] += max(steps - 1, 0)
-        self.counts["emitted"] += max(generated - 1, 0)
-        self.counts["drafted"] += drafted
-        self.counts["accepted"] += accepted
+        one = EngineCounters(
+            drafts=max(steps - 1, 0), drafted=drafted, accepted=accepted, emitted=max(generated - 1, 0)
+        )
+        self._counters = self._counters.plus(one)
 
-    def acceptance(self) -> dict[str, Any]:
+    def counters(self) -> EngineCounters:
         """The speculative calls' counters so far: drafting rounds (target steps after the prefill),
-        tokens they emitted, the engine's own drafted and accepted counts
-        (`extended_perf_metrics`), and tau = emitted / rounds, tokens per round."""
-        rounds = self.counts["rounds"]
-        return {**self.counts, "tau": self.counts["emitted"] / rounds if rounds else None}
+        the tokens they emitted (tau = emitted / rounds), and the engine's own drafted and accepted
+        counts (`extended_perf_metrics`)."""
+        return self._counters
 
 
 def openvino_engine(

@@ -10,8 +10,11 @@ import torch
 
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
+from losscheck.core.generation import LoopStats
 from losscheck.core.limits import ENGINE_BATCH
-from losscheck.core.sampling import SamplingParams, make_generator
+from losscheck.core.sampling import make_generator
+from losscheck.engines.counters import EngineCounters
+from losscheck.engines.request import GenerationRequest
 
 
 class SpecLoopEngine:
@@ -24,24 +27,35 @@ class SpecLoopEngine:
         self.eos = target.eos_id if target.eos_id is not None else 0
         self.k, self.name = k, f"spec-loop(k={k})"
         self.batch = batch  # rows per engine call
+        self._counters = EngineCounters(drafts=0, drafted=0, accepted=0, accepted_per_position=(0,) * k, emitted=0)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
-        engine = self.spec if speculative else self.plain
-        gen = make_generator(seed, "spec-loop", speculative, device=engine.target.device)
-        rows = [prompt for prompt in prompts for _ in range(n)]  # prompt-major: row i*n + j
-        out = torch.full((len(rows), max_new_tokens), self.eos, dtype=torch.long)  # [P*n, L]
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        engine = self.spec if request.speculative else self.plain
+        gen = make_generator(request.seed, "spec-loop", request.speculative, device=engine.target.device)
+        rows = [list(prompt) for prompt in request.rows()]  # prompt-major: row i*n + j
+        budget = request.max_new_tokens
+        out = torch.full((len(rows), budget), self.eos, dtype=torch.long)  # [P*n, L]
         for start in range(0, len(rows), self.batch):
-            got = engine.generate(rows[start : start + self.batch], max_new_tokens, params, gen)
+            got = engine.generate(rows[start : start + self.batch], budget, request.params, gen)
             out[start : start + len(got.tokens)] = torch.where(got.mask(), got.tokens, self.eos).cpu()
-        return out.view(len(prompts), n, max_new_tokens)
+            if request.speculative:
+                self._count(got.stats)
+        return out.view(request.shape)
+
+    def _count(self, stats: LoopStats) -> None:
+        """Add one call's loop counters: a (row, round) pair is one draft, as vLLM counts them."""
+        was = self._counters
+        per = tuple(a + b for a, b in zip(was.accepted_per_position or (), stats.accepted.tolist()))
+        self._counters = EngineCounters(
+            drafts=was.drafts + stats.row_rounds,
+            drafted=(was.drafted or 0) + int(stats.proposed.sum()),
+            accepted=(was.accepted or 0) + int(stats.accepted.sum()),
+            accepted_per_position=per,
+            emitted=(was.emitted or 0) + stats.emitted,
+        )
+
+    def counters(self) -> EngineCounters:
+        return self._counters
 
 
 def spec_loop(target: Target) -> SpecLoopEngine:

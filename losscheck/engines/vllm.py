@@ -20,8 +20,11 @@ from typing import Any
 
 import torch
 
-from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.core.sampling import SamplingParams
 from losscheck.engines import EngineOutputError
+from losscheck.engines.counters import EngineCounters
+from losscheck.engines.pool import Instances, Policy
+from losscheck.engines.request import GenerationRequest
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -75,7 +78,8 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
 
 class VLLMEngine:
     """`make_llm(speculative_config)` builds a `vllm.LLM` (None: speculation off); each side is built
-    on first use and kept. `sampling_params` is `vllm.SamplingParams` (replaceable in tests)."""
+    on first use, under `policy` (`KEEP_ALL`: both kept; `ONE_AT_A_TIME`: the other side released
+    first, for one GPU). `sampling_params` is `vllm.SamplingParams` (replaceable in tests)."""
 
     def __init__(
         self,
@@ -85,62 +89,71 @@ class VLLMEngine:
         precision: str | None,
         name: str = "vllm",
         sampling_params: Callable[..., Any] | None = None,
+        policy: Policy = Policy.KEEP_ALL,
     ) -> None:
         self.make_llm, self.speculative_config, self.eos, self.precision = make_llm, speculative_config, eos, precision
         self.k = int(speculative_config["num_speculative_tokens"])
         self.name = f"{name}({speculative_config.get('method', 'draft')}, k={self.k})"
         self._sampling_params = sampling_params
-        self._llms: dict[bool, Any] = {}
+        self.llms: Instances[bool, Any] = Instances(
+            lambda speculative: self.make_llm(self.speculative_config if speculative else None), policy, self._release
+        )
+        self._released: EngineCounters | None = None  # the counts of speculative LLMs already released
 
-    def llm(self, speculative: bool) -> Any:
-        if speculative not in self._llms:
-            self._llms[speculative] = self.make_llm(self.speculative_config if speculative else None)
-        return self._llms[speculative]
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
         if self._sampling_params is None:
             from vllm import SamplingParams as VLLMSamplingParams
 
             self._sampling_params = VLLMSamplingParams
-        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts for _ in range(n)]
+        prompts, n, budget = request.prompts, request.n, request.max_new_tokens
+        requests = [{"prompt_token_ids": list(prompt)} for prompt in request.rows()]
         sampling = [
-            self._sampling_params(**sampling_kwargs(params, derive_seed(seed, i, j), max_new_tokens))
+            self._sampling_params(**sampling_kwargs(request.params, request.row_seed(i, j), budget))
             for i in range(len(prompts))
             for j in range(n)
         ]
-        outputs = self.llm(speculative).generate(requests, sampling, use_tqdm=False)
-        return to_tensor(outputs, len(prompts), n, max_new_tokens, self.eos, self.name)
+        outputs = self.llms.get(request.speculative).generate(requests, sampling, use_tqdm=False)
+        return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
 
-    def acceptance(self) -> dict[str, Any] | None:
-        """The speculative LLM's spec-decode counters so far (`LLM.get_metrics()`, which needs the LLM
-        built with `disable_log_stats=False`), or None when it has none: drafting rounds, drafted and
-        accepted tokens, accepted per draft position, and tau = 1 + accepted / rounds."""
-        llm = self._llms.get(True)
-        if llm is None:
-            return None
-        try:
-            metrics = {m.name.removeprefix("vllm:"): m for m in llm.get_metrics()}
-        except Exception:  # stats logging off: vLLM refuses get_metrics
-            return None
-        if "spec_decode_num_drafts" not in metrics:
-            return None
-        rounds = int(metrics["spec_decode_num_drafts"].value)
-        accepted = int(metrics["spec_decode_num_accepted_tokens"].value)
-        return {
-            "rounds": rounds,
-            "drafted": int(metrics["spec_decode_num_draft_tokens"].value),
-            "accepted": accepted,
-            "accepted_per_position": list(metrics["spec_decode_num_accepted_tokens_per_pos"].values),
-            "tau": 1 + accepted / rounds if rounds else None,
-        }
+    def counters(self) -> EngineCounters | None:
+        """Spec-decode counters of every speculative call, released LLMs' included
+        (`LLM.get_metrics()`, which needs the LLM built with `disable_log_stats=False`); None when
+        vLLM keeps none."""
+        live = read_counters(self.llms.get(True)) if True in self.llms.alive() else None
+        if live is None or self._released is None:
+            return live or self._released
+        return self._released.plus(live)
+
+    def _release(self, speculative: bool, llm: Any) -> None:
+        if speculative:
+            live = read_counters(llm)
+            if live is not None:
+                self._released = live if self._released is None else self._released.plus(live)
+        _shutdown(llm)
+
+
+def read_counters(llm: Any) -> EngineCounters | None:
+    """A speculative `vllm.LLM`'s spec-decode counters, or None (stats logging off)."""
+    try:
+        metrics = {m.name.removeprefix("vllm:"): m for m in llm.get_metrics()}
+    except Exception:  # stats logging off: vLLM refuses get_metrics
+        return None
+    if "spec_decode_num_drafts" not in metrics:
+        return None
+    return EngineCounters(
+        drafts=int(metrics["spec_decode_num_drafts"].value),
+        drafted=int(metrics["spec_decode_num_draft_tokens"].value),
+        accepted=int(metrics["spec_decode_num_accepted_tokens"].value),
+        accepted_per_position=tuple(int(v) for v in metrics["spec_decode_num_accepted_tokens_per_pos"].values),
+    )
+
+
+def _shutdown(speculative_llm: Any) -> None:
+    """Stop a released LLM's engine core (its worker processes and memory), where vLLM has one."""
+    core = getattr(getattr(speculative_llm, "llm_engine", None), "engine_core", None)
+    shutdown = getattr(core, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def vllm_engine(
@@ -149,12 +162,13 @@ def vllm_engine(
     eos: int,
     precision: str | None = "bf16",
     cpu_fixes: bool = False,
+    policy: Policy = Policy.KEEP_ALL,
     **llm_kwargs: Any,
 ) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(model, dtype=precision, **llm_kwargs)`; `precision` None: run in
     vLLM's default dtype and certify two-sample (losscheck does not load the target). `cpu_fixes`:
     with `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler
-    functions (`CPUEngineFactory`)."""
+    functions (`CPUEngineFactory`). `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM."""
 
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
@@ -162,7 +176,7 @@ def vllm_engine(
         dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
         return LLM(model=model, speculative_config=spec, **dtype, **_cpu_setup(cpu_fixes), **llm_kwargs)
 
-    return VLLMEngine(make_llm, speculative_config, eos, precision)
+    return VLLMEngine(make_llm, speculative_config, eos, precision, policy=policy)
 
 
 def _cpu_setup(cpu_fixes: bool) -> dict[str, Any]:
@@ -212,7 +226,7 @@ CPU_LLM = {
     "max_model_len": 256,
     "enforce_eager": True,
     "seed": 0,
-    "disable_log_stats": False,  # spec-decode counters (VLLMEngine.acceptance)
+    "disable_log_stats": False,  # spec-decode counters (VLLMEngine.counters)
 }
 K = 4
 

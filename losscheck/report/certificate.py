@@ -323,6 +323,27 @@ def serving_lines(records: Sequence[CellRecord]) -> list[str]:
     return ["", "Serving cells:", "", *lines] if lines else []
 
 
+def engine_counter_lines(records: Sequence[CellRecord]) -> list[str]:
+    """A black-box engine's own counters per cell: τ and both per-position acceptance curves."""
+    lines = []
+    for r in sorted(records, key=lambda r: r.cell):
+        c = r.sample.engine_counters
+        if c is None or not c.drafts:
+            continue
+        parts = [f"{c.drafts} drafts"] + [
+            f"{n} {name}" for name, n in (("drafted", c.drafted), ("accepted", c.accepted)) if n is not None
+        ]
+        if c.tau is not None:
+            parts.append(f"tau {c.tau:.2f}")
+        if c.accepted_per_position is not None:
+            cumulative = " / ".join(f"{a:.3f}" for a in c.cumulative_acceptance())
+            conditional = " / ".join("-" if a is None else f"{a:.3f}" for a in c.conditional_acceptance())
+            parts.append(f"P(at least j+1 drafts accepted) {cumulative}")
+            parts.append(f"P(draft j accepted | drafts before it accepted) {conditional}")
+        lines.append(f"- `{r.cell}`: " + "; ".join(parts))
+    return ["", "Engine counters (the engine's own, over the cell's speculative calls):", "", *lines] if lines else []
+
+
 def markdown(cert: Certificate, plots: Sequence[str] = ()) -> str:
     from losscheck.report.summary import markdown_table
 
@@ -363,7 +384,7 @@ def markdown(cert: Certificate, plots: Sequence[str] = ()) -> str:
             f"torch {env.torch}, transformers {env.transformers}; {env.accelerator}; {workers}"
         )
     lines += ["", markdown_table(cert.cells)]
-    lines += serving_lines(cert.cells) + cost_lines(cert.cells)
+    lines += serving_lines(cert.cells) + engine_counter_lines(cert.cells) + cost_lines(cert.cells)
     missing = [m.cell for m in cert.matrix if m.status == "not run"]
     if missing:
         lines += ["", f"Not run ({len(missing)}): " + ", ".join(f"`{c}`" for c in missing)]

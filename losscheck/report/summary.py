@@ -16,6 +16,9 @@ def _row(record: CellRecord) -> tuple[str, ...]:
         verdict += f" ({record.near_ties} near-ties)"
     groups = record.acceptance.values()  # prompt group -> loop counters
     tau = "/".join(f"{g.acceptance_length:.2f}" for g in groups if g.acceptance_length is not None) or "-"
+    counted = record.sample.engine_counters  # a black-box engine's own counts
+    if tau == "-" and counted is not None and counted.tau is not None:
+        tau = f"{counted.tau:.2f}"
     results = record.verdict.results if record.verdict is not None else ()
     tested = [r for r in results if r.alpha]
     min_p = f"{min(r.p_value for r in tested):.3g}" if tested else "-"

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import torch
 
 from losscheck.core.contract import Target
-from losscheck.core.sampling import SamplingParams
 from losscheck.engines.hf import HFAssistedEngine, hf_assisted, hf_assisted_stress
+from losscheck.engines.request import GenerationRequest
 
 
 @contextmanager
@@ -44,17 +44,9 @@ class HFResidualFromP(HFAssistedEngine):
     """Planted bug: the engine with `residual_from_p` in force — the bug class of a verifier that
     forgets to subtract the draft distribution."""
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: int,
-        speculative: bool,
-    ) -> torch.Tensor:
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
         with residual_from_p():
-            return super().generate(prompts, n, params, seed, max_new_tokens, speculative)
+            return super().generate(request)
 
 
 def planted(engine: HFAssistedEngine, name: str) -> HFResidualFromP:

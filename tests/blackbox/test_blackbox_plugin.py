@@ -18,41 +18,53 @@ BUG_MISSED = "<= 1 - 0.99 (the gate's power) if the bug moves the law by at leas
 
 ENGINES = """
 import dataclasses
+from losscheck.engines import GenerationRequest
 from losscheck.engines.spec_loop import spec_loop
 
 class Wrapped:
     def __init__(self, inner, name, precision="fp32"):
         self.inner, self.name, self.k, self.precision = inner, name, inner.k, precision
 
+    def counters(self):
+        return self.inner.counters()
+
 class DropsTopP(Wrapped):
     # sampling parameters lost on the speculative path only (a real bug class)
-    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
-        if speculative:
-            params = dataclasses.replace(params, top_p=1.0)
-        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
+    def generate(self, request):
+        if request.speculative:
+            request = dataclasses.replace(request, params=dataclasses.replace(request.params, top_p=1.0))
+        return self.inner.generate(request)
 
 class Unloadable(Wrapped):
     # an engine whose target losscheck cannot load: two-sample mode
-    def generate(self, *args):
-        return self.inner.generate(*args)
+    def generate(self, request):
+        return self.inner.generate(request)
 
 class OldShape(Wrapped):
     # the pre-batching contract: one prompt, [n, L]
-    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
-        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)[0]
+    def generate(self, request):
+        return self.inner.generate(request)[0]
 
 class OtherTopP(Wrapped):
     # lossless (on and off alike) but truncating by another rule than losscheck's copy assumes
-    def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
-        params = dataclasses.replace(params, top_p=1.0)
-        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
+    def generate(self, request):
+        return self.inner.generate(dataclasses.replace(request, params=dataclasses.replace(request.params, top_p=1.0)))
 
 class Hotter(Wrapped):
     # the target side at 1.1 T when speculating: the catalogue's target_temperature_1.1, a law of p alone
+    def generate(self, request):
+        if request.speculative:
+            hotter = dataclasses.replace(request.params, temperature=request.params.temperature * 1.1)
+            request = dataclasses.replace(request, params=hotter)
+        return self.inner.generate(request)
+
+class OldSignature(Wrapped):
+    # written against the six-argument contract of losscheck 0.x
     def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
-        if speculative:
-            params = dataclasses.replace(params, temperature=params.temperature * 1.1)
-        return self.inner.generate(prompts, n, params, seed, max_new_tokens, speculative)
+        request = GenerationRequest(
+            prompts=prompts, n=n, params=params, seed=seed, max_new_tokens=max_new_tokens, speculative=speculative
+        )
+        return self.inner.generate(request)
 
 def hotter(target):
     return Hotter(spec_loop(target), "hotter")
@@ -68,6 +80,9 @@ def unloadable(target):
 
 def old_shape(target):
     return OldShape(spec_loop(target), "old-shape")
+
+def old_signature(target):
+    return OldSignature(spec_loop(target), "old-signature")
 """
 
 
@@ -89,6 +104,19 @@ def test_an_honest_engine_passes_greedy_on_every_prompt_and_one_sample_pit(pytes
     result = certify(pytester, "losscheck.engines.spec_loop:spec_loop", "engine-k4-greedy or engine-k4-T1-topp0.9")
     outcomes(result, HONEST_FAILS, passed=2)
     result.stdout.fnmatch_lines(["*engine-k4-greedy*engine-greedy*PASS*", "*engine-k4-T1-topp0.9*one-sample*PASS*"])
+
+
+def test_an_old_signature_engine_is_certified_behind_the_shim_with_a_deprecation_warning(pytester):
+    result = certify(pytester, "bb:old_signature", "engine-k4-greedy")
+    outcomes(result, "0 (no statistics)", passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*engine-k4-greedy PASS*",
+            "*DeprecationWarning: --losscheck-engine='bb:old_signature' returned OldSignature, whose generate(prompts, "
+            "n, params, seed, max_new_tokens, speculative) is the old engine contract: write generate(self, "
+            "request: losscheck.engines.GenerationRequest)*",
+        ]
+    )
 
 
 def test_an_engine_that_drops_top_p_when_speculating_fails_one_sample_pit(pytester):
@@ -123,6 +151,9 @@ def test_one_sample_cells_are_sized_by_the_target_side_bug_classes(pytester):
     assert set(classes) == {"target_temperature_1.1", "per_request_params_mixed"}
     temperature = classes["target_temperature_1.1"]
     assert temperature["covered"] and temperature["power"] >= 0.99 and temperature["curve"]["0.99"] <= 1
+    counted = record["engine_counters"]  # the engine's own counts of the cell's speculative calls
+    assert counted["drafts"] > record["sequences"] and counted["drafted"] == 4 * counted["drafts"]
+    assert len(counted["accepted_per_position"]) == 4 and sum(counted["accepted_per_position"]) == counted["accepted"]
     summary = (cert_path.parent / "summary.md").read_text()
     assert "a black-box engine's one-sample cells judge only the classes whose law reads the target's p" in summary
 

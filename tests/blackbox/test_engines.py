@@ -14,12 +14,18 @@ from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines import EngineOutputError, check_engine, checked_samples, lengths
 from losscheck.errors import OptionError
 from losscheck.plan.matrix import OWN_TARGET, SAMPLING_VARIANTS, engine_cells
+from tests.support import engine_request as request
 
 EOS, V = 1, 64
 
 
+def shaped(n_prompts, n, max_new_tokens):
+    """A request whose answer has the shape [n_prompts, n, max_new_tokens]."""
+    return request([[0]] * n_prompts, n, GREEDY, 0, max_new_tokens, True)
+
+
 def engine(**attrs):
-    base = {"name": "fake", "k": 4, "precision": "fp32", "generate": lambda *a: None}
+    base = {"name": "fake", "k": 4, "precision": "fp32", "generate": lambda request: None}
     return SimpleNamespace(**{**base, **attrs})
 
 
@@ -59,13 +65,13 @@ def test_a_valid_engine_passes_with_precision_none_meaning_two_sample():
 )
 def test_malformed_engine_output_is_an_error_naming_the_engine(out, message):
     with pytest.raises(EngineOutputError, match=message) as info:
-        checked_samples(engine(), out, 2, 3, 5, V, EOS)
+        checked_samples(engine(), out, shaped(2, 3, 5), V, EOS)
     assert "engine 'fake'" in str(info.value)
 
 
 def test_eos_padded_rows_pass_and_their_lengths_count_the_eos():
     out = torch.tensor([[[5, 6, 7], [8, EOS, EOS]], [[EOS, EOS, EOS], [9, 9, EOS]]], dtype=torch.int32)
-    ok = checked_samples(engine(), out, 2, 2, 3, V, EOS)
+    ok = checked_samples(engine(), out, shaped(2, 2, 3), V, EOS)
     assert ok.dtype == torch.long
     assert lengths(ok, EOS).tolist() == [[3, 2], [1, 3]]
 
@@ -89,11 +95,11 @@ def test_adapters_return_the_contracts_shape_and_greedy_on_equals_off(target, fa
 
     e = check_engine(load_object(factory, "test")(target), factory)
     assert e.k == 4 and e.precision == "fp32"
-    sampled = e.generate(PROMPTS, 3, SamplingParams(), 7, 10, True)
-    checked_samples(e, sampled, 2, 3, 10, V, EOS)
-    assert torch.equal(sampled, e.generate(PROMPTS, 3, SamplingParams(), 7, 10, True))  # the seed decides
-    assert not torch.equal(sampled, e.generate(PROMPTS, 3, SamplingParams(), 8, 10, True))
-    on, off = (e.generate(PROMPTS, 1, GREEDY, 0, 12, s) for s in (True, False))
+    sampled = e.generate(request(PROMPTS, 3, SamplingParams(), 7, 10, True))
+    checked_samples(e, sampled, request(PROMPTS, 3, SamplingParams(), 7, 10, True), V, EOS)
+    assert torch.equal(sampled, e.generate(request(PROMPTS, 3, SamplingParams(), 7, 10, True)))  # the seed decides
+    assert not torch.equal(sampled, e.generate(request(PROMPTS, 3, SamplingParams(), 8, 10, True)))
+    on, off = (e.generate(request(PROMPTS, 1, GREEDY, 0, 12, s)) for s in (True, False))
     assert torch.equal(on, off)
 
 
@@ -116,8 +122,9 @@ def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_a
     correct, buggy = hf_assisted(target), hf_assisted_residual_from_p(target)
     before = hf_utils._speculative_sampling
     args = (PROMPTS, 4, SamplingParams(), 3, 12)
-    assert not torch.equal(correct.generate(*args, True), buggy.generate(*args, True))
-    assert torch.equal(correct.generate(*args, False), buggy.generate(*args, False))
+    on, off = request(*args, True), request(*args, False)
+    assert not torch.equal(correct.generate(on), buggy.generate(on))
+    assert torch.equal(correct.generate(off), buggy.generate(off))
     assert hf_utils._speculative_sampling is before
 
 
@@ -147,3 +154,147 @@ def test_the_openvino_adapter_checks_its_options_before_loading_anything(request
 
     with pytest.raises(OptionError, match=re.escape(message)):
         ADAPTERS["openvino"].check(EngineRequest(target="t", **request_args))
+
+
+def test_an_old_signature_engine_is_wrapped_with_a_warning_naming_the_new_form():
+    from losscheck.engines import LegacyEngine
+
+    seen = []
+
+    class Old:
+        name, k, precision = "old", 4, "fp32"
+
+        def generate(self, prompts, n, params, seed, max_new_tokens, speculative):
+            seen.append((prompts, n, params, seed, max_new_tokens, speculative))
+            return torch.full((len(prompts), n, max_new_tokens), EOS)
+
+    with pytest.warns(DeprecationWarning, match=r"old engine contract: write generate\(self, request: "):
+        wrapped = check_engine(Old(), "--losscheck-engine='m:old'")
+    assert isinstance(wrapped, LegacyEngine) and (wrapped.name, wrapped.k, wrapped.precision) == ("old", 4, "fp32")
+    out = wrapped.generate(request([[0, 3]], 2, GREEDY, 11, 5, True))
+    assert out.shape == (1, 2, 5) and seen == [([[0, 3]], 2, GREEDY, 11, 5, True)]  # seed and budget in place
+    assert wrapped.counters() is None
+
+
+def test_a_new_signature_engine_is_not_wrapped():
+    import warnings
+
+    e = engine(generate=lambda request, *, extra=None: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_engine(e, "x") is e
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"n": 0}, r"GenerationRequest.n = 0: need an int >= 1"),
+        ({"seed": -1}, r"GenerationRequest.seed = -1"),
+        ({"max_new_tokens": 2.5}, r"GenerationRequest.max_new_tokens = 2.5"),
+        ({"prompts": [[0], []]}, r"GenerationRequest.prompts\[1\] = \[\]: need a non-empty list of ids"),
+        ({"prompts": [[0, -3]]}, r"GenerationRequest.prompts\[0\] = \[0, -3\]"),
+        ({"params": 1.0}, r"GenerationRequest.params is a float; pass a SamplingParams"),
+        ({"speculative": 1}, r"GenerationRequest.speculative = 1: need True or False"),
+    ],
+)
+def test_a_malformed_request_is_named_field_by_field(fields, message):
+    from losscheck.engines import GenerationRequest
+
+    good = {"prompts": [[0]], "n": 1, "params": GREEDY, "seed": 0, "max_new_tokens": 4, "speculative": True}
+    with pytest.raises(OptionError, match=message):
+        GenerationRequest(**{**good, **fields})
+
+
+def test_a_request_is_frozen_keyword_only_and_seeds_each_row():
+    from dataclasses import FrozenInstanceError
+
+    from losscheck.core.sampling import derive_seed
+    from losscheck.engines import GenerationRequest
+
+    r = request([[0, 3], [0]], 2, GREEDY, 9, 4, False)
+    assert r.prompts == ((0, 3), (0,)) and r.shape == (2, 2, 4)
+    assert r.rows() == [(0, 3), (0, 3), (0,), (0,)] and r.row_seed(1, 0) == derive_seed(9, 1, 0)
+    with pytest.raises(FrozenInstanceError):
+        r.seed = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        GenerationRequest([[0]], 1, GREEDY, 0, 4, True)  # type: ignore[misc]  # positional: seed and budget could swap
+
+
+def test_counters_give_both_acceptance_curves_and_a_cells_share():
+    from losscheck.engines.counters import EngineCounters
+
+    before = EngineCounters(drafts=10, drafted=40, accepted=20, accepted_per_position=(8, 6, 4, 2))
+    after = EngineCounters(drafts=30, drafted=120, accepted=60, accepted_per_position=(24, 18, 12, 6))
+    cell = after.since(before)
+    assert cell == EngineCounters(drafts=20, drafted=80, accepted=40, accepted_per_position=(16, 12, 8, 4))
+    assert cell.tau == 3.0 and before.plus(cell) == after
+    assert cell.cumulative_acceptance() == (0.8, 0.6, 0.4, 0.2)  # at least j + 1 accepted
+    assert cell.conditional_acceptance() == (0.8, 0.75, 8 / 12, 0.5)
+    assert EngineCounters(drafts=4, emitted=10).tau == 2.5 and EngineCounters(drafts=0).tau is None
+    assert cell.problems() == []
+
+
+@pytest.mark.parametrize(
+    "counters, problem",
+    [
+        ({"drafts": 2, "drafted": 8, "accepted": 9}, "accepted 9 > drafted 8"),
+        ({"drafts": 2, "accepted": 3, "accepted_per_position": (1, 2)}, "grows with the position"),
+        ({"drafts": 2, "accepted": 3, "accepted_per_position": (2, 0)}, "sums to 2, accepted is 3"),
+        ({"drafts": -1}, "drafts = -1 < 0"),
+    ],
+)
+def test_inconsistent_counters_are_an_engine_error(counters, problem):
+    from losscheck.engines import engine_counters
+    from losscheck.engines.counters import EngineCounters
+
+    class Counting:
+        name = "counting"
+
+        def counters(self):
+            return EngineCounters(**counters)
+
+    with pytest.raises(EngineOutputError, match=f"engine 'counting': inconsistent counters: .*{problem}"):
+        engine_counters(Counting())
+
+
+def test_counters_of_the_wrong_type_are_named():
+    from losscheck.engines import engine_counters
+
+    class Counting:
+        name = "counting"
+
+        def counters(self):
+            return {"drafts": 3}
+
+    with pytest.raises(
+        EngineOutputError, match="counters\\(\\) returned dict; return losscheck.engines.EngineCounters"
+    ):
+        engine_counters(Counting())
+
+
+def test_the_spec_loop_engine_counts_what_its_loop_did(target):
+    from losscheck.engines.spec_loop import spec_loop
+
+    e = spec_loop(target)
+    e.generate(request(PROMPTS, 2, SamplingParams(), 1, 10, False))
+    assert e.counters().drafts == 0  # speculation off drafts nothing
+    e.generate(request(PROMPTS, 2, SamplingParams(), 1, 10, True))
+    c = e.counters()
+    assert c.drafts > 0 and c.drafted == 4 * c.drafts and c.problems() == []
+    assert 1 <= c.tau <= 5 and len(c.cumulative_acceptance()) == 4
+
+
+def test_one_at_a_time_releases_the_other_instance_before_building():
+    from losscheck.engines.pool import Instances, Policy
+
+    log = []
+    pool = Instances(
+        lambda key: log.append(("build", key)) or key, Policy.ONE_AT_A_TIME, lambda k, v: log.append(("release", k))
+    )
+    pool.get(True), pool.get(True), pool.get(False)
+    assert log == [("build", True), ("release", True), ("build", False)] and pool.alive() == (False,)
+    keep = Instances(lambda key: key, Policy.KEEP_ALL)
+    keep.get(True), keep.get(False)
+    assert keep.alive() == (True, False)
+    keep.discard(True)
+    assert keep.alive() == (False,)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from losscheck.core.sampling import GREEDY, derive_seed
 from losscheck.engines.llamacpp import SEEDS, LlamaCppEngine
+from tests.support import engine_request
 
 EOS = 1
 
@@ -33,7 +34,7 @@ def test_rows_are_seeded_apart_and_stop_at_eos_or_the_budget():
     llama = FakeLlama()
     engine = LlamaCppEngine(lambda speculative: (llama, None), k=2, eos=EOS)
     prompts = [[3, 4], [5]]
-    out = engine.generate(prompts, 3, GREEDY, 7, 6, False)  # [P, n, L]
+    out = engine.generate(engine_request(prompts, 3, GREEDY, 7, 6, False))  # [P, n, L]
     assert out.shape == (2, 3, 6)
     assert llama.seeds == [derive_seed(7, i, j) % SEEDS for i in range(2) for j in range(3)]
     for i in range(2):

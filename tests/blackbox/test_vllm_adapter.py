@@ -4,6 +4,7 @@ records what it was asked and answers with given ids."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines import EngineOutputError
 from losscheck.engines.vllm import VLLMEngine, sampling_kwargs, to_tensor
+from tests.support import engine_request as request
 
 EOS = 1
 SPEC = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 3}
@@ -71,25 +73,81 @@ def test_each_continuation_is_its_own_seeded_request_and_rows_come_back_prompt_m
         return llms[spec is not None]
 
     engine = VLLMEngine(make, SPEC, EOS, "bf16", sampling_params=dict)
-    out = engine.generate([[0, 3], [0, 4, 4]], 2, SamplingParams(top_p=0.9), 42, 3, speculative=True)
+    out = engine.generate(request([[0, 3], [0, 4, 4]], 2, SamplingParams(top_p=0.9), 42, 3, True))
     assert engine.k == 3 and list(llms) == [True]  # the baseline LLM is not built until asked for
     assert out.tolist() == [[[5, 6, 7], [8, EOS, EOS]], [[9, 9, 9], [EOS, EOS, EOS]]]
     prompts, sampling, use_tqdm = llms[True].calls[0]
     assert prompts == [{"prompt_token_ids": [0, 3]}] * 2 + [{"prompt_token_ids": [0, 4, 4]}] * 2
     assert len({s["seed"] for s in sampling}) == 4 and all(s["top_p"] == 0.9 and s["n"] == 1 for s in sampling)
     assert not use_tqdm
-    again = engine.generate([[0, 3], [0, 4, 4]], 2, SamplingParams(top_p=0.9), 42, 3, speculative=True)
+    again = engine.generate(request([[0, 3], [0, 4, 4]], 2, SamplingParams(top_p=0.9), 42, 3, True))
     assert [s["seed"] for s in llms[True].calls[1][1]] == [s["seed"] for s in sampling]  # same seed, same requests
-    engine.generate([[0, 3]], 1, GREEDY, 42, 3, speculative=False)
+    engine.generate(request([[0, 3]], 1, GREEDY, 42, 3, False))
     assert list(llms) == [True, False] and torch.equal(out, again)
 
 
 def test_speculation_off_builds_the_llm_without_a_speculative_config():
     seen = []
     engine = VLLMEngine(lambda spec: seen.append(spec) or FakeLLM([[2, 2]]), SPEC, EOS, None, sampling_params=dict)
-    engine.generate([[0]], 1, GREEDY, 0, 2, speculative=False)
-    engine.generate([[0]], 1, GREEDY, 0, 2, speculative=True)
+    engine.generate(request([[0]], 1, GREEDY, 0, 2, False))
+    engine.generate(request([[0]], 1, GREEDY, 0, 2, True))
     assert seen == [None, SPEC]
+
+
+@dataclass
+class Metric:
+    name: str
+    value: int = 0
+    values: tuple[int, ...] = ()
+
+
+class CountingLLM(FakeLLM):
+    """A fake LLM that refuses to start beside another live one (one GPU's memory) and, when
+    speculative, counts one draft of 3 tokens per request with the first 2 accepted."""
+
+    live: set[int] = set()
+
+    def __init__(self, speculative: bool) -> None:
+        super().__init__([[2, 2]] * 8)
+        assert not CountingLLM.live, "a second LLM started while another was alive"
+        CountingLLM.live.add(id(self))
+        self.speculative, self.requests = speculative, 0
+        self.llm_engine = SimpleNamespace(engine_core=self)  # where vLLM's LLM keeps its shutdown
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.requests += len(prompts)
+        return super().generate(prompts, sampling_params, use_tqdm)
+
+    def get_metrics(self):
+        r = self.requests if self.speculative else 0
+        names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+        return [Metric(f"vllm:spec_decode_{n}", v) for n, v in zip(names, (r, 3 * r, 2 * r))] + [
+            Metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=(r, r, 0))
+        ]
+
+    def shutdown(self):
+        CountingLLM.live.discard(id(self))
+
+
+def test_one_at_a_time_never_keeps_two_llms_and_counters_survive_a_release():
+    from losscheck.engines.counters import EngineCounters
+    from losscheck.engines.pool import Policy
+
+    built = []
+
+    def make(spec):
+        built.append(CountingLLM(spec is not None))
+        return built[-1]
+
+    CountingLLM.live = set()
+    engine = VLLMEngine(make, SPEC, EOS, None, sampling_params=dict, policy=Policy.ONE_AT_A_TIME)
+    assert engine.counters() is None  # nothing built yet
+    for speculative in (True, False, True):  # each switch releases the other side first
+        engine.generate(request([[0], [0]], 2, GREEDY, 0, 2, speculative))
+    assert len(built) == 3 and len(CountingLLM.live) == 1 and engine.llms.alive() == (True,)
+    # 4 + 4 speculative requests, the first LLM's counted before it was released
+    assert engine.counters() == EngineCounters(drafts=8, drafted=24, accepted=16, accepted_per_position=(8, 8, 0))
+    assert engine.counters().conditional_acceptance() == (1.0, 1.0, 0.0)
 
 
 def test_a_row_that_stops_early_on_another_id_than_eos_is_an_error_naming_the_engine():

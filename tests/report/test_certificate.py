@@ -174,3 +174,19 @@ def test_the_cost_adds_the_cells_seconds_by_kind_and_phase():
         "PIT cells by phase: generate 10, score 4"
     )
     assert cost_lines([cell_record("x", kind="pit")]) == []
+
+
+def test_an_engines_counters_give_its_tau_column_and_both_acceptance_curves():
+    from losscheck.report.summary import summary_rows
+
+    counted = {"drafts": 10, "drafted": 40, "accepted": 20, "accepted_per_position": [8, 6, 4, 2]}
+    engine_cell = cell_record("engine-k4-T1", engine_counters=counted)
+    assert CellRecord.from_json(json.loads(json.dumps(engine_cell.to_json()))) == engine_cell
+    assert summary_rows([engine_cell])[0][3] == "3.00"  # tau = 1 + accepted / drafts
+    lines = certificate.engine_counter_lines([engine_cell, cell_record("A-k4-T1")])
+    assert lines[-1] == (
+        "- `engine-k4-T1`: 10 drafts; 40 drafted; 20 accepted; tau 3.00; "
+        "P(at least j+1 drafts accepted) 0.800 / 0.600 / 0.400 / 0.200; "
+        "P(draft j accepted | drafts before it accepted) 0.800 / 0.750 / 0.667 / 0.500"
+    )
+    assert certificate.engine_counter_lines([cell_record("A-k4-T1")]) == []

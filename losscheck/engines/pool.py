@@ -1,0 +1,70 @@
+"""The instances an adapter runs (speculation on, speculation off), built on first use under an
+explicit memory policy.
+
+`KEEP_ALL` keeps every instance once built: switching sides costs nothing, and memory holds all
+of them (tiny models, CPU runs). `ONE_AT_A_TIME` releases every other instance before it builds
+one: a real target on one GPU, where an engine reserves most of the device's memory (vLLM 90% by
+default) and a second instance cannot start.
+"""
+
+from __future__ import annotations
+
+import enum
+import gc
+import sys
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+class Policy(enum.Enum):
+    KEEP_ALL = "keep-all"
+    ONE_AT_A_TIME = "one-at-a-time"
+
+
+class Instances(Generic[K, T]):
+    """`build(key)` on first use of `key`; `release(key, instance)` (if given) before an instance is
+    dropped, for engines that hold memory or processes outside Python's reach, or counters to keep."""
+
+    def __init__(self, build: Callable[[K], T], policy: Policy, release: Callable[[K, T], None] | None = None) -> None:
+        self.build, self.policy, self.release = build, policy, release
+        self._alive: dict[K, T] = {}
+
+    def get(self, key: K) -> T:
+        if key not in self._alive:
+            if self.policy is Policy.ONE_AT_A_TIME:
+                self.close()
+            self._alive[key] = self.build(key)
+        return self._alive[key]
+
+    def discard(self, key: K) -> None:
+        """Drop `key`'s instance (one that failed and is in an unknown state: never reused)."""
+        if key in self._alive:
+            self._drop(key)
+            free_memory()
+
+    def alive(self) -> tuple[K, ...]:
+        return tuple(self._alive)
+
+    def close(self) -> None:
+        """Release every instance and give their memory back."""
+        if not self._alive:
+            return
+        for key in list(self._alive):
+            self._drop(key)
+        free_memory()
+
+    def _drop(self, key: K) -> None:
+        instance = self._alive.pop(key)
+        if self.release is not None:
+            self.release(key, instance)
+
+
+def free_memory() -> None:
+    """Collect what dropped instances held, and return the CUDA cache where torch uses it."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
