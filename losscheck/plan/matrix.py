@@ -8,11 +8,10 @@ argument (`CELL_ARGS`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from losscheck.core.contract import Drafter
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.plan import bundled_sets
@@ -76,8 +75,19 @@ STRESS_VARIANTS = ("tempered2", "argmax", "mix0.25")
 FAMILY_STRESS = ("tempered2",)
 
 
+class Declares(Protocol):
+    """What the plan reads of a drafter: its declared block lengths and transition widths (a
+    built `Drafter`, or a bundled drafter's declarations read from its files without weights)."""
+
+    @property
+    def block_lengths(self) -> Sequence[int]: ...
+
+    @property
+    def widths(self) -> Sequence[int | None]: ...
+
+
 def plan(
-    drafters: Mapping[str, Mapping[str, Drafter]],
+    drafters: Mapping[str, Mapping[str, Declares]],
     bundled: str | None,
     engine: BlackBoxEngine | None,
     precisions: tuple[Precision, ...] = (Precision(),),
@@ -163,7 +173,7 @@ def entries(cells: Mapping[str, list[Cell]]) -> list[MatrixEntry]:
     ]
 
 
-def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:
+def greedy_cells(name: str, drafter: Declares) -> list[Cell]:
     """Every declared block length (those outside `GREEDY_KS` in the slow tier), plus every
     declared width at the base k."""
     cells = [Cell(name, k, GREEDY) for k in sorted(set(drafter.block_lengths))]
@@ -172,7 +182,7 @@ def greedy_cells(name: str, drafter: Drafter) -> list[Cell]:
 
 
 def sampling_cells(
-    name: str, drafter: Drafter, variants: tuple[SamplingParams, ...], target: str = "main"
+    name: str, drafter: Declares, variants: tuple[SamplingParams, ...], target: str = "main"
 ) -> list[Cell]:
     """The base cell, then one change at a time: sampling parameters, block length, width."""
     base_k = _base_k(drafter)
@@ -185,7 +195,7 @@ def sampling_cells(
 
 
 def _sampled(
-    drafters: Mapping[str, Drafter], target: str, variants: tuple[SamplingParams, ...], bundled_families: bool
+    drafters: Mapping[str, Declares], target: str, variants: tuple[SamplingParams, ...], bundled_families: bool
 ) -> list[Cell]:
     cells: list[Cell] = []
     for name, drafter in drafters.items():
@@ -201,7 +211,7 @@ def _sampled(
     return cells
 
 
-def _reference(drafters: Mapping[str, Drafter], bundled_families: bool) -> list[str]:
+def _reference(drafters: Mapping[str, Declares], bundled_families: bool) -> list[str]:
     """The drafters certified along the serving axes: the user's, or among the bundled ones
     family A (the others share its engine paths)."""
     if bundled_families:
@@ -209,7 +219,7 @@ def _reference(drafters: Mapping[str, Drafter], bundled_families: bool) -> list[
     return [name for name in drafters if name != ORACLE]
 
 
-def _base_k(drafter: Drafter) -> int:
+def _base_k(drafter: Declares) -> int:
     return BASE_K if BASE_K in drafter.block_lengths else max(drafter.block_lengths)
 
 

@@ -7,7 +7,7 @@ imports nothing heavy until a test needs them). Engines and servers are built fr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from losscheck.core.target import HFTarget
     from losscheck.engines import BlackBoxEngine
     from losscheck.plan.cell import Cell
+    from losscheck.plan.matrix import Declares
     from losscheck.run.plant import Plant
 
 
@@ -125,10 +126,10 @@ class Session:
             _ = self.prompt_sets  # a bad prompt file is one collection error, not one per test
         bundled: str | None = None  # the drafters are a bundled set (`losscheck.plan.bundled_sets`)
         if self.engine_only:
-            drafters: dict[str, dict[str, Drafter]] = {"main": {}}
+            drafters: dict[str, Mapping[str, Declares]] = {"main": {}}
             precision_drafters: frozenset[str] = frozenset()
         else:
-            drafters = {name: self.drafters(name) for name in self.target_names}
+            drafters = {name: self._planned_drafters(name) for name in self.target_names}
             if self.options.drafter is None:
                 bundled = self.options.bundled
                 precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
@@ -136,6 +137,17 @@ class Session:
                 precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
         full = matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters)
         return self.options.scope.split(full, self.base_precision)
+
+    def _planned_drafters(self, target: str) -> Mapping[str, Declares]:
+        """What the plan reads of `target`'s drafters: the bundled set on the bundled targets by its
+        declarations (no weights loaded: collection and `--list` stay cheap in every process),
+        a user's drafter or target built as the cells will use them (their factories and weights
+        are checked before any cell runs)."""
+        from losscheck.run import drafters as registry
+
+        if self.options.drafter is None and self.options.target is None:
+            return registry.declared(target, self.options.bundled)
+        return self.drafters(target)
 
     @cached_property
     def prompt_sets(self) -> dict[str, list[list[int]]]:
@@ -149,6 +161,8 @@ class Session:
         if opts.prompts is not None:
             return user_prompt_sets(opts.prompts, self.target("main"), opts.target, opts.chat_template, room)
         sets = {tier: bundled.load_prompts(tier) for tier in TIERS}
+        if opts.target is None:
+            return sets  # the bundled target's own ids (tests/test_fixtures.py)
         vocab = self.target("main").vocab_size
         if opts.target is not None and _has_tokenizer(opts.target):
             # a user's target with a tokenizer: the bundled text prompts, in its own tokens
