@@ -18,8 +18,10 @@ from scipy import stats
 from losscheck.errors import LosscheckError
 from losscheck.selftest import bugtable
 from losscheck.selftest.verifiers import verify_residual_is_p
-from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator, _per_id_sums, _Tiles
+from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
 from losscheck.stats.buglaws import BY_NAME, CATALOGUE, Step, _previous_same_slot, chunk_steps, targeted
+from losscheck.stats.bugperid import per_id_sums
+from losscheck.stats.bugsums import Tiles
 from losscheck.stats.conditional import ConditionalValues, bug_classes_test, surprisal_scores, targeted_scores
 
 V, K = 7, 3
@@ -103,9 +105,9 @@ def test_residual_is_p_law_matches_the_planted_buggy_verifier():
 
 def test_per_id_evaluation_matches_the_explicit_law_at_every_id():
     step = _steps(60, 4)
-    tiles_p, tiles_r = _Tiles.of(step.p, step.p, 10), _Tiles.of(step.p, step.p - step.q, 10)
+    tiles_p, tiles_r = Tiles.of(step.p, step.p, 10), Tiles.of(step.p, step.p - step.q, 10)
     y, var, _ = surprisal_scores(step.p)
-    sums = _per_id_sums(step, tiles_p, tiles_r, y, 10, len(CATALOGUE))
+    sums = per_id_sums(step, tiles_p, tiles_r, y, 10, len(CATALOGUE))
     for v in range(V):
         law = _law(BY_NAME["drafter_misreports_one_id"], step, v)
         diff = law - step.p
@@ -317,8 +319,8 @@ def test_a_class_that_changes_nothing_needs_infinitely_many_tokens_even_through_
     """A class whose p' equals p at every step (a top-p bug in a cell without top-p) sums its
     log-LR moments to zero up to round-off; a variance at -1e-20 once crashed a user's cell in
     `math.sqrt` (the own-drafter example, T 1). It needs no finite sample and has no power."""
-    from losscheck.stats.bugclass import _LikelihoodRatioEffect
+    from losscheck.stats.effects import LikelihoodRatioEffect
 
-    nothing = _LikelihoodRatioEffect(h1_mean=-9.1e-21, h1_var=-1.8e-20, h0_mean=9.1e-21, h0_var=-1.8e-20, outside=0.0)
+    nothing = LikelihoodRatioEffect(h1_mean=-9.1e-21, h1_var=-1.8e-20, h0_mean=9.1e-21, h0_var=-1.8e-20, outside=0.0)
     assert nothing.tokens_needed(1.4e-4, 0.995) == math.inf
     assert nothing.power(10_000, 1.4e-4) == 0.0

@@ -19,15 +19,13 @@ from losscheck.stats.conditional import (
     ConditionalValues,
     bug_classes_test,
     conditional_tests,
-    evalue_threshold,
-    log_mixture_evalue,
-    mixture_evalue,
     ordered_pit,
     residual_key,
     residual_order_test,
     surprisal_test,
     token_counts_test,
 )
+from losscheck.stats.evalue import evalue_threshold, log_mixture_evalue, mixture_evalue
 from losscheck.stats.pit import randomized_pit
 from losscheck.stats.registry import budget_count
 

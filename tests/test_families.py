@@ -17,8 +17,9 @@ from scipy import stats
 from losscheck.errors import LosscheckError
 from losscheck.selftest import bugtable
 from losscheck.stats import sequential
-from losscheck.stats.bugclass import TESTS, PowerAccumulator, _log_mixture_ratio
+from losscheck.stats.bugclass import PowerAccumulator, design_tests
 from losscheck.stats.buglaws import BY_NAME, CATALOGUE, BugClass, Step, chunk_steps
+from losscheck.stats.bugsums import log_mixture_ratio
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -80,7 +81,7 @@ def test_a_members_power_is_that_of_its_explicit_law(name):
     )
     as_member = acc.tokens_needed(1e-4, 0.9, rho=rho)[name]
     explicit = acc.tokens_needed(1e-4, 0.9)[mixed.name]
-    for test in TESTS:
+    for test in design_tests():
         assert as_member[test] == pytest.approx(explicit[test], rel=1e-6), test
     assert acc.tv()[mixed.name] == pytest.approx(rho * acc.tv()[name], rel=1e-9)
 
@@ -96,7 +97,7 @@ def test_the_per_id_members_sums_are_those_of_its_explicit_law():
     drafted = (steps.slots < bugtable.K)[..., None]
     p, q = chain.p[steps.before], torch.where(drafted, chain.q[steps.before], 0.0)
     acc.update(p, q, steps.tokens, steps.slots, bugtable.K, torch.ones(steps.tokens.shape, dtype=torch.bool))
-    view = acc._view(bug).mixed(rho, acc)
+    view = acc.class_view(bug, rho).sums
     explicit = acc.sums[mixed.name]
     v = MISREPORTED
     for field in ("pooled", "residual", "surprisal_drift", "surprisal_var", "class_drift", "class_var"):
@@ -151,7 +152,7 @@ def _share_ruled_out(name: str, rho: float, tokens: torch.Tensor) -> float:
     bug = BY_NAME[name]
     law = bug.law(seen)
     p_x, law_x = seen.p.gather(-1, tokens), law.gather(-1, tokens)  # [m, R]
-    ratio = _log_mixture_ratio(p_x[..., None], law_x[..., None], torch.tensor([rho], dtype=torch.float64))[..., 0]
+    ratio = log_mixture_ratio(p_x[..., None], law_x[..., None], torch.tensor([rho], dtype=torch.float64))[..., 0]
     if bug.reads_q_prev:
         assert seen.q_prev_known is not None
         ratio = torch.where(seen.q_prev_known[:, None], ratio, 0.0)

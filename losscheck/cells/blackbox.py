@@ -156,7 +156,7 @@ def run_one_sample(ctx: CellContext) -> CellOutcome:
     horizon = max(profile.horizon, min_horizon(engine))
     prompts = ctx.all_prompts()
     half = ctx.alpha / 2
-    alpha_test = registry.split(half, "pit", "conditional").per_test  # one test's share, as a PIT cell's
+    alpha_test = registry.split(half, registry.PIT, registry.CONDITIONAL).per_test  # one test's share, as a PIT cell's
     target = ctx.engine_target()
     design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(ctx, prompts, horizon, alpha_test)
     pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, per_sequence)

@@ -42,7 +42,7 @@ from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.core.verify import BlockOutcome, Verifier, normalized, point_mass, recovery_distribution
 from losscheck.stats.gof import goodness_of_fit, impossible_event
 from losscheck.stats.pit import randomized_pit
-from losscheck.stats.registry import StatTest, deprecated_count, register, run_family
+from losscheck.stats.registry import CONFORMANCE, StatTest, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class Recorder:
         each reports the effect it detects rather than asserting one. `looks`: the stopping points
         of a sequential cell (`losscheck.stats.sequential`); the fixed-sample uniformity tests are
         then judged at their share / `looks`, the e-value acceptance score at its whole share."""
-        return run_family("conformance", self, alpha, power, looks)
+        return run_family(CONFORMANCE, self, alpha, power, looks)
 
     def collected(self, kind: str) -> torch.Tensor:
         """The recorded values of `kind` [n] float64, on the CPU."""
@@ -153,7 +153,7 @@ class Recorder:
     def acceptance_score(self, alpha: float, power: float) -> TestResult:
         """The two-sided Bennett mixture e-value of Σ (kept - a): kept drafts, counted against
         their acceptance probabilities."""
-        from losscheck.stats.conditional import evalue_threshold, log_mixture_evalue
+        from losscheck.stats.evalue import evalue_threshold, log_mixture_evalue
 
         log_e = float(log_mixture_evalue(self.score, self.score_var))
         sd = math.sqrt(self.score_var)
@@ -222,7 +222,7 @@ def _uniformity_test(kind: str) -> StatTest[Recorder]:
     name = f"conformance.{kind}"
     return StatTest(
         name,
-        "conformance",
+        CONFORMANCE,
         "conformance",
         lambda rec, alpha, power: uniformity(name, rec.collected(kind), alpha, power),
     )
@@ -231,7 +231,7 @@ def _uniformity_test(kind: str) -> StatTest[Recorder]:
 register(
     StatTest(
         "conformance.impossible_rejection",
-        "conformance",
+        CONFORMANCE,
         "conformance",
         lambda rec, _alpha, power: rec.impossible_decisions(power),
         spends_alpha=False,
@@ -239,12 +239,10 @@ register(
 )
 for _kind in KINDS:
     register(_uniformity_test(_kind))
-register(
-    StatTest("conformance.acceptance_score", "conformance", "conformance", Recorder.acceptance_score, anytime=True)
-)
+register(StatTest("conformance.acceptance_score", CONFORMANCE, "conformance", Recorder.acceptance_score, anytime=True))
 
 
 def __getattr__(name: str) -> int:
     if name == "CONFORMANCE_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
-        return deprecated_count("losscheck.cells.conformance.CONFORMANCE_TESTS", "conformance")
+        return deprecated_count("losscheck.cells.conformance.CONFORMANCE_TESTS", CONFORMANCE)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

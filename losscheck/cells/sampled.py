@@ -49,7 +49,7 @@ def run_pit(ctx: CellContext) -> CellOutcome:
 
     cell, profile = ctx.cell, ctx.profile
     horizon = profile.pit_horizon(cell.k)
-    budget = registry.split(ctx.alpha, "pit", "conditional", "conformance")
+    budget = registry.split(ctx.alpha, registry.PIT, registry.CONDITIONAL, registry.CONFORMANCE)
     clock = Phases()
     server, serving = ctx.served()
     with clock("requests"):  # a warm prefix cache's first turn
@@ -64,10 +64,12 @@ def run_pit(ctx: CellContext) -> CellOutcome:
     with recording(server.engine, make_generator(ctx.seed, cell.id, "conformance"), rtol) as recorder:
         stop = design.run(sample.power, sample.grow, clock)
     with clock("score"):
-        results, facts = sample.scores.tests(budget.share("pit", "conditional"), profile.pooled_tv, design.limit)
+        results, facts = sample.scores.tests(
+            budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv, design.limit
+        )
     with clock("conformance"):
         if recorder is not None:
-            results += recorder.tests(budget.share("conformance"), profile.power, design.limit)
+            results += recorder.tests(budget.share(registry.CONFORMANCE), profile.power, design.limit)
     with clock("design"):
         coverage = design.confirmed(stop, sample.power)
     require_coverage(cell, coverage, profile.power)

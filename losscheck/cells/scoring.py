@@ -278,7 +278,7 @@ class PitScores:
         known = [s for s in self.slots if s is not None]
         slots = torch.cat(known) if len(known) == len(self.slots) else None
         tested = mask & ~left_out
-        alpha_pit = registry.split(alpha, "pit", "conditional").share("pit")
+        alpha_pit = registry.split(alpha, registry.PIT, registry.CONDITIONAL).share(registry.PIT)
         results = pit_tests(
             u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
         )

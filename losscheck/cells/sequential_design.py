@@ -85,7 +85,7 @@ class SequentialDesign:
         over its `pit`, `conditional` and `conformance` families: at most `sequential.max_looks`
         looks between the profile's floor and cap (one when it does not stop early)."""
         limit = sequential.max_looks(profile.min_pit_tokens, profile.max_pit_tokens) if profile.early_stop else 1
-        alpha_scored, alpha_test = budget.share("pit", "conditional"), budget.per_test
+        alpha_scored, alpha_test = budget.share(registry.PIT, registry.CONDITIONAL), budget.per_test
         design, fixed = (_class_design(pilot, profile, alpha_scored, alpha_test, looks) for looks in (limit, 1))
         looks, ids, grid = design_looks(pilot, design, alpha_test, profile.power, limit)
         return cls(pilot, design, fixed, looks, ids, grid, alpha_test, profile.power)
@@ -154,7 +154,7 @@ def _class_design(
     points: its tests at the power `sequential.design_power` leaves them (the profile's when the
     cell has a single look), the fixed-sample ones at their level / `looks`."""
     level = profile.power if looks == 1 else sequential.design_power(profile.power)
-    alpha_pit = registry.split(alpha_scored, "pit", "conditional").share("pit")
+    alpha_pit = registry.split(alpha_scored, registry.PIT, registry.CONDITIONAL).share(registry.PIT)
     pooled = 0
     if profile.pooled_tv is not None:
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.stats import registry
-from losscheck.stats.bugclass import LR_BOUND, TESTS, PowerAccumulator
+from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator, design_tests
+from losscheck.stats.registry import CONDITIONAL, PIT
 
 VOCAB, K, LENGTH = 64, 4, 16
 CELL_ALPHA = 1.98e-5  # the gate's per-test α: one cell's share of --losscheck-alpha 0.01
@@ -36,7 +37,6 @@ POWER = 0.99
 ACCEPTANCES = (0.88, 0.97)
 ROWS = 4000  # rows of LENGTH tokens per drafter: 64k steps
 PILOT_SHARE = 10  # the pilot draws ROWS / PILOT_SHARE rows
-POOLED_LEVEL = ("pit.pooled_chisquare", "pit.slot_chisquare")  # judged at CELL_ALPHA / the pit family's count
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,10 @@ def accumulate(chain: Chain, steps: Steps, chunk: int = 500, misreported: int | 
 
 
 def level(test: str) -> float:
-    """The per-test α the table judges `test` at."""
-    return CELL_ALPHA / registry.budget_count("pit" if test in POOLED_LEVEL else "conditional")
+    """The per-test α the table judges `test` at: the cell's α over its family's tests (the LR
+    bound's: over the conditional tests')."""
+    family = CONDITIONAL if test == LR_BOUND else registry.get(test).family
+    return CELL_ALPHA / registry.budget_count(family)
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,10 @@ def column(acceptance: float, rows: int, seed: int) -> Column:
     pilot = accumulate(chain, simulate(chain, max(1, rows // PILOT_SHARE), seed + 2))
     steps = simulate(chain, rows, seed + 1)
     acc = accumulate(chain, steps, misreported=pilot.misreported_id)
-    by_level = {a: acc.tokens_needed(a, POWER) for a in {level(t) for t in (*TESTS, LR_BOUND)}}
+    tests = (*design_tests(), LR_BOUND)
+    by_level = {a: acc.tokens_needed(a, POWER) for a in {level(t) for t in tests}}
     needed = {
-        bug: {t: by_level[level(t)][bug][t] for t in (*TESTS, LR_BOUND) if t in by_level[level(t)][bug]}
+        bug: {t: by_level[level(t)][bug][t] for t in tests if t in by_level[level(t)][bug]}
         for bug in by_level[level(LR_BOUND)]
     }
     return Column(acceptance, steps.accepted / steps.decided, acc.misreported_id, acc.tv(), needed)
@@ -190,10 +193,10 @@ def _tokens(n: float) -> str:
 def table(columns: list[Column]) -> str:
     """Markdown: one row per bug class and drafter; pooled χ² (what cells test today), the best of
     the four exact-conditional tests (after), every test and the LR bound."""
-    short = {t: t.removeprefix("pit.") for t in TESTS}
+    short = {t: t.removeprefix("pit.") for t in design_tests()}
     head = ["bug class", "acc", "TV/step", "before: pooled χ²", "after: best conditional", *short.values(), "LR bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    conditional = ("pit.residual_order", "pit.token_counts", "pit.surprisal", "pit.bug_classes")
+    conditional = [t.name for t in registry.designed() if t.family == CONDITIONAL]
     for bug in columns[0].needed:
         for col in columns:
             needed = col.needed[bug]
@@ -204,7 +207,7 @@ def table(columns: list[Column]) -> str:
                 f"{col.tv[bug]:.2e}",
                 _tokens(needed["pit.pooled_chisquare"]),
                 f"{_tokens(needed[best])} ({short[best]})" if math.isfinite(needed[best]) else "—",
-                *(_tokens(needed[t]) if t in needed else "n/a" for t in TESTS),
+                *(_tokens(needed[t]) if t in needed else "n/a" for t in short),
                 _tokens(needed[LR_BOUND]),
             ]
             lines.append("| " + " | ".join(cells) + " |")
@@ -221,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     columns = [column(a, args.rows, args.seed) for a in ACCEPTANCES]
     print(
         f"V = {VOCAB}, k = {K}, L = {LENGTH}, {args.rows} rows per drafter, seed {args.seed}; power {POWER}; "
-        f"per-test α: pooled and slot χ² {level(POOLED_LEVEL[0]):.3g} (cell α {CELL_ALPHA:g} / "
-        f"{registry.budget_count('pit')}), conditional tests and LR bound {level(LR_BOUND):.3g} "
-        f"(/ {registry.budget_count('conditional')})"
+        f"per-test α: pooled and slot χ² {level('pit.pooled_chisquare'):.3g} (cell α {CELL_ALPHA:g} / "
+        f"{registry.budget_count(PIT)}), conditional tests and LR bound {level(LR_BOUND):.3g} "
+        f"(/ {registry.budget_count(CONDITIONAL)})"
     )
     for col in columns:
         print(

@@ -24,7 +24,7 @@ def main(sequences: int = 1024) -> None:
     from losscheck.stats import registry
 
     session = Session(Options(engine="losscheck.engines.hf:hf_assisted"))
-    alpha_test = registry.split(session.per_test_alpha, "pit", "conditional").per_test
+    alpha_test = registry.split(session.per_test_alpha, registry.PIT, registry.CONDITIONAL).per_test
     cell = Cell("A", 4, SamplingParams(temperature=1.0))
     ctx = CellContext.of(session, cell)
     rows, gen = generate_rows(ctx, ctx.served()[0], ctx.all_prompts(), sequences, 16, "hf-rows")

@@ -20,7 +20,7 @@ from losscheck.run.context import CellContext
 from losscheck.run.session import Session
 from losscheck.selftest.laws import FirstSlot
 from losscheck.selftest.registry import Mutant
-from losscheck.stats import per_test_alpha, predicted_power, probability_bins
+from losscheck.stats import predicted_power, probability_bins, registry
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def position0_level(session: Session, cell: Cell) -> tuple[int, float]:
     for pos in range(seqs.shape[1]):
         marginal = torch.zeros(target.vocab_size, dtype=torch.float64).index_add_(0, seqs[:, pos], probs)
         testable += len(probability_bins(marginal[marginal > 0], n)[1]) >= 2
-    return n, per_test_alpha(session.per_test_alpha, 2 + testable)
+    return n, registry.split(session.per_test_alpha, registry.EXACT, positions=testable).per_test
 
 
 def predict(session: Session, mutant: Mutant, cell: Cell) -> Prediction:

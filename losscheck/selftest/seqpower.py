@@ -91,7 +91,7 @@ def cell_budget() -> registry.Split:
     """A PIT cell's α split over its three families of tests, as `cells.sampled.run_pit` splits it."""
     import losscheck.cells.conformance  # noqa: F401  (registers the conformance family)
 
-    return registry.split(CELL_ALPHA, "pit", "conditional", "conformance")
+    return registry.split(CELL_ALPHA, registry.PIT, registry.CONDITIONAL, registry.CONFORMANCE)
 
 
 def plan(chain: bugtable.Chain, seed: int) -> SequentialDesign:
@@ -154,8 +154,8 @@ def _rejects(
     v, v_order, spare = (torch.rand(x.shape, generator=g, dtype=torch.float64) for _ in range(3))
     tested = torch.ones(x.shape, dtype=torch.bool)
     budget = cell_budget()
-    alpha_scored = budget.share("pit", "conditional")
-    alpha_pit = budget.share("pit")
+    alpha_scored = budget.share(registry.PIT, registry.CONDITIONAL)
+    alpha_pit = budget.share(registry.PIT)
     u = randomized_pit(p, x, v)
     results = pit_tests(u, tested, alpha_pit / looks, power, None, 10, slots=slots, spare=spare)
     values = ConditionalValues.from_chunk(

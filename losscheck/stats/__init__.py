@@ -22,7 +22,7 @@ from losscheck.stats.power import (
     predicted_power,
     require_power,
 )
-from losscheck.stats.registry import deprecated_count
+from losscheck.stats.registry import PIT, deprecated_count
 from losscheck.stats.result import CellVerdict, TestResult, combine
 from losscheck.stats.two_sample import two_sample_tests
 
@@ -52,5 +52,5 @@ __all__ = [
 
 def __getattr__(name: str) -> int:
     if name == "PIT_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
-        return deprecated_count("losscheck.stats.PIT_TESTS", "pit")
+        return deprecated_count("losscheck.stats.PIT_TESTS", PIT)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,14 +47,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from numpy.typing import ArrayLike
-from scipy import optimize, stats
+from scipy import stats
 
 from losscheck.errors import LosscheckError
+from losscheck.stats import powermodels
 from losscheck.stats._checks import check_open_unit, normalized_rows
 from losscheck.stats.buglaws import CATALOGUE, chunk_steps, targeted
+from losscheck.stats.evalue import evalue_threshold, log_mixture_evalue
 from losscheck.stats.gof import goodness_of_fit
-from losscheck.stats.registry import StatTest, deprecated_count, register, run_family
+from losscheck.stats.registry import CONDITIONAL, StatTest, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
 
 ORDER_BINS = 10
@@ -69,13 +70,6 @@ RATIO_FLOOR = 0.1
 # Below this sd a step's score is constant up to round-off (a point mass, uniform surprisal over
 # the support, or a class that cannot act there): its score would be round-off divided by round-off.
 _MIN_SCORE_SD = 1e-9
-# Bennett mixture grid, equal weights. The mixture's log e-value is within log(len) of the best
-# λ on the grid and, with steps of √2, within 4% of the best λ's exponent (at λ = c·λ*, the
-# Gaussian exponent is (2c - c²) of the optimum; c = 2^(±1/4) gives 0.96). The optimum for a sum
-# with variance W that must reach log(1/α) is λ* ≈ sqrt(2 log(1/α) / W): 2^-12 covers W up to
-# ~10^8 (a surprisal sum over ~10^9 tokens, far beyond any cell), and λ up to 2 serves rare ids
-# whose count is several times its tiny expectation (λ* = log(observed / expected)).
-LAMBDAS = np.exp2(np.arange(-24, 3) / 2.0)  # 2^-12 ... 2^1, 27 points
 
 
 def residual_key(p: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
@@ -346,50 +340,6 @@ def _check_tokens(what: str, tokens: torch.Tensor, vocab: int) -> None:
         )
 
 
-def log_mixture_evalue(s: ArrayLike, w: ArrayLike, one_sided: bool = False) -> np.ndarray:
-    """log of the two-sided Bennett mixture e-value of sums `s` with variance sums `w` (same shape,
-    w >= 0): log( (mean_λ exp(λs - ψ(λ)w) + mean_λ exp(-λs - ψ(λ)w)) / 2 ), λ over `LAMBDAS`;
-    `one_sided`: log mean_λ exp(λs - ψ(λ)w), evidence for S > 0 only (valid when every increment
-    of S is <= 1; it spends no e-value on the other side, so it rejects with about log 2 less).
-    Computed in log space (logaddexp): finite for any finite s, however large."""
-    s = np.asarray(s, dtype=np.float64)[..., None]  # [..., 1]
-    w = np.asarray(w, dtype=np.float64)[..., None]  # [..., 1]
-    psi = np.expm1(LAMBDAS) - LAMBDAS  # [K]
-    up = np.logaddexp.reduce(LAMBDAS * s - psi * w, axis=-1)  # [...]
-    if one_sided:
-        return up - math.log(len(LAMBDAS))
-    down = np.logaddexp.reduce(-LAMBDAS * s - psi * w, axis=-1)  # [...]
-    return np.logaddexp(up, down) - math.log(2 * len(LAMBDAS))
-
-
-def mixture_evalue(s: ArrayLike, w: ArrayLike) -> np.ndarray:
-    """The two-sided Bennett mixture e-value of (S, W) (any shape; inf where it overflows a float,
-    `log_mixture_evalue` keeps its size). Valid when every increment of S and of -S is <= 1."""
-    return np.exp(log_mixture_evalue(s, w))
-
-
-def evalue_threshold(w: float, alpha: float, one_sided: bool = False) -> float:
-    """Smallest |S| (S for `one_sided`) at which the mixture e-value of (S, `w`) reaches
-    1 / `alpha`: where the e-value tests reject."""
-    target = -math.log(check_open_unit("alpha", alpha))
-
-    def gap(s: float) -> float:
-        return float(log_mixture_evalue(s, w, one_sided)) - target
-
-    # The mixture lies between its largest term and that term / (K, or 2K two-sided), so the
-    # threshold lies between the best single λ's and the same with log K (log 2K) added: a
-    # bracket a few percent wide, found without a search.
-    psi = np.expm1(LAMBDAS) - LAMBDAS  # [K]
-    spread = math.log(len(LAMBDAS) * (1 if one_sided else 2))
-    low = float(((target + psi * w) / LAMBDAS).min())
-    high = float(((target + spread + psi * w) / LAMBDAS).min())
-    if gap(high) < 0:  # round-off at the bracket's edge
-        high *= 1 + 1e-9
-    if gap(low) >= 0:
-        return low
-    return float(optimize.brentq(gap, low, high, xtol=1e-9, rtol=1e-12))
-
-
 def _evalue_result(
     name: str, expected: str, observed: str, log_e: float, factor: int, statistic: float, **facts: Any
 ) -> TestResult:
@@ -529,20 +479,30 @@ def conditional_tests(values: ConditionalValues, alpha: float, power: float, loo
     judged at its share / `looks`, the e-value tests, valid at any stopping time, at their whole
     share."""
     check_open_unit("power", power)
-    return run_family("conditional", values, alpha, power, looks)
+    return run_family(CONDITIONAL, values, alpha, power, looks)
 
 
 def _residual_order(values: ConditionalValues, alpha: float, power: float) -> TestResult:
     return residual_order_test(values.order_u, alpha, power)
 
 
-register(StatTest("pit.residual_order", "conditional", "conditional", _residual_order))
-register(StatTest("pit.token_counts", "conditional", "conditional", token_counts_test, anytime=True))
-register(StatTest("pit.surprisal", "conditional", "conditional", surprisal_test, anytime=True))
-register(StatTest("pit.bug_classes", "conditional", "conditional", bug_classes_test, anytime=True))
+register(StatTest("pit.residual_order", CONDITIONAL, "conditional", _residual_order, power=powermodels.RESIDUAL_ORDER))
+register(
+    StatTest(
+        "pit.token_counts", CONDITIONAL, "conditional", token_counts_test, anytime=True, power=powermodels.TOKEN_COUNTS
+    )
+)
+register(
+    StatTest("pit.surprisal", CONDITIONAL, "conditional", surprisal_test, anytime=True, power=powermodels.SURPRISAL)
+)
+register(
+    StatTest(
+        "pit.bug_classes", CONDITIONAL, "conditional", bug_classes_test, anytime=True, power=powermodels.BUG_CLASSES
+    )
+)
 
 
 def __getattr__(name: str) -> int:
     if name == "CONDITIONAL_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
-        return deprecated_count("losscheck.stats.conditional.CONDITIONAL_TESTS", "conditional")
+        return deprecated_count("losscheck.stats.conditional.CONDITIONAL_TESTS", CONDITIONAL)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,8 @@ counts), so the χ² tests keep their level however the samples fall.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -15,10 +17,10 @@ from numpy.typing import ArrayLike
 
 from losscheck.errors import LosscheckError, UnderpoweredError
 from losscheck.stats._checks import check_open_unit, check_positive, check_tv, normalized_rows
-from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import goodness_of_fit, support_check
 from losscheck.stats.power import chisquare_detectable_w, chisquare_required_n, require_power
-from losscheck.stats.result import TestResult, scoped
+from losscheck.stats.registry import EXACT, StatTest, register, run_family, split
+from losscheck.stats.result import TestResult
 
 NextProbs = Callable[[torch.Tensor], torch.Tensor]  # context LongTensor [M, t] -> probs [M, V]
 
@@ -152,8 +154,9 @@ def exact_tests(
       exact.position[l]      Pearson χ² of the tokens at position l against their exact
                              marginal, binned the same way (positions with one bin, e.g.
                              certain tokens, are not testable and not counted).
-    The tests split `alpha` by Bonferroni; the number of tests follows from the probabilities
-    and N only. The joint tests first raise `UnderpoweredError` when they cannot detect binned
+    The tests split `alpha` by Bonferroni (the `exact` family of `losscheck.stats.registry`, the
+    per-position test once per testable position); the number of tests follows from the
+    probabilities and N only. The joint tests first raise `UnderpoweredError` when they cannot detect binned
     TV `target_tv` at `power` (`exact_required_n` says how many samples suffice); the
     per-position tests only report what they detect. Samples outside the support fail the
     support check and are left out of the other tests.
@@ -175,7 +178,7 @@ def exact_tests(
     joint_bin_of, joint_expected = probability_bins(probs, n, min_expected, max_bins)
     marginals = [_marginal_bins(seqs[:, pos], probs, n, min_expected, max_bins) for pos in range(seqs.shape[1])]
     testable = [pos for pos, (_, _, expected) in enumerate(marginals) if len(expected) >= 2]
-    a = per_test_alpha(alpha, 2 + len(testable))
+    a = split(alpha, EXACT, positions=len(testable)).per_test
     _require_joint_power(
         n,
         len(joint_expected),
@@ -184,34 +187,70 @@ def exact_tests(
         target_tv,
         required_n=exact_required_n(len(probs), seqs.shape[1], alpha, power, target_tv, max_bins),
     )
-
     index = locate(samples, seqs)  # [N]
-    inside = index[index >= 0]  # [N_inside]
-    n_inside = len(inside)
-    results = [support_check("exact.support", n - n_inside, n, power, "sequence")]
-    if n_inside == 0:
-        return results  # nothing left to bin; the support check has failed the cell
+    values = ExactValues(n, index[index >= 0], joint_bin_of, joint_expected, marginals, testable)
+    return run_family(EXACT, values, alpha, power, positions=len(testable))
 
-    observed = torch.bincount(joint_bin_of[inside], minlength=len(joint_expected))
-    expected = joint_expected * (n_inside / n)
-    desc = f"sampled sequences distributed over {len(joint_expected)} bins of exact probability"
-    results.append(goodness_of_fit("exact.joint_chisquare", desc, observed, expected, a, power))
-    results.append(goodness_of_fit("exact.joint_gtest", desc, observed, expected, a, power, "log-likelihood"))
-    for pos in testable:
-        token_of_seq, bin_of_token, marginal_expected = marginals[pos]
-        observed = torch.bincount(bin_of_token[token_of_seq[inside]], minlength=len(marginal_expected))
-        results += scoped(
-            [
-                goodness_of_fit(
-                    f"exact.position[{pos}]",
-                    f"tokens at position {pos} distributed over {len(marginal_expected)} bins of their exact marginal",
-                    observed,
-                    marginal_expected * (n_inside / n),
-                    a,
-                    power,
-                )
-            ],
-            "stratified",
+
+@dataclass(frozen=True)
+class ExactValues:
+    """What the `exact` family's tests read, binned once per cell by `exact_tests`."""
+
+    n: int  # samples
+    inside: torch.Tensor  # [N_inside] index among the enumerated sequences of each sample inside the support
+    joint_bin_of: torch.Tensor  # [S] bin of each enumerated sequence
+    joint_expected: torch.Tensor  # [bins] n · (mass of each bin)
+    # per position: token_of_seq [S], bin_of_token [T], expected [bins] (`_marginal_bins`)
+    marginals: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    testable: list[int]  # positions with at least two bins
+
+    def share_inside(self, expected: torch.Tensor) -> torch.Tensor:
+        """`expected` counts of n samples scaled to the samples inside the support."""
+        return expected * (len(self.inside) / self.n)
+
+
+def _support(values: ExactValues, power: float) -> TestResult:
+    return support_check("exact.support", values.n - len(values.inside), values.n, power, "sequence")
+
+
+def _joint(
+    values: ExactValues, name: str, alpha: float, power: float, statistic: Literal["pearson", "log-likelihood"]
+) -> list[TestResult]:
+    """A joint test of the sequences on the bins of exact probability; none when no sample lies
+    inside the support (nothing is left to bin: the support check has failed the cell)."""
+    if len(values.inside) == 0:
+        return []
+    expected = values.joint_expected
+    observed = torch.bincount(values.joint_bin_of[values.inside], minlength=len(expected))
+    desc = f"sampled sequences distributed over {len(expected)} bins of exact probability"
+    return [goodness_of_fit(name, desc, observed, values.share_inside(expected), alpha, power, statistic)]
+
+
+def _joint_chisquare(values: ExactValues, alpha: float, power: float) -> list[TestResult]:
+    return _joint(values, "exact.joint_chisquare", alpha, power, "pearson")
+
+
+def _joint_gtest(values: ExactValues, alpha: float, power: float) -> list[TestResult]:
+    return _joint(values, "exact.joint_gtest", alpha, power, "log-likelihood")
+
+
+def _positions(values: ExactValues, alpha: float, power: float) -> list[TestResult]:
+    """Pearson χ² of the tokens at each testable position against their exact marginal."""
+    if len(values.inside) == 0:
+        return []
+    results = []
+    for pos in values.testable:
+        token_of_seq, bin_of_token, marginal_expected = values.marginals[pos]
+        observed = torch.bincount(bin_of_token[token_of_seq[values.inside]], minlength=len(marginal_expected))
+        results.append(
+            goodness_of_fit(
+                f"exact.position[{pos}]",
+                f"tokens at position {pos} distributed over {len(marginal_expected)} bins of their exact marginal",
+                observed,
+                values.share_inside(marginal_expected),
+                alpha,
+                power,
+            )
         )
     return results
 
@@ -237,9 +276,9 @@ def exact_required_n(
     """Samples enough for `exact_tests`' joint tests to detect binned TV `target_tv`, however the
     bins fall: `alpha` split over the most tests a cell can have (2 + horizon) and the most bins
     (min(n_sequences, max_bins)); fewer tests or bins only need fewer samples."""
-    n_tests = 2 + horizon
     n_bins = max(min(n_sequences, max_bins), 2)
-    return chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, per_test_alpha(alpha, n_tests), power)
+    per_test = split(alpha, EXACT, positions=horizon).per_test
+    return chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, per_test, power)
 
 
 def _require_joint_power(n: int, n_bins: int, alpha: float, power: float, target_tv: float, required_n: int) -> None:
@@ -252,3 +291,13 @@ def _require_joint_power(n: int, n_bins: int, alpha: float, power: float, target
         )
     w = chisquare_detectable_w(n, n_bins, alpha, power)
     require_power(w / 2, target_tv, what, n=n, required_n=required_n, unit="samples")
+
+
+register(
+    StatTest(
+        "exact.support", EXACT, "pooled", lambda values, _alpha, power: _support(values, power), spends_alpha=False
+    )
+)
+register(StatTest("exact.joint_chisquare", EXACT, "pooled", _joint_chisquare))
+register(StatTest("exact.joint_gtest", EXACT, "pooled", _joint_gtest))
+register(StatTest("exact.position", EXACT, "stratified", _positions, per_position=True))

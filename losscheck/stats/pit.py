@@ -43,6 +43,7 @@ import torch
 from scipy import stats
 
 from losscheck.errors import LosscheckError, UnderpoweredError
+from losscheck.stats import powermodels
 from losscheck.stats._checks import check_open_unit, check_tv, normalized_rows
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.gof import chi2_log10_sf, describe_worst_bin, goodness_of_fit, support_check
@@ -53,7 +54,7 @@ from losscheck.stats.power import (
     dkwm_required_n,
     require_power,
 )
-from losscheck.stats.registry import StatTest, budget_count, deprecated_count, register, run_family
+from losscheck.stats.registry import PIT, StatTest, budget_count, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
 
 PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
@@ -135,7 +136,7 @@ def pit_tests(
     check_open_unit("power", power)
     if target_tv is not None:
         check_tv("target TV", target_tv)
-    a = per_test_alpha(alpha, budget_count("pit"))
+    a = per_test_alpha(alpha, budget_count(PIT))
 
     impossible = mask & torch.isnan(u)  # [N, L]
     valid = mask & ~impossible  # [N, L]
@@ -165,7 +166,7 @@ def pit_tests(
         width = int(slot_of.max()) + 1
         slot_counts = torch.bincount(slot_of * n_bins + bins, minlength=width * n_bins).view(-1, n_bins).numpy()
     pit = PitValues(u, mask, valid, values, counts, slot_counts, spare, int(impossible.sum()), min_expected)
-    return run_family("pit", pit, alpha, power)
+    return run_family(PIT, pit, alpha, power)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def _pooled_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
 def pit_required_values(alpha: float, power: float, target_tv: float, n_bins: int = 10) -> int:
     """PIT values (unmasked tokens) `pit_tests`' pooled χ² and KS need, under the cell budget
     `alpha`, to detect `target_tv` at `power`."""
-    a = per_test_alpha(alpha, budget_count("pit"))
+    a = per_test_alpha(alpha, budget_count(PIT))
     return max(
         chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, a, power),
         dkwm_required_n(target_tv, a, power),
@@ -350,17 +351,15 @@ def _slot_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
     return _stratified_chisquare("pit.slot_chisquare", "slot", pit.slot_counts, alpha, power, pit.min_expected)
 
 
-register(
-    StatTest("pit.support", "pit", "pooled", lambda pit, _alpha, power: _support_of(pit, power), spends_alpha=False)
-)
-register(StatTest("pit.pooled_chisquare", "pit", "pooled", _pooled_chisquare))
-register(StatTest("pit.pooled_ks", "pit", "pooled", _pooled_ks))
-register(StatTest("pit.position_chisquare", "pit", "stratified", _position_chisquare))
-register(StatTest("pit.slot_chisquare", "pit", "stratified", _slot_chisquare))
-register(StatTest("pit.pair_chisquare", "pit", "stratified", _pair_chisquare))
+register(StatTest("pit.support", PIT, "pooled", lambda pit, _alpha, power: _support_of(pit, power), spends_alpha=False))
+register(StatTest("pit.pooled_chisquare", PIT, "pooled", _pooled_chisquare, power=powermodels.POOLED_CHISQUARE))
+register(StatTest("pit.pooled_ks", PIT, "pooled", _pooled_ks))
+register(StatTest("pit.position_chisquare", PIT, "stratified", _position_chisquare))
+register(StatTest("pit.slot_chisquare", PIT, "stratified", _slot_chisquare, power=powermodels.SLOT_CHISQUARE))
+register(StatTest("pit.pair_chisquare", PIT, "stratified", _pair_chisquare))
 
 
 def __getattr__(name: str) -> int:
     if name == "PIT_TESTS":  # the removed hand-kept count (CHANGELOG.md, Deprecated)
-        return deprecated_count("losscheck.stats.pit.PIT_TESTS", "pit")
+        return deprecated_count("losscheck.stats.pit.PIT_TESTS", PIT)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,25 +1,40 @@
 """The statistical tests a sampled cell runs, each declared once: its name, the family that runs
-it, the scope of its detectable effect, whether it stays valid under any stopping rule and
-whether it spends a share of the false-alarm budget.
+it, the scope of its detectable effect, its share of the false-alarm budget (none, one, or one
+per tested position), whether it stays valid under any stopping rule, and its power model.
 
-A *family* is a set of tests that read the same values (`pit`: the randomized PITs of the tested
-tokens; `conditional`: the per-step sums of `ConditionalValues`; `conformance`: what a `Recorder`
-saw the verifier do). Its module registers its tests when imported; the family's runner calls
-each registered test in registration order with the family's values. Counts, the Bonferroni split
-of a cell's α over families (`split`) and the list of tests a certificate names come from here,
-so adding a test is one function plus one `register` call — nothing else counts tests by hand.
+A *family* is a set of tests that read the same values (`PIT`: the randomized PITs of the tested
+tokens; `CONDITIONAL`: the per-step sums of `ConditionalValues`; `CONFORMANCE`: what a `Recorder`
+saw the verifier do; `EXACT`: samples against an enumerated law; `TWO_SAMPLE`: two samples of
+token ids). Its module registers its tests when imported; the family's runner calls each
+registered test in registration order with the family's values. Counts, the Bonferroni split of
+a cell's α over families (`split`), the list of tests a certificate names and the tests a PIT
+cell's design sizes its sample for (`designed`: those with a power model, read by
+`losscheck.stats.bugclass`) come from here, so adding a test is one function plus one `register`
+call — nothing else counts or names tests by hand.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit
 from losscheck.stats.result import TestResult
+
+if TYPE_CHECKING:
+    from losscheck.stats.effects import PowerModel
+
+# The families, spelt once: every split, runner and registration names them through these.
+PIT = "pit"
+CONDITIONAL = "conditional"
+CONFORMANCE = "conformance"
+EXACT = "exact"
+TWO_SAMPLE = "two_sample"
+# the order a PIT cell's design lists its tests in (`designed`); a family not named here follows
+DESIGN_ORDER = (PIT, CONDITIONAL)
 
 Values = TypeVar("Values")
 # what a test's detectable effect speaks for (`TestResult.scope`)
@@ -29,17 +44,36 @@ Scope = Literal["pooled", "stratified", "conditional", "conformance"]
 @dataclass(frozen=True)
 class StatTest(Generic[Values]):
     """One registered test: `run(values, alpha, power)` judges the family's `values` at `alpha`
-    and states what it detects at `power`."""
+    and states what it detects at `power` — one result, or for a `per_position` test one per
+    tested position (named `name[l]`; none when the values leave nothing to test)."""
 
     name: str  # dotted, as in its results: "pit.pooled_chisquare"
-    family: str  # the values it reads: "pit", "conditional" or "conformance"
+    family: str  # the values it reads: one of the family constants above, or a new family's name
     scope: Scope
-    run: Callable[[Values, float, float], TestResult]
+    run: Callable[[Values, float, float], TestResult | Sequence[TestResult]]
     # valid under any stopping rule (an e-value): judged at its whole share in a sequential cell;
     # otherwise at its share / the cell's number of looks (`losscheck.stats.sequential`)
     anytime: bool = False
     # False: fails only on an event of probability 0 under H0, so it is judged at alpha 0
     spends_alpha: bool = True
+    # one assertion, and one share of the family's α, per tested position (the family's runner
+    # says how many positions are tested) instead of one in all
+    per_position: bool = False
+    # what the test sees per token under each bug class, for the design that sizes a PIT cell's
+    # sample (`losscheck.stats.bugclass`); None: the test is not part of that design
+    power: PowerModel | None = None
+
+    def shares(self, positions: int | None = None) -> int:
+        """How many shares of its family's α the test spends when `positions` are tested."""
+        if not self.spends_alpha:
+            return 0
+        if not self.per_position:
+            return 1
+        if positions is None:
+            raise LosscheckError(
+                f"{self.name} asserts once per tested position: its family's split needs the number of positions"
+            )
+        return positions
 
 
 _TESTS: dict[str, StatTest] = {}
@@ -66,9 +100,17 @@ def registered(family: str) -> tuple[StatTest, ...]:
     return tests
 
 
-def budget_count(family: str) -> int:
-    """How many of `family`'s tests share its α (tests of probability-0 events spend none)."""
-    return sum(t.spends_alpha for t in registered(family))
+def get(name: str) -> StatTest:
+    """The test registered as `name`."""
+    if name not in _TESTS:
+        raise LosscheckError(f"no statistical test is registered as {name!r}; registered: {sorted(_TESTS)}")
+    return _TESTS[name]
+
+
+def budget_count(family: str, positions: int | None = None) -> int:
+    """How many shares `family`'s α is split into (tests of probability-0 events spend none, a
+    per-position test one per tested position: `positions`)."""
+    return sum(t.shares(positions) for t in registered(family))
 
 
 def deprecated_count(old: str, family: str) -> int:
@@ -87,46 +129,62 @@ def all_tests() -> tuple[StatTest, ...]:
     return tuple(_TESTS.values())
 
 
+def designed() -> tuple[StatTest, ...]:
+    """The tests with a power model, which a PIT cell's design sizes its sample for: the families
+    of `DESIGN_ORDER` in that order, then any other, each in registration order."""
+    rank = {family: i for i, family in enumerate(DESIGN_ORDER)}
+    with_power = [t for t in _TESTS.values() if t.power is not None]
+    return tuple(sorted(with_power, key=lambda t: rank.get(t.family, len(rank))))
+
+
 @dataclass(frozen=True)
 class Split:
-    """A budget `alpha` split evenly (Bonferroni) over every α-spending test of `families`."""
+    """A budget `alpha` split evenly (Bonferroni) over every α-spending test of `families`;
+    `positions`: how many positions a per-position test among them asserts on."""
 
     alpha: float
     families: tuple[str, ...]
+    positions: int | None = None
 
     @property
     def per_test(self) -> float:
         """One test's level."""
-        return self.alpha / sum(budget_count(f) for f in self.families)
+        return self.alpha / sum(budget_count(f, self.positions) for f in self.families)
 
     def share(self, *families: str) -> float:
         """What `families` (some of this split's) receive together: their tests' levels summed."""
         unknown = set(families) - set(self.families)
         if unknown:
             raise LosscheckError(f"families {sorted(unknown)} are not part of this split over {list(self.families)}")
-        return self.per_test * sum(budget_count(f) for f in families)
+        return self.per_test * sum(budget_count(f, self.positions) for f in families)
 
 
-def split(alpha: float, *families: str) -> Split:
-    """`alpha` split over every α-spending test of `families`."""
+def split(alpha: float, *families: str, positions: int | None = None) -> Split:
+    """`alpha` split over every α-spending test of `families`, a per-position test's over
+    `positions` positions."""
     check_open_unit("alpha", alpha)
     if not families:
         raise LosscheckError("split needs at least one family of tests")
-    return Split(alpha, families)
+    return Split(alpha, families, positions)
 
 
-def run_family(family: str, values: object, alpha: float, power: float, looks: int = 1) -> list[TestResult]:
+def run_family(
+    family: str, values: object, alpha: float, power: float, looks: int = 1, positions: int | None = None
+) -> list[TestResult]:
     """Every test of `family` on `values`, the family's budget `alpha` split evenly over its
-    α-spending tests; with `looks` > 1 (a sequential cell) a test not valid under any stopping
-    rule is judged at its share / `looks`. Each result carries its test's scope."""
+    α-spending tests (a per-position test one share per position of `positions`); with `looks` > 1
+    (a sequential cell) a test not valid under any stopping rule is judged at its share / `looks`.
+    Each result carries its test's scope."""
     check_open_unit(f"the {family} family's alpha", alpha)
     tests = registered(family)
-    share = alpha / budget_count(family)
+    share = split(alpha, family, positions=positions).per_test
     results = []
     for test in tests:
         level = 0.0 if not test.spends_alpha else share if test.anytime else share / looks
-        result = test.run(values, level, power)
-        if result.name != test.name:
-            raise LosscheckError(f"the test registered as {test.name!r} returned a result named {result.name!r}")
-        results.append(replace(result, scope=test.scope))
+        ran = test.run(values, level, power)
+        for result in [ran] if isinstance(ran, TestResult) else ran:
+            own = result.name == test.name or (test.per_position and result.name.startswith(f"{test.name}["))
+            if not own:
+                raise LosscheckError(f"the test registered as {test.name!r} returned a result named {result.name!r}")
+            results.append(replace(result, scope=test.scope))
     return results

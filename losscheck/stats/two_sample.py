@@ -11,6 +11,7 @@ then its usual (asymptotic) self. Bins that looked at either sample alone would 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,14 +19,14 @@ from scipy import stats
 
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit, check_positive, check_tv
-from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.power import (
     chisquare_detectable_w,
     chisquare_required_n,
     dkwm_two_sample_detectable,
     require_power,
 )
-from losscheck.stats.result import TestResult, scoped
+from losscheck.stats.registry import TWO_SAMPLE, StatTest, register, run_family, split
+from losscheck.stats.result import TestResult
 
 
 def two_sample_tests(
@@ -49,7 +50,8 @@ def two_sample_tests(
       two_sample.distinct_tokens KS two-sample test of the number of distinct tokens per
                                  sequence — a statistic of the whole sequence, which sees
                                  dependence between positions (repetition) that marginals miss.
-    The L + 1 tests split `alpha` by Bonferroni. Power uses the effective sample size
+    The L + 1 tests split `alpha` by Bonferroni (the `two_sample` family of
+    `losscheck.stats.registry`, the per-position test once per position). Power uses the effective sample size
     n = Na·Nb/(Na + Nb) (noncentrality n·w² with w² = Σ (p_a - p_b)² / p_pooled, so again
     w >= 2·binned TV). The per-position tests first raise `UnderpoweredError` when, with
     `max_bins` bins (the worst case: more bins, less power), they cannot detect binned TV
@@ -71,7 +73,7 @@ def two_sample_tests(
         raise LosscheckError(f"max_bins must be >= 2, got {max_bins}")
     n_a, n_b = len(a), len(b)
     n_eff = n_a * n_b / (n_a + n_b)
-    alpha_each = per_test_alpha(alpha, a.shape[1] + 1)
+    alpha_each = split(alpha, TWO_SAMPLE, positions=a.shape[1]).per_test
 
     w = chisquare_detectable_w(n_eff, max_bins, alpha_each, power)
     require_power(
@@ -85,13 +87,30 @@ def two_sample_tests(
     )
     # one count over the pooled sample decides every bin, at least this many pooled tokens each
     min_count = min_expected * (n_a + n_b) / min(n_a, n_b)
-    positions = [
-        _position_homogeneity(pos, a[:, pos], b[:, pos], vocab_size, min_count, max_bins, n_eff, alpha_each, power)
+    values = TwoSampleValues(a, b, vocab_size, min_count, max_bins, n_eff)
+    return run_family(TWO_SAMPLE, values, alpha, power, positions=a.shape[1])
+
+
+@dataclass(frozen=True)
+class TwoSampleValues:
+    """What the `two_sample` family's tests read."""
+
+    a: torch.Tensor  # [Na, L] ids of sample a
+    b: torch.Tensor  # [Nb, L] ids of sample b
+    vocab_size: int
+    min_count: float  # pooled tokens a bin needs
+    max_bins: int
+    n_eff: float  # effective sample size Na·Nb/(Na + Nb)
+
+
+def _positions(values: TwoSampleValues, alpha: float, power: float) -> list[TestResult]:
+    a, b = values.a, values.b
+    return [
+        _position_homogeneity(
+            pos, a[:, pos], b[:, pos], values.vocab_size, values.min_count, values.max_bins, values.n_eff, alpha, power
+        )
         for pos in range(a.shape[1])
     ]
-    results = scoped(positions, "stratified")
-    results.append(_distinct_tokens_ks(a, b, alpha_each, power))
-    return results
 
 
 def pooled_token_bins(pooled: torch.Tensor, vocab_size: int, min_count: float, max_bins: int) -> torch.Tensor:
@@ -185,3 +204,14 @@ def _distinct_tokens_ks(a: torch.Tensor, b: torch.Tensor, alpha: float, power: f
         power=power,
         detectable={"ks": dkwm_two_sample_detectable(len(da), len(db), alpha, power)},
     )
+
+
+register(StatTest("two_sample.position", TWO_SAMPLE, "stratified", _positions, per_position=True))
+register(
+    StatTest(
+        "two_sample.distinct_tokens",
+        TWO_SAMPLE,
+        "pooled",
+        lambda v, alpha, power: _distinct_tokens_ks(v.a, v.b, alpha, power),
+    )
+)

@@ -1,0 +1,216 @@
+"""What a test sees per token under a bug class, and the tokens and power that follow.
+
+An *effect* answers two questions at a test's level α: the tokens it needs to reject with a given
+power (`tokens_needed`, math.inf when it has none within `MAX_TOKENS`) and its power after n
+tokens (`power`). A test's *power model* (`PowerModel`, carried by its registration in
+`losscheck.stats.registry`) builds its effect from a `ClassView`: one bug class's sufficient sums
+(`losscheck.stats.bugsums`) at one member of its family, and the same steps' sums under H0.
+
+- χ² tests (`ChisquareEffect`): noncentrality n·w² with w² = B·Σ_b (π̄_b - 1/B)² of the average
+  bin law (`w2`), power from statsmodels' `GofChisquarePower`.
+- e-value tests (`EvalueEffect`): per token the drift d = E_{p'}[Y] of the increment, its variance
+  under H0 σ² (what the test's W adds) and under the bug τ². The rejection threshold on S given
+  W = n·σ² is solved exactly from the mixture (`losscheck.stats.evalue.evalue_threshold`); the
+  power is the normal approximation P(S_n >= threshold) with S_n ~ N(n·d, n·τ²). The level of
+  the tests is exact; their power here is that approximation.
+- the likelihood-ratio bound (`LikelihoodRatioEffect`): the Neyman–Pearson test that knows the
+  bug's law at every step, its log-LR sum taken as Gaussian, or the support check where p' puts
+  mass outside p's support. A benchmark, not a test a cell runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from scipy import stats
+from statsmodels.stats.power import GofChisquarePower
+
+from losscheck.errors import LosscheckError
+from losscheck.stats.buglaws import BugClass
+from losscheck.stats.bugsums import SUMS, NullSums, Sums
+from losscheck.stats.evalue import evalue_threshold
+from losscheck.stats.power import chisquare_required_n
+
+MAX_TOKENS = 1e13  # beyond this a test is reported as having no power (math.inf)
+_GOF_POWER = GofChisquarePower()
+
+
+class Effect(Protocol):
+    """What one test sees per token under one law."""
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        """Tokens for the test, at level `alpha`, to reject with probability `power`; math.inf: never."""
+        ...
+
+    def power(self, n: float, alpha: float) -> float:
+        """The probability that the test, at level `alpha`, rejects after `n` tokens."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClassView:
+    """What a power model reads about one bug class at one member ρ of its family."""
+
+    bug: BugClass
+    sums: Sums  # the class's sums at the member; the per-id class's at its reported id
+    h0: NullSums  # the same steps under H0
+    n_bins: int  # the PIT tests' equal bins
+    has_slots: bool  # the run recorded each token's slot
+    reported_id: int | None  # the per-id class: the id it is reported at
+    id_fixed: bool  # that id was fixed before the sample (so pit.bug_classes aims a score at it)
+    class_scores: tuple[int, ...]  # the class scores pit.bug_classes holds (indices into the classes)
+
+    @property
+    def steps(self) -> float:
+        return float(self.h0.steps)
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """A test's power model: `effect(view)` is what the test sees per token under the class of
+    `view` (None: the test has no entry for that class); `reads` names the sufficient sums
+    (fields of `losscheck.stats.bugsums.Sums`) it needs, checked when it is declared."""
+
+    effect: Callable[[ClassView], Effect | None]
+    reads: frozenset[str]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.reads) - SUMS
+        if unknown:
+            raise LosscheckError(
+                f"a power model reads sums {sorted(unknown)} that the bug-class design does not keep; "
+                f"it keeps {sorted(SUMS)} (losscheck.stats.bugsums.Sums)"
+            )
+
+
+@dataclass(frozen=True)
+class ChisquareEffect:
+    """A χ² goodness-of-fit test of B cells, per token: its noncentrality w², and the share of
+    tokens it sees."""
+
+    w2: float  # per-token noncentrality
+    n_bins: int  # cells (df + 1)
+    support: float  # share of tokens the test sees (inside p's support)
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        if self.w2 <= 0 or self.support <= 0:
+            return math.inf
+        n = chisquare_required_n(math.sqrt(self.w2), self.n_bins, alpha, power) / self.support
+        return n if n <= MAX_TOKENS else math.inf
+
+    def power(self, n: float, alpha: float) -> float:
+        if self.w2 <= 0:
+            return alpha
+        return float(_GOF_POWER.power(math.sqrt(self.w2), n * self.support, alpha, self.n_bins))
+
+
+@dataclass(frozen=True)
+class EvalueEffect:
+    """Mixture e-value tests of candidate sums, per token: drift d, H0 variance σ², H1 variance τ²;
+    judged at alpha / `bonferroni`, the best candidate counts; `one_sided`: only d > 0 is seen."""
+
+    drift: list[float]
+    h0_var: list[float]
+    h1_var: list[float]
+    bonferroni: int
+    one_sided: bool = False
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        return min(
+            (
+                evalue_tokens(d, s2, t2, alpha / self.bonferroni, power, self.one_sided)
+                for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
+            ),
+            default=math.inf,
+        )
+
+    def power(self, n: float, alpha: float) -> float:
+        return max(
+            (
+                evalue_power(n, d, s2, t2, alpha / self.bonferroni, self.one_sided)
+                for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
+            ),
+            default=0.0,
+        )
+
+
+def evalue_power(n: float, d: float, h0_var: float, h1_var: float, alpha: float, one_sided: bool = False) -> float:
+    """P(mixture e-value of S_n >= 1/alpha) with S_n ~ N(n·d, n·τ²), W_n = n·σ² (the far side
+    of a two-sided test left out: it is never the one that rejects here)."""
+    shift = d if one_sided else abs(d)
+    if shift <= 0 or h0_var <= 0:
+        return 0.0
+    threshold = evalue_threshold(n * h0_var, alpha, one_sided)
+    sd = math.sqrt(n * max(h1_var, 1e-300))
+    return 0.5 * math.erfc((threshold - n * shift) / sd / math.sqrt(2))  # the normal survival function
+
+
+def evalue_tokens(d: float, h0_var: float, h1_var: float, alpha: float, power: float, one_sided: bool = False) -> float:
+    """Smallest n (to 0.1%) with `evalue_power` >= power; inf beyond `MAX_TOKENS`."""
+    shift = d if one_sided else abs(d)
+    if shift <= 0 or h0_var <= 0:
+        return math.inf
+
+    def enough(n: float) -> bool:
+        return evalue_power(n, d, h0_var, h1_var, alpha, one_sided) >= power
+
+    # start from the fixed-sample z test's n, which the mixture's threshold exceeds by a small
+    # factor: a few doublings bracket the answer where doubling from 1 takes a dozen or more
+    z = float(stats.norm.isf(alpha)) * math.sqrt(h0_var) + float(stats.norm.isf(1 - power)) * math.sqrt(h1_var)
+    high = max(1.0, math.floor((max(z, 0.0) / shift) ** 2))
+    while not enough(high):
+        high *= 2
+        if high > MAX_TOKENS:
+            return math.inf
+    while high > 1 and enough(high / 2):
+        high /= 2
+    low = high / 2
+    while high - low > max(1.0, 1e-3 * high):
+        mid = (low + high) / 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return float(math.ceil(high))
+
+
+@dataclass(frozen=True)
+class LikelihoodRatioEffect:
+    """The Neyman–Pearson test of p' against p, per token: the log-LR's mean and variance under
+    the bug and under H0; the sum of n is taken as Gaussian."""
+
+    h1_mean: float
+    h1_var: float
+    h0_mean: float
+    h0_var: float
+    outside: float  # mean mass of p' outside p's support (caught by the support check)
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        gap = self.h1_mean - self.h0_mean
+        # a class whose p' equals p sums to zero up to round-off: a variance may come out at -1e-20
+        h0_sd, h1_sd = math.sqrt(max(self.h0_var, 0.0)), math.sqrt(max(self.h1_var, 0.0))
+        spread = float(stats.norm.isf(alpha)) * h0_sd + float(stats.norm.ppf(power)) * h1_sd
+        gauss = (spread / gap) ** 2 if gap > 0 else math.inf
+        support = math.log1p(-power) / math.log1p(-self.outside) if 0 < self.outside < 1 else math.inf
+        n = min(gauss, support)
+        return float(max(1, math.ceil(n))) if n <= MAX_TOKENS else math.inf
+
+    def power(self, n: float, alpha: float) -> float:
+        gap = self.h1_mean - self.h0_mean
+        gauss = 0.0
+        if gap > 0:
+            z = (math.sqrt(n) * gap - float(stats.norm.isf(alpha)) * math.sqrt(max(self.h0_var, 0.0))) / math.sqrt(
+                max(self.h1_var, 1e-300)
+            )
+            gauss = float(stats.norm.cdf(z))
+        support = 1.0 - (1.0 - self.outside) ** n if self.outside > 0 else 0.0
+        return max(gauss, support)
+
+
+def w2(masses: torch.Tensor, n_bins: int) -> float:
+    """Cohen's w² of the average bin law `masses` [B] (normalised) against uniform."""
+    total = float(masses.sum())
+    if total <= 0:
+        return 0.0
+    return float(n_bins * ((masses / total - 1 / n_bins) ** 2).sum())
