@@ -225,3 +225,17 @@ def test_a_large_vocabulary_scales_the_estimate_of_sampled_cells_only():
     one_sample = target_scale(text, Mode.ONE_SAMPLE) * MODES[Mode.ONE_SAMPLE].base_seconds
     assert 2000 < one_sample < 4000, one_sample
     assert target_scale(reference, Mode.ONE_SAMPLE) == target_scale(reference, Mode.PIT) == 1.0
+
+
+def test_the_others_set_and_the_reference_set_split_the_whole_bundled_matrix():
+    """The main job certifies "reference", CI's test step the quick gate of "others": together
+    every cell of "all", none twice."""
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    ids = {
+        which: [c.id for cells in Session(Options(bundled=which), skeleton=True).plan.values() for c in cells]
+        for which in ("reference", "others", "all")
+    }
+    assert len(set(ids["others"])) == len(ids["others"]) and not set(ids["reference"]) & set(ids["others"])
+    assert sorted(ids["reference"] + ids["others"]) == sorted(ids["all"])

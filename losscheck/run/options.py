@@ -30,9 +30,10 @@ DEFAULT_MEMORY_BUDGET_MIB = 2048
 DEFAULT_PRECISIONS = "fp32,bf16,fp16,bf16/fp32"
 DEFAULT_PERF_PROFILE = "quick"
 # Without a drafter of the user's: the reference drafter (family A; the self-draft oracle always
-# comes too) or every bundled family. The plugin's default is every family (losscheck's own test
-# suite gates them all); `losscheck certify`, the main job, defaults to the reference drafter.
-BUNDLED = ("reference", "all")
+# comes too), every bundled family, or the cells of every family the reference set leaves out
+# ("others": with the main job, the whole bundled matrix once). The plugin's default is every
+# family; `losscheck certify`, the main job, defaults to the reference drafter.
+BUNDLED = ("reference", "all", "others")
 DEFAULT_BUNDLED = "all"
 
 
@@ -144,8 +145,10 @@ SPECS: dict[str, OptionSpec] = {
         "choices": BUNDLED,
         "default": DEFAULT_BUNDLED,
         "help": "without --losscheck-drafter, certify the bundled reference set (the reference drafter, family A, "
-        "and the truncation widths of family E, the axis A lacks) or all the bundled drafters: the parallel "
-        "families B-E and the speculators checkpoints, whole (default: %(default)s; `losscheck certify`: reference)",
+        "and the truncation widths of family E, the axis A lacks), all the bundled drafters (the parallel "
+        "families B-E and the speculators checkpoints, whole), or the cells of all that the reference set leaves "
+        "out (others: with the main job, every bundled cell once) (default: %(default)s; `losscheck certify`: "
+        "reference)",
     },
     "engine": {
         "metavar": "NAME|MOD:FACTORY",
