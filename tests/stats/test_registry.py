@@ -1,5 +1,6 @@
-"""The registry of statistical tests: counts and α splits come from it, and a new test is one
-function plus one registration (`losscheck.stats.registry`)."""
+"""The registry of statistical tests: counts, α splits and the tests a PIT cell's design sizes its
+sample for come from it, and a new test is one function plus one registration
+(`losscheck.stats.registry`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from scipy import stats
 
 from losscheck.cells.record import RunFacts
 from losscheck.errors import LosscheckError
-from losscheck.stats import registry
+from losscheck.selftest import bugtable
+from losscheck.stats import bugclass, effects, registry, sample_size
+from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
 from losscheck.stats.conditional import ConditionalValues, conditional_tests
 from losscheck.stats.result import TestResult
 
@@ -116,3 +119,95 @@ def test_registry_errors_name_the_fix(with_order_mean):
     registry.register(misnamed)
     with pytest.raises(LosscheckError, match="registered as 'pit.other' returned a result named 'pit.order_mean'"):
         conditional_tests(values_of(torch.rand(100)), 0.05, 0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanShiftEffect:
+    """The toy test's power model per token: the shift `shift` of the mean of u from 1/2, sd
+    sqrt(1/12) under H0, a two-sided z test; it sees the share `support` of the tokens."""
+
+    shift: float
+    support: float
+
+    def tokens_needed(self, alpha: float, power: float) -> float:
+        if self.shift == 0 or self.support <= 0:
+            return math.inf
+        z = stats.norm.isf(alpha / 2) + stats.norm.ppf(power)
+        return math.ceil((z * math.sqrt(1 / 12) / abs(self.shift)) ** 2 / self.support)
+
+    def power(self, n: float, alpha: float) -> float:
+        return float(stats.norm.sf(stats.norm.isf(alpha / 2) - math.sqrt(n * self.support * 12) * abs(self.shift)))
+
+
+def order_mean_effect(view: effects.ClassView) -> MeanShiftEffect:
+    """Under the bug, the mean of the p - q ordered PITs from the class's residual bin masses
+    (each bin's mass at its midpoint), among the tokens inside p's support."""
+    masses = view.sums.residual / view.sums.residual.sum()  # [B]
+    midpoints = (torch.arange(view.n_bins, dtype=torch.float64) + 0.5) / view.n_bins
+    return MeanShiftEffect(float((masses * midpoints).sum()) - 0.5, float(view.sums.in_support) / view.steps)
+
+
+# the same toy test, now with a power model: the one registration is all it takes to enter the design
+ORDER_MEAN_DESIGNED = dataclasses.replace(
+    ORDER_MEAN, power=effects.PowerModel(order_mean_effect, frozenset({"residual", "in_support"}))
+)
+
+
+@pytest.fixture
+def with_designed_order_mean(monkeypatch):
+    """ORDER_MEAN_DESIGNED registered for one test (the registry is restored afterwards)."""
+    monkeypatch.setattr(registry, "_TESTS", dict(registry._TESTS))
+    registry.register(ORDER_MEAN_DESIGNED)
+
+
+def pilot() -> PowerAccumulator:
+    """A pilot of the bug-class table's Markov loop (V = 64, k = 4, acceptance about 0.88)."""
+    chain = bugtable.make_chain(0.88, seed=3)
+    return bugtable.accumulate(chain, bugtable.simulate(chain, rows=300, seed=4))
+
+
+def design_of(acc: PowerAccumulator, alpha: float) -> tuple[dict[str, dict[str, float]], sample_size.ClassDesign]:
+    """The design a PIT cell of budget `alpha` makes from `acc`: per class and test the tokens
+    needed at one test's share of the PIT and conditional families, and the design itself."""
+    needed = acc.tokens_needed(registry.split(alpha, registry.PIT, registry.CONDITIONAL).per_test, 0.9)
+    return needed, sample_size.ClassDesign.of(needed, LR_BOUND, 500, 10**9)
+
+
+def test_a_registered_power_model_enters_the_design(with_designed_order_mean):
+    """Registered with a power model, the toy test is sized into a PIT cell's design: it appears
+    in every class's per-test table with what its model reads from the class's own sums (on the
+    ordered PITs a residual bug shifts, its one-degree mean test needs fewer tokens than the χ² of
+    the same values), and it spends α — every other test now needs more tokens at its smaller
+    share (a tenth of the two families' budget instead of a ninth), and so does the design."""
+    acc = pilot()
+    needed, design = design_of(acc, 0.01)
+    assert "pit.order_mean" in bugclass.design_tests()
+    assert all("pit.order_mean" in tests for tests in needed.values())
+    assert needed["residual_is_p"]["pit.order_mean"] < needed["residual_is_p"]["pit.residual_order"]
+    assert registry.split(0.01, registry.PIT, registry.CONDITIONAL).per_test == pytest.approx(0.001)
+
+    with pytest.MonkeyPatch.context() as unregistered:
+        unregistered.delitem(registry._TESTS, "pit.order_mean")
+        before, design_before = design_of(acc, 0.01)
+        assert registry.split(0.01, registry.PIT, registry.CONDITIONAL).per_test == pytest.approx(0.01 / 9)
+    assert all("pit.order_mean" not in tests for tests in before.values())
+    for bug, tests in before.items():
+        for test, tokens in tests.items():
+            if math.isfinite(tokens) and test != LR_BOUND:
+                assert needed[bug][test] > tokens, (bug, test)
+    assert design.tokens > design_before.tokens
+
+
+def test_a_power_model_names_the_sums_it_reads():
+    with pytest.raises(LosscheckError, match=r"reads sums \['order_sums'\] that the bug-class design does not keep"):
+        effects.PowerModel(order_mean_effect, frozenset({"residual", "order_sums"}))
+
+
+def test_exact_and_two_sample_split_alpha_through_the_registry():
+    """The per-position tests spend one share per position: an exact cell with 3 testable
+    positions judges each test at α / 5, a two-sample cell of horizon 4 at α / 5 — the levels
+    the hand-kept splits gave."""
+    assert registry.split(0.01, registry.EXACT, positions=3).per_test == 0.01 / (2 + 3)
+    assert registry.split(0.01, registry.TWO_SAMPLE, positions=4).per_test == 0.01 / (4 + 1)
+    with pytest.raises(LosscheckError, match="asserts once per tested position"):
+        registry.budget_count(registry.EXACT)
