@@ -4,9 +4,10 @@ Pure functions: tensors and arrays in, `TestResult`s out; no engine, no pytest. 
 concept: `result` (what a test found, cell verdicts), `budget` (splitting α), `power`
 (detectable effects, required sample sizes), `gof` (counts against exact expected counts),
 and one module per test mode — `exact`, `pit`, `conditional`, `two_sample`. `registry` holds
-the tests a sampled cell runs, `design` a sequential cell's design statistics. Importing this
-package registers the `pit` and `conditional` families (the `conformance` family registers with
-`losscheck.cells.conformance`).
+the tests a sampled cell runs, `bugclass` (with `bugsums`, `bugperid`, `effects`, `powermodels`)
+their power per bug class, `design` a sequential cell's design statistics. Importing this
+package registers the `pit`, `conditional`, `exact` and `two_sample` families (the `conformance`
+family registers with `losscheck.cells.conformance`).
 """
 
 from losscheck.stats.budget import per_test_alpha
