@@ -9,18 +9,27 @@ speculation off a prompt's rows are drawn in one batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from losscheck.core.contract import Target
-from losscheck.core.sampling import SamplingParams
-from losscheck.engines.request import GenerationRequest
+from losscheck.engines.registry import EngineRequest, needs_assistant, option, register
+from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
 
-DTYPE_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    from losscheck.core.contract import Target
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.request import GenerationRequest
+
+
+def dtype_precision(dtype: torch.dtype) -> str:
+    """losscheck's name of a model's torch dtype: fp32, bf16 or fp16."""
+    from losscheck.core.precision import DTYPE_NAMES, torch_dtype
+
+    return {torch_dtype(name): name for name in DTYPE_NAMES}[dtype]
 
 
 class HFAssistedEngine:
@@ -30,7 +39,7 @@ class HFAssistedEngine:
         self, model: PreTrainedModel, assistant: PreTrainedModel, k: int, eos: int, name: str = "hf-assisted"
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
-        self.precision: str | None = DTYPE_PRECISION[next(model.parameters()).dtype]
+        self.precision: str | None = dtype_precision(next(model.parameters()).dtype)
         self.name = f"{name}(k={k})"
 
     def generation_config(self, params: SamplingParams, max_new_tokens: int) -> Any:
@@ -55,6 +64,8 @@ class HFAssistedEngine:
         )
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
+        import torch
+
         config = self.generation_config(request.params, request.max_new_tokens)
         speculative, n = request.speculative, request.n
         assistant = {"assistant_model": self.assistant} if speculative else {}
@@ -89,7 +100,7 @@ def _bundled_parts(target: Target) -> tuple[PreTrainedModel, PreTrainedModel, in
     model = target.model  # type: ignore[attr-defined]
     weight = next(model.parameters())
     assistant = load_causal_lm(
-        bundled.fixtures_dir() / "drafter_a", DTYPE_PRECISION[weight.dtype], device=weight.device
+        bundled.fixtures_dir() / "drafter_a", dtype_precision(weight.dtype), device=weight.device
     )
     return model, assistant, target.eos_id if target.eos_id is not None else 0
 
@@ -116,3 +127,37 @@ def hf_assisted_stress(target: Target) -> HFAssistedEngine:
     assistant tempered by 2 (a stress cell for a black-box engine)."""
     model, assistant, eos = _bundled_parts(target)
     return HFAssistedEngine(model, tempered(assistant, 2.0), 4, eos, name="hf-assisted-tempered2")
+
+
+# --- the shipped adapter: --engine hf --assistant DIR [--engine-arg num_assistant_tokens=N] -----------
+@dataclass(frozen=True)
+class HFOptions:
+    num_assistant_tokens: int = option(4, minimum=1, help="the candidates the assistant drafts per round")
+
+
+def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssistedEngine:
+    from losscheck.core.target import load_causal_lm
+
+    assert request.assistant is not None
+    model = target.model  # type: ignore[attr-defined]
+    weight = next(model.parameters())
+    directory = Path(request.assistant).expanduser()
+    assistant = load_causal_lm(directory, dtype_precision(weight.dtype), device=weight.device)
+    vocab = int(assistant.config.vocab_size)
+    if vocab != target.vocab_size:
+        raise OptionError(
+            f"{request.prefix}assistant={request.assistant!r} has a vocabulary of {vocab} tokens, the target "
+            f"{target.vocab_size}; assisted generation here drafts in the target's token ids"
+        )
+    eos = target.eos_id if target.eos_id is not None else 0
+    name = f"hf-assisted[{Path(request.assistant).name}]"
+    return HFAssistedEngine(model, assistant, options.num_assistant_tokens, eos, name=name)
+
+
+register(
+    "hf",
+    "Hugging Face assisted generation: --assistant DIR",
+    options=HFOptions,
+    inputs=needs_assistant("the assistant model directory"),
+    build=_build,
+)

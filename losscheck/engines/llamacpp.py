@@ -38,19 +38,23 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from losscheck.core.sampling import SamplingParams
 from losscheck.engines import row_by_row
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.request import GenerationRequest
+from losscheck.engines.registry import EngineRequest, needs_assistant, option, register
 from losscheck.errors import LosscheckError, OptionError
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.core.contract import Target
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.request import GenerationRequest
 
 SEEDS = 0xFFFFFFFF  # llama.cpp seeds are uint32, and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random"
 N_CTX = 256  # the bundled fixtures' positions
@@ -101,6 +105,7 @@ def gguf_file(model: str | Path) -> Path:
 def greedy_drafter(draft_gguf: Path, k: int, threads: int) -> Any:
     """A `LlamaDraftModel` over the drafter's GGUF that proposes its k most likely tokens in turn.
     The class is built here, so that `llama_cpp` is imported only when a drafter is made."""
+    import numpy as np
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaDraftModel
 
@@ -240,6 +245,29 @@ def bundled_drafter_a(target: Any) -> LlamaCppEngine:
     eos = target.eos_id if target.eos_id is not None else 0
     fixtures = bundled.fixtures_dir()
     return llamacpp_engine(fixtures / "target", fixtures / "drafter_a", K, eos, "llama-cpp-python[drafter_a]")
+
+
+# --- the shipped adapter: --engine llamacpp --assistant DIR [--engine-arg n_draft=N] [n_threads=N] -----
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    n_draft: int = option(K, minimum=1, help="the tokens the draft model proposes per round")
+    n_threads: int = option(1, minimum=1, help="threads of every Llama")
+
+
+def _build(target: Target, request: EngineRequest, options: LlamaCppOptions) -> LlamaCppEngine:
+    assert request.assistant is not None
+    eos = target.eos_id if target.eos_id is not None else 0
+    name = f"llama-cpp-python[{Path(request.assistant).name}]"
+    return llamacpp_engine(request.target, request.assistant, options.n_draft, eos, name, options.n_threads)
+
+
+register(
+    "llamacpp",
+    "llama-cpp-python's Llama, --assistant DIR as draft model (docs/llamacpp.md)",
+    options=LlamaCppOptions,
+    inputs=needs_assistant("the draft model directory"),
+    build=_build,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,18 +32,23 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from losscheck.core.sampling import SamplingParams
 from losscheck.engines import row_by_row
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.request import GenerationRequest
+from losscheck.engines.registry import EngineRequest, needs_assistant, option, register, rest
 from losscheck.errors import LosscheckError, OptionError
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.core.contract import Target
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.request import GenerationRequest
 
 # fp32 weights, activations and KV cache: the precision the engine declares
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
@@ -268,6 +273,34 @@ bundled_drafter_a_no_prefix_caching = _bundled(*DRAFTERS["drafter_a"], prefix_ca
 bundled_drafter_a32_no_prefix_caching = _bundled(*DRAFTERS["drafter_a32"], prefix_caching=False)
 bundled_drafter_a32_tempered2_no_prefix_caching = _bundled(*DRAFTERS["drafter_a32_tempered2"], prefix_caching=False)
 text_drafter_a_no_prefix_caching = _bundled(*DRAFTERS["text_drafter_a"], prefix_caching=False)
+
+
+# --- the shipped adapter: --engine openvino --assistant DIR [--engine-arg KEY=VALUE ...] ---------------
+@dataclass(frozen=True)
+class OpenVINOOptions:
+    num_assistant_tokens: int = option(4, minimum=1, help="the tokens the draft model proposes per round")
+    enable_prefix_caching: bool | None = option(
+        None, help="a SchedulerConfig with the prefix cache on or off; default: the pipeline's own scheduler"
+    )
+    properties: dict[str, Any] = rest("any other key: an OpenVINO property of both models")
+
+
+def _build(target: Target, request: EngineRequest, options: OpenVINOOptions) -> OpenVINOEngine:
+    assert request.assistant is not None
+    caching = options.enable_prefix_caching
+    name = f"openvino-genai[{Path(request.assistant).name}]" + ("" if caching is None else f"+prefix-caching={caching}")
+    eos = target.eos_id if target.eos_id is not None else 0
+    k, properties = options.num_assistant_tokens, options.properties
+    return openvino_engine(request.target, request.assistant, k, eos, name, prefix_caching=caching, **properties)
+
+
+register(
+    "openvino",
+    "OpenVINO GenAI's LLMPipeline with --assistant DIR as draft model (docs/openvino.md)",
+    options=OpenVINOOptions,
+    inputs=needs_assistant("the draft model directory"),
+    build=_build,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

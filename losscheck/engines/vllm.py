@@ -16,17 +16,24 @@ whatever vLLM does to seed parallel samples.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from losscheck.core.sampling import SamplingParams
 from losscheck.engines import EngineOutputError
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.request import GenerationRequest
+from losscheck.engines.registry import EngineRequest, option, register, rest
+from losscheck.errors import OptionError
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.core.contract import Target
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.request import GenerationRequest
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
 
 
 def sampling_kwargs(params: SamplingParams, seed: int, max_new_tokens: int) -> dict[str, Any]:
@@ -59,6 +66,8 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
     config) is an error: losscheck cannot tell what the model would have emitted next. A row that
     goes on after EOS (vLLM built without a tokenizer does not know the EOS id) is cut after its
     first EOS: what a row holds up to its EOS has the same law either way."""
+    import torch
+
     if len(outputs) != n_prompts * n:
         raise EngineOutputError(f"engine {name!r}: vLLM returned {len(outputs)} outputs for {n_prompts * n} requests")
     out = torch.full((n_prompts * n, max_new_tokens), eos, dtype=torch.long)  # [P*n, L]
@@ -306,3 +315,68 @@ cpu_draft_probabilistic_fixed_two_sample = CPUEngineFactory("draft_probabilistic
 cpu_draft_tempered2_fixed_two_sample = CPUEngineFactory("draft_tempered2", cpu_fixes=True, two_sample=True)
 cpu_ngram_fixed_two_sample = CPUEngineFactory("ngram", cpu_fixes=True, two_sample=True)
 cpu_eagle3_fixed_two_sample = CPUEngineFactory("eagle3", cpu_fixes=True, two_sample=True)
+
+
+# --- the shipped adapters: --engine vllm|vllm+cpu-fixes --speculative-config JSON [--engine-arg K=V] ---
+@dataclass(frozen=True)
+class VLLMOptions:
+    losscheck_instances: Policy = option(
+        Policy.KEEP_ALL, help="one-at-a-time: the speculative and the plain LLM never alive together, for one GPU"
+    )
+    dtype: str | None = option(
+        None,
+        choices=tuple(PRECISION_OF),
+        help="the precision losscheck scores the samples in; default: the run's base precision",
+    )
+    llm: dict[str, Any] = rest("any other keyword argument of vllm.LLM")
+
+
+def _needs_speculative_config(request: EngineRequest, engine: str) -> None:
+    opt = request.prefix
+    config = request.speculative_config
+    if config is None:
+        raise OptionError(
+            f"{opt}engine={engine} needs {opt}speculative-config=JSON, e.g. "
+            '\'{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}\''
+        )
+    k = config.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise OptionError(f"{opt}speculative-config: num_speculative_tokens must be an int >= 1, got {k!r}")
+    if request.assistant is not None:
+        raise OptionError(f"{opt}assistant is Hugging Face's; {opt}engine={engine} takes {opt}speculative-config")
+
+
+def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], VLLMEngine]:
+    def build(target: Target, request: EngineRequest, options: VLLMOptions) -> VLLMEngine:
+        from losscheck.engines.hf import dtype_precision
+
+        assert request.speculative_config is not None
+        precision = (
+            PRECISION_OF[options.dtype]
+            if options.dtype is not None
+            else dtype_precision(next(target.model.parameters()).dtype)  # type: ignore[attr-defined]
+        )
+        eos = target.eos_id if target.eos_id is not None else 0
+        config, policy = request.speculative_config, options.losscheck_instances
+        engine = vllm_engine(request.target, config, eos, precision, cpu_fixes, policy, **options.llm)
+        if cpu_fixes:
+            engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
+        return engine
+
+    return build
+
+
+register(
+    "vllm",
+    "vllm.LLM with --speculative-config JSON",
+    options=VLLMOptions,
+    inputs=_needs_speculative_config,
+    build=_builder(cpu_fixes=False),
+)
+register(
+    "vllm+cpu-fixes",
+    "vllm with losscheck's fixes of vLLM 0.32's CPU sampler (docs/vllm.md)",
+    options=VLLMOptions,
+    inputs=_needs_speculative_config,
+    build=_builder(cpu_fixes=True),
+)
