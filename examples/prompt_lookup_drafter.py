@@ -8,7 +8,7 @@ rolling back after a rejection is nothing to do.
 
     losscheck certify --drafter examples.prompt_lookup_drafter:factory --scope=-slow
 
-(from the repository root; `tests/test_examples.py` certifies it over the scope in examples/README.md).
+(from the repository root; `tests/e2e/test_examples.py` certifies it over the scope in examples/README.md).
 """
 
 from __future__ import annotations

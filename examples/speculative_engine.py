@@ -8,7 +8,7 @@ off; the target's copy that losscheck loads scores the samples (one-sample PIT, 
     losscheck certify --engine examples.speculative_engine:factory --scope=engine-greedy
     losscheck certify --engine examples.speculative_engine:factory     # and its five sampled cells
 
-(from the repository root; `tests/test_examples.py` certifies it over the scope in examples/README.md).
+(from the repository root; `tests/e2e/test_examples.py` certifies it over the scope in examples/README.md).
 """
 
 from __future__ import annotations

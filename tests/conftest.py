@@ -1,12 +1,50 @@
-"""Fixtures shared by test modules that run the bundled models in process."""
+"""The suite's tiers, one directory each, and the fixtures its modules share.
+
+A test's tier is the directory it lives in, set here as its marker (never written by hand):
+
+- unit     closed-form toy models and pure functions; no bundled weights (tests/unit/conftest.py
+           refuses any weight load);
+- cells    the bundled models in process: real engine runs and cells sharing one session per worker;
+- e2e      one concern each, in a process of its own (pytest in a subprocess, tensor-parallel
+           ranks, a wheel in a venv);
+- quality  Monte-Carlo calibration and power of the statistical tests (thousands of replicates);
+- engines  real engines in environments of their own (tox -e vllm, openvino, llamacpp).
+
+`tox -e unit`, `cells`, `e2e`, `quality` run one tier; `tox -e tests` (CI) runs every tier but the
+engines'.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
+
+TIERS = {
+    "unit": "toy models and pure functions, no bundled weights (tests/unit)",
+    "cells": "the bundled models in process (tests/cells)",
+    "e2e": "one concern each in a process of its own (tests/e2e)",
+    "quality": "Monte-Carlo calibration and power of the statistical tests (tests/quality)",
+    "engines": "real engines in environments of their own (tests/engines)",
+}
+HERE = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test of tests/<tier>/ gets the tier's marker (the shipped certification tests, outside
+    tests/, get none)."""
+    for item in items:
+        parts = item.path.relative_to(HERE).parts if item.path.is_relative_to(HERE) else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
 
 
 @pytest.fixture(scope="module")

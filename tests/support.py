@@ -9,6 +9,7 @@ import copy
 import json
 import math
 from importlib.resources import files
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from losscheck.core.target import HFTarget
     from losscheck.drafters.autoregressive import AutoregressiveDrafter
     from losscheck.engines import GenerationRequest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository's root, whatever a test file's depth
 
 # Ragged prompts for the tiny Llamas (vocabulary 32, BOS 0): rows of different lengths share a batch.
 PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]

