@@ -149,3 +149,16 @@ def test_the_checks_can_fail():
     packages["core"] = packages["core"] | {"plan"}
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter(packages).prepare()
+
+
+def test_every_test_module_lives_in_a_tier_directory():
+    """A test's tier is its directory (tests/conftest.py marks it): none sits outside one."""
+    from tests.conftest import TIERS
+
+    tests = ROOT / "tests"
+    outside = [
+        str(path.relative_to(tests))
+        for path in tests.rglob("test_*.py")
+        if path.relative_to(tests).parts[0] not in TIERS
+    ]
+    assert not outside, f"test modules outside the tier directories {sorted(TIERS)}: {outside}"
