@@ -153,9 +153,9 @@ SPECS: dict[str, OptionSpec] = {
     "engine": {
         "metavar": "NAME|MOD:FACTORY",
         "help": "a black-box engine, certified against itself with drafting off (one-sample PIT when it "
-        "declares a precision, else two-sample): a shipped adapter by name (hf, vllm, vllm+cpu-fixes; "
-        "docs/black-box-engines.md) or the import path of a factory(target) -> engine. Without a drafter "
-        "option the run certifies the engine's cells only",
+        "declares a precision, else two-sample): a shipped adapter by name (hf, vllm, vllm+cpu-fixes, "
+        "openvino, llamacpp; docs/black-box-engines.md) or the import path of a factory(target) -> engine. "
+        "Without a drafter option the run certifies the engine's cells only",
     },
     "assistant": {
         "metavar": "DIR",
@@ -170,8 +170,9 @@ SPECS: dict[str, OptionSpec] = {
         "metavar": "KEY=VALUE",
         "type": _engine_arg,
         "action": "append",
-        "help": "a keyword argument of a shipped adapter's engine (vllm: of vllm.LLM, VALUE as JSON where it "
-        "parses, e.g. max_model_len=512; hf: num_assistant_tokens=N); repeat for more",
+        "help": "an option of a shipped adapter, VALUE as JSON where it parses (vllm: a keyword of vllm.LLM, e.g. "
+        "max_model_len=512, or losscheck_instances=one-at-a-time; hf and openvino: num_assistant_tokens=N; "
+        "llamacpp: n_draft=N, n_threads=N); repeat for more",
     },
     "scope": {
         "metavar": "TERMS",
