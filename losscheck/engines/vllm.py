@@ -105,9 +105,12 @@ class VLLMEngine:
         self.name = f"{name}({speculative_config.get('method', 'draft')}, k={self.k})"
         self._sampling_params = sampling_params
         self.llms: Instances[bool, Any] = Instances(
-            lambda speculative: self.make_llm(self.speculative_config if speculative else None), policy, self._release
+            lambda speculative: self.make_llm(self.speculative_config if speculative else None),
+            policy,
+            lambda speculative, llm: _shutdown(llm),
         )
-        self._released: EngineCounters | None = None  # the counts of speculative LLMs already released
+        self._counted: EngineCounters | None = None  # the speculative calls' counts, summed call by call
+        self._unreadable = False  # a speculative call whose counts could not be read: report none
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
         if self._sampling_params is None:
@@ -121,24 +124,31 @@ class VLLMEngine:
             for i in range(len(prompts))
             for j in range(n)
         ]
-        outputs = self.llms.get(request.speculative).generate(requests, sampling, use_tqdm=False)
+        fresh = request.speculative not in self.llms.alive()
+        llm = self.llms.get(request.speculative)
+        before = read_counters(llm) if request.speculative else None
+        outputs = llm.generate(requests, sampling, use_tqdm=False)
+        if request.speculative:
+            self._count(before, read_counters(llm), fresh)
         return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
 
-    def counters(self) -> EngineCounters | None:
-        """Spec-decode counters of every speculative call, released LLMs' included
-        (`LLM.get_metrics()`, which needs the LLM built with `disable_log_stats=False`); None when
-        vLLM keeps none."""
-        live = read_counters(self.llms.get(True)) if True in self.llms.alive() else None
-        if live is None or self._released is None:
-            return live or self._released
-        return self._released.plus(live)
+    def _count(self, before: EngineCounters | None, after: EngineCounters | None, fresh: bool) -> None:
+        """Add one speculative call's counts (after less before). vLLM keeps them in a process-wide
+        registry that the next LLM built in the process takes over (a KEEP_ALL engine's plain LLM):
+        from then on they cannot be read, and the engine reports none rather than a partial count."""
+        if before is None and fresh:  # a new LLM may register its counters on its first step
+            before = EngineCounters(drafts=0, drafted=0, accepted=0, accepted_per_position=())
+        if before is None or after is None:
+            self._unreadable = True
+            return
+        call = after.since(before)
+        self._counted = call if self._counted is None else self._counted.plus(call)
 
-    def _release(self, speculative: bool, llm: Any) -> None:
-        if speculative:
-            live = read_counters(llm)
-            if live is not None:
-                self._released = live if self._released is None else self._released.plus(live)
-        _shutdown(llm)
+    def counters(self) -> EngineCounters | None:
+        """Spec-decode counters of every speculative call (`LLM.get_metrics()`, which needs the LLM
+        built with `disable_log_stats=False`); None when vLLM keeps none or one call's could not be
+        read (see `_count`: with the plain LLM alive beside it, use `Policy.ONE_AT_A_TIME`)."""
+        return None if self._unreadable else self._counted
 
 
 def read_counters(llm: Any) -> EngineCounters | None:

@@ -372,6 +372,8 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
 
     spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
     args = ["skip_tokenizer_init=true", "max_model_len=256", "enforce_eager=true", "seed=0"]
+    # vLLM's counters (stats logging on) stay readable with one LLM alive at a time
+    args += ["disable_log_stats=false", "losscheck_instances=one-at-a-time"]
     command = [sys.executable, "-m", "losscheck.cli", "certify", "--engine", "vllm+cpu-fixes"]
     command += ["--speculative-config", json.dumps(spec), "-n", "0", "--out", str(tmp_path)]
     command += [f"--engine-arg={a}" for a in args]
@@ -381,3 +383,8 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
     (run,) = tmp_path.iterdir()
     cert = json.loads((run / "certificate.json").read_text())
     assert cert["engine"]["name"] == "vllm+cpu-fixes(draft_model, k=4)" and cert["drafters"] == {}
+    # vLLM's own spec-decode counters, each cell's share
+    for cell in cert["cells"]:
+        counted = cell["engine_counters"]
+        assert counted["drafts"] > 0 and len(counted["accepted_per_position"]) == 4, cell["cell"]
+        assert sum(counted["accepted_per_position"]) == counted["accepted"] <= counted["drafted"], cell["cell"]

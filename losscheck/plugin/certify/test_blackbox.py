@@ -18,9 +18,9 @@ pytestmark = pytest.mark.lossless
 
 def test_engine_greedy_equals_baseline(engine_greedy_cell, losscheck_context, losscheck_record):
     """Speculation on == off, token for token, near-ties triaged by the float64 margin."""
-    from losscheck.cells.blackbox import run_engine_greedy
+    from losscheck.cells.blackbox import run_engine_cell
 
-    certify(run_engine_greedy, losscheck_context(engine_greedy_cell), losscheck_record)
+    certify(run_engine_cell, losscheck_context(engine_greedy_cell), losscheck_record)
 
 
 @pytest.mark.statistical

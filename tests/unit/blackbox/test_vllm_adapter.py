@@ -107,9 +107,9 @@ class CountingLLM(FakeLLM):
 
     live: set[int] = set()
 
-    def __init__(self, speculative: bool) -> None:
+    def __init__(self, speculative: bool, exclusive: bool = True) -> None:
         super().__init__([[2, 2]] * 8)
-        assert not CountingLLM.live, "a second LLM started while another was alive"
+        assert not (exclusive and CountingLLM.live), "a second LLM started while another was alive"
         CountingLLM.live.add(id(self))
         self.speculative, self.requests = speculative, 0
         self.llm_engine = SimpleNamespace(engine_core=self)  # where vLLM's LLM keeps its shutdown
@@ -155,3 +155,23 @@ def test_a_row_that_stops_early_on_another_id_than_eos_is_an_error_naming_the_en
         to_tensor([RequestOutput([Completion([7])])], 1, 1, 3, EOS, "vllm(draft_model, k=3)")
     with pytest.raises(EngineOutputError, match="returned 1 outputs for 2 requests"):
         to_tensor([RequestOutput([Completion([7])])], 1, 2, 3, EOS, "vllm")
+
+
+def test_counters_that_cannot_be_read_for_a_call_are_never_reported_partially():
+    """vLLM's process-wide metrics registry passes to the last LLM built: a speculative call whose
+    counts cannot be read makes the engine report none, not what it read before."""
+
+    class TakenOver(CountingLLM):
+        def get_metrics(self):
+            if len(CountingLLM.live) > 1:
+                raise RuntimeError("the registry belongs to another LLM")
+            return super().get_metrics()
+
+    CountingLLM.live = set()
+    make = lambda spec: TakenOver(spec is not None, exclusive=False)  # noqa: E731
+    engine = VLLMEngine(make, SPEC, EOS, None, sampling_params=dict)  # KEEP_ALL: both alive
+    engine.generate(request([[0]], 2, GREEDY, 0, 2, True))
+    assert engine.counters().drafts == 2
+    engine.generate(request([[0]], 2, GREEDY, 0, 2, False))
+    engine.generate(request([[0]], 2, GREEDY, 0, 2, True))
+    assert engine.counters() is None
