@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from losscheck.core.precision import DTYPE_NAMES
 from losscheck.engines.counters import EngineCounters
@@ -171,12 +171,31 @@ def engine_counters(engine: object) -> EngineCounters | None:
     return counters
 
 
-def row_by_row(request: GenerationRequest, eos: int, row: Callable[[int, int], Sequence[int]]) -> torch.Tensor:
-    """What `generate` returns, LongTensor [P, n, max_new_tokens], for an engine that samples one
-    continuation at a time: `row(i, j)` is the j-th continuation of `request.prompts[i]`, its new
-    ids (at most `max_new_tokens`; ending at EOS or not), padded here with `eos`. Not called when
-    the budget is 0."""
+def row_by_row(request: GenerationRequest | list[list[int]], *args: Any) -> torch.Tensor:
+    """`row_by_row(request, eos, row)`: what `generate` returns, LongTensor [P, n, max_new_tokens],
+    for an engine that samples one continuation at a time: `row(i, j)` is the j-th continuation of
+    `request.prompts[i]`, its new ids (at most `max_new_tokens`; ending at EOS or not), padded here
+    with `eos`. Not called when the budget is 0. The old form `row_by_row(prompts, n,
+    max_new_tokens, eos, row)` still works, with a DeprecationWarning."""
     import torch
+
+    if not isinstance(request, GenerationRequest):
+        warnings.warn(
+            "row_by_row(prompts, n, max_new_tokens, eos, row) is the old form: pass the engine's "
+            "request, row_by_row(request, eos, row)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from losscheck.core.sampling import GREEDY
+
+        n, budget, *rest = args
+        prompts = tuple(map(tuple, request))  # the request's other fields: row_by_row reads none
+        request = GenerationRequest(
+            prompts=prompts, n=n, params=GREEDY, seed=0, max_new_tokens=budget, speculative=True
+        )
+        args = tuple(rest)
+    eos: int = args[0]
+    row: Callable[[int, int], Sequence[int]] = args[1]
 
     out = torch.full(request.shape, eos, dtype=torch.long)  # [P, n, L]
     if request.max_new_tokens == 0:

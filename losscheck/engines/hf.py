@@ -25,6 +25,23 @@ if TYPE_CHECKING:
     from losscheck.engines.request import GenerationRequest
 
 
+def __getattr__(name: str) -> Any:
+    """`DTYPE_PRECISION`, the dtype -> precision table this module once exported (deprecated:
+    `dtype_precision(dtype)` imports torch only when called)."""
+    if name == "DTYPE_PRECISION":
+        import warnings
+
+        import torch
+
+        warnings.warn(
+            "losscheck.engines.hf.DTYPE_PRECISION is deprecated; call losscheck.engines.hf.dtype_precision(dtype)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return {dtype: dtype_precision(dtype) for dtype in (torch.float32, torch.bfloat16, torch.float16)}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def dtype_precision(dtype: torch.dtype) -> str:
     """losscheck's name of a model's torch dtype: fp32, bf16 or fp16."""
     from losscheck.core.precision import DTYPE_NAMES, torch_dtype
