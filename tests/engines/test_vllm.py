@@ -282,9 +282,12 @@ GREEDY_AND_T1_TWO_SAMPLE = "test_engine_greedy or (test_engine_sampling and T1-t
 EVERY_CELL = "test_engine_greedy or test_engine_sampling"
 
 
+@pytest.mark.slow
 def test_vllm_draft_model_certified_with_the_cpu_fixes(pytester):
     """vLLM's draft-model speculation (drafter_a32, k = 4, greedy drafts), with the CPU fixes:
-    greedy on == off, and the T = 1 one-sample PIT cell at the gate's α (false failure <= 0.01)."""
+    greedy on == off, and the T = 1 one-sample PIT cell at the gate's α (false failure <= 0.01),
+    named by its factory. Slow: `tox -e vllm` certifies the same engine by name below, these two
+    cells and four more (no cell runs twice in one CI run)."""
     certify_engine(pytester, "cpu_draft_model_fixed", GREEDY_AND_T1).assert_outcomes(passed=2)
 
 

@@ -40,11 +40,6 @@ class Unloadable(Wrapped):
     def generate(self, request):
         return self.inner.generate(request)
 
-class OldShape(Wrapped):
-    # the pre-batching contract: one prompt, [n, L]
-    def generate(self, request):
-        return self.inner.generate(request)[0]
-
 class OtherTopP(Wrapped):
     # lossless (on and off alike) but truncating by another rule than losscheck's copy assumes
     def generate(self, request):
@@ -77,9 +72,6 @@ def drops_top_p(target):
 
 def unloadable(target):
     return Unloadable(spec_loop(target), "unloadable", precision=None)
-
-def old_shape(target):
-    return OldShape(spec_loop(target), "old-shape")
 
 def old_signature(target):
     return OldSignature(spec_loop(target), "old-signature")
@@ -162,12 +154,6 @@ def test_an_engine_without_a_loadable_target_is_compared_with_itself_two_sample(
     result = certify(pytester, "bb:unloadable", "engine-k4-T1-topp0.9-two-sample")
     outcomes(result, HONEST_FAILS, passed=1)
     result.stdout.fnmatch_lines(["*engine-k4-T1-topp0.9-two-sample*two-sample*PASS*"])
-
-
-def test_malformed_engine_output_errors_naming_the_engine(pytester):
-    result = certify(pytester, "bb:old_shape", "engine-k4-greedy")
-    outcomes(result, "0 (no statistics)", failed=1)
-    result.stdout.fnmatch_lines(["*EngineOutputError: engine 'old-shape': generate returned shape (1, 64)*"])
 
 
 def test_a_lossless_engine_whose_reference_differs_fails_its_control_not_as_lossy(pytester):
