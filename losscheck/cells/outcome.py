@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from losscheck import acceptance
 from losscheck.cells.record import (
     AcceptanceRecord,
     CellRecord,
@@ -98,8 +99,10 @@ class CellOutcome:
         if self.facts.acceptance_rule:  # a checkpoint that brings its own rule names it
             lines.append(f"  the drafter ran its own acceptance rule: {self.facts.acceptance_rule}")
         for group, stats in self.acceptance.items():
-            slots = ", ".join(f"{a:.3f}" for a in stats.slot_acceptance())
-            lines.append(f"  {group}: acceptance length {stats.acceptance_length:.3f}, slot acceptance {slots}")
+            conditional = acceptance.shown(stats.conditional_acceptance())
+            lines.append(
+                f"  {group}: acceptance length {stats.acceptance_length:.3f}, conditional slot acceptance {conditional}"
+            )
         return "\n".join(lines)
 
     def to_record(self, run: RunFacts) -> CellRecord:

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
+from losscheck import acceptance
 from losscheck.engines.counters import EngineCounters
-from losscheck.jsonrecord import FLAT, JsonRecord, Scalar, decode, json_schema
+from losscheck.jsonrecord import FLAT, JsonRecord, Scalar, decode, json_field, json_schema
 
 if TYPE_CHECKING:
     from losscheck.core.generation import LoopStats
@@ -80,23 +81,41 @@ class AcceptanceRecord:
 
     k: int
     acceptance_length: float | None
-    slot_acceptance: tuple[float | None, ...]  # None: a slot never proposed
-    proposed: tuple[int, ...]  # [k] drafts proposed per slot
-    accepted: tuple[int, ...]  # [k] drafts accepted per slot
+    # [k] per slot, None where no round got there; terms as `losscheck.acceptance` defines them
+    cumulative_acceptance: tuple[float | None, ...] = field(
+        metadata=json_field(name="slot_acceptance", doc=f"cumulative, per slot: {acceptance.CUMULATIVE}")
+    )
+    proposed: tuple[int, ...]  # [k] rounds that proposed slot j
+    accepted: tuple[int, ...]  # [k] rounds whose draft j was accepted
     wasted_fraction: float | None
     row_rounds: int
     draft_seconds: float
     target_seconds: float
     total_seconds: float
     draft_time_fraction: float
+    # absent in certificates written before 2026-12-03 (`reached_counts()` derives it at fixed k)
+    reached: tuple[int, ...] = field(
+        default=(), metadata=json_field(doc="per slot: rounds that proposed slot j with drafts 1..j-1 accepted")
+    )
+    conditional_acceptance: tuple[float | None, ...] = field(
+        default=(), metadata=json_field(doc=f"conditional, per slot: {acceptance.CONDITIONAL}")
+    )
 
     @classmethod
     def of(cls, stats: LoopStats, where: str = "acceptance") -> AcceptanceRecord:
         """The record of `stats`; a slot no round reached (NaN acceptance) as None."""
         counters = stats.to_dict()
-        slots = cast("list[float]", counters["slot_acceptance"])
-        counters["slot_acceptance"] = [None if math.isnan(a) else a for a in slots]
+        for name in ("slot_acceptance", "conditional_acceptance"):
+            counters[name] = [None if math.isnan(a) else a for a in cast("list[float]", counters[name])]
         return decode(cls, counters, where)
+
+    def reached_counts(self) -> tuple[int, ...]:
+        """[k] `reached` as recorded, or (older records) as at fixed k."""
+        return self.reached or acceptance.reached_at_fixed_k(self.accepted, self.proposed[0] if self.proposed else 0)
+
+    def conditional(self) -> tuple[float | None, ...]:
+        """[k] `acceptance.CONDITIONAL`, from the counts."""
+        return acceptance.conditional(self.accepted, self.reached_counts())
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,20 @@ from typing import Literal
 
 import torch
 
+from losscheck import acceptance
 from losscheck.core.precision import synchronize
 from losscheck.core.sampling import SamplingParams
 
 
 @dataclass
 class LoopStats:
-    """Acceptance and timing counters of the speculative loop (active rows only)."""
+    """Acceptance and timing counters of the speculative loop (active rows only); per-position
+    terms as `losscheck.acceptance` defines them."""
 
     k: int
-    proposed: torch.Tensor  # [k] long, drafts proposed in slot j
-    accepted: torch.Tensor  # [k] long, drafts accepted in slot j
+    proposed: torch.Tensor  # [k] long, rounds that proposed a draft at slot j
+    accepted: torch.Tensor  # [k] long, rounds whose draft j was accepted (and every draft before it)
+    reached: torch.Tensor  # [k] long, rounds that proposed slot j with every draft before it accepted
     row_rounds: int = 0  # (row, round) pairs verified
     emitted: int = 0  # tokens emitted by verification, before EOS / budget truncation
     draft_seconds: float = 0.0
@@ -29,19 +32,24 @@ class LoopStats:
 
     @classmethod
     def empty(cls, k: int) -> LoopStats:
-        return cls(k, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long))
+        def zeros() -> torch.Tensor:
+            return torch.zeros(k, dtype=torch.long)
+
+        return cls(k, proposed=zeros(), accepted=zeros(), reached=zeros())
 
     def record_round(self, accepted: torch.Tensor, active: torch.Tensor, k: int) -> None:
         """One verified round of `k` drafts: accepted [B] drafts kept, active [B] rows that took part."""
         slot = torch.arange(k, device=accepted.device)[None, :]  # [1, k]
         per_slot = ((slot < accepted[:, None]) & active[:, None]).sum(0)  # [k] accepted at slot j
-        counts = torch.cat([active.sum()[None], per_slot]).tolist()  # one host sync per round
-        n_active, kept = counts[0], counts[1:]
+        reached = ((slot <= accepted[:, None]) & active[:, None]).sum(0)  # [k] slots 0..j-1 accepted
+        counts = torch.cat([active.sum()[None], per_slot, reached]).tolist()  # one host sync per round
+        n_active, kept = counts[0], counts[1 : k + 1]
         self.row_rounds += n_active
         self.emitted += n_active + sum(kept)  # each active row: its accepted drafts + 1
         if k:
             self.proposed[:k] += n_active
             self.accepted[:k] += torch.tensor(kept)
+            self.reached[:k] += torch.tensor(counts[k + 1 :])
 
     @contextmanager
     def clock(self, part: Literal["draft", "target"], device: torch.device) -> Iterator[None]:
@@ -65,6 +73,7 @@ class LoopStats:
             self.k,
             self.proposed + other.proposed,
             self.accepted + other.accepted,
+            self.reached + other.reached,
             self.row_rounds + other.row_rounds,
             self.emitted + other.emitted,
             self.draft_seconds + other.draft_seconds,
@@ -87,17 +96,23 @@ class LoopStats:
     def all_accepted(self) -> bool:
         return bool(torch.equal(self.proposed, self.accepted))
 
-    def slot_acceptance(self) -> list[float]:
-        """P(draft j accepted | drafts before it accepted), per slot; NaN for a slot never reached."""
-        return [a / p if p else float("nan") for a, p in zip(self.accepted.tolist(), self.proposed.tolist())]
+    def cumulative_acceptance(self) -> list[float]:
+        """[k] P(drafts 1..j all accepted) per slot; NaN for a slot never proposed."""
+        return _nan_for_none(acceptance.cumulative(self.accepted.tolist(), self.proposed.tolist()))
+
+    def conditional_acceptance(self) -> list[float]:
+        """[k] P(draft j accepted | drafts 1..j-1 accepted) per slot; NaN for a slot never reached."""
+        return _nan_for_none(acceptance.conditional(self.accepted.tolist(), self.reached.tolist()))
 
     def to_dict(self) -> dict[str, object]:
         return {
             "k": self.k,
             "acceptance_length": self.acceptance_length,
-            "slot_acceptance": self.slot_acceptance(),
+            "slot_acceptance": self.cumulative_acceptance(),
+            "conditional_acceptance": self.conditional_acceptance(),
             "proposed": self.proposed.tolist(),
             "accepted": self.accepted.tolist(),
+            "reached": self.reached.tolist(),
             "wasted_fraction": self.wasted_fraction,
             "row_rounds": self.row_rounds,
             "draft_seconds": self.draft_seconds,
@@ -174,3 +189,7 @@ class Generation:
             slots,
             draft_q,
         )
+
+
+def _nan_for_none(rates: tuple[float | None, ...]) -> list[float]:
+    return [float("nan") if r is None else r for r in rates]

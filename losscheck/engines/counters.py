@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from losscheck import acceptance
 from losscheck.jsonrecord import JsonRecord
 
 
@@ -93,16 +94,18 @@ class EngineCounters(JsonRecord):
             return self.emitted / self.drafts
         return None if self.accepted is None else 1 + self.accepted / self.drafts
 
-    def cumulative_acceptance(self) -> tuple[float, ...]:
-        """[k] P(at least j + 1 drafts accepted) per round: position j / drafts."""
+    def cumulative_acceptance(self) -> tuple[float | None, ...]:
+        """[k] `acceptance.CUMULATIVE` per round: position j / drafts (every round counted as
+        proposing all k drafts, as the engines' per-position counters assume)."""
         if not self.drafts or self.accepted_per_position is None:
             return ()
-        return tuple(n / self.drafts for n in self.accepted_per_position)
+        per = self.accepted_per_position
+        return acceptance.cumulative(per, (self.drafts,) * len(per))
 
     def conditional_acceptance(self) -> tuple[float | None, ...]:
-        """[k] P(draft j accepted | drafts before it accepted): position j / position j-1 (drafts
-        for j = 0); None where no round reached the position."""
+        """[k] `acceptance.CONDITIONAL`: position j / position j-1 (drafts for j = 1); None where
+        no round reached the position."""
         if self.accepted_per_position is None:
             return ()
-        reached = (self.drafts, *self.accepted_per_position)
-        return tuple(n / r if r else None for n, r in zip(self.accepted_per_position, reached))
+        per = self.accepted_per_position
+        return acceptance.conditional(per, acceptance.reached_at_fixed_k(per, self.drafts))

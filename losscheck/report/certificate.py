@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from losscheck import acceptance
 from losscheck.cells.record import CellRecord
 from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.scope import WHOLE
@@ -336,10 +337,8 @@ def engine_counter_lines(records: Sequence[CellRecord]) -> list[str]:
         if c.tau is not None:
             parts.append(f"tau {c.tau:.2f}")
         if c.accepted_per_position is not None:
-            cumulative = " / ".join(f"{a:.3f}" for a in c.cumulative_acceptance())
-            conditional = " / ".join("-" if a is None else f"{a:.3f}" for a in c.conditional_acceptance())
-            parts.append(f"P(at least j+1 drafts accepted) {cumulative}")
-            parts.append(f"P(draft j accepted | drafts before it accepted) {conditional}")
+            parts.append(f"cumulative {acceptance.CUMULATIVE} {acceptance.shown(c.cumulative_acceptance())}")
+            parts.append(f"conditional {acceptance.CONDITIONAL} {acceptance.shown(c.conditional_acceptance())}")
         lines.append(f"- `{r.cell}`: " + "; ".join(parts))
     return ["", "Engine counters (the engine's own, over the cell's speculative calls):", "", *lines] if lines else []
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from losscheck import acceptance
 from losscheck.cells.record import AcceptanceRecord
 from losscheck.jsonrecord import FLAT, JsonRecord
 from losscheck.report.manifest import Environment
@@ -114,8 +115,15 @@ def markdown(doc: FamiliesTable) -> str:
     k_max = max(setup.ks)
     blocks += [
         f"## Per-slot acceptance at k={k_max}",
-        "P(draft j accepted | drafts before it accepted), slots 1..k; `-` = never reached; "
-        "a drafter that declares a shorter block is shown at its longest.",
+        f"Two figures per drafter, slots 1..k: conditional = {acceptance.CONDITIONAL}, cumulative = "
+        f"{acceptance.CUMULATIVE} (τ = 1 + the cumulative row's sum); `-` = never reached; a drafter "
+        "that declares a shorter block is shown at its longest."
+        + (
+            " This table.json predates the per-slot `reached` counts: the conditional figure is derived "
+            "from the accepted counts as if every round proposed k drafts."
+            if any(r.stats.k and not r.stats.reached for r in runs)
+            else ""
+        ),
     ]
     slots = ["drafter", *(str(j + 1) for j in range(k_max))]
     for mode in setup.modes:
@@ -123,9 +131,10 @@ def markdown(doc: FamiliesTable) -> str:
             group = "the [BOS] prompt" if tier == "bos" else f"{tier} entropy"
             curves = []
             for label in labels:
-                run = index[label, _longest(index, label, setup.ks), mode, tier]
-                shown = ["-" if a is None else f"{a:.2f}" for a in run.stats.slot_acceptance]
-                curves.append([label, *shown, *[""] * (k_max - len(shown))])
+                stats = index[label, _longest(index, label, setup.ks), mode, tier].stats
+                for name, rates in (("conditional", stats.conditional()), ("cumulative", stats.cumulative_acceptance)):
+                    shown = acceptance.formatted(rates, digits=2)
+                    curves.append([f"{label} {name}", *shown, *[""] * (k_max - len(shown))])
             blocks += [f"**{mode}, {group}**", markdown_table(slots, curves)]
     # one blank line between blocks; a table brings its own final newline
     return "\n\n".join(block.rstrip("\n") for block in blocks) + "\n"
@@ -137,7 +146,7 @@ def _longest(index: Index, label: str, ks: tuple[int, ...]) -> int:
 
 
 def plot_slot_acceptance(doc: FamiliesTable, path: Path) -> None:
-    """One panel per drafter: per-slot acceptance at the largest k, a curve per tier and mode
+    """One panel per drafter: conditional per-slot acceptance at the largest k, a curve per tier and mode
     (the `bos` group is left out: it is one degenerate prompt, see `losscheck.perf.families`)."""
     import matplotlib
 
@@ -158,7 +167,7 @@ def plot_slot_acceptance(doc: FamiliesTable, path: Path) -> None:
         for mode in setup.modes:
             for tier in [t for t in setup.prompts_per_tier if t != "bos"]:
                 run = index[label, longest, mode, tier].stats
-                curve = [math.nan if a is None else a for a in run.slot_acceptance]
+                curve = [math.nan if a is None else a for a in run.conditional()]
                 ax.plot(
                     range(1, longest + 1),
                     curve,
@@ -177,8 +186,11 @@ def plot_slot_acceptance(doc: FamiliesTable, path: Path) -> None:
     for ax in axes[-1]:
         ax.set_xlabel("slot j")
     for ax in axes[:, 0]:
-        ax.set_ylabel("P(accept j | accepted < j)")
-    fig.suptitle(f"Per-slot acceptance at k={k} (solid greedy, dashed T=1; the [BOS] prompt is in table.md only)")
+        ax.set_ylabel("P(accept j | 1..j-1 accepted)")
+    fig.suptitle(
+        f"Conditional per-slot acceptance at k={k}, {acceptance.CONDITIONAL} (solid greedy, dashed T=1; "
+        "the cumulative curve and the [BOS] prompt are in table.md)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

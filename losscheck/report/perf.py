@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from losscheck import acceptance
 from losscheck.report import perf_run
 from losscheck.report.markdown import markdown_table
 from losscheck.report.perf_record import BASELINE, PerfRunFile, Rung, Sources, Speedup
@@ -146,12 +147,26 @@ def markdown(doc: PerfRunFile, comparisons: list[perf_run.Comparison] | None = N
             rows,
         )
     )
-    k = max((len(r.slot_acceptance) for r in doc.rungs), default=0)
-    lines += ["## Per-slot acceptance\n", "P(draft j accepted | drafts before it accepted).\n"]
+    k = max((len(r.cumulative_acceptance) for r in doc.rungs), default=0)
+    lines += [
+        "## Per-slot acceptance\n",
+        f"Conditional: {acceptance.CONDITIONAL}; cumulative: {acceptance.CUMULATIVE} "
+        "(τ = 1 + the cumulative figures' sum)."
+        + (
+            " This perf.json predates the conditional figure: it is derived as the ratio of successive "
+            "cumulative figures (exact when every round proposed k drafts).\n"
+            if any(r.cumulative_acceptance and not r.conditional_acceptance for r in doc.rungs)
+            else "\n"
+        ),
+    ]
     lines.append(
         markdown_table(
-            ("drafter", "c", *(f"slot {j + 1}" for j in range(k))),
-            [(r.engine, r.concurrency, *(f"{a:.2f}" for a in r.slot_acceptance)) for r in doc.ladder()],
+            ("drafter", "c", "figure", *(f"slot {j + 1}" for j in range(k))),
+            [
+                (r.engine, r.concurrency, name, *acceptance.formatted(rates, digits=2))
+                for r in doc.ladder()
+                for name, rates in (("conditional", r.conditional()), ("cumulative", r.cumulative_acceptance))
+            ],
         )
     )
     lines += ["## Memory (MiB)\n", "Weights and the KV caches allocated for the rung; device peak on CUDA only.\n"]
@@ -314,18 +329,16 @@ def plot(doc: PerfRunFile, out: Path) -> list[Path]:
     if first:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for r, _ in first:
-            ax1.plot(
-                range(1, len(r.slot_acceptance) + 1),
-                r.slot_acceptance,
-                marker="o",
-                color=colours[r.engine],
-                label=f"{r.engine} (tau {r.tau:.2f})",
-            )
+            slots = range(1, len(r.cumulative_acceptance) + 1)
+            conditional = [math.nan if a is None else a for a in r.conditional()]
+            ax1.plot(slots, conditional, marker="o", color=colours[r.engine], label=f"{r.engine} (tau {r.tau:.2f})")
+            ax1.plot(slots, r.cumulative_acceptance, ls=":", color=colours[r.engine])
         ax1.set_ylim(0, 1.05)
-        ax1.set_xticks(range(1, max(len(r.slot_acceptance) for r, _ in first) + 1))
+        ax1.set_xticks(range(1, max(len(r.cumulative_acceptance) for r, _ in first) + 1))
         ax1.set_xlabel("draft slot j")
-        ax1.set_ylabel("P(accepted | earlier accepted)")
-        ax1.set_title(f"Per-slot acceptance, concurrency {low}")
+        ax1.set_ylabel("acceptance at slot j")
+        title = f"Per-slot acceptance, concurrency {low}\nsolid: {acceptance.CONDITIONAL}; dotted: cumulative"
+        ax1.set_title(title, fontsize=9)
         ax1.legend(fontsize=7)
         names = [r.engine for r, _ in first]
         draft = [r.per_round.draft_s / d.step_s for r, d in first]

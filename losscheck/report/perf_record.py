@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from losscheck import acceptance
 from losscheck.jsonrecord import JsonRecord, json_field
 from losscheck.plan.perf_profiles import PerfProfile
 from losscheck.report.manifest import Environment
@@ -76,7 +77,10 @@ class Rung(JsonRecord):
     throughput_tok_s: tuple[float, ...]  # per timed run
     latency_s: dict[str, dict[str, float]]  # {"ttft", "tpot", "itl", "e2e"} → {"p50", "p95", "p99"}
     tau: float
-    slot_acceptance: tuple[float, ...]  # P(draft j accepted | drafts before it accepted); () for the baseline
+    # [k] per slot, () for the baseline; terms as `losscheck.acceptance` defines them
+    cumulative_acceptance: tuple[float, ...] = field(
+        metadata=json_field(name="slot_acceptance", doc=f"cumulative, per slot: {acceptance.CUMULATIVE}")
+    )
     wasted_fraction: float
     rounds: int
     per_round: PerRound
@@ -88,10 +92,21 @@ class Rung(JsonRecord):
     baseline_tok_s: tuple[float, ...] | None = None
     speedup: Speedup | None = None
     decomposition: Sources | None = None
+    conditional_acceptance: tuple[float | None, ...] = field(
+        default=(), metadata=json_field(doc=f"conditional, per slot: {acceptance.CONDITIONAL}")
+    )
 
     @property
     def key(self) -> tuple[str, int, str]:
         return self.engine, self.concurrency, self.workload
+
+    def conditional(self) -> tuple[float | None, ...]:
+        """[k] `acceptance.CONDITIONAL`: as recorded, or (perf.json written before 2026-12-03) the
+        ratios of successive cumulative rates, exact when every round proposed k drafts."""
+        if self.conditional_acceptance or not self.cumulative_acceptance:
+            return self.conditional_acceptance
+        cumulative = self.cumulative_acceptance
+        return tuple(c / r if r else None for c, r in zip(cumulative, (1.0, *cumulative[:-1])))
 
 
 @dataclass(frozen=True)

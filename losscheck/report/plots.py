@@ -1,6 +1,6 @@
 """The certificate's plots, drawn from the certificate alone (so `losscheck report RUN` redraws them).
 
-- `slot_acceptance.png`: per-slot acceptance P(draft j accepted | drafts before it accepted) of
+- `slot_acceptance.png`: conditional per-slot acceptance P(draft j accepted | drafts 1..j-1 accepted) of
   every drafter, pooled over prompt tiers: greedy at its longest block, and T = 1 at its base block.
 - `pit_histograms.png`: one panel per teacher-forced PIT cell, the PIT values' histogram relative to
   uniform, with the band a uniform sample of that size stays in with probability 0.99 per bin.
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from losscheck import acceptance
 from losscheck.cells.record import CellRecord
 
 if TYPE_CHECKING:
@@ -46,13 +47,15 @@ def plot_certificate(cert: Certificate, run: Path) -> list[Path]:
 
 
 def pooled_slot_acceptance(record: CellRecord) -> list[float]:
-    """accepted / proposed per slot over every prompt group of a cell (NaN: slot never reached)."""
+    """`acceptance.CONDITIONAL` per slot, from the counts of every prompt group of a cell pooled
+    (NaN: slot never reached)."""
     groups = list(record.acceptance.values())
     if not groups:
         return []
-    proposed = [sum(g.proposed[j] for g in groups) for j in range(len(groups[0].proposed))]
-    accepted = [sum(g.accepted[j] for g in groups) for j in range(len(groups[0].accepted))]
-    return [a / p if p else math.nan for a, p in zip(accepted, proposed)]
+    k = len(groups[0].accepted)
+    accepted = [sum(g.accepted[j] for g in groups) for j in range(k)]
+    reached = [sum(g.reached_counts()[j] for g in groups) for j in range(k)]
+    return [math.nan if a is None else a for a in acceptance.conditional(accepted, reached)]
 
 
 def slot_acceptance(base: str, records: Sequence[CellRecord]) -> Any:
@@ -86,9 +89,9 @@ def slot_acceptance(base: str, records: Sequence[CellRecord]) -> Any:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("P(draft j accepted | drafts before it accepted)")
+    axes[0][0].set_ylabel("P(draft j accepted | drafts 1..j-1 accepted)")
     axes[0][0].set_ylim(0, 1.02)
-    fig.suptitle("Per-slot acceptance (pooled over prompt tiers)")
+    fig.suptitle("Conditional per-slot acceptance (pooled over prompt tiers)")
     return fig
 
 

@@ -307,7 +307,8 @@ def _rank_main(
 
 def _on_cpu(gen: Generation) -> Generation:
     """`gen` with its tensors moved to the CPU, to cross the process boundary."""
-    stats = dataclasses.replace(gen.stats, proposed=gen.stats.proposed.cpu(), accepted=gen.stats.accepted.cpu())
+    counts = {name: getattr(gen.stats, name).cpu() for name in ("proposed", "accepted", "reached")}
+    stats = dataclasses.replace(gen.stats, **counts)
     slots = None if gen.slots is None else gen.slots.cpu()
     draft_q = None if gen.draft_q is None else gen.draft_q.cpu()
     return dataclasses.replace(

@@ -186,7 +186,7 @@ def test_an_engines_counters_give_its_tau_column_and_both_acceptance_curves():
     lines = certificate.engine_counter_lines([engine_cell, cell_record("A-k4-T1")])
     assert lines[-1] == (
         "- `engine-k4-T1`: 10 drafts; 40 drafted; 20 accepted; tau 3.00; "
-        "P(at least j+1 drafts accepted) 0.800 / 0.600 / 0.400 / 0.200; "
-        "P(draft j accepted | drafts before it accepted) 0.800 / 0.750 / 0.667 / 0.500"
+        "cumulative P(drafts 1..j all accepted) 0.800 / 0.600 / 0.400 / 0.200; "
+        "conditional P(draft j accepted | drafts 1..j-1 accepted) 0.800 / 0.750 / 0.667 / 0.500"
     )
     assert certificate.engine_counter_lines([cell_record("A-k4-T1")]) == []
