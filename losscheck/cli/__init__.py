@@ -1,5 +1,5 @@
 """`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop,
-run the verifier tier, show where the bundled fixtures are.
+merge the certificates of a run's shards, run the verifier tier, show where the bundled fixtures are.
 
 The options shared with the pytest plugin come from `losscheck.run.options` (same names without the
 `--losscheck-` prefix, same help); `certify` passes them on to pytest.
@@ -12,7 +12,7 @@ import os
 import sys
 
 import losscheck
-from losscheck.cli import bench, certify, compare, families, fixtures, mutants, perf, report, verifier_tier
+from losscheck.cli import bench, certify, compare, families, fixtures, merge, mutants, perf, report, verifier_tier
 from losscheck.cli.certify import VERDICT_EXIT, certify_args, exit_status
 from losscheck.cli.command import (
     EXIT_FAIL,
@@ -52,6 +52,7 @@ COMMANDS: tuple[Command, ...] = (
     perf.COMMAND,
     report.COMMAND,
     compare.COMMAND,
+    merge.COMMAND,
     verifier_tier.COMMAND,
     fixtures.COMMAND,
 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -13,19 +12,10 @@ import torch
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedLM
 from losscheck.errors import TargetError
+from losscheck.hashing import content_hash
 
 if TYPE_CHECKING:  # importing transformers costs seconds; only the loaders below need it at run time
     from transformers import PreTrainedModel
-
-
-def content_hash(path: Path) -> str:
-    """sha256 over the weight and config files of a model directory (sorted by name)."""
-    digest = hashlib.sha256()
-    for file in sorted(path.glob("*")):
-        if file.suffix in {".safetensors", ".json"} and file.name != "BUILD.json":
-            digest.update(file.name.encode())
-            digest.update(file.read_bytes())
-    return digest.hexdigest()
 
 
 def load_causal_lm(

@@ -13,7 +13,8 @@ import torch
 from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.ragged import RaggedLM, forward_rows
 from losscheck.core.sampling import process_logits, sample
-from losscheck.core.target import HFTarget, content_hash, load_causal_lm
+from losscheck.core.target import HFTarget, load_causal_lm
+from losscheck.hashing import content_hash
 
 
 class AutoregressiveDrafter:

@@ -24,9 +24,9 @@ import torch
 from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.precision import torch_dtype
 from losscheck.core.sampling import process_logits, sample
-from losscheck.core.target import content_hash
 from losscheck.drafters.block import BlockModel, SerialHead, TransitionHead
 from losscheck.errors import LosscheckError
+from losscheck.hashing import content_hash
 
 PATH_WIDTHS: tuple[int | None, ...] = (1, 2, 4, 16, None)
 

@@ -47,7 +47,6 @@ from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedKVCache
 from losscheck.core.sampling import SamplingParams, process_logits, sample
-from losscheck.core.target import content_hash
 from losscheck.core.verify import BlockOutcome, Verifier, acceptance_probability, point_mass, recovery_distribution
 from losscheck.drafters.speculators_config import (
     CheckpointConfig,
@@ -57,6 +56,7 @@ from losscheck.drafters.speculators_config import (
     read_config,
 )
 from losscheck.errors import LosscheckError, OptionError
+from losscheck.hashing import content_hash
 
 
 def _layer_classes(layer_type: str) -> tuple[type, type, type, type]:

@@ -177,4 +177,5 @@ register(
     options=HFOptions,
     inputs=needs_assistant("the assistant model directory"),
     build=_build,
+    package="transformers",
 )

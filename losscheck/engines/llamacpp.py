@@ -267,6 +267,7 @@ register(
     options=LlamaCppOptions,
     inputs=needs_assistant("the draft model directory"),
     build=_build,
+    package="llama_cpp",
 )
 
 

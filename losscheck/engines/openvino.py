@@ -300,6 +300,7 @@ register(
     options=OpenVINOOptions,
     inputs=needs_assistant("the draft model directory"),
     build=_build,
+    package="openvino_genai",
 )
 
 

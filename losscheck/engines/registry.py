@@ -60,6 +60,7 @@ class Adapter:
     options: type  # a frozen dataclass of its --engine-arg options
     inputs: Inputs
     make: Callable[[Target, EngineRequest, Any], BlackBoxEngine]
+    package: str | None = None  # the engine library's import name (None: the adapter's own module)
 
     def parse(self, request: EngineRequest) -> Any:
         """The options record of `request`, its model options checked first."""
@@ -72,6 +73,11 @@ class Adapter:
     def build(self, target: Target, request: EngineRequest) -> BlackBoxEngine:
         return self.make(target, request, self.parse(request))
 
+    @property
+    def library(self) -> str:
+        """The import name whose installed version the certificate pins."""
+        return self.package or self.make.__module__
+
 
 ADAPTERS: dict[str, Adapter] = {}  # in registration order
 
@@ -83,9 +89,11 @@ def register(
     options: type[Options],
     inputs: Inputs,
     build: Callable[[Target, EngineRequest, Options], BlackBoxEngine],
+    package: str | None = None,
 ) -> Adapter:
     """Add the adapter `name`; its options' annotations are checked here, so a field of a type the
-    parser cannot read fails at import, not on a user's command line."""
+    parser cannot read fails at import, not on a user's command line. `package` is the import name
+    of the engine library it drives, whose installed version the certificate pins."""
     if name in ADAPTERS:
         raise LosscheckError(f"an engine adapter named {name!r} is already registered; give yours another name")
     if not (dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen):  # type: ignore[attr-defined]
@@ -97,7 +105,7 @@ def register(
     for f in fields.values():
         if not f.metadata.get("rest"):
             _accepted(hints[f.name], f.metadata, f"engine adapter {name!r}: {options.__name__}.{f.name}")
-    adapter = Adapter(name, summary, options, inputs, build)
+    adapter = Adapter(name, summary, options, inputs, build, package)
     ADAPTERS[name] = adapter
     return adapter
 

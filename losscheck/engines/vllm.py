@@ -382,6 +382,7 @@ register(
     options=VLLMOptions,
     inputs=_needs_speculative_config,
     build=_builder(cpu_fixes=False),
+    package="vllm",
 )
 register(
     "vllm+cpu-fixes",
@@ -389,4 +390,5 @@ register(
     options=VLLMOptions,
     inputs=_needs_speculative_config,
     build=_builder(cpu_fixes=True),
+    package="vllm",
 )

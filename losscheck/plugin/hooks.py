@@ -147,10 +147,11 @@ class PlanErrorRelay:
             raise pytest.UsageError(text.removeprefix(PLAN_ERROR_PREFIX))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Certification tests run costliest cell first (`losscheck.plan.cost`), so that under xdist
     no worker is left with a long cell while the others sit idle; other tests keep their order
-    after them. Sorting is deterministic, so every xdist worker collects the same order."""
+    after them. Sorting is deterministic, so every xdist worker collects the same order. With
+    `--losscheck-shard`, the cells of the other shards are deselected (`losscheck.plan.shard`)."""
     from losscheck.plan.cell import Cell
     from losscheck.plan.cost import estimated_seconds
 
@@ -159,8 +160,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((v for v in params.values() if isinstance(v, Cell)), None)
 
     costs = [(item, cell_of(item)) for item in items]
+    others = _other_shards(config) if any(c is not None for _, c in costs) else frozenset()
+    if others:
+        config.hook.pytest_deselected(items=[i for i, c in costs if c is not None and c.id in others])
+        costs = [(i, c) for i, c in costs if c is None or c.id not in others]
     costly = sorted(((i, c) for i, c in costs if c is not None), key=lambda pair: -estimated_seconds(pair[1]))
     items[:] = [i for i, _ in costly] + [i for i, c in costs if c is None]
+
+
+def _other_shards(config: pytest.Config) -> frozenset[str]:
+    """The planned cells that `--losscheck-shard` leaves to the other shards (none without it)."""
+    session = config.stash[SESSION_KEY]
+    shard = session.options.shard
+    if shard is None or PLAN_ERROR_KEY in config.stash:
+        return frozenset()
+    from losscheck.plan.matrix import entries
+    from losscheck.plan.shard import share
+
+    planned = entries(session.plan)
+    return frozenset(e.cell for e in planned) - frozenset(share(planned, shard))
 
 
 @pytest.fixture(scope="session")
@@ -309,6 +327,7 @@ class RecordCollector:
             self.records,
             int(exitstatus),
             self.interrupted or exitstatus == pytest.ExitCode.INTERRUPTED,
+            options.shard,
         )
         self.config.stash[VERDICT_KEY] = self.cert.verdict
         if options.require_pass and self.cert.verdict != "PASS" and session.exitstatus == 0:

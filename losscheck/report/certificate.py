@@ -9,6 +9,9 @@ verdict is
 - PARTIAL: nothing failed, but cells did not run (a `-k` selection, a shard) or the matrix is
   unknown (no certification test ran);
 - INTERRUPTED: the run was stopped (Ctrl-C) before it finished, whatever had passed.
+
+`account` reaches the verdict from the plan and the cell records; `build` and `losscheck merge`
+(`losscheck.report.merge`, the shards of one plan joined) both use it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,23 +31,29 @@ from losscheck.cells.record import CellRecord
 from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.scope import WHOLE
 from losscheck.report import claims
+from losscheck.report import shard as shards
 from losscheck.report.document import (
     SCHEMA,
+    BugClassClaim,
     Certificate,
+    Conformance,
     Cost,
     Counts,
     MatrixRow,
     RunEnvironment,
     RunMeta,
     Scope,
+    ShardRecord,
     Slowest,
     Status,
+    Tested,
     Verdict,
     Worker,
 )
 from losscheck.report.manifest import Identity, Manifest, RegisteredTest
 
 if TYPE_CHECKING:
+    from losscheck.plan.shard import Shard
     from losscheck.run.options import Options
 
 VERDICTS = ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")
@@ -77,40 +87,97 @@ def build(
     records: Sequence[CellRecord],
     exit_status: int,
     interrupted: bool,
+    shard: Shard | None = None,
 ) -> Certificate:
     """The certificate of a run.
 
     meta: what the controller knows without models: seed, options, the pytest command line.
     manifests: one per process that ran certification tests (they must agree on the matrix).
     records: one per certification test that ran, skipped or errored.
+    shard: the run's --shard, recorded with its share of the plan (when the matrix is known).
     """
-    matrix, problems = _matrix(manifests, records)
-    counts = Counts(*(sum(1 for m in matrix if m.status == s) for s in STATUSES))
-    if exit_status not in (0, 1, 5) and not interrupted:
-        problems.append(f"pytest exited with status {exit_status} (an internal or usage error)")
-    verdict, reason = _verdict(matrix, counts, problems, exit_status, interrupted, known=bool(manifests))
     first = manifests[0] if manifests else None
-    scope = Scope(meta.scope_option or WHOLE, not meta.scope_option, first.scope.out if first else (), len(matrix))
+    share = shards.record(shard, meta, first) if shard is not None and first is not None else None
+    found = account(meta, [m.matrix for m in manifests], records, exit_status, interrupted, share=share)
+    scope = Scope(
+        meta.scope_option or WHOLE, not meta.scope_option, first.scope.out if first else (), len(found.matrix)
+    )
     return Certificate(
         schema=SCHEMA,
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        verdict=verdict,
+        created=now(),
         scope=scope,
-        reason=reason,
-        problems=tuple(problems),
+        shard=share,
         meta=meta,
         alpha=first.alpha if first else None,
         environment=_environment(manifests),
         targets=first.targets if first else {},
         drafters=first.drafters if first else {},
         engine=first.engine if first else None,
+        pytest_exit_status=exit_status,
+        **found.fields(),
+    )
+
+
+def now() -> str:
+    """The time a certificate is built: UTC, ISO 8601, to the second."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What a certificate says of its cells (its fields of the same names): every planned cell's
+    status, the tally, the verdict with its reason and problems, what was tested and claimed, and
+    what it cost."""
+
+    verdict: Verdict
+    reason: str
+    problems: tuple[str, ...]
+    counts: Counts
+    tested: Tested
+    conformance: Conformance
+    bug_classes: dict[str, BugClassClaim]
+    cost: Cost
+    matrix: tuple[MatrixRow, ...]
+    cells: tuple[CellRecord, ...]
+
+    def fields(self) -> dict[str, Any]:
+        """Field name -> value, as `Certificate` takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def account(
+    meta: RunMeta,
+    planned: Sequence[Sequence[MatrixEntry]],
+    records: Sequence[CellRecord],
+    exit_status: int,
+    interrupted: bool,
+    problems: Sequence[str] = (),
+    share: ShardRecord | None = None,
+) -> Findings:
+    """The verdict on the cells `planned` and what `records` found of them.
+
+    planned: the matrix as each process planned it (they must agree); none: the matrix is unknown.
+    records: one per certification test that ran, skipped or errored.
+    exit_status, interrupted: how pytest ended (the worst of the shards' when they merge).
+    problems: accounting problems found before (the shards'); this accounting's are added.
+    share: the shard of the plan the run certified, whose other cells run elsewhere.
+    """
+    matrix, found = _matrix(planned, records)
+    issues = [*problems, *found]
+    counts = Counts(*(sum(1 for m in matrix if m.status == s) for s in STATUSES))
+    if exit_status not in (0, 1, 5) and not interrupted:
+        issues.append(f"pytest exited with status {exit_status} (an internal or usage error)")
+    verdict, reason = _verdict(matrix, counts, issues, exit_status, interrupted, bool(planned), share)
+    return Findings(
+        verdict=verdict,
+        reason=reason,
+        problems=tuple(issues),
         counts=counts,
         tested=claims.tested(records),
         conformance=claims.conformance(records),
         bug_classes=claims.coverage(records, meta.profile.power),
         cost=cost(records),
         matrix=tuple(matrix),
-        pytest_exit_status=exit_status,
         cells=tuple(records),
     )
 
@@ -151,11 +218,13 @@ def cost_lines(records: Sequence[CellRecord]) -> list[str]:
     ]
 
 
-def _matrix(manifests: Sequence[Manifest], records: Sequence[CellRecord]) -> tuple[list[MatrixRow], list[str]]:
+def _matrix(
+    matrices: Sequence[Sequence[MatrixEntry]], records: Sequence[CellRecord]
+) -> tuple[list[MatrixRow], list[str]]:
     """Every planned cell with its status; records of cells outside the matrix are problems."""
     problems: list[str] = []
-    planned = manifests[0].matrix if manifests else ()
-    if any(m.matrix != planned for m in manifests[1:]):
+    planned = matrices[0] if matrices else ()
+    if any(list(m) != list(planned) for m in matrices[1:]):
         problems.append(
             "the pytest processes planned different matrices (a drafter that declares "
             "different block lengths from run to run?); no cell can be accounted for"
@@ -163,7 +232,7 @@ def _matrix(manifests: Sequence[Manifest], records: Sequence[CellRecord]) -> tup
     status = {r.cell: r.status for r in records}
     why = {r.cell: r.run.skip_reason for r in records if r.run.skip_reason}
     matrix = [_row(entry, status.pop(entry.cell, "not run"), why.get(entry.cell)) for entry in planned]
-    if manifests:
+    if matrices:
         problems += [f"cell {cell} ran but is not in the planned matrix" for cell in sorted(status)]
     else:  # nothing to account against: list what ran
         matrix = [MatrixRow(cell, s) for cell, s in sorted(status.items())]
@@ -181,6 +250,7 @@ def _verdict(
     exit_status: int,
     interrupted: bool,
     known: bool,
+    share: ShardRecord | None,
 ) -> tuple[Verdict, str]:
     ran = counts.passed + counts.failed + counts.errored
     tally = (
@@ -197,6 +267,12 @@ def _verdict(
         return "PARTIAL", f"no certification test ran, so the matrix is unknown ({ran} cells recorded)"
     if counts.not_run:
         missing = [m for m in matrix if m.status == "not run"]
+        if share is not None and not {m.cell for m in missing} & set(share.cells):
+            return "PARTIAL", (
+                f"{tally}: shard {share.index}/{share.count} certifies {len(share.cells)} of them, the other "
+                f"shards the {len(missing)} not run; `losscheck merge` joins the shards' run directories into "
+                "one verdict of the whole scope"
+            )
         if all(m.slow for m in missing):
             return "PARTIAL", (
                 f"{tally}: the quick gate is complete; the {len(missing)} cells not run are the "
@@ -234,17 +310,19 @@ def write_run(out: str | Path, cert: Certificate) -> Path:
     return run
 
 
-def relative_to_run(cert: Certificate, run: Path) -> Certificate:
+def relative_to_run(cert: Certificate, run: Path, start: Path | None = None) -> Certificate:
     """`cert` with each model path that is not a bundled fixture made relative to the run
-    directory `run` (the manifests give them relative to the directory the run started in, the
-    current one): a certificate moved with its models keeps pointing at them, and no absolute
-    path of the machine that made it is written."""
+    directory `run` from the directory `start` they are relative to now (default: the current
+    one, where the manifests give them from; a saved certificate's: its own run directory): a
+    certificate moved with its models keeps pointing at them, and no absolute path of the machine
+    that made it is written."""
 
     def moved(identity: Identity) -> Identity:
         path = identity.get("path")
         if not isinstance(path, str) or not path or path.startswith("bundled:"):
             return identity
-        return {**identity, "path": Path(os.path.relpath(Path(path).resolve(), run.resolve())).as_posix()}
+        found = ((start or Path.cwd()) / path).resolve()
+        return {**identity, "path": Path(os.path.relpath(found, run.resolve())).as_posix()}
 
     targets = {name: moved(t) for name, t in cert.targets.items()}
     drafters = {name: {k: moved(d) for k, d in ds.items()} for name, ds in cert.drafters.items()}
@@ -350,7 +428,7 @@ def markdown(cert: Certificate, plots: Sequence[str] = ()) -> str:
     lines = [f"# losscheck certificate — {cert.verdict}", "", scope_line(cert), "", cert.reason, ""]
     lines += [f"- {p}" for p in cert.problems]
     lines.append(f"- created: {cert.created}, seed {meta.seed} (replay with `--losscheck-seed={meta.seed}`)")
-    lines.append(f"- command: `pytest {shlex.join(meta.pytest_args)}`")
+    lines += shard_lines(cert) or [f"- command: `pytest {shlex.join(meta.pytest_args)}`"]
     for name, target in cert.targets.items():
         lines.append(
             f"- target {name}: `{target.get('path')}` sha256 `{str(target.get('sha256'))[:16]}…` "
@@ -378,9 +456,10 @@ def markdown(cert: Certificate, plots: Sequence[str] = ()) -> str:
     env = cert.environment
     if env.workers:
         workers = ", ".join(f"{w}: {v.threads} threads" for w, v in env.workers.items())
+        # "-": unknown, or (merged) the shards' runners differ in it: each shard's line names its own
         lines.append(
-            f"- losscheck {env.losscheck} (git {env.git_revision or '-'}), python {env.python}, "
-            f"torch {env.torch}, transformers {env.transformers}; {env.accelerator}; {workers}"
+            f"- losscheck {env.losscheck or '-'} (git {env.git_revision or '-'}), python {env.python or '-'}, "
+            f"torch {env.torch or '-'}, transformers {env.transformers or '-'}; {env.accelerator or '-'}; {workers}"
         )
     lines += ["", markdown_table(cert.cells)]
     lines += serving_lines(cert.cells) + engine_counter_lines(cert.cells) + cost_lines(cert.cells)
@@ -395,6 +474,30 @@ def markdown(cert: Certificate, plots: Sequence[str] = ()) -> str:
         ]
     lines += ["", *[f"![{p}]({p})" for p in plots]]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def shard_lines(cert: Certificate) -> list[str]:
+    """The shard a run certified, or the shards a merged certificate joined, each with its command."""
+    if cert.shard is not None:
+        s = cert.shard
+        return [
+            f"- command: `pytest {shlex.join(cert.meta.pytest_args)}`",
+            f"- shard {s.index}/{s.count} of plan `{s.plan[:16]}…`: {len(s.cells)} of the "
+            f"{len(cert.matrix)} cells in scope; `losscheck merge` joins the shards' run directories",
+        ]
+    if not cert.merged:
+        return []
+    lines = [
+        f"- merged by `losscheck merge` from {len(cert.merged)} shards of plan `{cert.merged[0].shard.plan[:16]}…`:"
+    ]
+    for m in cert.merged:
+        env = m.environment
+        lines.append(
+            f"  - shard {m.shard.index}/{m.shard.count} (`{m.run}`, {m.verdict}, {len(m.shard.cells)} cells, "
+            f"created {m.created}; losscheck {env.losscheck or '-'} (git {env.git_revision or '-'}) "
+            f"on {env.accelerator or '-'}): `pytest {shlex.join(m.pytest_args)}`"
+        )
+    return lines
 
 
 def _test_families(tests: Sequence[RegisteredTest]) -> str:

@@ -7,7 +7,9 @@ drafter, and that is the point of a new release).
 
 Both certificates must be of the same things, by their identities: the same target (content
 hash) wherever both name one, the same drafters (names and kinds: class, algorithm) and the same
-black-box engine. A drafter whose weights changed is compared as a new release of it, and the
+black-box engine, pinned alike (its package versions, its draft model's hash, its options), run
+on the same torch, CUDA, driver and device count (`losscheck.engines.pins`; a pin only one of the
+two records is not compared). A drafter whose weights changed is compared as a new release of it, and the
 report says so first; anything else different is refused (`DifferentRunsError`) unless the
 caller allows it, and then the report opens with what differs.
 """
@@ -68,7 +70,35 @@ def identity_differences(a: Certificate, b: Certificate) -> tuple[list[str], lis
     if (engine_a or {}).get("name") != (engine_b or {}).get("name"):
         name_a, name_b = (engine_a or {}).get("name", "none"), (engine_b or {}).get("name", "none")
         different.append(f"black-box engine: {name_a} before, {name_b} after")
-    return different, changed
+    elif engine_a is not None and engine_b is not None:
+        different += pin_differences(engine_a, engine_b)
+    return different + runtime_differences(a, b), changed
+
+
+RUNTIME_PINS = ("torch", "cuda", "driver", "device_count")  # of the run's environment
+
+
+def pin_differences(a: Identity, b: Identity) -> list[str]:
+    """What two identities of the same engine pin differently: package versions, the draft
+    model's content hash, the options."""
+    found = []
+    draft_a, draft_b = a.get("draft_model"), b.get("draft_model")
+    if isinstance(draft_a, dict) and isinstance(draft_b, dict) and _hash(draft_a) != _hash(draft_b):
+        found.append(f"engine draft model: sha256 {_short(_hash(draft_a))} before, {_short(_hash(draft_b))} after")
+    for key in ("package", "options"):
+        if key in a and key in b and a[key] != b[key]:
+            found.append(f"engine {key}: {a[key]!r} before, {b[key]!r} after")
+    return found
+
+
+def runtime_differences(a: Certificate, b: Certificate) -> list[str]:
+    """Torch, CUDA, driver and device count, where both certificates record them."""
+    found = []
+    for key in RUNTIME_PINS:
+        x, y = getattr(a.environment, key), getattr(b.environment, key)
+        if x is not None and y is not None and x != y:
+            found.append(f"{key}: {x} before, {y} after")
+    return found
 
 
 # Worse to the right: a verdict moving right between A and B is a regression.

@@ -2,9 +2,9 @@
 builds one from the manifests and the cell records, writes it, reads it back and renders it; the
 published schema is generated from these classes (`losscheck.report.schema`).
 
-A certificate of schema 2 written by an earlier losscheck lacks some fields (`scope`, `tested`,
-`conformance`, `bug_classes`, `cost`, `bundled_option`, `verifier_option`): they are optional
-here, and reading ignores fields this version does not know. Torch-free.
+A certificate of schema 2 written by an earlier losscheck lacks some fields (`scope`, `shard`,
+`merged`, `tested`, `conformance`, `bug_classes`, `cost`, `bundled_option`, `verifier_option`):
+they are optional here, and reading ignores fields this version does not know. Torch-free.
 """
 
 from __future__ import annotations
@@ -32,6 +32,22 @@ class Scope:
     whole: bool
     out: tuple[OutOfScope, ...] = ()
     cells: int | None = field(default=None, metadata=COUNT)  # cells in scope
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """The share of the plan a run certified with --shard I/N (`losscheck.plan.shard`) and the
+    plan it is a share of: `losscheck merge` joins the shards of one plan only."""
+
+    index: int = field(metadata=json_field(minimum=1))
+    count: int = field(metadata=json_field(minimum=1))
+    plan: str = field(
+        metadata=json_field(
+            doc="sha256 of the plan: the matrix in scope, the declared scope, the alpha split, the seed, "
+            "the profile, the options that judge a cell and the models' identities (`losscheck.report.shard`)"
+        )
+    )
+    cells: tuple[str, ...] = field(metadata=json_field(doc="the cells of the plan assigned to this shard"))
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,22 @@ class RunEnvironment:
     device: str | None = None
     accelerator: str | None = None
     workers: dict[str, Worker] = field(default_factory=dict)  # xdist worker id -> its torch threads
+    cuda: str | None = None  # the CUDA version torch was built with
+    driver: str | None = None  # the NVIDIA driver's version
+    device_count: int | None = None  # CUDA devices visible
+
+
+@dataclass(frozen=True)
+class MergedShard:
+    """A shard's certificate that `losscheck merge` joined into this one: where it was read from,
+    its share of the plan and how its run went."""
+
+    run: str  # the run directory or certificate.json, as `losscheck merge` was given it
+    shard: ShardRecord = field(metadata=FLAT)
+    created: str
+    verdict: Verdict
+    pytest_args: tuple[str, ...]
+    environment: RunEnvironment
 
 
 @dataclass(frozen=True)
@@ -199,6 +231,9 @@ class Certificate(JsonRecord):
     )
     verdict: Verdict
     scope: Scope = field(default_factory=lambda: Scope(WHOLE, True))  # absent: a certificate from before scopes
+    shard: ShardRecord | None = field(
+        default=None, metadata=json_field(doc="the share of the plan this run certified (--shard I/N); null: all of it")
+    )
     reason: str = field(metadata=json_field(doc="the verdict's tally and why, in one sentence"))
     problems: tuple[str, ...] = field(metadata=json_field(doc="accounting problems that fail the run"))
     meta: RunMeta = field(metadata=FLAT)
@@ -206,6 +241,10 @@ class Certificate(JsonRecord):
         metadata=json_field(doc="the family-wise alpha and its Bonferroni split (null: no certification test ran)")
     )
     environment: RunEnvironment
+    merged: tuple[MergedShard, ...] = field(
+        default=(),
+        metadata=json_field(doc="the shards' certificates `losscheck merge` joined into this one, by shard index"),
+    )
     targets: dict[str, Identity] = field(
         metadata=json_field(
             doc="target name (main, small, own) -> its identity", additionalProperties={"$ref": "#/$defs/identity"}

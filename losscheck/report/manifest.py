@@ -85,6 +85,9 @@ class Environment:
     accelerator: str
     worker: str  # the xdist worker id ("main" in process)
     threads: int  # torch's threads in this process
+    cuda: str | None = None  # the CUDA version torch was built with (None: a CPU build)
+    driver: str | None = None  # the NVIDIA driver's version, where one is loaded
+    device_count: int | None = None  # CUDA devices visible (None: none)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def build(session: Session) -> Manifest:
             name: {key: portable(drafter_identity(d)) for key, d in session.drafters(name).items()}
             for name in session.target_names
         },
-        engine=engine_identity(session.blackbox) if session.blackbox is not None else None,
+        engine=engine_identity(session.blackbox, session.engine_pins) if session.blackbox is not None else None,
         scope=DeclaredScope(
             session.options.scope.label(), tuple(OutOfScope(o["cell"], o["reason"]) for o in session.out_of_scope)
         ),
@@ -155,9 +158,17 @@ def portable(identity: Identity) -> Identity:
     return {**identity, "path": shown}
 
 
-def engine_identity(engine: BlackBoxEngine) -> Identity:
-    """A black-box engine's name, block length and precision, and its own `identity` if it has one."""
-    return {"name": engine.name, "k": engine.k, "precision": engine.precision, **getattr(engine, "identity", {})}
+def engine_identity(engine: BlackBoxEngine, pins: Identity | None = None) -> Identity:
+    """A black-box engine's name, block length and precision, what the run pins of it (package
+    version, draft model hash, options: `losscheck.engines.pins`), and its own `identity` if it
+    has one (which may name its draft model itself)."""
+    return {
+        "name": engine.name,
+        "k": engine.k,
+        "precision": engine.precision,
+        **(pins or {}),
+        **getattr(engine, "identity", {}),
+    }
 
 
 def drafter_identity(drafter: Drafter) -> Identity:
@@ -224,7 +235,23 @@ def environment(device: torch.device) -> Environment:
         accelerator=accelerator(device),
         worker=os.environ.get("PYTEST_XDIST_WORKER", "main"),
         threads=torch.get_num_threads(),
+        cuda=torch.version.cuda,
+        driver=nvidia_driver(),
+        device_count=torch.cuda.device_count() if torch.cuda.is_available() else None,
     )
+
+
+def nvidia_driver(version_file: Path = Path("/proc/driver/nvidia/version")) -> str | None:
+    """The loaded NVIDIA kernel driver's version: the first dotted number of the "NVRM version:"
+    line (None: no NVIDIA driver loaded)."""
+    import re
+
+    try:
+        first = version_file.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    found = re.search(r"\b\d+\.\d+(?:\.\d+)?\b", first)
+    return found.group(0) if found else first.strip()
 
 
 def accelerator(device: torch.device) -> str:

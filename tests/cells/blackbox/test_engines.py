@@ -298,3 +298,23 @@ def test_one_at_a_time_releases_the_other_instance_before_building():
     assert keep.alive() == (True, False)
     keep.discard(True)
     assert keep.alive() == (False,)
+
+
+def test_an_engine_certificate_pins_the_engines_version_and_the_draft_models_hash():
+    """Hugging Face assisted generation named as a user names it (`--engine hf --assistant DIR`):
+    the manifest every certificate is written from names transformers' installed version, the
+    assistant's content hash and the options, and the run's torch and CUDA."""
+    import importlib.metadata
+
+    from losscheck.hashing import content_hash
+    from losscheck.report import manifest
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    assistant = bundled.fixtures_dir() / "drafter_a"
+    found = manifest.build(Session(Options(engine="hf", assistant=str(assistant))))
+    assert found.engine is not None and found.engine["name"].startswith("hf")
+    assert found.engine["package"] == {"transformers": importlib.metadata.version("transformers")}
+    assert found.engine["draft_model"] == {"path": str(assistant), "sha256": content_hash(assistant)}
+    assert isinstance(found.engine["options"], dict)
+    assert found.environment.torch == torch.__version__ and found.environment.cuda == torch.version.cuda

@@ -11,9 +11,9 @@ from losscheck import bundled
 from losscheck.core.contract import DraftContext, validate_proposal
 from losscheck.core.engine import Engine, pad_prompts
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator, process_logits
-from losscheck.core.target import content_hash
 from losscheck.drafters import parallel
 from losscheck.drafters.block import BlockModel
+from losscheck.hashing import content_hash
 from losscheck.run import drafters as registry
 from tests.support import assert_follows
 

@@ -38,6 +38,18 @@ def drafter(c: dict) -> dict:
     return c["drafters"]["main"]["A"]
 
 
+def engine(c: dict) -> dict:
+    return c["engine"]
+
+
+def pinned(c: dict) -> dict:
+    """`c` as an engine certificate that pins its engine and runtime."""
+    draft = {"path": "drafter_a32", "sha256": "d" * 64}
+    identity = {"name": "vllm", "k": 4, "package": {"vllm": "0.32.0"}, "draft_model": draft, "options": {"seed": 0}}
+    runtime = {"torch": "2.13.0", "cuda": "13.0", "driver": "580.1", "device_count": 1}
+    return changed(c, lambda d: (d.update(engine=identity), d["environment"].update(runtime)))
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -45,10 +57,18 @@ def drafter(c: dict) -> dict:
         (lambda c: c["drafters"]["main"].update(E=drafter(c)), "drafters on main: A before, A, E after"),
         (lambda c: drafter(c).update({"class": "my.Drafter"}), "drafter A on main: class None before, 'my.Drafter'"),
         (lambda c: c.update(engine={"name": "hf", "k": 4}), "black-box engine: none before, hf after"),
+        # the same engine pinned differently (losscheck.engines.pins), and another runtime
+        (lambda c: engine(c)["package"].update(vllm="0.33.0"), "engine package: {'vllm': '0.32.0'} before"),
+        (lambda c: engine(c)["draft_model"].update(sha256="f" * 64), "engine draft model: sha256 dddddddddddd…"),
+        (lambda c: engine(c)["options"].update(seed=1), "engine options: {'seed': 0} before, {'seed': 1} after"),
+        (lambda c: c["environment"].update(torch="2.14.1"), "torch: 2.13.0 before, 2.14.1 after"),
+        (lambda c: c["environment"].update(device_count=2), "device_count: 1 before, 2 after"),
     ],
 )
 def test_certificates_of_different_things_are_refused_unless_allowed(change, message):
     a = cert()
+    if message.startswith(("engine ", "torch", "device_count")):
+        a = pinned(a)
     b = changed(a, change)
     with pytest.raises(compare.DifferentRunsError, match=DIFFERENT) as error:
         compare.report(typed(a), typed(b))
@@ -65,6 +85,20 @@ def test_a_drafter_with_new_weights_is_compared_as_a_new_release_and_said_so():
     assert "- CHANGED: drafter A on main: weights bbbbbbbbbbbb… before, dddddddddddd… after" in text
     assert "| A-k4-greedy | passed | passed | 3.000 | 3.500 | +0.500 |" in text and not regressed
     assert "CHANGED" not in compare.report(typed(a), typed(cert(tau=3.5)))[0]  # the same drafter: nothing to say
+
+
+def test_a_pin_only_one_certificate_records_is_not_compared():
+    """A certificate written before the pins (no package, draft model or CUDA recorded) against
+    one that has them: nothing to refuse, nothing claimed."""
+    new = pinned(cert())
+    old = changed(
+        new,
+        lambda c: (
+            [c["engine"].pop(k) for k in ("package", "draft_model", "options")],
+            [c["environment"].pop(k) for k in ("cuda", "driver", "device_count")],
+        ),
+    )
+    assert compare.identity_differences(typed(old), typed(new)) == ([], [])
 
 
 def test_the_oracle_and_targets_only_one_run_has_do_not_make_runs_different():
