@@ -9,17 +9,14 @@ import os
 
 from losscheck.cli.command import Command
 
+OUT_HELP = "write the joined certificate's DIR/<run>/certificate.json and summary.md (default: %(default)s)"
+
 
 def add_arguments(merge: argparse.ArgumentParser) -> None:
     merge.add_argument(
         "runs", nargs="+", metavar="RUN", help="each shard's run directory (reports/<run>) or its certificate.json"
     )
-    merge.add_argument(
-        "--out",
-        metavar="DIR",
-        default="reports",
-        help="write the joined certificate's DIR/<run>/certificate.json and summary.md (default: %(default)s)",
-    )
+    merge.add_argument("--out", metavar="DIR", default="reports", help=OUT_HELP)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -113,26 +113,6 @@ def test_a_shard_without_cells_is_not_needed():
         pytest.param(lambda: [shard_cert(1, count=3)], r"^shards 2/3, 3/3 are missing: 2 cells", id="missing-two"),
         pytest.param(lambda: [shard_cert(1), shard_cert(1)], r"reports/1 and reports/2 are both shard 1/2", id="twice"),
         pytest.param(
-            lambda: [shard_cert(1), shard_cert(2, seed=2)],
-            r"reports/1 and reports/2 were run with different seeds \(1 vs 2\): run every shard with the same --seed",
-            id="seed",
-        ),
-        pytest.param(
-            lambda: [shard_cert(1), shard_cert(2, alpha=0.05)],
-            r"different alphas \(0.01 vs 0.05\): run every shard with the same --alpha",
-            id="alpha",
-        ),
-        pytest.param(
-            lambda: [shard_cert(1), shard_cert(2, targets={"main": {"path": "t", "sha256": "c" * 64}})],
-            r"reports/1 and reports/2 were planned differently \(plan fingerprint [0-9a-f]{12}… vs [0-9a-f]{12}…",
-            id="models",
-        ),
-        pytest.param(
-            lambda: [shard_cert(1), shard_cert(2, scope={"declared": "--scope=greedy", "out": []})],
-            r"planned differently .*run every shard with the same losscheck, models, --scope",
-            id="scope",
-        ),
-        pytest.param(
             lambda: [shard_cert(1), shard_cert(2, count=3)],
             r"are shards of different counts \(1/2 vs 2/3\): run every shard with the same N in --shard I/N",
             id="count",
@@ -150,6 +130,30 @@ def test_a_shard_without_cells_is_not_needed():
 def test_shards_that_are_not_one_plans_are_refused_naming_what_differs(certs, says):
     with pytest.raises(LosscheckError, match=says):
         merge(runs(*certs()))
+
+
+# shard 2/2 run differently from shard 1/2: what it changes -> what the refusal says
+PLANNED_DIFFERENTLY = {
+    "seed": (
+        {"seed": 2},
+        r"reports/1 and reports/2 were run with different seeds \(1 vs 2\): run every shard with the same --seed",
+    ),
+    "alpha": ({"alpha": 0.05}, r"different alphas \(0.01 vs 0.05\): run every shard with the same --alpha"),
+    "models": (
+        {"targets": {"main": {"path": "t", "sha256": "c" * 64}}},
+        r"reports/1 and reports/2 were planned differently \(plan fingerprint [0-9a-f]{12}… vs [0-9a-f]{12}…",
+    ),
+    "scope": (
+        {"scope": {"declared": "--scope=greedy", "out": []}},
+        r"planned differently .*run every shard with the same losscheck, models, --scope",
+    ),
+}
+
+
+@pytest.mark.parametrize(("change", "says"), PLANNED_DIFFERENTLY.values(), ids=PLANNED_DIFFERENTLY)
+def test_shards_run_with_different_settings_are_refused_naming_the_setting(change, says):
+    with pytest.raises(LosscheckError, match=says):
+        merge(runs(shard_cert(1), shard_cert(2, **change)))
 
 
 def test_a_shards_model_paths_stay_pointing_at_the_models(tmp_path):
