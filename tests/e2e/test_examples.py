@@ -26,6 +26,7 @@ def test_the_own_drafter_example_is_certified(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"losscheck verdict: PASS of --scope={DRAFTER_SCOPE}" in done.stdout
     assert "user-k4-T1 " in done.stdout and "user-k8-greedy " in done.stdout  # sampled and greedy cells ran
+    assert "PytestAssertRewriteWarning" not in done.stdout + done.stderr  # pytest's, not the user's business
 
 
 @pytest.mark.e2e
