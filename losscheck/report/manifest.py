@@ -119,7 +119,9 @@ def build(session: Session) -> Manifest:
             name: {key: portable(drafter_identity(d)) for key, d in session.drafters(name).items()}
             for name in session.target_names
         },
-        engine=engine_identity(session.blackbox, session.engine_pins) if session.blackbox is not None else None,
+        engine=engine_identity(session.blackbox, _portable_pins(session.engine_pins))
+        if session.blackbox is not None
+        else None,
         scope=DeclaredScope(
             session.options.scope.label(), tuple(OutOfScope(o["cell"], o["reason"]) for o in session.out_of_scope)
         ),
@@ -156,6 +158,12 @@ def portable(identity: Identity) -> Identity:
     else:
         shown = Path(os.path.relpath(found)).as_posix()
     return {**identity, "path": shown}
+
+
+def _portable_pins(pins: Identity) -> Identity:
+    """`pins` with the draft model's path made `portable`, as the models' paths are."""
+    draft = pins.get("draft_model")
+    return {**pins, "draft_model": portable(draft)} if isinstance(draft, dict) else pins
 
 
 def engine_identity(engine: BlackBoxEngine, pins: Identity | None = None) -> Identity:

@@ -28,13 +28,25 @@ def fingerprint(meta: RunMeta, manifest: Manifest) -> str:
         "judged": {"strict": meta.strict, "verifier": meta.verifier_option, "mutant": meta.mutant},
         "targets": {name: _unplaced(t) for name, t in manifest.targets.items()},
         "drafters": {name: {k: _unplaced(d) for k, d in ds.items()} for name, ds in manifest.drafters.items()},
-        "engine": None if manifest.engine is None else _unplaced(manifest.engine),
+        "engine": None if manifest.engine is None else _unplaced_engine(manifest.engine),
     }
     return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _unplaced(identity: Identity) -> Identity:
     return {k: v for k, v in identity.items() if k != "path"}
+
+
+def _unplaced_engine(identity: Identity) -> Identity:
+    """An engine's identity without where its draft model lies: its hash (`draft_model`) names it,
+    and the speculative config's "model" is that path as the runner gave it."""
+    unplaced = _unplaced(identity)
+    if isinstance(draft := identity.get("draft_model"), dict):
+        unplaced["draft_model"] = _unplaced(draft)
+    options = identity.get("options")
+    if isinstance(options, dict) and isinstance(config := options.get("speculative_config"), dict):
+        unplaced["options"] = {**options, "speculative_config": {k: v for k, v in config.items() if k != "model"}}
+    return unplaced
 
 
 def record(shard: Shard, meta: RunMeta, manifest: Manifest) -> ShardRecord:

@@ -97,3 +97,23 @@ def test_the_cli_refuses_a_bad_shard_as_a_usage_error(capsys):
     assert cli.main(["certify", "--shard", "3/2"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert "argument --shard: --shard=3/2: no such shard; expected I/N" in err
+
+
+def test_the_plan_fingerprint_names_an_engines_draft_model_by_hash_not_by_where_it_lies():
+    """Two runners keep the draft model at different paths: one plan; another draft model: another."""
+    import dataclasses
+
+    from losscheck.report.certificate import run_meta
+    from losscheck.report.shard import fingerprint
+    from losscheck.run.options import Options
+    from tests.support import manifest_record
+
+    def engine(path: str, sha: str) -> dict:
+        config = {"method": "draft_model", "model": path, "num_speculative_tokens": 4}
+        return {"name": "vllm", "draft_model": {"path": path, "sha256": sha}, "options": {"speculative_config": config}}
+
+    meta = run_meta(Options(), [])
+    base = manifest_record([{"cell": "engine-k4-greedy", "mode": "engine-greedy", "argument": "engine_cell"}])
+    here, there = (dataclasses.replace(base, engine=engine(p, "d" * 64)) for p in ("/a/draft", "/b/draft"))
+    other = dataclasses.replace(base, engine=engine("/a/draft", "e" * 64))
+    assert fingerprint(meta, here) == fingerprint(meta, there) != fingerprint(meta, other)

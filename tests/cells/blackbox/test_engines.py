@@ -315,6 +315,6 @@ def test_an_engine_certificate_pins_the_engines_version_and_the_draft_models_has
     found = manifest.build(Session(Options(engine="hf", assistant=str(assistant))))
     assert found.engine is not None and found.engine["name"].startswith("hf")
     assert found.engine["package"] == {"transformers": importlib.metadata.version("transformers")}
-    assert found.engine["draft_model"] == {"path": str(assistant), "sha256": content_hash(assistant)}
+    assert found.engine["draft_model"] == {"path": "bundled:drafter_a", "sha256": content_hash(assistant)}
     assert isinstance(found.engine["options"], dict)
     assert found.environment.torch == torch.__version__ and found.environment.cuda == torch.version.cuda
