@@ -109,6 +109,19 @@ class AcceptanceRecord:
             counters[name] = [None if math.isnan(a) else a for a in cast("list[float]", counters[name])]
         return decode(cls, counters, where)
 
+    @property
+    def slot_acceptance(self) -> tuple[float | None, ...]:
+        """Deprecated name of `cumulative_acceptance` (the JSON key keeps it)."""
+        import warnings
+
+        warnings.warn(
+            "AcceptanceRecord.slot_acceptance is the cumulative rate: read cumulative_acceptance, or "
+            "conditional() for P(draft j accepted | drafts 1..j-1 accepted)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.cumulative_acceptance
+
     def reached_counts(self) -> tuple[int, ...]:
         """[k] `reached` as recorded, or (older records) as at fixed k."""
         return self.reached or acceptance.reached_at_fixed_k(self.accepted, self.proposed[0] if self.proposed else 0)

@@ -104,6 +104,18 @@ class LoopStats:
         """[k] P(draft j accepted | drafts 1..j-1 accepted) per slot; NaN for a slot never reached."""
         return _nan_for_none(acceptance.conditional(self.accepted.tolist(), self.reached.tolist()))
 
+    def slot_acceptance(self) -> list[float]:
+        """Deprecated: the cumulative rate, always, though it was documented as the conditional one."""
+        import warnings
+
+        warnings.warn(
+            "LoopStats.slot_acceptance() is the cumulative rate P(drafts 1..j all accepted): call "
+            "cumulative_acceptance(), or conditional_acceptance() for P(draft j accepted | drafts 1..j-1 accepted)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.cumulative_acceptance()
+
     def to_dict(self) -> dict[str, object]:
         return {
             "k": self.k,

@@ -103,3 +103,11 @@ def test_the_perf_record_keeps_both_and_derives_the_conditional_of_an_older_repo
 def test_counts_of_different_lengths_are_refused():
     with pytest.raises(ValueError, match="per-position counts of different lengths: 2 and 3"):
         acceptance.conditional((1, 2), (3, 4, 5))
+
+
+def test_the_old_name_gives_the_cumulative_rate_with_a_deprecation_warning():
+    stats = one_round()
+    with pytest.warns(DeprecationWarning, match=r"slot_acceptance\(\) is the cumulative rate"):
+        assert stats.slot_acceptance() == pytest.approx(CUMULATIVE)
+    with pytest.warns(DeprecationWarning, match="slot_acceptance is the cumulative rate"):
+        assert AcceptanceRecord.of(stats).slot_acceptance == pytest.approx(CUMULATIVE)
