@@ -1,5 +1,6 @@
 """`losscheck perf`: the perf tier, `pytest -m perf` in process (the tier does not time under
-xdist) with this command's options passed on."""
+xdist) with this command's options passed on. With `--engine`, it times that engine with
+speculation on against off (`losscheck.perf.engine_suite`) instead of losscheck's own loop."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ PERF_OPTIONS = (
     "perf-profile",
     "perf-compare",
     "perf-compare-fail",
+    "engine",
+    "assistant",
+    "speculative-config",
+    "engine-arg",
+    "perf-concurrency",
+    "perf-arrivals",
 )
 
 
@@ -46,7 +53,8 @@ def run(ns: argparse.Namespace) -> int:
 
 COMMAND = Command(
     "perf",
-    "the perf tier: speedup against concurrency, latency, the HF peer; writes OUT/perf/perf.json, perf.md and plots",
+    "the perf tier: speedup against concurrency, latency, the HF peer; writes OUT/perf/perf.json, perf.md and "
+    "plots (with --engine: that engine, speculation on against off, OUT/perf-engine/)",
     add_arguments,
     run,
 )

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
     from losscheck.core.contract import Target
     from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.counters import EngineCounters
     from losscheck.engines.request import GenerationRequest
+    from losscheck.engines.stream import Emission
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +66,12 @@ class HFAssistedEngine:
         (no schedule, no confidence early-stop: the declared k is the block drafted)."""
         from transformers import GenerationConfig
 
+        # The candidate generator reads its block from the *assistant's* generation config (with
+        # transformers' defaults where unset: 20 candidates and a 0.4 confidence cut-off), not
+        # from the config passed to `generate`: the block is fixed there, on every call.
+        assistant = self.assistant.generation_config
+        assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule = self.k, "constant"
+        assistant.assistant_confidence_threshold = 0.0
         sampling = (
             {"do_sample": False}
             if params.greedy
@@ -103,6 +111,121 @@ class HFAssistedEngine:
                     )[:, len(prompt) :].cpu()  # [rows, generated]; rows that end early pad with eos
                     out[i, start : start + rows, : new.shape[1]] = new
         return out
+
+    def stream(self, speculative: bool) -> HFStream:
+        """The engine timed token by token (`losscheck.engines.stream`)."""
+        return HFStream(self, speculative)
+
+
+class HFStream:
+    """`HFAssistedEngine` one request at a time (assisted generation's batch size is 1): a step runs
+    one queued request's `generate` with a streamer that reads the clock at every chunk. Assisted
+    generation hands the streamer each round's tokens at once (accepted drafts and the token after
+    them), so the chunks are the rounds: the counters come from them (drafts = rounds, accepted =
+    chunk size - 1), with no drafted count (HF shortens the last blocks to fit the budget)."""
+
+    concurrent = False
+    counters_source = "the emission chunks (assisted generation streams each round's tokens at once)"
+
+    def __init__(self, engine: HFAssistedEngine, speculative: bool) -> None:
+        from collections import deque
+
+        self.engine, self.speculative = engine, speculative
+        self._queue: deque[tuple[int, tuple[int, ...], int, SamplingParams, int]] = deque()
+        self._per_position = [0] * engine.k
+        self._rounds = self._emitted = 0
+
+    def add(
+        self, request: int, prompt: tuple[int, ...], max_new_tokens: int, params: SamplingParams, seed: int
+    ) -> None:
+        self._queue.append((request, prompt, max_new_tokens, params, seed))
+
+    def busy(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> list[Emission]:
+        import torch
+
+        from losscheck.engines.stream import Emission
+
+        if not self._queue:
+            return []
+        request, prompt, budget, params, seed = self._queue.popleft()
+        engine = self.engine
+        device = next(engine.model.parameters()).device
+        ids = torch.tensor([list(prompt)], device=device)  # [1, P]
+        clock = _Clock()
+        assistant = {"assistant_model": engine.assistant} if self.speculative else {}
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            engine.model.generate(  # type: ignore[operator]  # GenerationMixin's, see `generate`
+                ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=engine.generation_config(params, budget),
+                streamer=clock,
+                **assistant,
+            )
+        chunks = _until_eos(clock.chunks, engine.eos, budget)
+        if self.speculative:
+            self._count(chunks)
+        last = len(chunks) - 1
+        return [Emission(request, at, tokens, i == last) for i, (at, tokens) in enumerate(chunks)]
+
+    def _count(self, chunks: list[tuple[float, tuple[int, ...]]]) -> None:
+        self._rounds += len(chunks)
+        for _, tokens in chunks:
+            self._emitted += len(tokens)
+            accepted = len(tokens) - 1
+            self._per_position += [0] * (accepted - len(self._per_position))  # a longer block shows as such
+            for j in range(accepted):
+                self._per_position[j] += 1
+
+    def counters(self) -> EngineCounters | None:
+        from losscheck.engines.counters import EngineCounters
+
+        if not self.speculative:
+            return None
+        per = tuple(self._per_position)
+        return EngineCounters(drafts=self._rounds, accepted=sum(per), accepted_per_position=per, emitted=self._emitted)
+
+
+class _Clock:
+    """A transformers streamer (`BaseStreamer`'s two methods) keeping each chunk of new ids with the
+    time it arrived; the first `put` is the prompt."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[float, tuple[int, ...]]] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        import time
+
+        now = time.perf_counter()
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.chunks.append((now, tuple(int(t) for t in value.reshape(-1))))
+
+    def end(self) -> None:
+        pass
+
+
+def _until_eos(
+    chunks: list[tuple[float, tuple[int, ...]]], eos: int, budget: int
+) -> list[tuple[float, tuple[int, ...]]]:
+    """`chunks` cut after the first EOS and at `budget` ids in all."""
+    kept: list[tuple[float, tuple[int, ...]]] = []
+    left = budget
+    for at, tokens in chunks:
+        if left <= 0:
+            break
+        tokens = tokens[:left]
+        if eos in tokens:
+            kept.append((at, tokens[: tokens.index(eos) + 1]))
+            break
+        kept.append((at, tokens))
+        left -= len(tokens)
+    return [(at, tokens) for at, tokens in kept if tokens]
 
 
 def _batches(n: int, size: int) -> list[tuple[int, int]]:

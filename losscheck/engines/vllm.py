@@ -15,6 +15,8 @@ whatever vLLM does to seed parallel samples.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,7 @@ from losscheck.engines import EngineOutputError
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, option, register, rest
+from losscheck.engines.stream import Emission
 from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     from losscheck.engines.request import GenerationRequest
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_streams = itertools.count()  # numbers the streams of the process, so request ids never repeat in an LLM
 PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
 
 
@@ -112,6 +116,11 @@ class VLLMEngine:
         self._counted: EngineCounters | None = None  # the speculative calls' counts, summed call by call
         self._unreadable = False  # a speculative call whose counts could not be read: report none
 
+    @property
+    def instances(self) -> Instances[bool, Any]:
+        """The LLMs, by side (`losscheck.engines.pool.HoldsInstances`)."""
+        return self.llms
+
     def generate(self, request: GenerationRequest) -> torch.Tensor:
         if self._sampling_params is None:
             from vllm import SamplingParams as VLLMSamplingParams
@@ -132,6 +141,10 @@ class VLLMEngine:
             self._count(before, read_counters(llm), fresh)
         return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
 
+    def stream(self, speculative: bool) -> VLLMStream:
+        """The engine timed token by token (`losscheck.engines.stream`)."""
+        return VLLMStream(self, speculative)
+
     def _count(self, before: EngineCounters | None, after: EngineCounters | None, fresh: bool) -> None:
         """Add one speculative call's counts (after less before). vLLM keeps them in a process-wide
         registry that the next LLM built in the process takes over (a KEEP_ALL engine's plain LLM):
@@ -149,6 +162,59 @@ class VLLMEngine:
         built with `disable_log_stats=False`); None when vLLM keeps none or one call's could not be
         read (see `_count`: with the plain LLM alive beside it, use `Policy.ONE_AT_A_TIME`)."""
         return None if self._unreadable else self._counted
+
+
+class VLLMStream:
+    """`VLLMEngine` timed token by token: requests added to the `vllm.LLM`'s engine as they arrive
+    (`LLMEngine.add_request`) and stepped (`LLMEngine.step`), each step's new ids per request read
+    as deltas (`RequestOutputKind.DELTA`). vLLM's scheduler batches whatever is running
+    (continuous batching), so the stream is concurrent. Its counters are vLLM's own since the
+    stream opened; they belong to the last `LLM` built in the process (see `VLLMEngine._count`),
+    so a perf run opens the plain side first."""
+    concurrent = True
+    counters_source = "vLLM's spec-decode counters (LLM.get_metrics: spec_decode_num_drafts, ..._per_pos)"
+
+    def __init__(self, engine: VLLMEngine, speculative: bool) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        fresh = speculative not in engine.llms.alive()
+        self.llm = engine.llms.get(speculative)
+        self.speculative, self.engine = speculative, engine
+        self._delta = RequestOutputKind.DELTA
+        self._ids: dict[str, int] = {}  # vLLM's request id -> the perf driver's
+        self._opened = next(_streams)
+        before = read_counters(self.llm) if speculative else None
+        if before is None and fresh and speculative:  # a new LLM may register its counters on its first step
+            before = EngineCounters(drafts=0, drafted=0, accepted=0, accepted_per_position=())
+        self._before = before
+
+    def add(
+        self, request: int, prompt: tuple[int, ...], max_new_tokens: int, params: SamplingParams, seed: int
+    ) -> None:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        kwargs = sampling_kwargs(params, seed, max_new_tokens) | {"output_kind": self._delta}
+        rid = f"perf{self._opened}-{request}"  # unique in the engine over every stream opened on it
+        self._ids[rid] = request
+        self.llm.llm_engine.add_request(rid, {"prompt_token_ids": list(prompt)}, VLLMSamplingParams(**kwargs))
+
+    def step(self) -> list[Emission]:
+        outputs: list[Any] = self.llm.llm_engine.step()
+        now = time.perf_counter()
+        return [
+            Emission(self._ids[out.request_id], now, tuple(out.outputs[0].token_ids), bool(out.finished))
+            for out in outputs
+            if out.outputs and (out.outputs[0].token_ids or out.finished)
+        ]
+
+    def busy(self) -> bool:
+        return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def counters(self) -> EngineCounters | None:
+        after = read_counters(self.llm) if self.speculative else None
+        if after is None or self._before is None:
+            return None
+        return after.since(self._before)
 
 
 def read_counters(llm: Any) -> EngineCounters | None:

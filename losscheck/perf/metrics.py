@@ -12,14 +12,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy import stats as sstats
 
-from losscheck.perf.serving import ServeTrace
+from losscheck.perf.serving import RequestTrace, ServeTrace
 from losscheck.report.perf_record import Speedup
 
 PERCENTILES = (50, 95, 99)
+
+
+class Served(Protocol):
+    """A timed run, of losscheck's loop (`ServeTrace`) or of an engine (`EngineTrace`)."""
+
+    requests: list[RequestTrace]
+    wall_s: float  # first admission to last completion
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -40,7 +48,7 @@ class Latencies:
     e2e: list[float]
 
     @classmethod
-    def of(cls, trace: ServeTrace) -> Latencies:
+    def of(cls, trace: Served) -> Latencies:
         ttft, tpot, itl, e2e = [], [], [], []
         for r in trace.requests:
             if not r.events:
@@ -62,7 +70,7 @@ class Latencies:
         return {name: percentiles(getattr(self, name)) for name in ("ttft", "tpot", "itl", "e2e")}
 
 
-def throughput(trace: ServeTrace) -> float:
+def throughput(trace: Served) -> float:
     """Output tokens per second of wall time, first admission to last completion."""
     return sum(r.output_tokens for r in trace.requests) / trace.wall_s
 

@@ -37,6 +37,23 @@ def get_perf_profile(name: str) -> PerfProfile:
     return PERF_PROFILES[name]
 
 
+@dataclass(frozen=True)
+class EngineSizes:
+    """What an engine's perf run (`losscheck.perf.engine_suite`) adds to its profile: the ladder,
+    and the length tiers timed at the lowest concurrency."""
+
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # requests in flight, as a serving benchmark's
+    long_input: int = 1024  # prompt tokens of the long-input tier (prompts repeated to this length)
+    long_output: int = 512  # output budget of the long-output tier
+
+
+ENGINE_SIZES = {
+    # fits the bundled target's 256 positions (prompt + output) and a CPU in minutes
+    "quick": EngineSizes(concurrency=(1, 4, 16), long_input=160, long_output=64),
+    "full": EngineSizes(),
+}
+
+
 # --- the regression compare's failure thresholds (`--losscheck-perf-compare-fail`) -----------------
 METRICS = ("speedup", "tau")
 DEFAULT_COMPARE_FAIL = "speedup:10%,tau:5%"

@@ -119,7 +119,7 @@ def build(session: Session) -> Manifest:
             name: {key: portable(drafter_identity(d)) for key, d in session.drafters(name).items()}
             for name in session.target_names
         },
-        engine=engine_identity(session.blackbox, _portable_pins(session.engine_pins))
+        engine=engine_identity(session.blackbox, portable_pins(session.engine_pins))
         if session.blackbox is not None
         else None,
         scope=DeclaredScope(
@@ -160,7 +160,7 @@ def portable(identity: Identity) -> Identity:
     return {**identity, "path": shown}
 
 
-def _portable_pins(pins: Identity) -> Identity:
+def portable_pins(pins: Identity) -> Identity:
     """`pins` with the draft model's path made `portable`, as the models' paths are."""
     draft = pins.get("draft_model")
     return {**pins, "draft_model": portable(draft)} if isinstance(draft, dict) else pins

@@ -15,6 +15,7 @@ from typing import Any, TypedDict, TypeVar
 
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
 from losscheck.errors import OptionError, flag
+from losscheck.plan.arrivals import parse_arrivals, parse_concurrency
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 from losscheck.plan.scope import Scope, parse_scope
@@ -69,6 +70,8 @@ class Options:
     perf_profile: str = DEFAULT_PERF_PROFILE  # sizes of the perf tier (losscheck.plan.perf_profiles)
     perf_compare: str | None = None  # a saved perf.json to compare the perf tier's run with
     perf_compare_fail: str = DEFAULT_COMPARE_FAIL  # METRIC:N%,... drops that fail the compare
+    perf_concurrency: str | None = None  # an engine perf run's ladder, "1,4,16"; None = the profile's
+    perf_arrivals: str = "closed"  # an engine perf run's arrival processes (losscheck.plan.arrivals)
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -106,9 +109,15 @@ def _registered_plant(name: str) -> str:
     return name
 
 
-def _checked_thresholds(text: str) -> str:
-    parse_thresholds(text)
-    return text
+def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse `type` that checks the text with `parse` (its `OptionError` a usage error) and
+    keeps the text, so the option passes on to pytest as it was given."""
+
+    def check(text: str) -> str:
+        parse(text)
+        return text
+
+    return _usage_errors(check)
 
 
 def _engine_arg(text: str) -> str:
@@ -287,9 +296,21 @@ SPECS: dict[str, OptionSpec] = {
     },
     "perf-compare-fail": {
         "metavar": "EXPR",
-        "type": _usage_errors(_checked_thresholds),
+        "type": _checked(parse_thresholds),
         "default": DEFAULT_COMPARE_FAIL,
         "help": "drops that fail the compare, METRIC:N%%,... with METRIC speedup or tau (default: %(default)s)",
+    },
+    "perf-concurrency": {
+        "metavar": "LIST",
+        "type": _checked(parse_concurrency),
+        "help": "with --losscheck-engine: the concurrency ladder, e.g. 1,4,16 (default: the perf profile's)",
+    },
+    "perf-arrivals": {
+        "metavar": "LIST",
+        "type": _checked(parse_arrivals),
+        "default": "closed",
+        "help": "with --losscheck-engine: how requests arrive, any of closed, poisson:RATE (requests/s), "
+        "burst:SIZE@SECONDS, comma-separated; each is timed over the ladder (default: %(default)s)",
     },
 }
 
@@ -342,6 +363,8 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         perf_profile=value("perf-profile", DEFAULT_PERF_PROFILE),
         perf_compare=value("perf-compare"),
         perf_compare_fail=value("perf-compare-fail", DEFAULT_COMPARE_FAIL),
+        perf_concurrency=value("perf-concurrency"),
+        perf_arrivals=value("perf-arrivals", "closed"),
     )
 
 

@@ -46,6 +46,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def perf_run(request: pytest.FixtureRequest, losscheck_session):
     """The run's measurements; at the end of the session, the report."""
+    if losscheck_session.options.engine is not None:
+        pytest.skip("an engine run times the engine, not losscheck's loop (test_engine_perf.py)")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         pytest.skip(

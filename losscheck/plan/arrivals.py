@@ -1,0 +1,91 @@
+"""How the requests of an engine perf run arrive (`--losscheck-perf-arrivals`).
+
+closed           every request is waiting at time zero; the rung's concurrency is how many are in
+                 flight (a benchmark client behind a concurrency limit; vLLM's `bench serve
+                 --max-concurrency` with an infinite rate).
+poisson:RATE     an open loop: arrivals of a Poisson process of RATE requests per second (gaps
+                 exponential, seeded), still capped at the rung's concurrency in flight.
+burst:SIZE@SEC   SIZE requests at once every SEC seconds, capped the same way.
+
+A request's latencies count from its admission (when it is handed to the engine), as the closed
+loop's do; the time it waited for a free slot is not latency the engine caused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from losscheck.errors import OptionError, flag
+
+KINDS = ("closed", "poisson", "burst")
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    kind: str  # one of KINDS
+    rate: float = 0.0  # poisson: requests per second
+    size: int = 0  # burst: requests per burst
+    period: float = 0.0  # burst: seconds between bursts
+
+    @property
+    def label(self) -> str:
+        if self.kind == "poisson":
+            return f"poisson:{self.rate:g}"
+        if self.kind == "burst":
+            return f"burst:{self.size}@{self.period:g}"
+        return "closed"
+
+    def times(self, n: int, rng: np.random.Generator) -> list[float]:
+        """Arrival times of `n` requests in seconds from the start, non-decreasing."""
+        if self.kind == "poisson":
+            return np.cumsum(rng.exponential(1.0 / self.rate, size=n)).tolist()
+        if self.kind == "burst":
+            return [float(i // self.size * self.period) for i in range(n)]
+        return [0.0] * n
+
+
+CLOSED = Arrivals("closed")
+
+
+def parse_arrivals(text: str) -> tuple[Arrivals, ...]:
+    """ "closed,poisson:4,burst:8@2" → arrival processes; a bad entry is an `OptionError` naming it."""
+    found = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, spec = part.partition(":")
+        try:
+            if kind == "closed" and not spec:
+                found.append(CLOSED)
+            elif kind == "poisson":
+                rate = float(spec)
+                if not rate > 0:
+                    raise ValueError
+                found.append(Arrivals("poisson", rate=rate))
+            elif kind == "burst":
+                size, _, period = spec.partition("@")
+                burst = Arrivals("burst", size=int(size), period=float(period))
+                if burst.size < 1 or not burst.period > 0:
+                    raise ValueError
+                found.append(burst)
+            else:
+                raise ValueError
+        except ValueError:
+            raise OptionError(
+                f"{flag('perf-arrivals')} entry {part!r} is not closed, poisson:RATE (requests/s > 0) "
+                "or burst:SIZE@SECONDS (SIZE >= 1, SECONDS > 0), e.g. closed,poisson:4,burst:8@2"
+            ) from None
+    if not found:
+        raise OptionError(f"{flag('perf-arrivals')} needs at least one arrival process, e.g. closed")
+    return tuple(found)
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """ "1,2,4" → (1, 2, 4), sorted and distinct; an `OptionError` for anything but ints >= 1."""
+    try:
+        values = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise OptionError(f"{flag('perf-concurrency')}={text!r}: need a comma-separated list of ints >= 1, e.g. 1,4,16")
+    return tuple(values)

@@ -1,0 +1,181 @@
+"""An engine perf run's report: `perf.json` (`losscheck.report.engine_perf_record`) and `perf.md`,
+which opens with the sentence the run supports and its environment, then a table per workload and
+arrival process: throughput and latency percentiles with speculation off and on, the speedup with
+its interval, and acceptance from the engine's counters (both definitions, labelled).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from losscheck import acceptance
+from losscheck.report.engine_perf_record import EnginePerfFile, EngineRung
+from losscheck.report.markdown import markdown_table
+
+STREAMED = "each emission as the engine streamed it"
+WHOLE_CALLS = "whole generate calls (the engine does not stream): TTFT is the end-to-end latency, ITL not measured"
+
+
+def write_report(doc: EnginePerfFile, out: Path) -> list[Path]:
+    """Write `perf.json` and `perf.md` under `out`; return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "perf.json").write_text(json.dumps(doc.to_json(), indent=1, allow_nan=True))
+    (out / "perf.md").write_text(markdown(doc))
+    return [out / "perf.json", out / "perf.md"]
+
+
+def _headline(doc: EnginePerfFile) -> EngineRung | None:
+    """The rung the opening sentence quotes: the ladder's lowest concurrency, closed loop first."""
+    ladder = sorted(
+        (r for r in doc.rungs if r.workload == "ladder"), key=lambda r: (r.arrivals != "closed", r.concurrency)
+    )
+    return ladder[0] if ladder else (doc.rungs[0] if doc.rungs else None)
+
+
+def _engine_words(engine: dict[str, object]) -> str:
+    packages = engine.get("package")
+    versions = ", ".join(f"{k} {v}" for k, v in packages.items()) if isinstance(packages, dict) and packages else ""
+    return f"{engine.get('name')}" + (f" ({versions})" if versions else "")
+
+
+def _model_words(doc: EnginePerfFile) -> str:
+    target = doc.target
+    sha = str(target.get("sha256") or "")[:12]
+    words = f"target {target.get('name')}" + (f" (sha256 {sha}…)" if sha else "")
+    draft = doc.engine.get("draft_model")
+    if isinstance(draft, dict):
+        dsha = str(draft.get("sha256") or "")[:12]
+        words += f" with draft model {draft.get('path')}" + (f" (sha256 {dsha}…)" if dsha else "")
+    return words
+
+
+def statement(doc: EnginePerfFile) -> str:
+    """The conditional statement the run supports: hardware, engine version, model pair, workload,
+    concurrency, and the speedup with its interval."""
+    env = doc.environment
+    rung = _headline(doc)
+    where = f"{env.accelerator} ({env.machine}, {env.cpu_count} CPUs)"
+    if rung is None:
+        return f"On {where}, {_engine_words(doc.engine)}: nothing was timed."
+    s = rung.speedup
+    workload = (
+        f"{rung.requests} requests of {rung.prompt_tokens:.0f} prompt tokens on average and up to "
+        f"{rung.max_new} output tokens, {doc.params}, arrivals {rung.arrivals}"
+    )
+    interval = (
+        "" if math.isnan(s.low) else f" [{s.low:.2f}, {s.high:.2f}] ({s.level:.0%} CI over {rung.repeats} paired runs)"
+    )
+    return (
+        f"On {where}, {_engine_words(doc.engine)}, {_model_words(doc)}, {workload}: at concurrency "
+        f"{rung.concurrency} the speedup of speculation on over off is {s.ratio:.2f}x{interval}."
+    )
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:.1f}"
+
+
+def _tail(percentiles: dict[str, float]) -> str:
+    return f"{_ms(percentiles['p95'])} / {_ms(percentiles['p99'])}"
+
+
+def _rates(values: tuple[float | None, ...]) -> str:
+    return " / ".join("-" if v is None else f"{v:.2f}" for v in values) or "-"
+
+
+def markdown(doc: EnginePerfFile) -> str:
+    env = doc.environment
+    lines = [
+        f"# Engine perf: {doc.engine.get('name')}",
+        "",
+        doc.statement,
+        "",
+        f"- created {doc.created}; profile {doc.profile}; seed {doc.seed}; sampling {doc.params}",
+        f"- environment: losscheck {env.losscheck}, python {env.python}, torch {env.torch}, "
+        f"{env.platform}, {env.machine}, {env.cpu_count} CPUs, device {env.device} ({env.accelerator})"
+        + (f", CUDA {env.cuda}, driver {env.driver}, {env.device_count} GPUs" if env.cuda else ""),
+        f"- engine: {json.dumps(doc.engine, sort_keys=True)}",
+        f"- timing: {STREAMED if doc.streamed else WHOLE_CALLS}",
+        f"- acceptance from {doc.counters_source}",
+        "",
+        "Speedup: output throughput with speculation on over off, on pairs of runs of the same requests and "
+        "seeds (off then on), the ratio of geometric means with a Student-t interval on the log ratios. "
+        "Latencies count from admission; ITL is per emission (a speculative round emits several tokens at once).",
+        "",
+    ]
+    groups: dict[tuple[str, str], list[EngineRung]] = {}
+    for r in doc.rungs:
+        groups.setdefault((r.workload, r.arrivals), []).append(r)
+    for (workload, arrivals), rungs in groups.items():
+        rungs.sort(key=lambda r: r.concurrency)
+        lines += [f"## {workload}, arrivals {arrivals}", ""]
+        rows = [
+            [
+                str(r.concurrency),
+                f"{r.requests} ({r.prompt_tokens:.0f} / {r.max_new})",
+                f"{_mean(r.off.throughput_tok_s):.1f}",
+                f"{_mean(r.on.throughput_tok_s):.1f}",
+                r.speedup.label(),
+                *(f"{_ms(r.off.latency_s[m]['p50'])} / {_ms(r.on.latency_s[m]['p50'])}" for m in ("ttft", "tpot")),
+                *(f"{_ms(r.off.latency_s['e2e'][p])} / {_ms(r.on.latency_s['e2e'][p])}" for p in ("p50", "p95", "p99")),
+                "-" if r.tau is None else f"{r.tau:.2f}",
+            ]
+            for r in rungs
+        ]
+        header = [
+            "c",
+            "requests (prompt / out)",
+            "off tok/s",
+            "on tok/s",
+            "speedup [95% CI]",
+            "TTFT p50 ms off / on",
+            "TPOT p50 ms off / on",
+            "e2e p50 ms off / on",
+            "e2e p95",
+            "e2e p99",
+            "τ",
+        ]
+        lines += [markdown_table(header, rows), ""]
+        tails = [
+            [
+                str(r.concurrency),
+                *(
+                    f"{_ms(r.on.latency_s[m]['p95'])} / {_ms(r.on.latency_s[m]['p99'])}"
+                    for m in ("ttft", "tpot", "itl")
+                ),
+            ]
+            for r in rungs
+        ]
+        lines += [
+            markdown_table(["c", "on: TTFT p95 / p99 ms", "TPOT p95 / p99", "ITL p95 / p99"], tails),
+            "",
+        ]
+        counted = [r for r in rungs if r.counters is not None]
+        if counted:
+            lines += [
+                f"Acceptance per draft position. Cumulative: {acceptance.CUMULATIVE}. "
+                f"Conditional: {acceptance.CONDITIONAL}.",
+                "",
+                markdown_table(
+                    ["c", "rounds", "τ", "cumulative", "conditional", "wasted drafts"],
+                    [
+                        [
+                            str(r.concurrency),
+                            str(r.counters.drafts if r.counters else "-"),
+                            "-" if r.tau is None else f"{r.tau:.2f}",
+                            _rates(r.cumulative_acceptance),
+                            _rates(r.conditional_acceptance),
+                            "-" if r.wasted_fraction is None else f"{r.wasted_fraction:.1%}",
+                        ]
+                        for r in counted
+                    ],
+                ),
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def _mean(xs: tuple[float, ...]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
