@@ -113,6 +113,30 @@ def test_hf_generation_config_is_exactly_the_request(target):
     assert hf_assisted(target).generation_config(GREEDY, 10).do_sample is False
 
 
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams()], ids=["greedy", "T1"])
+def test_hf_stream_drafts_the_declared_block_and_emits_what_generate_returns(target, params):
+    """The perf tier's HF stream: each chunk is one round of at most k drafts + 1 (transformers
+    reads the block from the assistant's own generation config, whose defaults are 20 candidates
+    and a confidence cut-off), its counters add up, and its tokens are `generate`'s for the seed."""
+    from losscheck.engines.hf import hf_assisted
+
+    engine = hf_assisted(target)
+    stream = engine.stream(speculative=True)
+    prompts = ((0, 5, 9, 2), (0, 7, 3))
+    for i, prompt in enumerate(prompts):
+        stream.add(i, prompt, 20, params, seed=11 + i)
+    emitted = [e for _ in prompts for e in stream.step()]
+    assert not stream.busy() and [e.finished for e in emitted].count(True) == 2
+    assert max(len(e.tokens) for e in emitted) <= engine.k + 1
+    counted = stream.counters()
+    assert counted is not None and counted.problems() == [] and len(counted.accepted_per_position) == engine.k
+    assert counted.drafts == len(emitted) and counted.emitted == counted.drafts + counted.accepted
+    for i, prompt in enumerate(prompts):
+        tokens = [t for e in emitted if e.request == i for t in e.tokens]
+        row = engine.generate(request([list(prompt)], 1, params, 11 + i, 20, True))[0, 0].tolist()
+        assert tokens == row[: len(tokens)] and set(row[len(tokens) :]) <= {EOS}
+
+
 def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_afterwards(target):
     import transformers.generation.utils as hf_utils
 

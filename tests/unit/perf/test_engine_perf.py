@@ -1,0 +1,204 @@
+"""An engine's perf run, without an engine: arrival processes, the driver over a scripted stream,
+the whole-call fallback, the accounting checks, the run file and its report."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from losscheck.core.sampling import SamplingParams
+from losscheck.engines.counters import EngineCounters
+from losscheck.engines.request import GenerationRequest
+from losscheck.engines.stream import CallStream, Emission, open_stream
+from losscheck.errors import LosscheckError, OptionError
+from losscheck.perf.engine_serving import drive, engine_trace_problems
+from losscheck.perf.workload import Request
+from losscheck.plan.arrivals import CLOSED, Arrivals, parse_arrivals, parse_concurrency
+
+EOS = 1
+T1 = SamplingParams()
+
+
+def test_arrivals_parse_and_name_themselves():
+    found = parse_arrivals("closed, poisson:4,burst:8@2.5")
+    assert found == (CLOSED, Arrivals("poisson", rate=4.0), Arrivals("burst", size=8, period=2.5))
+    assert [a.label for a in found] == ["closed", "poisson:4", "burst:8@2.5"]
+    assert parse_concurrency("16,1,4,4") == (1, 4, 16)
+
+
+@pytest.mark.parametrize("text", ["", "open", "poisson", "poisson:0", "poisson:x", "burst:0@1", "burst:4", "closed:2"])
+def test_a_bad_arrival_process_is_named(text):
+    with pytest.raises(OptionError, match="perf-arrivals"):
+        parse_arrivals(text)
+
+
+@pytest.mark.parametrize("text", ["", "0,1", "a", "-2"])
+def test_a_bad_ladder_is_named(text):
+    with pytest.raises(OptionError, match="perf-concurrency"):
+        parse_concurrency(text)
+
+
+def test_arrival_times():
+    assert CLOSED.times(3, np.random.default_rng(0)) == [0.0, 0.0, 0.0]
+    assert Arrivals("burst", size=2, period=1.5).times(5, np.random.default_rng(0)) == [0, 0, 1.5, 1.5, 3.0]
+    times = Arrivals("poisson", rate=50.0).times(4000, np.random.default_rng(1))
+    assert all(b >= a for a, b in zip(times, times[1:]))
+    # mean gap 1/50 s: 4,000 exponential gaps put the mean within 5% (sd of the mean 1.6%)
+    assert times[-1] / 4000 == pytest.approx(1 / 50, rel=0.05)
+    assert times == Arrivals("poisson", rate=50.0).times(4000, np.random.default_rng(1))
+
+
+class ScriptedStream:
+    """A concurrent stream that emits `chunk` tokens a step per running request (token 7, EOS
+    never), as a speculative engine emitting τ = chunk per round would; counts its steps."""
+
+    concurrent = True
+
+    def __init__(self, chunk: int = 3, drop: bool = False, overrun: int = 0) -> None:
+        self.chunk, self.drop, self.overrun = chunk, drop, overrun
+        self.running: dict[int, int] = {}  # request -> tokens left
+        self.added: list[tuple[int, int]] = []  # (request, seed)
+        self.max_running = 0
+
+    def add(self, request, prompt, max_new_tokens, params, seed):
+        self.running[request] = max_new_tokens + self.overrun
+        self.added.append((request, seed))
+
+    def step(self):
+        import time
+
+        self.max_running = max(self.max_running, len(self.running))
+        if self.drop:
+            self.running.clear()
+            return []
+        now, out = time.perf_counter(), []
+        for request, left in list(self.running.items()):
+            n = min(self.chunk, left)
+            self.running[request] = left - n
+            out.append(Emission(request, now, (7,) * n, left == n))
+            if left == n:
+                del self.running[request]
+        return out
+
+    def busy(self):
+        return bool(self.running)
+
+    def counters(self):
+        return EngineCounters(drafts=4, drafted=16, accepted=8, accepted_per_position=(4, 2, 1, 1))
+
+
+def _requests(n, budget=7):
+    return [Request([0, 2, i + 3], budget, "low") for i in range(n)]
+
+
+def test_the_driver_keeps_the_concurrency_and_every_token():
+    stream = ScriptedStream(chunk=3)
+    trace = drive(stream, _requests(6), [0.0] * 6, 2, T1, list(range(100, 106)))
+    assert stream.max_running == 2 and [seed for _, seed in stream.added] == list(range(100, 106))
+    assert [r.output_tokens for r in trace.requests] == [7] * 6
+    assert all([n for _, n in r.events] == [3, 3, 1] for r in trace.requests)
+    assert engine_trace_problems(trace, EOS, k=4) == []
+    assert trace.wall_s > 0 and trace.counters is not None and trace.counters.tau == 3.0
+
+
+def test_an_open_loop_admits_no_request_before_it_arrives():
+    arrivals = [0.0, 0.05, 0.10]
+    trace = drive(ScriptedStream(), _requests(3), arrivals, 3, T1, [0, 1, 2])
+    assert all(r.admitted >= a for r, a in zip(trace.requests, arrivals))
+    assert trace.requests[2].admitted < 0.10 + 0.05  # admitted soon after it arrived
+
+
+def test_the_accounting_checks_catch_an_engine_past_its_budget_and_a_bad_tau():
+    trace = drive(ScriptedStream(overrun=2), _requests(2), [0.0, 0.0], 2, T1, [0, 1])
+    problems = engine_trace_problems(trace, EOS, k=1)
+    assert any("emitted 9 tokens with a budget of 7" in p for p in problems), problems
+    assert any("acceptance length 3.000" in p and "outside [1, 2]" in p for p in problems), problems
+
+
+def test_an_engine_that_drops_requests_is_an_error():
+    with pytest.raises(LosscheckError, match=r"requests \[0, 1\] unanswered"):
+        drive(ScriptedStream(drop=True), _requests(2), [0.0, 0.0], 2, T1, [0, 1])
+
+
+def test_a_one_at_a_time_stream_is_not_timed_above_concurrency_1():
+    engine = _Echo()
+    with pytest.raises(LosscheckError, match="one request at a time"):
+        drive(open_stream(engine, True, EOS), _requests(2), [0.0, 0.0], 2, T1, [0, 1])
+
+
+class _Echo:
+    """A black-box engine without a stream: row = 5, 6, 5, 6, ... then EOS after 5 tokens; counts
+    one draft per call on the speculative side."""
+
+    name, k, precision = "echo", 2, None
+
+    def __init__(self) -> None:
+        self.calls: list[GenerationRequest] = []
+
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        self.calls.append(request)
+        out = torch.full(request.shape, EOS, dtype=torch.long)
+        width = min(4, request.max_new_tokens)
+        out[..., :width] = torch.tensor([5, 6, 5, 6][:width])
+        return out
+
+    def counters(self) -> EngineCounters:
+        drafts = sum(r.speculative for r in self.calls)
+        return EngineCounters(drafts=drafts, drafted=2 * drafts, accepted=drafts, accepted_per_position=(drafts, 0))
+
+
+def test_an_engine_without_a_stream_is_timed_by_whole_calls():
+    engine = _Echo()
+    engine.generate(GenerationRequest(prompts=((0,),), n=1, params=T1, seed=0, max_new_tokens=3, speculative=True))
+    stream = open_stream(engine, True, EOS)
+    assert isinstance(stream, CallStream) and not stream.concurrent
+    trace = drive(stream, _requests(3), [0.0] * 3, 1, T1, [4, 5, 6])
+    assert [c.seed for c in engine.calls[1:]] == [4, 5, 6] and all(c.speculative for c in engine.calls[1:])
+    assert [r.tokens for r in trace.requests] == [[5, 6, 5, 6, EOS]] * 3  # cut after EOS
+    assert all(len(r.events) == 1 for r in trace.requests)  # one emission: the whole call
+    assert trace.counters == EngineCounters(drafts=3, drafted=6, accepted=3, accepted_per_position=(3, 0))
+    assert engine_trace_problems(trace, EOS, k=2) == []
+    assert open_stream(engine, False, EOS).counters() is None
+
+
+def test_the_run_file_round_trips_and_its_report_says_what_it_supports():
+    from losscheck.perf.engine_suite import _record
+    from losscheck.plan.perf_profiles import ENGINE_SIZES
+    from losscheck.report.engine_perf import markdown, statement
+    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
+    from losscheck.report.manifest import environment
+
+    requests = _requests(4)
+    runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
+    rung = _record("ladder", CLOSED, 2, requests, runs)
+    # the on runs' counters summed: 8 rounds, 16 of 32 drafts accepted, (8, 4, 2, 2) per position
+    assert rung.counters == EngineCounters(drafts=8, drafted=32, accepted=16, accepted_per_position=(8, 4, 2, 2))
+    assert rung.tau == 3.0 and rung.cumulative_acceptance == (1.0, 0.5, 0.25, 0.25)
+    assert rung.conditional_acceptance == (1.0, 0.5, 0.5, 1.0) and rung.wasted_fraction == 0.5
+    assert rung.speedup.ratio > 0 and math.isfinite(rung.speedup.ratio)
+    engine = {"name": "scripted(k=4)", "k": 4, "package": {"scripted": "1.0"}}
+    doc = EnginePerfFile(
+        schema=SCHEMA,
+        created="2026-12-03T00:00:00+00:00",
+        statement="",
+        environment=environment(torch.device("cpu")),
+        engine=engine,
+        target={"name": "target", "sha256": "ab" * 32},
+        streamed=True,
+        counters_source="scripted",
+        profile="quick",
+        sizes=ENGINE_SIZES["quick"],
+        params=T1.label(),
+        seed=1,
+        rungs=(rung,),
+    )
+    said = statement(doc)
+    assert said.startswith("On cpu") and "scripted(k=4) (scripted 1.0)" in said and "at concurrency 2" in said
+    assert f"{rung.speedup.ratio:.2f}x [{rung.speedup.low:.2f}, {rung.speedup.high:.2f}]" in said
+    assert EnginePerfFile.from_json(doc.to_json()) == doc
+    text = markdown(doc)
+    assert "P(drafts 1..j all accepted)" in text and "P(draft j accepted | drafts 1..j-1 accepted)" in text
+    assert "1.00 / 0.50 / 0.25 / 0.25" in text and "1.00 / 0.50 / 0.50 / 1.00" in text
