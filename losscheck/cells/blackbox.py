@@ -1,15 +1,19 @@
 """Running a black-box engine's cells: the engine with speculation on against itself with it off.
 
-- greedy (`run_engine_greedy`): on == off token for token on every prompt of the prompt sets;
+- greedy (`engine_greedy`): on == off token for token on every prompt of the prompt sets;
   a divergence is triaged by the target's float64 top-2 margin (`losscheck.core.divergence`) in the
   engine's precision;
-- one-sample (`run_one_sample`, the engine declares the `precision` losscheck loads its target in):
+- one-sample (`one_sample`, the engine declares the `precision` losscheck loads its target in):
   the speculative samples scored by teacher-forced PIT (`losscheck.cells.scoring.score_pit`) — no baseline rows;
-- two-sample (`run_two_sample`, `precision = None`): speculative samples against the same engine's
+- two-sample (`two_sample`, `precision = None`): speculative samples against the same engine's
   samples with drafting off, independent seeds (`losscheck.stats.two_sample`).
 
 Sampled horizons are at least 2k + 2 (k the engine's block length), so every row reaches a
 second round and a bonus slot; rows cycle over the prompts of every tier.
+
+Each cell is a generator of rounds of requests (`losscheck.cells.engine_phases`): the run decides
+the order in which the engine answers them, and no cell holds the reference target across a
+round (an engine that keeps one instance alive at a time never has it loaded beside one).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from losscheck.cells.scoring import score_pit
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, GenerationRequest, checked_samples, engine_counters, lengths
+from losscheck.engines import BlackBoxEngine, GenerationRequest, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE
@@ -36,23 +40,38 @@ from losscheck.stats import registry, sample_size
 from losscheck.stats.result import combine
 
 if TYPE_CHECKING:
+    from losscheck.cells.engine_phases import EngineDraws
     from losscheck.core.target import HFTarget
     from losscheck.stats.bugclass import PowerAccumulator
 
 
 def run_engine_cell(ctx: CellContext) -> CellOutcome:
-    """Certify a black-box engine's cell the way its mode asks."""
-    run = {Mode.ENGINE_GREEDY: run_engine_greedy, Mode.ONE_SAMPLE: run_one_sample, Mode.TWO_SAMPLE: run_two_sample}[
-        ctx.cell.mode
-    ]
+    """Certify a black-box engine's cell the way its mode asks. When the run draws its engine cells
+    side by side (`CellContext.engine_batch`: an engine that keeps one instance alive at a time),
+    the first of them draws them all (`losscheck.cells.engine_phases`) and each takes its own
+    outcome; otherwise the cell is drawn alone, speculative side first."""
+    from losscheck.cells.engine_phases import draw_side_by_side
+
     engine = _engine(ctx)
-    before = engine_counters(engine)
-    outcome = run(ctx)
-    after = engine_counters(engine)
-    if after is not None:  # the engine's own counts of this cell's speculative calls
-        counted = after.since(before) if before is not None else after
-        outcome.facts = dataclasses.replace(outcome.facts, engine_counters=counted)
-    return outcome
+    batch = ctx.engine_batch()
+    vocab_size, eos = ctx.engine_vocab()
+
+    def drawn() -> dict[str, CellOutcome | Exception]:
+        cells = {cell.id: engine_draws(ctx.of_cell(cell)) for cell in batch}
+        return draw_side_by_side(engine, cells, vocab_size, eos, ctx.release_engine_target).results
+
+    results = ctx.memo(("engine-cells", batch), drawn) if len(batch) > 1 else drawn()
+    result = results[ctx.cell.id]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def engine_draws(ctx: CellContext) -> EngineDraws:
+    """The cell's rounds of draws, as its mode asks (`losscheck.plan.memory.rounds`)."""
+    _engine(ctx)
+    steps = {Mode.ENGINE_GREEDY: engine_greedy, Mode.ONE_SAMPLE: one_sample, Mode.TWO_SAMPLE: two_sample}
+    return steps[ctx.cell.mode](ctx)
 
 
 def _engine(ctx: CellContext) -> BlackBoxEngine:
@@ -66,7 +85,7 @@ def min_horizon(engine: BlackBoxEngine) -> int:
     return profiles.min_horizon(engine.k)
 
 
-def draw(
+def request(
     ctx: CellContext,
     prompts: list[list[int]],
     n: int,
@@ -74,14 +93,13 @@ def draw(
     horizon: int,
     speculative: bool,
     purpose: str = "",
-) -> torch.Tensor:
-    """`n` continuations of each prompt from the engine → validated LongTensor [len(prompts), n, horizon]
-    (EOS-padded), seeded from the run seed, the cell, the side and the `purpose` ("pilot": a
-    sample of its own, never tested)."""
-    engine, target = _engine(ctx), ctx.engine_target()
+) -> GenerationRequest:
+    """A request for `n` continuations of each prompt, whose answer is a validated LongTensor
+    [len(prompts), n, horizon] (EOS-padded), seeded from the run seed, the cell, the side and the
+    `purpose` ("pilot": a sample of its own, never tested)."""
     side = "speculative" if speculative else "baseline"
     seed = derive_seed(ctx.seed, ctx.cell.id, *((side, purpose) if purpose else (side,)))
-    request = GenerationRequest(
+    return GenerationRequest(
         prompts=tuple(map(tuple, prompts)),
         n=n,
         params=params,
@@ -89,12 +107,6 @@ def draw(
         max_new_tokens=horizon,
         speculative=speculative,
     )
-    return checked_samples(engine, engine.generate(request), request, target.vocab_size, _eos(ctx))
-
-
-def _eos(ctx: CellContext) -> int:
-    eos = ctx.engine_target().eos_id
-    return eos if eos is not None else 0
 
 
 def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams) -> Generation:
@@ -110,29 +122,32 @@ def _facts(ctx: CellContext, facts: SampleFacts) -> SampleFacts:
 
 
 # --- greedy ----------------------------------------------------------------------------------------
-def run_engine_greedy(ctx: CellContext) -> CellOutcome:
-    """Speculation on == off, token for token, on every prompt of every tier."""
+def engine_greedy(ctx: CellContext) -> EngineDraws:
+    """Speculation on == off, token for token, on every prompt of every tier: one round, every
+    tier's speculative and plain requests."""
     cell, engine = ctx.cell, _engine(ctx)
     max_new = max(ctx.profile.greedy_max_new, min_horizon(engine))
     # Margins need the engine's target: in fp32 every divergence fails, below it a margin within
     # the precision's round-off is a near-tie; without the target (two-sample mode) none is.
     scorable = cell.target != ENGINE
-    model = ctx.engine_target().model if scorable else None
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
+    tiers = ctx.prompt_tiers
+    asked = [request(ctx, ctx.prompts(tier), 1, GREEDY, max_new, side) for side in (True, False) for tier in tiers]
+    drawn = yield tuple(asked)
+    eos = ctx.engine_vocab()[1]
     outcome = CellOutcome(cell, strict=ctx.strict)
-    eos = _eos(ctx)
-    for tier in ctx.prompt_tiers:
-        prompts = ctx.prompts(tier)
-        on = as_generation(draw(ctx, prompts, 1, GREEDY, max_new, True)[:, 0], eos, engine.k, GREEDY)
-        off = as_generation(draw(ctx, prompts, 1, GREEDY, max_new, False)[:, 0], eos, engine.k, GREEDY)
-        outcome.divergences += find_divergences(model, tier, prompts, on, off, tolerance)
-    asked = sum(len(ctx.prompts(tier)) for tier in ctx.prompt_tiers)
-    outcome.facts = _facts(ctx, SampleFacts(prompts=asked, max_new_tokens=max_new, near_tie_margin=tolerance))
+    for t, tier in enumerate(tiers):
+        on, off = (as_generation(drawn[s * len(tiers) + t][:, 0], eos, engine.k, GREEDY) for s in (0, 1))
+        # the target is loaded only where on and off differ: a margin to read
+        model = ctx.engine_target().model if scorable and not torch.equal(on.tokens, off.tokens) else None
+        outcome.divergences += find_divergences(model, tier, ctx.prompts(tier), on, off, tolerance)
+    prompts = sum(len(ctx.prompts(tier)) for tier in tiers)
+    outcome.facts = _facts(ctx, SampleFacts(prompts=prompts, max_new_tokens=max_new, near_tie_margin=tolerance))
     return outcome
 
 
 # --- sampling: one-sample (teacher-forced PIT) ---------------------------------------------------------
-def run_one_sample(ctx: CellContext) -> CellOutcome:
+def one_sample(ctx: CellContext) -> EngineDraws:
     """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
     precision: randomized PIT uniform (`losscheck.stats.pit`) and the exact-conditional tests,
     at a top-k / top-p cut-off another implementation may draw elsewhere within that precision's
@@ -148,7 +163,10 @@ def run_one_sample(ctx: CellContext) -> CellOutcome:
     other half of the cell's alpha. A lossless engine whose kernels or truncation rules differ from
     losscheck's `process_logits` on its copy of the target fails the speculative tests and the
     control alike; a failing control is reported as "the reference differs from the engine", not as
-    lossiness."""
+    lossiness.
+
+    Two rounds: the pilot (speculative), then the sample and the control (both sides); the
+    reference target is read only between and after them."""
     from losscheck.cells.sampled import require_coverage
     from losscheck.stats.bugclass import PowerAccumulator
 
@@ -157,17 +175,19 @@ def run_one_sample(ctx: CellContext) -> CellOutcome:
     prompts = ctx.all_prompts()
     half = ctx.alpha / 2
     alpha_test = registry.split(half, registry.PIT, registry.CONDITIONAL).per_test  # one test's share, as a PIT cell's
-    target = ctx.engine_target()
-    design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(ctx, prompts, horizon, alpha_test)
+    pilot_per_prompt = max(1, math.ceil(profile.pilot_sequences / len(prompts)))
+    (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
+    design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(ctx, prompts, pilot, alpha_test)
     pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, per_sequence)
     n = max(pooled, design.sequences(per_sequence))
     per_prompt = math.ceil(n / len(prompts))
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
+    drawn = yield tuple(request(ctx, prompts, per_prompt, cell.params, horizon, side) for side in (True, False))
+    target = ctx.engine_target()
     power = PowerAccumulator()  # gathered from the speculative sample only
     scored = []
-    for speculative, stream in ((True, cell.id), (False, f"{cell.id}-control")):
-        tokens = draw(ctx, prompts, per_prompt, cell.params, horizon, speculative)  # [P, m, L]
-        gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(ctx), engine.k, cell.params), target)
+    for tokens, speculative, stream in zip(drawn, (True, False), (cell.id, f"{cell.id}-control"), strict=True):
+        gen = _on_device(as_generation(tokens.flatten(0, 1), ctx.engine_vocab()[1], engine.k, cell.params), target)
         scored.append(
             score_pit(
                 ctx,
@@ -219,22 +239,21 @@ def _on_device(gen: Generation, target: HFTarget) -> Generation:
 
 
 def _target_side_design(
-    ctx: CellContext, prompts: list[list[int]], horizon: int, alpha_test: float
+    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float
 ) -> tuple[sample_size.ClassDesign, float, int, int]:
-    """From a pilot of the engine's speculative samples (a seed of its own, never tested): the
-    design of the target-side bug classes (`buglaws.TARGET_SIDE`) at the profile's power, with the
-    design's margin, within the profile's cap; the pilot's tested tokens per sequence (EOS and
-    cut-off uncertainty leave some of the horizon untested), its generated tokens, and its tested ones."""
+    """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
+    tested): the design of the target-side bug classes (`buglaws.TARGET_SIDE`) at the profile's
+    power, with the design's margin, within the profile's cap; the pilot's tested tokens per
+    sequence (EOS and cut-off uncertainty leave some of the horizon untested), its generated
+    tokens, and its tested ones."""
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     target = ctx.engine_target()
-    per_prompt = max(1, math.ceil(profile.pilot_sequences / len(prompts)))
-    tokens = draw(ctx, prompts, per_prompt, cell.params, horizon, True, purpose="pilot")  # [P, m, L]
-    gen = _on_device(as_generation(tokens.flatten(0, 1), _eos(ctx), engine.k, cell.params), target)
-    rows = [p for p in prompts for _ in range(per_prompt)]
+    gen = _on_device(as_generation(pilot.flatten(0, 1), ctx.engine_vocab()[1], engine.k, cell.params), target)
+    rows = [p for p in prompts for _ in range(pilot.shape[1])]
     # the whole catalogue, so that pit.bug_classes is judged over the classes the test scores
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance)
     needed = measured.tokens_needed(alpha_test, profile.power)
@@ -275,9 +294,9 @@ def target_side_coverage(
 
 
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------
-def run_two_sample(ctx: CellContext) -> CellOutcome:
+def two_sample(ctx: CellContext) -> EngineDraws:
     """The engine's speculative samples against its own samples with drafting off, independent seeds,
-    the same number of rows from each prompt on both sides."""
+    the same number of rows from each prompt on both sides: one round, no target read."""
     from losscheck.stats.two_sample import two_sample_tests
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
@@ -285,11 +304,10 @@ def run_two_sample(ctx: CellContext) -> CellOutcome:
     prompts = ctx.all_prompts()
     n = sample_size.two_sample_rows(ctx.alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon)
     per_prompt = math.ceil(n / len(prompts))
-    on = draw(ctx, prompts, per_prompt, cell.params, horizon, True).flatten(0, 1)  # [P*m, L]
-    off = draw(ctx, prompts, per_prompt, cell.params, horizon, False).flatten(0, 1)  # [P*m, L]
-    vocab = ctx.engine_target().vocab_size
+    drawn = yield tuple(request(ctx, prompts, per_prompt, cell.params, horizon, side) for side in (True, False))
+    on, off = (tokens.flatten(0, 1) for tokens in drawn)  # [P*m, L] each
     results = two_sample_tests(
-        on, off, vocab, ctx.alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
+        on, off, ctx.engine_vocab()[0], ctx.alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
     )
     return CellOutcome(
         cell,

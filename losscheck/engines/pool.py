@@ -4,7 +4,9 @@ explicit memory policy.
 `KEEP_ALL` keeps every instance once built: switching sides costs nothing, and memory holds all
 of them (tiny models, CPU runs). `ONE_AT_A_TIME` releases every other instance before it builds
 one: a real target on one GPU, where an engine reserves most of the device's memory (vLLM 90% by
-default) and a second instance cannot start.
+default) and a second instance cannot start. An adapter shows its `Instances` as `instances`
+(`HoldsInstances`): a run then orders its cells' draws side by side and, one at a time, keeps
+losscheck's reference copy of the target unloaded while an instance lives (docs/black-box-engines.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import enum
 import gc
 import sys
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -60,6 +62,25 @@ class Instances(Generic[K, T]):
         instance = self._alive.pop(key)
         if self.release is not None:
             self.release(key, instance)
+
+
+@runtime_checkable
+class HoldsInstances(Protocol):
+    """An engine adapter whose instances live in an `Instances` (optional)."""
+
+    @property
+    def instances(self) -> Instances[Any, Any]: ...
+
+
+def instances_of(engine: object) -> Instances[Any, Any] | None:
+    """`engine`'s instances when it shows them, else None."""
+    return engine.instances if isinstance(engine, HoldsInstances) else None
+
+
+def one_at_a_time(engine: object) -> bool:
+    """Whether `engine` keeps one instance alive at a time."""
+    instances = instances_of(engine)
+    return instances is not None and instances.policy is Policy.ONE_AT_A_TIME
 
 
 def free_memory() -> None:

@@ -171,6 +171,7 @@ class VLLMStream:
     (continuous batching), so the stream is concurrent. Its counters are vLLM's own since the
     stream opened; they belong to the last `LLM` built in the process (see `VLLMEngine._count`),
     so a perf run opens the plain side first."""
+
     concurrent = True
     counters_source = "vLLM's spec-decode counters (LLM.get_metrics: spec_decode_num_drafts, ..._per_pos)"
 

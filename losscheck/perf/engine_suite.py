@@ -20,6 +20,7 @@ import numpy as np
 
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines.counters import EngineCounters
+from losscheck.engines.pool import one_at_a_time
 from losscheck.engines.stream import Stream, Streams, open_stream
 from losscheck.errors import OptionError
 from losscheck.perf.engine_serving import EngineTrace, drive
@@ -62,6 +63,8 @@ class EnginePerfRun:
         eos = session.target("main").eos_id
         self.eos = eos if eos is not None else 0
         self.streamed = isinstance(engine, Streams)
+        # runs alternate off / on (paired) unless switching sides rebuilds an instance
+        self.paired = not one_at_a_time(engine)
         self.concurrent: bool | None = None  # known once a stream is open
         self.counters_source = "none"  # where the engine's stream reads its counts
         self._rungs: dict[Key, EngineRung] = {}
@@ -116,7 +119,8 @@ class EnginePerfRun:
         return concurrency == 1 or bool(self.concurrent)
 
     def traces(self, kind: str, arrivals: Arrivals, concurrency: int) -> list[EngineTrace]:
-        """The timed runs of a rung, off and on alternately: [off 0, on 0, off 1, on 1, ...]."""
+        """The timed runs of a rung, listed [off 0, on 0, off 1, on 1, ...]; taken in that order
+        (pairs) or, for an engine that keeps one instance alive at a time, every off run first."""
         key = (kind, arrivals.label, concurrency)
         if key not in self._traces:
             if not self.timeable(concurrency):
@@ -124,18 +128,21 @@ class EnginePerfRun:
                     f"engine {self.engine.name!r} runs one request at a time; it is timed at concurrency 1 only"
                 )
             requests = self.workload(kind, concurrency)
-            runs = []
-            for i in range(self.profile.repeats):
-                for speculative in (False, True):
-                    runs.append(self._drive(speculative, requests, arrivals, concurrency, kind, i))
-            self._traces[key] = runs
+            repeats = range(self.profile.repeats)
+            if self.paired:
+                order = [(speculative, i) for i in repeats for speculative in (False, True)]
+            else:  # one instance alive at a time: each side's runs together, one build a side
+                order = [(speculative, i) for speculative in (False, True) for i in repeats]
+            runs = {(s, i): self._drive(s, requests, arrivals, concurrency, kind, i) for s, i in order}
+            self._traces[key] = [runs[s, i] for i in repeats for s in (False, True)]
         return self._traces[key]
 
     def rung(self, kind: str, arrivals: Arrivals, concurrency: int) -> EngineRung:
         key = (kind, arrivals.label, concurrency)
         if key not in self._rungs:
             runs = self.traces(kind, arrivals, concurrency)
-            self._rungs[key] = _record(kind, arrivals, concurrency, self.workload(kind, concurrency), runs)
+            requests = self.workload(kind, concurrency)
+            self._rungs[key] = _record(kind, arrivals, concurrency, requests, runs, self.paired)
         return self._rungs[key]
 
     def measured(self) -> list[Key]:
@@ -173,7 +180,7 @@ def _repeated(prompt: list[int], length: int) -> list[int]:
 
 
 def _record(
-    kind: str, arrivals: Arrivals, concurrency: int, requests: list[Request], runs: list[EngineTrace]
+    kind: str, arrivals: Arrivals, concurrency: int, requests: list[Request], runs: list[EngineTrace], paired: bool
 ) -> EngineRung:
     off, on = runs[0::2], runs[1::2]
     counters = None
@@ -195,7 +202,8 @@ def _record(
         repeats=len(on),
         off=_side(off),
         on=_side(on),
-        speedup=speedup(on_tok_s, off_tok_s, paired=True),
+        speedup=speedup(on_tok_s, off_tok_s, paired=paired),
+        paired=paired,
         counters=counters,
         tau=counters.tau if counters else None,
         cumulative_acceptance=counters.cumulative_acceptance() if counters else (),

@@ -129,6 +129,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if PLAN_ERROR_KEY in session.config.stash and not hasattr(session.config, "workerinput"):
         raise pytest.UsageError(session.config.stash[PLAN_ERROR_KEY])
+    if SESSION_KEY in session.config.stash and not hasattr(session.config, "workerinput"):
+        # the engine cells this process runs, in order: drawn side by side (`losscheck.cells.engine_phases`)
+        from losscheck.plan.cell import ENGINE, Cell
+
+        params = (getattr(getattr(item, "callspec", None), "params", {}) for item in session.items)
+        cells = (next((v for v in p.values() if isinstance(v, Cell)), None) for p in params)
+        engine_cells = tuple(c for c in cells if c is not None and c.drafter == ENGINE)
+        session.config.stash[SESSION_KEY].engine_cells = engine_cells
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -64,9 +64,8 @@ def statement(doc: EnginePerfFile) -> str:
         f"{rung.requests} requests of {rung.prompt_tokens:.0f} prompt tokens on average and up to "
         f"{rung.max_new} output tokens, {doc.params}, arrivals {rung.arrivals}"
     )
-    interval = (
-        "" if math.isnan(s.low) else f" [{s.low:.2f}, {s.high:.2f}] ({s.level:.0%} CI over {rung.repeats} paired runs)"
-    )
+    runs = f"{rung.repeats} paired runs" if rung.paired else f"{rung.repeats} runs a side"
+    interval = "" if math.isnan(s.low) else f" [{s.low:.2f}, {s.high:.2f}] ({s.level:.0%} CI over {runs})"
     return (
         f"On {where}, {_engine_words(doc.engine)}, {_model_words(doc)}, {workload}: at concurrency "
         f"{rung.concurrency} the speedup of speculation on over off is {s.ratio:.2f}x{interval}."
@@ -100,8 +99,9 @@ def markdown(doc: EnginePerfFile) -> str:
         f"- timing: {STREAMED if doc.streamed else WHOLE_CALLS}",
         f"- acceptance from {doc.counters_source}",
         "",
-        "Speedup: output throughput with speculation on over off, on pairs of runs of the same requests and "
-        "seeds (off then on), the ratio of geometric means with a Student-t interval on the log ratios. "
+        "Speedup: output throughput with speculation on over off on runs of the same requests and seeds, "
+        "the ratio of geometric means; taken in pairs (off then on) with a Student-t interval on the log "
+        "ratios, or (an engine with one instance alive at a time) every off run first, with Welch's interval. "
         "Latencies count from admission; ITL is per emission (a speculative round emits several tokens at once).",
         "",
     ]

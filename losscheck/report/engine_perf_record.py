@@ -31,7 +31,8 @@ class Side(JsonRecord):
 @dataclass(frozen=True)
 class EngineRung(JsonRecord):
     """The engine at one concurrency on one workload with one arrival process: its runs with
-    speculation off and on, taken in pairs (off, then on, the same requests and seeds)."""
+    speculation off and on of the same requests and seeds, taken in pairs (off, then on) or, for
+    an engine that keeps one instance alive at a time, every off run first (`paired` False)."""
 
     OMIT_NONE = True
 
@@ -45,7 +46,8 @@ class EngineRung(JsonRecord):
     repeats: int
     off: Side
     on: Side
-    speedup: Speedup  # output throughput, on over off, on the paired runs
+    speedup: Speedup  # output throughput, on over off: Student's t on paired log ratios, else Welch's t
+    paired: bool
     counters: EngineCounters | None = None  # the engine's own, summed over the timed runs with speculation on
     tau: float | None = field(default=None, metadata=json_field(doc="tokens per speculative round"))
     cumulative_acceptance: tuple[float | None, ...] = field(

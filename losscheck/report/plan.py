@@ -58,10 +58,26 @@ def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list
             tier = "slow" if e.slow else "quick"
             lines.append(f"{e.cell:<{width}}  {e.mode:<13}  {tier:<5}  {e.estimated_s or 0.0:.0f}")
         lines += [f"{e['cell']:<{width}}  out of scope: {e['reason']}" for e in out]
+        lines += memory_plan(session, {e.cell for e in entries})
     kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(e.mode for e in entries).items())
     lines.append(f"plan: {len(entries)} cells ({kinds or 'none'}); {len(out)} out of the declared scope")
     lines.append(estimate_line(sum(e.estimated_s or 0.0 for e in entries), workers))
     return lines
+
+
+def memory_plan(session: Session, in_scope: set[str]) -> list[str]:
+    """The memory plan of the run's black-box engine cells in scope (`losscheck.plan.memory`), by
+    the engine's instance policy; nothing without an engine."""
+    from losscheck.engines.pool import instances_of
+    from losscheck.plan.cell import ENGINE
+    from losscheck.plan.memory import memory_lines
+
+    cells = [c for found in session.plan.values() for c in found if c.drafter == ENGINE and c.id in in_scope]
+    if not cells:
+        return []
+    instances = instances_of(session.blackbox)
+    # the engine cells read the reference target (greedy margins too, where on and off diverge)
+    return memory_lines([(c.mode, True) for c in cells], None if instances is None else instances.policy.value)
 
 
 def estimate_line(cell_seconds: float, workers: int) -> str:

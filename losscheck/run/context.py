@@ -64,8 +64,57 @@ class CellContext:
         return self._session.target(name)
 
     def engine_target(self) -> HFTarget:
-        """losscheck's copy of a black-box engine's target (the main one) in the cell's precision."""
+        """losscheck's copy of a black-box engine's target (the main one) in the cell's precision.
+        An engine that keeps one instance alive at a time releases it first: the reference target
+        and an engine instance are never loaded together (`release_engine_target` is the other half)."""
+        from losscheck.engines.pool import instances_of, one_at_a_time
+
+        if one_at_a_time(self.engine):
+            instances = instances_of(self.engine)
+            assert instances is not None
+            instances.close()
         return self._session.target("main", self.cell.precision.target)
+
+    def release_engine_target(self) -> None:
+        """Before an engine instance is used: drop losscheck's copies of the engine's target when
+        the engine keeps one instance alive at a time (they load again when a cell scores)."""
+        from losscheck.engines.pool import one_at_a_time
+
+        if one_at_a_time(self.engine):
+            self._session.models.release("main")
+
+    @property
+    def holds_reference_target(self) -> bool:
+        """Whether the reference target may stay loaded through the cell (not for the cells of an
+        engine that keeps one instance alive at a time: it is loaded only while they score)."""
+        from losscheck.engines.pool import one_at_a_time
+        from losscheck.plan.cell import ENGINE
+
+        return not (self.cell.drafter == ENGINE and one_at_a_time(self.engine))
+
+    def engine_vocab(self) -> tuple[int, int]:
+        """(vocabulary size, EOS id) of the engine's target, read once per run (EOS 0 when it has none)."""
+
+        def read() -> tuple[int, int]:
+            target = self.engine_target()
+            return target.vocab_size, target.eos_id if target.eos_id is not None else 0
+
+        return self.memo(("engine-vocab", self.cell.precision.target), read)
+
+    def engine_batch(self) -> tuple[Cell, ...]:
+        """The engine cells drawn side by side with this one (`losscheck.cells.engine_phases`): every
+        engine cell this process runs when the engine keeps one instance alive at a time (each
+        side is then built as few times as the cells allow), else this cell alone."""
+        from losscheck.engines.pool import one_at_a_time
+
+        cells = self._session.engine_cells
+        if one_at_a_time(self.engine) and self.cell in cells:
+            return cells
+        return (self.cell,)
+
+    def of_cell(self, cell: Cell) -> CellContext:
+        """The context of another cell of the same run, reporting to the same place."""
+        return CellContext.of(self._session, cell, self.progress)
 
     @property
     def prompt_tiers(self) -> tuple[str, ...]:

@@ -42,6 +42,21 @@ class Models:
             self._targets[name, dtype] = self._load_target(name, dtype)
         return self._targets[name, dtype]
 
+    def loaded(self) -> tuple[tuple[str, str], ...]:
+        """The (name, dtype) of every target loaded now."""
+        return tuple(self._targets)
+
+    def release(self, name: str) -> None:
+        """Drop every loaded copy of target `name` and give its memory back (it loads again on
+        next use); what still holds a reference to it keeps it alive."""
+        from losscheck.engines.pool import free_memory
+
+        dropped = [key for key in self._targets if key[0] == name]
+        for key in dropped:
+            del self._targets[key]
+        if dropped:
+            free_memory()
+
     def _load_target(self, name: str, dtype: str) -> HFTarget:
         import torch
 

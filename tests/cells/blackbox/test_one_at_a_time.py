@@ -1,0 +1,126 @@
+"""One GPU's memory: an engine that keeps one instance alive at a time (`Policy.ONE_AT_A_TIME`) is
+certified end to end through the real engine cells, its sides drawn side by side
+(`losscheck.cells.engine_phases`), with a fake whose build fails while another instance or
+losscheck's reference target is alive, and whose builds follow the memory plan `--list` prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from losscheck import bundled
+from losscheck.engines import EngineCounters, GenerationRequest
+from losscheck.engines.pool import Instances, Policy
+
+BUILDS: list[bool] = []  # the sides the fake built, in order (reset by the fixture)
+
+
+class OneAtATime:
+    """losscheck's own loop (lossless) behind an `Instances` under ONE_AT_A_TIME: each side is a
+    fresh copy of the bundled target and drafter, as a GPU engine loads its weights per instance."""
+
+    precision = "fp32"
+
+    def __init__(self, models_loaded) -> None:
+        self.k, self.name = 4, "one-at-a-time(spec-loop, k=4)"
+        self.models_loaded = models_loaded  # -> the reference targets losscheck holds now
+        self.instances: Instances[bool, object] = Instances(self._build, Policy.ONE_AT_A_TIME)
+        self.counted = EngineCounters(drafts=0, drafted=0, accepted=0, accepted_per_position=(0,) * 4, emitted=0)
+
+    def _build(self, speculative: bool):
+        from losscheck.core.target import HFTarget
+        from losscheck.engines.spec_loop import spec_loop
+
+        if self.instances.alive():
+            raise AssertionError(f"built the {speculative} side with {self.instances.alive()} alive")
+        if self.models_loaded():
+            raise AssertionError(f"built an instance with the reference target {self.models_loaded()} loaded")
+        BUILDS.append(speculative)
+        return spec_loop(HFTarget.from_pretrained(bundled.target_path()))
+
+    def generate(self, request: GenerationRequest):
+        engine = self.instances.get(request.speculative)
+        before = engine.counters()
+        out = engine.generate(request)
+        self.counted = self.counted.plus(engine.counters().since(before))  # kept across rebuilds
+        return out
+
+    def counters(self) -> EngineCounters:
+        return self.counted
+
+
+def one_at_a_time_engine(target):
+    """`--losscheck-engine=tests.cells.blackbox.test_one_at_a_time:one_at_a_time_engine`."""
+    return OneAtATime(lambda: ())
+
+
+def _session(alongside: bool, some: bool = False):
+    """An engine-only run of the fake at a detectable TV of 0.1 (small samples); `alongside`: the
+    plugin's order, the engine cells drawn side by side, else each cell alone; `some`: the first
+    sampled cell and the greedy one only."""
+    from losscheck.plan.profiles import PROFILES
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    options = Options(
+        engine="tests.cells.blackbox.test_one_at_a_time:one_at_a_time_engine",
+        profile=PROFILES["ci"].with_detect_tv(0.1),
+    )
+    session = Session(options)
+    engine = session.blackbox
+    assert isinstance(engine, OneAtATime)
+    engine.models_loaded = session.models.loaded
+    load = session.models.target
+
+    def target(name, dtype):  # the reference target never loads beside an engine instance
+        assert not engine.instances.alive(), f"the reference target loaded with {engine.instances.alive()} alive"
+        return load(name, dtype)
+
+    session.models.target = target  # type: ignore[method-assign]
+    cells = [c for arg in ("engine_cell", "engine_greedy_cell") for c in session.plan[arg]]
+    if some:
+        cells = [cells[0], cells[-1]]
+    if alongside:
+        session.engine_cells = tuple(cells)
+    return session, cells
+
+
+def _certify(alongside: bool, some: bool = False):
+    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.run.context import CellContext
+
+    BUILDS.clear()
+    session, cells = _session(alongside, some)
+    outcomes = [run_engine_cell(CellContext.of(session, cell)) for cell in cells]
+    return session, cells, outcomes, list(BUILDS)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_one_at_a_time_engine_is_certified_side_by_side_with_three_builds():
+    from losscheck.plan import memory
+
+    session, cells, outcomes, builds = _certify(alongside=True)
+    assert all(o.passed for o in outcomes), [o.message() for o in outcomes if not o.passed]
+    assert {c.mode for c in cells} == {"one-sample", "engine-greedy"} and len(cells) == 6
+    # speculative: pilots and the greedy cell's on side; speculative: samples; plain: every off side
+    assert builds == [True, True, False]
+    plan = memory.phases([(c.mode, True) for c in cells])
+    engine_phases = [p.alive for p in plan if p.alive != memory.TARGET]
+    assert engine_phases == [memory.SPECULATIVE, memory.SPECULATIVE, memory.PLAIN]
+    assert memory.memory_lines([(c.mode, True) for c in cells], "one-at-a-time")[-1].startswith(
+        "  engine instances built: 3; scoring phases: 2"
+    )
+    # every cell still has its own counts of the engine's speculative calls
+    assert all(o.facts.engine_counters is not None and o.facts.engine_counters.drafts > 0 for o in outcomes)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_drawn_side_by_side_or_cell_by_cell_the_samples_and_verdicts_are_the_same():
+    """The order of the draws changes no seed: the same p-values either way, at more builds."""
+    _, cells, together, builds_together = _certify(alongside=True, some=True)
+    _, _, alone, builds_alone = _certify(alongside=False, some=True)
+    assert [c.mode for c in cells] == ["one-sample", "engine-greedy"]
+    assert [o.verdict for o in together] == [o.verdict for o in alone]
+    assert [o.divergences for o in together] == [o.divergences for o in alone]
+    assert [o.facts for o in together] == [o.facts for o in alone]
+    # alone, the one-sample cell builds 3 (pilot, the reference target, sample; control), the greedy cell 2
+    assert builds_alone == [True, True, False, True, False] and builds_together == [True, True, False]

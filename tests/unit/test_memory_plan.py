@@ -1,0 +1,37 @@
+"""The memory plan of a black-box engine run (`losscheck.plan.memory`): phases drawn side by side,
+what is alive in each, and how many instances the run builds."""
+
+from __future__ import annotations
+
+from losscheck.plan.memory import PLAIN, SPECULATIVE, TARGET, memory_lines, next_side, phases
+from losscheck.plan.modes import Mode
+
+ONE_SAMPLE_RUN = [(Mode.ONE_SAMPLE, True)] * 5 + [(Mode.ENGINE_GREEDY, True)]
+
+
+def test_the_speculative_side_is_drawn_while_any_cell_waits_for_it():
+    assert next_side([{False}, {True, False}]) is True
+    assert next_side([{False}, set()]) is False
+
+
+def test_a_one_sample_run_builds_each_side_once_after_its_pilots():
+    """Pilots (with the greedy cell's on side), their scoring, the samples, every plain draw, the PIT."""
+    found = phases(ONE_SAMPLE_RUN)
+    assert [p.alive for p in found] == [SPECULATIVE, TARGET, SPECULATIVE, PLAIN, TARGET]
+    assert found[0].work == (("one-sample pilot", 5), ("greedy (on)", 1))
+    assert found[3].work == (("one-sample control", 5), ("greedy (off)", 1))
+    lines = memory_lines(ONE_SAMPLE_RUN, "one-at-a-time")
+    assert lines[1] == "  phase 1: speculative engine  draws 5 x one-sample pilot, 1 x greedy (on)"
+    assert lines[-1].startswith("  engine instances built: 3; scoring phases: 2")
+
+
+def test_a_two_sample_run_builds_two_instances_and_scores_only_greedy_margins():
+    found = phases([(Mode.TWO_SAMPLE, False)] * 5 + [(Mode.ENGINE_GREEDY, True)])
+    assert [p.alive for p in found] == [SPECULATIVE, PLAIN, TARGET]
+    assert phases([(Mode.TWO_SAMPLE, False)]) == phases([(Mode.TWO_SAMPLE, False)])[:2]  # no target at all
+
+
+def test_keep_all_and_unknown_engines_say_everything_stays_alive():
+    assert "stay alive together" in memory_lines(ONE_SAMPLE_RUN, "keep-all")[0]
+    assert "manages its own instances" in memory_lines(ONE_SAMPLE_RUN, None)[0]
+    assert memory_lines([], "one-at-a-time") == []
