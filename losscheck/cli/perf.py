@@ -32,6 +32,7 @@ PERF_OPTIONS = (
     "engine-arg",
     "perf-concurrency",
     "perf-arrivals",
+    "perf-k",
 )
 
 

@@ -112,6 +112,10 @@ class HFAssistedEngine:
                     out[i, start : start + rows, : new.shape[1]] = new
         return out
 
+    def with_k(self, k: int) -> HFAssistedEngine:
+        """The same model and assistant drafting `k` candidates a round (a perf run's k sweep)."""
+        return HFAssistedEngine(self.model, self.assistant, k, self.eos, name=self.name.partition("(")[0])
+
     def stream(self, speculative: bool) -> HFStream:
         """The engine timed token by token (`losscheck.engines.stream`)."""
         return HFStream(self, speculative)

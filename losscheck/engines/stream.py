@@ -80,6 +80,15 @@ class Streams(Protocol):
         ...
 
 
+@runtime_checkable
+class Resizable(Protocol):
+    """An engine that can be built again with another block length (a perf run's k sweep)."""
+
+    def with_k(self, k: int) -> BlackBoxEngine:
+        """The same engine and models drafting `k` tokens a round."""
+        ...
+
+
 class CallStream:
     """Any `BlackBoxEngine` as a one-at-a-time stream: each step is one `generate` call for the
     next queued request, and its emission the whole continuation (cut after EOS). Its counters are

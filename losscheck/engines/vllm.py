@@ -141,6 +141,16 @@ class VLLMEngine:
             self._count(before, read_counters(llm), fresh)
         return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
 
+    def with_k(self, k: int) -> VLLMEngine:
+        """The same models and options drafting `k` tokens a round (`num_speculative_tokens`): a
+        perf run's k sweep. Its LLMs are built on first use, as this engine's are."""
+        config = {**self.speculative_config, "num_speculative_tokens": k}
+        name = self.name.partition("(")[0]
+        engine = VLLMEngine(
+            self.make_llm, config, self.eos, self.precision, name, self._sampling_params, self.llms.policy
+        )
+        return engine
+
     def stream(self, speculative: bool) -> VLLMStream:
         """The engine timed token by token (`losscheck.engines.stream`)."""
         return VLLMStream(self, speculative)

@@ -20,13 +20,13 @@ import numpy as np
 
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines.counters import EngineCounters
-from losscheck.engines.pool import one_at_a_time
-from losscheck.engines.stream import Stream, Streams, open_stream
-from losscheck.errors import OptionError
+from losscheck.engines.pool import instances_of, one_at_a_time
+from losscheck.engines.stream import Resizable, Stream, Streams, open_stream
+from losscheck.errors import OptionError, flag
 from losscheck.perf.engine_serving import EngineTrace, drive
 from losscheck.perf.metrics import Latencies, speedup, throughput
 from losscheck.perf.workload import Request, distinct_prompts, make_workload
-from losscheck.plan.arrivals import CLOSED, Arrivals, parse_arrivals, parse_concurrency
+from losscheck.plan.arrivals import CLOSED, Arrivals, parse_arrivals, parse_block_lengths, parse_concurrency
 from losscheck.plan.perf_profiles import ENGINE_SIZES, PerfProfile
 from losscheck.report.engine_perf_record import (
     LADDER,
@@ -39,11 +39,12 @@ from losscheck.report.engine_perf_record import (
 )
 
 if TYPE_CHECKING:
+    from losscheck.engines import BlackBoxEngine
     from losscheck.run.session import Session
 
 WORKLOADS = (LADDER, LONG_INPUT, LONG_OUTPUT)
 WARMUP_MAX_NEW = 8
-Key = tuple[str, str, int]  # workload, arrivals label, concurrency
+Key = tuple[str, str, int, int]  # workload, arrivals label, concurrency, block length
 
 
 class EnginePerfRun:
@@ -52,10 +53,12 @@ class EnginePerfRun:
         if engine is None:
             raise OptionError("an engine perf run needs --losscheck-engine")
         self.session, self.profile, self.engine = session, profile, engine
+        self.engines: dict[int, BlackBoxEngine] = {engine.k: engine}  # by block length (`--perf-k`)
         self.sizes = ENGINE_SIZES.get(profile.name, ENGINE_SIZES["quick"])
         opts = session.options
         self.concurrency = parse_concurrency(opts.perf_concurrency) if opts.perf_concurrency else self.sizes.concurrency
         self.arrivals = parse_arrivals(opts.perf_arrivals)
+        self.ks = parse_block_lengths(opts.perf_k) if opts.perf_k else (engine.k,)
         self.params: SamplingParams = (
             GREEDY if profile.temperature == 0 else SamplingParams(temperature=profile.temperature)
         )
@@ -69,7 +72,7 @@ class EnginePerfRun:
         self.counters_source = "none"  # where the engine's stream reads its counts
         self._rungs: dict[Key, EngineRung] = {}
         self._traces: dict[Key, list[EngineTrace]] = {}
-        self._warm = False
+        self._warm: set[int] = set()  # the block lengths warmed up
         self.started = dt.datetime.now(dt.timezone.utc)
 
     # -- workloads ----------------------------------------------------------------------------
@@ -90,40 +93,64 @@ class EnginePerfRun:
 
     # -- timed runs ---------------------------------------------------------------------------
 
-    def _stream(self, speculative: bool) -> Stream:
-        stream = open_stream(self.engine, speculative, self.eos)
+    def engine_at(self, k: int) -> BlackBoxEngine:
+        """The engine drafting `k` tokens a round (`Resizable.with_k`); every other block length's
+        instances are released first (one configuration's memory at a time)."""
+        if k not in self.engines:
+            if not isinstance(self.engine, Resizable):
+                raise OptionError(
+                    f"{flag('perf-k')}: engine {self.engine.name!r} cannot change its block length "
+                    f"(it has no with_k(k)); time it at its own k = {self.engine.k}"
+                )
+            self._release(keep=None)
+            self.engines[k] = self.engine.with_k(k)
+        self._release(keep=k)
+        return self.engines[k]
+
+    def _release(self, keep: int | None) -> None:
+        for k, engine in self.engines.items():
+            instances = instances_of(engine)
+            if k != keep and instances is not None:
+                instances.close()
+
+    def _stream(self, speculative: bool, k: int) -> Stream:
+        stream = open_stream(self.engine_at(k), speculative, self.eos)
         self.concurrent = stream.concurrent
         if speculative:
             self.counters_source = str(getattr(stream, "counters_source", "the engine's counters"))
         return stream
 
     def _drive(
-        self, speculative: bool, requests: list[Request], arrivals: Arrivals, c: int, *names: object
+        self, speculative: bool, k: int, requests: list[Request], arrivals: Arrivals, c: int, *names: object
     ) -> EngineTrace:
+        """One timed run; the requests' seeds and arrivals do not depend on `k` or the side, so
+        every configuration serves the same rows."""
         rng = np.random.default_rng(derive_seed(self.seed, "engine-arrivals", arrivals.label, c, *names))
         seeds = [derive_seed(self.seed, "engine-request", c, *names, i) for i in range(len(requests))]
-        return drive(self._stream(speculative), requests, arrivals.times(len(requests), rng), c, self.params, seeds)
+        stream = self._stream(speculative, k)
+        return drive(stream, requests, arrivals.times(len(requests), rng), c, self.params, seeds)
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, k: int) -> None:
         """One short closed-loop run a side, plain first (see the module's docstring)."""
-        if self._warm:
+        if k in self._warm:
             return
         requests = [Request(r.prompt, min(r.max_new, WARMUP_MAX_NEW), r.tier) for r in self.workload(LADDER, 1)[:2]]
         for speculative in (False, True):
-            self._drive(speculative, requests, CLOSED, 1, "warm-up")
-        self._warm = True
+            self._drive(speculative, k, requests, CLOSED, 1, "warm-up")
+        self._warm.add(k)
 
-    def timeable(self, concurrency: int) -> bool:
+    def timeable(self, concurrency: int, k: int | None = None) -> bool:
         """Whether the engine can be timed at `concurrency` (a one-at-a-time stream: only at 1)."""
-        self._warm_up()
+        self._warm_up(self.engine.k if k is None else k)
         return concurrency == 1 or bool(self.concurrent)
 
-    def traces(self, kind: str, arrivals: Arrivals, concurrency: int) -> list[EngineTrace]:
+    def traces(self, kind: str, arrivals: Arrivals, concurrency: int, k: int | None = None) -> list[EngineTrace]:
         """The timed runs of a rung, listed [off 0, on 0, off 1, on 1, ...]; taken in that order
         (pairs) or, for an engine that keeps one instance alive at a time, every off run first."""
-        key = (kind, arrivals.label, concurrency)
+        k = self.engine.k if k is None else k
+        key = (kind, arrivals.label, concurrency, k)
         if key not in self._traces:
-            if not self.timeable(concurrency):
+            if not self.timeable(concurrency, k):
                 raise OptionError(
                     f"engine {self.engine.name!r} runs one request at a time; it is timed at concurrency 1 only"
                 )
@@ -133,16 +160,17 @@ class EnginePerfRun:
                 order = [(speculative, i) for i in repeats for speculative in (False, True)]
             else:  # one instance alive at a time: each side's runs together, one build a side
                 order = [(speculative, i) for speculative in (False, True) for i in repeats]
-            runs = {(s, i): self._drive(s, requests, arrivals, concurrency, kind, i) for s, i in order}
+            runs = {(s, i): self._drive(s, k, requests, arrivals, concurrency, kind, i) for s, i in order}
             self._traces[key] = [runs[s, i] for i in repeats for s in (False, True)]
         return self._traces[key]
 
-    def rung(self, kind: str, arrivals: Arrivals, concurrency: int) -> EngineRung:
-        key = (kind, arrivals.label, concurrency)
+    def rung(self, kind: str, arrivals: Arrivals, concurrency: int, k: int | None = None) -> EngineRung:
+        k = self.engine.k if k is None else k
+        key = (kind, arrivals.label, concurrency, k)
         if key not in self._rungs:
-            runs = self.traces(kind, arrivals, concurrency)
+            runs = self.traces(kind, arrivals, concurrency, k)
             requests = self.workload(kind, concurrency)
-            self._rungs[key] = _record(kind, arrivals, concurrency, requests, runs, self.paired)
+            self._rungs[key] = _record(kind, arrivals, concurrency, k, requests, runs, self.paired)
         return self._rungs[key]
 
     def measured(self) -> list[Key]:
@@ -180,7 +208,13 @@ def _repeated(prompt: list[int], length: int) -> list[int]:
 
 
 def _record(
-    kind: str, arrivals: Arrivals, concurrency: int, requests: list[Request], runs: list[EngineTrace], paired: bool
+    kind: str,
+    arrivals: Arrivals,
+    concurrency: int,
+    k: int,
+    requests: list[Request],
+    runs: list[EngineTrace],
+    paired: bool,
 ) -> EngineRung:
     off, on = runs[0::2], runs[1::2]
     counters = None
@@ -195,6 +229,7 @@ def _record(
         workload=kind,
         arrivals=arrivals.label,
         concurrency=concurrency,
+        k=k,
         requests=len(requests),
         distinct_prompts=distinct_prompts(requests),
         prompt_tokens=float(np.mean([len(r.prompt) for r in requests])),

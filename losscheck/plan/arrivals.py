@@ -82,10 +82,19 @@ def parse_arrivals(text: str) -> tuple[Arrivals, ...]:
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
     """ "1,2,4" → (1, 2, 4), sorted and distinct; an `OptionError` for anything but ints >= 1."""
+    return _positive_ints(text, "perf-concurrency", "1,4,16")
+
+
+def parse_block_lengths(text: str) -> tuple[int, ...]:
+    """ "2,4,6" → the block lengths of an engine's k sweep (`--losscheck-perf-k`)."""
+    return _positive_ints(text, "perf-k", "2,4,6")
+
+
+def _positive_ints(text: str, option: str, example: str) -> tuple[int, ...]:
     try:
         values = sorted({int(p) for p in text.split(",") if p.strip()})
     except ValueError:
         values = []
     if not values or values[0] < 1:
-        raise OptionError(f"{flag('perf-concurrency')}={text!r}: need a comma-separated list of ints >= 1, e.g. 1,4,16")
+        raise OptionError(f"{flag(option)}={text!r}: need a comma-separated list of ints >= 1, e.g. {example}")
     return tuple(values)

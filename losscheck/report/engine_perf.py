@@ -28,8 +28,10 @@ def write_report(doc: EnginePerfFile, out: Path) -> list[Path]:
 
 def _headline(doc: EnginePerfFile) -> EngineRung | None:
     """The rung the opening sentence quotes: the ladder's lowest concurrency, closed loop first."""
+    own_k = doc.engine.get("k")
     ladder = sorted(
-        (r for r in doc.rungs if r.workload == "ladder"), key=lambda r: (r.arrivals != "closed", r.concurrency)
+        (r for r in doc.rungs if r.workload == "ladder"),
+        key=lambda r: (r.arrivals != "closed", r.k != own_k, r.concurrency),
     )
     return ladder[0] if ladder else (doc.rungs[0] if doc.rungs else None)
 
@@ -109,11 +111,12 @@ def markdown(doc: EnginePerfFile) -> str:
     for r in doc.rungs:
         groups.setdefault((r.workload, r.arrivals), []).append(r)
     for (workload, arrivals), rungs in groups.items():
-        rungs.sort(key=lambda r: r.concurrency)
+        rungs.sort(key=lambda r: (r.k, r.concurrency))
         lines += [f"## {workload}, arrivals {arrivals}", ""]
         rows = [
             [
                 str(r.concurrency),
+                str(r.k),
                 f"{r.requests} ({r.prompt_tokens:.0f} / {r.max_new})",
                 f"{_mean(r.off.throughput_tok_s):.1f}",
                 f"{_mean(r.on.throughput_tok_s):.1f}",
@@ -126,6 +129,7 @@ def markdown(doc: EnginePerfFile) -> str:
         ]
         header = [
             "c",
+            "k",
             "requests (prompt / out)",
             "off tok/s",
             "on tok/s",
@@ -141,15 +145,13 @@ def markdown(doc: EnginePerfFile) -> str:
         tails = [
             [
                 str(r.concurrency),
-                *(
-                    f"{_ms(r.on.latency_s[m]['p95'])} / {_ms(r.on.latency_s[m]['p99'])}"
-                    for m in ("ttft", "tpot", "itl")
-                ),
+                str(r.k),
+                *(_tail(r.on.latency_s[m]) for m in ("ttft", "tpot", "itl")),
             ]
             for r in rungs
         ]
         lines += [
-            markdown_table(["c", "on: TTFT p95 / p99 ms", "TPOT p95 / p99", "ITL p95 / p99"], tails),
+            markdown_table(["c", "k", "on: TTFT p95 / p99 ms", "TPOT p95 / p99", "ITL p95 / p99"], tails),
             "",
         ]
         counted = [r for r in rungs if r.counters is not None]
@@ -159,10 +161,11 @@ def markdown(doc: EnginePerfFile) -> str:
                 f"Conditional: {acceptance.CONDITIONAL}.",
                 "",
                 markdown_table(
-                    ["c", "rounds", "τ", "cumulative", "conditional", "wasted drafts"],
+                    ["c", "k", "rounds", "τ", "cumulative", "conditional", "wasted drafts"],
                     [
                         [
                             str(r.concurrency),
+                            str(r.k),
                             str(r.counters.drafts if r.counters else "-"),
                             "-" if r.tau is None else f"{r.tau:.2f}",
                             _rates(r.cumulative_acceptance),

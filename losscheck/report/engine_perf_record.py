@@ -39,6 +39,7 @@ class EngineRung(JsonRecord):
     workload: str  # LADDER, LONG_INPUT or LONG_OUTPUT
     arrivals: str  # `losscheck.plan.arrivals.Arrivals.label`
     concurrency: int
+    k: int  # the block length drafted (an engine's own, or a `--losscheck-perf-k` value)
     requests: int
     distinct_prompts: int
     prompt_tokens: float  # mean prompt length

@@ -15,7 +15,7 @@ from typing import Any, TypedDict, TypeVar
 
 from losscheck.core.precision import DEVICES, Precision, parse_precisions
 from losscheck.errors import OptionError, flag
-from losscheck.plan.arrivals import parse_arrivals, parse_concurrency
+from losscheck.plan.arrivals import parse_arrivals, parse_block_lengths, parse_concurrency
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
 from losscheck.plan.scope import Scope, parse_scope
@@ -72,6 +72,7 @@ class Options:
     perf_compare_fail: str = DEFAULT_COMPARE_FAIL  # METRIC:N%,... drops that fail the compare
     perf_concurrency: str | None = None  # an engine perf run's ladder, "1,4,16"; None = the profile's
     perf_arrivals: str = "closed"  # an engine perf run's arrival processes (losscheck.plan.arrivals)
+    perf_k: str | None = None  # an engine perf run's k sweep, "2,4,6"; None = the engine's own k
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -312,6 +313,12 @@ SPECS: dict[str, OptionSpec] = {
         "help": "with --losscheck-engine: how requests arrive, any of closed, poisson:RATE (requests/s), "
         "burst:SIZE@SECONDS, comma-separated; each is timed over the ladder (default: %(default)s)",
     },
+    "perf-k": {
+        "metavar": "LIST",
+        "type": _checked(parse_block_lengths),
+        "help": "with --losscheck-engine: a k sweep, the block lengths timed at the lowest concurrency, "
+        "e.g. 2,4,6 (default: the engine's own k only)",
+    },
 }
 
 
@@ -365,6 +372,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         perf_compare_fail=value("perf-compare-fail", DEFAULT_COMPARE_FAIL),
         perf_concurrency=value("perf-concurrency"),
         perf_arrivals=value("perf-arrivals", "closed"),
+        perf_k=value("perf-k"),
     )
 
 

@@ -25,7 +25,7 @@ def _session(config: pytest.Config):
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    from losscheck.plan.arrivals import parse_arrivals, parse_concurrency
+    from losscheck.plan.arrivals import parse_arrivals, parse_block_lengths, parse_concurrency
     from losscheck.plan.perf_profiles import ENGINE_SIZES
 
     options = _session(metafunc.config).options
@@ -38,6 +38,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("engine_arrivals", arrivals, ids=[a.label for a in arrivals])
     if "length_tier" in metafunc.fixturenames:
         metafunc.parametrize("length_tier", ("long-input", "long-output"))
+    if "block_length" in metafunc.fixturenames:
+        ks = parse_block_lengths(options.perf_k) if options.perf_k else ()
+        metafunc.parametrize("block_length", ks, ids=[f"k{k}" for k in ks])
 
 
 @pytest.fixture(scope="session")
@@ -62,16 +65,17 @@ def engine_perf_run(request: pytest.FixtureRequest, losscheck_session):
             reporter.write_line(f"\nlosscheck engine perf report: {', '.join(str(p) for p in paths)}")
 
 
-def _check(run, kind: str, arrivals, concurrency: int) -> None:
+def _check(run, kind: str, arrivals, concurrency: int, k: int | None = None) -> None:
     from losscheck.perf.engine_serving import engine_trace_problems
 
-    if not run.timeable(concurrency):
+    k = run.engine.k if k is None else k
+    if not run.timeable(concurrency, k):
         pytest.skip(f"engine {run.engine.name!r} runs one request at a time: timed at concurrency 1 only")
-    record = run.rung(kind, arrivals, concurrency)
+    record = run.rung(kind, arrivals, concurrency, k)
     problems = [
         f"run {i} ({'on' if i % 2 else 'off'}): {p}"
-        for i, trace in enumerate(run.traces(kind, arrivals, concurrency))
-        for p in engine_trace_problems(trace, run.eos, run.engine.k)
+        for i, trace in enumerate(run.traces(kind, arrivals, concurrency, k))
+        for p in engine_trace_problems(trace, run.eos, k)
     ]
     assert not problems, f"{run.engine.name} at concurrency {concurrency} ({kind}, {arrivals.label}): " + "; ".join(
         problems
@@ -89,3 +93,10 @@ def test_engine_length_tier(engine_perf_run, length_tier: str) -> None:
     from losscheck.plan.arrivals import CLOSED
 
     _check(engine_perf_run, length_tier, CLOSED, min(engine_perf_run.concurrency))
+
+
+def test_engine_k_sweep(engine_perf_run, block_length: int) -> None:
+    """`--losscheck-perf-k`: the engine drafting each block length, at the lowest concurrency, closed loop."""
+    from losscheck.plan.arrivals import CLOSED
+
+    _check(engine_perf_run, "ladder", CLOSED, min(engine_perf_run.concurrency), block_length)

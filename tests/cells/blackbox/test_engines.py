@@ -137,6 +137,19 @@ def test_hf_stream_drafts_the_declared_block_and_emits_what_generate_returns(tar
         assert tokens == row[: len(tokens)] and set(row[len(tokens) :]) <= {EOS}
 
 
+def test_hf_engine_with_another_block_length(target):
+    """A perf run's k sweep: the same models, the assistant's block set to the new k on each call."""
+    from losscheck.engines.hf import hf_assisted
+
+    engine = hf_assisted(target)
+    two = engine.with_k(2)
+    assert (two.k, two.name, two.assistant) == (2, "hf-assisted(k=2)", engine.assistant)
+    two.generation_config(GREEDY, 10)
+    assert two.assistant.generation_config.num_assistant_tokens == 2
+    engine.generation_config(GREEDY, 10)
+    assert engine.assistant.generation_config.num_assistant_tokens == 4
+
+
 def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_afterwards(target):
     import transformers.generation.utils as hf_utils
 

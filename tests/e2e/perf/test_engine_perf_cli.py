@@ -19,6 +19,7 @@ pytestmark = pytest.mark.e2e  # starts a process
 def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
     command = [sys.executable, "-m", "losscheck.cli", "perf", "--engine", "hf"]
     command += ["--assistant", str(bundled.fixtures_dir() / "drafter_a"), "--perf-concurrency", "1,4"]
+    command += ["--perf-k", "2,4"]  # a k sweep: the engine's own 4 and 2
     command += ["--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: a second thread only contends (timing not asserted)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
@@ -28,10 +29,11 @@ def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
     doc = json.loads((tmp_path / "perf-engine" / "perf.json").read_text())
     assert doc["schema"] == "losscheck.engine-perf/1" and doc["engine"]["k"] == 4
     assert doc["engine"]["draft_model"]["path"] == "bundled:drafter_a" and "transformers" in doc["engine"]["package"]
-    assert {(r["workload"], r["concurrency"]) for r in doc["rungs"]} == {
-        ("ladder", 1),
-        ("long-input", 1),
-        ("long-output", 1),
+    assert {(r["workload"], r["concurrency"], r["k"]) for r in doc["rungs"]} == {
+        ("ladder", 1, 4),
+        ("long-input", 1, 4),
+        ("long-output", 1, 4),
+        ("ladder", 1, 2),
     }
     for rung in doc["rungs"]:
         for side in ("off", "on"):
@@ -40,9 +42,10 @@ def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
         assert rung["speedup"]["ci_low"] <= rung["speedup"]["ratio"] <= rung["speedup"]["ci_high"]
         counted = rung["counters"]
         assert (
-            len(counted["accepted_per_position"]) == 4 and counted["emitted"] == counted["drafts"] + counted["accepted"]
+            len(counted["accepted_per_position"]) == rung["k"]
+            and counted["emitted"] == counted["drafts"] + counted["accepted"]
         )
-        assert 1 <= rung["tau"] <= 5 and len(rung["conditional_acceptance"]) == 4
+        assert 1 <= rung["tau"] <= rung["k"] + 1 and len(rung["conditional_acceptance"]) == rung["k"]
     report = (tmp_path / "perf-engine" / "perf.md").read_text()
     assert doc["statement"].startswith("On ") and doc["statement"] in report
     assert "at concurrency 1 the speedup of speculation on over off is" in doc["statement"]

@@ -173,12 +173,12 @@ def test_the_run_file_round_trips_and_its_report_says_what_it_supports():
 
     requests = _requests(4)
     runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
-    rung = _record("ladder", CLOSED, 2, requests, runs, paired=True)
+    rung = _record("ladder", CLOSED, 2, 4, requests, runs, paired=True)
     # the on runs' counters summed: 8 rounds, 16 of 32 drafts accepted, (8, 4, 2, 2) per position
     assert rung.counters == EngineCounters(drafts=8, drafted=32, accepted=16, accepted_per_position=(8, 4, 2, 2))
     assert rung.tau == 3.0 and rung.cumulative_acceptance == (1.0, 0.5, 0.25, 0.25)
     assert rung.conditional_acceptance == (1.0, 0.5, 0.5, 1.0) and rung.wasted_fraction == 0.5
-    assert rung.speedup.ratio > 0 and math.isfinite(rung.speedup.ratio)
+    assert rung.speedup.ratio > 0 and math.isfinite(rung.speedup.ratio) and rung.k == 4
     engine = {"name": "scripted(k=4)", "k": 4, "package": {"scripted": "1.0"}}
     doc = EnginePerfFile(
         schema=SCHEMA,
