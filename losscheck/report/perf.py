@@ -42,10 +42,33 @@ def _mean(xs: tuple[float, ...]) -> float:
     return sum(xs) / len(xs)
 
 
+def statement(doc: PerfRunFile) -> str:
+    """The conditional statement the run supports: hardware, the loop's version, the model pair,
+    the workload and the speedup at the lowest concurrency of the reference drafter (A, or the
+    user's; else the first drafter measured)."""
+    env, p = doc.environment, doc.profile
+    drafted = _drafted(doc.ladder())
+    if not drafted:
+        return f"On {env.accelerator} ({env.machine}, {env.cpu_count} CPUs): no drafter rung was timed."
+    rung, s, _ = min(drafted, key=lambda d: (d[0].engine not in ("A", "user"), d[0].concurrency, d[0].engine))
+    drafter = doc.drafters.get(rung.engine, {})
+    sha = str(drafter.get("sha256") or "")[:12]
+    return (
+        f"On {env.accelerator} ({env.machine}, {env.cpu_count} CPUs, {env.threads} torch threads), losscheck's "
+        f"own loop (losscheck {env.losscheck}, torch {env.torch}), target {doc.target['name']} "
+        f"(sha256 {str(doc.target.get('sha256'))[:12]}…) with drafter {drafter.get('name', rung.engine)}"
+        + (f" (sha256 {sha}…)" if sha else "")
+        + f", {rung.requests} requests with output budgets in [{p.max_new // 2}, {p.max_new}], {doc.params}, "
+        f"k = {rung.k}, closed loop: at concurrency {rung.concurrency} the speedup over plain decoding is "
+        f"{s.label()} ({s.level:.0%} CI over {rung.repeats} paired runs)."
+    )
+
+
 def markdown(doc: PerfRunFile, comparisons: list[perf_run.Comparison] | None = None) -> str:
     env, p = doc.environment, doc.profile
     lines = [
         "# losscheck perf\n",
+        statement(doc) + "\n",
         (
             f"- run {doc.created}; losscheck {env.losscheck} ({env.git_revision}); "
             f"torch {env.torch}, transformers {env.transformers}, {env.threads} threads"
