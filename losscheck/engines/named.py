@@ -26,6 +26,7 @@ from losscheck.engines.registry import ADAPTERS, Adapter, EngineRequest, engine_
 SHIPPED = (
     "losscheck.engines.hf",
     "losscheck.engines.vllm",
+    "losscheck.engines.vllm_server",
     "losscheck.engines.openvino",
     "losscheck.engines.llamacpp",
 )

@@ -418,7 +418,7 @@ class VLLMOptions:
     llm: dict[str, Any] = rest("any other keyword argument of vllm.LLM")
 
 
-def _needs_speculative_config(request: EngineRequest, engine: str) -> None:
+def needs_speculative_config(request: EngineRequest, engine: str) -> None:
     opt = request.prefix
     config = request.speculative_config
     if config is None:
@@ -457,7 +457,7 @@ register(
     "vllm",
     "vllm.LLM with --speculative-config JSON",
     options=VLLMOptions,
-    inputs=_needs_speculative_config,
+    inputs=needs_speculative_config,
     build=_builder(cpu_fixes=False),
     package="vllm",
 )
@@ -465,7 +465,7 @@ register(
     "vllm+cpu-fixes",
     "vllm with losscheck's fixes of vLLM 0.32's CPU sampler (docs/vllm.md)",
     options=VLLMOptions,
-    inputs=_needs_speculative_config,
+    inputs=needs_speculative_config,
     build=_builder(cpu_fixes=True),
     package="vllm",
 )

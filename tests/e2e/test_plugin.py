@@ -205,7 +205,7 @@ def test_a_bad_option_is_one_message(pytester, option, message):
         ({"drafter": "./no_such_dir"}, "--losscheck-drafter='./no_such_dir': no such directory"),
         (
             {"engine": "os"},
-            "--losscheck-engine='os': no shipped adapter of that name (hf, vllm, vllm+cpu-fixes, openvino",
+            "--losscheck-engine='os': no shipped adapter of that name (hf, vllm, vllm+cpu-fixes, vllm-serve, openvino",
         ),
         ({"engine": "os:sep"}, "--losscheck-engine='os:sep' is a str, not a factory(target) -> black-box engine"),
         pytest.param(
