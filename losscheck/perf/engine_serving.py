@@ -19,7 +19,7 @@ from losscheck.core.sampling import SamplingParams
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.stream import Stream
 from losscheck.errors import LosscheckError
-from losscheck.perf.serving import RequestTrace
+from losscheck.perf.serving import RequestTrace, request_problems
 from losscheck.perf.workload import Request
 
 
@@ -85,15 +85,7 @@ def engine_trace_problems(trace: EngineTrace, eos: int | None, k: int) -> list[s
     """What is inconsistent in an engine run (empty when nothing): every request emitted within
     its budget, stopping short only at EOS, and its events add up to its tokens; the engine's
     counters are consistent and their τ lies in [1, k + 1]."""
-    problems = []
-    for i, r in enumerate(trace.requests):
-        n, budget = r.output_tokens, r.request.max_new
-        if not 1 <= n <= budget:
-            problems.append(f"request {i} emitted {n} tokens with a budget of {budget}")
-        elif n < budget and (eos is None or r.tokens[-1] != eos):
-            problems.append(f"request {i} stopped after {n} of {budget} tokens without EOS")
-        if sum(count for _, count in r.events) != n:
-            problems.append(f"request {i}: emission events add up to {sum(c for _, c in r.events)} tokens, it has {n}")
+    problems = request_problems(trace.requests, eos)
     counters = trace.counters
     if counters is not None:
         problems += [f"engine counters: {p}" for p in counters.problems()]

@@ -227,12 +227,11 @@ def cache_bytes(model_owner: Any) -> int | None:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def trace_problems(trace: ServeTrace, k: int, eos: int | None) -> list[str]:
-    """What is inconsistent in a run's accounting (empty when nothing): every request finished
-    within its budget, stopping short only at EOS; its emission events add up to its tokens; τ
-    lies in [1, k + 1]; the drafter and target times fit inside the rounds."""
+def request_problems(requests: Sequence[RequestTrace], eos: int | None) -> list[str]:
+    """What is inconsistent in the requests of a run: a request that emitted nothing or more than its
+    budget, stopped short without EOS, or whose emission events do not add up to its tokens."""
     problems = []
-    for i, r in enumerate(trace.requests):
+    for i, r in enumerate(requests):
         n, budget = r.output_tokens, r.request.max_new
         if not 1 <= n <= budget:
             problems.append(f"request {i} emitted {n} tokens with a budget of {budget}")
@@ -240,6 +239,14 @@ def trace_problems(trace: ServeTrace, k: int, eos: int | None) -> list[str]:
             problems.append(f"request {i} stopped after {n} of {budget} tokens without EOS")
         if sum(count for _, count in r.events) != n:
             problems.append(f"request {i}: emission events add up to {sum(c for _, c in r.events)} tokens, it has {n}")
+    return problems
+
+
+def trace_problems(trace: ServeTrace, k: int, eos: int | None) -> list[str]:
+    """What is inconsistent in a run's accounting (empty when nothing): every request finished
+    within its budget, stopping short only at EOS; its emission events add up to its tokens; τ
+    lies in [1, k + 1]; the drafter and target times fit inside the rounds."""
+    problems = request_problems(trace.requests, eos)
     tau = trace.stats.acceptance_length
     if not 1 <= tau <= k + 1:
         problems.append(f"acceptance length {tau:.3f} outside [1, {k + 1}]")
