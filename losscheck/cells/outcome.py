@@ -129,6 +129,7 @@ class CellOutcome:
             problems=tuple(self.problems),
             serving=serving_record(c.serving),
             serving_facts=self.serving_facts,
+            engine_axes=dict(c.variant),
             sample=self.facts,
         )
 

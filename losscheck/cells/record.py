@@ -272,6 +272,8 @@ class CellRecord(JsonRecord):
     problems: tuple[str, ...] = ()
     serving: dict[str, int | str] = field(default_factory=dict)  # serving axis -> its value
     serving_facts: dict[str, dict[str, Scalar]] = field(default_factory=dict)  # axis -> what it measured
+    # a black-box engine variant's axis values other than the engine's as named (`EngineAxis`)
+    engine_axes: dict[str, int | str] = field(default_factory=dict)
     sample: SampleFacts = field(default_factory=SampleFacts, metadata=FLAT)
 
     @property

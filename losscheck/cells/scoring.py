@@ -352,7 +352,11 @@ def measure_power(
 
 
 def _quantiles(u: torch.Tensor, n: int = 99) -> list[float]:
-    """The empirical quantiles of `u` at probabilities 1/(n+1) .. n/(n+1): a QQ plot in the record."""
+    """The empirical quantiles of `u` at probabilities 1/(n+1) .. n/(n+1): a QQ plot in the record.
+    A token of probability 0 under the target has no PIT value (NaN; `pit.support` fails on it):
+    the quantiles are those of the others."""
     import numpy as np
 
-    return np.quantile(u.double().numpy(), np.arange(1, n + 1) / (n + 1)).tolist()
+    values = u.double().numpy()
+    values = values[np.isfinite(values)]
+    return np.quantile(values, np.arange(1, n + 1) / (n + 1)).tolist() if values.size else []

@@ -14,6 +14,12 @@ at import and imports its engine library only inside `build`, so the registry (o
 
 Each bad value is one `OptionError` naming the option, the value and what is accepted, before any
 model loads. `build(target, request, options)` gets the parsed options record.
+
+An adapter also declares its *axes* (`EngineAxis`): the engine's own knobs that must not change what
+it emits (block length, dtype, prefix caching, chunked prefill, the speculative method). Each value
+of an axis is a *variant* of the engine, built by the same `build` from the request the axis
+derives (`EngineAxis.vary`); the matrix gives every variant cells of its own, one change from the
+engine as named (`losscheck.plan.matrix.engine_cells`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,23 @@ class EngineRequest:
 
 
 Inputs = Callable[[EngineRequest, str], None]  # checks the model options of engine NAME; raises OptionError
+AxisValue = int | str
+
+
+@dataclass(frozen=True)
+class EngineAxis:
+    """One knob of an engine that must not change what it emits.
+
+    Two names carry the contract's meaning (`BlackBoxEngine`): `k`, whose values are block lengths
+    (the variant's cells run at that k), and `dtype`, whose values are precisions ("bf16"; a
+    one-sample variant is scored in it). A value the engine as named already has is no variant.
+    """
+
+    name: str  # its key in a cell's variant and in `--losscheck-scope=-NAME`
+    values: tuple[AxisValue, ...]  # one variant each, one change from the engine as named
+    # the request of the engine at `value`, or None when the request already has it
+    vary: Callable[[EngineRequest, AxisValue], EngineRequest | None]
+    doc: str  # one line: what the variant changes and what its cells check
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,19 @@ class Adapter:
     inputs: Inputs
     make: Callable[[Target, EngineRequest, Any], BlackBoxEngine]
     package: str | None = None  # the engine library's import name (None: the adapter's own module)
+    axes: tuple[EngineAxis, ...] = ()  # the knobs its engine certificate varies, one at a time
+
+    def variants(self, request: EngineRequest) -> list[tuple[str, AxisValue, EngineRequest]]:
+        """(axis, value, the variant's request) of every declared axis value `request` does not
+        already have, each request checked as the command line's is."""
+        found = []
+        for axis in self.axes:
+            for value in axis.values:
+                varied = axis.vary(request, value)
+                if varied is not None:
+                    self.parse(varied)
+                    found.append((axis.name, value, varied))
+        return found
 
     def parse(self, request: EngineRequest) -> Any:
         """The options record of `request`, its model options checked first."""
@@ -90,10 +126,12 @@ def register(
     inputs: Inputs,
     build: Callable[[Target, EngineRequest, Options], BlackBoxEngine],
     package: str | None = None,
+    axes: tuple[EngineAxis, ...] = (),
 ) -> Adapter:
     """Add the adapter `name`; its options' annotations are checked here, so a field of a type the
     parser cannot read fails at import, not on a user's command line. `package` is the import name
-    of the engine library it drives, whose installed version the certificate pins."""
+    of the engine library it drives, whose installed version the certificate pins; `axes` the
+    knobs its certificate varies (`EngineAxis`)."""
     if name in ADAPTERS:
         raise LosscheckError(f"an engine adapter named {name!r} is already registered; give yours another name")
     if not (dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen):  # type: ignore[attr-defined]
@@ -105,7 +143,10 @@ def register(
     for f in fields.values():
         if not f.metadata.get("rest"):
             _accepted(hints[f.name], f.metadata, f"engine adapter {name!r}: {options.__name__}.{f.name}")
-    adapter = Adapter(name, summary, options, inputs, build, package)
+    names = [a.name for a in axes]
+    if len(set(names)) < len(names):
+        raise LosscheckError(f"engine adapter {name!r}: axes {names} repeat a name")
+    adapter = Adapter(name, summary, options, inputs, build, package, axes)
     ADAPTERS[name] = adapter
     return adapter
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from losscheck.engines import EngineOutputError
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineRequest, option, register, rest
+from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, option, register, rest
 from losscheck.engines.stream import Emission
 from losscheck.errors import OptionError
 
@@ -92,7 +92,9 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
 class VLLMEngine:
     """`make_llm(speculative_config)` builds a `vllm.LLM` (None: speculation off); each side is built
     on first use, under `policy` (`KEEP_ALL`: both kept; `ONE_AT_A_TIME`: the other side released
-    first, for one GPU). `sampling_params` is `vllm.SamplingParams` (replaceable in tests)."""
+    first, for one GPU). `sampling_params` is `vllm.SamplingParams` (replaceable in tests).
+    `warm_prefix`: every distinct prompt of a call is served once (one greedy token) before the
+    call, so that the call's requests find their prompts in vLLM's prefix cache."""
 
     def __init__(
         self,
@@ -103,8 +105,10 @@ class VLLMEngine:
         name: str = "vllm",
         sampling_params: Callable[..., Any] | None = None,
         policy: Policy = Policy.KEEP_ALL,
+        warm_prefix: bool = False,
     ) -> None:
         self.make_llm, self.speculative_config, self.eos, self.precision = make_llm, speculative_config, eos, precision
+        self.warm_prefix = warm_prefix
         self.k = int(speculative_config["num_speculative_tokens"])
         self.name = f"{name}({speculative_config.get('method', 'draft')}, k={self.k})"
         self._sampling_params = sampling_params
@@ -135,8 +139,19 @@ class VLLMEngine:
         ]
         fresh = request.speculative not in self.llms.alive()
         llm = self.llms.get(request.speculative)
+        if self.warm_prefix:
+            from losscheck.core.sampling import GREEDY
+
+            distinct = list(dict.fromkeys(request.prompts))
+            warm = self._sampling_params(**sampling_kwargs(GREEDY, 0, 1))
+            llm.generate([{"prompt_token_ids": list(p)} for p in distinct], [warm] * len(distinct), use_tqdm=False)
         before = read_counters(llm) if request.speculative else None
-        outputs = llm.generate(requests, sampling, use_tqdm=False)
+        try:
+            outputs = llm.generate(requests, sampling, use_tqdm=False)
+        except Exception:
+            # a failed LLM keeps the call's requests and spins on the next one: never reused
+            self.llms.discard(request.speculative)
+            raise
         if request.speculative:
             self._count(before, read_counters(llm), fresh)
         return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
@@ -259,20 +274,22 @@ def vllm_engine(
     precision: str | None = "bf16",
     cpu_fixes: bool = False,
     policy: Policy = Policy.KEEP_ALL,
+    warm_prefix: bool = False,
     **llm_kwargs: Any,
 ) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(model, dtype=precision, **llm_kwargs)`; `precision` None: run in
     vLLM's default dtype and certify two-sample (losscheck does not load the target). `cpu_fixes`:
     with `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler
-    functions (`CPUEngineFactory`). `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM."""
+    functions (`CPUEngineFactory`; an argument of `llm_kwargs` overrides what they set).
+    `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM. `warm_prefix`: see `VLLMEngine`."""
 
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
 
         dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
-        return LLM(model=model, speculative_config=spec, **dtype, **_cpu_setup(cpu_fixes), **llm_kwargs)
+        return LLM(model=model, speculative_config=spec, **dtype, **{**_cpu_setup(cpu_fixes), **llm_kwargs})
 
-    return VLLMEngine(make_llm, speculative_config, eos, precision, policy=policy)
+    return VLLMEngine(make_llm, speculative_config, eos, precision, policy=policy, warm_prefix=warm_prefix)
 
 
 def _cpu_setup(cpu_fixes: bool) -> dict[str, Any]:
@@ -415,6 +432,9 @@ class VLLMOptions:
         choices=tuple(PRECISION_OF),
         help="the precision losscheck scores the samples in; default: the run's base precision",
     )
+    losscheck_warm_prefix: bool = option(
+        False, help="every distinct prompt of a call served once before it, so its requests hit the prefix cache"
+    )
     llm: dict[str, Any] = rest("any other keyword argument of vllm.LLM")
 
 
@@ -433,25 +453,81 @@ def needs_speculative_config(request: EngineRequest, engine: str) -> None:
         raise OptionError(f"{opt}assistant is Hugging Face's; {opt}engine={engine} takes {opt}speculative-config")
 
 
+def run_precision(target: Target, dtype: str | None) -> str:
+    """losscheck's precision of an engine's `--engine-arg dtype=...` (either name), else the
+    precision losscheck loaded the target in (the run's base precision)."""
+    from losscheck.engines.hf import dtype_precision
+
+    if dtype is not None:
+        return PRECISION_OF[dtype]
+    return dtype_precision(next(target.model.parameters()).dtype)  # type: ignore[attr-defined]
+
+
 def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], VLLMEngine]:
     def build(target: Target, request: EngineRequest, options: VLLMOptions) -> VLLMEngine:
-        from losscheck.engines.hf import dtype_precision
-
         assert request.speculative_config is not None
-        precision = (
-            PRECISION_OF[options.dtype]
-            if options.dtype is not None
-            else dtype_precision(next(target.model.parameters()).dtype)  # type: ignore[attr-defined]
-        )
+        precision = run_precision(target, options.dtype)
         eos = target.eos_id if target.eos_id is not None else 0
         config, policy = request.speculative_config, options.losscheck_instances
-        engine = vllm_engine(request.target, config, eos, precision, cpu_fixes, policy, **options.llm)
+        warm = options.losscheck_warm_prefix
+        engine = vllm_engine(request.target, config, eos, precision, cpu_fixes, policy, warm, **options.llm)
         if cpu_fixes:
             engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
         return engine
 
     return build
 
+
+# --- the axes of a vLLM certificate: each value one variant of the engine as named ---------------------
+NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # drafts from the context itself
+CHUNK_TOKENS = 16  # a step's token budget under chunked prefill: below most prompts, a few decodes
+
+
+def _with_args(request: EngineRequest, **args: Any) -> EngineRequest | None:
+    varied = {**request.args, **args}
+    return None if varied == request.args else replace(request, args=varied)
+
+
+def _vary_k(request: EngineRequest, k: AxisValue) -> EngineRequest | None:
+    config = request.speculative_config or {}
+    varied = {**config, "num_speculative_tokens": k}
+    return None if varied == config else replace(request, speculative_config=varied)
+
+
+def _vary_method(request: EngineRequest, method: AxisValue) -> EngineRequest | None:
+    config = request.speculative_config or {}
+    if config.get("method") == method:
+        return None
+    assert method == "ngram", method
+    return replace(request, speculative_config={**NGRAM, "num_speculative_tokens": config["num_speculative_tokens"]})
+
+
+VLLM_AXES = (
+    EngineAxis("k", (2,), _vary_k, "num_speculative_tokens 2: another block length, the bonus slot earlier"),
+    EngineAxis(
+        "dtype",
+        ("bf16",),
+        lambda request, dtype: _with_args(request, dtype=dtype),
+        "the LLM in bf16 (draft model too), scored by losscheck's copy of the target in bf16",
+    ),
+    EngineAxis(
+        "prefix",
+        ("warm",),
+        lambda request, _: _with_args(request, enable_prefix_caching=True, losscheck_warm_prefix=True),
+        "prefix caching on and warm: every prompt served once before each call, whose requests then "
+        "start from cached KV blocks (target and draft model)",
+    ),
+    EngineAxis(
+        "chunked_prefill",
+        ("on",),
+        lambda request, _: _with_args(
+            request, enable_chunked_prefill=True, max_num_batched_tokens=CHUNK_TOKENS, max_num_seqs=CHUNK_TOKENS
+        ),
+        f"chunked prefill with a {CHUNK_TOKENS}-token step budget: prompts prefilled in chunks beside "
+        "decoding requests, speculative steps cut to the budget",
+    ),
+    EngineAxis("method", ("ngram",), _vary_method, "n-gram speculation (prompt lookup 1-3): no draft model"),
+)
 
 register(
     "vllm",
@@ -460,6 +536,7 @@ register(
     inputs=needs_speculative_config,
     build=_builder(cpu_fixes=False),
     package="vllm",
+    axes=VLLM_AXES,
 )
 register(
     "vllm+cpu-fixes",
@@ -468,4 +545,5 @@ register(
     inputs=needs_speculative_config,
     build=_builder(cpu_fixes=True),
     package="vllm",
+    axes=VLLM_AXES,
 )

@@ -42,7 +42,14 @@ from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, option, register, rest
 from losscheck.engines.stream import Emission
-from losscheck.engines.vllm import PRECISION_OF, VLLM_DTYPE, needs_speculative_config, sampling_kwargs, to_tensor
+from losscheck.engines.vllm import (
+    PRECISION_OF,
+    VLLM_DTYPE,
+    needs_speculative_config,
+    run_precision,
+    sampling_kwargs,
+    to_tensor,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -325,14 +332,8 @@ def _server_args(options: dict[str, Any]) -> list[str]:
 
 
 def _build(target: Target, request: EngineRequest, options: ServeOptions) -> VLLMServerEngine:
-    from losscheck.engines.hf import dtype_precision
-
     assert request.speculative_config is not None
-    precision = (
-        PRECISION_OF[options.dtype]
-        if options.dtype is not None
-        else dtype_precision(next(target.model.parameters()).dtype)  # type: ignore[attr-defined]
-    )
+    precision = run_precision(target, options.dtype)
     args = ["--dtype", VLLM_DTYPE[precision], *_server_args(options.server)]
     if options.cpu_fixes:  # a seeded request after a partial prefill chunk crashes the CPU build (vllm.py)
         args.append("--no-enable-chunked-prefill")

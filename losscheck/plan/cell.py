@@ -28,6 +28,9 @@ class Cell:
     precision: Precision = field(default_factory=Precision)  # target / drafter dtypes
     stress: str | None = None  # a stress variant of the drafter (`losscheck.drafters.stress`)
     serving: Serving = ()  # serving axis values other than the base cell's (`losscheck.serving.axis.serving`)
+    # a black-box engine's variant: its axis values other than the engine's as named
+    # (`losscheck.engines.registry.EngineAxis`)
+    variant: tuple[tuple[str, int | str], ...] = ()
     slow: bool = field(default=False, compare=False)  # in the slow tier (`losscheck.plan.tiers`)
 
     @property
@@ -43,7 +46,13 @@ class Cell:
             parts.append(self.precision.id())
         if self.stress is not None:
             parts.append(f"stress-{self.stress}")
-        return "-".join(parts + serving_axes.id_suffix(self.serving))
+        return "-".join(parts + serving_axes.id_suffix(self.serving) + self._variant_suffix())
+
+    def _variant_suffix(self) -> list[str]:
+        """The engine axes the id does not already name: `k` is the cell's k, `dtype` its
+        precision when it has one (a two-sample cell's is the engine's own)."""
+        named = {"k"} | ({"dtype"} if self.target != OWN_TARGET else set())
+        return [f"{name.replace('_', '-')}-{value}" for name, value in self.variant if name not in named]
 
     def axis(self, name: str) -> Any:
         """The cell's value of serving axis `name`."""

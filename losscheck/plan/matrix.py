@@ -92,13 +92,15 @@ def plan(
     engine: BlackBoxEngine | None,
     precisions: tuple[Precision, ...] = (Precision(),),
     precision_drafters: frozenset[str] = frozenset(),
+    engine_variants: Sequence[tuple[str, int | str]] = (),
 ) -> dict[str, list[Cell]]:
     """The cells of every certification test argument.
 
     drafters: target ("main", and "small" when exact mode is on) -> drafter name -> drafter.
     bundled: the bundled set the drafters are (`losscheck.plan.bundled_sets`: its families get the
         cells of `FAMILY_SAMPLING` and it keeps those of its selection), or None for a user's drafter.
-    engine: the black-box engine certified (`ENGINE_CELL`, `ENGINE_GREEDY_CELL`; `engine_cells`), or None.
+    engine: the black-box engine certified (`ENGINE_CELL`, `ENGINE_GREEDY_CELL`; `engine_cells`), or None,
+        with `engine_variants`, the (axis, value) its adapter varies it along.
     precisions: the base cell's precision first, then one greedy and one sampled cell each for
         the main target's `precision_drafters` (those whose dtype losscheck sets).
     """
@@ -115,7 +117,9 @@ def plan(
         ],
     }
     cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
-    cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = engine_cells(engine) if engine is not None else ([], [])
+    cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = (
+        engine_cells(engine, engine_variants) if engine is not None else ([], [])
+    )
     for name, drafter in drafters["main"].items():
         if name == ORACLE:
             continue  # the target drafting for itself accepts everything: nothing to stress
@@ -223,13 +227,27 @@ def _base_k(drafter: Declares) -> int:
     return BASE_K if BASE_K in drafter.block_lengths else max(drafter.block_lengths)
 
 
-def engine_cells(engine: BlackBoxEngine) -> tuple[list[Cell], list[Cell]]:
+def engine_cells(
+    engine: BlackBoxEngine, variants: Sequence[tuple[str, int | str]] = ()
+) -> tuple[list[Cell], list[Cell]]:
     """(sampled, greedy) cells of a black-box engine at its own block length: every sampling
     variant and one greedy cell, in the engine's precision when losscheck loads its target
-    (one-sample mode), else on the engine's own target (`OWN_TARGET`, two-sample mode)."""
+    (one-sample mode), else on the engine's own target (`OWN_TARGET`, two-sample mode). Then
+    each of its `variants` (axis, value: one knob of its adapter changed, `EngineAxis`) gets a
+    greedy and a T = 1 cell of its own; a `k` variant runs at that k, a `dtype` variant of a
+    one-sample engine is scored in that precision (a value the engine already has is no variant)."""
     if engine.precision is None:
         target, precision = OWN_TARGET, Precision()
     else:
         target, precision = "main", Precision(engine.precision, engine.precision)
     sampled = [Cell(ENGINE, engine.k, params, target=target, precision=precision) for params in SAMPLING_VARIANTS]
-    return sampled, [Cell(ENGINE, engine.k, GREEDY, target=target, precision=precision)]
+    greedy = [Cell(ENGINE, engine.k, GREEDY, target=target, precision=precision)]
+    for name, value in variants:
+        if (name, value) in (("k", engine.k), ("dtype", engine.precision)):
+            continue  # the engine as named
+        k = int(value) if name == "k" else engine.k
+        varied = Precision(str(value), str(value)) if name == "dtype" and target != OWN_TARGET else precision
+        cell = Cell(ENGINE, k, GREEDY, target=target, precision=varied, variant=((name, value),))
+        greedy.append(cell)
+        sampled.append(replace(cell, params=SAMPLING_VARIANTS[0]))
+    return sampled, greedy

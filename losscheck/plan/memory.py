@@ -128,12 +128,27 @@ def memory_lines(cells: Sequence[tuple[Mode, bool]], policy: str | None) -> list
     for n, phase in enumerate(found, 1):
         verb = "scores" if phase.alive == TARGET else "draws"
         lines.append(f"  phase {n}: {phase.alive:<18}  {verb} {phase.line()}")
-    builds = sum(p.alive != TARGET for p in found) - _repeats(found)
+    builds = instance_builds(found)
     lines.append(
         f"  engine instances built: {builds}; scoring phases: {sum(p.alive == TARGET for p in found)} (the reference "
         "target is also loaded before phase 1, to build the adapter, and released before the first instance)"
     )
     return lines
+
+
+def instance_builds(found: Sequence[Phase]) -> int:
+    """Engine instances built over `found` (a phase of the side just drawn builds none)."""
+    return sum(p.alive != TARGET for p in found) - _repeats(found)
+
+
+def variant_line(variant: str, cells: Sequence[tuple[Mode, bool]]) -> str:
+    """One line for the cells of an engine variant (`losscheck.engines.registry.EngineAxis`), drawn
+    after every instance of the variant before it is released."""
+    found = phases(cells)
+    return (
+        f"  then variant {variant}: {len(cells)} cells in {len(found)} phases, {instance_builds(found)} instances "
+        "built (the previous variant's released first)"
+    )
 
 
 def _repeats(found: Sequence[Phase]) -> int:

@@ -11,7 +11,8 @@ Terms, comma-separated:
 - a kind, `KIND`: certify only cells of the kinds named (`KINDS`, or a group of `GROUPS`);
   without one, every kind;
 - an aspect out, `-ASPECT`: leave out every cell that varies along it from the base cell
-  (`ASPECTS`, and each serving axis by its name: `split`, `prefix`, `batching`).
+  (`ASPECTS`, each serving axis by its name: `split`, `prefix`, `batching`, and each axis of the
+  named black-box engine's adapter: vLLM's `k`, `dtype`, `prefix`, `chunked_prefill`, `method`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ ASPECTS: dict[str, tuple[str, Callable[[Cell, Precision], bool]]] = {
     "edge": ("the edge sampling parameters (T=0.001, T=5, top-p 0.05)", _edge),
     "oracle": ("the self-draft oracle's cells", _oracle),
     "slow": ("the slow tier", lambda c, base: c.slow),
+    "engine-axes": ("the black-box engine's variants (one of its axes changed)", lambda c, base: bool(c.variant)),
 }
 WHOLE = "the whole matrix"
 
@@ -79,12 +81,13 @@ class Scope:
     def label(self) -> str:
         return WHOLE if self.whole else f"--scope={self.text}"
 
-    def check(self, serving_axes: Iterable[str]) -> None:
-        """Aspects that are neither `ASPECTS` nor a serving axis are refused."""
-        axes = tuple(serving_axes)
-        unknown = [a for a in self.out if a not in ASPECTS and a not in axes]
+    def check(self, serving_axes: Iterable[str], engine_axes: Iterable[str] = ()) -> None:
+        """Aspects that are neither `ASPECTS`, a serving axis nor an axis of the engine are refused."""
+        axes, engine = tuple(serving_axes), tuple(engine_axes)
+        unknown = [a for a in self.out if a not in ASPECTS and a not in axes and a not in engine]
         if unknown:
             listed = [f"{a} ({what})" for a, (what, _) in ASPECTS.items()] + [f"{a} (a serving axis)" for a in axes]
+            listed += [f"{a} (an axis of the engine)" for a in engine if a not in axes]
             raise OptionError(
                 f"scope: no aspect {unknown[0]!r} to leave out; the aspects are {', '.join(listed)} "
                 "(e.g. -split on one GPU)"
@@ -95,7 +98,11 @@ class Scope:
         if self.kinds and cell.mode not in self.kinds:
             return f"kind {cell.mode} not declared in"
         for aspect in self.out:
-            varies = ASPECTS[aspect][1](cell, base) if aspect in ASPECTS else any(n == aspect for n, _ in cell.serving)
+            varies = (
+                ASPECTS[aspect][1](cell, base)
+                if aspect in ASPECTS
+                else any(n == aspect for n, _ in (*cell.serving, *cell.variant))
+            )
             if varies:
                 return f"-{aspect} declared out"
         return None

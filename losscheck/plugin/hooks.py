@@ -157,9 +157,10 @@ class PlanErrorRelay:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Certification tests run costliest cell first (`losscheck.plan.cost`), so that under xdist
-    no worker is left with a long cell while the others sit idle; other tests keep their order
-    after them. Sorting is deterministic, so every xdist worker collects the same order. With
-    `--losscheck-shard`, the cells of the other shards are deselected (`losscheck.plan.shard`)."""
+    no worker is left with a long cell while the others sit idle, the cells of each black-box
+    engine variant together; other tests keep their order after them. Sorting is deterministic,
+    so every xdist worker collects the same order. With `--losscheck-shard`, the cells of the
+    other shards are deselected (`losscheck.plan.shard`)."""
     from losscheck.plan.cell import Cell
     from losscheck.plan.cost import estimated_seconds
 
@@ -173,6 +174,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=[i for i, c in costs if c is not None and c.id in others])
         costs = [(i, c) for i, c in costs if c is None or c.id not in others]
     costly = sorted(((i, c) for i, c in costs if c is not None), key=lambda pair: -estimated_seconds(pair[1]))
+    # the cells of one engine variant run together: it is built once and released before the next
+    variants: dict[tuple[tuple[str, int | str], ...], int] = {}
+    for _, cell in costly:
+        variants.setdefault(cell.variant, len(variants))
+    costly.sort(key=lambda pair: variants[pair[1].variant])
     items[:] = [i for i, _ in costly] + [i for i, c in costs if c is None]
 
 

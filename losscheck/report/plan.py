@@ -14,6 +14,7 @@ from losscheck.plan.entry import MatrixEntry
 from losscheck.run.options import Options
 
 if TYPE_CHECKING:
+    from losscheck.plan.cell import Cell
     from losscheck.run.session import Session
 
 
@@ -70,14 +71,25 @@ def memory_plan(session: Session, in_scope: set[str]) -> list[str]:
     the engine's instance policy; nothing without an engine."""
     from losscheck.engines.pool import instances_of
     from losscheck.plan.cell import ENGINE
-    from losscheck.plan.memory import memory_lines
+    from losscheck.plan.memory import memory_lines, variant_line
 
     cells = [c for found in session.plan.values() for c in found if c.drafter == ENGINE and c.id in in_scope]
     if not cells:
         return []
     instances = instances_of(session.blackbox)
+    policy = None if instances is None else instances.policy.value
+    # the cells of each engine variant run together, one variant alive at a time (`Session.engine_for`)
+    groups: dict[tuple[tuple[str, int | str], ...], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.variant, []).append(c)
     # the engine cells read the reference target (greedy margins too, where on and off diverge)
-    return memory_lines([(c.mode, True) for c in cells], None if instances is None else instances.policy.value)
+    first = next(iter(groups.values()))
+    lines = memory_lines([(c.mode, True) for c in first], policy)
+    if policy == "one-at-a-time":
+        for variant, found in list(groups.items())[1:]:
+            named = ", ".join(f"{name}={value}" for name, value in variant)
+            lines.append(variant_line(named, [(c.mode, True) for c in found]))
+    return lines
 
 
 def estimate_line(cell_seconds: float, workers: int) -> str:

@@ -103,13 +103,14 @@ class CellContext:
 
     def engine_batch(self) -> tuple[Cell, ...]:
         """The engine cells drawn side by side with this one (`losscheck.cells.engine_phases`): every
-        engine cell this process runs when the engine keeps one instance alive at a time (each
-        side is then built as few times as the cells allow), else this cell alone."""
+        engine cell of this cell's engine variant this process runs when the engine keeps one
+        instance alive at a time (each side is then built as few times as the cells allow), else
+        this cell alone."""
         from losscheck.engines.pool import one_at_a_time
 
         cells = self._session.engine_cells
         if one_at_a_time(self.engine) and self.cell in cells:
-            return cells
+            return tuple(c for c in cells if c.variant == self.cell.variant)  # one engine variant at a time
         return (self.cell,)
 
     def of_cell(self, cell: Cell) -> CellContext:
@@ -131,8 +132,9 @@ class CellContext:
 
     @property
     def engine(self) -> BlackBoxEngine | None:
-        """The run's black-box engine (`--losscheck-engine`), or None."""
-        return self._session.blackbox
+        """The cell's black-box engine (`--losscheck-engine`, or the variant of it the cell names:
+        `Session.engine_for`), or None."""
+        return self._session.engine_for(self.cell)
 
     def memo(self, key: Any, make: Callable[[], T]) -> T:
         """`make()`, computed once per key for the whole run (what cells share)."""

@@ -216,9 +216,11 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
             "for a Hugging Face causal-LM drafter directory"
         )
     if not options.scope.whole:  # its aspects include the serving axes: a registry, known once it loads
+        from losscheck.engines.named import ADAPTERS
         from losscheck.plan.scope import serving_axis_names
 
-        options.scope.check(serving_axis_names())
+        adapter = ADAPTERS.get(options.engine) if options.engine is not None else None
+        options.scope.check(serving_axis_names(), [a.name for a in adapter.axes] if adapter is not None else ())
     if options.engine is not None:
         check_engine_options(options, prefix)
     if options.out is not None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from losscheck.core.precision import Precision
     from losscheck.core.target import HFTarget
     from losscheck.engines import BlackBoxEngine
+    from losscheck.engines.registry import EngineRequest
     from losscheck.plan.cell import Cell
     from losscheck.plan.matrix import Declares
     from losscheck.run.plant import Plant
@@ -39,6 +40,7 @@ class Session:
         # the black-box engine cells this process runs, in run order (set by the plugin once its
         # collection is final; empty under xdist, whose workers do not know their share)
         self.engine_cells: tuple[Cell, ...] = ()
+        self._variant: tuple[tuple[tuple[str, int | str], ...], BlackBoxEngine] | None = None  # the one built
 
     def derive(self, **changes: Any) -> Session:
         """A session with some options changed (seed, alpha, mutant…) that shares this one's
@@ -138,7 +140,8 @@ class Session:
                 precision_drafters = frozenset({"A"})  # the bundled families share A's model code paths
             else:
                 precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
-        full = matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters)
+        variants = list(self.engine_variants)
+        full = matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters, variants)
         return self.options.scope.split(full, self.base_precision)
 
     def _planned_drafters(self, target: str) -> Mapping[str, Declares]:
@@ -217,6 +220,68 @@ class Session:
         else:
             engine = load_object(name, flag("engine"))(self.targets["main"])
         return check_engine(engine, f"{flag('engine')}={name!r}")
+
+    @cached_property
+    def engine_variants(self) -> dict[tuple[str, int | str], EngineRequest]:
+        """(axis, value) -> the request of each variant of the named engine, along the axes its
+        adapter declares (`losscheck.engines.registry.EngineAxis`); none for a factory's engine."""
+        from losscheck.engines.named import ADAPTERS
+        from losscheck.run.loading import engine_request
+
+        adapter = ADAPTERS.get(self.options.engine) if self.options.engine is not None else None
+        if adapter is None:
+            return {}
+        return {(name, value): varied for name, value, varied in adapter.variants(engine_request(self.options))}
+
+    def engine_for(self, cell: Cell) -> BlackBoxEngine | None:
+        """The black-box engine of `cell`: the engine as named, or the variant the cell names, built
+        on first use. One variant lives at a time: before one is built, the previous one and the
+        named engine's instances are released (`losscheck.engines.pool`), and a cell of the named
+        engine releases the variant."""
+        from losscheck.engines.pool import free_memory, instances_of
+
+        if not cell.variant or self.blackbox is None:
+            if self._variant is not None:
+                self._release_variant()
+            return self.blackbox
+        if self._variant is None or self._variant[0] != cell.variant:
+            self._release_variant()
+            named = instances_of(self.blackbox)
+            if named is not None:
+                named.close()
+            free_memory()
+            self._variant = (cell.variant, self._build_variant(cell))
+        return self._variant[1]
+
+    def _build_variant(self, cell: Cell) -> BlackBoxEngine:
+        from losscheck.engines import check_engine
+        from losscheck.engines.named import ADAPTERS
+        from losscheck.errors import LosscheckError
+        from losscheck.plan.cell import OWN_TARGET
+
+        assert self.options.engine is not None
+        (pair,) = cell.variant  # one variable per cell
+        where = f"{flag('engine')}={self.options.engine!r} at {pair[0]}={pair[1]!r}"
+        built = ADAPTERS[self.options.engine].build(self.targets["main"], self.engine_variants[pair])
+        engine = check_engine(built, where)
+        precision = None if cell.target == OWN_TARGET else cell.precision.target
+        if engine.k != cell.k or engine.precision != precision:
+            raise LosscheckError(
+                f"{where} built an engine of k={engine.k}, precision={engine.precision!r}; its cells were "
+                f"planned at k={cell.k}, precision={precision!r} (the axis's vary() and build() disagree)"
+            )
+        return engine
+
+    def _release_variant(self) -> None:
+        from losscheck.engines.pool import free_memory, instances_of
+
+        if self._variant is None:
+            return
+        instances = instances_of(self._variant[1])
+        if instances is not None:
+            instances.close()
+        self._variant = None
+        free_memory()
 
     @cached_property
     def engine_pins(self) -> dict[str, object]:

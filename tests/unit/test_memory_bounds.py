@@ -61,3 +61,14 @@ def test_engine_batches_fit_the_budget():
     assert engine_batch_rows(4, 131072, 2 << 30, 4096) == 58
     assert engine_batch_rows(16, 131072, 1 << 20, 4096) == 1
     assert engine_batch_rows(4, 64, 2 << 30, 4096) == 4096  # the bundled target: the profile's batch
+
+
+def test_the_pit_quantiles_leave_out_tokens_of_probability_zero():
+    """A sampled token the target gives probability 0 has no PIT value (NaN, failed by
+    pit.support): the record's QQ quantiles are those of the others, never NaN (null breaks the
+    certificate's schema)."""
+    from losscheck.cells.scoring import _quantiles
+
+    found = _quantiles(torch.tensor([0.1, float("nan"), 0.5, 0.9]))
+    assert len(found) == 99 and all(q == q for q in found)
+    assert _quantiles(torch.tensor([float("nan")])) == []

@@ -175,3 +175,33 @@ def test_counters_that_cannot_be_read_for_a_call_are_never_reported_partially():
     engine.generate(request([[0]], 2, GREEDY, 0, 2, False))
     engine.generate(request([[0]], 2, GREEDY, 0, 2, True))
     assert engine.counters() is None
+
+
+def test_an_llm_whose_call_failed_is_never_reused():
+    """vLLM's LLM keeps a failed call's requests and spins on the next call: the next request
+    builds a fresh one."""
+
+    class Failing(FakeLLM):
+        def generate(self, prompts, sampling_params, use_tqdm=True):
+            raise RuntimeError("CPU Generator does not use offset")
+
+    built: list[FakeLLM] = []
+
+    def make(spec):
+        built.append(Failing([]) if not built else FakeLLM([[2, 2]]))
+        return built[-1]
+
+    engine = VLLMEngine(make, SPEC, EOS, None, sampling_params=dict)
+    with pytest.raises(RuntimeError, match="does not use offset"):
+        engine.generate(request([[0]], 1, SamplingParams(), 0, 2, True))
+    assert engine.llms.alive() == ()
+    assert engine.generate(request([[0]], 1, GREEDY, 0, 2, True)).tolist() == [[[2, 2]]] and len(built) == 2
+
+
+def test_a_warm_prefix_serves_every_distinct_prompt_once_before_the_call():
+    llm = FakeLLM([[2, 2], [3, 3]])
+    engine = VLLMEngine(lambda spec: llm, SPEC, EOS, None, sampling_params=dict, warm_prefix=True)
+    engine.generate(request([[0, 3], [0, 4]], 1, SamplingParams(), 7, 2, True))
+    (warm, params, _), (asked, _, _) = llm.calls
+    assert warm == [{"prompt_token_ids": [0, 3]}, {"prompt_token_ids": [0, 4]}] and len(asked) == 2
+    assert all(p["max_tokens"] == 1 and p["temperature"] == 0 and p["seed"] is None for p in params)
