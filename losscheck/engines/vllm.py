@@ -106,9 +106,10 @@ class VLLMEngine:
         sampling_params: Callable[..., Any] | None = None,
         policy: Policy = Policy.KEEP_ALL,
         warm_prefix: bool = False,
+        in_flight: int | None = None,
     ) -> None:
         self.make_llm, self.speculative_config, self.eos, self.precision = make_llm, speculative_config, eos, precision
-        self.warm_prefix = warm_prefix
+        self.warm_prefix, self.in_flight = warm_prefix, in_flight
         self.k = int(speculative_config["num_speculative_tokens"])
         self.name = f"{name}({speculative_config.get('method', 'draft')}, k={self.k})"
         self._sampling_params = sampling_params
@@ -147,7 +148,10 @@ class VLLMEngine:
             llm.generate([{"prompt_token_ids": list(p)} for p in distinct], [warm] * len(distinct), use_tqdm=False)
         before = read_counters(llm) if request.speculative else None
         try:
-            outputs = llm.generate(requests, sampling, use_tqdm=False)
+            if self.in_flight is None:
+                outputs = llm.generate(requests, sampling, use_tqdm=False)
+            else:
+                outputs = staggered(llm, requests, sampling, self.in_flight)
         except Exception:
             # a failed LLM keeps the call's requests and spins on the next one: never reused
             self.llms.discard(request.speculative)
@@ -161,10 +165,15 @@ class VLLMEngine:
         perf run's k sweep. Its LLMs are built on first use, as this engine's are."""
         config = {**self.speculative_config, "num_speculative_tokens": k}
         name = self.name.partition("(")[0]
-        engine = VLLMEngine(
-            self.make_llm, config, self.eos, self.precision, name, self._sampling_params, self.llms.policy
+        policy = self.llms.policy
+        return VLLMEngine(
+            self.make_llm, config, self.eos, self.precision, name, self._sampling_params, policy, *self._serving
         )
-        return engine
+
+    @property
+    def _serving(self) -> tuple[bool, int | None]:
+        """How this engine serves a call (`warm_prefix`, `in_flight`), which a variant keeps."""
+        return self.warm_prefix, self.in_flight
 
     def stream(self, speculative: bool) -> VLLMStream:
         """The engine timed token by token (`losscheck.engines.stream`)."""
@@ -243,6 +252,29 @@ class VLLMStream:
         return after.since(self._before)
 
 
+def staggered(llm: Any, requests: Sequence[dict[str, Any]], sampling: Sequence[Any], in_flight: int) -> list[Any]:
+    """The requests' final `RequestOutput`s (in order), served as a client keeping `in_flight` in
+    flight would have them: each added to the LLM's engine (`LLMEngine.add_request`) when an
+    earlier one finishes, the engine stepped in between, so steps mix newly prefilled requests with
+    drafting ones (a server's batches) instead of one batch of every row."""
+    from collections import deque
+
+    engine, tag = llm.llm_engine, next(_streams)
+    final: list[Any] = [None] * len(requests)
+    waiting, running, index = deque(range(len(requests))), 0, {}
+    while waiting or running:
+        while waiting and running < in_flight:
+            i = waiting.popleft()
+            index[f"staggered{tag}-{i}"] = i
+            engine.add_request(f"staggered{tag}-{i}", requests[i], sampling[i])
+            running += 1
+        for out in engine.step():
+            if out.finished:
+                final[index[out.request_id]] = out
+                running -= 1
+    return final
+
+
 def read_counters(llm: Any) -> EngineCounters | None:
     """A speculative `vllm.LLM`'s spec-decode counters, or None (stats logging off)."""
     try:
@@ -275,13 +307,15 @@ def vllm_engine(
     cpu_fixes: bool = False,
     policy: Policy = Policy.KEEP_ALL,
     warm_prefix: bool = False,
+    in_flight: int | None = None,
     **llm_kwargs: Any,
 ) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(model, dtype=precision, **llm_kwargs)`; `precision` None: run in
     vLLM's default dtype and certify two-sample (losscheck does not load the target). `cpu_fixes`:
     with `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler
     functions (`CPUEngineFactory`; an argument of `llm_kwargs` overrides what they set).
-    `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM. `warm_prefix`: see `VLLMEngine`."""
+    `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM. `warm_prefix`, `in_flight`: see
+    `VLLMEngine`."""
 
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
@@ -289,7 +323,9 @@ def vllm_engine(
         dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
         return LLM(model=model, speculative_config=spec, **dtype, **{**_cpu_setup(cpu_fixes), **llm_kwargs})
 
-    return VLLMEngine(make_llm, speculative_config, eos, precision, policy=policy, warm_prefix=warm_prefix)
+    return VLLMEngine(
+        make_llm, speculative_config, eos, precision, policy=policy, warm_prefix=warm_prefix, in_flight=in_flight
+    )
 
 
 def _cpu_setup(cpu_fixes: bool) -> dict[str, Any]:
@@ -435,6 +471,12 @@ class VLLMOptions:
     losscheck_warm_prefix: bool = option(
         False, help="every distinct prompt of a call served once before it, so its requests hit the prefix cache"
     )
+    losscheck_in_flight: int | None = option(
+        None,
+        minimum=1,
+        help="rows kept in flight, each added as an earlier one finishes (a server's mixed batches); "
+        "default: every row of a call added at once",
+    )
     llm: dict[str, Any] = rest("any other keyword argument of vllm.LLM")
 
 
@@ -469,8 +511,8 @@ def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], 
         precision = run_precision(target, options.dtype)
         eos = target.eos_id if target.eos_id is not None else 0
         config, policy = request.speculative_config, options.losscheck_instances
-        warm = options.losscheck_warm_prefix
-        engine = vllm_engine(request.target, config, eos, precision, cpu_fixes, policy, warm, **options.llm)
+        warm, in_flight = options.losscheck_warm_prefix, options.losscheck_in_flight
+        engine = vllm_engine(request.target, config, eos, precision, cpu_fixes, policy, warm, in_flight, **options.llm)
         if cpu_fixes:
             engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
         return engine
@@ -502,6 +544,8 @@ def _vary_method(request: EngineRequest, method: AxisValue) -> EngineRequest | N
     return replace(request, speculative_config={**NGRAM, "num_speculative_tokens": config["num_speculative_tokens"]})
 
 
+STAGGERED_IN_FLIGHT = 16  # the arrivals axis: rows in flight, as a client with a concurrency limit
+
 VLLM_AXES = (
     EngineAxis("k", (2,), _vary_k, "num_speculative_tokens 2: another block length, the bonus slot earlier"),
     EngineAxis(
@@ -527,6 +571,13 @@ VLLM_AXES = (
         "decoding requests, speculative steps cut to the budget",
     ),
     EngineAxis("method", ("ngram",), _vary_method, "n-gram speculation (prompt lookup 1-3): no draft model"),
+    EngineAxis(
+        "arrivals",
+        ("staggered",),
+        lambda request, _: _with_args(request, losscheck_in_flight=STAGGERED_IN_FLIGHT),
+        f"rows arriving while others decode: {STAGGERED_IN_FLIGHT} in flight, each added as one finishes, so "
+        "steps mix new prefills with drafting requests (a server's batches)",
+    ),
 )
 
 register(

@@ -116,7 +116,9 @@ def test_the_vllm_adapter_declares_its_axes_as_variants_of_the_request():
         ("prefix", "warm"),
         ("chunked_prefill", "on"),
         ("method", "ngram"),
+        ("arrivals", "staggered"),
     ]
+    assert found["arrivals", "staggered"].args == {"max_model_len": 256, "losscheck_in_flight": 16}
     assert found["k", 2].speculative_config == {**spec, "num_speculative_tokens": 2}
     assert found["dtype", "bf16"].args == {"max_model_len": 256, "dtype": "bf16"}
     assert found["prefix", "warm"].args == {

@@ -153,14 +153,15 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
             {"speculative_config": CONFIG},
             ("max_model_len=4096", "dtype=bfloat16", "losscheck_instances=one-at-a-time", "enforce_eager=true"),
             "VLLMOptions(losscheck_instances=<Policy.ONE_AT_A_TIME: 'one-at-a-time'>, dtype='bfloat16', "
-            "losscheck_warm_prefix=False, llm={'max_model_len': 4096, 'enforce_eager': True})",
+            "losscheck_warm_prefix=False, losscheck_in_flight=None, "
+            "llm={'max_model_len': 4096, 'enforce_eager': True})",
         ),
         (
             "vllm+cpu-fixes",
             {"speculative_config": CONFIG},
             ("dtype=fp32",),
             "VLLMOptions(losscheck_instances=<Policy.KEEP_ALL: 'keep-all'>, dtype='fp32', losscheck_warm_prefix=False, "
-            "llm={})",
+            "losscheck_in_flight=None, llm={})",
         ),
         (
             "openvino",
@@ -217,7 +218,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
             "vllm",
             "vllm_engine",
             ("dtype=bfloat16", "losscheck_instances=one-at-a-time", "max_model_len=512"),
-            ("t", CONFIG, 2, "bf16", False, Policy.ONE_AT_A_TIME, False),
+            ("t", CONFIG, 2, "bf16", False, Policy.ONE_AT_A_TIME, False, None),
             {"max_model_len": 512},
             "vllm(x)",
         ),
@@ -225,7 +226,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
             "vllm+cpu-fixes",
             "vllm_engine",
             ("dtype=fp32",),
-            ("t", CONFIG, 2, "fp32", True, Policy.KEEP_ALL, False),
+            ("t", CONFIG, 2, "fp32", True, Policy.KEEP_ALL, False, None),
             {},
             "vllm+cpu-fixes(x)",
         ),

@@ -205,3 +205,39 @@ def test_a_warm_prefix_serves_every_distinct_prompt_once_before_the_call():
     (warm, params, _), (asked, _, _) = llm.calls
     assert warm == [{"prompt_token_ids": [0, 3]}, {"prompt_token_ids": [0, 4]}] and len(asked) == 2
     assert all(p["max_tokens"] == 1 and p["temperature"] == 0 and p["seed"] is None for p in params)
+
+
+def test_staggered_arrivals_keep_the_rows_in_flight_and_return_them_in_order():
+    """The arrivals axis: each row added to the LLM's engine as an earlier one finishes, the
+    engine stepped in between (steps mix new requests with running ones), the outputs in order."""
+    from types import SimpleNamespace
+
+    from losscheck.engines.vllm import staggered
+
+    class Engine:
+        def __init__(self) -> None:
+            self.running: dict[str, int] = {}  # request id -> steps left
+            self.most = 0
+            self.added: list[str] = []
+
+        def add_request(self, rid, prompt, params):
+            self.running[rid] = 2 + len(self.added) % 3  # requests of different lengths
+            self.added.append(rid)
+
+        def step(self):
+            self.most = max(self.most, len(self.running))
+            out = []
+            for rid in list(self.running):
+                self.running[rid] -= 1
+                done = self.running[rid] == 0
+                out.append(SimpleNamespace(request_id=rid, finished=done, prompt=rid))
+                if done:
+                    del self.running[rid]
+            return out
+
+    engine = Engine()
+    llm = SimpleNamespace(llm_engine=engine)
+    requests = [{"prompt_token_ids": [i]} for i in range(7)]
+    outputs = staggered(llm, requests, ["params"] * 7, in_flight=3)
+    assert engine.most == 3 and len(engine.added) == 7
+    assert [int(o.request_id.rpartition("-")[2]) for o in outputs] == list(range(7))

@@ -33,6 +33,19 @@ def test_a_committed_report_reads_back_to_its_json_and_renders_its_markdown(data
     assert render(record) == (REPORTS / markdown_file).read_text()
 
 
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_committed_engine_perf_report_reads_back_and_renders_its_markdown(engine):
+    from losscheck.report import engine_perf
+    from losscheck.report.engine_perf_record import EnginePerfFile
+
+    folder = REPORTS / f"perf-engine-{engine}"
+    raw = json.loads((folder / "perf.json").read_text())
+    record = EnginePerfFile.from_json(raw)
+    assert record.to_json() == raw
+    assert engine_perf.markdown(record) == (folder / "perf.md").read_text()
+    assert record.statement == engine_perf.statement(record) and record.statement.startswith("On ")
+
+
 def test_bench_write_report_writes_what_it_renders(tmp_path):
     results = bench.BenchResults.from_json(json.loads((REPORTS / "bench" / "bench.json").read_text()))
     bench.write_report(results, tmp_path)
