@@ -20,10 +20,12 @@ standard library speaks HTTP here.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -85,12 +87,17 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", API_SERVER, "--model", model, "--port", str(self.port)]
         command += ["--host", "127.0.0.1", *args]
-        # the fixes reach the server's engine through the plugin in the engine's own process (vLLM's
-        # default), as measured; an inherited VLLM_ENABLE_V1_MULTIPROCESSING=0 is not carried over
-        env = {**os.environ, CPU_FIXES_ENV: "1" if cpu_fixes else "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+        # the fixes reach the server's engine through the plugin with vLLM's own process model, as
+        # measured: an inherited VLLM_ENABLE_V1_MULTIPROCESSING (tox -e vllm sets 0) is not carried over
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        env[CPU_FIXES_ENV] = "1" if cpu_fixes else "0"
         self.log = log
+        atexit.register(self.stop)  # a server outlives the run that started it otherwise
         with log.open("ab") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # a session of its own: stopping the server stops the engine processes it starts too
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self._wait()
 
     def _wait(self) -> None:
@@ -112,13 +119,20 @@ class Server:
         raise EngineOutputError(f"vllm-serve: no answer on {self.url}/health after {STARTUP_S:.0f} s; log {self.log}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
+        """Stop the server and every process of its session (vLLM's engine core and workers, which
+        outlive a server stopped alone and keep their memory)."""
+        atexit.unregister(self.stop)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                continue
+            if sig is signal.SIGTERM:  # the server is gone; its engine processes get the same
+                time.sleep(1)
 
     def body(self, prompt: Sequence[int], params: SamplingParams, seed: int, max_new: int, stream: bool) -> bytes:
         """A `/v1/completions` request: the prompt as ids, the sampling of `sampling_kwargs`."""
