@@ -13,6 +13,7 @@ from losscheck.cells.outcome import CellOutcome, Phases, sampled_outcome
 from losscheck.cells.record import BugClassRecord, SampleFacts
 from losscheck.cells.sequential_design import SequentialDesign, shortfall
 from losscheck.core.generation import Generation
+from losscheck.core.history import History, adjust_logits
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
 from losscheck.errors import LosscheckError, UnderpoweredError, flag
 from losscheck.plan.cell import Cell
@@ -168,11 +169,18 @@ def exact_continuations(ctx: CellContext, target: str, params: SamplingParams) -
 
     model = ctx.target_named(target)
     horizon = ctx.profile.exact_horizon
+    prompt = len(exact_prompt(ctx))
+    if params.stop_ids:
+        raise LosscheckError(f"exact mode ends a sequence at EOS only; stop ids {params.stop_ids} need a PIT cell")
 
     @torch.inference_mode()
     def next_probs(context: torch.Tensor) -> torch.Tensor:
-        logits = model.model(input_ids=context.to(model.device)).logits[:, -1]
-        return process_logits(logits, params).double().cpu()
+        context = context.to(model.device)  # [M, P + t]
+        logits = model.model(input_ids=context).logits[:, -1:]  # [M, 1, V]
+        rows, width = context.shape
+        lengths, prompts = torch.full((rows,), width), torch.full((rows,), prompt)
+        seen = History(context, lengths.to(context.device), prompts.to(context.device), model.eos_id)
+        return process_logits(adjust_logits(logits, params, seen, context[:, :0])[:, 0], params).double().cpu()
 
     return ctx.memo(
         ("exact", target, params, horizon),

@@ -4,6 +4,7 @@ the randomized PIT of every generated token, and the PIT tests with the facts th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -13,6 +14,7 @@ import torch
 from losscheck.cells.record import SampleFacts
 from losscheck.core.engine import pad_prompts
 from losscheck.core.generation import Generation
+from losscheck.core.history import History, adjust_logits
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits, top_p_band
 from losscheck.core.target import HFTarget
 
@@ -75,6 +77,8 @@ def teacher_forced_probs(
     last = prompt_ids.gather(1, (plen - 1)[:, None])  # [n, 1]
     scored = torch.cat([last, tokens[:, :-1]], dim=1)  # [n, L] the inputs that predict tokens 0 .. L-1
     logits, _ = target.forward(scored, plen - 1)  # [n, L, V]
+    # generated token i reads the prompt and tokens 0 .. i-1 (past a row's end: junk, never tested)
+    logits = adjust_logits(logits, params, History(prompt_ids, plen, plen, target.eos_id), tokens[:, :-1])
     probs, uncertain = cutoff_law(logits, params, tolerance)  # [n, L, V] each
     left_out = uncertain.gather(-1, tokens[..., None].clamp(0, logits.shape[-1] - 1)).squeeze(-1)  # [n, L]
     return ForcedProbs(probs, uncertain.any(-1), left_out)
@@ -112,8 +116,15 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
     tied logits that follow a lone BOS: no token is surely kept there.)"""
     vocab = logits.shape[-1]
     logits = logits.float()
+    # a repetition penalty r scales a seen token's logit, and its error, by up to max(r, 1/r)
+    tolerance *= max(params.repetition_penalty, 1 / params.repetition_penalty)
     ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
     uncertain = torch.zeros_like(logits, dtype=torch.bool)  # [n, L, V]
+    if params.min_p and not params.greedy:  # kept iff logit - max >= T ln(min_p); both ends may move
+        edge = ranked_logits[..., :1] + params.temperature * math.log(params.min_p)  # [n, L, 1]
+        uncertain |= (logits - edge).abs() <= 2 * tolerance
+        if params.top_k or params.top_p < 1:  # the set reaching top-k / top-p is uncertain: so is every mass
+            uncertain |= uncertain.any(-1, keepdim=True)
     if 0 < params.top_k < vocab:
         last_kept, first_out = ranked_logits[..., params.top_k - 1 : params.top_k + 1].unbind(-1)  # [n, L] each
         kept = torch.zeros_like(uncertain).scatter_(-1, order[..., : params.top_k], True)  # [n, L, V]

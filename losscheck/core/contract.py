@@ -12,7 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from losscheck.core.sampling import SamplingParams
+from losscheck.core.history import History, adjust_logits
+from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.errors import DrafterOutputError, LosscheckError
 
 PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed per row; fp16 drafters need this much
@@ -52,9 +53,15 @@ class DraftContext:
         layer alone ([B, T, H]); None when the drafter reads no target features.
     k: block length to propose.
     width: transition / candidate truncation width for drafters that have one (None = full).
-    params: the request's sampling parameters; apply them with `losscheck.core.sampling.process_logits`
-        so `q` is processed exactly as the target's `p`.
+    params: the request's sampling parameters; apply them with `process` (or, when they read no
+        history, `losscheck.core.sampling.process_logits`) so `q` is processed exactly as the
+        target's `p`.
     generator: the only randomness a drafter may use (seeded from the run seed).
+    prompt_lengths: [B] long, how many of each row's committed tokens are prompt (penalties
+        count the output apart); None: all of them are output, as far as a drafter can tell.
+    eos_id: the target's EOS id (masked under `params.min_tokens`).
+    drafted: [B, j] long, this round's drafts before the slot being drafted (None: slot 0); a
+        drafter that drafts slot by slot passes `dataclasses.replace(ctx, drafted=...)` on.
     """
 
     tokens: torch.Tensor
@@ -64,6 +71,22 @@ class DraftContext:
     width: int | None
     params: SamplingParams
     generator: torch.Generator
+    prompt_lengths: torch.Tensor | None = None
+    eos_id: int | None = None
+    drafted: torch.Tensor | None = None
+
+    def process(self, logits: torch.Tensor, drafted: torch.Tensor | None = None) -> torch.Tensor:
+        """The request's full processing of the drafter's `logits [B, V]` for the slot after
+        `drafted [B, j]` (this round's drafts so far, default `self.drafted`): the history steps
+        reading the committed tokens and `drafted` (`losscheck.core.history`), then temperature,
+        min-p, top-k and top-p → q [B, V], as the target's p at that slot is processed."""
+        if self.params.reads_history:
+            drafted = drafted if drafted is not None else self.drafted
+            drafted = drafted if drafted is not None else self.tokens[:, :0]
+            prompt = self.prompt_lengths if self.prompt_lengths is not None else torch.zeros_like(self.lengths)
+            seen = History(self.tokens, self.lengths, prompt, self.eos_id).extended(drafted)
+            logits = adjust_logits(logits[:, None], self.params, seen, drafted[:, :0])[:, 0]
+        return process_logits(logits, self.params)
 
 
 @runtime_checkable

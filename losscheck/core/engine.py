@@ -21,6 +21,7 @@ import torch
 
 from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
 from losscheck.core.generation import DRAFT_Q_ENTRIES, DraftQ, Generation, LoopStats
+from losscheck.core.history import History, HistoryStep, adjust_logits
 from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
 from losscheck.core.sampling import SamplingParams
 from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
@@ -162,17 +163,19 @@ def parked(batch: Batch, k: int, max_positions: int) -> torch.Tensor:
 
 
 def emit_counts(
-    emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None
+    emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None, stop_ids: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """([B] tokens a row commits, [B] bool whether they end with EOS, None without an EOS id):
-    `count` (accepted + 1), at most `room` (budget left), and none after the first EOS among
-    them. emitted [B, k+1] the verified tokens."""
+    """([B] tokens a row commits, [B] bool whether they end with EOS or a stop id, None with
+    neither): `count` (accepted + 1), at most `room` (budget left), and none after the first EOS
+    or stop id among them. emitted [B, k+1] the verified tokens."""
     count = torch.minimum(count, room)
-    if eos is None:
+    ends = ([eos] if eos is not None else []) + list(stop_ids)
+    if not ends:
         return count, None
     width = emitted.shape[1]
     slot = torch.arange(width, device=emitted.device)[None, :]  # [1, k+1]
-    first_eos = torch.where((emitted == eos) & (slot < count[:, None]), slot, width).amin(1)  # [B]; width: none
+    is_end = torch.isin(emitted, torch.tensor(ends, device=emitted.device))  # [B, k+1]
+    first_eos = torch.where(is_end & (slot < count[:, None]), slot, width).amin(1)  # [B]; width: none
     ended = first_eos < width
     return torch.where(ended, first_eos + 1, count), ended
 
@@ -193,6 +196,7 @@ class Engine:
         width: int | None = None,
         verifier: Verifier | None = None,
         prefix_cache: KVReuse | None = None,
+        history: HistoryStep | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -202,6 +206,7 @@ class Engine:
         self.width = width
         self.verifier: Verifier = verifier or getattr(drafter, "verifier", None) or verify_block
         self.prefix_cache = prefix_cache  # shared by every request this engine runs
+        self.history: HistoryStep = history or adjust_logits  # a planted bug may replace it
         # the target layers whose states the drafter reads; only named layers are asked for by
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
@@ -248,9 +253,11 @@ class Engine:
             proposal = self._draft(batch, at, k, params, generator)
         with stats.clock("target", device):
             logits, states = self._score(batch, at, proposal)
+            seen = History(batch.tokens, at, batch.prompt_lengths, self.target.eos_id)
+            logits = self.history(logits, params, seen, proposal.tokens)  # [B, k+1, V]
             outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
         outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
-        self._commit(batch, outcome, states, stats, proposal)
+        self._commit(batch, outcome, states, stats, proposal, params.stop_ids)
 
     def q_buffers(self, rows: int, capacity: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Zeroed `Batch.q_ids`, `Batch.q_probs` [rows, capacity, M] for a sampled request with a
@@ -265,6 +272,7 @@ class Engine:
         """Validate the request, allocate the rows and reset the target's and drafter's state."""
         if max_new_tokens < 0:
             raise LosscheckError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        params.check_vocab(self.target.vocab_size, f"target {self.target.name!r}")
         device = self.target.device
         prompt_ids, lengths = pad_prompts(prompts, self.target.vocab_size, device)
         rows, longest = prompt_ids.shape
@@ -354,7 +362,9 @@ class Engine:
         rows = batch.tokens.shape[0]
         if k == 0 or self.drafter is None:
             return Proposal(batch.tokens.new_zeros(rows, 0))
-        ctx = DraftContext(batch.tokens, at, batch.hidden, k, self.width, params, generator)
+        ctx = DraftContext(
+            batch.tokens, at, batch.hidden, k, self.width, params, generator, batch.prompt_lengths, self.target.eos_id
+        )
         proposal = self.drafter.propose(ctx)
         return validate_proposal(proposal, self.drafter.name, rows, k, self.target.vocab_size, self.target.device)
 
@@ -372,14 +382,21 @@ class Engine:
         return self.target.forward(tokens, start)
 
     def _commit(
-        self, batch: Batch, outcome: BlockOutcome, states: torch.Tensor, stats: LoopStats, proposal: Proposal
+        self,
+        batch: Batch,
+        outcome: BlockOutcome,
+        states: torch.Tensor,
+        stats: LoopStats,
+        proposal: Proposal,
+        stop_ids: tuple[int, ...],
     ) -> None:
-        """Append each active row's emitted tokens and roll the drafter back to what was kept."""
+        """Append each active row's emitted tokens (up to its budget, EOS or a stop id) and roll
+        the drafter back to what was kept."""
         width = outcome.tokens.shape[1]  # k + 1
         active = ~batch.done
         accepted = torch.where(active, outcome.accepted, 0)  # [B]
         room = batch.budget - (batch.lengths - batch.prompt_lengths)  # [B] budget left
-        emit, ended = emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id)
+        emit, ended = emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id, stop_ids)
         emit = torch.where(active, emit, 0)
         slot = torch.arange(width, device=emit.device)[None, :]  # [1, k+1]
         # every slot of the round is written, the kept ones and junk past a row's emit (and a

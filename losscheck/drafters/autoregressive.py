@@ -6,13 +6,14 @@ with probability 1 (greedy exactly; sampling up to float round-off between batch
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.ragged import RaggedLM, forward_rows
-from losscheck.core.sampling import process_logits, sample
+from losscheck.core.sampling import sample
 from losscheck.core.target import HFTarget, load_causal_lm
 from losscheck.hashing import content_hash
 
@@ -66,9 +67,11 @@ class AutoregressiveDrafter:
         logits, _ = self.lm.forward(ctx.tokens.gather(1, read), self.cached)
         last = logits[torch.arange(len(lengths), device=lengths.device), lengths - 1 - self.cached]  # [B, V]
 
-        drafts, dists = [], []
+        drafts: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
         for j in range(k):
-            token, q = self.draw(last, ctx)  # [B], [B, V]
+            at_slot = replace(ctx, drafted=torch.stack(drafts, 1)) if drafts else ctx  # the round so far
+            token, q = self.draw(last, at_slot)  # [B], [B, V]
             drafts.append(token)
             dists.append(q)
             if j + 1 < k:
@@ -80,8 +83,8 @@ class AutoregressiveDrafter:
         return Proposal(tokens, probs)
 
     def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """One slot: logits [B, V] → (token [B], the q [B, V] it was drawn from)."""
-        q = process_logits(logits, ctx.params)
+        """One slot after `ctx.drafted`: logits [B, V] → (token [B], the q [B, V] it was drawn from)."""
+        q = ctx.process(logits)
         return (q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)), q
 
     def commit(self, accepted: torch.Tensor) -> None:

@@ -17,6 +17,7 @@ The drafters are stateless: everything they read (pending token, target feature)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -127,6 +128,8 @@ class BlockDrafter:
         feature, pending = block_inputs(ctx, self.dtype)
         z, base = self.model(feature, pending, k)  # [B, k, d], [B, k, V]
         base = base.float()
+        if head is None and params.reads_history:  # slot j's processing reads drafts < j
+            return _slot_by_slot(ctx, lambda j, prev: base[:, j], pending)
         if head is None:
             q = process_logits(base, params)  # [B, k, V], slots independent
             tokens = q.argmax(-1) if params.greedy else sample(q, ctx.generator)
@@ -138,14 +141,22 @@ class BlockDrafter:
             if isinstance(head, SerialHead)
             else TransitionPath(head, z, base, pending, cand)
         )
-        prev, drafts, dists = pending, [], []
-        for j in range(k):
-            q = process_logits(path(j, prev).float(), params)  # [B, V]
-            prev = q.argmax(-1) if params.greedy else sample(q, ctx.generator)
-            drafts.append(prev)
-            dists.append(q)
-        tokens = torch.stack(drafts, 1)  # [B, k]
-        return Proposal(tokens, None if params.greedy else torch.stack(dists, 1))
+        return _slot_by_slot(ctx, lambda j, prev: path(j, prev).float(), pending)
+
+
+def _slot_by_slot(
+    ctx: DraftContext, logits_at: Callable[[int, torch.Tensor], torch.Tensor], pending: torch.Tensor
+) -> Proposal:
+    """Draft slot by slot: `logits_at(j, previous token [B]) -> [B, V]`, processed after the drafts
+    before slot j (`DraftContext.process`); `pending [B]` stands before slot 0."""
+    prev, drafts, dists = pending, list[torch.Tensor](), list[torch.Tensor]()
+    for j in range(ctx.k):
+        q = ctx.process(logits_at(j, prev), torch.stack(drafts, 1) if drafts else ctx.tokens[:, :0])  # [B, V]
+        prev = q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)
+        drafts.append(prev)
+        dists.append(q)
+    tokens = torch.stack(drafts, 1)  # [B, k]
+    return Proposal(tokens, None if ctx.params.greedy else torch.stack(dists, 1))
 
 
 def from_path(path: str | Path, target: Target, precision: str = "fp32") -> BlockDrafter:

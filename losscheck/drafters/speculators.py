@@ -36,6 +36,7 @@ committed tokens (built from the target's states) are kept, the drafted ones are
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol, cast
@@ -347,7 +348,7 @@ class SpeculatorsDrafter:
         slot_logits = [logits[rows, last]]  # [B, V_d] per drafted slot
         carry = carry[rows, last]  # [B, H]
         drafts, dists = [], []
-        token, q = self._draw(slot_logits[0], ctx)
+        token, q = self._draw(slot_logits[0], ctx, lengths[:, None][:, :0])
         drafts.append(token)
         dists.append(q)
         if self.cfg.model_type == "peagle" and k > 1:
@@ -356,14 +357,14 @@ class SpeculatorsDrafter:
             placeholder = self.net.project(self.net.mask_hidden).expand(len(lengths), k - 1, -1)
             _, block = self._run(mask_ids, placeholder, slots)
             for j in range(k - 1):
-                token, q = self._draw(block[:, j], ctx)
+                token, q = self._draw(block[:, j], ctx, torch.stack(drafts, 1))
                 drafts.append(token)
                 dists.append(q)
         else:
             for j in range(1, k):
                 carry, step = self._run(token[:, None], carry[:, None], (lengths - 1 + j)[:, None])
                 carry = carry[:, 0]
-                token, q = self._draw(step[:, 0], ctx)
+                token, q = self._draw(step[:, 0], ctx, torch.stack(drafts, 1))
                 drafts.append(token)
                 dists.append(q)
         self._proposed_at = lengths.clone()
@@ -373,9 +374,17 @@ class SpeculatorsDrafter:
         probs = torch.stack(dists, 1)  # [B, k, V_d]
         return Proposal(tokens, probs, None if self.full_vocab else self.map)
 
-    def _draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V_d] → (drafted target id [B], q over the draft vocabulary [B, V_d])."""
-        q = process_logits(logits.float(), ctx.params)
+    def _draw(
+        self, logits: torch.Tensor, ctx: DraftContext, drafted: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, V_d] after `drafted [B, j]` (target ids) → (drafted target id [B], q over the
+        draft vocabulary [B, V_d]). History steps read target ids: with a sub-vocabulary the
+        logits are spread onto the target's (-inf where the drafter has no token) and back."""
+        if ctx.params.reads_history and not self.full_vocab:
+            spread = logits.float().new_full((len(logits), self.cfg.target_vocab_size), -math.inf)
+            q = ctx.process(spread.index_copy(-1, self.map, logits.float()), drafted)[:, self.map]
+        else:
+            q = ctx.process(logits.float(), drafted)
         draft = q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)
         return self.map[draft], q
 

@@ -17,7 +17,7 @@ from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.plan import bundled_sets
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
 from losscheck.plan.entry import MatrixEntry
-from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, TierContext, in_slow_tier
+from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, HISTORY_VARIANTS, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes
 from losscheck.serving.axis import serving
 
@@ -143,7 +143,7 @@ def plan(
                 if axis.with_reduced_precision:
                     extra = [serving(**{axis.name: v}) for v in axis.values]
                     cells[GREEDY_CELL] += [Cell(name, k, GREEDY, precision=precision, serving=s) for s in extra]
-        cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
+        cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS + HISTORY_VARIANTS]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
     tiers = TierContext(base, base_ks, frozenset(FAMILY_SAMPLING) if bundled_families else frozenset())
     return {

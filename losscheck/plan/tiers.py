@@ -24,6 +24,19 @@ BASE_K = 4
 EXACT_K = 1
 # Edge sampling parameters: near-greedy, near-flat and a top-p that keeps one token.
 EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.0), SamplingParams(top_p=0.05))
+# The parameters engines serve beyond temperature / top-k / top-p, one per cell on the base cell
+# (T = 1), at values that act within the main target's 16-token horizon over its 64 ids: id 25 is
+# its most frequent T = 1 token (~2.7% of them), id 5 one it emits ~2% of the time. A PIT cell of
+# them costs what the base cell does (~4 s here): all are in the quick gate and the main job.
+HISTORY_VARIANTS = (
+    SamplingParams(repetition_penalty=1.5),
+    SamplingParams(min_tokens=8, stop_ids=(25,)),
+    SamplingParams(presence_penalty=1.0),
+    SamplingParams(frequency_penalty=0.5),
+    SamplingParams(min_p=0.1),
+    SamplingParams(logit_bias=((5, 2.0),)),
+    SamplingParams(banned_ids=(25,)),
+)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,9 @@ def planted_engine(
         drafter = plant.wrap_drafter(drafter)
     if plant.wrap_target is not None:
         target = plant.wrap_target(target, k)
-    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier)
+    # a plant registered before plants could replace the history step has no `history`
+    history = getattr(plant, "history", None)
+    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier, history=history)
 
 
 _VERIFIERS: dict[str, Verifier] = {}  # spec -> the verifier its factory built, once per process

@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from typing import Protocol
 
 from losscheck.core.contract import Drafter, Target
+from losscheck.core.history import HistoryStep
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError, flag
 from losscheck.serving.batching import PlantsScheduler
@@ -43,6 +44,12 @@ class Plant(PlantsPrefixCache, PlantsScheduler, Protocol):
     @property
     def wrap_target(self) -> Callable[[Target, int], Target] | None:
         """(target, k) -> planted target."""
+        ...
+
+    @property
+    def history(self) -> HistoryStep | None:
+        """Used in place of the engine's history-dependent processing of the target's logits
+        (`losscheck.core.history.adjust_logits`); optional on a plant."""
         ...
 
 

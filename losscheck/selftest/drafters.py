@@ -31,22 +31,22 @@ MISREPORT_FACTOR = 3.0  # the id is drawn this many times as often as reported
 
 def untempered_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples from q at the request's temperature, reports q at temperature 1."""
-    q = process_logits(logits, ctx.params)
+    q = ctx.process(logits)
     if ctx.params.greedy:
         return q.argmax(-1), q
-    reported = process_logits(logits, replace(ctx.params, temperature=1.0))  # BUG: temperature left out
+    reported = replace(ctx, params=replace(ctx.params, temperature=1.0)).process(logits)  # BUG: temperature left out
     return sample(q, ctx.generator), reported
 
 
 def argmax_with_softmax_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts the argmax (a deterministic path), reports the softmax instead of the point mass."""
-    q = process_logits(logits, ctx.params)
+    q = ctx.process(logits)
     return q.argmax(-1), q  # BUG: a point mass (probs None) is what was drawn from
 
 
 def top_w_with_full_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples among its top-w candidates (renormalised), reports the untruncated softmax."""
-    q = process_logits(logits, ctx.params)
+    q = ctx.process(logits)
     if ctx.params.greedy:
         return q.argmax(-1), q
     kth = q.topk(min(TRUNCATION_WIDTH, q.shape[-1]), dim=-1).values[..., -1:]
@@ -56,7 +56,7 @@ def top_w_with_full_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[tor
 
 def honest(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples from q and reports it (family A's own draw step)."""
-    q = process_logits(logits, ctx.params)
+    q = ctx.process(logits)
     return (q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)), q
 
 
@@ -64,7 +64,7 @@ def one_id_underreported(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch
     """Samples from q, reports `MISREPORTED_ID` at a third of its probability (renormalised): a
     drafter whose reported probabilities of one token are off, as a stale or mis-indexed
     vocabulary mapping makes them."""
-    q = process_logits(logits, ctx.params)
+    q = ctx.process(logits)
     if ctx.params.greedy:
         return q.argmax(-1), q
     reported = q.clone()
@@ -85,12 +85,29 @@ def one_id_underreported_by(factor: float) -> DraftStep:
     bug at a smaller magnitude (a factor between 1, no bug, and `MISREPORT_FACTOR`)."""
 
     def draw(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        q = process_logits(logits, ctx.params)
+        q = ctx.process(logits)
         if ctx.params.greedy:
             return q.argmax(-1), q
         return sample(q, ctx.generator), one_id_underreported_q(q, factor)  # BUG: not the q drawn from
 
     return draw
+
+
+def history_left_out_of_report(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples from q processed with the request's history (penalties, bias, bans, min tokens),
+    reports q processed without it: transformers #47932's draft q taken from logits other than
+    those it samples from."""
+    q = ctx.process(logits)
+    if ctx.params.greedy:
+        return q.argmax(-1), q
+    return sample(q, ctx.generator), process_logits(logits, ctx.params)  # BUG: not the q drawn from
+
+
+def history_ignored_honestly(logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples from q processed *without* the request's history and reports that q: a worse
+    drafter, not a lossy one (the verifier corrects any q it is told truthfully)."""
+    q = process_logits(logits, ctx.params)
+    return (q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)), q
 
 
 class MisreportingDrafter(AutoregressiveDrafter):

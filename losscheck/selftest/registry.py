@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.core.contract import Drafter, Target
+from losscheck.core.history import HistoryStep
 from losscheck.core.verify import Verifier
 from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.plan.profiles import Profile
 from losscheck.selftest import drafters as planted
-from losscheck.selftest import laws, serving, targets
+from losscheck.selftest import history_bugs, laws, serving, targets
 from losscheck.selftest import verifiers as bugs
 from losscheck.selftest.drafters import TRUNCATION_WIDTH
 from losscheck.serving.batching import ContinuousBatcher
@@ -45,6 +46,7 @@ class Mutant:
     wrap_target: Callable[[Target, int], Target] | None = None  # (target, k) -> target
     prefix_cache: Callable[[PrefixCache], PrefixCache] | None = None  # the cell's prefix cache -> planted one
     scheduler: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
+    history: HistoryStep | None = None  # the engine's history-dependent processing of p (`losscheck.core.history`)
 
     def cells(self, plan: Mapping[str, list[Cell]], profile: Profile, stress: bool = True) -> list[Cell]:
         """The cells of a gate `plan` where the bug manifests, in run order (`stress` False:
@@ -94,6 +96,19 @@ def _bonus_in_horizon(cell: Cell, horizon: int) -> bool:
     return _sampled(FAMILY_A)(cell, horizon) and cell.k < horizon
 
 
+def _history(*knobs: str) -> Callable[[Cell, int], bool]:
+    """Family-A sampling cells whose parameters turn on one of `knobs`: "penalties" or a
+    `SamplingParams` field (min_p, logit_bias, banned_ids, min_tokens)."""
+
+    def on(cell: Cell, horizon: int) -> bool:
+        params = cell.params
+        return _sampled()(cell, horizon) and any(
+            params.penalised if knob == "penalties" else bool(getattr(params, knob)) for knob in knobs
+        )
+
+    return on
+
+
 def _slot_drafted(slot: int) -> Callable[[Cell, int], bool]:
     """Family-A sampling cells whose rounds draft slot `slot` (k > slot)."""
     return lambda cell, horizon: _sampled()(cell, horizon) and cell.k > slot
@@ -107,6 +122,7 @@ SLOT = 1  # residual_is_p_at_slot_1
 SMALL_MISREPORT = 2.0  # one_id_underreported_2x
 
 GREEDY_NO_LAW = "greedy cells are deterministic: any divergence fails"
+HISTORY_NO_LAW = "the exact first-token laws model the history-free processing only"
 FIRST_SLOT_UNTOUCHED = "the first token comes from slot 0, which this bug leaves exact"
 
 CATALOGUE: tuple[Mutant, ...] = (
@@ -333,6 +349,82 @@ CATALOGUE: tuple[Mutant, ...] = (
         _sampled(FAMILY_A),
         laws.typical,
         verifier=bugs.in_sampled_rounds(bugs.verify_typical),
+    ),
+    Mutant(
+        "penalties_ignored_while_speculating",
+        "sampling",
+        "Penalties ignored while speculating: the verifier's p skips the repetition / presence / frequency "
+        "penalties the drafter's q was processed with (vLLM #18902, TRT-LLM #17701, SGLang #28180).",
+        "Rejection sampling is exact for the p it is given, so the output follows the unpenalised target: "
+        "ids already in the prompt or output are over-emitted. Shows in the penalty cells.",
+        _history("penalties"),
+        no_law=HISTORY_NO_LAW,
+        history=history_bugs.penalties_ignored,
+    ),
+    Mutant(
+        "one_penalty_state_per_round",
+        "sampling",
+        "One penalty state broadcast over a round: every position of [pending, d_1 .. d_k] is processed with "
+        "the history before the round, position j not seeing drafts 1..j (SGLang PR #40244).",
+        "A draft repeated within a round escapes the penalty at the later slot, and min tokens stays masked "
+        "or unmasked for the whole round. Shows in the penalty and min-tokens cells from slot 1 on.",
+        _history("penalties", "min_tokens"),
+        no_law=HISTORY_NO_LAW,
+        history=history_bugs.one_state_per_round,
+    ),
+    Mutant(
+        "penalty_counted_once_per_round",
+        "sampling",
+        "Penalties record one token per round (the last committed) instead of every accepted token (SGLang PR #33643).",
+        "Accepted drafts but the last escape the penalty's counts from then on, so ids the round emitted "
+        "are under-penalised later. Shows in the penalty cells once rounds accept more than one token.",
+        _history("penalties"),
+        no_law=HISTORY_NO_LAW,
+        history=history_bugs.PerRoundState(counts_tokens=True, counts_rounds=False),
+    ),
+    Mutant(
+        "min_tokens_counted_in_rounds",
+        "sampling",
+        "Min tokens counted in rounds (steps) instead of tokens (SGLang PR #33643's min_new_tokens).",
+        "A round emits up to k + 1 tokens, so EOS and the stop ids stay masked past min_tokens output "
+        "tokens: they are under-emitted there. Shows in the min-tokens cell.",
+        _history("min_tokens"),
+        no_law=HISTORY_NO_LAW,
+        history=history_bugs.PerRoundState(counts_tokens=False, counts_rounds=True),
+    ),
+    Mutant(
+        "bias_and_bans_at_first_position_only",
+        "sampling",
+        "Logit bias and banned ids applied at the round's first position only, the draft positions' "
+        "logits left raw (SGLang #10617).",
+        "A banned id can be recovered or a bonus after the first slot (a token of target probability 0), "
+        "and a biased id keeps its unbiased probability there. Shows in the logit-bias and ban cells.",
+        _history("logit_bias", "banned_ids"),
+        no_law=HISTORY_NO_LAW,
+        history=history_bugs.first_position_only,
+    ),
+    Mutant(
+        "min_p_at_first_position_only",
+        "sampling",
+        "Min-p applied at the round's first position only (SGLang #10617).",
+        "After slot 0 the verifier's p keeps the tokens min-p cuts: recovered and bonus tokens there can "
+        "have target probability 0. Shows in the min-p cell.",
+        _history("min_p"),
+        no_law=HISTORY_NO_LAW,
+        verifier=bugs.verify_min_p_at_first_slot_only,
+    ),
+    Mutant(
+        "history_left_out_of_q",
+        "sampling",
+        "The drafter samples from logits processed with the request's history (penalties, bias, bans, min "
+        "tokens) but reports q processed without it (transformers #47932).",
+        "The verifier judges each draft by a q other than the one it was drawn from: tokens the history "
+        "steps boost are over-accepted, those they cut under-accepted. Shows in every history cell.",
+        _history("penalties", "logit_bias", "banned_ids", "min_tokens"),
+        no_law=HISTORY_NO_LAW,
+        wrap_drafter=planted.misreporting(
+            planted.history_left_out_of_report, "history-out-of-q", "history_left_out_of_q"
+        ),
     ),
     Mutant(
         "bonus_counted_not_written",

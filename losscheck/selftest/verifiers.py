@@ -305,6 +305,16 @@ def verify_truncation_on_draft_only(logits, drafts, q, params: SamplingParams, g
     return verify_rejection(p, drafts, q, generator)
 
 
+def verify_min_p_at_first_slot_only(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
+    """The verifier's p gets min-p at the round's first position only (SGLang #10617: min-p not
+    applied to every drafted position)."""
+    if params.greedy:
+        return verify_greedy(logits, drafts)
+    p = process_logits(logits, params)  # [B, k+1, V]
+    p[:, 1:] = process_logits(logits[:, 1:], replace(params, min_p=0.0))  # BUG: no min-p after slot 0
+    return verify_rejection(p, drafts, q, generator)
+
+
 def verify_bonus_counted_not_written(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
     """When every draft is kept the bonus is counted in the emitted length but never written: the
     row emits the buffer's placeholder id 0 instead.

@@ -203,8 +203,8 @@ def _case(
 
 
 def standard_calls(seed: int, vocab: int = VOCAB) -> tuple[Call, ...]:
-    """The tier's calls: four sampled parameter groups (temperature, top-k, top-p, block length
-    2 to 5), each as one call with q as tensors (stochastic, one-hot, q = p, ragged, all pad) and
+    """The tier's calls: five sampled parameter groups (temperature, top-k, top-p, min-p, block
+    length 2 to 5), each as one call with q as tensors (stochastic, one-hot, q = p, ragged, all pad) and
     one with q None (point mass, full and ragged); a greedy group (full, ragged, all pad) called
     once with q and once with q None; then two mixed calls (k = 4, one with q and one with q
     None) whose rows are greedy and sampled requests of every group's parameters."""
@@ -221,6 +221,7 @@ def standard_calls(seed: int, vocab: int = VOCAB) -> tuple[Call, ...]:
         (SamplingParams(temperature=0.6, top_k=3), 3),
         (SamplingParams(temperature=1.3, top_p=0.8), 5),
         (SamplingParams(temperature=0.9, top_k=5, top_p=0.9), 2),
+        (SamplingParams(temperature=1.0, min_p=0.2), 3),
     )
     calls = []
     for params, k in groups:

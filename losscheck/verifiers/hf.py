@@ -37,7 +37,12 @@ from losscheck.core.verify import BlockOutcome, Verifier, point_mass
 
 def _warpers(params: SamplingParams) -> list:
     """transformers' sampling logits warpers for `params`, as `_get_logits_processor` adds them."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     warpers: list = []
     if params.temperature != 1.0:
@@ -46,6 +51,8 @@ def _warpers(params: SamplingParams) -> list:
         warpers.append(TopKLogitsWarper(top_k=params.top_k, min_tokens_to_keep=1))
     if params.top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
+    if params.min_p:  # after top-p in transformers, before top-k in losscheck and vLLM: alone, the same
+        warpers.append(MinPLogitsWarper(min_p=params.min_p, min_tokens_to_keep=1))
     return warpers
 
 
