@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
+from losscheck.plan.sampling_spec import parse_sampling
 
 if TYPE_CHECKING:
     from losscheck.engines.named import EngineRequest
@@ -230,6 +231,13 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
     else:
         target_config = json.loads((Path(options.target).expanduser() / "config.json").read_text())
     check_prompt_file(options, target_config, prefix)
+    vocab = _shape(target_config)[0]
+    for spec in options.sampling:  # ids in the vocabulary (the values were checked when parsed)
+        if vocab is not None:
+            try:
+                parse_sampling(spec).check_vocab(vocab, "the target" if options.target is None else options.target)
+            except OptionError as exc:
+                raise OptionError(f"{opt('sampling')}={spec!r}: {exc}") from None
 
 
 def check_prompt_file(options: Options, target_config: dict[str, Any], prefix: str) -> None:

@@ -18,6 +18,7 @@ from losscheck.errors import OptionError, flag
 from losscheck.plan.arrivals import parse_arrivals, parse_block_lengths, parse_concurrency
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
+from losscheck.plan.sampling_spec import parse_sampling
 from losscheck.plan.scope import Scope, parse_scope
 from losscheck.plan.shard import Shard, parse_shard
 
@@ -73,6 +74,7 @@ class Options:
     perf_concurrency: str | None = None  # an engine perf run's ladder, "1,4,16"; None = the profile's
     perf_arrivals: str = "closed"  # an engine perf run's arrival processes (losscheck.plan.arrivals)
     perf_k: str | None = None  # an engine perf run's k sweep, "2,4,6"; None = the engine's own k
+    sampling: tuple[str, ...] = ()  # served-parameter SPECs, one extra sampled cell each (plan.sampling_spec)
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
@@ -185,6 +187,15 @@ SPECS: dict[str, OptionSpec] = {
         "help": "an option of a shipped adapter, VALUE as JSON where it parses (vllm: a keyword of vllm.LLM, e.g. "
         "max_model_len=512, or losscheck_instances=one-at-a-time; hf and openvino: num_assistant_tokens=N; "
         "llamacpp: n_draft=N, n_threads=N); repeat for more",
+    },
+    "sampling": {
+        "metavar": "SPEC",
+        "type": _checked(parse_sampling),
+        "action": "append",
+        "help": "sampling parameters of an extra sampled cell, NAME=VALUE pairs separated by spaces "
+        "(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, "
+        "logit_bias=ID:BIAS,..., banned_ids=ID,..., min_tokens, stop_ids=ID,...), e.g. "
+        "\"repetition_penalty=1.2 min_p=0.05\"; one cell per use on the drafter's base cell (and the engine's)",
     },
     "scope": {
         "metavar": "TERMS",
@@ -373,6 +384,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         perf_concurrency=value("perf-concurrency"),
         perf_arrivals=value("perf-arrivals", "closed"),
         perf_k=value("perf-k"),
+        sampling=tuple(value("sampling") or ()),
     )
 
 

@@ -163,6 +163,30 @@ CASES = [
         "losscheck certify: error: argument --alpha: must be in (0, 1), got 2",
     ),
     Case(
+        "a repetition penalty of 0 (a penalty must be > 0)",
+        ("certify", "--sampling", "repetition_penalty=0"),
+        2,
+        "losscheck certify: error: argument --sampling: --sampling='repetition_penalty=0': repetition_penalty must be a finite number > 0 (1 = off), got 0.0",
+    ),
+    Case(
+        "a min-p outside [0, 1]",
+        ("certify", "--sampling", "min_p=1.5"),
+        2,
+        "losscheck certify: error: argument --sampling: --sampling='min_p=1.5': min_p must be in [0, 1] (0 = off), got 1.5",
+    ),
+    Case(
+        "a logit-bias id outside the target's vocabulary",
+        ("certify", "--sampling", "logit_bias=99:2"),
+        2,
+        "losscheck certify: error: --sampling='logit_bias=99:2': logit_bias names ids [99] outside the vocabulary of the target [0, 64); use ids of its tokenizer",
+    ),
+    Case(
+        "a sampling parameter losscheck does not know",
+        ("certify", "--sampling", "frobnicate=1"),
+        2,
+        "losscheck certify: error: argument --sampling: --sampling='frobnicate=1': 'frobnicate=1' is not NAME=VALUE with NAME one of temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, banned_ids, min_tokens, stop_ids; e.g. \"repetition_penalty=1.2 min_p=0.05\"",
+    ),
+    Case(
         "an unknown planted bug",
         ("certify", "--mutant", "no_such_bug"),
         2,

@@ -1,0 +1,75 @@
+"""`--losscheck-sampling SPEC`: a request's sampling parameters as text, one extra sampled cell each.
+
+SPEC is `NAME=VALUE` pairs separated by spaces, NAME a `SamplingParams` field; what is not named
+keeps its neutral value (temperature 1). Lists are comma-separated: `banned_ids=3,7`,
+`stop_ids=2`, `logit_bias=5:2.0,7:-1.5` (id:bias). For example
+`--losscheck-sampling "repetition_penalty=1.2 min_p=0.05"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from losscheck.core.sampling import SamplingParams
+from losscheck.errors import OptionError, flag
+
+EXAMPLE = '"repetition_penalty=1.2 min_p=0.05"'
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def _bias(text: str) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for part in text.split(","):
+        token, sep, value = part.partition(":")
+        if not sep:
+            raise ValueError(f"{part!r} is not ID:BIAS")
+        pairs.append((int(token), float(value)))
+    return tuple(pairs)
+
+
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "min_p": float,
+    "repetition_penalty": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "logit_bias": _bias,
+    "banned_ids": _ids,
+    "min_tokens": int,
+    "stop_ids": _ids,
+}
+assert set(PARSERS) == {f.name for f in dataclasses.fields(SamplingParams)}, "a SamplingParams field has no parser"
+
+
+def parse_sampling(text: str) -> SamplingParams:
+    """`SamplingParams` from a SPEC (module docstring); `OptionError` naming the bad part."""
+    where = f"{flag('sampling')}={text!r}"
+    values: dict[str, Any] = {}
+    for pair in text.split():
+        name, sep, value = pair.partition("=")
+        if not sep or name not in PARSERS:
+            raise OptionError(
+                f"{where}: {pair!r} is not NAME=VALUE with NAME one of {', '.join(PARSERS)}; e.g. {EXAMPLE}"
+            )
+        if name in values:
+            raise OptionError(f"{where}: {name} is given twice")
+        try:
+            values[name] = PARSERS[name](value)
+        except ValueError as exc:
+            raise OptionError(f"{where}: {name}={value!r} does not parse ({exc})") from None
+    if not values:
+        raise OptionError(f"{where}: name at least one parameter, e.g. {EXAMPLE}")
+    try:
+        params = SamplingParams(**values)
+    except OptionError as exc:
+        raise OptionError(f"{where}: {exc}") from None
+    if params.greedy:
+        raise OptionError(f"{where}: temperature 0 is greedy; the sampled cells need temperature > 0")
+    return params
