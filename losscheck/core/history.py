@@ -7,7 +7,8 @@ decoding would have read them had it emitted those drafts. That is the whole of 
 these processors, and where engines have broken it (one penalty state broadcast over a block;
 penalties counted once per round; min tokens counted in rounds).
 
-Order, that of vLLM's V1 sampler (`vllm/v1/sample/sampler.py`, `Sampler.forward`): banned ids;
+Order, that of vLLM's V1 sampler (`vllm/v1/sample/sampler.py`, `Sampler.forward`): the grammar's
+mask (`losscheck.core.grammar`; vLLM applies it to the logits before the sampler) and banned ids;
 min tokens (EOS and the stop ids masked while the output is shorter than `min_tokens`); logit
 bias; then the penalties — repetition over prompt and output (a positive logit divided by the
 penalty, a negative one multiplied), frequency (minus `frequency_penalty` × the token's count in
@@ -24,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from losscheck.core.grammar import mask_logits
 from losscheck.core.sampling import SamplingParams
 
 
@@ -73,13 +75,15 @@ def adjust_logits(
     logits = logits.float().clone()
     if params.banned_ids:
         logits[..., list(params.banned_ids)] = -math.inf
+    stops = ((history.eos_id,) if history.eos_id is not None else ()) + params.stop_ids  # what ends an output
+    if params.grammar is not None:
+        mask_logits(logits, params.grammar, outputs(history), continuation, stops)
     generated = history.lengths - history.prompt_lengths  # [B] output tokens before position 0
     if params.min_tokens:
-        stops = list(params.stop_ids) + ([history.eos_id] if history.eos_id is not None else [])
         early = (generated[:, None] + torch.arange(m, device=logits.device)) < params.min_tokens  # [B, m]
         if stops:
-            stop_cols = logits[..., stops]  # [B, m, S]
-            logits[..., stops] = stop_cols.masked_fill(early[..., None], -math.inf)
+            stop_cols = logits[..., list(stops)]  # [B, m, S]
+            logits[..., list(stops)] = stop_cols.masked_fill(early[..., None], -math.inf)
     if params.logit_bias:
         ids, bias = zip(*params.logit_bias, strict=True)
         logits[..., list(ids)] += torch.tensor(bias, dtype=logits.dtype, device=logits.device)
@@ -87,6 +91,12 @@ def adjust_logits(
         counts = output_counts(history, continuation, vocab)  # [B, m, V]
         logits = apply_penalties(logits, params, counts, prompt_seen(history, vocab))
     return logits
+
+
+def outputs(history: History) -> list[list[int]]:
+    """Each row's committed output (its tokens past the prompt), as ids."""
+    tokens, starts, ends = history.tokens.tolist(), history.prompt_lengths.tolist(), history.lengths.tolist()
+    return [row[start:end] for row, start, end in zip(tokens, starts, ends, strict=True)]
 
 
 def output_counts(history: History, continuation: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from losscheck.core.grammar import Grammar
 from losscheck.errors import OptionError
 
 
@@ -37,6 +38,7 @@ class SamplingParams:
     banned_ids: tuple[int, ...] = ()  # ids never sampled
     min_tokens: int = 0  # EOS and `stop_ids` masked until the output has this many tokens
     stop_ids: tuple[int, ...] = ()  # ids that end the output like EOS (the id is emitted)
+    grammar: Grammar | None = None  # structured output: the ids a regex / JSON schema allows (core.grammar)
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -79,7 +81,13 @@ class SamplingParams:
     @property
     def reads_history(self) -> bool:
         """A step of the processing reads the request's history (`losscheck.core.history`)."""
-        return self.penalised or bool(self.logit_bias) or bool(self.banned_ids) or self.min_tokens > 0
+        return (
+            self.penalised
+            or bool(self.logit_bias)
+            or bool(self.banned_ids)
+            or self.min_tokens > 0
+            or self.grammar is not None
+        )
 
     def check_vocab(self, vocab: int, what: str = "the target") -> None:
         """Raise `OptionError` when an id the parameters name lies outside `vocab` ids, or when
@@ -120,6 +128,8 @@ class SamplingParams:
             parts.append(f"min{self.min_tokens}")
         if self.stop_ids:
             parts.append("stop" + "_".join(map(str, self.stop_ids)))
+        if self.grammar is not None:
+            parts.append(self.grammar.label())
         return "-".join(parts)
 
 

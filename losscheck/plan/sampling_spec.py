@@ -2,7 +2,8 @@
 
 SPEC is `NAME=VALUE` pairs separated by spaces, NAME a `SamplingParams` field; what is not named
 keeps its neutral value (temperature 1). Lists are comma-separated: `banned_ids=3,7`,
-`stop_ids=2`, `logit_bias=5:2.0,7:-1.5` (id:bias). For example
+`stop_ids=2`, `logit_bias=5:2.0,7:-1.5` (id:bias); `grammar=regex:PATTERN` or `grammar=json:SCHEMA`
+(no spaces; over the bundled target's `losscheck.core.grammar.BUNDLED_TEXTS`). For example
 `--losscheck-sampling "repetition_penalty=1.2 min_p=0.05"`.
 """
 
@@ -12,6 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from losscheck.core.grammar import parse_grammar
 from losscheck.core.sampling import SamplingParams
 from losscheck.errors import OptionError, flag
 
@@ -44,6 +46,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "banned_ids": _ids,
     "min_tokens": int,
     "stop_ids": _ids,
+    "grammar": parse_grammar,
 }
 assert set(PARSERS) == {f.name for f in dataclasses.fields(SamplingParams)}, "a SamplingParams field has no parser"
 
@@ -64,6 +67,8 @@ def parse_sampling(text: str) -> SamplingParams:
             values[name] = PARSERS[name](value)
         except ValueError as exc:
             raise OptionError(f"{where}: {name}={value!r} does not parse ({exc})") from None
+        except OptionError as exc:  # a grammar that does not compile
+            raise OptionError(f"{where}: {exc}") from None
     if not values:
         raise OptionError(f"{where}: name at least one parameter, e.g. {EXAMPLE}")
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from losscheck.core.grammar import Grammar
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import SamplingParams
 from losscheck.plan.cell import ENGINE, Cell
@@ -27,7 +28,8 @@ EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.
 # The parameters engines serve beyond temperature / top-k / top-p, one per cell on the base cell
 # (T = 1), at values that act within the main target's 16-token horizon over its 64 ids: id 25 is
 # its most frequent T = 1 token (~2.7% of them), id 5 one it emits ~2% of the time. A PIT cell of
-# them costs what the base cell does (~4 s here): all are in the quick gate and the main job.
+# them costs what the base cell does (~4 s here): all are in the quick gate; the main job has all but
+# the grammar's, which needs xgrammar (`losscheck[grammar]`) and is in `--bundled all` and CI's tests.
 HISTORY_VARIANTS = (
     SamplingParams(repetition_penalty=1.5),
     SamplingParams(min_tokens=8, stop_ids=(25,)),
@@ -36,6 +38,9 @@ HISTORY_VARIANTS = (
     SamplingParams(min_p=0.1),
     SamplingParams(logit_bias=((5, 2.0),)),
     SamplingParams(banned_ids=(25,)),
+    # structured output: letters and digits alternate (the bundled target's ids spell characters,
+    # `losscheck.core.grammar.BUNDLED_TEXTS`), so the allowed ids change with every token
+    SamplingParams(grammar=Grammar("regex", "([a-z][0-9])+")),
 )
 
 

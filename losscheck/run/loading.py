@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError
-from losscheck.plan.sampling_spec import parse_sampling
 
 if TYPE_CHECKING:
     from losscheck.engines.named import EngineRequest
@@ -232,6 +231,8 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
         target_config = json.loads((Path(options.target).expanduser() / "config.json").read_text())
     check_prompt_file(options, target_config, prefix)
     vocab = _shape(target_config)[0]
+    if options.sampling:
+        from losscheck.plan.sampling_spec import parse_sampling  # imports torch
     for spec in options.sampling:  # ids in the vocabulary (the values were checked when parsed)
         if vocab is not None:
             try:

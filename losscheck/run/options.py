@@ -18,7 +18,6 @@ from losscheck.errors import OptionError, flag
 from losscheck.plan.arrivals import parse_arrivals, parse_block_lengths, parse_concurrency
 from losscheck.plan.perf_profiles import DEFAULT_COMPARE_FAIL, PERF_PROFILES, parse_thresholds
 from losscheck.plan.profiles import PROFILES, Profile, get_profile
-from losscheck.plan.sampling_spec import parse_sampling
 from losscheck.plan.scope import Scope, parse_scope
 from losscheck.plan.shard import Shard, parse_shard
 
@@ -103,6 +102,12 @@ def _usage_errors(parse: Callable[[str], T]) -> Callable[[str], T]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return convert
+
+
+def _sampling_spec(text: str) -> object:
+    from losscheck.plan.sampling_spec import parse_sampling  # torch: only when the option is given
+
+    return parse_sampling(text)
 
 
 def _registered_plant(name: str) -> str:
@@ -190,11 +195,12 @@ SPECS: dict[str, OptionSpec] = {
     },
     "sampling": {
         "metavar": "SPEC",
-        "type": _checked(parse_sampling),
+        "type": _checked(_sampling_spec),
         "action": "append",
         "help": "sampling parameters of an extra sampled cell, NAME=VALUE pairs separated by spaces "
         "(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, "
-        "logit_bias=ID:BIAS,..., banned_ids=ID,..., min_tokens, stop_ids=ID,...), e.g. "
+        "logit_bias=ID:BIAS,..., banned_ids=ID,..., min_tokens, stop_ids=ID,..., grammar=regex:PATTERN or "
+        "json:SCHEMA), e.g. "
         "\"repetition_penalty=1.2 min_p=0.05\"; one cell per use on the drafter's base cell (and the engine's)",
     },
     "scope": {
@@ -203,8 +209,9 @@ SPECS: dict[str, OptionSpec] = {
         "default": None,
         "help": "the part of the matrix to certify: comma-separated kinds to keep (greedy, pit, exact, "
         "engine-greedy, one-sample, two-sample, sampling, engine) and -ASPECTs to leave out (split, prefix, "
-        "batching, precision, stress, width, edge, oracle, slow), e.g. -split on one GPU; the verdict is PASS "
-        "of that scope (default: the whole matrix)",
+        "batching, precision, stress, width, edge, oracle, slow), e.g. -split on one GPU, and +EXTRAs to add "
+        "(+served: an engine's cells of the penalties, min-p, logit bias, banned ids and min tokens); the "
+        "verdict is PASS of that scope (default: the whole matrix)",
     },
     "shard": {
         "metavar": "I/N",

@@ -395,11 +395,12 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(
         "bias_and_bans_at_first_position_only",
         "sampling",
-        "Logit bias and banned ids applied at the round's first position only, the draft positions' "
-        "logits left raw (SGLang #10617).",
-        "A banned id can be recovered or a bonus after the first slot (a token of target probability 0), "
-        "and a biased id keeps its unbiased probability there. Shows in the logit-bias and ban cells.",
-        _history("logit_bias", "banned_ids"),
+        "Logit bias, banned ids and the grammar mask applied at the round's first position only, the draft "
+        "positions' logits left raw (SGLang #10617; vLLM PRs #44297, #48516 for the grammar).",
+        "A banned or ungrammatical id can be recovered or a bonus after the first slot (a token of target "
+        "probability 0), and a biased id keeps its unbiased probability there. Shows in the logit-bias, ban "
+        "and grammar cells.",
+        _history("logit_bias", "banned_ids", "grammar"),
         no_law=HISTORY_NO_LAW,
         history=history_bugs.first_position_only,
     ),
@@ -420,7 +421,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "tokens) but reports q processed without it (transformers #47932).",
         "The verifier judges each draft by a q other than the one it was drawn from: tokens the history "
         "steps boost are over-accepted, those they cut under-accepted. Shows in every history cell.",
-        _history("penalties", "logit_bias", "banned_ids", "min_tokens"),
+        _history("penalties", "logit_bias", "banned_ids", "min_tokens", "grammar"),
         no_law=HISTORY_NO_LAW,
         wrap_drafter=planted.misreporting(
             planted.history_left_out_of_report, "history-out-of-q", "history_left_out_of_q"

@@ -120,7 +120,7 @@ def test_pyargs_of_the_old_path_collects_the_planned_cells_with_a_warning(tmp_pa
     [
         ("losscheck.stats", "PIT_TESTS", "pit", 5),
         ("losscheck.stats.pit", "PIT_TESTS", "pit", 5),
-        ("losscheck.stats.conditional", "CONDITIONAL_TESTS", "conditional", 4),
+        ("losscheck.stats.conditional", "CONDITIONAL_TESTS", "conditional", 5),
         ("losscheck.cells.conformance", "CONFORMANCE_TESTS", "conformance", 5),
     ],
 )
