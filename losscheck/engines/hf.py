@@ -51,6 +51,56 @@ def dtype_precision(dtype: torch.dtype) -> str:
     return {torch_dtype(name): name for name in DTYPE_NAMES}[dtype]
 
 
+# transformers' order differs from vLLM's (min-p last, after top-k and top-p) and it has no
+# presence or frequency penalty: what losscheck's reference cannot judge, refused by name
+HF_UNSUPPORTED = {
+    "presence_penalty": "transformers has no presence penalty",
+    "frequency_penalty": "transformers has no frequency penalty",
+}
+MIN_P_ORDER = (
+    "transformers applies min-p after top-k and top-p, vLLM (and losscheck's reference) before them; "
+    "certify min-p alone"
+)
+
+
+def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None = None) -> dict[str, Any]:
+    """losscheck's request as `transformers.GenerationConfig` keyword arguments, each parameter
+    passed to transformers' own processor, every other knob neutral explicitly: temperature, top-k
+    (0 = off in both), top-p, min-p, `repetition_penalty` (over prompt and output, as vLLM's),
+    `sequence_bias` {(id,): bias} for the logit bias, `bad_words_ids` [[id]] for the banned ids,
+    `min_new_tokens` (EOS masked until then). Presence and frequency penalties, min-p with top-k
+    or top-p, and stop ids other than `eos` raise `UnsupportedParameter` naming the parameter.
+
+    Assisted generation processes the target's logits of every candidate position with that
+    position's prefix (transformers 5.24 `generation/utils.py`, `_assisted_decoding`), and hands
+    the assistant the same processor list (`generation/candidate_generator.py`,
+    `AssistedCandidateGenerator.__init__` and `_prepare_generation_args`: only the min-length
+    processor is dropped; min-new-tokens, counted from the target's prompt, stays), so the draft
+    distribution q is processed as the target's p is."""
+    from losscheck.engines.served import UnsupportedParameter, refuse
+
+    refuse(params, engine, HF_UNSUPPORTED, eos)
+    if params.min_p and (params.top_k or params.top_p < 1) and not params.greedy:
+        raise UnsupportedParameter(f"engine {engine!r} cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
+    sampling: dict[str, Any] = (
+        {"do_sample": False}
+        if params.greedy
+        else {
+            "do_sample": True,
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            "min_p": params.min_p or None,
+        }
+    )
+    return sampling | {
+        "repetition_penalty": params.repetition_penalty,
+        "sequence_bias": {(i,): bias for i, bias in params.logit_bias} or None,
+        "bad_words_ids": [[i] for i in params.banned_ids] or None,
+        "min_new_tokens": params.min_tokens,
+    }
+
+
 class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
@@ -62,8 +112,9 @@ class HFAssistedEngine:
         self.name = f"{name}(k={k})"
 
     def generation_config(self, params: SamplingParams, max_new_tokens: int) -> Any:
-        """Exactly the request: no model-default top-k or penalties, a fixed block of `k` candidates
-        (no schedule, no confidence early-stop: the declared k is the block drafted)."""
+        """Exactly the request (`sampling_config`): no model-default top-k or penalties, a fixed
+        block of `k` candidates (no schedule, no confidence early-stop: the declared k is the block
+        drafted)."""
         from transformers import GenerationConfig
 
         # The candidate generator reads its block from the *assistant's* generation config (with
@@ -72,20 +123,14 @@ class HFAssistedEngine:
         assistant = self.assistant.generation_config
         assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule = self.k, "constant"
         assistant.assistant_confidence_threshold = 0.0
-        sampling = (
-            {"do_sample": False}
-            if params.greedy
-            else {"do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
-        )
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
-            min_new_tokens=0,
             eos_token_id=self.eos,
             pad_token_id=self.eos,
             num_assistant_tokens=self.k,
             num_assistant_tokens_schedule="constant",
             assistant_confidence_threshold=0.0,
-            **sampling,
+            **sampling_config(params, self.name, self.eos),
         )
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:

@@ -136,21 +136,63 @@ def greedy_drafter(draft_gguf: Path, k: int, threads: int) -> Any:
 
 
 # --- the engine ---------------------------------------------------------------------------------------
-def sampler_args(params: SamplingParams) -> dict[str, Any]:
+# llama.cpp's penalties read a window of the last `last_n_tokens_size` (64) tokens its sampler has
+# accepted, not vLLM's prompt and output (repetition) or output alone (presence, frequency); the
+# binding has no min-tokens stage
+WINDOW = (
+    "llama.cpp penalises the last n tokens its sampler accepted (repeat_last_n), not the request's prompt "
+    "and output as vLLM and losscheck's reference do"
+)
+LLAMACPP_UNSUPPORTED = dict.fromkeys(("repetition_penalty", "presence_penalty", "frequency_penalty"), WINDOW) | {
+    "min_tokens": "llama-cpp-python's generate has no min-tokens stage"
+}
+MIN_P_ORDER = (
+    "llama-cpp-python's chain applies min-p after top-k and top-p and before temperature, vLLM after "
+    "temperature and before them; certify min-p at T = 1 alone"
+)
+
+
+class LogitBias:
+    """A `Llama.generate` logits processor adding `bias` [V] (numpy float32; -inf bans an id) to
+    every row's logits: what the binding's own `logit_bias` (`create_completion`) does, as a
+    processor `generate` takes."""
+
+    def __init__(self, pairs: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> None:
+        self.pairs, self.banned = pairs, banned
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        for i, bias in self.pairs:
+            scores[i] += bias
+        for i in self.banned:
+            scores[i] = -float("inf")
+        return scores
+
+
+def sampler_args(params: SamplingParams, eos: int | None = None) -> dict[str, Any]:
     """losscheck's request as `Llama.generate`'s sampler arguments: temperature (0: the greedy
-    sampler), top-k (0 = off), top-p, and every other stage of the binding's chain neutral, its
-    defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8) overridden explicitly."""
+    sampler), top-k (0 = off), top-p, min-p (at T = 1 without top-k or top-p only: `MIN_P_ORDER`),
+    a logit bias and banned ids through a `LogitBias` processor, and every other stage of the
+    binding's chain neutral, its defaults (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8)
+    overridden explicitly. The penalties and min tokens raise `UnsupportedParameter`
+    (`LLAMACPP_UNSUPPORTED`)."""
+    from losscheck.engines.served import UnsupportedParameter, refuse
+
+    refuse(params, "llamacpp", LLAMACPP_UNSUPPORTED, eos)
+    if params.min_p and not params.greedy and (params.temperature != 1 or params.top_k or params.top_p < 1):
+        raise UnsupportedParameter(f"engine 'llamacpp' cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
+    bias = LogitBias(params.logit_bias, params.banned_ids) if params.logit_bias or params.banned_ids else None
     return {
         "temp": 0.0 if params.greedy else float(params.temperature),
         "top_k": int(params.top_k),
         "top_p": float(params.top_p),
-        "min_p": 0.0,
+        "min_p": float(params.min_p),
         "typical_p": 1.0,
         "tfs_z": 1.0,
         "repeat_penalty": 1.0,
         "frequency_penalty": 0.0,
         "presence_penalty": 0.0,
         "mirostat_mode": 0,
+        "logits_processor": bias,
     }
 
 
@@ -167,7 +209,7 @@ class LlamaCppEngine:
         self._counters = EngineCounters(drafts=0, drafted=0, emitted=0)
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
-        args = sampler_args(request.params)
+        args = sampler_args(request.params, self.eos)
         speculative = request.speculative
 
         def row(i: int, j: int) -> list[int]:

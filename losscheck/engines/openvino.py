@@ -99,23 +99,42 @@ def ir_dir(model_dir: str | Path) -> Path:
 
 
 # --- the engine ---------------------------------------------------------------------------------------
+# OpenVINO GenAI's presence and frequency penalties "reduce absolute log prob" (its GenerationConfig
+# docs): a negative logit moves up, where OpenAI's and vLLM's subtract; it has no logit bias
+ABSOLUTE = "OpenVINO GenAI's penalty reduces a logit's absolute value, the OpenAI definition subtracts"
+OPENVINO_UNSUPPORTED = dict.fromkeys(("presence_penalty", "frequency_penalty"), ABSOLUTE) | {
+    "logit_bias": "OpenVINO GenAI's GenerationConfig has no logit bias",
+    "banned_ids": "OpenVINO GenAI's GenerationConfig has no logit bias or banned ids",
+}
+MIN_P_ORDER = (
+    "where OpenVINO GenAI applies min-p against temperature, top-k and top-p is not pinned; certify it at T = 1 alone"
+)
+
+
 def generation_config(params: SamplingParams, seed: int, max_new_tokens: int, eos: int, k: int | None) -> Any:
     """losscheck's request as an `openvino_genai.GenerationConfig`: temperature (0: greedy), top-k,
-    top-p and nothing else. Every other processing knob is set to its neutral value explicitly, so no
-    generation_config.json default can creep in; `k` drafts per round, a constant block (no
-    confidence threshold), or None without a draft model."""
+    top-p, min-p (at T = 1 alone: `MIN_P_ORDER`), `repetition_penalty` (over prompt and output, as
+    vLLM's) and `min_new_tokens` (EOS masked until then). Every other processing knob is set to its
+    neutral value explicitly, so no generation_config.json default can creep in; what it cannot
+    serve raises `UnsupportedParameter` (`OPENVINO_UNSUPPORTED`). `k` drafts per round, a constant
+    block (no confidence threshold), or None without a draft model."""
+    from losscheck.engines.served import UnsupportedParameter, refuse
+
+    refuse(params, "openvino", OPENVINO_UNSUPPORTED, eos)
+    if params.min_p and not params.greedy and (params.temperature != 1 or params.top_k or params.top_p < 1):
+        raise UnsupportedParameter(f"engine 'openvino' cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
     import openvino_genai
 
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = max_new_tokens
-    config.min_new_tokens = 0
+    config.min_new_tokens = params.min_tokens
     config.ignore_eos = False
     config.eos_token_id = eos
     config.stop_token_ids = {eos}
-    config.repetition_penalty = 1.0
+    config.repetition_penalty = params.repetition_penalty
     config.presence_penalty = 0.0
     config.frequency_penalty = 0.0
-    config.min_p = 0.0
+    config.min_p = params.min_p
     config.num_return_sequences = 1
     config.do_sample = not params.greedy
     if not params.greedy:

@@ -40,28 +40,62 @@ _streams = itertools.count()  # numbers the streams of the process, so request i
 PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
 
 
-def sampling_kwargs(params: SamplingParams, seed: int, max_new_tokens: int) -> dict[str, Any]:
-    """losscheck's request as keyword arguments of `vllm.SamplingParams`: temperature, top-k, top-p
-    and nothing else. Every other processing knob is set to its neutral value explicitly, so no
-    model generation-config default (repetition penalty, min-p, top-k) can creep in; logprobs are
-    off (the one-sample test scores the ids itself) and ids are not detokenized."""
+def sampling_kwargs(
+    params: SamplingParams, seed: int, max_new_tokens: int, eos: int | None = None, vocab: int | None = None
+) -> dict[str, Any]:
+    """losscheck's request as keyword arguments of `vllm.SamplingParams`, each parameter passed to
+    vLLM's own field (`losscheck.core.history` follows vLLM V1's order, so the semantics are the
+    same); every knob the request leaves neutral is set neutral explicitly, so no model
+    generation-config default (repetition penalty, min-p, top-k) can creep in. Logprobs are off
+    (the one-sample test scores the ids itself) and ids are not detokenized.
+
+    Banned ids become `allowed_token_ids`, every other id of the `vocab`: a mask vLLM applies to the
+    target's logits at every position, drafts included (`RejectionSampler.apply_logits_processors`),
+    where a -inf logit bias would be refused (vLLM takes finite biases and, with speculation on, no
+    bias at all) and `bad_words` needs a tokenizer. Min tokens names EOS as a stop id: vLLM built
+    without a tokenizer knows no EOS, and its min-tokens processor masks the stop ids."""
+    from losscheck.engines.served import UnsupportedParameter, refuse
+
+    refuse(params, "vllm", {}, eos)
+    if vocab is not None:
+        params.check_vocab(vocab, "the engine's target")
+    allowed = None
+    if params.banned_ids:
+        if vocab is None:
+            raise UnsupportedParameter("engine 'vllm' cannot serve banned_ids without the target's vocabulary size")
+        banned = set(params.banned_ids)
+        allowed = [i for i in range(vocab) if i not in banned]
+    stops = [eos] if params.min_tokens and eos is not None else None
     return {
         "n": 1,
         "temperature": params.temperature,  # 0: greedy
         "top_k": params.top_k if params.top_k else -1,  # -1: off (older vLLM refuses 0)
         "top_p": params.top_p,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "logit_bias": dict(params.logit_bias) or None,
+        "allowed_token_ids": allowed,
         "seed": None if params.greedy else seed,
         "max_tokens": max_new_tokens,
-        "min_tokens": 0,
+        "min_tokens": params.min_tokens,
+        "stop_token_ids": stops,
         "ignore_eos": False,
         "logprobs": None,
         "prompt_logprobs": None,
         "detokenize": False,
     }
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether `exc` is vLLM refusing a request's parameters (`VLLMValidationError`: e.g. min-p
+    and logit bias with speculation on, `vllm/sampling_params.py`, `_validate_spec_decode`)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return False
+    return isinstance(exc, VLLMValidationError)
 
 
 def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str) -> torch.Tensor:
@@ -94,7 +128,8 @@ class VLLMEngine:
     on first use, under `policy` (`KEEP_ALL`: both kept; `ONE_AT_A_TIME`: the other side released
     first, for one GPU). `sampling_params` is `vllm.SamplingParams` (replaceable in tests).
     `warm_prefix`: every distinct prompt of a call is served once (one greedy token) before the
-    call, so that the call's requests find their prompts in vLLM's prefix cache."""
+    call, so that the call's requests find their prompts in vLLM's prefix cache. `vocab`: the
+    target's vocabulary size, which banned ids need (None: a request that bans ids is refused)."""
 
     def __init__(
         self,
@@ -107,9 +142,10 @@ class VLLMEngine:
         policy: Policy = Policy.KEEP_ALL,
         warm_prefix: bool = False,
         in_flight: int | None = None,
+        vocab: int | None = None,
     ) -> None:
         self.make_llm, self.speculative_config, self.eos, self.precision = make_llm, speculative_config, eos, precision
-        self.warm_prefix, self.in_flight = warm_prefix, in_flight
+        self.warm_prefix, self.in_flight, self.vocab = warm_prefix, in_flight, vocab
         self.k = int(speculative_config["num_speculative_tokens"])
         self.name = f"{name}({speculative_config.get('method', 'draft')}, k={self.k})"
         self._sampling_params = sampling_params
@@ -133,8 +169,9 @@ class VLLMEngine:
             self._sampling_params = VLLMSamplingParams
         prompts, n, budget = request.prompts, request.n, request.max_new_tokens
         requests = [{"prompt_token_ids": list(prompt)} for prompt in request.rows()]
+        processing = (self.eos, self.vocab)
         sampling = [
-            self._sampling_params(**sampling_kwargs(request.params, request.row_seed(i, j), budget))
+            self._sampling_params(**sampling_kwargs(request.params, request.row_seed(i, j), budget, *processing))
             for i in range(len(prompts))
             for j in range(n)
         ]
@@ -152,9 +189,13 @@ class VLLMEngine:
                 outputs = llm.generate(requests, sampling, use_tqdm=False)
             else:
                 outputs = staggered(llm, requests, sampling, self.in_flight)
-        except Exception:
+        except Exception as exc:
             # a failed LLM keeps the call's requests and spins on the next one: never reused
             self.llms.discard(request.speculative)
+            if refused(exc):
+                from losscheck.engines.served import UnsupportedParameter
+
+                raise UnsupportedParameter(f"engine {self.name!r}: vLLM refuses the request: {exc}") from exc
             raise
         if request.speculative:
             self._count(before, read_counters(llm), fresh)
@@ -171,9 +212,9 @@ class VLLMEngine:
         )
 
     @property
-    def _serving(self) -> tuple[bool, int | None]:
-        """How this engine serves a call (`warm_prefix`, `in_flight`), which a variant keeps."""
-        return self.warm_prefix, self.in_flight
+    def _serving(self) -> tuple[bool, int | None, int | None]:
+        """How this engine serves a call (`warm_prefix`, `in_flight`, `vocab`), which a variant keeps."""
+        return self.warm_prefix, self.in_flight, self.vocab
 
     def stream(self, speculative: bool) -> VLLMStream:
         """The engine timed token by token (`losscheck.engines.stream`)."""
@@ -228,7 +269,8 @@ class VLLMStream:
     ) -> None:
         from vllm import SamplingParams as VLLMSamplingParams
 
-        kwargs = sampling_kwargs(params, seed, max_new_tokens) | {"output_kind": self._delta}
+        kwargs = sampling_kwargs(params, seed, max_new_tokens, self.engine.eos, self.engine.vocab)
+        kwargs |= {"output_kind": self._delta}
         rid = f"perf{self._opened}-{request}"  # unique in the engine over every stream opened on it
         self._ids[rid] = request
         self.llm.llm_engine.add_request(rid, {"prompt_token_ids": list(prompt)}, VLLMSamplingParams(**kwargs))
@@ -308,14 +350,15 @@ def vllm_engine(
     policy: Policy = Policy.KEEP_ALL,
     warm_prefix: bool = False,
     in_flight: int | None = None,
+    vocab: int | None = None,
     **llm_kwargs: Any,
 ) -> VLLMEngine:
     """A `VLLMEngine` over `vllm.LLM(model, dtype=precision, **llm_kwargs)`; `precision` None: run in
     vLLM's default dtype and certify two-sample (losscheck does not load the target). `cpu_fixes`:
     with `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler
     functions (`CPUEngineFactory`; an argument of `llm_kwargs` overrides what they set).
-    `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM. `warm_prefix`, `in_flight`: see
-    `VLLMEngine`."""
+    `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM. `warm_prefix`, `in_flight`,
+    `vocab`: see `VLLMEngine`."""
 
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
@@ -324,7 +367,14 @@ def vllm_engine(
         return LLM(model=model, speculative_config=spec, **dtype, **{**_cpu_setup(cpu_fixes), **llm_kwargs})
 
     return VLLMEngine(
-        make_llm, speculative_config, eos, precision, policy=policy, warm_prefix=warm_prefix, in_flight=in_flight
+        make_llm,
+        speculative_config,
+        eos,
+        precision,
+        policy=policy,
+        warm_prefix=warm_prefix,
+        in_flight=in_flight,
+        vocab=vocab,
     )
 
 
@@ -353,6 +403,7 @@ def bundled_draft_model(target: Any) -> VLLMEngine:
         {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a"), "num_speculative_tokens": 4},
         eos=target.eos_id if target.eos_id is not None else 0,
         precision="fp32",
+        vocab=target.vocab_size,
         skip_tokenizer_init=True,
         gpu_memory_utilization=0.3,
         max_model_len=256,
@@ -436,7 +487,8 @@ class CPUEngineFactory:
         name = "vllm-cpu" + ("+cpu-fixes" if self.cpu_fixes else "")
         eos = target.eos_id if target.eos_id is not None else 0
         precision = None if self.two_sample else "fp32"
-        engine = VLLMEngine(make_llm, cpu_speculative_config(self.method), eos, precision, name=name)
+        config = cpu_speculative_config(self.method)
+        engine = VLLMEngine(make_llm, config, eos, precision, name=name, vocab=target.vocab_size)
         engine.name = f"{name}({self.method}, k={engine.k})"
         return engine
 
@@ -512,7 +564,10 @@ def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], 
         eos = target.eos_id if target.eos_id is not None else 0
         config, policy = request.speculative_config, options.losscheck_instances
         warm, in_flight = options.losscheck_warm_prefix, options.losscheck_in_flight
-        engine = vllm_engine(request.target, config, eos, precision, cpu_fixes, policy, warm, in_flight, **options.llm)
+        vocab = target.vocab_size
+        engine = vllm_engine(
+            request.target, config, eos, precision, cpu_fixes, policy, warm, in_flight, vocab, **options.llm
+        )
         if cpu_fixes:
             engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
         return engine

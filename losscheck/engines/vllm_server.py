@@ -76,14 +76,29 @@ REQUEST_FIELDS = (
     "max_tokens",
     "min_tokens",
     "ignore_eos",
+    "logit_bias",
+    "allowed_token_ids",
+    "stop_token_ids",
 )
 
 
 class Server:
-    """One `vllm` API server process on localhost."""
+    """One `vllm` API server process on localhost; `eos` and `vocab` (the target's) are what
+    `sampling_kwargs` needs for min tokens and banned ids."""
 
-    def __init__(self, model: str, args: Sequence[str], cpu_fixes: bool, log: Path) -> None:
-        self.model, self.port = model, _free_port()
+    eos: int | None = None
+    vocab: int | None = None
+
+    def __init__(
+        self,
+        model: str,
+        args: Sequence[str],
+        cpu_fixes: bool,
+        log: Path,
+        eos: int | None = None,
+        vocab: int | None = None,
+    ) -> None:
+        self.model, self.port, self.eos, self.vocab = model, _free_port(), eos, vocab
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", API_SERVER, "--model", model, "--port", str(self.port)]
         command += ["--host", "127.0.0.1", *args]
@@ -135,16 +150,29 @@ class Server:
                 time.sleep(1)
 
     def body(self, prompt: Sequence[int], params: SamplingParams, seed: int, max_new: int, stream: bool) -> bytes:
-        """A `/v1/completions` request: the prompt as ids, the sampling of `sampling_kwargs`."""
-        kwargs = sampling_kwargs(params, seed, max_new)
+        """A `/v1/completions` request: the prompt as ids, the sampling of `sampling_kwargs` (a
+        logit bias keyed by the ids as strings, as JSON and the OpenAI API have it)."""
+        kwargs = sampling_kwargs(params, seed, max_new, self.eos, self.vocab)
         request = {key: kwargs[key] for key in REQUEST_FIELDS} | {"model": self.model, "prompt": list(prompt), "n": 1}
+        if request["logit_bias"] is not None:
+            request["logit_bias"] = {str(i): bias for i, bias in request["logit_bias"].items()}
         return json.dumps(request | {"stream": stream, "return_token_ids": True}).encode()
 
     def post(self, body: bytes) -> Any:
+        """The server's answer to `body`; its refusal of the request (HTTP 400: vLLM's validation,
+        e.g. min-p or a logit bias with speculation on) as `UnsupportedParameter`."""
+        from losscheck.engines.served import UnsupportedParameter
+
         request = urllib.request.Request(
             f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}, method="POST"
         )
-        return urllib.request.urlopen(request, timeout=STARTUP_S)
+        try:
+            return urllib.request.urlopen(request, timeout=STARTUP_S)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 400:
+                raise
+            answer = exc.read().decode(errors="replace")
+            raise UnsupportedParameter(f"engine 'vllm-serve' refuses the request: {answer}") from exc
 
     def counters(self) -> EngineCounters | None:
         """vLLM's spec-decode counters from `/metrics`; None when it exports none (drafting off)."""
@@ -246,6 +274,7 @@ class VLLMServerEngine:
         policy: Policy,
         max_in_flight: int,
         log_dir: Path,
+        vocab: int | None = None,
     ) -> None:
         self.model, self.eos, self.precision, self.max_in_flight = model, eos, precision, max_in_flight
         self.speculative_config = speculative_config
@@ -256,7 +285,7 @@ class VLLMServerEngine:
         def start(speculative: bool) -> Server:
             spec = ["--speculative-config", json.dumps(speculative_config)] if speculative else []
             log = log_dir / f"vllm-serve-{'on' if speculative else 'off'}.log"
-            return Server(model, [*server_args, *spec], cpu_fixes, log)
+            return Server(model, [*server_args, *spec], cpu_fixes, log, eos, vocab)
 
         self.servers: Instances[bool, Server] = Instances(start, policy, lambda _, server: server.stop())
         self._counted: EngineCounters | None = None
@@ -365,6 +394,7 @@ def _build(target: Target, request: EngineRequest, options: ServeOptions) -> VLL
         options.losscheck_instances,
         options.max_in_flight,
         log_dir,
+        target.vocab_size,
     )
 
 

@@ -48,19 +48,17 @@ def hf_generate_seconds(
 ) -> tuple[float, int]:
     """(wall seconds, output tokens) of `model.generate` over `requests` one at a time, with
     `assistant` drafting `k` tokens per round, or plain when None."""
+    from losscheck.engines.hf import sampling_config
+
     device = next(model.parameters()).device
-    sampling: dict[str, Any] = (
-        {"do_sample": False}
-        if params.greedy
-        else {"do_sample": True, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
-    )  # top_k 0 = off in both
+    eos = model.generation_config.eos_token_id
+    sampling = sampling_config(params, "hf-assisted peer", eos if isinstance(eos, int) else None)
     extra: dict[str, Any] = {}
     if assistant is not None:
         config = assistant.generation_config
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
         config.assistant_confidence_threshold = 0.0
         extra["assistant_model"] = assistant
-    eos = model.generation_config.eos_token_id
     torch.manual_seed(seed)  # HF's sampling draws from the global generator
     tokens = 0
     synchronize(device)

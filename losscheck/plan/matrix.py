@@ -48,6 +48,27 @@ SAMPLING_VARIANTS = (
     SamplingParams(temperature=1.0, top_k=8),
     SamplingParams(temperature=1.0, top_p=0.9),
 )
+# The sampling parameters engines serve beyond temperature, top-k and top-p, one per engine cell on
+# the T = 1 cell, in cells a run adds with `--scope=+served` (`losscheck.plan.scope.EXTRAS`): an
+# engine's sampled cell costs ~20 s on vLLM's CPU build with the bundled target and 20-45 min with
+# Hugging Face on the 8,192-token text target, so the default engine run does not carry them. The
+# ids must act on whichever target the engine runs, the bundled 64-token one (vLLM's CPU build) or
+# the text target (Hugging Face): at T = 1 after the bundled prompts, id 5 is 1.9% of the 64-token
+# target's tokens and 1.6% of the text target's ("#"), the id most frequent in both; id 16 is
+# 0.8% and 2.1% ("."), which a +2 bias raises about sevenfold. Min tokens ends on EOS only (0.8%
+# and 3.0% of their tokens): the black-box path ends a row at EOS (`losscheck.engines.lengths`), so
+# stop ids stay with losscheck's own loop.
+BIASED_ID, BANNED_ID = 16, 5
+SERVED_VARIANTS = (
+    SamplingParams(repetition_penalty=1.5),
+    SamplingParams(presence_penalty=1.0),
+    SamplingParams(frequency_penalty=0.5),
+    SamplingParams(min_p=0.1),
+    SamplingParams(logit_bias=((BIASED_ID, 2.0),)),
+    SamplingParams(banned_ids=(BANNED_ID,)),
+    SamplingParams(min_tokens=8),
+)
+
 # The small target has 8 tokens: top-k / top-p values that actually cut its distributions.
 SMALL_VARIANTS = (*SAMPLING_VARIANTS[:3], SamplingParams(top_k=3), SamplingParams(top_p=0.8))
 
@@ -93,6 +114,8 @@ def plan(
     precisions: tuple[Precision, ...] = (Precision(),),
     precision_drafters: frozenset[str] = frozenset(),
     engine_variants: Sequence[tuple[str, int | str]] = (),
+    served: bool = False,
+    sampling: Sequence[SamplingParams] = (),
 ) -> dict[str, list[Cell]]:
     """The cells of every certification test argument.
 
@@ -100,9 +123,12 @@ def plan(
     bundled: the bundled set the drafters are (`losscheck.plan.bundled_sets`: its families get the
         cells of `FAMILY_SAMPLING` and it keeps those of its selection), or None for a user's drafter.
     engine: the black-box engine certified (`ENGINE_CELL`, `ENGINE_GREEDY_CELL`; `engine_cells`), or None,
-        with `engine_variants`, the (axis, value) its adapter varies it along.
+        with `engine_variants`, the (axis, value) its adapter varies it along, and with `served` its
+        cells of `SERVED_VARIANTS` (`--scope=+served`).
     precisions: the base cell's precision first, then one greedy and one sampled cell each for
         the main target's `precision_drafters` (those whose dtype losscheck sets).
+    sampling: the run's own sampling parameters (`--losscheck-sampling`), one more sampled cell
+        each on the base cell of every drafter certified along the serving axes and of the engine.
     """
     base = precisions[0]
     bundled_families = bundled is not None
@@ -118,7 +144,7 @@ def plan(
     }
     cells = {arg: [replace(c, precision=base) for c in found] for arg, found in cells.items()}
     cells[ENGINE_CELL], cells[ENGINE_GREEDY_CELL] = (
-        engine_cells(engine, engine_variants) if engine is not None else ([], [])
+        engine_cells(engine, engine_variants, served, sampling) if engine is not None else ([], [])
     )
     for name, drafter in drafters["main"].items():
         if name == ORACLE:
@@ -143,7 +169,9 @@ def plan(
                 if axis.with_reduced_precision:
                     extra = [serving(**{axis.name: v}) for v in axis.values]
                     cells[GREEDY_CELL] += [Cell(name, k, GREEDY, precision=precision, serving=s) for s in extra]
-        cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS + HISTORY_VARIANTS]
+        planned = EDGE_VARIANTS + HISTORY_VARIANTS
+        asked = tuple(p for p in dict.fromkeys(sampling) if p not in planned + SAMPLING_VARIANTS)
+        cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in planned + asked]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
     tiers = TierContext(base, base_ks, frozenset(FAMILY_SAMPLING) if bundled_families else frozenset())
     return {
@@ -228,11 +256,15 @@ def _base_k(drafter: Declares) -> int:
 
 
 def engine_cells(
-    engine: BlackBoxEngine, variants: Sequence[tuple[str, int | str]] = ()
+    engine: BlackBoxEngine,
+    variants: Sequence[tuple[str, int | str]] = (),
+    served: bool = False,
+    sampling: Sequence[SamplingParams] = (),
 ) -> tuple[list[Cell], list[Cell]]:
     """(sampled, greedy) cells of a black-box engine at its own block length: every sampling
-    variant and one greedy cell, in the engine's precision when losscheck loads its target
-    (one-sample mode), else on the engine's own target (`OWN_TARGET`, two-sample mode). Then
+    variant (with `served` every one of `SERVED_VARIANTS`, then the run's own `sampling`) and one
+    greedy cell, in the engine's precision when losscheck loads its target (one-sample mode), else
+    on the engine's own target (`OWN_TARGET`, two-sample mode). Then
     each of its `variants` (axis, value: one knob of its adapter changed, `EngineAxis`) gets a
     greedy and a T = 1 cell of its own; a `k` variant runs at that k, a `dtype` variant of a
     one-sample engine is scored in that precision (a value the engine already has is no variant)."""
@@ -240,7 +272,8 @@ def engine_cells(
         target, precision = OWN_TARGET, Precision()
     else:
         target, precision = "main", Precision(engine.precision, engine.precision)
-    sampled = [Cell(ENGINE, engine.k, params, target=target, precision=precision) for params in SAMPLING_VARIANTS]
+    asked = tuple(dict.fromkeys(SAMPLING_VARIANTS + (SERVED_VARIANTS if served else ()) + tuple(sampling)))
+    sampled = [Cell(ENGINE, engine.k, params, target=target, precision=precision) for params in asked]
     greedy = [Cell(ENGINE, engine.k, GREEDY, target=target, precision=precision)]
     for name, value in variants:
         if (name, value) in (("k", engine.k), ("dtype", engine.precision)):

@@ -12,7 +12,10 @@ Terms, comma-separated:
   without one, every kind;
 - an aspect out, `-ASPECT`: leave out every cell that varies along it from the base cell
   (`ASPECTS`, each serving axis by its name: `split`, `prefix`, `batching`, and each axis of the
-  named black-box engine's adapter: vLLM's `k`, `dtype`, `prefix`, `chunked_prefill`, `method`).
+  named black-box engine's adapter: vLLM's `k`, `dtype`, `prefix`, `chunked_prefill`, `method`);
+- cells in, `+EXTRA`: add cells the matrix has only when asked (`EXTRAS`), e.g. `+served`, a
+  black-box engine's cells of the sampling parameters engines serve (an engine run on a CPU costs
+  minutes a cell, and on a large target tens of minutes).
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ ASPECTS: dict[str, tuple[str, Callable[[Cell, Precision], bool]]] = {
     "engine-axes": ("the black-box engine's variants (one of its axes changed)", lambda c, base: bool(c.variant)),
 }
 WHOLE = "the whole matrix"
+# extra -> the cells `+EXTRA` adds to the matrix (`losscheck.plan.matrix.plan`)
+EXTRAS = {
+    "served": "a black-box engine's cells of the sampling parameters engines serve beyond temperature, top-k "
+    "and top-p: each penalty, min-p, a logit bias, banned ids, min tokens (losscheck.plan.matrix.SERVED_VARIANTS)",
+}
 
 
 def serving_axis_names() -> tuple[str, ...]:
@@ -68,15 +76,17 @@ def serving_axis_names() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Scope:
-    """Kinds declared in (empty: every kind) and aspects declared out, as the user wrote them."""
+    """Kinds declared in (empty: every kind), aspects declared out and extras declared in, as the
+    user wrote them."""
 
     kinds: frozenset[str] = frozenset()
     out: tuple[str, ...] = ()
     text: str = ""
+    extras: frozenset[str] = frozenset()
 
     @property
     def whole(self) -> bool:
-        return not self.kinds and not self.out
+        return not self.kinds and not self.out and not self.extras
 
     def label(self) -> str:
         return WHOLE if self.whole else f"--scope={self.text}"
@@ -130,11 +140,17 @@ def parse_scope(text: str | None) -> Scope:
         return Scope()
     kinds: set[str] = set()
     out: list[str] = []
+    extras: set[str] = set()
     for term in (t.strip() for t in text.split(",")):
         if not term:
             raise OptionError(f"scope {text!r} has an empty term; separate kinds and -aspects by single commas")
         if term.startswith("-"):
             out.append(term[1:])
+        elif term.startswith("+"):
+            if term[1:] not in EXTRAS:
+                listed = ", ".join(f"+{name} ({what})" for name, what in EXTRAS.items())
+                raise OptionError(f"scope {text!r}: no extra {term!r}; the extras are {listed}")
+            extras.add(term[1:])
         elif term in GROUPS:
             kinds.update(GROUPS[term])
         elif term in KINDS:
@@ -142,9 +158,9 @@ def parse_scope(text: str | None) -> Scope:
         else:
             raise OptionError(
                 f"scope {text!r}: no kind {term!r}; the kinds are {', '.join((*KINDS, *GROUPS))}, "
-                "and -ASPECT leaves an aspect out (e.g. greedy,-split)"
+                "-ASPECT leaves an aspect out (e.g. greedy,-split) and +EXTRA adds cells (e.g. +served)"
             )
-    return Scope(frozenset(kinds), tuple(out), text.strip())
+    return Scope(frozenset(kinds), tuple(out), text.strip(), frozenset(extras))
 
 
 def hint(aspect: str) -> str:

@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError, flag
+from losscheck.plan.sampling_spec import parse_sampling
 from losscheck.run.models import Models
 from losscheck.run.options import Options
 
@@ -141,7 +142,11 @@ class Session:
             else:
                 precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
         variants = list(self.engine_variants)
-        full = matrix.plan(drafters, bundled, self.blackbox, self.options.precisions, precision_drafters, variants)
+        served = "served" in self.options.scope.extras
+        sampling = [parse_sampling(spec) for spec in self.options.sampling]
+        full = matrix.plan(
+            drafters, bundled, self.blackbox, self.options.precisions, precision_drafters, variants, served, sampling
+        )
         return self.options.scope.split(full, self.base_precision)
 
     def _planned_drafters(self, target: str) -> Mapping[str, Declares]:

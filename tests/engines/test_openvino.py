@@ -89,6 +89,15 @@ def test_generation_config_is_exactly_the_request():
     assert not generation_config(GREEDY, 17, 16, EOS, 4).do_sample
 
 
+def test_the_served_parameters_it_has_reach_the_generation_config():
+    """Repetition penalty (prompt and output, as vLLM's), min-p at T = 1, min new tokens (EOS
+    masked); what it lacks is refused (tests/unit/blackbox/test_served_parameters.py)."""
+    params = SamplingParams(repetition_penalty=1.5, min_p=0.1, min_tokens=8)
+    config = generation_config(params, 17, 16, EOS, 4)
+    assert (config.repetition_penalty, config.min_p) == pytest.approx((1.5, 0.1)) and config.min_new_tokens == 8
+    assert (config.presence_penalty, config.frequency_penalty) == (0, 0) and config.stop_token_ids == {EOS}
+
+
 def test_ir_is_exported_once_and_an_ir_directory_is_used_as_it_is():
     exported = ir_dir(bundled.target_path())
     assert (exported / IR_FILE).is_file()

@@ -218,7 +218,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
             "vllm",
             "vllm_engine",
             ("dtype=bfloat16", "losscheck_instances=one-at-a-time", "max_model_len=512"),
-            ("t", CONFIG, 2, "bf16", False, Policy.ONE_AT_A_TIME, False, None),
+            ("t", CONFIG, 2, "bf16", False, Policy.ONE_AT_A_TIME, False, None, 64),
             {"max_model_len": 512},
             "vllm(x)",
         ),
@@ -226,7 +226,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
             "vllm+cpu-fixes",
             "vllm_engine",
             ("dtype=fp32",),
-            ("t", CONFIG, 2, "fp32", True, Policy.KEEP_ALL, False, None),
+            ("t", CONFIG, 2, "fp32", True, Policy.KEEP_ALL, False, None, 64),
             {},
             "vllm+cpu-fixes(x)",
         ),
@@ -266,7 +266,7 @@ def test_each_shipped_adapter_builds_the_engine_it_built(
     monkeypatch.setattr(module, function, fake)
     model_option = {"speculative_config": CONFIG} if name.startswith("vllm") else {"assistant": "dir/d"}
     engine = ADAPTERS[name].build(
-        SimpleNamespace(eos_id=2), EngineRequest("t", args=engine_args(pairs), **model_option)
+        SimpleNamespace(eos_id=2, vocab_size=64), EngineRequest("t", args=engine_args(pairs), **model_option)
     )
     assert calls == [(expected_args, expected_kwargs)]
     assert expected_name is None or engine.name == expected_name

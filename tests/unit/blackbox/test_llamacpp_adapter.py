@@ -45,3 +45,25 @@ def test_rows_are_seeded_apart_and_stop_at_eos_or_the_budget():
                 expected.append(EOS if draw in (0, 1) else draw)
             assert out[i, j].tolist() == expected + [EOS] * (6 - len(expected))
     assert len({tuple(row) for row in out.view(6, 6).tolist()}) > 1  # the rows differ
+
+
+def test_served_parameters_reach_the_sampler_chain_or_are_refused_by_name():
+    import numpy as np
+    import pytest
+
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.llamacpp import sampler_args
+    from losscheck.engines.served import UnsupportedParameter
+
+    assert sampler_args(SamplingParams(min_p=0.1), EOS)["min_p"] == 0.1
+    assert sampler_args(SamplingParams(), EOS)["logits_processor"] is None
+    bias = sampler_args(SamplingParams(logit_bias={3: 2.0}, banned_ids=(4,)), EOS)["logits_processor"]
+    scores = bias(np.zeros(2, dtype=np.intc), np.zeros(6, dtype=np.float32))
+    assert scores.tolist() == [0, 0, 0, 2.0, -np.inf, 0]
+    for name, value in (("repetition_penalty", 1.5), ("presence_penalty", 1.0), ("frequency_penalty", 0.5)):
+        with pytest.raises(UnsupportedParameter, match=f"{name}=.*repeat_last_n"):
+            sampler_args(SamplingParams(**{name: value}), EOS)
+    with pytest.raises(UnsupportedParameter, match="min_tokens=8: .*no min-tokens"):
+        sampler_args(SamplingParams(min_tokens=8), EOS)
+    with pytest.raises(UnsupportedParameter, match="min_p=0.1 here: .*before temperature"):
+        sampler_args(SamplingParams(min_p=0.1, temperature=0.5), EOS)

@@ -50,9 +50,12 @@ def test_sampling_parameters_map_exactly_and_neutralise_everything_else():
         "repetition_penalty": 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
+        "logit_bias": None,
+        "allowed_token_ids": None,
         "seed": 123,
         "max_tokens": 10,
         "min_tokens": 0,
+        "stop_token_ids": None,
         "ignore_eos": False,
         "logprobs": None,
         "prompt_logprobs": None,
@@ -62,6 +65,43 @@ def test_sampling_parameters_map_exactly_and_neutralise_everything_else():
     assert off["top_k"] == -1 and off["top_p"] == 1.0 and off["temperature"] == 1.0
     greedy = sampling_kwargs(GREEDY, 5, 4)
     assert greedy["temperature"] == 0.0 and greedy["seed"] is None
+
+
+def test_each_served_parameter_reaches_its_vllm_field():
+    def kw(**params):
+        return sampling_kwargs(SamplingParams(**params), 5, 4, eos=EOS, vocab=8)
+
+    assert kw(min_p=0.1)["min_p"] == 0.1
+    assert kw(repetition_penalty=1.5)["repetition_penalty"] == 1.5
+    assert kw(presence_penalty=1.0)["presence_penalty"] == 1.0
+    assert kw(frequency_penalty=0.5)["frequency_penalty"] == 0.5
+    assert kw(logit_bias={3: 2.0, 6: -1.0})["logit_bias"] == {3: 2.0, 6: -1.0}
+    # banned ids: every other id allowed, a mask vLLM applies at draft positions too
+    assert kw(banned_ids=(2, 5))["allowed_token_ids"] == [0, 1, 3, 4, 6, 7]
+    # min tokens: EOS named as a stop id, which vLLM's min-tokens processor masks
+    assert (kw(min_tokens=8)["min_tokens"], kw(min_tokens=8)["stop_token_ids"]) == (8, [EOS])
+    assert kw(stop_ids=(EOS,))["stop_token_ids"] is None  # EOS ends a row anyway
+
+
+def test_what_vllm_cannot_serve_here_is_refused_by_name():
+    from losscheck.engines.served import UnsupportedParameter
+    from losscheck.errors import CellUnavailable, OptionError
+
+    with pytest.raises(UnsupportedParameter, match=r"stop_ids=\[3\].*EOS only") as refused:
+        sampling_kwargs(SamplingParams(stop_ids=(3, EOS)), 5, 4, eos=EOS, vocab=8)
+    assert isinstance(refused.value, CellUnavailable)  # the cell is not run, with the reason
+    with pytest.raises(UnsupportedParameter, match="banned_ids without the target's vocabulary size"):
+        sampling_kwargs(SamplingParams(banned_ids=(2,)), 5, 4, eos=EOS)
+    with pytest.raises(OptionError, match="outside the vocabulary"):
+        sampling_kwargs(SamplingParams(logit_bias={9: 1.0}), 5, 4, eos=EOS, vocab=8)
+
+
+def test_the_engine_passes_its_eos_and_vocabulary_to_each_request():
+    llm = FakeLLM([[2, EOS]])
+    engine = VLLMEngine(lambda spec: llm, SPEC, EOS, "fp32", sampling_params=dict, vocab=4)
+    engine.generate(request([[0, 3]], 1, SamplingParams(banned_ids=(2,), min_tokens=1), 7, 2, True))
+    (sent,) = llm.calls[0][1]
+    assert sent["allowed_token_ids"] == [0, 1, 3] and sent["stop_token_ids"] == [EOS]
 
 
 def test_each_continuation_is_its_own_seeded_request_and_rows_come_back_prompt_major():

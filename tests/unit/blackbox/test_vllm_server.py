@@ -105,3 +105,12 @@ def test_the_stream_reads_every_event_of_requests_in_flight(fake_server):
 def test_a_greedy_request_carries_no_seed(fake_server):
     body = json.loads(fake_server.body((0, 1), GREEDY, 5, 3, stream=False))
     assert body["temperature"] == 0 and body["seed"] is None and body["stream"] is False
+
+
+def test_the_served_parameters_reach_the_completion_request(fake_server):
+    fake_server.eos, fake_server.vocab = 1, 4
+    params = SamplingParams(logit_bias={3: 2.0}, banned_ids=(2,), min_tokens=2, repetition_penalty=1.5)
+    body = json.loads(fake_server.body((0, 1), params, 5, 3, stream=False))
+    assert body["logit_bias"] == {"3": 2.0}  # the OpenAI API keys a bias by the id as a string
+    assert body["allowed_token_ids"] == [0, 1, 3] and body["stop_token_ids"] == [1]
+    assert (body["min_tokens"], body["repetition_penalty"]) == (2, 1.5)

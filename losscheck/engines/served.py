@@ -1,0 +1,63 @@
+"""The sampling parameters an engine serves beyond temperature, top-k and top-p, and how an adapter
+refuses one it cannot serve as losscheck defines it (`losscheck.core.history`).
+
+An adapter passes each such parameter through to its engine's own mechanism, or refuses the
+request before any row is drawn: the cell is then not run, with the reason, never run with the
+parameter neutral (which would certify a request nobody asked for). Stop ids other than EOS are
+refused by every adapter: the black-box path ends a row at EOS only (`losscheck.engines.lengths`),
+and a row that ends on another id cannot be told from one cut at the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+from losscheck.errors import CellUnavailable
+
+if TYPE_CHECKING:
+    from losscheck.core.sampling import SamplingParams
+
+# the fields of `SamplingParams` beyond temperature, top-k and top-p, in its order
+SERVED = (
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "banned_ids",
+    "min_tokens",
+    "stop_ids",
+    "grammar",
+)
+ENDS_AT_EOS = "the black-box path ends a row at EOS only; use min_tokens with EOS, not stop ids"
+# a grammar is refused by every adapter: an engine's structured outputs compile it against the
+# engine's tokenizer, which losscheck does not pass yet (issue 43 left it out; docs/served-parameters.md)
+NO_GRAMMAR = "losscheck passes no grammar to engines yet; certify structured output in losscheck's own loop"
+
+
+class UnsupportedParameter(CellUnavailable):
+    """An engine cannot serve a sampling parameter of a request as losscheck defines it."""
+
+
+def served(params: SamplingParams) -> list[str]:
+    """The fields of `SERVED` that `params` sets away from their neutral value, in order."""
+    from losscheck.core.sampling import SamplingParams
+
+    neutral = {f.name: f.default for f in fields(SamplingParams)}
+    return [name for name in SERVED if getattr(params, name) != neutral[name]]
+
+
+def refuse(params: SamplingParams, engine: str, unsupported: Mapping[str, str], eos: int | None = None) -> None:
+    """Raise `UnsupportedParameter` for the first parameter `params` sets that `unsupported` names
+    (parameter -> why the engine cannot serve it), and for stop ids other than `eos`."""
+    for name in served(params):
+        if name in unsupported:
+            value = getattr(params, name)
+            raise UnsupportedParameter(f"engine {engine!r} cannot serve {name}={value!r}: {unsupported[name]}")
+    if params.grammar is not None:
+        raise UnsupportedParameter(f"engine {engine!r} cannot serve grammar={params.grammar.label()}: {NO_GRAMMAR}")
+    others = [i for i in params.stop_ids if i != eos]
+    if others:
+        raise UnsupportedParameter(f"engine {engine!r} cannot serve stop_ids={others!r}: {ENDS_AT_EOS}")
