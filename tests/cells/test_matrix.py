@@ -245,3 +245,20 @@ def test_the_others_set_and_the_reference_set_split_the_whole_bundled_matrix():
     }
     assert len(set(ids["others"])) == len(ids["others"]) and not set(ids["reference"]) & set(ids["others"])
     assert sorted(ids["reference"] + ids["others"]) == sorted(ids["all"])
+
+
+def test_a_runs_own_sampling_parameters_add_one_quick_cell_each_on_the_base_cell():
+    """`--losscheck-sampling`: one PIT cell per asked parameter set on the drafter's base cell (the
+    oracle's plan unchanged), one more sampled cell for an engine; one already planned is not
+    planned twice."""
+    from losscheck.plan.sampling_spec import parse_sampling
+
+    asked = [parse_sampling("repetition_penalty=1.2 min_p=0.05"), parse_sampling("repetition_penalty=1.5")]
+    drafters = {"main": {"user": drafter(), ORACLE: drafter(range(1, 17))}}
+    base = matrix.plan(drafters, None, None, (FP32,), frozenset({"user"}))
+    plan = matrix.plan(drafters, None, None, (FP32,), frozenset({"user"}), sampling=asked)
+    added = [c for c in plan[matrix.PIT_CELL] if c not in base[matrix.PIT_CELL]]
+    assert [(c.id, c.slow) for c in added] == [("user-k4-T1-minp0.05-rep1.2", False)]  # rep1.5 is planned already
+    engine = SimpleNamespace(k=3, precision=None)
+    sampled, _ = matrix.engine_cells(engine, (), False, asked)
+    assert ids(sampled)[-2:] == ["engine-k3-T1-minp0.05-rep1.2-two-sample", "engine-k3-T1-rep1.5-two-sample"]
