@@ -19,6 +19,7 @@ import re
 import string
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +63,23 @@ def parse_grammar(text: str) -> Grammar:
     grammar = Grammar(kind, source)
     _compiled(grammar, len(BUNDLED_TEXTS), (1,))
     return grammar
+
+
+def write_bundled_tokenizer(path: str | Path) -> Path:
+    """A Hugging Face tokenizer directory at `path` for the bundled main target, one id per
+    character of `BUNDLED_TEXTS` (0 and 1: `<s>` and `</s>`, special): what an engine whose
+    structured outputs compile a grammar against its tokenizer (vLLM's) needs to constrain that
+    target as `mask_logits` does. Returns the directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "</s>": 1} | {text: i for i, text in enumerate(BUNDLED_TEXTS) if text}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(str(path))
+    return Path(path)
 
 
 def _xgrammar() -> Any:

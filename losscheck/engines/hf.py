@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from losscheck.engines.registry import EngineRequest, needs_assistant, option, register
+from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ def dtype_precision(dtype: torch.dtype) -> str:
 HF_UNSUPPORTED = {
     "presence_penalty": "transformers has no presence penalty",
     "frequency_penalty": "transformers has no frequency penalty",
+    **GRAMMAR_UNSUPPORTED,
 }
 MIN_P_ORDER = (
     "transformers applies min-p after top-k and top-p, vLLM (and losscheck's reference) before them; "

@@ -47,6 +47,7 @@ from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, needs_assistant, option, register
+from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
 
 if TYPE_CHECKING:
@@ -144,7 +145,8 @@ WINDOW = (
     "and output as vLLM and losscheck's reference do"
 )
 LLAMACPP_UNSUPPORTED = dict.fromkeys(("repetition_penalty", "presence_penalty", "frequency_penalty"), WINDOW) | {
-    "min_tokens": "llama-cpp-python's generate has no min-tokens stage"
+    "min_tokens": "llama-cpp-python's generate has no min-tokens stage",
+    **GRAMMAR_UNSUPPORTED,
 }
 MIN_P_ORDER = (
     "llama-cpp-python's chain applies min-p after top-k and top-p and before temperature, vLLM after "

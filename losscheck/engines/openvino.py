@@ -41,6 +41,7 @@ from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, needs_assistant, option, register, rest
+from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ ABSOLUTE = "OpenVINO GenAI's penalty reduces a logit's absolute value, the OpenA
 OPENVINO_UNSUPPORTED = dict.fromkeys(("presence_penalty", "frequency_penalty"), ABSOLUTE) | {
     "logit_bias": "OpenVINO GenAI's GenerationConfig has no logit bias",
     "banned_ids": "OpenVINO GenAI's GenerationConfig has no logit bias or banned ids",
+    **GRAMMAR_UNSUPPORTED,
 }
 MIN_P_ORDER = (
     "where OpenVINO GenAI applies min-p against temperature, top-k and top-p is not pinned; certify it at T = 1 alone"

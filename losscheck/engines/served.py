@@ -32,9 +32,9 @@ SERVED = (
     "grammar",
 )
 ENDS_AT_EOS = "the black-box path ends a row at EOS only; use min_tokens with EOS, not stop ids"
-# a grammar is refused by every adapter: an engine's structured outputs compile it against the
-# engine's tokenizer, which losscheck does not pass yet (issue 43 left it out; docs/served-parameters.md)
-NO_GRAMMAR = "losscheck passes no grammar to engines yet; certify structured output in losscheck's own loop"
+# a grammar reaches vLLM's structured outputs (offline API) only; the other adapters refuse it
+NO_GRAMMAR = "the adapter passes no grammar to its engine; certify structured output with vLLM or losscheck's loop"
+GRAMMAR_UNSUPPORTED = {"grammar": NO_GRAMMAR}
 
 
 class UnsupportedParameter(CellUnavailable):
@@ -54,10 +54,8 @@ def refuse(params: SamplingParams, engine: str, unsupported: Mapping[str, str], 
     (parameter -> why the engine cannot serve it), and for stop ids other than `eos`."""
     for name in served(params):
         if name in unsupported:
-            value = getattr(params, name)
+            value = params.grammar.label() if name == "grammar" and params.grammar else getattr(params, name)
             raise UnsupportedParameter(f"engine {engine!r} cannot serve {name}={value!r}: {unsupported[name]}")
-    if params.grammar is not None:
-        raise UnsupportedParameter(f"engine {engine!r} cannot serve grammar={params.grammar.label()}: {NO_GRAMMAR}")
     others = [i for i in params.stop_ids if i != eos]
     if others:
         raise UnsupportedParameter(f"engine {engine!r} cannot serve stop_ids={others!r}: {ENDS_AT_EOS}")

@@ -66,6 +66,12 @@ def sampling_kwargs(
         banned = set(params.banned_ids)
         allowed = [i for i in range(vocab) if i not in banned]
     stops = [eos] if params.min_tokens and eos is not None else None
+    structured = None
+    if params.grammar is not None:  # vLLM's structured outputs (its xgrammar backend by default)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kind = {"regex": "regex", "json": "json"}[params.grammar.kind]
+        structured = StructuredOutputsParams(**{kind: params.grammar.source})
     return {
         "n": 1,
         "temperature": params.temperature,  # 0: greedy
@@ -81,6 +87,7 @@ def sampling_kwargs(
         "max_tokens": max_new_tokens,
         "min_tokens": params.min_tokens,
         "stop_token_ids": stops,
+        "structured_outputs": structured,
         "ignore_eos": False,
         "logprobs": None,
         "prompt_logprobs": None,

@@ -152,6 +152,9 @@ class Server:
     def body(self, prompt: Sequence[int], params: SamplingParams, seed: int, max_new: int, stream: bool) -> bytes:
         """A `/v1/completions` request: the prompt as ids, the sampling of `sampling_kwargs` (a
         logit bias keyed by the ids as strings, as JSON and the OpenAI API have it)."""
+        from losscheck.engines.served import GRAMMAR_UNSUPPORTED, refuse
+
+        refuse(params, "vllm-serve", GRAMMAR_UNSUPPORTED, self.eos)  # the server's API takes it another way
         kwargs = sampling_kwargs(params, seed, max_new, self.eos, self.vocab)
         request = {key: kwargs[key] for key in REQUEST_FIELDS} | {"model": self.model, "prompt": list(prompt), "n": 1}
         if request["logit_bias"] is not None:

@@ -1,15 +1,18 @@
 """`--losscheck-sampling SPEC`: a request's sampling parameters as text, one extra sampled cell each.
 
-SPEC is `NAME=VALUE` pairs separated by spaces, NAME a `SamplingParams` field; what is not named
+SPEC is `NAME=VALUE` pairs separated by spaces (a value with spaces quoted, shell-style), NAME a
+`SamplingParams` field; what is not named
 keeps its neutral value (temperature 1). Lists are comma-separated: `banned_ids=3,7`,
 `stop_ids=2`, `logit_bias=5:2.0,7:-1.5` (id:bias); `grammar=regex:PATTERN` or `grammar=json:SCHEMA`
-(no spaces; over the bundled target's `losscheck.core.grammar.BUNDLED_TEXTS`). For example
+(over the bundled target's `losscheck.core.grammar.BUNDLED_TEXTS`, or the `--target`'s tokenizer;
+`"grammar='regex:[a-z]+( [a-z]+)*'"`). For example
 `--losscheck-sampling "repetition_penalty=1.2 min_p=0.05"`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -51,11 +54,17 @@ PARSERS: dict[str, Callable[[str], Any]] = {
 assert set(PARSERS) == {f.name for f in dataclasses.fields(SamplingParams)}, "a SamplingParams field has no parser"
 
 
-def parse_sampling(text: str) -> SamplingParams:
-    """`SamplingParams` from a SPEC (module docstring); `OptionError` naming the bad part."""
+def parse_sampling(text: str, tokenizer: str | None = None) -> SamplingParams:
+    """`SamplingParams` from a SPEC (module docstring); `OptionError` naming the bad part. A
+    grammar is over the bundled target's vocabulary, or over `tokenizer`'s (a tokenizer directory,
+    the run's `--target`) when given."""
     where = f"{flag('sampling')}={text!r}"
     values: dict[str, Any] = {}
-    for pair in text.split():
+    try:
+        pairs = shlex.split(text)
+    except ValueError as exc:
+        raise OptionError(f"{where}: {exc}; quote a value with spaces as NAME='VALUE'") from None
+    for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or name not in PARSERS:
             raise OptionError(
@@ -77,4 +86,6 @@ def parse_sampling(text: str) -> SamplingParams:
         raise OptionError(f"{where}: {exc}") from None
     if params.greedy:
         raise OptionError(f"{where}: temperature 0 is greedy; the sampled cells need temperature > 0")
+    if params.grammar is not None and tokenizer is not None:
+        params = dataclasses.replace(params, grammar=dataclasses.replace(params.grammar, vocabulary=tokenizer))
     return params

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError, flag
@@ -143,7 +144,8 @@ class Session:
                 precision_drafters = frozenset({"user"} if registry.takes_precision(self.options.drafter) else ())
         variants = list(self.engine_variants)
         served = "served" in self.options.scope.extras
-        sampling = [parse_sampling(spec) for spec in self.options.sampling]
+        tokenizer = str(Path(self.options.target).expanduser().resolve()) if self.options.target else None
+        sampling = [parse_sampling(spec, tokenizer) for spec in self.options.sampling]
         full = matrix.plan(
             drafters, bundled, self.blackbox, self.options.precisions, precision_drafters, variants, served, sampling
         )

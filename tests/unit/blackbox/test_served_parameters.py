@@ -89,3 +89,23 @@ def test_served_engine_cells_come_with_plus_served_only():
     assert scope.extras == {"served"} and scope.out == ("k",) and not scope.whole
     with pytest.raises(OptionError, match=r"no extra '\+penalties'; the extras are \+served"):
         parse_scope("+penalties")
+
+
+def test_a_grammar_is_refused_by_every_adapter_but_vllms_offline_api():
+    """vLLM's offline API passes a grammar to its structured outputs (tests/engines/test_vllm.py
+    certifies it); Hugging Face, llama.cpp, OpenVINO and the vLLM server refuse the cell by name."""
+    from losscheck.core.grammar import Grammar
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines import hf, llamacpp, openvino
+    from losscheck.engines.served import NO_GRAMMAR, UnsupportedParameter, refuse
+
+    params = SamplingParams(grammar=Grammar("regex", "([a-z][0-9])+"))
+    for engine, unsupported in (
+        ("hf", hf.HF_UNSUPPORTED),
+        ("llamacpp", llamacpp.LLAMACPP_UNSUPPORTED),
+        ("openvino", openvino.OPENVINO_UNSUPPORTED),
+    ):
+        with pytest.raises(UnsupportedParameter, match=f"engine '{engine}' cannot serve grammar='regex9c2771'"):
+            refuse(params, engine, unsupported, 1)
+    refuse(params, "vllm", {}, 1)  # passed through
+    assert "vLLM" in NO_GRAMMAR

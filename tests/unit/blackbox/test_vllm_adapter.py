@@ -56,6 +56,7 @@ def test_sampling_parameters_map_exactly_and_neutralise_everything_else():
         "max_tokens": 10,
         "min_tokens": 0,
         "stop_token_ids": None,
+        "structured_outputs": None,
         "ignore_eos": False,
         "logprobs": None,
         "prompt_logprobs": None,
