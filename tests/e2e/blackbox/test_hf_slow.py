@@ -29,9 +29,9 @@ HF_STRESS_BUG = "losscheck.selftest.hf:hf_assisted_stress_residual_from_p"
 BASE_CELL = "test_engine_sampling and engine-k4-T1 and not topk8 and not topp0.9 and not T1.5"
 
 
-def certify(pytester: pytest.Pytester, engine: str, select: str) -> tuple[pytest.RunResult, float]:
+def certify(pytester: pytest.Pytester, engine: str, select: str, *args: str) -> tuple[pytest.RunResult, float]:
     started = time.perf_counter()
-    result = certify_engine(pytester, engine, select, timeout=3 * 3600)
+    result = certify_engine(pytester, engine, select, *args, timeout=3 * 3600)
     seconds = time.perf_counter() - started
     section = result.stdout.str().partition("losscheck certificate")[2]
     print(f"\n{engine} (-k {select!r}): {seconds:.0f} s\n{section}")
@@ -61,3 +61,13 @@ def test_hf_assisted_with_the_residual_drawn_from_p_is_rejected(pytester):
     result, _ = certify(pytester, HF_STRESS_BUG, BASE_CELL)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1*"])
+
+
+@pytest.mark.slow
+def test_hf_assisted_serves_the_repetition_penalty_and_a_logit_bias(pytester):
+    """`--losscheck-scope=+served`: the repetition penalty 1.5 (transformers' processor, prompt
+    and output as vLLM's) and a +2 bias on id 16 (`sequence_bias`), handed to the assistant too,
+    each PASS one-sample (2026-12-03: 160 s and 147 s on the 2 cores side by side; a false failure
+    has probability <= the cell's share of alpha 0.01)."""
+    result, _ = certify(pytester, HF, "test_engine_sampling and (rep1.5 or bias16)", "--losscheck-scope=+served")
+    result.assert_outcomes(passed=2)
