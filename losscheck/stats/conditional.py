@@ -18,11 +18,11 @@ law is known exactly, step by step. Four such tests:
   Bonferroni over ids. Catches a drafter that over-draws one id.
 - `pit.surprisal`: the standardized, clipped surprisal score of each token, centred by its exact
   conditional mean; catches temperature-like bugs (tokens more or less surprising than p says).
-- `pit.round_repeats`: per step whose round emitted tokens before it (white-box cells, where the
-  slot is known), Y_t = 1[x_t repeats one of them] - p_t(those ids): tokens that repeat their own
-  round as often as p predicts, by a two-sided Bennett mixture e-value. History-dependent
-  processing (penalties, min tokens) must read the round's earlier drafts; an engine that
-  processes a round with the history before it (SGLang PR #40244) over-emits these repeats.
+- `pit.repeats`: per step after the output's first token, Y_t = 1[x_t repeats an id of the output
+  before it] - p_t(those ids): tokens that repeat the output as often as p predicts, by a
+  two-sided Bennett mixture e-value. It needs no slot, so black-box cells have it too. Penalties
+  act exactly on these ids: an engine that skips them, counts one token per round (SGLang PR
+  #33643) or processes a round with the history before it (SGLang PR #40244) over-emits repeats.
 - `pit.bug_classes`: per bug class of `losscheck.stats.buglaws.CATALOGUE`, whose law p'_t is a
   function of the step known before x_t is drawn, the log-likelihood ratio ℓ_t = log(p'_t / p_t)
   standardized, clipped and centred like the surprisal score: the likelihood-ratio test that knows
@@ -195,8 +195,8 @@ class ConditionalValues:
     class_y         {class: [n_c]}  float64 the class-targeted score y_t <= 1 of each tested
                            step where the class can act, one entry per class in `pit.bug_classes`
     class_var       {class: [n_c]}  float64 its exact conditional variance under H0
-    repeat_s        []     float64 Σ_t (1[x_t in R_t] - p_t(R_t)) over tested steps whose round
-                           emitted tokens R_t before them (`pit.round_repeats`)
+    repeat_s        []     float64 Σ_t (1[x_t in R_t] - p_t(R_t)) over tested steps after the
+                           output's first token, R_t the ids of the output before t (`pit.repeats`)
     repeat_w        []     float64 Σ_t p_t(R_t)(1 - p_t(R_t))
     repeat_n        []     float64 those steps, and repeat_x [] how many of them repeat
     """
@@ -291,7 +291,7 @@ class ConditionalValues:
                 y_c, var_c, scored_c = targeted_scores(block.p, bug.law(block))  # [b, V], [b], [b]
                 class_y[bug.name].append(y_c.gather(-1, x[part, None]).squeeze(-1)[scored_c].cpu())
                 class_var[bug.name].append(var_c[scored_c].cpu())
-        repeats = {} if slots is None else _round_repeats(p, tokens, slots, tested)
+        repeats = _repeats(p, tokens, tested)
         return cls(
             order_u=u[~torch.isnan(u)].cpu(),
             surprisal_y=y_x[scored].cpu(),
@@ -331,17 +331,19 @@ class ConditionalValues:
         )
 
 
-def _round_repeats(p: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor, tested: torch.Tensor) -> dict:
-    """`pit.round_repeats`' sums over one chunk: p [n, L, V], tokens, slots, tested [n, L]."""
-    n, width, vocab = p.shape
-    earlier = torch.zeros(n, width, vocab, dtype=torch.bool, device=p.device)  # [n, L, V] the round's ids so far
-    for back in range(1, int(slots.max()) + 1 if slots.numel() else 1):
-        before = torch.nn.functional.pad(tokens[:, :-back], (back, 0))  # [n, L] the token `back` steps earlier
-        within = (slots >= back)[..., None]  # [n, L, 1] that token is in the same round
-        earlier |= within & torch.nn.functional.one_hot(before.long(), vocab).bool()
-    steps = tested & earlier.any(-1)  # [n, L]
-    mass = (p * earlier).sum(-1)[steps]  # [m] p_t(R_t)
-    hit = earlier.gather(-1, tokens.long()[..., None]).squeeze(-1)[steps].to(torch.float64)  # [m]
+def _repeats(p: torch.Tensor, tokens: torch.Tensor, tested: torch.Tensor) -> dict:
+    """`pit.repeats`' sums over one chunk: p [n, L, V], tokens, tested [n, L] (a row's tokens past
+    its end come after every tested step of it, so they never enter R_t)."""
+    tokens = tokens.long()
+    width = tokens.shape[1]
+    before = torch.ones(width, width, device=tokens.device).tril(-1).bool()  # [L, L] j < t
+    same = tokens[:, :, None] == tokens[:, None, :]  # [n, L, L] token t == token j
+    first = ~(same & before).any(-1)  # [n, L] token j's id is new at j
+    counted = before & first[:, None, :]  # [n, L, L] each id of the output before t, once
+    masses = p.gather(-1, tokens[:, None, :].expand(-1, width, -1))  # [n, L, L] p_t(token j)
+    steps = tested & counted.any(-1)  # [n, L] after the first token
+    mass = torch.where(counted, masses, 0.0).sum(-1)[steps]  # [m] p_t(R_t)
+    hit = (same & before).any(-1)[steps].to(torch.float64)  # [m]
     return {
         "repeat_s": (hit - mass).sum().cpu(),
         "repeat_w": (mass * (1 - mass)).sum().cpu(),
@@ -469,19 +471,19 @@ def surprisal_test(values: ConditionalValues, alpha: float, power: float) -> Tes
     )
 
 
-def round_repeats_test(values: ConditionalValues, alpha: float, power: float) -> TestResult:
-    """Two-sided mixture e-value of (Σ Y_t, Σ p_t(R_t)(1 - p_t(R_t))) over the steps whose round
-    emitted tokens before them."""
+def repeats_test(values: ConditionalValues, alpha: float, power: float) -> TestResult:
+    """Two-sided mixture e-value of (Σ Y_t, Σ p_t(R_t)(1 - p_t(R_t))) over the steps after the
+    output's first token."""
     total, w, n = float(values.repeat_s), float(values.repeat_w), int(values.repeat_n)
     log_e = float(log_mixture_evalue(total, w)) if w > 0 else 0.0
     expected_repeats = float(values.repeat_x) - total
     return _evalue_result(
-        "pit.round_repeats",
-        "tokens repeating an earlier token of their round as often as p predicts at those steps "
-        "(history-dependent processing reads the round's drafts)",
+        "pit.repeats",
+        "tokens repeating an id of the output before them as often as p predicts at those steps "
+        "(the ids penalties act on)",
         f"{float(values.repeat_x):.0f} repeats where {expected_repeats:.1f} were expected over {n} steps"
         if n
-        else "no step after a token of its round (slots not recorded, or one token per round)",
+        else "no step after the output's first token",
         log_e,
         1,
         total,
@@ -556,7 +558,7 @@ register(
 register(
     StatTest("pit.surprisal", CONDITIONAL, "conditional", surprisal_test, anytime=True, power=powermodels.SURPRISAL)
 )
-register(StatTest("pit.round_repeats", CONDITIONAL, "conditional", round_repeats_test, anytime=True))
+register(StatTest("pit.repeats", CONDITIONAL, "conditional", repeats_test, anytime=True))
 register(
     StatTest(
         "pit.bug_classes", CONDITIONAL, "conditional", bug_classes_test, anytime=True, power=powermodels.BUG_CLASSES

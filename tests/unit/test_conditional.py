@@ -19,9 +19,9 @@ from losscheck.stats.conditional import (
     bug_classes_test,
     conditional_tests,
     ordered_pit,
+    repeats_test,
     residual_key,
     residual_order_test,
-    round_repeats_test,
     surprisal_test,
     token_counts_test,
 )
@@ -273,18 +273,17 @@ def test_conditional_tests_split_alpha_and_are_scoped():
         "pit.residual_order",
         "pit.token_counts",
         "pit.surprisal",
-        "pit.round_repeats",
+        "pit.repeats",
         "pit.bug_classes",
     ]
     assert all(r.alpha == pytest.approx(0.03 / CONDITIONAL_TESTS) and r.scope == "conditional" for r in results)
     assert all(r.passed for r in results), [r.message() for r in results]
 
 
-def test_round_repeats_sees_a_round_that_repeats_its_own_tokens_and_nothing_without_slots():
-    """H1: at every slot after the first, the previous token (same round) is repeated with
-    probability 0.2 over p's own draw, as a penalty that does not read the round's drafts leaves
-    repeats unpenalised; 400 rows x 40 steps give ~12,000 scored steps. H0 (the same walk, no
-    repeat) passes at alpha 0.01."""
+def test_repeats_sees_an_output_that_repeats_itself_more_than_p_says_with_or_without_slots():
+    """H1: at every step the previous token is repeated with probability 0.2 over p's own draw, as
+    a penalty an engine skips leaves repeats unpenalised; 400 rows x 40 steps. H0 (the same walk,
+    no repeat) passes at alpha 0.01. The test reads no slot: a black-box cell has it too."""
     p_table, _ = _tables(13)
     g = torch.Generator().manual_seed(14)
     n, length = 400, 40
@@ -293,7 +292,7 @@ def test_round_repeats_sees_a_round_that_repeats_its_own_tokens_and_nothing_with
     for t in range(length):
         p = p_table[state]  # [n, V]
         drawn = torch.multinomial(p, 1, generator=g).squeeze(-1)
-        repeat = (torch.rand(n, generator=g) < 0.2) & torch.tensor(t % 4 != 0)
+        repeat = (torch.rand(n, generator=g) < 0.2) & torch.tensor(t > 0)
         state = torch.where(repeat, state, drawn)
         ps.append(p)
         xs.append(state)
@@ -301,14 +300,14 @@ def test_round_repeats_sees_a_round_that_repeats_its_own_tokens_and_nothing_with
     v = torch.rand(n, length, generator=g, dtype=torch.float64)
     tested = torch.ones(n, length, dtype=torch.bool)
     values = ConditionalValues.from_chunk(p, None, tokens, v, tested, slots=_slots(tokens), k=K)
-    result = round_repeats_test(values, 0.01, 0.99)
+    result = repeats_test(values, 0.01, 0.99)
     assert not result.passed and result.log10_p < -10, result.message()
-    assert int(values.repeat_n) == n * length * 3 // 4  # slots 1..3 of every round
+    assert int(values.repeat_n) == n * (length - 1)  # every step after the first
+    blind = ConditionalValues.from_chunk(p, None, tokens, v, tested)  # no slots
+    assert float(blind.repeat_s) == float(values.repeat_s) and not repeats_test(blind, 0.01, 0.99).passed
     h0_p, _, h0_tokens, h0_v = _walk(p_table, p_table, n=n, length=length, seed=15)
-    h0 = ConditionalValues.from_chunk(h0_p, None, h0_tokens, h0_v, tested, slots=_slots(h0_tokens), k=K)
-    assert round_repeats_test(h0, 0.01, 0.99).passed
-    blind = ConditionalValues.from_chunk(p, None, tokens, v, tested)  # no slots: no round known
-    assert int(blind.repeat_n) == 0 and round_repeats_test(blind, 0.01, 0.99).passed
+    h0 = ConditionalValues.from_chunk(h0_p, None, h0_tokens, h0_v, tested)
+    assert repeats_test(h0, 0.01, 0.99).passed
 
 
 def test_bad_input_names_the_argument():
