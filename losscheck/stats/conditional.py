@@ -7,7 +7,7 @@ moves. But the scorer knows, at every generated position t (a *step*), the targe
 p_t and — in white-box cells — the drafter's reported distribution q_t for the slot that emitted
 the token, before the token x_t is drawn. Any statistic built from (p_t, q_t) and then evaluated
 at x_t is a predictable score: under H0 (x_t ~ p_t given everything before it) its conditional
-law is known exactly, step by step. Four such tests:
+law is known exactly, step by step. Five such tests:
 
 - `pit.residual_order`: the randomized PIT with the vocabulary ordered by descending p - q (ties
   by id), the direction in which a verifier that mishandles the residual norm(max(0, p - q))
@@ -33,7 +33,8 @@ law is known exactly, step by step. Four such tests:
 Steps are slot-agnostic: q_t is all zeros where no draft emitted the token (a bonus slot, or no
 drafter), and p - q is then p. Under standard speculative sampling the emitted token at every slot
 is distributed as p given the prefix and the round so far, whatever q the drafter reported, so
-all three statistics keep their exact null law.
+every statistic here keeps its exact null law (`pit.repeats` too: the set R_t is the output
+before t, fixed before x_t is drawn).
 
 Anytime validity (the e-value tests). For increments Y_t <= 1 with E[Y_t | past] = 0 and
 Var[Y_t | past] = σ_t², Bennett's lemma gives E exp(λY_t) <= exp(ψ(λ)σ_t²), ψ(λ) = e^λ - 1 - λ,
