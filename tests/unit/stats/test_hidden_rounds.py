@@ -1,0 +1,165 @@
+"""The round filter (`losscheck.stats.hidden_rounds`) against the speculative loop's exact law,
+enumerated branch by branch over a Markov-table target and drafter (p and q read the last token)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from losscheck.stats.buglaws import TOP_P, top_p
+from losscheck.stats.hidden_rounds import (
+    CLASSES,
+    MEMBERS,
+    RoundsPower,
+    RoundsValues,
+    filter_rounds,
+    round_parts,
+    rounds_test,
+)
+
+V, K, L = 3, 2, 5
+
+
+def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """P, Q [V + 1, V]: the law of the next token after token a (row V: after the prompt)."""
+    g = torch.Generator().manual_seed(seed)
+    P = torch.rand(V + 1, V, generator=g, dtype=torch.float64) ** 3
+    Q = torch.rand(V + 1, V, generator=g, dtype=torch.float64) ** 3
+    return P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
+
+
+def loop_law(P: torch.Tensor, Q: torch.Tensor, bug: str | None) -> dict[tuple[int, ...], float]:
+    """The probability of every first-L output of the speculative loop with `bug` (None: correct),
+    by enumerating drafts, accept / reject outcomes and recovered and bonus tokens."""
+    law: dict[tuple[int, ...], float] = {}
+
+    def emit(out: tuple[int, ...], x: int) -> tuple[int, ...]:
+        return (*out, x)
+
+    def last(out: tuple[int, ...]) -> int:
+        return out[-1] if out else V
+
+    def round_(out: tuple[int, ...], prob: float) -> None:
+        if len(out) >= L:
+            law[out[:L]] = law.get(out[:L], 0.0) + prob
+            return
+        slot(out, 0, prob)
+
+    def slot(out: tuple[int, ...], j: int, prob: float) -> None:
+        if len(out) >= L:
+            round_(out, prob)
+            return
+        p, q = P[last(out)], Q[last(out)]
+        if j == K:  # bonus slot
+            law_x = P[out[-2] if len(out) >= 2 else V] if bug == "bonus_from_previous_slot" else p
+            for x in range(V):
+                round_(emit(out, x), prob * float(law_x[x]))
+            return
+        drawn = top_p(q, TOP_P) if bug == "top_p_one_side" else q
+        residual = (p - q).clamp_min(0)
+        recovered = p if bug == "residual_is_p" or residual.sum() <= 0 else residual / residual.sum()
+        rejected = 0.0
+        for d in range(V):
+            accept = min(1.0, float(p[d] / q[d])) if q[d] > 0 else 1.0
+            if drawn[d] > 0:
+                slot(emit(out, d), j + 1, prob * float(drawn[d]) * accept)
+                rejected += float(drawn[d]) * (1 - accept)
+        for x in range(V):
+            if rejected > 0 and recovered[x] > 0:
+                round_(emit(out, x), prob * rejected * float(recovered[x]))
+
+    round_((), 1.0)
+    return law
+
+
+def forced(seqs: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """[n, L, V] the table's law at every position of `seqs` [n, L] (position 0 after the prompt)."""
+    before = torch.cat([torch.full((len(seqs), 1), V), seqs[:, :-1]], 1)
+    return T[before]
+
+
+def filtered_law(P: torch.Tensor, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [V^L, L]
+    p, q = forced(seqs, P), forced(seqs, Q)
+    everywhere = torch.ones(seqs.shape, dtype=torch.bool)
+    out = filter_rounds(round_parts(p, q, seqs), K, everywhere, everywhere)
+    p_seq = p.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)  # [V^L]
+    return seqs, p_seq[:, None, None] * out.log_lr.exp()  # [V^L, C, G]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_correct_loop_emits_p_and_every_member_s_law_is_the_loop_s_with_the_bug(seed):
+    P, Q = tables(seed)
+    seqs, law = filtered_law(P, Q)
+    correct = loop_law(P, Q, None)
+    p_seq = torch.tensor([correct.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
+    assert torch.allclose(p_seq, forced(seqs, P).gather(-1, seqs[..., None]).squeeze(-1).prod(-1), atol=1e-12)
+    one = MEMBERS.index(1.0)
+    for c, cls in enumerate(CLASSES):
+        buggy = loop_law(P, Q, cls.name)
+        exact = torch.tensor([buggy.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
+        assert abs(float(exact.sum()) - 1) < 1e-12
+        assert torch.allclose(law[:, c, one], exact, atol=1e-12), cls.name
+        assert not torch.allclose(exact, p_seq, atol=1e-3), f"{cls.name} changes nothing on these tables"
+        for g in range(len(MEMBERS)):  # every member's law is a probability law over the outputs
+            assert abs(float(law[:, c, g].sum()) - 1) < 1e-12
+
+
+def test_under_h0_the_likelihood_ratio_has_mean_one_and_rejects_within_alpha():
+    """Rows drawn from p itself (q arbitrary): E[LR] = 1 exactly, and the test's false alarms over
+    400 cells at alpha 0.05 stay within the binomial bound (P(X > 34) < 1e-4 at 20 expected)."""
+    P, Q = tables(3)
+    seqs, law = filtered_law(P, Q)
+    p_seq = forced(seqs, P).gather(-1, seqs[..., None]).squeeze(-1).prod(-1)
+    ratio = law / p_seq[:, None, None]
+    assert torch.allclose((p_seq[:, None, None] * ratio).sum(0), torch.ones(1, dtype=torch.float64), atol=1e-12)
+    g = torch.Generator().manual_seed(11)
+    alarms = 0
+    for _ in range(400):
+        rows = _draw(P, 30, g)
+        values, power = _score(P, Q, rows)
+        alarms += not rounds_test(values, "residual_is_p", 0.05, power, 0.9).passed
+    assert alarms <= 34, alarms
+
+
+def _draw(P: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
+    rows = torch.zeros(n, L, dtype=torch.long)
+    last = torch.full((n,), V)
+    for t in range(L):
+        rows[:, t] = torch.multinomial(P[last], 1, generator=g)[:, 0]
+        last = rows[:, t]
+    return rows
+
+
+def _score(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor) -> tuple[RoundsValues, RoundsPower]:
+    p, q = forced(rows, P), forced(rows, Q)
+    everywhere = torch.ones(rows.shape, dtype=torch.bool)
+    out = filter_rounds(round_parts(p, q, rows), K, everywhere, everywhere)
+    values, power = RoundsValues(), RoundsPower()
+    values.add(out, everywhere)
+    power.update(p, q, out, everywhere)
+    return values, power
+
+
+def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says():
+    """Rows drawn from the buggy loop's exact law; the power model's tokens are enough to catch it
+    in at least 16 of 20 cells at alpha 1e-3 (its stated power 0.9; P(<16 | 0.9) = 0.043)."""
+    P, Q = tables(4)
+    law = loop_law(P, Q, "residual_is_p")
+    outputs = list(law)
+    weights = torch.tensor([law[o] for o in outputs], dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    pilot = torch.tensor([outputs[i] for i in torch.multinomial(weights, 200, True, generator=g)])
+    _, power = _score(P, Q, pilot)
+    needed = power.tokens_needed("residual_is_p", 1e-3, 0.9)
+    assert math.isfinite(needed)
+    rows_needed = math.ceil(needed / L)
+    caught = 0
+    for _ in range(20):
+        rows = torch.tensor([outputs[i] for i in torch.multinomial(weights, rows_needed, True, generator=g)])
+        values, _ = _score(P, Q, rows)
+        caught += not rounds_test(values, "residual_is_p", 1e-3, power, 0.9).passed
+    assert caught >= 16, (caught, rows_needed)
