@@ -4,7 +4,9 @@
   a divergence is triaged by the target's float64 top-2 margin (`losscheck.core.divergence`) in the
   engine's precision;
 - one-sample (`one_sample`, the engine declares the `precision` losscheck loads its target in):
-  the speculative samples scored by teacher-forced PIT (`losscheck.cells.scoring.score_pit`) — no baseline rows;
+  the speculative samples scored by teacher-forced PIT (`losscheck.cells.scoring.PitScores`) and,
+  with the engine's draft model, the verifier's bug classes; speculation-off rows only after a
+  rejection, to attribute it (`losscheck.cells.attribution`);
 - two-sample (`two_sample`, `precision = None`): speculative samples against the same engine's
   samples with drafting off, independent seeds (`losscheck.stats.two_sample`).
 
@@ -20,13 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from losscheck.cells.outcome import CellOutcome
-from losscheck.cells.record import BugClassRecord, SampleFacts
-from losscheck.cells.scoring import score_pit
+from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFacts
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
@@ -43,6 +45,14 @@ if TYPE_CHECKING:
     from losscheck.cells.engine_phases import EngineDraws
     from losscheck.core.target import HFTarget
     from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.hidden_rounds import RoundsSample
+    from losscheck.stats.result import TestResult
+
+
+NO_SLOTS = frozenset({registry.SLOTS})  # an engine reports no slots: no slot test and no α share for one
+# A one-sample cell's power sums (what confirms its design) read this many tokens of its tested
+# sample, the first rows of every prompt: per-token effects are estimated there, the tests read all.
+CONFIRM_TOKENS = 4_096
 
 
 def run_engine_cell(ctx: CellContext) -> CellOutcome:
@@ -58,7 +68,10 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
 
     def drawn() -> dict[str, CellOutcome | Exception]:
         cells = {cell.id: engine_draws(ctx.of_cell(cell)) for cell in batch}
-        return draw_side_by_side(engine, cells, vocab_size, eos, ctx.release_engine_target).results
+        try:
+            return draw_side_by_side(engine, cells, vocab_size, eos, ctx.release_engine_target).results
+        finally:
+            ctx.release_engine()  # the last phase's instance: nothing of the batch needs it
 
     results = ctx.memo(("engine-cells", batch), drawn) if len(batch) > 1 else drawn()
     result = results[ctx.cell.id]
@@ -106,6 +119,7 @@ def request(
         seed=seed,
         max_new_tokens=horizon,
         speculative=speculative,
+        purpose=purpose or "sample",
     )
 
 
@@ -149,132 +163,208 @@ def engine_greedy(ctx: CellContext) -> EngineDraws:
 # --- sampling: one-sample (teacher-forced PIT) ---------------------------------------------------------
 def one_sample(ctx: CellContext) -> EngineDraws:
     """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
-    precision: randomized PIT uniform (`losscheck.stats.pit`) and the exact-conditional tests,
-    at a top-k / top-p cut-off another implementation may draw elsewhere within that precision's
-    logit tolerance, the law conditioned on the tokens every implementation keeps
+    precision (the *reference*): randomized PIT uniform (`losscheck.stats.pit`), the
+    exact-conditional tests and, when the engine gives its draft model (`RunsDraftModel`), the
+    verifier's bug classes through a filter over the hidden slots (`losscheck.stats.hidden_rounds`).
+    At a top-k / top-p cut-off another implementation may draw elsewhere within that precision's
+    logit tolerance, the law is conditioned on the tokens every implementation keeps
     (`losscheck.cells.scoring.cutoff_law`).
 
-    The sample is sized for the pooled tests' detectable TV and for the bug classes a black box can
-    be judged on — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`: the engine
-    reports no q and no slots): a pilot of its own, never tested, says what each needs
-    (`_target_side_design`), and the tested sample's own p confirms it (`target_side_coverage`).
+    Sized by bug classes, as a PIT cell is: a pilot of its own (one row per prompt, at least the
+    profile's `engine_pilot_sequences`), never tested, says what each class the cell can judge
+    needs — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`) and, with the
+    draft model, the verifier's (`hidden_rounds.CLASSES`) — within the profile's cap
+    (`_design`); the tested sample's own p and q confirm it (`require_coverage`). The pooled
+    tests report the TV they detect; only a profile's `pooled_tv` sizes the cell for one.
 
-    The control: the same engine's samples with speculation off, scored the same way under the
-    other half of the cell's alpha. A lossless engine whose kernels or truncation rules differ from
-    losscheck's `process_logits` on its copy of the target fails the speculative tests and the
-    control alike; a failing control is reported as "the reference differs from the engine", not as
-    lossiness.
+    Attribution (`losscheck.cells.attribution`): only when this first stage rejects, fresh rows
+    of both sides are compared two-sample on the row scores of the failing tests. Both reject: a
+    FAIL blamed on speculation. The second does not: the reference differs from the engine,
+    reported as such, and the cell's verdict is the second stage's.
 
-    Two rounds: the pilot (speculative), then the sample and the control (both sides); the
+    Rounds: the pilot; the sample; the attribution's two sides only after a rejection. The
     reference target is read only between and after them."""
+    from losscheck.cells.engine_rounds import RoundsScoring, not_judged
     from losscheck.cells.sampled import require_coverage
+    from losscheck.cells.scoring import PitScores
     from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.buglaws import TARGET_SIDE
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     horizon = max(profile.horizon, min_horizon(engine))
     prompts = ctx.all_prompts()
-    half = ctx.alpha / 2
-    alpha_test = registry.split(half, registry.PIT, registry.CONDITIONAL).per_test  # one test's share, as a PIT cell's
-    pilot_per_prompt = max(1, math.ceil(profile.pilot_sequences / len(prompts)))
+    drafter = _drafter(ctx)
+    families = (registry.PIT, registry.CONDITIONAL) + ((registry.ROUNDS,) if drafter is not None else ())
+    budget = registry.split(ctx.alpha, *families, missing=NO_SLOTS)
+    pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
     (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
-    design, per_sequence, pilot_tokens, pilot_tested = _target_side_design(ctx, prompts, pilot, alpha_test)
-    pooled = sample_size.pit_sequences(half, profile.power, profile.detect_tv, profile.pit_bins, per_sequence)
-    n = max(pooled, design.sequences(per_sequence))
-    per_prompt = math.ceil(n / len(prompts))
+    design = _design(ctx, prompts, pilot, budget.per_test, drafter)
+    per_prompt = math.ceil(design.classes.sequences(design.per_sequence) / len(prompts))
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
-    drawn = yield tuple(request(ctx, prompts, per_prompt, cell.params, horizon, side) for side in (True, False))
+    (drawn,) = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True),)
     target = ctx.engine_target()
-    power = PowerAccumulator()  # gathered from the speculative sample only
-    scored = []
-    for tokens, speculative, stream in zip(drawn, (True, False), (cell.id, f"{cell.id}-control"), strict=True):
-        gen = _on_device(as_generation(tokens.flatten(0, 1), ctx.engine_vocab()[1], engine.k, cell.params), target)
-        scored.append(
-            score_pit(
-                ctx,
-                stream,
-                target,
-                rows,
-                gen,
-                cell.precision.tolerance,
-                half,
-                pooled_tv=profile.detect_tv,
-                power=power if speculative else None,
-            )
-        )
-    (results, facts), (control, _) = scored
-    control = [dataclasses.replace(r, name=f"control.{r.name}", scope="control") for r in control]
-    coverage = target_side_coverage(design, power, alpha_test, profile.power)
+    power = PowerAccumulator(classes=TARGET_SIDE)
+    rounds = None if drafter is None else RoundsScoring(drafter, engine.k)
+    # the power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
+    first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
+    power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
+    scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds, power_rows=power_rows)
+    scores.add(rows, _generation(ctx, drawn, target))
+    results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
+    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.tested_tokens)
+    if rounds is not None:
+        results += registry.run_family(registry.ROUNDS, rounds.sample, budget.share(registry.ROUNDS), profile.power)
+        coverage |= rounds_coverage(design, rounds.sample, budget.per_test, profile.power)
     require_coverage(cell, coverage, profile.power)
-    failed = [r.name for r in control if not r.passed]
-    problems = []
-    if failed:
-        problems.append(
-            f"the reference differs from the engine: its output with speculation off fails {', '.join(failed)} "
-            "under losscheck's copy of the target, so the speculative tests cannot judge losslessness here (the "
-            "engine's kernels, logits processing or truncation differ from losscheck's); certify it two-sample "
-            "(an engine of precision None) instead"
-        )
     facts = dataclasses.replace(
         facts,
         sequences=len(rows),
         prompts=len(prompts),
         horizon=horizon,
-        pilot_sequences=math.ceil(profile.pilot_sequences / len(prompts)) * len(prompts),
-        pilot_tokens=pilot_tokens,
-        pilot_tested_tokens=pilot_tested,
-        design_tokens=design.tokens,
+        pilot_sequences=pilot_per_prompt * len(prompts),
+        pilot_tokens=design.pilot_tokens,
+        pilot_tested_tokens=design.pilot_tested,
+        design_tokens=design.classes.tokens,
         bug_classes=coverage,
+        classes_not_judged=not_judged(drafter is not None),
     )
-    return CellOutcome(
-        cell,
-        verdict=combine(cell.id, results + control, ctx.alpha),
-        problems=problems,
-        facts=_facts(ctx, facts),
-    )
+    failed = [r for r in results if not r.passed]
+    if not failed:
+        return CellOutcome(cell, verdict=combine(cell.id, results, ctx.alpha), facts=_facts(ctx, facts))
+    return (yield from _attribute(ctx, prompts, per_prompt, horizon, failed, facts, drafter))
 
 
-def _on_device(gen: Generation, target: HFTarget) -> Generation:
+def _attribute(
+    ctx: CellContext,
+    prompts: list[list[int]],
+    per_prompt: int,
+    horizon: int,
+    failed: list[TestResult],
+    facts: SampleFacts,
+    drafter: HFTarget | None,
+) -> EngineDraws:
+    """The second stage after the first rejected with `failed`: as many fresh rows per side as the
+    first stage tested, compared on the failing tests' row scores."""
+    from losscheck.cells.attribution import attribution_tests, row_scores, scores_for
+    from losscheck.cells.engine_rounds import RoundsScoring
+
+    cell, engine = ctx.cell, _engine(ctx)
+    names = scores_for([r.name for r in failed])
+    rows = [p for p in prompts for _ in range(per_prompt)]
+    asked = tuple(
+        request(ctx, prompts, per_prompt, cell.params, horizon, side, purpose="attribution") for side in (True, False)
+    )
+    drawn = yield asked
+    target = ctx.engine_target()
+    reads_rounds = drafter is not None and any(n.startswith("rounds.") for n in names)
+    sides = [
+        row_scores(
+            ctx,
+            f"{cell.id}-attribution-{side}",
+            target,
+            rows,
+            _generation(ctx, tokens, target),
+            cell.precision.tolerance,
+            RoundsScoring(drafter, engine.k) if reads_rounds and drafter is not None else None,
+        )
+        for tokens, side in zip(drawn, ("on", "off"), strict=True)
+    ]
+    second = attribution_tests(sides[0], sides[1], names, ctx.alpha, ctx.profile.power)
+    blamed = any(not r.passed for r in second)
+    first = tuple(f"{r.name} (p = {r.p_value:.3g}, alpha = {r.alpha:.3g})" for r in failed)
+    record = AttributionRecord("speculation" if blamed else "reference", first, names, len(rows))
+    problems = []
+    if blamed:
+        problems.append(
+            f"speculation changes the engine's output law: the first stage rejected {', '.join(first)} against "
+            f"losscheck's copy of the target, and {len(rows)} fresh speculative rows differ from {len(rows)} "
+            "speculation-off rows on the same row scores"
+        )
+    facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
+    return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
+
+
+def _generation(ctx: CellContext, tokens: torch.Tensor, target: HFTarget) -> Generation:
+    """Engine samples [P, m, L] as one `Generation` on the target's device."""
+    gen = as_generation(tokens.flatten(0, 1), ctx.engine_vocab()[1], _engine(ctx).k, ctx.cell.params)
     gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
     return gen
 
 
-def _target_side_design(
-    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float
-) -> tuple[sample_size.ClassDesign, float, int, int]:
+def _drafter(ctx: CellContext) -> HFTarget | None:
+    """The engine's draft model as a teacher-forceable target, once per run; None: it gives none."""
+    from losscheck.cells.engine_rounds import as_target
+    from losscheck.engines import draft_model
+
+    engine = _engine(ctx)
+
+    def load() -> HFTarget | None:
+        model = draft_model(engine, ctx.engine_vocab()[0])
+        return None if model is None else as_target(model, f"{engine.name} draft model")
+
+    return ctx.memo(("engine-drafter", engine.name), load)
+
+
+@dataclass(frozen=True)
+class EngineDesign:
+    """What a one-sample engine cell's pilot fixes: the class design (in PIT-tested tokens), the
+    pilot's PIT-tested tokens per sequence, its generated and tested tokens, and its rounds
+    classes' power with their scored tokens per PIT-tested token."""
+
+    classes: sample_size.ClassDesign
+    per_sequence: float
+    pilot_tokens: int
+    pilot_tested: int
+    rounds_rate: float = 1.0
+
+
+def _design(
+    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float, drafter: HFTarget | None
+) -> EngineDesign:
     """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
-    tested): the design of the target-side bug classes (`buglaws.TARGET_SIDE`) at the profile's
-    power, with the design's margin, within the profile's cap; the pilot's tested tokens per
-    sequence (EOS and cut-off uncertainty leave some of the horizon untested), its generated
-    tokens, and its tested ones."""
+    tested): the tokens each class the cell judges needs at the profile's power, with the design's
+    margin, within the profile's cap. The rounds classes count only the positions whose cut-off
+    is unambiguous: their needs are scaled to PIT-tested tokens by the pilot's ratio of the two."""
+    from losscheck.cells.engine_rounds import RoundsScoring
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.pit import pit_required_values
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     target = ctx.engine_target()
-    gen = _on_device(as_generation(pilot.flatten(0, 1), ctx.engine_vocab()[1], engine.k, cell.params), target)
+    gen = _generation(ctx, pilot, target)
     rows = [p for p in prompts for _ in range(pilot.shape[1])]
-    # the whole catalogue, so that pit.bug_classes is judged over the classes the test scores
-    measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance)
+    rounds = None if drafter is None else RoundsScoring(drafter, engine.k)
+    measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
     needed = measured.tokens_needed(alpha_test, profile.power)
-    design = sample_size.ClassDesign.of(
-        {bug.name: needed[bug.name] for bug in TARGET_SIDE}, LR_BOUND, 1, profile.max_pit_tokens
-    )
-    return design, measured.steps / len(rows), int(gen.mask().sum()), measured.steps
+    wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}
+    rate = 1.0
+    if rounds is not None:
+        rate = rounds.sample.tokens / max(measured.steps, 1)
+        for name in rounds.sample.power.classes:
+            tokens = rounds.sample.power.tokens_needed(name, alpha_test, profile.power)
+            wanted[name] = {f"rounds.{name}": tokens / max(rate, 1e-9)}
+    pooled = 0
+    if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
+        alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
+        pooled = pit_required_values(alpha_pit, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
+    design = sample_size.ClassDesign.of(wanted, LR_BOUND, profile.min_pit_tokens, profile.max_pit_tokens, pooled)
+    return EngineDesign(design, measured.steps / len(rows), int(gen.mask().sum()), measured.steps, rate)
 
 
 def target_side_coverage(
-    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float
+    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float, tested: int
 ) -> dict[str, BugClassRecord]:
-    """Per target-side bug class, from the tested sample's own p: its best test and the tokens that
-    test needs at `level`, the cell's power against the catalogue point at the tokens it tested,
-    whether the pilot's design covered it, and its curve (the smallest member ρ of its family
-    (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)."""
+    """Per target-side bug class, from the tested sample's own p (`power`, its per-token effects):
+    its best test and the tokens that test needs at `level`, the cell's power against the catalogue
+    point at the `tested` tokens, whether the pilot's design covered it, and its curve (the smallest
+    member ρ of its family (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)."""
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
     from losscheck.stats.sequential import PARTIAL_POWER
 
-    tested = max(power.steps, 1)
+    tested = max(tested, 1)
     needed = power.tokens_needed(alpha_test, level)
     coverage: dict[str, BugClassRecord] = {}
     for bug in TARGET_SIDE:
@@ -291,6 +381,32 @@ def target_side_coverage(
             curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
         )
     return coverage
+
+
+def rounds_coverage(
+    design: EngineDesign, sample: RoundsSample, alpha_test: float, level: float
+) -> dict[str, BugClassRecord]:
+    """Per verifier class judged through the draft model, from the tested sample's own p and q:
+    the rounds test's tokens needed at `level` (scored tokens), its power at the tokens it scored,
+    whether the design covered it, and its curve over the family's members."""
+    from losscheck.stats.sequential import PARTIAL_POWER
+
+    power, scored = sample.power, sample.tokens
+    records = {}
+    for name in power.classes:
+        covered = name in design.classes.covered
+        needed = power.tokens_needed(name, alpha_test, level)
+        pilot = design.classes.best[name][1] * design.rounds_rate
+        records[name] = BugClassRecord(
+            test=f"rounds.{name}",
+            tokens_needed=needed if math.isfinite(needed) else None,
+            pilot_tokens_needed=pilot if math.isfinite(pilot) else None,
+            power=power.power(name, 1.0, scored, alpha_test),
+            covered=covered,
+            reach="covered" if covered else "none",
+            curve={f"{p:g}": power.smallest_rho(name, scored, alpha_test, p) for p in (level, PARTIAL_POWER)},
+        )
+    return records
 
 
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------

@@ -5,13 +5,16 @@ cells' dependencies allow instead of twice per cell.
 
 A cell is written as a generator (`EngineDraws`): it yields the requests of one round, receives
 their samples (validated, in the order asked), scores them and yields the next round, and returns
-its `CellOutcome`. Every request's seed is the cell's own (its id, side and purpose), so the order
-in which the run draws them changes no sample and no verdict.
+its `CellOutcome`, whose record gets the cell's phase timings (each engine call under its
+request's purpose and side, the cell's own scoring between them). Every request's seed is the
+cell's own (its id, side and purpose), so the order in which the run draws them changes no sample
+and no verdict.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,11 +41,16 @@ class _Cell:
     counted: EngineCounters | None = None  # the engine's counts of this cell's speculative calls
     unreadable: bool = False  # a speculative call whose counts the engine did not give
     result: CellOutcome | Exception | None = None
+    clock: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of the cell
+
+    def timed(self, phase: str, seconds: float) -> None:
+        self.clock[phase] = self.clock.get(phase, 0.0) + seconds
 
     def waiting(self) -> set[bool]:
         return {r.speculative for i, r in enumerate(self.requests) if i not in self.answers}
 
     def resume(self, answers: tuple[torch.Tensor, ...] | None = None) -> None:
+        start = time.perf_counter()
         try:
             self.requests = next(self.steps) if answers is None else self.steps.send(answers)
             self.answers = {}
@@ -50,6 +58,8 @@ class _Cell:
             self.result = stop.value
         except Exception as exc:  # the cell's own failure, raised again by its test
             self.result = exc
+        finally:
+            self.timed("scoring", time.perf_counter() - start)
 
     def count(self, before: EngineCounters | None, after: EngineCounters | None) -> None:
         if after is None:
@@ -95,6 +105,7 @@ def draw_side_by_side(
         for state, i, request in asked:
             if state.result is not None:  # an earlier request of the cell failed
                 continue
+            start = time.perf_counter()
             try:
                 before = engine_counters(engine) if side else None
                 out = checked_samples(engine, engine.generate(request), request, vocab_size, eos)
@@ -103,6 +114,10 @@ def draw_side_by_side(
             except Exception as exc:
                 state.result = exc
                 continue
+            finally:
+                state.timed(
+                    f"generate {request.purpose or 'sample'} ({'on' if side else 'off'})", time.perf_counter() - start
+                )
             state.answers[i] = out
         for state in live:
             if state.result is None and not state.waiting():
@@ -111,7 +126,11 @@ def draw_side_by_side(
     for cell_id, state in states.items():
         result = state.result
         assert result is not None
-        if not isinstance(result, Exception) and state.counted is not None and not state.unreadable:
-            result.facts = dataclasses.replace(result.facts, engine_counters=state.counted)
+        if not isinstance(result, Exception):
+            counted = state.counted if not state.unreadable else None
+            clock = {**(result.facts.phases or {}), **{k: round(v, 3) for k, v in state.clock.items()}}
+            result.facts = dataclasses.replace(
+                result.facts, engine_counters=counted or result.facts.engine_counters, phases=clock
+            )
         results[cell_id] = result
     return DrawnCells(results, phases)

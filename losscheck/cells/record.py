@@ -200,6 +200,18 @@ class BugClassRecord:
 
 
 @dataclass(frozen=True)
+class AttributionRecord:
+    """A black-box engine cell's second stage, drawn after its first rejected
+    (`losscheck.cells.attribution`): fresh speculative and speculation-off rows compared on the
+    row scores of the tests that rejected."""
+
+    finding: str  # "speculation" (the sides differ: a FAIL) or "reference" (they do not: the reference differs)
+    first_stage_failed: tuple[str, ...]  # the first stage's failing tests, with their p-values
+    scores: tuple[str, ...]  # the row scores compared
+    rows: int  # rows per side
+
+
+@dataclass(frozen=True)
 class SampleFacts:
     """What a cell measured of its sample; None (left out) where its kind of cell measures no such thing."""
 
@@ -232,6 +244,9 @@ class SampleFacts:
     mode: str | None = None
     engine_counters: EngineCounters | None = None  # black-box cells: the engine's own counts of the cell's calls
     acceptance_rule: str | None = None  # a drafter that verifies with a rule of its own names it
+    # black-box cells: the catalogue's classes the cell has no power against, and why
+    classes_not_judged: dict[str, str] | None = None
+    attribution: AttributionRecord | None = None  # black-box cells whose first stage rejected
 
 
 @dataclass(frozen=True)

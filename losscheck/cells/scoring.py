@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
@@ -21,6 +21,7 @@ from losscheck.core.target import HFTarget
 if TYPE_CHECKING:
     from losscheck.run.context import CellContext
     from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.buglaws import BugClass
     from losscheck.stats.result import TestResult
 
 
@@ -30,6 +31,20 @@ POOLED_TV_MISS = 0.05  # the pooled TV bound's miss rate per cell, split over it
 # the whole row, the processed float32 distributions, the top-p cut-off's sorted logits, order,
 # cumulative mass and two rank counts (int64), and randomized_pit's float64 copy, mask and masked sum.
 BYTES_PER_LOGIT = 64
+
+
+class ChunkObserver(Protocol):
+    """What else reads each scored chunk's p (a black-box engine's drafter,
+    `losscheck.cells.engine_rounds.RoundsScoring`)."""
+
+    def observe(
+        self,
+        rows: list[list[int]],
+        gen: Generation,
+        at: slice,
+        forced: ForcedProbs,
+        power_rows: torch.Tensor | None = None,
+    ) -> None: ...
 
 
 def pit_chunk_rows(width: int, vocab: int, budget_bytes: int, max_rows: int) -> int:
@@ -192,6 +207,9 @@ class PitScores:
     exact-conditional tests over every part. `stream` names the PITs' uniforms (the cell id);
     `misreported_id`: the id the bug-class score test judges the misreporting-drafter class at —
     chosen by a pilot, never by the sample tested (None: that class is left out of the test).
+    `rounds`: a black-box engine's drafter, scoring the verifier's classes from the same p.
+    `power_rows` [N] bool: the rows whose steps the power sums read (an estimate of the per-token
+    moments, chosen before the sample is drawn; None: every row); the tests read every row.
     """
 
     ctx: CellContext
@@ -200,6 +218,8 @@ class PitScores:
     tolerance: float
     power: PowerAccumulator | None = None
     misreported_id: int | None = None
+    rounds: ChunkObserver | None = None
+    power_rows: torch.Tensor | None = None
     u: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] per part
     mask: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] generated
     ambiguous: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] cut-off ambiguous
@@ -243,8 +263,13 @@ class PitScores:
                     misreported_id=self.misreported_id,
                 )
             )
+            some = None if self.power_rows is None else self.power_rows[at].to(p.device)
             if self.power is not None:  # what the PIT tests see: the draws they read
-                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~forced.left_out)
+                read = generated[at] & ~forced.left_out
+                read = read if some is None else read & some[:, None]
+                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, read)
+            if self.rounds is not None:
+                self.rounds.observe(rows[at], gen, at, forced, some)
 
         u, ambiguous, left_out = teacher_forced_pit(
             target,
@@ -289,7 +314,8 @@ class PitScores:
         known = [s for s in self.slots if s is not None]
         slots = torch.cat(known) if len(known) == len(self.slots) else None
         tested = mask & ~left_out
-        alpha_pit = registry.split(alpha, registry.PIT, registry.CONDITIONAL).share(registry.PIT)
+        missing = frozenset() if slots is not None else frozenset({registry.SLOTS})
+        alpha_pit = registry.split(alpha, registry.PIT, registry.CONDITIONAL, missing=missing).share(registry.PIT)
         results = pit_tests(
             u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
         )
@@ -343,19 +369,29 @@ def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> f
 
 
 def measure_power(
-    ctx: CellContext, target: HFTarget, rows: list[list[int]], gen: Generation, tolerance: float
+    ctx: CellContext,
+    target: HFTarget,
+    rows: list[list[int]],
+    gen: Generation,
+    tolerance: float,
+    rounds: ChunkObserver | None = None,
+    classes: tuple[BugClass, ...] | None = None,
 ) -> PowerAccumulator:
-    """What each test would see per token under each bug class, from `gen`'s own p and q (one
-    teacher-forced pass, no test run): a pilot sample's, to size the sample that is tested."""
+    """What each test would see per token under each bug class (`classes`, default the whole
+    catalogue), from `gen`'s own p and q (one teacher-forced pass, no test run): a pilot sample's,
+    to size the sample that is tested. `rounds`: a black-box engine's drafter, gathering the
+    verifier's classes' power too."""
     from losscheck.stats.bugclass import PowerAccumulator
 
-    power = PowerAccumulator()
+    power = PowerAccumulator() if classes is None else PowerAccumulator(classes=classes)
     generated = gen.mask()
 
     def observe(at: slice, forced: ForcedProbs) -> None:
         q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(forced.probs.device)
         slots = None if gen.slots is None else gen.slots[at]
         power.update(forced.probs.double(), q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~forced.left_out)
+        if rounds is not None:
+            rounds.observe(rows[at], gen, at, forced)
 
     v = torch.zeros(gen.tokens.shape, dtype=torch.float64, device=target.device)
     teacher_forced_pit(target, rows, gen, v, ctx.memory_budget_bytes, ctx.profile.batch, tolerance, observe=observe)

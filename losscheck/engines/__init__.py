@@ -42,8 +42,10 @@ __all__ = [
     "GenerationRequest",
     "LegacyEngine",
     "ReportsCounters",
+    "RunsDraftModel",
     "check_engine",
     "checked_samples",
+    "draft_model",
     "engine_counters",
     "lengths",
     "row_by_row",
@@ -88,6 +90,42 @@ class ReportsCounters(Protocol):
         """The counters of every speculative call so far (they only grow), or None when the engine
         has none to give now (e.g. its statistics logging is off)."""
         ...
+
+
+@runtime_checkable
+class RunsDraftModel(Protocol):
+    """An engine whose drafter losscheck can teacher-force (optional): then its one-sample cells
+    judge the verifier's bug classes too (`losscheck.stats.hidden_rounds`)."""
+
+    def draft_model(self) -> Any:
+        """The drafter the engine runs, as a Hugging Face causal LM over the target's token ids in
+        the engine's precision, whose logits processed by the request's sampling parameters are
+        the engine's q; None when it has none losscheck can load (n-gram, heads inside the engine)."""
+        ...
+
+
+def draft_model(engine: object, vocab_size: int) -> Any:
+    """The engine's draft model (`RunsDraftModel`) when it gives one, checked against the target's
+    vocabulary; None when it gives none."""
+    if not isinstance(engine, RunsDraftModel):
+        return None
+    model = engine.draft_model()
+    if model is None:
+        return None
+    name = getattr(engine, "name", type(engine).__name__)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or not hasattr(model, "forward"):
+        raise OptionError(
+            f"engine {name!r}: draft_model() returned {type(model).__name__}; return a Hugging Face causal LM "
+            "(a model with .config.vocab_size and forward) or None"
+        )
+    if vocab != vocab_size:
+        raise OptionError(
+            f"engine {name!r}: its draft model has a vocabulary of {vocab} tokens, the target {vocab_size}; "
+            "teacher-forcing it for q needs the target's token ids (return None from draft_model to certify "
+            "without the verifier's bug classes)"
+        )
+    return model
 
 
 OLD_SIGNATURE = "generate(prompts, n, params, seed, max_new_tokens, speculative)"

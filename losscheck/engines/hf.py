@@ -159,6 +159,11 @@ class HFAssistedEngine:
                     out[i, start : start + rows, : new.shape[1]] = new
         return out
 
+    def draft_model(self) -> PreTrainedModel:
+        """The assistant: transformers draws its candidates from the assistant's logits processed by
+        the request's processors, so teacher-forcing it gives the q the verifier reads."""
+        return self.assistant
+
     def with_k(self, k: int) -> HFAssistedEngine:
         """The same model and assistant drafting `k` candidates a round (a perf run's k sweep)."""
         return HFAssistedEngine(self.model, self.assistant, k, self.eos, name=self.name.partition("(")[0])

@@ -31,6 +31,8 @@ class GenerationRequest:
                     samples (`row_seed` gives one per row).
     max_new_tokens  the budget of each continuation.
     speculative     True: drafting on; False: the same engine with drafting off (the baseline).
+    purpose         what the draws are for in the cell ("pilot", "sample", "attribution"): the
+                    record's phase timings name it; an adapter has no reason to read it.
 
     The answer is LongTensor [len(prompts), n, max_new_tokens]: row [i, j] is the j-th
     continuation of prompts[i], exactly `max_new_tokens` ids, except that a row that emits the
@@ -43,6 +45,7 @@ class GenerationRequest:
     seed: int
     max_new_tokens: int
     speculative: bool
+    purpose: str = ""
 
     def __post_init__(self) -> None:
         from losscheck.core.sampling import SamplingParams

@@ -13,19 +13,28 @@ from losscheck.core.engine import Engine
 from losscheck.core.generation import LoopStats
 from losscheck.core.limits import ENGINE_BATCH
 from losscheck.core.sampling import make_generator
+from losscheck.core.verify import Verifier
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.request import GenerationRequest
 
 
 class SpecLoopEngine:
-    """`Engine(target, drafter, k)`, or `Engine(target)` with speculation off."""
+    """`Engine(target, drafter, k, verifier)`, or `Engine(target)` with speculation off."""
 
     precision = "fp32"  # the bundled models' dtype as loaded by the factories below
 
-    def __init__(self, target: Target, drafter: Drafter, k: int = 4, batch: int = ENGINE_BATCH) -> None:
-        self.spec, self.plain = Engine(target, drafter, k), Engine(target)
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter,
+        k: int = 4,
+        batch: int = ENGINE_BATCH,
+        verifier: Verifier | None = None,
+        name: str = "spec-loop",
+    ) -> None:
+        self.spec, self.plain = Engine(target, drafter, k, verifier=verifier), Engine(target)
         self.eos = target.eos_id if target.eos_id is not None else 0
-        self.k, self.name = k, f"spec-loop(k={k})"
+        self.k, self.name = k, f"{name}(k={k})"
         self.batch = batch  # rows per engine call
         self._counters = EngineCounters(drafts=0, drafted=0, accepted=0, accepted_per_position=(0,) * k, emitted=0)
 
@@ -53,6 +62,13 @@ class SpecLoopEngine:
             accepted_per_position=per,
             emitted=(was.emitted or 0) + stats.emitted,
         )
+
+    def draft_model(self) -> torch.nn.Module | None:
+        """The drafter's model when it is an autoregressive one (its q is its processed logits)."""
+        from losscheck.drafters.autoregressive import AutoregressiveDrafter
+
+        drafter = self.spec.drafter
+        return drafter.lm.model if isinstance(drafter, AutoregressiveDrafter) else None
 
     def counters(self) -> EngineCounters:
         return self._counters

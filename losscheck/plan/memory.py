@@ -10,8 +10,9 @@ Terms:
 The run draws the cells side by side (`losscheck.cells.engine_phases`): while any cell waits for
 a speculative draw, every waiting speculative draw is answered; only when every cell waits for
 the plain side is it answered (`next_side`); then every cell whose draws are all answered
-scores. A one-sample run is then three engine phases (speculative: pilots; speculative: samples;
-plain: every plain-side draw) with two scoring phases between and after; a two-sample run two.
+scores. A one-sample run is then two speculative engine phases (pilots; samples) with their
+scoring phases, and, for the cells whose first stage rejected, a speculative and a plain phase of
+attribution rows scored last; a two-sample run two engine phases.
 Under `Policy.ONE_AT_A_TIME` each phase holds one thing: the engine instance of its side, or the
 reference target. Torch-free: `losscheck certify --list` prints it (`memory_lines`).
 """
@@ -47,9 +48,11 @@ def rounds(mode: Mode, scorable: bool) -> tuple[Round, ...]:
         margins = "greedy margins (where on and off diverge)" if scorable else None
         return (Round("greedy (on)", "greedy (off)", margins),)
     if mode is Mode.ONE_SAMPLE:
+        attribution = "one-sample attribution (after a rejection only)"
         return (
             Round("one-sample pilot", None, "one-sample pilot (sizes the sample)"),
-            Round("one-sample sample", "one-sample control", "one-sample PIT (sample and control)"),
+            Round("one-sample sample", None, "one-sample PIT"),
+            Round(attribution, attribution, "one-sample attribution (both sides' row scores)"),
         )
     if mode is Mode.TWO_SAMPLE:
         return (Round("two-sample (on)", "two-sample (off)", None),)

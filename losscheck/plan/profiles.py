@@ -19,11 +19,12 @@ class Profile:
     greedy_max_new: int = 64  # tokens generated per prompt in greedy cells
     horizon: int = 16  # L: generated tokens per sequence tested in PIT cells (at least 2k + 2)
     exact_horizon: int = 4  # L for exact enumeration on the small-vocabulary target (V**L sequences)
-    detect_tv: float = 0.02  # the binned TV exact and black-box cells must detect
+    detect_tv: float = 0.02  # the binned TV exact and two-sample engine cells must detect
     # PIT cells of losscheck's own loop are sized by their bug classes' power (a pilot measures
     # it, `losscheck.stats.bugclass`): the tested tokens their best test needs for every class it
     # can reach within `max_pit_tokens`, at least `min_pit_tokens`
     pilot_sequences: int = 128
+    engine_pilot_sequences: int = 48  # a black-box one-sample cell's pilot: at least one row per prompt
     min_pit_tokens: int = 2_000
     max_pit_tokens: int = 20_000
     # False: a PIT cell draws its fixed-sample design in one look and never stops early (the

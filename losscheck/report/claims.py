@@ -149,7 +149,11 @@ def lines(cert: Certificate) -> list[str]:
         )
         for name, c in classes.items():
             best = c.best
-            where = f"caught at ρ = 1 by {len(c.caught_by)} cells" if c.caught_by else "caught by no cell at ρ = 1"
+            where = (
+                f"power ≥ {level:g} at ρ = 1 in {len(c.caught_by)} cells"
+                if c.caught_by
+                else f"power ≥ {level:g} at ρ = 1 in no cell"
+            )
             if best is not None:
                 where += f" (best {best.cell}, {best.test}, power {best.power:.3f})"
             if c.curve:
@@ -163,14 +167,16 @@ def lines(cert: Certificate) -> list[str]:
                     f"ρ ≤ {stops.down_to:.3g} (each at β ≤ {stops.beta:.3g})"
                 )
             out.append(f"  - `{name}`: {where}")
-        if any(r.sample.mode == "one-sample" for r in cert.cells):
-            from losscheck.stats.buglaws import TARGET_SIDE
-
-            alone = ", ".join(f"`{bug.name}`" for bug in TARGET_SIDE)
+        engine_cells = [r for r in cert.cells if r.sample.mode == "one-sample"]
+        if engine_cells:
+            reasons: dict[str, str] = {}
+            for r in engine_cells:
+                reasons.update(r.sample.classes_not_judged or {})
+            unjudged = "; ".join(f"`{name}` ({why})" for name, why in reasons.items())
             out.append(
-                f"  - a black-box engine's one-sample cells judge only the classes whose law reads the target's p "
-                f"alone ({alone}); the others need the drafter's q and slots, which the engine does not report, "
-                "and are not claimed for its cells"
+                "  - a black-box engine's one-sample cells judge the classes whose law reads the target's p alone "
+                "and, when the engine gives its draft model, the verifier's classes through a filter over the "
+                f"slots it does not report; not claimed for them: {unjudged or 'none'}"
             )
     bound = pooled_bound(cert.cells)
     if bound is not None:

@@ -75,6 +75,16 @@ class CellContext:
             instances.close()
         return self._session.target("main", self.cell.precision.target)
 
+    def release_engine(self) -> None:
+        """After a batch of engine cells: close the engine's instance still alive when the engine
+        keeps one instance alive at a time (the next batch, or the run's end, needs none of it)."""
+        from losscheck.engines.pool import instances_of, one_at_a_time
+
+        if one_at_a_time(self.engine):
+            instances = instances_of(self.engine)
+            assert instances is not None
+            instances.close()
+
     def release_engine_target(self) -> None:
         """Before an engine instance is used: drop losscheck's copies of the engine's target when
         the engine keeps one instance alive at a time (they load again when a cell scores)."""

@@ -6,13 +6,14 @@ concept: `result` (what a test found, cell verdicts), `budget` (splitting α), `
 and one module per test mode — `exact`, `pit`, `conditional`, `two_sample`. `registry` holds
 the tests a sampled cell runs, `bugclass` (with `bugsums`, `bugperid`, `effects`, `powermodels`)
 their power per bug class, `design` a sequential cell's design statistics. Importing this
-package registers the `pit`, `conditional`, `exact` and `two_sample` families (the `conformance`
-family registers with `losscheck.cells.conformance`).
+package registers the `pit`, `conditional`, `exact`, `two_sample` and `rounds` families (the
+`conformance` family registers with `losscheck.cells.conformance`).
 """
 
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.conditional import conditional_tests
 from losscheck.stats.exact import enumerate_continuations, exact_required_n, exact_tests, probability_bins
+from losscheck.stats.hidden_rounds import rounds_test
 from losscheck.stats.pit import pit_required_values, pit_tests, randomized_pit
 from losscheck.stats.power import (
     chisquare_detectable_w,
@@ -47,6 +48,7 @@ __all__ = [
     "probability_bins",
     "randomized_pit",
     "require_power",
+    "rounds_test",
     "two_sample_tests",
 ]
 

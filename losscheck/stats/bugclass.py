@@ -90,6 +90,7 @@ class PowerAccumulator:
     rule_out: dict[str, torch.Tensor] = field(default_factory=dict)
     rule_out_ids: torch.Tensor = field(default_factory=lambda: zeros(0))  # [V, G] the per-id class at every id
     has_slots: bool = True
+    has_q: bool = True  # False: no drafter's q (a black-box engine): only target-side classes are scored
     sums: dict[str, Sums] = field(default_factory=dict)
 
     def update(
@@ -134,7 +135,7 @@ class PowerAccumulator:
         if q_prev is not None:
             q_prev = reported_q(q_prev, p.shape, f"{what} q_prev")
             step = chunk_steps(p, q, slots, k, tested, what, q_prev=q_prev, misreported=self.misreported)
-        self._start(vocab, k, slots is not None)
+        self._start(vocab, k, slots is not None, q is not None)
         emitted = tokens.to(p.device)[tested.to(torch.bool).to(p.device)]  # [m] row-major, as `chunk_steps`
         for (part, block), (_, scored_block) in zip(step.blocks(), scored.blocks()):
             self._add(block, block if step is scored else scored_block, emitted[part])
@@ -144,7 +145,7 @@ class PowerAccumulator:
         assert self.vocab is not None and self.k is not None
         return SumsShape(self.vocab, self.n_bins, self.k + 1, len(self.classes))
 
-    def _start(self, vocab: int, k: int, has_slots: bool) -> None:
+    def _start(self, vocab: int, k: int, has_slots: bool, has_q: bool) -> None:
         if self.vocab is None:
             self.vocab, self.k, self.has_slots = vocab, k, has_slots
             self.slot_steps = zeros(k + 1)
@@ -159,6 +160,7 @@ class PowerAccumulator:
                 f"PowerAccumulator: a chunk with V = {vocab}, k = {k} after chunks with V = {self.vocab}, k = {self.k}"
             )
         self.has_slots = self.has_slots and has_slots
+        self.has_q = self.has_q and has_q
 
     def _add(self, step: Step, scored: Step, emitted: torch.Tensor) -> None:
         """Add a block of steps: `step` for the bugs' laws, `scored` (the same steps, q_prev as
@@ -252,7 +254,7 @@ class PowerAccumulator:
             classes=first.classes, n_bins=first.n_bins, misreported=first.misreported, grid=first.grid
         )
         assert first.vocab is not None and first.k is not None
-        out._start(first.vocab, first.k, all(a.has_slots for a in started))
+        out._start(first.vocab, first.k, all(a.has_slots for a in started), all(a.has_q for a in started))
         for part in started:
             out.steps += part.steps
             out.slot_steps += part.slot_steps
@@ -359,7 +361,7 @@ class PowerAccumulator:
         (`losscheck.stats.sequential`); None where the cell cannot evaluate the class's law (slots
         not recorded, or the per-id class without its id fixed in advance). Also, under
         `sequential.id_key`, the per-id class at each of `ids`."""
-        scored = targeted(self.classes, self.has_slots, self.misreported)
+        scored = targeted(self.classes, self.has_slots, self.misreported, self.has_q)
         out: dict[str, float | None] = {}
         for bug in self.classes:
             members = self.members(bug.name)
@@ -457,7 +459,7 @@ class PowerAccumulator:
             raise LosscheckError("PowerAccumulator: no tested step was added")
         if not 0 < rho <= 1:
             raise LosscheckError(f"PowerAccumulator: a family member needs 0 < rho <= 1, got {rho}")
-        scored = targeted(self.classes, self.has_slots, self.misreported)
+        scored = targeted(self.classes, self.has_slots, self.misreported, self.has_q)
         return ClassView(
             bug=bug,
             sums=self._class_sums(bug).mixed(rho, self.h0),

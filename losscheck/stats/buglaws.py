@@ -224,13 +224,20 @@ BY_NAME = {bug.name: bug for bug in CATALOGUE}
 TARGET_SIDE = tuple(bug for bug in CATALOGUE if bug.target_side)
 
 
-def targeted(classes: tuple[BugClass, ...], has_slots: bool, misreported: int | None) -> tuple[BugClass, ...]:
+def targeted(
+    classes: tuple[BugClass, ...], has_slots: bool, misreported: int | None, has_q: bool = True
+) -> tuple[BugClass, ...]:
     """The classes of `classes` whose law is known before each token is drawn, and so can be
     scored: those needing slots only when slots are recorded, the per-id class only when its id
     was fixed beforehand (`misreported`; an id the scored sample picked itself would let it choose
-    its own direction)."""
+    its own direction), and without a drafter's q (`has_q` False: a black-box engine) only those
+    whose law reads p alone."""
     return tuple(
-        bug for bug in classes if (has_slots or not bug.needs_slots) and (misreported is not None or not bug.per_id)
+        bug
+        for bug in classes
+        if (has_slots or not bug.needs_slots)
+        and (misreported is not None or not bug.per_id)
+        and (has_q or bug.target_side)
     )
 
 

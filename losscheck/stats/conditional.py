@@ -284,7 +284,7 @@ class ConditionalValues:
         y_x = y.gather(-1, x[:, None]).squeeze(-1)  # [m]
         drawn = torch.bincount(x, minlength=vocab).to(torch.float64)  # [V]
         expected = p_t.sum(0)  # [V]
-        classes = targeted(CATALOGUE, slots is not None, misreported_id)
+        classes = targeted(CATALOGUE, slots is not None, misreported_id, has_q=q is not None)
         class_y: dict[str, list[torch.Tensor]] = {bug.name: [] for bug in classes}
         class_var: dict[str, list[torch.Tensor]] = {bug.name: [] for bug in classes}
         for part, block in step.blocks():

@@ -20,8 +20,9 @@ its predictive law P'(x_t | x_<t) = Σ_{j<k} π_t(j)·(a' + r')_t(x_t) + π_t(k)
 every term is p_t(x_t), so the likelihood ratio Π_t P'(x_t | x_<t) / p_t(x_t) is a test martingale
 whatever q is (a q unlike the engine's only costs power), and a fixed-weight mixture over members
 is one too: by Ville's inequality the test rejects at level α whenever the mixture reaches 1 / α,
-at any stopping time (`rounds_test`). Positions the caller does not score (a cut-off's ambiguous
-positions, `losscheck.cells.scoring`) move the belief and contribute no factor.
+at any stopping time (`rounds_test`, registered as family `ROUNDS`). Positions the caller does
+not score (a cut-off's ambiguous positions, `losscheck.cells.scoring`) move the belief and
+contribute no factor.
 
 Power (`RoundsPower`): per member, the log-LR increment's mean and second moment under P' at each
 scored position (its law over the whole vocabulary, the belief from the filter along the observed
@@ -42,12 +43,14 @@ from scipy import stats
 
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import TOP_P, top_p
+from losscheck.stats.registry import ROUNDS, StatTest, register
 from losscheck.stats.result import TestResult
 from losscheck.stats.sequential import family
 
 RHO_MIN = 1 / 8  # the smallest member of each family the mixture e-value spends weight on
 MEMBERS = family(RHO_MIN)  # (1, 0.707, 0.5, ..., 0.125): equal weights
 TINY = 1e-300
+TINY32 = 1e-38
 
 Law = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # two [..., V] laws -> [..., V]
 
@@ -119,15 +122,20 @@ class RoundParts(NamedTuple):
     p: torch.Tensor
 
 
-def member_laws(cls: RoundClass, p: torch.Tensor, q: torch.Tensor, p_prev: torch.Tensor, rho: float):
-    """Member ρ of `cls` at every position: (accept, recover, bonus) laws [..., V] each, from p, q
-    and p_prev [..., V] (float64)."""
-    mixes = (
-        (cls.accept(p, q), _accept(p, q)),
-        (cls.recover(p, q), _recover(p, q)),
-        (cls.bonus(p, p_prev), p),
-    )
-    return tuple(rho * bug + (1 - rho) * h0 for bug, h0 in mixes)
+class ClassLaws(NamedTuple):
+    """A class's round at every position, [..., V] each: the law of a draft slot's emitted token
+    when the class acts there (its accepted + recovered parts), that law's accepted part, and the
+    bonus slot's law. Member ρ mixes each with the correct one: (1 - ρ)·H0 + ρ·class."""
+
+    draft: torch.Tensor
+    accept: torch.Tensor
+    bonus: torch.Tensor
+
+
+def class_laws(cls: RoundClass, p: torch.Tensor, q: torch.Tensor, p_prev: torch.Tensor) -> ClassLaws:
+    """`cls` at every position, from p, q and p_prev [..., V] (float64)."""
+    accept = cls.accept(p, q)
+    return ClassLaws(accept + cls.recover(p, q), accept, cls.bonus(p, p_prev))
 
 
 def round_parts(
@@ -137,13 +145,21 @@ def round_parts(
     drafter's q [n, L, V] (float64, rows summing to 1) teacher-forced over the same tokens."""
     p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)  # [n, L, V], zeros at t = 0
     at = tokens[..., None].clamp(0, p.shape[-1] - 1)  # [n, L, 1]
-    out: list[list[list[torch.Tensor]]] = [[], [], []]  # part -> class -> members [n, L]
+
+    def gathered(x: torch.Tensor) -> torch.Tensor:
+        return x.gather(-1, at).squeeze(-1)  # [n, L]
+
+    p_x, accept_h0 = gathered(p), gathered(torch.minimum(p, q))
+    rho = torch.tensor(MEMBERS, dtype=torch.float64, device=p.device)  # [G]
+    parts: list[list[torch.Tensor]] = [[], [], []]
     for cls in classes:
-        laws = [member_laws(cls, p, q, p_prev, rho) for rho in MEMBERS]
-        for part in range(3):
-            out[part].append([law[part].gather(-1, at).squeeze(-1) for law in laws])
-    stacked = [torch.stack([torch.stack(m, -1) for m in part], -2) for part in out]  # [n, L, C, G]
-    return RoundParts(*stacked, p.gather(-1, at).squeeze(-1))
+        laws = class_laws(cls, p, q, p_prev)
+        draft, accept, bonus = (gathered(x)[..., None] for x in laws)  # [n, L, 1] each
+        parts[0].append(rho * accept + (1 - rho) * accept_h0[..., None])  # [n, L, G]
+        parts[1].append(rho * (draft - accept) + (1 - rho) * (p_x - accept_h0)[..., None])
+        parts[2].append(rho * bonus + (1 - rho) * p_x[..., None])
+    accept, recover, bonus = (torch.stack(part, -2) for part in parts)  # [n, L, C, G]
+    return RoundParts(accept, recover, bonus, p_x)
 
 
 class Filtered(NamedTuple):
@@ -196,20 +212,26 @@ class RoundsPower:
     outside: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
 
     def update(self, p: torch.Tensor, q: torch.Tensor, filtered: Filtered, scored: torch.Tensor) -> None:
-        """Add the scored positions [n, L] of a chunk: p, q [n, L, V] and the filter's beliefs."""
+        """Add the scored positions [n, L] of a chunk: p, q [n, L, V] and the filter's beliefs.
+        Member ρ's predictive law is p + ρ·((1 - π_k)·draft + π_k·bonus - p), π_k its belief in
+        the bonus slot, draft and bonus its class's laws (`class_laws`)."""
         p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)
         pick = scored.to(torch.bool)
         self.tokens += int(pick.sum())
-        ps, qs, prev = p[pick], q[pick], p_prev[pick]  # [m, V]
+        # float32: moments for a power estimate need no more, and it halves the cost of 21 laws per token
+        ps, qs, prev = (x[pick].float() for x in (p, q, p_prev))  # [m, V]
         support = ps > 0
+        log_p = ps.clamp_min(TINY32).log()
         for ci, name in enumerate(self.classes):
+            laws = class_laws(BY_NAME[name], ps, qs, prev)
+            towards = laws.bonus - laws.draft  # [m, V]
             for gi, rho in enumerate(MEMBERS):
-                accept, recover, bonus = member_laws(BY_NAME[name], ps, qs, prev, rho)
-                last = filtered.bonus_belief[..., ci, gi][pick][:, None]  # [m, 1]
-                law = (1 - last) * (accept + recover) + last * bonus  # [m, V]
-                ratio = torch.where(support & (law > 0), law.clamp_min(TINY).log() - ps.clamp_min(TINY).log(), 0.0)
-                self.mean[ci, gi] += float((law * ratio).sum())
-                self.second[ci, gi] += float((law * ratio.square()).sum())
+                last = filtered.bonus_belief[..., ci, gi][pick][:, None].float()  # [m, 1]
+                law = ps + rho * (laws.draft + last * towards - ps)  # [m, V]
+                ratio = torch.where(support & (law > 0), law.clamp_min(TINY32).log() - log_p, 0.0)
+                weighted = law * ratio
+                self.mean[ci, gi] += float(weighted.sum())
+                self.second[ci, gi] += float((weighted * ratio).sum())
                 self.outside[ci, gi] += float(torch.where(support, 0.0, law).sum())
 
     def power(self, name: str, rho: float, tokens: float, alpha: float) -> float:
@@ -241,43 +263,72 @@ class RoundsPower:
 
 
 @dataclass
-class RoundsValues:
-    """What `rounds_test` reads, summed over the tested rows: per class and member the log-LR, the
-    scored tokens, and per row the catalogue point's log-LR (the second stage's row scores)."""
+class RoundsSample:
+    """A sample of engine rows scored chunk by chunk: per class and member the summed log-LR
+    (what `rounds_test` reads) over `tokens` scored positions, per row the catalogue point's
+    log-LR (a second stage's row scores), and the power sums of `RoundsPower` from the sample's
+    own p and q — over every row, or the rows the caller picks (an estimate of the per-token
+    moments: the filter itself always runs on every row)."""
 
+    k: int
     log_lr: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     tokens: int = 0
+    power: RoundsPower = field(default_factory=RoundsPower)
     rows: list[torch.Tensor] = field(default_factory=list)  # [n_j, C] per chunk
 
-    def add(self, filtered: Filtered, scored: torch.Tensor) -> None:
+    def update(
+        self,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        tokens: torch.Tensor,
+        generated: torch.Tensor,
+        scored: torch.Tensor,
+        power_rows: torch.Tensor | None = None,
+    ) -> None:
+        """Add a chunk: p, q [n, L, V] float64 teacher-forced over `tokens` [n, L]; `generated` and
+        `scored` [n, L] as `filter_rounds` reads them; `power_rows` [n] bool, the rows whose
+        positions the power sums read (None: every row)."""
+        filtered = filter_rounds(round_parts(p, q, tokens), self.k, generated, scored)
         self.log_lr += filtered.log_lr.sum(0).cpu()
         self.tokens += int(scored.sum())
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())
+        picked = scored if power_rows is None else scored & power_rows.to(scored.device)[:, None]
+        self.power.update(p, q, filtered, picked)
 
     def row_scores(self, name: str) -> torch.Tensor:
-        """[N] each tested row's log-LR of class `name` at ρ = 1."""
+        """[N] each row's log-LR of class `name` at ρ = 1, in the order the rows were added."""
         return torch.cat(self.rows)[:, [c.name for c in CLASSES].index(name)]
 
 
-def rounds_test(values: RoundsValues, name: str, alpha: float, power: RoundsPower, level: float) -> TestResult:
+def rounds_test(sample: RoundsSample, name: str, alpha: float, level: float) -> TestResult:
     """Class `name`'s mixture e-value e = mean over members of Π_rows LR_ρ: H0 rejected when
     e >= 1 / `alpha` (p = min(1, 1/e), valid at any stopping time). States the smallest member
     the tested sample's own p and q say it catches at `level`."""
     ci = [c.name for c in CLASSES].index(name)
-    log_e = float(torch.logsumexp(values.log_lr[ci], 0)) - math.log(len(MEMBERS))
-    rho = power.smallest_rho(name, values.tokens, alpha, level)
-    best = int(values.log_lr[ci].argmax())
+    log_e = float(torch.logsumexp(sample.log_lr[ci], 0)) - math.log(len(MEMBERS))
+    rho = sample.power.smallest_rho(name, sample.tokens, alpha, level)
+    best = int(sample.log_lr[ci].argmax())
     return TestResult(
         name=f"rounds.{name}",
         expected=f"the emitted tokens follow p, not the law of a verifier with {name} (filtered over hidden slots)",
         observed=f"mixture e-value 10^{log_e / math.log(10):.2f} over {len(MEMBERS)} members, largest at "
-        f"ρ = {MEMBERS[best]:.3g}",
+        f"rho = {MEMBERS[best]:.3g}",
         statistic=log_e,
         p_value=min(1.0, math.exp(-log_e)) if log_e > -700 else 1.0,
         alpha=alpha,
-        n=values.tokens,
+        n=sample.tokens,
         power=level,
         detectable={"rho": math.inf if rho is None else rho},
         log10_p=min(0.0, -log_e / math.log(10)),
-        scope="conformance",
     )
+
+
+def _registered(name: str) -> Callable[[RoundsSample, float, float], TestResult]:
+    def run(sample: RoundsSample, alpha: float, power: float) -> TestResult:
+        return rounds_test(sample, name, alpha, power)
+
+    return run
+
+
+for _cls in CLASSES:
+    register(StatTest(f"rounds.{_cls.name}", ROUNDS, "conformance", _registered(_cls.name), anytime=True))

@@ -54,7 +54,7 @@ from losscheck.stats.power import (
     dkwm_required_n,
     require_power,
 )
-from losscheck.stats.registry import PIT, StatTest, budget_count, deprecated_count, register, run_family
+from losscheck.stats.registry import PIT, SLOTS, StatTest, budget_count, deprecated_count, register, run_family
 from losscheck.stats.result import TestResult
 
 PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
@@ -118,10 +118,11 @@ def pit_tests(
                             (df = positions × (n_bins - 1)); positions with fewer than
                             `min_expected` expected per bin are left out (decided by their
                             count, which depends only on earlier tokens);
-      pit.slot_chisquare    the same over the slot × bin table (slot of the token in its round);
+      pit.slot_chisquare    the same over the slot × bin table (slot of the token in its round;
+                            without `slots` it is not run and takes no share of `alpha`);
       pit.pair_chisquare    χ² of the pairs (u_{2m}, u_{2m+1}) on a `PAIR_BINS`² grid of the unit
                             square: serial dependence.
-    The five tests split `alpha` by Bonferroni. With a `target_tv`, the pooled tests first raise
+    The tests run split `alpha` by Bonferroni. With a `target_tv`, the pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
     `target_tv` at `power` (`pit_required_values` says how many values suffice) — unless a token
     of probability 0 was seen, which fails `pit.support` at any size (then, with no other value,
@@ -136,7 +137,8 @@ def pit_tests(
     check_open_unit("power", power)
     if target_tv is not None:
         check_tv("target TV", target_tv)
-    a = per_test_alpha(alpha, budget_count(PIT))
+    missing = frozenset() if slots is not None else frozenset({SLOTS})  # no slots: no slot test, no share
+    a = per_test_alpha(alpha, budget_count(PIT, missing=missing))
 
     impossible = mask & torch.isnan(u)  # [N, L]
     valid = mask & ~impossible  # [N, L]
@@ -153,7 +155,7 @@ def pit_tests(
             "pit_tests: PIT values under the mask must lie in [0, 1] (or be NaN for impossible tokens)"
         )
     if target_tv is not None and not impossible.any():  # an impossible token fails whatever the power
-        required = pit_required_values(alpha, power, target_tv, n_bins)
+        required = pit_required_values(alpha, power, target_tv, n_bins, missing)
         _require_pooled_power(n, n_bins, a, power, target_tv, required)
 
     bins = (values * n_bins).long().clamp(max=n_bins - 1)  # [n]
@@ -166,7 +168,7 @@ def pit_tests(
         width = int(slot_of.max()) + 1
         slot_counts = torch.bincount(slot_of * n_bins + bins, minlength=width * n_bins).view(-1, n_bins).numpy()
     pit = PitValues(u, mask, valid, values, counts, slot_counts, spare, int(impossible.sum()), min_expected)
-    return run_family(PIT, pit, alpha, power)
+    return run_family(PIT, pit, alpha, power, missing=missing)
 
 
 @dataclass(frozen=True)
@@ -202,10 +204,13 @@ def _pooled_chisquare(pit: PitValues, alpha: float, power: float) -> TestResult:
     return goodness_of_fit("pit.pooled_chisquare", expected, pit.counts.sum(0), np.full(bins, n / bins), alpha, power)
 
 
-def pit_required_values(alpha: float, power: float, target_tv: float, n_bins: int = 10) -> int:
+def pit_required_values(
+    alpha: float, power: float, target_tv: float, n_bins: int = 10, missing: frozenset[str] = frozenset()
+) -> int:
     """PIT values (unmasked tokens) `pit_tests`' pooled χ² and KS need, under the cell budget
-    `alpha`, to detect `target_tv` at `power`."""
-    a = per_test_alpha(alpha, budget_count(PIT))
+    `alpha`, to detect `target_tv` at `power`; `missing`: inputs the cell lacks (`SLOTS`: no
+    slot test shares the budget)."""
+    a = per_test_alpha(alpha, budget_count(PIT, missing=missing))
     return max(
         chisquare_required_n(2 * check_tv("target TV", target_tv), n_bins, a, power),
         dkwm_required_n(target_tv, a, power),
@@ -355,7 +360,16 @@ register(StatTest("pit.support", PIT, "pooled", lambda pit, _alpha, power: _supp
 register(StatTest("pit.pooled_chisquare", PIT, "pooled", _pooled_chisquare, power=powermodels.POOLED_CHISQUARE))
 register(StatTest("pit.pooled_ks", PIT, "pooled", _pooled_ks))
 register(StatTest("pit.position_chisquare", PIT, "stratified", _position_chisquare))
-register(StatTest("pit.slot_chisquare", PIT, "stratified", _slot_chisquare, power=powermodels.SLOT_CHISQUARE))
+register(
+    StatTest(
+        "pit.slot_chisquare",
+        PIT,
+        "stratified",
+        _slot_chisquare,
+        power=powermodels.SLOT_CHISQUARE,
+        needs=frozenset({SLOTS}),
+    )
+)
 register(StatTest("pit.pair_chisquare", PIT, "stratified", _pair_chisquare))
 
 

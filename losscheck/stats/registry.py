@@ -33,6 +33,9 @@ CONDITIONAL = "conditional"
 CONFORMANCE = "conformance"
 EXACT = "exact"
 TWO_SAMPLE = "two_sample"
+ROUNDS = "rounds"  # a black-box engine's verifier classes through its drafter (`losscheck.stats.hidden_rounds`)
+# Inputs a test may read that a cell may lack (`StatTest.needs`): a black-box engine reports no slots.
+SLOTS = "slots"
 # the order a PIT cell's design lists its tests in (`designed`); a family not named here follows
 DESIGN_ORDER = (PIT, CONDITIONAL)
 
@@ -62,10 +65,14 @@ class StatTest(Generic[Values]):
     # what the test sees per token under each bug class, for the design that sizes a PIT cell's
     # sample (`losscheck.stats.bugclass`); None: the test is not part of that design
     power: PowerModel | None = None
+    # inputs it reads that a cell may lack (`SLOTS`): where one is missing the test has nothing to
+    # test, so it is neither run nor given a share of α
+    needs: frozenset[str] = frozenset()
 
-    def shares(self, positions: int | None = None) -> int:
-        """How many shares of its family's α the test spends when `positions` are tested."""
-        if not self.spends_alpha:
+    def shares(self, positions: int | None = None, missing: frozenset[str] = frozenset()) -> int:
+        """How many shares of its family's α the test spends when `positions` are tested and the
+        cell lacks the inputs `missing`."""
+        if not self.spends_alpha or self.needs & missing:
             return 0
         if not self.per_position:
             return 1
@@ -107,10 +114,11 @@ def get(name: str) -> StatTest:
     return _TESTS[name]
 
 
-def budget_count(family: str, positions: int | None = None) -> int:
+def budget_count(family: str, positions: int | None = None, missing: frozenset[str] = frozenset()) -> int:
     """How many shares `family`'s α is split into (tests of probability-0 events spend none, a
-    per-position test one per tested position: `positions`)."""
-    return sum(t.shares(positions) for t in registered(family))
+    per-position test one per tested position: `positions`, a test that reads an input of
+    `missing` none)."""
+    return sum(t.shares(positions, missing) for t in registered(family))
 
 
 def deprecated_count(old: str, family: str) -> int:
@@ -145,39 +153,46 @@ class Split:
     alpha: float
     families: tuple[str, ...]
     positions: int | None = None
+    missing: frozenset[str] = frozenset()  # inputs the cell lacks: the tests reading them spend nothing
 
     @property
     def per_test(self) -> float:
         """One test's level."""
-        return self.alpha / sum(budget_count(f, self.positions) for f in self.families)
+        return self.alpha / sum(budget_count(f, self.positions, self.missing) for f in self.families)
 
     def share(self, *families: str) -> float:
         """What `families` (some of this split's) receive together: their tests' levels summed."""
         unknown = set(families) - set(self.families)
         if unknown:
             raise LosscheckError(f"families {sorted(unknown)} are not part of this split over {list(self.families)}")
-        return self.per_test * sum(budget_count(f, self.positions) for f in families)
+        return self.per_test * sum(budget_count(f, self.positions, self.missing) for f in families)
 
 
-def split(alpha: float, *families: str, positions: int | None = None) -> Split:
+def split(alpha: float, *families: str, positions: int | None = None, missing: frozenset[str] = frozenset()) -> Split:
     """`alpha` split over every α-spending test of `families`, a per-position test's over
-    `positions` positions."""
+    `positions` positions, none for a test reading an input of `missing`."""
     check_open_unit("alpha", alpha)
     if not families:
         raise LosscheckError("split needs at least one family of tests")
-    return Split(alpha, families, positions)
+    return Split(alpha, families, positions, missing)
 
 
 def run_family(
-    family: str, values: object, alpha: float, power: float, looks: int = 1, positions: int | None = None
+    family: str,
+    values: object,
+    alpha: float,
+    power: float,
+    looks: int = 1,
+    positions: int | None = None,
+    missing: frozenset[str] = frozenset(),
 ) -> list[TestResult]:
     """Every test of `family` on `values`, the family's budget `alpha` split evenly over its
     α-spending tests (a per-position test one share per position of `positions`); with `looks` > 1
     (a sequential cell) a test not valid under any stopping rule is judged at its share / `looks`.
-    Each result carries its test's scope."""
+    A test reading an input of `missing` is not run. Each result carries its test's scope."""
     check_open_unit(f"the {family} family's alpha", alpha)
-    tests = registered(family)
-    share = split(alpha, family, positions=positions).per_test
+    tests = [t for t in registered(family) if not t.needs & missing]
+    share = split(alpha, family, positions=positions, missing=missing).per_test
     results = []
     for test in tests:
         level = 0.0 if not test.spends_alpha else share if test.anytime else share / looks

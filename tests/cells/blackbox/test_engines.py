@@ -150,15 +150,19 @@ def test_hf_engine_with_another_block_length(target):
     assert engine.assistant.generation_config.num_assistant_tokens == 4
 
 
-def test_the_planted_residual_bug_changes_only_speculative_rows_and_is_removed_afterwards(target):
+@pytest.mark.parametrize(
+    "bug", ["residual-from-p", "residual-from-p-half", "bonus-off-by-one", "temperature-draft-only", "stale-q"]
+)
+def test_each_planted_hf_bug_changes_only_speculative_rows_and_is_removed_afterwards(target, bug):
     import transformers.generation.utils as hf_utils
 
     from losscheck.engines.hf import hf_assisted
-    from losscheck.selftest.hf import hf_assisted_residual_from_p
+    from losscheck.selftest.hf import HFPlanted
 
-    correct, buggy = hf_assisted(target), hf_assisted_residual_from_p(target)
+    correct = hf_assisted(target)
+    buggy = HFPlanted(correct, bug, name=f"hf-{bug}")
     before = hf_utils._speculative_sampling
-    args = (PROMPTS, 4, SamplingParams(), 3, 12)
+    args = (PROMPTS, 4, SamplingParams(temperature=0.7), 3, 12)  # T != 1: the temperature bug acts
     on, off = request(*args, True), request(*args, False)
     assert not torch.equal(correct.generate(on), buggy.generate(on))
     assert torch.equal(correct.generate(off), buggy.generate(off))

@@ -13,8 +13,7 @@ from losscheck.stats.buglaws import TOP_P, top_p
 from losscheck.stats.hidden_rounds import (
     CLASSES,
     MEMBERS,
-    RoundsPower,
-    RoundsValues,
+    RoundsSample,
     filter_rounds,
     round_parts,
     rounds_test,
@@ -120,8 +119,7 @@ def test_under_h0_the_likelihood_ratio_has_mean_one_and_rejects_within_alpha():
     alarms = 0
     for _ in range(400):
         rows = _draw(P, 30, g)
-        values, power = _score(P, Q, rows)
-        alarms += not rounds_test(values, "residual_is_p", 0.05, power, 0.9).passed
+        alarms += not rounds_test(_score(P, Q, rows), "residual_is_p", 0.05, 0.9).passed
     assert alarms <= 34, alarms
 
 
@@ -134,14 +132,11 @@ def _draw(P: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
     return rows
 
 
-def _score(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor) -> tuple[RoundsValues, RoundsPower]:
-    p, q = forced(rows, P), forced(rows, Q)
+def _score(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor) -> RoundsSample:
     everywhere = torch.ones(rows.shape, dtype=torch.bool)
-    out = filter_rounds(round_parts(p, q, rows), K, everywhere, everywhere)
-    values, power = RoundsValues(), RoundsPower()
-    values.add(out, everywhere)
-    power.update(p, q, out, everywhere)
-    return values, power
+    sample = RoundsSample(K)
+    sample.update(forced(rows, P), forced(rows, Q), rows, everywhere, everywhere)
+    return sample
 
 
 def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says():
@@ -153,13 +148,11 @@ def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says():
     weights = torch.tensor([law[o] for o in outputs], dtype=torch.float64)
     g = torch.Generator().manual_seed(5)
     pilot = torch.tensor([outputs[i] for i in torch.multinomial(weights, 200, True, generator=g)])
-    _, power = _score(P, Q, pilot)
-    needed = power.tokens_needed("residual_is_p", 1e-3, 0.9)
+    needed = _score(P, Q, pilot).power.tokens_needed("residual_is_p", 1e-3, 0.9)
     assert math.isfinite(needed)
     rows_needed = math.ceil(needed / L)
     caught = 0
     for _ in range(20):
         rows = torch.tensor([outputs[i] for i in torch.multinomial(weights, rows_needed, True, generator=g)])
-        values, _ = _score(P, Q, rows)
-        caught += not rounds_test(values, "residual_is_p", 1e-3, power, 0.9).passed
+        caught += not rounds_test(_score(P, Q, rows), "residual_is_p", 1e-3, 0.9).passed
     assert caught >= 16, (caught, rows_needed)

@@ -13,6 +13,7 @@ from scipy import stats
 from losscheck.errors import UnderpoweredError
 from losscheck.stats.pit import pit_required_values, pit_tests, randomized_pit
 from losscheck.stats.power import predicted_power
+from losscheck.stats.registry import SLOTS
 
 EOS = 0
 
@@ -75,14 +76,17 @@ def test_exact_samples_give_uniform_pits_and_pass():
     mask = _before_eos(tokens)
     u = randomized_pit(probs, tokens, _uniforms((N, L), seed=12))
     results = pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.06)
+    # no slots: the slot test has nothing to test, so it is not run and the others share alpha
     assert [r.name for r in results] == [
         "pit.support",
         "pit.pooled_chisquare",
         "pit.pooled_ks",
         "pit.position_chisquare",
-        "pit.slot_chisquare",
         "pit.pair_chisquare",
     ]
+    assert sum(r.alpha for r in results) == pytest.approx(0.01) and results[1].alpha == pytest.approx(0.01 / 4)
+    with_slots = pit_tests(u, mask, alpha=0.01, power=0.99, target_tv=0.06, slots=torch.zeros(N, L, dtype=torch.long))
+    assert [r.name for r in with_slots][4] == "pit.slot_chisquare" and with_slots[1].alpha == pytest.approx(0.01 / 5)
     assert all(r.passed for r in results), (
         "exact samples failed; false-failure probability <= alpha = 0.01 (Bonferroni over the tests):\n"
         + "\n".join(r.message() for r in results)
@@ -176,7 +180,8 @@ def test_a_token_of_probability_zero_fails_even_a_sample_too_small_for_the_poole
 
 
 def test_pit_required_values_is_the_smallest_sample_the_pooled_tests_accept():
-    needed = pit_required_values(alpha=0.01, power=0.99, target_tv=0.05)
+    needed = pit_required_values(alpha=0.01, power=0.99, target_tv=0.05, missing=frozenset({SLOTS}))
+    assert needed < pit_required_values(alpha=0.01, power=0.99, target_tv=0.05)  # a slot test shares alpha
     u = _uniforms((needed, 1), seed=41)
     pit_tests(u, torch.ones(needed, 1, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.05)
     with pytest.raises(UnderpoweredError, match=f"needs n >= {needed} PIT values"):

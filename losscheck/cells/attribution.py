@@ -1,0 +1,146 @@
+"""The second stage of a black-box engine's one-sample cell: is a rejection speculation's doing?
+
+The first stage tests the engine's speculative rows against losscheck's copy of its target (the
+*reference*). A rejection there has two explanations: speculation changes the engine's output
+law, or the reference differs from the engine's own target (its kernels, precision or logits
+processing; on a GPU a bf16 engine never matches an fp32 reference exactly). Only after a
+rejection, the cell draws fresh rows from both sides, m each, and compares them two-sample on
+*row scores*: functions of one row under the reference that the failing tests sum
+(`SCORES`), one Mann–Whitney U test per score, α split over them.
+
+Level: rows of one side are independent and identically distributed, the sides independent of
+each other and of the first stage; a lossless engine gives both sides one law, so each U test
+has its level whatever the reference is. A cell FAILs only when both stages reject: its false
+alarm is at most α whether the reference is exact (the first stage's level) or not (the
+second's). A first-stage rejection the second does not confirm is reported as a reference
+mismatch, and the cell's verdict is the second stage's, with its detectable shift stated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from scipy import stats
+
+from losscheck.cells.scoring import ForcedProbs, teacher_forced_pit
+from losscheck.core.sampling import make_generator
+from losscheck.stats.result import TestResult
+
+if TYPE_CHECKING:
+    from losscheck.cells.engine_rounds import RoundsScoring
+    from losscheck.core.generation import Generation
+    from losscheck.core.target import HFTarget
+    from losscheck.run.context import CellContext
+
+TINY = 1e-300
+# Row scores, each a sum over the row's tested tokens (or their mean); which failing test reads which:
+SCORES = {
+    "surprisal": "Σ (-log p(x) - H(p)): the tokens' surprisal against its expectation (temperature, processors)",
+    "pit_mean": "mean of u - 1/2 over the row's randomized PITs (a shifted law)",
+    "pit_spread": "mean of |u - 1/2| - 1/4 (a law too flat or too peaked)",
+    "repeats": "Σ (1[x repeats an id of the output] - p(those ids)) (penalties)",
+}
+ARE = 3 / math.pi  # the U test's efficiency against the t test under normal scores
+
+
+def scores_for(failed: list[str]) -> tuple[str, ...]:
+    """The row scores that read what the failing tests `failed` (result names) read."""
+    out: list[str] = []
+    for name in failed:
+        base = name.split("[")[0]
+        if base.startswith("rounds."):
+            picks = [base]
+        elif base in ("pit.surprisal", "pit.bug_classes"):
+            picks = ["surprisal"]
+        elif base == "pit.repeats":
+            picks = ["repeats"]
+        else:
+            picks = ["surprisal", "pit_mean", "pit_spread"]
+        out += [p for p in picks if p not in out]
+    return tuple(out)
+
+
+def row_scores(
+    ctx: CellContext,
+    stream: str,
+    target: HFTarget,
+    rows: list[list[int]],
+    gen: Generation,
+    tolerance: float,
+    rounds: RoundsScoring | None = None,
+) -> dict[str, torch.Tensor]:
+    """Every row score of `gen` (sequences continuing `rows`) under the reference: name -> [N]
+    (the rounds classes' log-LRs at ρ = 1 too when `rounds` is given). A token of probability 0
+    (no PIT) scores as u = 1, on either side alike."""
+    n = gen.tokens.shape[0]
+    generated = gen.mask()
+    surprisal = torch.zeros(n, dtype=torch.float64)
+    repeats = torch.zeros(n, dtype=torch.float64)
+
+    def observe(at: slice, forced: ForcedProbs) -> None:
+        p = forced.probs.double()  # [c, L, V]
+        tokens = gen.tokens[at].to(p.device)  # [c, L]
+        scored = (generated[at].to(p.device) & ~forced.ambiguous).double()
+        drawn = p.gather(-1, tokens[..., None]).squeeze(-1)  # [c, L]
+        entropy = -(p * p.clamp_min(TINY).log()).sum(-1)  # [c, L]
+        surprisal[at] = ((-drawn.clamp_min(TINY).log() - entropy) * scored).sum(-1).cpu()
+        seen = torch.zeros_like(p, dtype=torch.bool)  # [c, L, V] ids of the output before each position
+        seen[:, 1:].scatter_(-1, tokens[:, :-1, None], True)
+        seen = seen.to(torch.uint8).cummax(1).values.bool()
+        hit = seen.gather(-1, tokens[..., None]).squeeze(-1).double()  # [c, L]
+        repeats[at] = ((hit - (p * seen).sum(-1)) * scored).sum(-1).cpu()
+        if rounds is not None:
+            rounds.observe(rows[at], gen, at, forced)
+
+    v = torch.rand(gen.tokens.shape, generator=make_generator(ctx.seed, stream, "attribution-v"), dtype=torch.float64)
+    u, _, left_out = teacher_forced_pit(
+        target, rows, gen, v.to(target.device), ctx.memory_budget_bytes, ctx.profile.batch, tolerance, observe=observe
+    )
+    tested = (generated.cpu() & ~left_out.cpu()).double()
+    centred = torch.nan_to_num(u.cpu().double(), nan=1.0) - 0.5  # [N, L]
+    count = tested.sum(-1).clamp_min(1)
+    out = {
+        "surprisal": surprisal,
+        "pit_mean": (centred * tested).sum(-1) / count,
+        "pit_spread": ((centred.abs() - 0.25) * tested).sum(-1) / count,
+        "repeats": repeats,
+    }
+    if rounds is not None:
+        out.update({f"rounds.{c}": rounds.sample.row_scores(c) for c in rounds.sample.power.classes})
+    return out
+
+
+def attribution_tests(
+    on: dict[str, torch.Tensor], off: dict[str, torch.Tensor], names: tuple[str, ...], alpha: float, power: float
+) -> list[TestResult]:
+    """One U test per row score of `names`, speculative rows `on` against speculation-off rows
+    `off`, α split evenly; a rounds class's score one-sided (a verifier with the class scores
+    higher), the others two-sided. Each states the standardized shift it detects at `power`."""
+    share = alpha / len(names)
+    results = []
+    for name in names:
+        a, b = on[name].numpy(), off[name].numpy()
+        side = "greater" if name.startswith("rounds.") else "two-sided"
+        test = stats.mannwhitneyu(a, b, alternative=side, method="asymptotic")
+        tail = share if side == "greater" else share / 2
+        z = float(stats.norm.isf(tail)) + float(stats.norm.ppf(power))
+        shift = z * math.sqrt(1 / len(a) + 1 / len(b)) / math.sqrt(ARE)
+        results.append(
+            TestResult(
+                name=f"attribution.{name}",
+                expected=f"speculative and speculation-off rows share one law of the row score {name} "
+                f"({SCORES.get(name, 'the class log-LR at rho = 1')})",
+                observed=f"median {np.median(a):.4g} with speculation, {np.median(b):.4g} without "
+                f"({len(a)} and {len(b)} rows)",
+                statistic=float(test.statistic),
+                p_value=float(test.pvalue),
+                alpha=share,
+                n=len(a) + len(b),
+                power=power,
+                detectable={"d": shift},
+            )
+        )
+    return results

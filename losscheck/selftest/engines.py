@@ -1,0 +1,55 @@
+"""Planted verifier bugs in losscheck's own loop behind the black-box interface
+(`losscheck.engines.spec_loop`): engines that report only their tokens, whose drafter losscheck can
+load, so their one-sample cells judge the verifier's bug classes through the round filter
+(`losscheck.stats.hidden_rounds`). Select one like any engine:
+`--losscheck-engine=losscheck.selftest.engines:residual_is_p`.
+"""
+
+from __future__ import annotations
+
+from losscheck.core.contract import Target
+from losscheck.core.verify import Verifier
+from losscheck.engines.spec_loop import SpecLoopEngine
+from losscheck.selftest.verifiers import (
+    in_sampled_rounds,
+    on_share_of_rounds,
+    verify_bonus_from_wrong_slot,
+    verify_residual_is_p,
+    verify_temperature_on_q_only,
+)
+
+PLANTED: dict[str, Verifier] = {
+    "residual-is-p": in_sampled_rounds(verify_residual_is_p),
+    "residual-is-p-half": in_sampled_rounds(on_share_of_rounds(verify_residual_is_p, 0.5)),
+    "bonus-from-previous-slot": in_sampled_rounds(verify_bonus_from_wrong_slot),
+    "temperature-on-q-only": verify_temperature_on_q_only,
+}
+
+
+def planted(target: Target, bug: str) -> SpecLoopEngine:
+    """The bundled drafter A at k = 4 with the planted verifier `bug` (a key of `PLANTED`)."""
+    from losscheck import bundled
+    from losscheck.drafters.autoregressive import from_path
+
+    drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    return SpecLoopEngine(target, drafter, verifier=PLANTED[bug], name=f"spec-loop-{bug}")
+
+
+def residual_is_p(target: Target) -> SpecLoopEngine:
+    """The recovered token drawn from p, not the residual, at every rejection."""
+    return planted(target, "residual-is-p")
+
+
+def residual_is_p_half(target: Target) -> SpecLoopEngine:
+    """`residual_is_p` on half the rounds."""
+    return planted(target, "residual-is-p-half")
+
+
+def bonus_from_previous_slot(target: Target) -> SpecLoopEngine:
+    """The bonus token drawn from p at slot k - 1."""
+    return planted(target, "bonus-from-previous-slot")
+
+
+def temperature_on_q_only(target: Target) -> SpecLoopEngine:
+    """The verifier's p without the request's temperature (the drafter's q has it)."""
+    return planted(target, "temperature-on-q-only")
