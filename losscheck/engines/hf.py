@@ -289,21 +289,37 @@ def _batches(n: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(size, n - start)) for start in range(0, n, size)]
 
 
+BUNDLED_ASSISTANTS = ("drafter_a", "text_drafter_a")  # the bundled targets' family-A drafters
+
+
 def _bundled_parts(target: Target) -> tuple[PreTrainedModel, PreTrainedModel, int]:
+    """The target's model, the bundled family-A drafter of its vocabulary (the tiny target's, or
+    the text target's), and its EOS id."""
+    import json
+
     from losscheck import bundled
     from losscheck.core.target import load_causal_lm
 
     model = target.model  # type: ignore[attr-defined]
     weight = next(model.parameters())
-    assistant = load_causal_lm(
-        bundled.fixtures_dir() / "drafter_a", dtype_precision(weight.dtype), device=weight.device
-    )
+    fixtures = bundled.fixtures_dir()
+    vocab = {
+        name: json.loads((fixtures / name / "config.json").read_text())["vocab_size"] for name in BUNDLED_ASSISTANTS
+    }
+    matching = [name for name, size in vocab.items() if size == target.vocab_size]
+    if not matching:
+        raise OptionError(
+            f"the bundled assistants have vocabularies {vocab}, the target {target.vocab_size}: use "
+            "--engine hf --assistant DIR with a drafter of the target's vocabulary"
+        )
+    assistant = load_causal_lm(fixtures / matching[0], dtype_precision(weight.dtype), device=weight.device)
     return model, assistant, target.eos_id if target.eos_id is not None else 0
 
 
 def hf_assisted(target: Target) -> HFAssistedEngine:
     """`--losscheck-engine=losscheck.engines.hf:hf_assisted`: the target with the bundled drafter A
-    as assistant, k = 4."""
+    of its vocabulary as assistant (`fixtures/drafter_a`, or `fixtures/text_drafter_a` for the text
+    target), k = 4."""
     model, assistant, eos = _bundled_parts(target)
     return HFAssistedEngine(model, assistant, 4, eos)
 
