@@ -172,11 +172,11 @@ def test_top_k_keeps_another_set_of_tied_tokens_than_torch():
 # --- 3. the black-box cells -------------------------------------------------------------------------
 def test_the_black_box_cells_certify_the_binding(pytester):
     """`--losscheck-engine=llamacpp --losscheck-assistant=fixtures/drafter_a`: the greedy cell and the
-    five one-sample cells (T 1, 0.3, 1.5, top-k 8, top-p 0.9), each sampled cell with its control
-    (the same engine, drafting off), at the gate's α. Every cell passes: top-k 8's positions after
+    five one-sample cells (T 1, 0.3, 1.5, top-k 8, top-p 0.9), at the gate's α (speculation-off rows
+    only after a first-stage rejection). Every cell passes: top-k 8's positions after
     the tied [BOS] prompt (the test above) are cut-off ambiguous and left out of its tests, whatever
     token was drawn there (`losscheck.cells.scoring.cutoff_ambiguous`; before, only positions whose
-    drawn token losscheck cut were, and the cell failed its control on the rest)."""
+    drawn token losscheck cut were, and the cell failed on the rest)."""
     result = support.certify_engine(
         pytester,
         "llamacpp",

@@ -20,9 +20,9 @@ pytest_plugins = ["pytester"]
 
 HF = "losscheck.engines.hf:hf_assisted"
 HF_BUG = "losscheck.selftest.hf:hf_assisted_residual_from_p"
-# The assistant tempered by 2 (a stress drafter): with drafter A as it is (~0.97 acceptance per
-# slot) the residual bug moves the output by too little for the gate's sample (measured: p = 0.115),
-# with the tempered assistant rounds reject often and the bug is plain (p = 1.3e-44).
+# The assistant tempered by 2 (a stress drafter): rounds reject often and the bug is plain to the
+# PIT tests alone. With drafter A as it is (~0.97 acceptance per slot) the PIT tests alone missed it
+# (p = 0.115, 2026-11-29); the round filter over the teacher-forced assistant catches it.
 HF_STRESS = "losscheck.engines.hf:hf_assisted_stress"
 HF_STRESS_BUG = "losscheck.selftest.hf:hf_assisted_stress_residual_from_p"
 # The base sampled cell (T = 1, no top-k / top-p): where a residual bug moves the law most.
@@ -61,6 +61,16 @@ def test_hf_assisted_with_the_residual_drawn_from_p_is_rejected(pytester):
     result, _ = certify(pytester, HF_STRESS_BUG, BASE_CELL)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1*"])
+
+
+@pytest.mark.slow
+def test_hf_assisted_with_the_residual_drawn_from_p_is_rejected_through_its_assistant(pytester):
+    """The planted bug with the assistant as it is: `rounds.residual_is_p` (the assistant
+    teacher-forced for q) rejects it and the second stage blames speculation; missed with
+    probability <= 1 - 0.99 by the cell's design (the class is covered)."""
+    result, _ = certify(pytester, HF_BUG, BASE_CELL)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*speculation changes the engine's output law*rounds.residual_is_p*"])
 
 
 @pytest.mark.slow
