@@ -332,25 +332,6 @@ class PitScores:
         )
 
 
-def score_pit(
-    ctx: CellContext,
-    stream: str,
-    target: HFTarget,
-    rows: list[list[int]],
-    gen: Generation,
-    tolerance: float,
-    alpha: float | None = None,
-    pooled_tv: float | None = None,
-    power: PowerAccumulator | None = None,
-) -> tuple[list[TestResult], SampleFacts]:
-    """The PIT tests and the exact-conditional tests of one sample `gen` (sequences continuing
-    `rows`) under `target` (`PitScores`), under `alpha` (default: the cell's whole share);
-    `power`, when given, gathers the bug classes' power from the sample's own p and q."""
-    scores = PitScores(ctx, stream, target, tolerance, power)
-    scores.add(rows, gen)
-    return scores.tests(ctx.alpha if alpha is None else alpha, pooled_tv)
-
-
 def pooled_tv_upper(u: torch.Tensor, n_bins: int, confidence: float = 0.95) -> float:
     """Upper confidence bound on the binned TV between the law of the PIT values `u` [n] and
     uniform: the observed binned TV plus the deviation every one of the 2^B events of the bins
