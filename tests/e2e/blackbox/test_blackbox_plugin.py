@@ -128,7 +128,8 @@ def test_an_old_signature_engine_is_certified_behind_the_shim_with_a_deprecation
 def test_an_engine_that_drops_top_p_when_speculating_fails_blamed_on_speculation(pytester):
     result = certify(pytester, "bb:drops_top_p", "engine-k4-T1-topp0.9")
     outcomes(result, BUG_MISSED, failed=1)
-    result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1-topp0.9*", "*speculation changes the engine's output law*"])
+    result.stdout.fnmatch_lines(["*speculation changes the engine's output law*"])
+    result.stdout.fnmatch_lines(["*FAILED*engine-k4-T1-topp0.9*"])
 
 
 ONLY_T1 = "engine-k4-T1 and not topk and not topp and not T1.5 and not two"
@@ -145,8 +146,9 @@ def test_a_planted_residual_bug_fails_through_the_draft_model_blamed_on_speculat
     (cert_path,) = (pytester.path / "reports").glob("*/certificate.json")
     (record,) = json.loads(cert_path.read_text())["cells"]
     attribution = record["attribution"]
-    assert attribution["finding"] == "speculation" and attribution["scores"] == ["rounds.residual_is_p"]
-    assert attribution["first_stage_failed"][0].startswith("rounds.residual_is_p (p = ")
+    # the class's own test rejects (others may too), and its row score is compared in the second stage
+    assert attribution["finding"] == "speculation" and "rounds.residual_is_p" in attribution["scores"]
+    assert any(f.startswith("rounds.residual_is_p (p = ") for f in attribution["first_stage_failed"])
     assert record["phases"]["generate attribution (off)"] >= 0 and "generate pilot (on)" in record["phases"]
 
 
