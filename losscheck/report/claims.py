@@ -178,6 +178,17 @@ def lines(cert: Certificate) -> list[str]:
                 "and, when the engine gives its draft model, the verifier's classes through a filter over the "
                 f"slots it does not report; not claimed for them: {unjudged or 'none'}"
             )
+    found = {
+        "speculation": "speculation blamed",
+        "reference": "the reference differs from the engine, judged two-sample",
+    }
+    attributed = [(r.cell, r.sample.attribution.finding) for r in cert.cells if r.sample.attribution is not None]
+    if attributed:
+        said = "; ".join(f"{cell}: {found.get(finding, finding)}" for cell, finding in attributed)
+        out.append(
+            "- black-box cells whose first stage rejected against losscheck's copy of the target, then compared "
+            f"speculative with speculation-off rows on the failing tests' row scores: {said}"
+        )
     bound = pooled_bound(cert.cells)
     if bound is not None:
         worst, cell, confidence = bound

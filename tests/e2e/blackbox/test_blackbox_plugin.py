@@ -217,3 +217,5 @@ def test_a_lossless_engine_whose_reference_differs_passes_on_its_second_stage_no
     assert record["attribution"]["finding"] == "reference" and record["attribution"]["first_stage_failed"]
     assert record.get("bug_classes") is None
     assert all(r["name"].startswith("attribution.") for r in record["verdict"]["results"])
+    summary = (cert_path.parent / "summary.md").read_text()
+    assert "engine-k4-T1-topp0.9: the reference differs from the engine, judged two-sample" in summary
