@@ -256,7 +256,7 @@ def _attribute(
     )
     drawn = yield asked
     target = ctx.engine_target()
-    reads_rounds = drafter is not None and any(n.startswith("rounds.") for n in names)
+    scorer = drafter if any(n.startswith("rounds.") for n in names) else None  # the drafter, if a score reads it
     sides = [
         row_scores(
             ctx,
@@ -265,7 +265,7 @@ def _attribute(
             rows,
             _generation(ctx, tokens, target),
             cell.precision.tolerance,
-            RoundsScoring(drafter, engine.k) if reads_rounds and drafter is not None else None,
+            None if scorer is None else RoundsScoring(scorer, engine.k),
         )
         for tokens, side in zip(drawn, ("on", "off"), strict=True)
     ]
