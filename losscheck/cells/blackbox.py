@@ -32,7 +32,7 @@ from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFact
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, GenerationRequest, lengths
+from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.matrix import ENGINE
@@ -204,7 +204,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     (drawn,) = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True),)
     target = ctx.engine_target()
     power = PowerAccumulator(classes=TARGET_SIDE)
-    rounds = None if drafter is None else RoundsScoring(drafter, engine.k)
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law)
     # the power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
     first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
     power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
@@ -241,7 +241,7 @@ def _attribute(
     horizon: int,
     failed: list[TestResult],
     facts: SampleFacts,
-    drafter: HFTarget | None,
+    drafter: DraftModel | None,
 ) -> EngineDraws:
     """The second stage after the first rejected with `failed`: as many fresh rows per side as the
     first stage tested, compared on the failing tests' row scores."""
@@ -265,7 +265,7 @@ def _attribute(
             rows,
             _generation(ctx, tokens, target),
             cell.precision.tolerance,
-            None if scorer is None else RoundsScoring(scorer, engine.k),
+            None if scorer is None else RoundsScoring(scorer.model, engine.k, scorer.law),
         )
         for tokens, side in zip(drawn, ("on", "off"), strict=True)
     ]
@@ -291,16 +291,19 @@ def _generation(ctx: CellContext, tokens: torch.Tensor, target: HFTarget) -> Gen
     return gen
 
 
-def _drafter(ctx: CellContext) -> HFTarget | None:
-    """The engine's draft model as a teacher-forceable target, once per run; None: it gives none."""
+def _drafter(ctx: CellContext) -> DraftModel | None:
+    """The engine's draft model, wrapped as a teacher-forceable target, once per run; None: it
+    gives none."""
     from losscheck.cells.engine_rounds import as_target
     from losscheck.engines import draft_model
 
     engine = _engine(ctx)
 
-    def load() -> HFTarget | None:
-        model = draft_model(engine, ctx.engine_vocab()[0])
-        return None if model is None else as_target(model, f"{engine.name} draft model")
+    def load() -> DraftModel | None:
+        given = draft_model(engine, ctx.engine_vocab()[0])
+        if given is None:
+            return None
+        return dataclasses.replace(given, model=as_target(given.model, f"{engine.name} draft model"))
 
     return ctx.memo(("engine-drafter", engine.name), load)
 
@@ -319,7 +322,7 @@ class EngineDesign:
 
 
 def _design(
-    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float, drafter: HFTarget | None
+    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float, drafter: DraftModel | None
 ) -> EngineDesign:
     """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
     tested): the tokens each class the cell judges needs at the profile's power, with the design's
@@ -335,7 +338,7 @@ def _design(
     target = ctx.engine_target()
     gen = _generation(ctx, pilot, target)
     rows = [p for p in prompts for _ in range(pilot.shape[1])]
-    rounds = None if drafter is None else RoundsScoring(drafter, engine.k)
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law)
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
     needed = measured.tokens_needed(alpha_test, profile.power)
     wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}

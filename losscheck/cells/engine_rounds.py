@@ -18,15 +18,19 @@ from losscheck.stats.hidden_rounds import CLASSES, NOT_JUDGED, RoundsSample
 if TYPE_CHECKING:
     from losscheck.cells.scoring import ForcedProbs
     from losscheck.core.generation import Generation
+    from losscheck.core.sampling import SamplingParams
     from losscheck.core.target import HFTarget
+    from losscheck.engines import DraftLaw
 
 
 @dataclass
 class RoundsScoring:
-    """The drafter (wrapped as a teacher-forceable `HFTarget`) and the sample its chunks feed."""
+    """The drafter (wrapped as a teacher-forceable `HFTarget`), how the engine forms q from its
+    logits (`law`), and the sample its chunks feed."""
 
     drafter: HFTarget
     k: int
+    law: DraftLaw = "processed"
     sample: RoundsSample = field(init=False)
 
     def __post_init__(self) -> None:
@@ -42,16 +46,29 @@ class RoundsScoring:
     ) -> None:
         """Score rows `at` of `gen` (continuing `rows`, the chunk's prompts), whose target law the
         caller's teacher-forced pass gave (`forced`): q from one drafter pass over the same tokens,
-        processed by the same parameters; positions whose cut-off is ambiguous move the filter only.
-        `power_rows` [c] bool: the chunk's rows the power sums read (None: all)."""
+        formed as the engine forms it (`law`); positions whose cut-off is ambiguous move the
+        filter only. `power_rows` [c] bool: the chunk's rows the power sums read (None: all)."""
         from losscheck.cells.scoring import teacher_forced_probs
 
         tokens = gen.tokens[at]
-        q = teacher_forced_probs(self.drafter, rows, tokens.to(self.drafter.device), gen.params).probs
+        params = draft_params(gen.params, self.law)
+        q = teacher_forced_probs(self.drafter, rows, tokens.to(self.drafter.device), params).probs  # [c, L, V]
+        if self.law == "greedy":  # a point mass at the draft model's argmax
+            q = torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1])
         p = forced.probs.double()
         generated = gen.mask()[at].to(p.device)
         scored = generated & ~forced.ambiguous
         self.sample.update(p, q.double().to(p.device), tokens.to(p.device), generated, scored, power_rows)
+
+
+def draft_params(params: SamplingParams, law: DraftLaw) -> SamplingParams:
+    """The parameters that process the draft model's logits into the engine's q under `law`
+    (greedy: its argmax is taken after, which temperature 1 leaves where it is)."""
+    from losscheck.core.sampling import SamplingParams
+
+    if law == "processed":
+        return params
+    return SamplingParams(temperature=params.temperature if law == "temperature" and params.temperature > 0 else 1.0)
 
 
 def not_judged(has_drafter: bool) -> dict[str, str]:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from losscheck.core.precision import DTYPE_NAMES
 from losscheck.engines.counters import EngineCounters
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlackBoxEngine",
+    "DraftLaw",
+    "DraftModel",
     "EngineCounters",
     "EngineOutputError",
     "GenerationRequest",
@@ -92,32 +95,54 @@ class ReportsCounters(Protocol):
         ...
 
 
+DraftLaw = Literal["processed", "temperature", "greedy"]
+"""How an engine's drafts are drawn from its draft model's logits: `processed`, from the logits
+processed by the request's sampling parameters (Hugging Face assisted generation, losscheck's loop);
+`temperature`, from softmax(logits / T) alone (vLLM's `draft_sample_method: probabilistic`);
+`greedy`, its argmax, a point mass the verifier reads as q (vLLM's default)."""
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """The drafter an engine runs, teacher-forceable: a Hugging Face causal LM over the target's
+    token ids, and how the engine's q is formed from its logits."""
+
+    model: Any
+    law: DraftLaw = "processed"
+
+
 @runtime_checkable
 class RunsDraftModel(Protocol):
     """An engine whose drafter losscheck can teacher-force (optional): then its one-sample cells
     judge the verifier's bug classes too (`losscheck.stats.hidden_rounds`)."""
 
     def draft_model(self) -> Any:
-        """The drafter the engine runs, as a Hugging Face causal LM over the target's token ids in
-        the engine's precision, whose logits processed by the request's sampling parameters are
-        the engine's q; None when it has none losscheck can load (n-gram, heads inside the engine)."""
+        """The drafter the engine runs: a `DraftModel`, or a bare Hugging Face causal LM (its q its
+        logits processed by the request's sampling parameters); None when it has none losscheck can
+        load (n-gram, heads inside the engine)."""
         ...
 
 
-def draft_model(engine: object, vocab_size: int) -> Any:
+def draft_model(engine: object, vocab_size: int) -> DraftModel | None:
     """The engine's draft model (`RunsDraftModel`) when it gives one, checked against the target's
     vocabulary; None when it gives none."""
     if not isinstance(engine, RunsDraftModel):
         return None
-    model = engine.draft_model()
-    if model is None:
+    given = engine.draft_model()
+    if given is None:
         return None
-    name = getattr(engine, "name", type(engine).__name__)
+    drafted = given if isinstance(given, DraftModel) else DraftModel(given)
+    model, name = drafted.model, getattr(engine, "name", type(engine).__name__)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if not isinstance(vocab, int) or not hasattr(model, "forward"):
         raise OptionError(
             f"engine {name!r}: draft_model() returned {type(model).__name__}; return a Hugging Face causal LM "
-            "(a model with .config.vocab_size and forward) or None"
+            "(a model with .config.vocab_size and forward), a DraftModel of one, or None"
+        )
+    if drafted.law not in ("processed", "temperature", "greedy"):
+        raise OptionError(
+            f"engine {name!r}: draft_model() names the draft law {drafted.law!r}; "
+            "use 'processed', 'temperature' or 'greedy' (losscheck.engines.DraftLaw)"
         )
     if vocab != vocab_size:
         raise OptionError(
@@ -125,7 +150,7 @@ def draft_model(engine: object, vocab_size: int) -> Any:
             "teacher-forcing it for q needs the target's token ids (return None from draft_model to certify "
             "without the verifier's bug classes)"
         )
-    return model
+    return drafted
 
 
 OLD_SIGNATURE = "generate(prompts, n, params, seed, max_new_tokens, speculative)"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from losscheck.engines import EngineOutputError
+from losscheck.engines import DraftModel, EngineOutputError
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, option, register, rest
@@ -207,6 +207,24 @@ class VLLMEngine:
         if request.speculative:
             self._count(before, read_counters(llm), fresh)
         return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
+
+    def draft_model(self) -> DraftModel | None:
+        """The draft model of a `draft_model` speculative config whose `model` is a local Hugging
+        Face directory, loaded by transformers in fp32 (its q moves the round filter's power, never
+        its level); None for n-gram, suffix, EAGLE and MTP heads, or a hub name. vLLM drafts its
+        argmax (`draft_sample_method: greedy`, its default: q a point mass) or samples
+        softmax(logits / T), ignoring the request's other parameters (`probabilistic`;
+        `vllm/v1/spec_decode/llm_base_proposer.py`, `compute_probs_and_sample_next_token`)."""
+        from pathlib import Path
+
+        from losscheck.core.target import load_causal_lm
+
+        config = self.speculative_config
+        where = config.get("model")
+        if config.get("method", "draft_model") != "draft_model" or not where or not Path(where).is_dir():
+            return None
+        sampled = config.get("draft_sample_method") == "probabilistic"
+        return DraftModel(load_causal_lm(where), "temperature" if sampled else "greedy")
 
     def with_k(self, k: int) -> VLLMEngine:
         """The same models and options drafting `k` tokens a round (`num_speculative_tokens`): a

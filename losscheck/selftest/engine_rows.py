@@ -62,7 +62,7 @@ def rows_table(sequences: int, seed: int) -> list[str]:
         blind = Generation(gen.tokens, gen.lengths, LoopStats.empty(4), gen.params)
         model = spec_loop(ctx.target).draft_model()
         assert model is not None  # drafter A is autoregressive
-        rounds = RoundsScoring(as_target(model, "drafter A"), 4)
+        rounds = RoundsScoring(as_target(model, "drafter A"), 4)  # processed q, as the loop draws it
         engine = measure_power(ctx, ctx.target, rows, blind, 0.0, rounds).tokens_needed(alpha, level)
         per_row = int(gen.mask().sum()) / len(rows)
         scored = rounds.sample.tokens / max(int(gen.mask().sum()), 1)  # the filter's share of the tokens

@@ -89,9 +89,13 @@ def filtered_law(P: torch.Tensor, Q: torch.Tensor) -> tuple[torch.Tensor, torch.
     return seqs, p_seq[:, None, None] * out.log_lr.exp()  # [V^L, C, G]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_correct_loop_emits_p_and_every_member_s_law_is_the_loop_s_with_the_bug(seed):
+@pytest.mark.parametrize(("seed", "greedy"), [(0, False), (1, False), (2, False), (0, True), (3, True)])
+def test_the_correct_loop_emits_p_and_every_member_s_law_is_the_loop_s_with_the_bug(seed, greedy):
+    """`greedy`: the drafts are the drafter's argmax, q a point mass (vLLM's default draft law),
+    under which drafting from top-p(q) changes nothing."""
     P, Q = tables(seed)
+    if greedy:
+        Q = torch.nn.functional.one_hot(Q.argmax(-1), V).double()
     seqs, law = filtered_law(P, Q)
     correct = loop_law(P, Q, None)
     p_seq = torch.tensor([correct.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
@@ -102,6 +106,9 @@ def test_the_correct_loop_emits_p_and_every_member_s_law_is_the_loop_s_with_the_
         exact = torch.tensor([buggy.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
         assert abs(float(exact.sum()) - 1) < 1e-12
         assert torch.allclose(law[:, c, one], exact, atol=1e-12), cls.name
+        if greedy and cls.name == "top_p_one_side":
+            assert torch.allclose(exact, p_seq, atol=1e-12)
+            continue
         assert not torch.allclose(exact, p_seq, atol=1e-3), f"{cls.name} changes nothing on these tables"
         for g in range(len(MEMBERS)):  # every member's law is a probability law over the outputs
             assert abs(float(law[:, c, g].sum()) - 1) < 1e-12
@@ -139,10 +146,14 @@ def _score(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor) -> RoundsSample
     return sample
 
 
-def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says():
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says(greedy):
     """Rows drawn from the buggy loop's exact law; the power model's tokens are enough to catch it
-    in at least 16 of 20 cells at alpha 1e-3 (its stated power 0.9; P(<16 | 0.9) = 0.043)."""
+    in at least 16 of 20 cells at alpha 1e-3 (its stated power 0.9; P(<16 | 0.9) = 0.043, fixed
+    seeds). `greedy`: point-mass drafts (q the drafter's argmax)."""
     P, Q = tables(4)
+    if greedy:
+        Q = torch.nn.functional.one_hot(Q.argmax(-1), V).double()
     law = loop_law(P, Q, "residual_is_p")
     outputs = list(law)
     weights = torch.tensor([law[o] for o in outputs], dtype=torch.float64)
