@@ -42,6 +42,7 @@ SCORES = {
     "pit_mean": "mean of u - 1/2 over the row's randomized PITs (a shifted law)",
     "pit_spread": "mean of |u - 1/2| - 1/4 (a law too flat or too peaked)",
     "repeats": "Σ (1[x repeats an id of the output] - p(those ids)) (penalties)",
+    "support": "the row's tokens of probability 0 under the reference (a cut-off or mask kept them)",
 }
 ARE = 3 / math.pi  # the U test's efficiency against the t test under normal scores
 
@@ -57,6 +58,8 @@ def scores_for(failed: list[str]) -> tuple[str, ...]:
             picks = ["surprisal"]
         elif base == "pit.repeats":
             picks = ["repeats"]
+        elif base == "pit.support":
+            picks = ["support"]
         else:
             picks = ["surprisal", "pit_mean", "pit_spread"]
         out += [p for p in picks if p not in out]
@@ -79,6 +82,7 @@ def row_scores(
     generated = gen.mask()
     surprisal = torch.zeros(n, dtype=torch.float64)
     repeats = torch.zeros(n, dtype=torch.float64)
+    impossible = torch.zeros(n, dtype=torch.float64)
 
     def observe(at: slice, forced: ForcedProbs) -> None:
         p = forced.probs.double()  # [c, L, V]
@@ -87,6 +91,7 @@ def row_scores(
         drawn = p.gather(-1, tokens[..., None]).squeeze(-1)  # [c, L]
         entropy = -(p * p.clamp_min(TINY).log()).sum(-1)  # [c, L]
         surprisal[at] = ((-drawn.clamp_min(TINY).log() - entropy) * scored).sum(-1).cpu()
+        impossible[at] = ((drawn <= 0) & generated[at].to(p.device)).double().sum(-1).cpu()
         seen = torch.zeros_like(p, dtype=torch.bool)  # [c, L, V] ids of the output before each position
         seen[:, 1:].scatter_(-1, tokens[:, :-1, None], True)
         seen = seen.to(torch.uint8).cummax(1).values.bool()
@@ -107,6 +112,7 @@ def row_scores(
         "pit_mean": (centred * tested).sum(-1) / count,
         "pit_spread": ((centred.abs() - 0.25) * tested).sum(-1) / count,
         "repeats": repeats,
+        "support": impossible,
     }
     if rounds is not None:
         out.update({f"rounds.{c}": rounds.sample.row_scores(c) for c in rounds.sample.power.classes})

@@ -226,7 +226,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         pilot_tested_tokens=design.pilot_tested,
         design_tokens=design.classes.tokens,
         bug_classes=coverage,
-        classes_not_judged=not_judged(drafter is not None),
+        classes_not_judged=not_judged(None if drafter is None else drafter.law),
     )
     failed = [r for r in results if not r.passed]
     if not failed:

@@ -71,12 +71,15 @@ def draft_params(params: SamplingParams, law: DraftLaw) -> SamplingParams:
     return SamplingParams(temperature=params.temperature if law == "temperature" and params.temperature > 0 else 1.0)
 
 
-def not_judged(has_drafter: bool) -> dict[str, str]:
-    """The catalogue's classes a one-sample engine cell has no power against, and why."""
+def not_judged(drafter: DraftLaw | None) -> dict[str, str]:
+    """The catalogue's classes a one-sample engine cell has no power against, and why: `drafter`,
+    the law of the engine's draft model (None: it gives none)."""
     out = dict(NOT_JUDGED)
-    if not has_drafter:
+    if drafter is None:
         reason = "the engine gives no draft model losscheck can teacher-force for q (RunsDraftModel)"
         out.update({cls.name: reason for cls in CLASSES})
+    elif drafter == "greedy":
+        out["top_p_one_side"] = "the engine drafts its draft model's argmax: top-p of a point mass is itself"
     return out
 
 

@@ -545,6 +545,12 @@ class VLLMOptions:
         choices=tuple(PRECISION_OF),
         help="the precision losscheck scores the samples in; default: the run's base precision",
     )
+    losscheck_reference: str | None = option(
+        None,
+        choices=tuple(PRECISION_OF),
+        help="the precision losscheck loads its copy of the target in to score the samples, when it is not "
+        "the engine's (a bf16 engine against an fp32 reference: the GPU case); default: the engine's dtype",
+    )
     losscheck_warm_prefix: bool = option(
         False, help="every distinct prompt of a call served once before it, so its requests hit the prefix cache"
     )
@@ -595,6 +601,8 @@ def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], 
         )
         if cpu_fixes:
             engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
+        if options.losscheck_reference is not None:  # the LLM keeps its dtype; losscheck scores in this one
+            engine.precision = PRECISION_OF[options.losscheck_reference]
         return engine
 
     return build

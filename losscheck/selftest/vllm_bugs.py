@@ -48,7 +48,8 @@ class _Planted(rs.RejectionSampler):
 class RecoveredFromTarget(_Planted):
     def forward(self, metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
         def recovered(max_spec_len, num_draft, cu, drafts, probs, target_probs, *args, **kwargs):
-            probs = None if probs is None else torch.zeros_like(probs)  # BUG: residual of p - 0 = p, not p - q
+            # greedy drafts (no draft probabilities) recover from p less the draft token: zeros too
+            probs = torch.zeros_like(target_probs if probs is None else probs)  # BUG: residual of p - 0 = p, not p - q
             return _sample_recovered(max_spec_len, num_draft, cu, drafts, probs, target_probs, *args, **kwargs)
 
         with mock.patch.object(rs, "sample_recovered_tokens", recovered):
@@ -127,5 +128,6 @@ class PlantedEngineFactory:
 
 
 # --losscheck-engine=losscheck.selftest.vllm_bugs:NAME
+cpu_draft_model_recovered_from_target = PlantedEngineFactory("draft_model", "recovered-from-target")
 cpu_draft_probabilistic_recovered_from_target = PlantedEngineFactory("draft_probabilistic", "recovered-from-target")
 cpu_draft_tempered2_recovered_from_target = PlantedEngineFactory("draft_tempered2", "recovered-from-target")

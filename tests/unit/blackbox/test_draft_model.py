@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from losscheck import bundled
-from losscheck.cells.engine_rounds import draft_params
+from losscheck.cells.engine_rounds import draft_params, not_judged
 from losscheck.core.sampling import SamplingParams
 from losscheck.engines import DraftModel, draft_model
 from losscheck.engines.vllm import VLLMEngine
@@ -69,3 +69,9 @@ def test_each_law_processes_the_draft_logits_with_what_the_engine_reads():
     assert draft_params(params, "processed") == params
     assert draft_params(params, "temperature") == SamplingParams(temperature=0.7)
     assert draft_params(params, "greedy") == SamplingParams(temperature=1.0)  # the argmax is taken after
+
+
+def test_a_cell_names_the_verifier_classes_its_draft_law_leaves_without_power():
+    assert set(not_judged("processed")) == set(not_judged("temperature")) == {"stale_q", "drafter_misreports_one_id"}
+    assert "point mass" in not_judged("greedy")["top_p_one_side"] and "residual_is_p" not in not_judged("greedy")
+    assert "teacher-force" in not_judged(None)["residual_is_p"]
