@@ -211,7 +211,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds, power_rows=power_rows)
     scores.add(rows, _generation(ctx, drawn, target))
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
-    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.tested_tokens)
+    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.read_by_every_test)
     if rounds is not None:
         results += registry.run_family(registry.ROUNDS, rounds.sample, budget.share(registry.ROUNDS), profile.power)
         coverage |= rounds_coverage(design, rounds.sample, budget.per_test, profile.power)

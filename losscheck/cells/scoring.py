@@ -264,8 +264,11 @@ class PitScores:
                 )
             )
             some = None if self.power_rows is None else self.power_rows[at].to(p.device)
-            if self.power is not None:  # what the PIT tests see: the draws they read
-                read = generated[at] & ~forced.left_out
+            # the power sums read the positions every test reads: the conditional and rounds tests
+            # leave a cut-off's ambiguous positions out, the PIT tests only the draws there that one
+            # implementation may cut, so a claim at these positions' count holds for both
+            if self.power is not None:
+                read = generated[at] & ~forced.ambiguous
                 read = read if some is None else read & some[:, None]
                 self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, read)
             if self.rounds is not None:
@@ -294,6 +297,12 @@ class PitScores:
     def tested_tokens(self) -> int:
         """Tokens the PIT tests count so far: generated, and drawn where every implementation's cut-off keeps them."""
         return sum(int((m & ~x).sum()) for m, x in zip(self.mask, self.left_out))
+
+    @property
+    def read_by_every_test(self) -> int:
+        """Tokens every test reads so far (the PIT, conditional and rounds tests): generated, at a
+        position whose cut-off every implementation draws alike; what the bug-class claims count."""
+        return sum(int((m & ~a).sum()) for m, a in zip(self.mask, self.ambiguous))
 
     def tests(
         self, alpha: float, pooled_tv: float | None = None, looks: int = 1
@@ -370,7 +379,8 @@ def measure_power(
     def observe(at: slice, forced: ForcedProbs) -> None:
         q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(forced.probs.device)
         slots = None if gen.slots is None else gen.slots[at]
-        power.update(forced.probs.double(), q, gen.tokens[at], slots, gen.stats.k, generated[at] & ~forced.left_out)
+        read = generated[at] & ~forced.ambiguous  # what every test reads (`PitScores.read_by_every_test`)
+        power.update(forced.probs.double(), q, gen.tokens[at], slots, gen.stats.k, read)
         if rounds is not None:
             rounds.observe(rows[at], gen, at, forced)
 

@@ -134,7 +134,9 @@ def memory_lines(cells: Sequence[tuple[Mode, bool]], policy: str | None) -> list
     builds = instance_builds(found)
     lines.append(
         f"  engine instances built: {builds}; scoring phases: {sum(p.alive == TARGET for p in found)} (the reference "
-        "target is also loaded before phase 1, to build the adapter, and released before the first instance)"
+        "target is also loaded before phase 1, to build the adapter, and released before the first instance; "
+        "an engine's draft model, teacher-forced for the verifier's classes, is loaded as its adapter says: "
+        "vLLM's on the CPU, outside every phase's accelerator memory)"
     )
     return lines
 
