@@ -166,6 +166,7 @@ def test_an_engine_is_certified_over_its_axes_one_variant_alive_at_a_time():
     assert [r.engine_axes for r in records] == [{}, {}, {"k": 2}, {"k": 2}, {"batch": 7}, {"batch": 7}]
 
 
+@pytest.mark.slow  # a supporting check (~15 s): the quick tier keeps the certificate end to end
 @pytest.mark.usefixtures("one_thread")
 def test_a_variant_that_breaks_losslessness_fails_its_own_cells_only():
     session = _session("engine-greedy")

@@ -117,6 +117,7 @@ def test_a_one_at_a_time_engine_is_certified_side_by_side_with_three_builds():
     assert all(o.facts.engine_counters is not None and o.facts.engine_counters.drafts > 0 for o in outcomes)
 
 
+@pytest.mark.slow  # a supporting check (~15 s): the quick tier keeps the certificate end to end
 @pytest.mark.usefixtures("one_thread")
 def test_drawn_side_by_side_or_cell_by_cell_the_samples_and_verdicts_are_the_same():
     """The order of the draws changes no seed: the same p-values either way, at more builds."""
