@@ -326,8 +326,10 @@ def _design(
 ) -> EngineDesign:
     """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
     tested): the tokens each class the cell judges needs at the profile's power, with the design's
-    margin, within the profile's cap. The rounds classes count only the positions whose cut-off
-    is unambiguous: their needs are scaled to PIT-tested tokens by the pilot's ratio of the two."""
+    margin, in the tokens every test reads (a cut-off's ambiguous positions left out), within the
+    profile's floor and cap, which bound the tokens *generated*: scaled by the pilot's share of
+    generated tokens that every test reads, so an ambiguous cut-off leaves classes uncovered
+    rather than multiplying the rows."""
     from losscheck.cells.engine_rounds import RoundsScoring
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
@@ -342,6 +344,8 @@ def _design(
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
     needed = measured.tokens_needed(alpha_test, profile.power)
     wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}
+    generated = int(gen.mask().sum())
+    read_share = measured.steps / max(generated, 1)  # of the generated tokens, those every test reads
     rate = 1.0
     if rounds is not None:
         rate = rounds.sample.tokens / max(measured.steps, 1)
@@ -352,8 +356,9 @@ def _design(
     if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
         alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
         pooled = pit_required_values(alpha_pit, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
-    design = sample_size.ClassDesign.of(wanted, LR_BOUND, profile.min_pit_tokens, profile.max_pit_tokens, pooled)
-    return EngineDesign(design, measured.steps / len(rows), int(gen.mask().sum()), measured.steps, rate)
+    floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
+    design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
+    return EngineDesign(design, measured.steps / len(rows), generated, measured.steps, rate)
 
 
 def target_side_coverage(
