@@ -151,17 +151,18 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
         (
             "vllm",
             {"speculative_config": CONFIG},
-            ("max_model_len=4096", "dtype=bfloat16", "losscheck_instances=one-at-a-time", "enforce_eager=true"),
+            ("max_model_len=4096", "dtype=bfloat16", "losscheck_instances=one-at-a-time", "enforce_eager=true")
+            + ("losscheck_reference=fp32",),
             "VLLMOptions(losscheck_instances=<Policy.ONE_AT_A_TIME: 'one-at-a-time'>, dtype='bfloat16', "
-            "losscheck_warm_prefix=False, losscheck_in_flight=None, "
+            "losscheck_reference='fp32', losscheck_warm_prefix=False, losscheck_in_flight=None, "
             "llm={'max_model_len': 4096, 'enforce_eager': True})",
         ),
         (
             "vllm+cpu-fixes",
             {"speculative_config": CONFIG},
             ("dtype=fp32",),
-            "VLLMOptions(losscheck_instances=<Policy.KEEP_ALL: 'keep-all'>, dtype='fp32', losscheck_warm_prefix=False, "
-            "losscheck_in_flight=None, llm={})",
+            "VLLMOptions(losscheck_instances=<Policy.KEEP_ALL: 'keep-all'>, dtype='fp32', losscheck_reference=None, "
+            "losscheck_warm_prefix=False, losscheck_in_flight=None, llm={})",
         ),
         (
             "openvino",
