@@ -20,6 +20,10 @@ temperature, top-k, top-p and every other stage at its neutral value (min-p 0 wh
 defaults to 0.05, top-k 0 = off where it defaults to 40, no penalties, typical-p and tfs 1, no
 mirostat). Both models run from F32 GGUF with an F32 KV cache (llama.cpp's default is F16): the
 engine's precision is "fp32", and losscheck scores its samples with its own fp32 copy of the target.
+A quantized target (`target_weights=q8_0`, the `quantization` axis: llama.cpp's own quantizer over
+the F32 GGUF, as `llama-quantize` does) has no reference losscheck can load: its cells are
+two-sample, its speculative samples against its own plain side. A `.gguf` target given as it is
+counts as F32 only when its header says so (`general.file_type`).
 
 llama.cpp runs GGUF: `gguf_file` converts a Hugging Face Llama directory once with
 `fixtures/build_gguf.py` into a cache keyed by the directory's files, `$LOSSCHECK_LLAMACPP_CACHE`
@@ -35,6 +39,8 @@ an unknown state). `llama_cpp` is imported on first use only (docs/llamacpp.md).
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import importlib.util
 import os
 from collections.abc import Callable
@@ -46,9 +52,10 @@ from losscheck.engines import row_by_row
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineRequest, needs_assistant, option, register
+from losscheck.engines.registry import EngineAxis, EngineRequest, needs_assistant, option, register, with_args
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
+from losscheck.plan.cell import QUANTIZATION
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +67,8 @@ if TYPE_CHECKING:
 SEEDS = 0xFFFFFFFF  # llama.cpp seeds are uint32, and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random"
 N_CTX = 256  # the bundled fixtures' positions
 GGML_TYPE_F32 = 0  # llama_cpp.GGML_TYPE_F32, without importing llama_cpp
+# the target's weight types: llama.cpp's file type (`llama_ftype`, `general.file_type` in a GGUF) of each
+WEIGHTS = {"f32": 0, "q8_0": 7}  # LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0
 
 
 class LlamaCppEngineError(LosscheckError):
@@ -100,6 +109,44 @@ def gguf_file(model: str | Path) -> Path:
         except (ImportError, ValueError) as exc:
             raise OptionError(f"converting {path} to GGUF failed: {exc} (the gguf package must be installed)") from exc
     return out
+
+
+def quantized(source: Path, weights: str) -> Path:
+    """`source` (an F32 GGUF) with its weights quantized to `weights` by llama.cpp's own quantizer
+    (`llama_model_quantize`, what `llama-quantize` runs), cached beside the conversions under a key
+    of the source's path, size and modification time."""
+    if weights == "f32":
+        return source
+    if file_type(source) != WEIGHTS["f32"]:
+        raise OptionError(f"{source} is not an F32 GGUF; quantize from the F32 conversion (its Hugging Face directory)")
+    stat = source.stat()
+    stamp = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    out = cache_root() / f"{source.stem}-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}-{weights}.gguf"
+    if out.is_file():
+        return out
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = WEIGHTS[weights]
+    params.nthread = 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.with_name(f".{out.name}.{os.getpid()}")  # renamed into place: no reader sees half a file
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(work).encode(), ctypes.byref(params)) != 0:
+        work.unlink(missing_ok=True)
+        raise OptionError(f"llama.cpp could not quantize {source} to {weights} (llama_model_quantize failed)")
+    work.replace(out)
+    return out
+
+
+def file_type(gguf: Path) -> int | None:
+    """The GGUF's `general.file_type` (a `llama_ftype`; None when the header has none)."""
+    try:
+        import gguf as gguf_package
+    except ImportError as exc:
+        raise OptionError(f"reading {gguf}'s weight type needs the gguf package: pip install gguf") from exc
+    reader = gguf_package.GGUFReader(str(gguf))
+    found = reader.get_field("general.file_type")
+    return None if found is None else int(found.contents())
 
 
 # --- the drafter ------------------------------------------------------------------------------------
@@ -202,9 +249,16 @@ class LlamaCppEngine:
     """`make_llama(speculative)` builds a `llama_cpp.Llama` (with the draft model or without it) and,
     when speculative, its drafter; each side is built on first use and kept until it fails."""
 
-    def __init__(self, make_llama: Callable[[bool], tuple[Any, Any]], k: int, eos: int, name: str = "llama.cpp"):
+    def __init__(
+        self,
+        make_llama: Callable[[bool], tuple[Any, Any]],
+        k: int,
+        eos: int,
+        name: str = "llama.cpp",
+        precision: str | None = "fp32",
+    ):
         self.k, self.eos = k, eos
-        self.precision: str | None = "fp32"
+        self.precision = precision  # None: quantized weights, two-sample against its own plain side
         self.name = f"{name}(k={k})"
         self.sides: Instances[bool, tuple[Any, Any]] = Instances(make_llama, Policy.KEEP_ALL)
         # spec-decode counters summed over the speculative calls (`counters`)
@@ -257,12 +311,15 @@ def llamacpp_engine(
     eos: int,
     name: str = "llama.cpp",
     threads: int = 1,
+    weights: str = "f32",
     **llama_kwargs: Any,
 ) -> LlamaCppEngine:
     """A `LlamaCppEngine` over the target and draft models (Hugging Face Llama directories or GGUF
-    files), drafter driven by `greedy_drafter` with `k` tokens a round; `threads` for every
-    `Llama`; `llama_kwargs` any other `Llama` keyword, over the F32 KV cache and n_ctx 256."""
-    target_gguf, draft_gguf = gguf_file(target), gguf_file(draft)
+    files), drafter driven by `greedy_drafter` with `k` tokens a round; the target's weights
+    quantized to `weights` (`WEIGHTS`; not F32: a two-sample engine); `threads` for every `Llama`;
+    `llama_kwargs` any other `Llama` keyword, over the F32 KV cache and n_ctx 256."""
+    target_gguf, draft_gguf = quantized(gguf_file(target), weights), gguf_file(draft)
+    precision = "fp32" if file_type(target_gguf) == WEIGHTS["f32"] else None
     kwargs = {"n_ctx": N_CTX, "type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32, **llama_kwargs}
 
     def make_llama(speculative: bool) -> tuple[Any, Any]:
@@ -274,7 +331,7 @@ def llamacpp_engine(
         )
         return llama, drafter
 
-    return LlamaCppEngine(make_llama, k, eos, name=name)
+    return LlamaCppEngine(make_llama, k, eos, name=name, precision=precision)
 
 
 # --- factories: the bundled fixtures ------------------------------------------------------------------
@@ -296,13 +353,40 @@ def bundled_drafter_a(target: Any) -> LlamaCppEngine:
 class LlamaCppOptions:
     n_draft: int = option(K, minimum=1, help="the tokens the draft model proposes per round")
     n_threads: int = option(1, minimum=1, help="threads of every Llama")
+    target_weights: str = option(
+        "f32",
+        choices=tuple(WEIGHTS),
+        help="the target's GGUF weights: f32 (one-sample, scored by losscheck's fp32 target) or q8_0 "
+        "(llama.cpp's quantizer; two-sample against its own plain side)",
+    )
 
 
 def _build(target: Target, request: EngineRequest, options: LlamaCppOptions) -> LlamaCppEngine:
     assert request.assistant is not None
     eos = target.eos_id if target.eos_id is not None else 0
     name = f"llama-cpp-python[{Path(request.assistant).name}]"
-    return llamacpp_engine(request.target, request.assistant, options.n_draft, eos, name, options.n_threads)
+    if options.target_weights != "f32":
+        name = f"{name}[{options.target_weights}]"
+    return llamacpp_engine(
+        request.target, request.assistant, options.n_draft, eos, name, options.n_threads, options.target_weights
+    )
+
+
+LLAMACPP_AXES = (
+    EngineAxis(
+        "k",
+        (2,),
+        lambda request, k: with_args(request, n_draft=k),
+        "n_draft 2: another block length, so other batch shapes (k + 1 rows) in the target's steps",
+    ),
+    EngineAxis(
+        QUANTIZATION,
+        ("q8_0",),
+        lambda request, weights: with_args(request, target_weights=weights),
+        "the target quantized to Q8_0 by llama.cpp's quantizer (drafter F32): two-sample, its speculative "
+        "rows against its own plain rows, as no fp32 reference scores Q8_0 logits",
+    ),
+)
 
 
 register(
@@ -312,6 +396,7 @@ register(
     inputs=needs_assistant("the draft model directory"),
     build=_build,
     package="llama_cpp",
+    axes=LLAMACPP_AXES,
 )
 
 

@@ -61,9 +61,11 @@ AxisValue = int | str
 class EngineAxis:
     """One knob of an engine that must not change what it emits.
 
-    Two names carry the contract's meaning (`BlackBoxEngine`): `k`, whose values are block lengths
-    (the variant's cells run at that k), and `dtype`, whose values are precisions ("bf16"; a
-    one-sample variant is scored in it). A value the engine as named already has is no variant.
+    Three names carry the contract's meaning (`BlackBoxEngine`): `k`, whose values are block
+    lengths (the variant's cells run at that k); `dtype`, whose values are precisions ("bf16"; a
+    one-sample variant is scored in it); and `quantization`, whose values are weight formats
+    losscheck cannot load ("q8_0"), so the variant's cells are two-sample, against the variant's own
+    plain side. A value the engine as named already has is no variant.
     """
 
     name: str  # its key in a cell's variant and in `--losscheck-scope=-NAME`
@@ -71,6 +73,13 @@ class EngineAxis:
     # the request of the engine at `value`, or None when the request already has it
     vary: Callable[[EngineRequest, AxisValue], EngineRequest | None]
     doc: str  # one line: what the variant changes and what its cells check
+
+
+def with_args(request: EngineRequest, **args: Any) -> EngineRequest | None:
+    """`request` with `args` over its --engine-arg options, or None when it already has them: the
+    `vary` of most axes."""
+    varied = {**request.args, **args}
+    return None if varied == request.args else dataclasses.replace(request, args=varied)
 
 
 @dataclass(frozen=True)

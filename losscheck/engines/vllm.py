@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.engines import DraftModel, EngineOutputError
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, option, register, rest
+from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, option, register, rest, with_args
 from losscheck.engines.stream import Emission
 from losscheck.errors import OptionError
 
@@ -613,11 +613,6 @@ NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # d
 CHUNK_TOKENS = 16  # a step's token budget under chunked prefill: below most prompts, a few decodes
 
 
-def _with_args(request: EngineRequest, **args: Any) -> EngineRequest | None:
-    varied = {**request.args, **args}
-    return None if varied == request.args else replace(request, args=varied)
-
-
 def _vary_k(request: EngineRequest, k: AxisValue) -> EngineRequest | None:
     config = request.speculative_config or {}
     varied = {**config, "num_speculative_tokens": k}
@@ -639,20 +634,20 @@ VLLM_AXES = (
     EngineAxis(
         "dtype",
         ("bf16",),
-        lambda request, dtype: _with_args(request, dtype=dtype),
+        lambda request, dtype: with_args(request, dtype=dtype),
         "the LLM in bf16 (draft model too), scored by losscheck's copy of the target in bf16",
     ),
     EngineAxis(
         "prefix",
         ("warm",),
-        lambda request, _: _with_args(request, enable_prefix_caching=True, losscheck_warm_prefix=True),
+        lambda request, _: with_args(request, enable_prefix_caching=True, losscheck_warm_prefix=True),
         "prefix caching on and warm: every prompt served once before each call, whose requests then "
         "start from cached KV blocks (target and draft model)",
     ),
     EngineAxis(
         "chunked_prefill",
         ("on",),
-        lambda request, _: _with_args(
+        lambda request, _: with_args(
             request, enable_chunked_prefill=True, max_num_batched_tokens=CHUNK_TOKENS, max_num_seqs=CHUNK_TOKENS
         ),
         f"chunked prefill with a {CHUNK_TOKENS}-token step budget: prompts prefilled in chunks beside "
@@ -662,7 +657,7 @@ VLLM_AXES = (
     EngineAxis(
         "arrivals",
         ("staggered",),
-        lambda request, _: _with_args(request, losscheck_in_flight=STAGGERED_IN_FLIGHT),
+        lambda request, _: with_args(request, losscheck_in_flight=STAGGERED_IN_FLIGHT),
         f"rows arriving while others decode: {STAGGERED_IN_FLIGHT} in flight, each added as one finishes, so "
         "steps mix new prefills with drafting requests (a server's batches)",
     ),

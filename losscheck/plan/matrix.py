@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.plan import bundled_sets
-from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
+from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, QUANTIZATION, Cell
 from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, HISTORY_VARIANTS, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes
@@ -267,7 +267,8 @@ def engine_cells(
     on the engine's own target (`OWN_TARGET`, two-sample mode). Then
     each of its `variants` (axis, value: one knob of its adapter changed, `EngineAxis`) gets a
     greedy and a T = 1 cell of its own; a `k` variant runs at that k, a `dtype` variant of a
-    one-sample engine is scored in that precision (a value the engine already has is no variant)."""
+    one-sample engine is scored in that precision, a `quantization` variant is two-sample against
+    its own plain side (a value the engine already has is no variant)."""
     if engine.precision is None:
         target, precision = OWN_TARGET, Precision()
     else:
@@ -279,8 +280,12 @@ def engine_cells(
         if (name, value) in (("k", engine.k), ("dtype", engine.precision)):
             continue  # the engine as named
         k = int(value) if name == "k" else engine.k
-        varied = Precision(str(value), str(value)) if name == "dtype" and target != OWN_TARGET else precision
-        cell = Cell(ENGINE, k, GREEDY, target=target, precision=varied, variant=((name, value),))
+        where, varied = target, precision
+        if name == "dtype" and target != OWN_TARGET:
+            varied = Precision(str(value), str(value))
+        elif name == QUANTIZATION:  # weights losscheck does not load: no reference but the variant's own
+            where, varied = OWN_TARGET, Precision()
+        cell = Cell(ENGINE, k, GREEDY, target=where, precision=varied, variant=((name, value),))
         greedy.append(cell)
         sampled.append(replace(cell, params=SAMPLING_VARIANTS[0]))
     return sampled, greedy

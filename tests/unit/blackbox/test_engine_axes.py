@@ -85,6 +85,23 @@ def test_a_two_sample_engine_names_a_dtype_variant_in_its_id():
     assert sampled[-1].id == "engine-k4-T1-two-sample-dtype-bf16" and sampled[-1].mode == "two-sample"
 
 
+def test_a_quantization_variant_of_a_one_sample_engine_is_two_sample():
+    sampled, greedy = matrix.engine_cells(Engine(), [("quantization", "q8_0")])  # type: ignore[arg-type]
+    assert greedy[-1].id == "engine-k4-greedy-two-sample-quantization-q8_0" and greedy[-1].target == OWN_TARGET
+    assert sampled[-1].id == "engine-k4-T1-two-sample-quantization-q8_0" and sampled[-1].mode == "two-sample"
+    assert sampled[0].mode == "one-sample"  # the engine as named keeps its reference
+
+
+def test_the_llamacpp_adapter_declares_a_block_length_and_a_q8_0_target():
+    from losscheck.engines.named import ADAPTERS
+
+    request = EngineRequest("target", assistant="drafter")
+    found = {(name, value): varied.args for name, value, varied in ADAPTERS["llamacpp"].variants(request)}
+    assert found == {("k", 2): {"n_draft": 2}, ("quantization", "q8_0"): {"target_weights": "q8_0"}}
+    with pytest.raises(OptionError, match="target_weights='q4_k'"):
+        ADAPTERS["llamacpp"].parse(EngineRequest("target", assistant="drafter", args={"target_weights": "q4_k"}))
+
+
 def test_every_variant_cell_takes_a_share_of_alpha_and_the_scope_leaves_axes_out():
     cells = matrix.plan({"main": {}}, None, Engine(), engine_variants=[("k", 2), ("cache", "warm")])  # type: ignore[arg-type]
     assert matrix.statistical_tests(cells) == 5 + 2
