@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ from losscheck.stats.result import combine
 
 if TYPE_CHECKING:
     from losscheck.cells.engine_phases import EngineDraws
+    from losscheck.cells.proxy_design import Levels, ProxyDesign
     from losscheck.core.target import HFTarget
     from losscheck.stats.bugclass import PowerAccumulator
     from losscheck.stats.hidden_rounds import RoundsSample
@@ -420,21 +422,118 @@ def rounds_coverage(
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------
 def two_sample(ctx: CellContext) -> EngineDraws:
     """The engine's speculative samples against its own samples with drafting off, independent seeds,
-    the same number of rows from each prompt on both sides: one round, no target read."""
+    the same number of rows from each prompt on both sides, no target read: sized to detect the
+    profile's TV per position. A `quantization` variant (weights losscheck cannot load, its base
+    engine one-sample) is sized by the target-side bug classes instead, through losscheck's
+    unquantized copy of the target as a proxy (`losscheck.cells.proxy_design`): a pilot of the plain
+    side first; α split in halves between the position tests and a U test of the rows' surprisal
+    under the proxy; the tested plain rows confirm the design."""
+    from losscheck.plan.cell import QUANTIZATION
     from losscheck.stats.two_sample import two_sample_tests
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     horizon = max(profile.two_sample_horizon, min_horizon(engine))
     prompts = ctx.all_prompts()
-    n = sample_size.two_sample_rows(ctx.alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon)
+    proxy = QUANTIZATION in dict(cell.variant)
+    alpha_positions = ctx.alpha / 2 if proxy else ctx.alpha
+    if proxy:
+        design = yield from _proxy_design(ctx, prompts, horizon)
+        n, target_tv = design.rows, design.detectable_tv
+    else:
+        n = sample_size.two_sample_rows(ctx.alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon)
+        target_tv = profile.detect_tv
     per_prompt = math.ceil(n / len(prompts))
     drawn = yield tuple(request(ctx, prompts, per_prompt, cell.params, horizon, side) for side in (True, False))
     on, off = (tokens.flatten(0, 1) for tokens in drawn)  # [P*m, L] each
-    results = two_sample_tests(
-        on, off, ctx.engine_vocab()[0], ctx.alpha, profile.power, profile.detect_tv, max_bins=profile.two_sample_bins
+    vocab, bins = ctx.engine_vocab()[0], profile.two_sample_bins
+    results = two_sample_tests(on, off, vocab, alpha_positions, profile.power, target_tv, max_bins=bins)
+    facts = SampleFacts(sequences=len(on), prompts=len(prompts), horizon=horizon)
+    if proxy:
+        results += _surprisal_test(ctx, prompts, drawn, ctx.alpha - alpha_positions)
+        facts = _proxy_confirmed(ctx, facts, design, prompts, drawn[1], horizon)
+    return CellOutcome(cell, verdict=combine(cell.id, results, ctx.alpha), facts=_facts(ctx, facts))
+
+
+def _surprisal_test(
+    ctx: CellContext, prompts: list[list[int]], drawn: tuple[torch.Tensor, ...], alpha: float
+) -> list[TestResult]:
+    """The U test of the rows' surprisal under the proxy, speculative rows against plain rows
+    `drawn` ([P, m, L] each) at level `alpha` (`losscheck.cells.attribution`)."""
+    from losscheck.cells.attribution import attribution_tests, row_scores
+
+    target = ctx.engine_target()
+    rows = [p for p in prompts for _ in range(drawn[0].shape[1])]
+    sides = [
+        row_scores(ctx, f"{ctx.cell.id}-proxy-{i}", target, rows, _generation(ctx, tokens, target), 0.0)
+        for i, tokens in enumerate(drawn)
+    ]
+    return attribution_tests(sides[0], sides[1], ("surprisal",), alpha, ctx.profile.power)
+
+
+@dataclass(frozen=True)
+class TwoSampleDesign:
+    """A proxy-sized two-sample cell's design: the rows a side, the TV per position they detect at
+    the profile's power, the tests' levels and the classes' design."""
+
+    rows: int
+    detectable_tv: float
+    levels: Levels
+    classes: ProxyDesign
+    pilot_sequences: int
+
+
+def _proxy_design(
+    ctx: CellContext, prompts: list[list[int]], horizon: int
+) -> Generator[tuple[GenerationRequest, ...], tuple[torch.Tensor, ...], TwoSampleDesign]:
+    """A pilot of the plain side (a seed of its own, never tested), scored by the proxy: the rows a
+    side each target-side class needs, within the profile's floor and cap (its PIT tokens as rows of
+    `horizon` tokens)."""
+    from losscheck.cells.proxy_design import Levels, ProxyDesign, proxy_sums
+    from losscheck.stats.power import chisquare_detectable_w
+
+    cell, profile = ctx.cell, ctx.profile
+    half = ctx.alpha / 2
+    levels = Levels(registry.split(half, registry.TWO_SAMPLE, positions=horizon).per_test, half / 2)
+    pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
+    (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, False, purpose="pilot"),)
+    target = ctx.engine_target()
+    rows = [p for p in prompts for _ in range(pilot_per_prompt)]
+    sums = proxy_sums(ctx, target, rows, _generation(ctx, pilot, target))
+    floor, cap = (math.ceil(t / horizon) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
+    classes = ProxyDesign.of(sums, levels, profile.power, profile.two_sample_bins, floor, cap)
+    n = math.ceil(classes.rows / len(prompts)) * len(prompts)  # what the draw gives: whole rows per prompt
+    tv = chisquare_detectable_w(n / 2, profile.two_sample_bins, levels.position, profile.power) / 2
+    return TwoSampleDesign(classes.rows, tv, levels, classes, len(rows))
+
+
+def _proxy_confirmed(
+    ctx: CellContext,
+    facts: SampleFacts,
+    design: TwoSampleDesign,
+    prompts: list[list[int]],
+    plain: torch.Tensor,
+    horizon: int,
+) -> SampleFacts:
+    """The facts of a proxy-sized cell: each class's coverage from the tested plain rows `plain`
+    [P, m, L] (the first rows of every prompt, up to `CONFIRM_TOKENS`), checked against the design."""
+    from losscheck.cells.proxy_design import proxy_coverage, proxy_not_judged, proxy_sums
+    from losscheck.cells.sampled import require_coverage
+
+    profile = ctx.profile
+    per_prompt = plain.shape[1]
+    first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
+    target = ctx.engine_target()
+    rows = [p for p in prompts for _ in range(first)]
+    sums = proxy_sums(ctx, target, rows, _generation(ctx, plain[:, :first], target))
+    tested = per_prompt * len(prompts)
+    coverage = proxy_coverage(
+        design.classes, sums, tested, horizon, design.levels, profile.power, profile.two_sample_bins
     )
-    return CellOutcome(
-        cell,
-        verdict=combine(cell.id, results, ctx.alpha),
-        facts=_facts(ctx, SampleFacts(sequences=len(on), prompts=len(prompts), horizon=horizon)),
+    require_coverage(ctx.cell, coverage, profile.power)
+    return dataclasses.replace(
+        facts,
+        pilot_sequences=design.pilot_sequences,
+        design_tokens=design.classes.rows * horizon,
+        bug_classes=coverage,
+        classes_not_judged=proxy_not_judged(),
     )

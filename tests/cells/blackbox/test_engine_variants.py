@@ -26,17 +26,25 @@ class FakeOptions:
     k: int = option(4, minimum=1)
     batch: int = option(64, minimum=1, help="rows per call of the loop")
     broken: bool = option(False, help="the speculative side answers each prompt with the next prompt's rows")
+    weights: str = option(
+        "fp32",
+        choices=("fp32", "q4", "q4-hot"),
+        help="q4: the target's weights rounded to 4 levels a row; q4-hot: and a planted bug, the speculative "
+        "side sampling at 1.1 T",
+    )
 
 
 class Variant:
     """losscheck's own loop (lossless) at block length `k` and `batch` rows per call, each side a
     fresh copy of the bundled target and drafter under ONE_AT_A_TIME."""
 
-    precision = "fp32"
-
     def __init__(self, options: FakeOptions) -> None:
         self.k, self.options = options.k, options
+        self.precision = "fp32" if options.weights == "fp32" else None  # quantized: two-sample
         self.name = f"fake-axes(k={options.k}, batch={options.batch}{', broken' if options.broken else ''})"
+        if options.weights != "fp32":
+            self.name = self.name.replace(")", f", {options.weights})")
+        self.hot = options.weights == "q4-hot"
         self.models_loaded = lambda: ()
         self.instances: Instances[bool, object] = Instances(self._build, Policy.ONE_AT_A_TIME, self._release)
 
@@ -52,6 +60,8 @@ class Variant:
         LIVE.append(self.name)
         BUILDS.append((self.name, speculative))
         target = HFTarget.from_pretrained(bundled.target_path())
+        if self.options.weights != "fp32":
+            quantize_rows(target.model, levels=4)
         drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
         return SpecLoopEngine(target, drafter, self.k, batch=self.options.batch)
 
@@ -61,7 +71,23 @@ class Variant:
     def generate(self, request: GenerationRequest):
         if self.options.broken and request.speculative:
             request = dataclasses.replace(request, prompts=request.prompts[1:] + request.prompts[:1])
+        if self.hot and request.speculative and not request.params.greedy:
+            hotter = dataclasses.replace(request.params, temperature=1.1 * request.params.temperature)
+            request = dataclasses.replace(request, params=hotter)
         return self.instances.get(request.speculative).generate(request)  # type: ignore[attr-defined]
+
+
+def quantize_rows(model, levels: int) -> None:
+    """Round each weight matrix's rows to `levels` evenly spaced values over the row's range: a
+    quantized target whose logits losscheck's fp32 copy does not reproduce."""
+    import torch
+
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                low, high = weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True)
+                step = (high - low).clamp_min(1e-12) / (levels - 1)
+                weight.copy_(low + torch.round((weight - low) / step) * step)
 
 
 def _set(key: str):
@@ -76,6 +102,7 @@ AXES = (
     EngineAxis("k", (2,), _set("k"), "another block length"),
     EngineAxis("batch", (7,), _set("batch"), "another batch shape: 7 rows per call"),
     EngineAxis("broken", (True,), _set("broken"), "a planted bug: rows of the wrong prompt"),
+    EngineAxis("quantization", ("q4", "q4-hot"), _set("weights"), "the target's weights at 4 levels a row: two-sample"),
 )
 
 
@@ -137,9 +164,16 @@ def _certify(session, cells):
 
 @pytest.mark.usefixtures("one_thread")
 def test_an_engine_is_certified_over_its_axes_one_variant_alive_at_a_time():
-    session = _session("-broken")
+    session = _session("-broken,-quantization")
     plan = session.plan
-    assert [o["cell"] for o in session.out_of_scope] == ["engine-k4-T1-broken-True", "engine-k4-greedy-broken-True"]
+    assert [o["cell"] for o in session.out_of_scope] == [
+        "engine-k4-T1-broken-True",
+        "engine-k4-T1-two-sample-quantization-q4",
+        "engine-k4-T1-two-sample-quantization-q4-hot",
+        "engine-k4-greedy-broken-True",
+        "engine-k4-greedy-two-sample-quantization-q4",
+        "engine-k4-greedy-two-sample-quantization-q4-hot",
+    ]
     every = plan["engine_cell"] + plan["engine_greedy_cell"]
     # the base cells of the sampling parameters beyond T = 1 are the plain engine certificate's
     cells, outcomes = _certify(session, [c for c in every if c.variant or c.id in ("engine-k4-T1", "engine-k4-greedy")])
@@ -177,15 +211,70 @@ def test_a_variant_that_breaks_losslessness_fails_its_own_cells_only():
         "engine-k2-greedy": True,
         "engine-k4-greedy-batch-7": True,
         "engine-k4-greedy-broken-True": False,
+        "engine-k4-greedy-two-sample-quantization-q4": True,
+        "engine-k4-greedy-two-sample-quantization-q4-hot": True,  # its bug is in sampling
     }
     broken = outcomes[cells.index(next(c for c in cells if c.variant == (("broken", True),)))]
     assert broken.divergences and "fake-axes(k=4, batch=64, broken)" == broken.facts.engine
 
 
+def _quantized(session, weights: str):
+    """The quantized variant's cells (T = 1, greedy), certified."""
+    cells = [c for c in session.plan["engine_cell"] + session.plan["engine_greedy_cell"] if c.variant]
+    cells = [c for c in cells if c.variant == (("quantization", weights),)]
+    assert [(c.id, c.mode) for c in cells] == [
+        (f"engine-k4-T1-two-sample-quantization-{weights}", "two-sample"),
+        (f"engine-k4-greedy-two-sample-quantization-{weights}", "engine-greedy"),
+    ]
+    return _certify(session, cells)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_quantized_variant_is_certified_two_sample_sized_by_bug_classes_through_the_fp32_proxy():
+    """The quantized target's cells are two-sample (no reference reproduces its logits) and pass:
+    its speculative rows and its plain rows share one law. The T = 1 cell is sized by the
+    target-side bug classes, whose effects losscheck's fp32 target (the proxy) gives, and covers
+    both: the surprisal U test needs far fewer rows than the profile's TV would."""
+    cells, outcomes = _quantized(_session("-broken,-k,-batch"), "q4")
+    assert all(o.passed for o in outcomes), [o.message() for o in outcomes if not o.passed]
+    assert {o.facts.engine for o in outcomes} == {"fake-axes(k=4, batch=64, q4)"}
+    classes = outcomes[0].facts.bug_classes
+    assert classes is not None and all(c.covered and c.power >= 0.99 for c in classes.values()), classes
+    assert {c.test for c in classes.values()} == {"attribution.surprisal"}
+    assert "attribution.surprisal" in outcomes[0].message()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_planted_temperature_bug_in_a_quantized_variant_fails_where_its_design_said():
+    """The q4 variant whose speculative side samples at 1.1·T: the class target_temperature_1.1,
+    covered at power 0.99 by the design, is caught, by the surprisal test under the proxy."""
+    cells, outcomes = _quantized(_session("-broken,-k,-batch"), "q4-hot")
+    sampled = outcomes[0]
+    assert not sampled.passed and outcomes[1].passed
+    classes = sampled.facts.bug_classes
+    assert classes is not None and classes["target_temperature_1.1"].covered
+    failed = [r.name for r in sampled.verdict.results if not r.passed]
+    assert "attribution.surprisal" in failed, failed
+
+
+@pytest.mark.slow  # a supporting check (~20 s): why the matrix plans the quantized variant two-sample
+@pytest.mark.usefixtures("one_thread")
+def test_a_quantized_variant_scored_by_the_fp32_reference_is_put_down_to_the_reference():
+    """Scored one-sample by losscheck's fp32 target instead, the q4 target's T = 1 rows are rejected in
+    the first stage and put down to the reference: the cell claims no bug class."""
+    session = _session("-broken,-k,-batch")
+    cells, _ = _quantized(session, "q4")
+    one_sample = dataclasses.replace(cells[0], target="main")
+    _, (scored,) = _certify(session, [one_sample])  # the q4 variant is still alive: no precision check
+    found = scored.facts.attribution
+    assert found is not None and found.finding == "reference", "the fp32 reference reproduces the q4 target's rows"
+    assert scored.facts.bug_classes is None
+
+
 def test_list_prints_the_variant_cells_and_their_memory_plan():
     from losscheck.report.plan import plan_lines
 
-    lines = plan_lines(_session("-broken"), full=True)
+    lines = plan_lines(_session("-broken,-quantization"), full=True)
     text = "\n".join(lines)
     for cell in ("engine-k2-T1", "engine-k2-greedy", "engine-k4-T1-batch-7", "engine-k4-greedy-batch-7"):
         assert f"\n{cell} " in text

@@ -1,0 +1,138 @@
+"""A two-sample engine cell sized by bug classes through a *proxy* reference.
+
+An engine variant whose weights losscheck cannot load (the `quantization` axis: a Q8_0 target) is
+certified two-sample, its speculative rows against its own plain rows. Its base engine is
+one-sample, so losscheck holds the same model unquantized: the proxy. Teacher-forced on the
+variant's own plain rows, the proxy's p says what each target-side bug class
+(`buglaws.TARGET_SIDE`) would do to the tokens at every position, and so how many rows the
+per-position two-sample tests need to catch it (`losscheck.stats.two_sample_power`). A pilot of the
+variant's plain side (never tested) sizes the cell; the tested plain rows confirm it, as a
+one-sample cell's tested sample does (`require_coverage`). The figures are the proxy's: a
+quantization that changed a class's effect much would move them, and the certificate says whose
+they are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from losscheck.cells.record import BugClassRecord
+from losscheck.stats.buglaws import CATALOGUE
+from losscheck.stats.sample_size import DESIGN_MARGIN
+from losscheck.stats.two_sample_power import MarginalSums, SurprisalSums
+
+if TYPE_CHECKING:
+    from losscheck.cells.scoring import ForcedProbs
+    from losscheck.core.generation import Generation
+    from losscheck.core.target import HFTarget
+    from losscheck.run.context import CellContext
+
+POSITIONS, SURPRISAL = "two_sample.position", "attribution.surprisal"  # the tests with a power model
+
+
+@dataclass
+class ProxySums:
+    """What the proxy says of some rows, for both tests' power models."""
+
+    marginals: MarginalSums
+    surprisal: SurprisalSums
+
+    def needed(self, name: str, levels: Levels, power: float, max_bins: int, cap: int) -> dict[str, float]:
+        """Test -> rows a side it needs to catch class `name` at `power` (math.inf: not within `cap`)."""
+        score = self.surprisal.rows_needed(name, levels.score_tail, power)
+        return {
+            POSITIONS: self.marginals.rows_needed(name, levels.position, power, max_bins, cap),
+            SURPRISAL: score if score <= cap else math.inf,
+        }
+
+    def power_at(self, test: str, name: str, rows: int, levels: Levels, max_bins: int) -> float:
+        if test == POSITIONS:
+            return self.marginals.power_at(name, rows, levels.position, max_bins)
+        return self.surprisal.power_at(name, rows, levels.score_tail)
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The levels of a proxy-sized cell's tests: each position's χ² test, and the surprisal U
+    test's one tail (it is two-sided)."""
+
+    position: float
+    score_tail: float
+
+
+@dataclass(frozen=True)
+class ProxyDesign:
+    """rows: rows a side the cell draws; best: class -> (its best test, the rows a side that test
+    needs at the design's power; math.inf: not within `cap`); covered: the classes within the cap,
+    cheapest first."""
+
+    rows: int
+    best: dict[str, tuple[str, float]]
+    covered: tuple[str, ...]
+    floor: int
+    cap: int
+
+    @classmethod
+    def of(cls, sums: ProxySums, levels: Levels, power: float, max_bins: int, floor: int, cap: int) -> ProxyDesign:
+        best = {}
+        for bug in sums.marginals.classes:
+            needed = sums.needed(bug.name, levels, power, max_bins, cap)
+            best[bug.name] = min(needed.items(), key=lambda tn: tn[1])
+        covered = tuple(sorted((c for c, (_, n) in best.items() if n * DESIGN_MARGIN <= cap), key=lambda c: best[c][1]))
+        most = max((best[c][1] for c in covered), default=0.0)
+        return cls(min(cap, max(floor, math.ceil(most * DESIGN_MARGIN))), best, covered, floor, cap)
+
+
+def proxy_sums(ctx: CellContext, target: HFTarget, rows: list[list[int]], gen: Generation) -> ProxySums:
+    """The proxy `target`'s sums over the rows `gen` (prompts `rows`): the marginals at every
+    position, a finished row's EOS pad counted as the point mass it is on both sides, and the
+    surprisal score's moments over the generated positions."""
+    from losscheck.cells.scoring import teacher_forced_pit
+
+    eos = ctx.engine_vocab()[1]
+    generated = gen.mask()  # [N, L]
+    sums = ProxySums(MarginalSums(), SurprisalSums())
+
+    def observe(at: slice, forced: ForcedProbs) -> None:
+        probs = forced.probs.double()  # [n, L, V]
+        read = generated[at].to(probs.device)  # [n, L]
+        pad = torch.zeros_like(probs[0, 0])
+        pad[eos] = 1.0
+        filled = torch.where(read[..., None], probs, pad)
+        sums.marginals.add(filled, torch.ones_like(read))
+        sums.surprisal.add(probs, read & ~forced.ambiguous)
+
+    v = torch.zeros(gen.tokens.shape, dtype=torch.float64, device=target.device)
+    teacher_forced_pit(target, rows, gen, v, ctx.memory_budget_bytes, ctx.profile.batch, observe=observe)
+    return sums
+
+
+def proxy_coverage(
+    design: ProxyDesign, sums: ProxySums, rows: int, horizon: int, levels: Levels, level: float, max_bins: int
+) -> dict[str, BugClassRecord]:
+    """Per target-side class, from the tested plain rows' proxy sums: its best test and the rows a
+    side that test needs at `level` (as tokens a side: rows × `horizon`), the cell's power with
+    `rows` a side, whether the design covered it."""
+    records = {}
+    for name, (_, pilot) in design.best.items():
+        needed = sums.needed(name, levels, level, max_bins, max(design.cap, rows))
+        test, tokens = min(needed.items(), key=lambda tn: tn[1])
+        records[name] = BugClassRecord(
+            test=test,
+            tokens_needed=tokens * horizon if math.isfinite(tokens) else None,
+            pilot_tokens_needed=pilot * horizon if math.isfinite(pilot) else None,
+            power=max(sums.power_at(t, name, rows, levels, max_bins) for t in needed),
+            covered=name in design.covered,
+            reach="covered" if name in design.covered else "none",
+        )
+    return records
+
+
+def proxy_not_judged() -> dict[str, str]:
+    """The catalogue's classes a proxy-sized two-sample cell has no power model for, and why."""
+    reason = "a two-sample cell reads no q or slots: only the target-side classes (p alone) have a power model"
+    return {bug.name: reason for bug in CATALOGUE if not bug.target_side}
