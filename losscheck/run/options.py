@@ -191,7 +191,7 @@ SPECS: dict[str, OptionSpec] = {
         "action": "append",
         "help": "an option of a shipped adapter, VALUE as JSON where it parses (vllm: a keyword of vllm.LLM, e.g. "
         "max_model_len=512, or losscheck_instances=one-at-a-time; hf and openvino: num_assistant_tokens=N; "
-        "llamacpp: n_draft=N, n_threads=N); repeat for more",
+        "llamacpp: n_draft=N, n_threads=N, target_weights=q8_0); repeat for more",
     },
     "sampling": {
         "metavar": "SPEC",

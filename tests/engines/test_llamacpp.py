@@ -138,13 +138,16 @@ def test_an_engine_failure_is_raised_by_name_and_not_retried():
     assert llama.generate(engine_request([[0, 2, 5]], 1, SamplingParams(), 0, 8, True)).shape == (1, 1, 8)
 
 
-def test_drafting_on_and_off_give_the_same_tokens_seed_for_seed():
+@pytest.mark.parametrize("weights", ["f32", "q8_0"])
+def test_drafting_on_and_off_give_the_same_tokens_seed_for_seed(weights):
     """The binding's loop draws once per emitted token from the request's seeded sampler whether or
     not it drafts, so with the same seed the two sides agree token for token wherever their logits
     agree: an exact check of the sampled path, stronger than the statistical cells. A difference
     is either a batched step rounding differently from a one-token step (fp32 here: none seen) or a
-    bug in the loop's bookkeeping; either way it is shown, not averaged away."""
-    llama, prompts = engine(), all_prompts()
+    bug in the loop's bookkeeping; either way it is shown, not averaged away. Q8_0 weights too: their
+    batched verification steps (k + 1 rows) round as the one-token steps do (none differed)."""
+    fixtures, prompts = bundled.fixtures_dir(), all_prompts()
+    llama = llamacpp_engine(bundled.target_path(), fixtures / "drafter_a", 4, EOS, weights=weights)
     for params in (SamplingParams(), SamplingParams(temperature=1.5), SamplingParams(top_p=0.9)):
         on = llama.generate(engine_request(prompts, 5, params, 3, 16, True))
         off = llama.generate(engine_request(prompts, 5, params, 3, 16, False))
@@ -169,6 +172,26 @@ def test_top_k_keeps_another_set_of_tied_tokens_than_torch():
         assert len(drawn) == 8 and drawn != kept, (speculative, sorted(drawn), sorted(kept))
 
 
+def test_a_q8_0_target_is_quantized_by_llamacpp_and_certified_two_sample():
+    """`target_weights="q8_0"`: llama.cpp's quantizer writes a Q8_0 GGUF (file type 7, a quarter of the
+    F32 bytes), the engine claims no precision losscheck can load (two-sample), its greedy
+    speculation equals its own plain decoding, and its greedy rows are not the F32 target's on
+    every prompt: a one-sample reference would be the wrong one."""
+    from losscheck.engines.llamacpp import WEIGHTS, file_type, quantized
+
+    f32 = gguf_file(bundled.target_path())
+    q8 = quantized(f32, "q8_0")
+    assert file_type(q8) == WEIGHTS["q8_0"] and q8.stat().st_size < f32.stat().st_size / 3
+    fixtures, prompts = bundled.fixtures_dir(), all_prompts()
+    engine_q8 = llamacpp_engine(bundled.target_path(), fixtures / "drafter_a", 4, EOS, weights="q8_0")
+    assert engine_q8.precision is None and engine().precision == "fp32"
+    on = engine_q8.generate(engine_request(prompts, 1, GREEDY, 0, 64, True))
+    off = engine_q8.generate(engine_request(prompts, 1, GREEDY, 0, 64, False))
+    assert torch.equal(on, off)
+    plain_f32 = engine().generate(engine_request(prompts, 1, GREEDY, 0, 64, False))
+    assert (plain_f32 != off).any(-1).sum() > 0
+
+
 # --- 3. the black-box cells -------------------------------------------------------------------------
 def test_the_black_box_cells_certify_the_binding(pytester):
     """`--losscheck-engine=llamacpp --losscheck-assistant=fixtures/drafter_a`: the greedy cell and the
@@ -182,8 +205,31 @@ def test_the_black_box_cells_certify_the_binding(pytester):
         "llamacpp",
         "test_engine_greedy or test_engine_sampling",
         f"--losscheck-assistant={bundled.fixtures_dir() / 'drafter_a'}",
+        "--losscheck-scope=-engine-axes",
         "-rA",
     )
     result.assert_outcomes(passed=6)
     output = result.stdout.str()
     assert "LlamaCppEngineError" not in output and "UnderpoweredError" not in output
+
+
+def test_the_binding_is_certified_over_its_axes_with_a_q8_0_target(pytester):
+    """The adapter's axes, each a greedy and a T = 1 cell: n_draft 2, and the target quantized to
+    Q8_0 by llama.cpp's quantizer — two-sample, its speculative rows against its own plain rows,
+    sized by the target-side bug classes through losscheck's fp32 target as a proxy. All pass."""
+    result = support.certify_engine(
+        pytester,
+        "llamacpp",
+        "(test_engine_greedy or test_engine_sampling) and (k2 or quantization)",
+        f"--losscheck-assistant={bundled.fixtures_dir() / 'drafter_a'}",
+        "-rA",
+    )
+    result.assert_outcomes(passed=4)
+    output = result.stdout.str()
+    for cell in (
+        "engine-k2-greedy",
+        "engine-k2-T1",
+        "greedy-two-sample-quantization-q8_0",
+        "T1-two-sample-quantization-q8_0",
+    ):
+        assert cell in output, cell
