@@ -15,11 +15,14 @@ whatever vLLM does to seed parallel samples.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 from losscheck.engines import DraftModel, EngineOutputError
 from losscheck.engines.counters import EngineCounters
@@ -389,7 +392,8 @@ def vllm_engine(
         from vllm import LLM
 
         dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
-        return LLM(model=model, speculative_config=spec, **dtype, **{**_cpu_setup(cpu_fixes), **llm_kwargs})
+        with worker_environment(int(llm_kwargs.get("tensor_parallel_size", 1)), cpu_fixes):
+            return LLM(model=model, speculative_config=spec, **dtype, **{**_cpu_setup(cpu_fixes), **llm_kwargs})
 
     return VLLMEngine(
         make_llm,
@@ -401,6 +405,33 @@ def vllm_engine(
         in_flight=in_flight,
         vocab=vocab,
     )
+
+
+@contextlib.contextmanager
+def worker_environment(ranks: int, cpu_fixes: bool) -> Iterator[None]:
+    """What vLLM's worker processes must find in their environment when an LLM runs `ranks` > 1 of
+    them (the mp executor) on vLLM's CPU build, set while it is built (the workers start then):
+    each rank's OpenMP threads bound to its own share of this process's CPUs
+    (`VLLM_CPU_OMP_THREADS_BIND`, "0|1" for two; its "auto" binds whole NUMA nodes and refuses two
+    ranks on one), unless set already; and with `cpu_fixes`, `CPU_FIXES_ENV`, so that the fixes,
+    installed in this process, are installed in the workers, where the sampler runs."""
+    from vllm.platforms import current_platform
+
+    from losscheck.engines.vllm_verifier import CPU_FIXES_ENV
+
+    env: dict[str, str] = {}
+    if ranks > 1 and current_platform.is_cpu():
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < ranks:
+            raise OptionError(f"tensor_parallel_size={ranks} on vLLM's CPU build needs {ranks} CPUs; {len(cpus)} here")
+        share = len(cpus) // ranks
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            shares = (",".join(map(str, cpus[r * share : (r + 1) * share])) for r in range(ranks))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(shares)
+        if cpu_fixes:
+            env[CPU_FIXES_ENV] = "1"
+    with mock.patch.dict(os.environ, env):
+        yield
 
 
 def _cpu_setup(cpu_fixes: bool) -> dict[str, Any]:
@@ -560,6 +591,11 @@ class VLLMOptions:
         help="rows kept in flight, each added as an earlier one finishes (a server's mixed batches); "
         "default: every row of a call added at once",
     )
+    losscheck_eagle3: str | None = option(
+        None,
+        help="a local EAGLE-3 checkpoint of the target (speculators or vLLM format): the method axis's eagle3 "
+        "value; without it the axis has no eagle3 variant",
+    )
     llm: dict[str, Any] = rest("any other keyword argument of vllm.LLM")
 
 
@@ -620,11 +656,26 @@ def _vary_k(request: EngineRequest, k: AxisValue) -> EngineRequest | None:
 
 
 def _vary_method(request: EngineRequest, method: AxisValue) -> EngineRequest | None:
+    """n-gram drafts from the context itself; EAGLE-3 from the checkpoint `losscheck_eagle3` names
+    (none named: no such variant)."""
     config = request.speculative_config or {}
+    k = config["num_speculative_tokens"]
     if config.get("method") == method:
         return None
+    if method == "eagle3":
+        where = request.args.get("losscheck_eagle3")
+        return None if where is None else replace(request, speculative_config=eagle3_config(where, k))
     assert method == "ngram", method
-    return replace(request, speculative_config={**NGRAM, "num_speculative_tokens": config["num_speculative_tokens"]})
+    return replace(request, speculative_config={**NGRAM, "num_speculative_tokens": k})
+
+
+def eagle3_config(checkpoint: str, k: int) -> dict[str, Any]:
+    return {"method": "eagle3", "model": str(checkpoint), "num_speculative_tokens": k}
+
+
+def _vary_split(request: EngineRequest, ranks: AxisValue) -> EngineRequest | None:
+    # the mp executor: one worker process per rank (vLLM's CPU build has no other; a GPU's default)
+    return with_args(request, tensor_parallel_size=ranks, distributed_executor_backend="mp")
 
 
 STAGGERED_IN_FLIGHT = 16  # the arrivals axis: rows in flight, as a client with a concurrency limit
@@ -653,7 +704,27 @@ VLLM_AXES = (
         f"chunked prefill with a {CHUNK_TOKENS}-token step budget: prompts prefilled in chunks beside "
         "decoding requests, speculative steps cut to the budget",
     ),
-    EngineAxis("method", ("ngram",), _vary_method, "n-gram speculation (prompt lookup 1-3): no draft model"),
+    EngineAxis(
+        "method",
+        ("ngram", "eagle3"),
+        _vary_method,
+        "n-gram speculation (prompt lookup 1-3): no draft model; EAGLE-3 from the checkpoint "
+        "--engine-arg losscheck_eagle3=DIR names (a head on the target's hidden states)",
+    ),
+    EngineAxis(
+        "tensor_parallel",
+        (2,),
+        _vary_split,
+        "the target and draft model split over 2 ranks (tensor_parallel_size 2, a worker process each): "
+        "partial sums reduced across ranks in every verification step",
+    ),
+    EngineAxis(
+        "max_num_seqs",
+        (1,),
+        lambda request, seqs: with_args(request, max_num_seqs=seqs),
+        "one sequence a step: every verification batch k + 1 rows of one request, against the named "
+        "engine's steps over many requests at once",
+    ),
     EngineAxis(
         "arrivals",
         ("staggered",),

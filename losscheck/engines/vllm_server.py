@@ -52,6 +52,7 @@ from losscheck.engines.vllm import (
     sampling_kwargs,
     to_tensor,
 )
+from losscheck.engines.vllm_verifier import CPU_FIXES_ENV
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
     from losscheck.engines.request import GenerationRequest
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
-CPU_FIXES_ENV = "LOSSCHECK_VLLM_CPU_FIXES"
 STARTUP_S = 600.0  # a real model loads for minutes
 # what a completion request takes of `sampling_kwargs` (the others are the offline API's)
 REQUEST_FIELDS = (
@@ -415,10 +415,11 @@ def cpu_fixes_plugin() -> None:
     """vLLM's `vllm.general_plugins` entry point (pyproject.toml), which vLLM loads in every process
     it starts (a server, its engine core): `vllm_verifier.CPU_FIXES` in place there when the process
     was started with `LOSSCHECK_VLLM_CPU_FIXES=1` (a `vllm-serve` server with `cpu_fixes=true`);
-    anywhere else, nothing. The offline `LLM` of `vllm+cpu-fixes` installs them itself and needs its
-    engine in the caller's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as `tox -e vllm` sets):
-    with the engine in a process of its own they do not reach it (τ 1.01 against 2.14 on the
-    bundled pair)."""
+    and in the worker processes of a tensor-parallel `LLM` of `vllm+cpu-fixes`, which sets the
+    variable while it builds one (`vllm.worker_environment`); anywhere else, nothing. Otherwise the
+    offline `LLM` installs them itself and needs its engine in the caller's process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as `tox -e vllm` sets): with the engine in a process of its
+    own they do not reach it (τ 1.01 against 2.14 on the bundled pair)."""
     if os.environ.get(CPU_FIXES_ENV) == "1":
         from losscheck.engines.vllm_verifier import install_cpu_fixes
 

@@ -431,7 +431,7 @@ def test_vllm_applies_a_grammar_at_every_draft_position(tmp_path):
 
     tokenizer = write_bundled_tokenizer(tmp_path / "tokenizer")
     args = [a for a in CPU_ARGS if not a.startswith("skip_tokenizer_init")] + [f"tokenizer={tokenizer}"]
-    scope = "--scope=-k,-dtype,-prefix,-chunked_prefill,-arrivals,-method"
+    scope = "--scope=-engine-axes"
     done = certify_by_name(
         tmp_path / "out", "--sampling=grammar=regex:([a-z][0-9])+", scope, "--", "-k", "regex", args=args
     )
@@ -471,7 +471,7 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
     from losscheck import bundled
 
     spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
-    scope = "--scope=-k,-dtype,-prefix,-chunked_prefill,-arrivals,-method"
+    scope = "--scope=-engine-axes"
     bf16 = ["--engine-arg=dtype=bfloat16", "--engine-arg=losscheck_reference=fp32"]
     done = certify_by_name(tmp_path, scope, *bf16)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
@@ -524,7 +524,10 @@ def axes_certificate(tmp_path_factory) -> dict[str, dict]:
     shared = [t for prompt in tiers["mid"] for t in prompt][:32]
     lines = [json.dumps({"ids": shared + p, "tier": tier}) for tier, found in tiers.items() for p in found]
     (out / "prompts.jsonl").write_text("\n".join(lines) + "\n")
-    done = certify_by_name(out / "run", f"--prompts={out / 'prompts.jsonl'}", "--engine-arg=block_size=32")
+    from losscheck.bundled import fixtures_dir
+
+    eagle3 = f"--engine-arg=losscheck_eagle3={fixtures_dir() / 'speculators_eagle3'}"
+    done = certify_by_name(out / "run", f"--prompts={out / 'prompts.jsonl'}", "--engine-arg=block_size=32", eagle3)
     assert "losscheck verdict:" in done.stdout, done.stdout[-4000:] + done.stderr[-3000:]
     (run,) = (out / "run").iterdir()
     return {c["cell"]: c for c in json.loads((run / "certificate.json").read_text())["cells"]}
@@ -537,6 +540,9 @@ AXIS_CELLS = {  # cell -> the engine that drew it
     **{f"engine-k4-{p}-prefix-warm": "draft_model, k=4" for p in ("greedy", "T1")},
     "engine-k4-greedy-chunked-prefill-on": "draft_model, k=4",
     **{f"engine-k4-{p}-method-ngram": "ngram, k=4" for p in ("greedy", "T1")},
+    **{f"engine-k4-{p}-method-eagle3": "eagle3, k=4" for p in ("greedy", "T1")},
+    **{f"engine-k4-{p}-tensor-parallel-2": "draft_model, k=4" for p in ("greedy", "T1")},
+    **{f"engine-k4-{p}-max-num-seqs-1": "draft_model, k=4" for p in ("greedy", "T1")},
     **{f"engine-k4-{p}-arrivals-staggered": "draft_model, k=4" for p in ("greedy", "T1")},
 }
 
@@ -544,29 +550,13 @@ AXIS_CELLS = {  # cell -> the engine that drew it
 @pytest.mark.slow
 @pytest.mark.parametrize(("cell", "engine"), list(AXIS_CELLS.items()))
 def test_vllm_certified_over_its_axes(axes_certificate, cell, engine):
-    """Each axis alone — k 2, bf16, prefix caching warm, chunked prefill (greedy), the n-gram
-    method, staggered arrivals — in a greedy and a T = 1 cell beside the base cells, α split over
-    all of them."""
+    """Each axis alone — k 2, bf16, prefix caching warm, chunked prefill (greedy), the n-gram and
+    EAGLE-3 methods, tensor parallel 2 (two worker processes, the CPU fixes reaching them), one
+    sequence a step, staggered arrivals — in a greedy and a T = 1 cell beside the base cells, α split
+    over all of them."""
     found = axes_certificate[cell]
     assert found["outcome"] == "passed" and found["passed"], found.get("error") or found.get("verdict")
     assert found["engine"] == f"vllm+cpu-fixes({engine})"
-
-
-PREFIX_HIT_OUTSIDE_CUTOFF = (
-    "vLLM 0.32 CPU with the fixes: with speculation on and prompts that hit vLLM's prefix cache (on by default; "
-    "a shared 32-token block), the top-k 8 and top-p 0.9 cells emit tokens outside the target's kept set "
-    "(pit.support: 2 of 41,455); the same cells pass with enable_prefix_caching=false, and the control "
-    "(speculation off, the same cache hits) passes; where in vLLM is not yet pinned"
-)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PREFIX_HIT_OUTSIDE_CUTOFF)
-@pytest.mark.parametrize("cell", ["engine-k4-T1-topk8", "engine-k4-T1-topp0.9"])
-def test_vllm_cpu_truncated_sampling_after_a_prefix_cache_hit(axes_certificate, cell):
-    """A finding, strict: a fixed vLLM turns it red."""
-    found = axes_certificate[cell]
-    assert found["outcome"] == "passed", found.get("verdict", {}).get("results", [{}])[0]
 
 
 @pytest.mark.slow

@@ -133,8 +133,20 @@ def test_the_vllm_adapter_declares_its_axes_as_variants_of_the_request():
         ("prefix", "warm"),
         ("chunked_prefill", "on"),
         ("method", "ngram"),
+        ("tensor_parallel", 2),
+        ("max_num_seqs", 1),
         ("arrivals", "staggered"),
     ]
+    assert found["tensor_parallel", 2].args == {
+        "max_model_len": 256,
+        "tensor_parallel_size": 2,
+        "distributed_executor_backend": "mp",
+    }
+    assert found["max_num_seqs", 1].args == {"max_model_len": 256, "max_num_seqs": 1}
+    # the eagle3 value only where a checkpoint is named
+    named = replace(request, args={"max_model_len": 256, "losscheck_eagle3": "heads"})
+    eagle = {(n, v): r for n, v, r in ADAPTERS["vllm"].variants(named)}["method", "eagle3"]
+    assert eagle.speculative_config == {"method": "eagle3", "model": "heads", "num_speculative_tokens": 4}
     assert found["arrivals", "staggered"].args == {"max_model_len": 256, "losscheck_in_flight": 16}
     assert found["k", 2].speculative_config == {**spec, "num_speculative_tokens": 2}
     assert found["dtype", "bf16"].args == {"max_model_len": 256, "dtype": "bf16"}
