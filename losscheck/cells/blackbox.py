@@ -428,7 +428,7 @@ def two_sample(ctx: CellContext) -> EngineDraws:
     unquantized copy of the target as a proxy (`losscheck.cells.proxy_design`): a pilot of the plain
     side first; α split in halves between the position tests and a U test of the rows' surprisal
     under the proxy; the tested plain rows confirm the design."""
-    from losscheck.plan.cell import QUANTIZATION
+    from losscheck.engines.registry import QUANTIZATION
     from losscheck.stats.two_sample import two_sample_tests
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile

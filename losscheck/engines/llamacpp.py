@@ -52,10 +52,17 @@ from losscheck.engines import row_by_row
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineAxis, EngineRequest, needs_assistant, option, register, with_args
+from losscheck.engines.registry import (
+    QUANTIZATION,
+    EngineAxis,
+    EngineRequest,
+    needs_assistant,
+    option,
+    register,
+    with_args,
+)
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
-from losscheck.plan.cell import QUANTIZATION
 
 if TYPE_CHECKING:
     import torch

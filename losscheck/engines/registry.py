@@ -53,6 +53,9 @@ class EngineRequest:
     prefix: str = "--losscheck-"  # how the messages name the options
 
 
+# the engine axis whose values are weight formats losscheck cannot load: its cells are two-sample
+QUANTIZATION = "quantization"
+
 Inputs = Callable[[EngineRequest, str], None]  # checks the model options of engine NAME; raises OptionError
 AxisValue = int | str
 

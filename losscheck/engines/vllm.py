@@ -407,6 +407,11 @@ def vllm_engine(
     )
 
 
+# set to "1" in the environment of a process vLLM starts (a server, a tensor-parallel worker): the
+# `vllm.general_plugins` entry point (`vllm_server.cpu_fixes_plugin`) puts the CPU fixes in place there
+CPU_FIXES_ENV = "LOSSCHECK_VLLM_CPU_FIXES"
+
+
 @contextlib.contextmanager
 def worker_environment(ranks: int, cpu_fixes: bool) -> Iterator[None]:
     """What vLLM's worker processes must find in their environment when an LLM runs `ranks` > 1 of
@@ -416,8 +421,6 @@ def worker_environment(ranks: int, cpu_fixes: bool) -> Iterator[None]:
     ranks on one), unless set already; and with `cpu_fixes`, `CPU_FIXES_ENV`, so that the fixes,
     installed in this process, are installed in the workers, where the sampler runs."""
     from vllm.platforms import current_platform
-
-    from losscheck.engines.vllm_verifier import CPU_FIXES_ENV
 
     env: dict[str, str] = {}
     if ranks > 1 and current_platform.is_cpu():

@@ -45,6 +45,7 @@ from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, option, register, rest
 from losscheck.engines.stream import Emission
 from losscheck.engines.vllm import (
+    CPU_FIXES_ENV,
     PRECISION_OF,
     VLLM_DTYPE,
     needs_speculative_config,
@@ -52,7 +53,6 @@ from losscheck.engines.vllm import (
     sampling_kwargs,
     to_tensor,
 )
-from losscheck.engines.vllm_verifier import CPU_FIXES_ENV
 
 if TYPE_CHECKING:
     import torch

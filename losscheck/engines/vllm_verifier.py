@@ -177,11 +177,6 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
 CPU_FIXES = {"expand_batch_to_tokens": expand_batch_to_tokens, "apply_top_k_top_p": apply_top_k_top_p}
 
 
-# set to "1" in the environment of a process vLLM starts (a server, a tensor-parallel worker): its
-# `vllm.general_plugins` entry point (`vllm_server.cpu_fixes_plugin`) puts `CPU_FIXES` in place there
-CPU_FIXES_ENV = "LOSSCHECK_VLLM_CPU_FIXES"
-
-
 def install_cpu_fixes() -> None:
     """`CPU_FIXES` in place of vLLM's functions in its rejection sampler for the rest of the process
     (what a fixed engine does: its LLM lives as long as the process)."""

@@ -14,8 +14,6 @@ from losscheck.serving.axis import Serving
 ORACLE = "self"  # drafter name of the self-draft oracle: the target drafting for itself, acceptance must be 1
 ENGINE = "engine"  # drafter name of a black-box engine's cells (its block length is its own)
 OWN_TARGET = "own"  # target name of a black-box engine's own target, which losscheck does not load (two-sample)
-# the engine axis whose values are weight formats losscheck does not load: its cells are two-sample
-QUANTIZATION = "quantization"
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
+from losscheck.engines.registry import QUANTIZATION
 from losscheck.plan import bundled_sets
-from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, QUANTIZATION, Cell
+from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
 from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, HISTORY_VARIANTS, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes

@@ -155,14 +155,14 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
             + ("losscheck_reference=fp32",),
             "VLLMOptions(losscheck_instances=<Policy.ONE_AT_A_TIME: 'one-at-a-time'>, dtype='bfloat16', "
             "losscheck_reference='fp32', losscheck_warm_prefix=False, losscheck_in_flight=None, "
-            "llm={'max_model_len': 4096, 'enforce_eager': True})",
+            "losscheck_eagle3=None, llm={'max_model_len': 4096, 'enforce_eager': True})",
         ),
         (
             "vllm+cpu-fixes",
             {"speculative_config": CONFIG},
             ("dtype=fp32",),
             "VLLMOptions(losscheck_instances=<Policy.KEEP_ALL: 'keep-all'>, dtype='fp32', losscheck_reference=None, "
-            "losscheck_warm_prefix=False, losscheck_in_flight=None, llm={})",
+            "losscheck_warm_prefix=False, losscheck_in_flight=None, losscheck_eagle3=None, llm={})",
         ),
         (
             "openvino",
@@ -171,7 +171,12 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
             "OpenVINOOptions(num_assistant_tokens=3, enable_prefix_caching=False, "
             "properties={'INFERENCE_NUM_THREADS': 1})",
         ),
-        ("llamacpp", {"assistant": "d"}, ("n_draft=2", "n_threads=2"), "LlamaCppOptions(n_draft=2, n_threads=2)"),
+        (
+            "llamacpp",
+            {"assistant": "d"},
+            ("n_draft=2", "n_threads=2", "target_weights=q8_0"),
+            "LlamaCppOptions(n_draft=2, n_threads=2, target_weights='q8_0')",
+        ),
     ],
 )
 def test_each_shipped_adapter_reads_todays_engine_args(name, request_args, pairs, expected):
@@ -243,7 +248,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
             "llamacpp",
             "llamacpp_engine",
             ("n_draft=3",),
-            ("t", "dir/d", 3, 2, "llama-cpp-python[d]", 1),
+            ("t", "dir/d", 3, 2, "llama-cpp-python[d]", 1, "f32"),
             {},
             None,
         ),
