@@ -14,6 +14,9 @@ The pipeline runs OpenVINO IR, not safetensors: `ir_dir` exports a Hugging Face 
 keyed by the directory's files, `$LOSSCHECK_OPENVINO_CACHE` or `~/.cache/losscheck/openvino`; a
 directory that already holds `openvino_model.xml` is used as it is. `python -m
 losscheck.engines.openvino export DIR...` fills the cache ahead of a run (`tox -e openvino` does).
+`target_weights="int8"` (the `quantization` axis) exports the target with `--weight-format int8`
+(NNCF's 8-bit weight compression) instead: weights losscheck cannot load, so that engine declares
+no precision and is certified two-sample.
 
 An engine that fails is an error, never retried: a `RuntimeError` from `generate` becomes an
 `OpenVINOEngineError` naming the engine, the row and its seed, and the pipeline is dropped, since
@@ -40,7 +43,16 @@ from losscheck.engines import row_by_row
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineRequest, needs_assistant, option, register, rest
+from losscheck.engines.registry import (
+    QUANTIZATION,
+    EngineAxis,
+    EngineRequest,
+    needs_assistant,
+    option,
+    register,
+    rest,
+    with_args,
+)
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
 
@@ -65,13 +77,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("LOSSCHECK_OPENVINO_CACHE") or Path.home() / ".cache" / "losscheck" / "openvino")
 
 
-def export(model_dir: Path, out: Path) -> None:
-    """`optimum-cli export openvino` of the Hugging Face directory `model_dir` into `out` (fp32),
-    written beside `out` and moved into place, so a concurrent reader never sees half an IR."""
+WEIGHT_FORMATS = ("fp32", "int8")  # optimum-cli's --weight-format values the adapter exports
+
+
+def export(model_dir: Path, out: Path, weights: str = "fp32") -> None:
+    """`optimum-cli export openvino` of the Hugging Face directory `model_dir` into `out` (weight
+    format `weights`), written beside `out` and moved into place, so a concurrent reader never sees
+    half an IR."""
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     command = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", str(model_dir)]
-    command += ["--task", "text-generation-with-past", "--weight-format", "fp32", str(work)]
+    command += ["--task", "text-generation-with-past", "--weight-format", weights, str(work)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not (work / IR_FILE).is_file():
         shutil.rmtree(work, ignore_errors=True)
@@ -86,16 +102,19 @@ def export(model_dir: Path, out: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def ir_dir(model_dir: str | Path) -> Path:
-    """OpenVINO IR of `model_dir`: the directory itself when it holds IR, else its cached export."""
+def ir_dir(model_dir: str | Path, weights: str = "fp32") -> Path:
+    """OpenVINO IR of `model_dir`: the directory itself when it holds IR, else its cached export in
+    weight format `weights`."""
     path = Path(model_dir).expanduser()
     if (path / IR_FILE).is_file():
+        if weights != "fp32":
+            raise OptionError(f"{path} is OpenVINO IR already; export int8 weights from its Hugging Face directory")
         return path
     if not (path / "config.json").is_file():
         raise OptionError(f"{path} is neither a Hugging Face model directory (config.json) nor OpenVINO IR ({IR_FILE})")
-    out = cache_root() / model_key(path)
+    out = cache_root() / (model_key(path) + ("" if weights == "fp32" else f"-{weights}"))
     if not (out / IR_FILE).is_file():
-        export(path, out)
+        export(path, out, weights)
     return out
 
 
@@ -233,13 +252,15 @@ def openvino_engine(
     name: str = "openvino-genai",
     device: str = "CPU",
     prefix_caching: bool | None = None,
+    weights: str = "fp32",
     **properties: Any,
 ) -> OpenVINOEngine:
     """An `OpenVINOEngine` over the target and draft Hugging Face (or IR) directories, `k` drafts per
     round; `properties` are OpenVINO properties of both models (e.g. INFERENCE_NUM_THREADS=1), over
     the fp32 ones. `prefix_caching` None: the pipeline's own scheduler (prefix caching on, as users
-    run it); True / False: a `SchedulerConfig` with it on / off, and nothing else changed."""
-    target_ir, draft_ir = ir_dir(target_dir), ir_dir(draft_dir)
+    run it); True / False: a `SchedulerConfig` with it on / off, and nothing else changed.
+    `weights` "int8": the target exported with int8 weights (a two-sample engine)."""
+    target_ir, draft_ir = ir_dir(target_dir, weights), ir_dir(draft_dir)
     props = {**F32, **properties}
 
     def make_pipeline(speculative: bool) -> Any:
@@ -253,7 +274,10 @@ def openvino_engine(
         draft = {"draft_model": openvino_genai.draft_model(str(draft_ir), device, **props)} if speculative else {}
         return openvino_genai.LLMPipeline(str(target_ir), device, **draft, **scheduler, **props)
 
-    return OpenVINOEngine(make_pipeline, k, eos, name=name)
+    engine = OpenVINOEngine(make_pipeline, k, eos, name=name)
+    if weights != "fp32":
+        engine.precision = None  # weights losscheck cannot load
+    return engine
 
 
 # --- factories: the bundled fixtures ------------------------------------------------------------------
@@ -303,6 +327,11 @@ class OpenVINOOptions:
     enable_prefix_caching: bool | None = option(
         None, help="a SchedulerConfig with the prefix cache on or off; default: the pipeline's own scheduler"
     )
+    target_weights: str = option(
+        "fp32",
+        choices=WEIGHT_FORMATS,
+        help="the target's exported weights: fp32 (one-sample) or int8 (NNCF; two-sample against its own plain side)",
+    )
     properties: dict[str, Any] = rest("any other key: an OpenVINO property of both models")
 
 
@@ -310,9 +339,29 @@ def _build(target: Target, request: EngineRequest, options: OpenVINOOptions) -> 
     assert request.assistant is not None
     caching = options.enable_prefix_caching
     name = f"openvino-genai[{Path(request.assistant).name}]" + ("" if caching is None else f"+prefix-caching={caching}")
+    weights = options.target_weights
+    name += "" if weights == "fp32" else f"[{weights}]"
     eos = target.eos_id if target.eos_id is not None else 0
     k, properties = options.num_assistant_tokens, options.properties
-    return openvino_engine(request.target, request.assistant, k, eos, name, prefix_caching=caching, **properties)
+    return openvino_engine(
+        request.target, request.assistant, k, eos, name, prefix_caching=caching, weights=weights, **properties
+    )
+
+
+OPENVINO_AXES = (
+    EngineAxis(
+        "k",
+        (2,),
+        lambda request, k: with_args(request, num_assistant_tokens=k),
+        "num_assistant_tokens 2: another block length",
+    ),
+    EngineAxis(
+        QUANTIZATION,
+        ("int8",),
+        lambda request, weights: with_args(request, target_weights=weights),
+        "the target exported with int8 weights (NNCF): two-sample, its speculative rows against its own plain rows",
+    ),
+)
 
 
 register(
@@ -322,6 +371,7 @@ register(
     inputs=needs_assistant("the draft model directory"),
     build=_build,
     package="openvino_genai",
+    axes=OPENVINO_AXES,
 )
 
 

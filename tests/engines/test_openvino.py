@@ -141,6 +141,22 @@ def test_greedy_cell_certified(pytester, factory, target):
     certify_engine(pytester, factory, "test_engine_greedy", *extra).assert_outcomes(passed=1)
 
 
+def test_an_int8_target_greedy_cell_certified_by_name(pytester):
+    """`--losscheck-engine=openvino`'s `quantization` axis: the target exported with int8 weights
+    (NNCF), certified two-sample against its own plain side: its greedy cell passes, speculation on
+    == off on every prompt. (Its T = 1 cell meets the sampling failures below, as every cell of the
+    engine does.)"""
+    result = support.certify_engine(
+        pytester,
+        "openvino",
+        "test_engine_greedy and quantization",
+        f"--losscheck-assistant={bundled.fixtures_dir() / 'drafter_a'}",
+        "-rA",
+    )
+    result.assert_outcomes(passed=1)
+    assert "engine-k4-greedy-two-sample-quantization-int8" in result.stdout.str()
+
+
 def test_speculative_sampling_fails_its_sampled_cell(pytester):
     """With prefix caching off every request returns, and the T = 1 one-sample cell FAILS by its
     statistical tests (the speculative samples are more surprising than the target's distribution),

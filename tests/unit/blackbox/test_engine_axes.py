@@ -102,6 +102,14 @@ def test_the_llamacpp_adapter_declares_a_block_length_and_a_q8_0_target():
         ADAPTERS["llamacpp"].parse(EngineRequest("target", assistant="drafter", args={"target_weights": "q4_k"}))
 
 
+def test_the_openvino_adapter_declares_a_block_length_and_an_int8_target():
+    from losscheck.engines.named import ADAPTERS
+
+    request = EngineRequest("target", assistant="drafter")
+    found = {(name, value): varied.args for name, value, varied in ADAPTERS["openvino"].variants(request)}
+    assert found == {("k", 2): {"num_assistant_tokens": 2}, ("quantization", "int8"): {"target_weights": "int8"}}
+
+
 def test_every_variant_cell_takes_a_share_of_alpha_and_the_scope_leaves_axes_out():
     cells = matrix.plan({"main": {}}, None, Engine(), engine_variants=[("k", 2), ("cache", "warm")])  # type: ignore[arg-type]
     assert matrix.statistical_tests(cells) == 5 + 2

@@ -168,7 +168,7 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
             "openvino",
             {"assistant": "d"},
             ("enable_prefix_caching=false", "INFERENCE_NUM_THREADS=1", "num_assistant_tokens=3"),
-            "OpenVINOOptions(num_assistant_tokens=3, enable_prefix_caching=False, "
+            "OpenVINOOptions(num_assistant_tokens=3, enable_prefix_caching=False, target_weights='fp32', "
             "properties={'INFERENCE_NUM_THREADS': 1})",
         ),
         (
@@ -241,7 +241,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
             "openvino_engine",
             ("enable_prefix_caching=false", "INFERENCE_NUM_THREADS=1"),
             ("t", "dir/d", 4, 2, "openvino-genai[d]+prefix-caching=False"),
-            {"prefix_caching": False, "INFERENCE_NUM_THREADS": 1},
+            {"prefix_caching": False, "weights": "fp32", "INFERENCE_NUM_THREADS": 1},
             None,
         ),
         (
