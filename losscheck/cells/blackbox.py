@@ -422,35 +422,28 @@ def rounds_coverage(
 # --- sampling: two-sample (on against off) ---------------------------------------------------------------
 def two_sample(ctx: CellContext) -> EngineDraws:
     """The engine's speculative samples against its own samples with drafting off, independent seeds,
-    the same number of rows from each prompt on both sides, no target read: sized to detect the
-    profile's TV per position. A `quantization` variant (weights losscheck cannot load, its base
-    engine one-sample) is sized by the target-side bug classes instead, through losscheck's
-    unquantized copy of the target as a proxy (`losscheck.cells.proxy_design`): a pilot of the plain
-    side first; α split in halves between the position tests and a U test of the rows' surprisal
-    under the proxy; the tested plain rows confirm the design."""
-    from losscheck.engines.registry import QUANTIZATION
+    the same number of rows from each prompt on both sides. No reference reproduces the engine's
+    target (its weights or numerics are not ones losscheck loads), but losscheck's copy of it in
+    fp32 is a *proxy* (`losscheck.cells.proxy_design`): a pilot of the plain side, scored by it,
+    sizes the cell by the target-side bug classes; α is split in halves between the per-position
+    χ² tests and a U test of the rows' surprisal under the proxy, whose level holds whatever the
+    proxy is; the tested plain rows confirm the design."""
     from losscheck.stats.two_sample import two_sample_tests
 
     cell, engine, profile = ctx.cell, _engine(ctx), ctx.profile
     horizon = max(profile.two_sample_horizon, min_horizon(engine))
     prompts = ctx.all_prompts()
-    proxy = QUANTIZATION in dict(cell.variant)
-    alpha_positions = ctx.alpha / 2 if proxy else ctx.alpha
-    if proxy:
-        design = yield from _proxy_design(ctx, prompts, horizon)
-        n, target_tv = design.rows, design.detectable_tv
-    else:
-        n = sample_size.two_sample_rows(ctx.alpha, profile.power, profile.detect_tv, profile.two_sample_bins, horizon)
-        target_tv = profile.detect_tv
+    alpha_positions = ctx.alpha / 2
+    design = yield from _proxy_design(ctx, prompts, horizon)
+    n, target_tv = design.rows, design.detectable_tv
     per_prompt = math.ceil(n / len(prompts))
     drawn = yield tuple(request(ctx, prompts, per_prompt, cell.params, horizon, side) for side in (True, False))
     on, off = (tokens.flatten(0, 1) for tokens in drawn)  # [P*m, L] each
     vocab, bins = ctx.engine_vocab()[0], profile.two_sample_bins
     results = two_sample_tests(on, off, vocab, alpha_positions, profile.power, target_tv, max_bins=bins)
+    results += _surprisal_test(ctx, prompts, drawn, ctx.alpha - alpha_positions)
     facts = SampleFacts(sequences=len(on), prompts=len(prompts), horizon=horizon)
-    if proxy:
-        results += _surprisal_test(ctx, prompts, drawn, ctx.alpha - alpha_positions)
-        facts = _proxy_confirmed(ctx, facts, design, prompts, drawn[1], horizon)
+    facts = _proxy_confirmed(ctx, facts, design, prompts, drawn[1], horizon)
     return CellOutcome(cell, verdict=combine(cell.id, results, ctx.alpha), facts=_facts(ctx, facts))
 
 

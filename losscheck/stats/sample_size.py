@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 from losscheck.stats.exact import exact_required_n
 from losscheck.stats.pit import pit_required_values
-from losscheck.stats.power import chisquare_required_n
-from losscheck.stats.registry import TWO_SAMPLE, split
 
 SAMPLE_MARGIN = 1.1  # draw 10% more than the power calculation needs (EOS shortens rows)
 
@@ -28,13 +26,6 @@ def pit_sequences(alpha: float, power: float, detect_tv: float, n_bins: int, tok
 def exact_sequences(n_continuations: int, horizon: int, alpha: float, power: float, detect_tv: float) -> int:
     """Sampled sequences an exact-mode cell over `n_continuations` enumerated continuations needs."""
     return math.ceil(exact_required_n(n_continuations, horizon, alpha, power, detect_tv) * SAMPLE_MARGIN)
-
-
-def two_sample_rows(alpha: float, power: float, detect_tv: float, n_bins: int, horizon: int) -> int:
-    """Rows per side (equal sizes) for the per-position two-sample tests (alpha split over the
-    `horizon` positions and the sequence statistic) to detect `detect_tv`."""
-    n_eff = chisquare_required_n(2 * detect_tv, n_bins, split(alpha, TWO_SAMPLE, positions=horizon).per_test, power)
-    return math.ceil(2 * n_eff * SAMPLE_MARGIN)  # two samples of n have an effective size n/2
 
 
 # The tested sample aims this much above what the pilot says each covered class needs: the pilot's
