@@ -1,12 +1,13 @@
 """A two-sample engine cell sized by bug classes through a *proxy* reference.
 
-An engine variant whose weights losscheck cannot load (the `quantization` axis: a Q8_0 target) is
-certified two-sample, its speculative rows against its own plain rows. Its base engine is
-one-sample, so losscheck holds the same model unquantized: the proxy. Teacher-forced on the
-variant's own plain rows, the proxy's p says what each target-side bug class
-(`buglaws.TARGET_SIDE`) would do to the tokens at every position, and so how many rows the
-per-position two-sample tests need to catch it (`losscheck.stats.two_sample_power`). A pilot of the
-variant's plain side (never tested) sizes the cell; the tested plain rows confirm it, as a
+An engine whose target losscheck cannot load in the engine's form (`precision = None`; a
+`quantization` variant: a Q8_0 target) is certified two-sample, its speculative rows against its
+own plain rows. losscheck still loads the same model in fp32 (`--target`; for a quantized variant,
+the model unquantized): the proxy. Teacher-forced on the engine's own plain rows, the proxy's p
+says what each target-side bug class (`buglaws.TARGET_SIDE`) would do to the tokens at every
+position and to each row's surprisal, and so how many rows the per-position tests and the
+surprisal U test need to catch it (`losscheck.stats.two_sample_power`). A pilot of the
+engine's plain side (never tested) sizes the cell; the tested plain rows confirm it, as a
 one-sample cell's tested sample does (`require_coverage`). The figures are the proxy's: a
 quantization that changed a class's effect much would move them, and the certificate says whose
 they are.

@@ -1,5 +1,6 @@
-"""Power of the two-sample position tests against the target-side bug classes, for an engine variant
-losscheck has no reference for (a quantized target) but a *proxy*: the same model unquantized.
+"""Power of the two-sample tests against the target-side bug classes, for an engine losscheck has
+no reference for (a quantized target, kernels it does not reproduce) but a *proxy*: the same model
+in fp32.
 
 The per-position χ² homogeneity test (`losscheck.stats.two_sample`) compares the tokens two sides
 emit at position l. Under H0 both follow the marginal m_l = E[p_t] over the rows' prefixes; under a
