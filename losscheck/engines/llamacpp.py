@@ -54,12 +54,11 @@ from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import (
     QUANTIZATION,
-    EngineAxis,
     EngineRequest,
+    arg_axis,
     needs_assistant,
     option,
     register,
-    with_args,
 )
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
@@ -380,16 +379,13 @@ def _build(target: Target, request: EngineRequest, options: LlamaCppOptions) -> 
 
 
 LLAMACPP_AXES = (
-    EngineAxis(
-        "k",
-        (2,),
-        lambda request, k: with_args(request, n_draft=k),
-        "n_draft 2: another block length, so other batch shapes (k + 1 rows) in the target's steps",
+    arg_axis(
+        "k", (2,), "n_draft", "n_draft 2: another block length, other batch shapes (k + 1 rows) in the target's steps"
     ),
-    EngineAxis(
+    arg_axis(
         QUANTIZATION,
         ("q8_0",),
-        lambda request, weights: with_args(request, target_weights=weights),
+        "target_weights",
         "the target quantized to Q8_0 by llama.cpp's quantizer (drafter F32): two-sample, its speculative "
         "rows against its own plain rows, as no fp32 reference scores Q8_0 logits",
     ),

@@ -45,13 +45,12 @@ from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import (
     QUANTIZATION,
-    EngineAxis,
     EngineRequest,
+    arg_axis,
     needs_assistant,
     option,
     register,
     rest,
-    with_args,
 )
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import LosscheckError, OptionError
@@ -349,16 +348,11 @@ def _build(target: Target, request: EngineRequest, options: OpenVINOOptions) -> 
 
 
 OPENVINO_AXES = (
-    EngineAxis(
-        "k",
-        (2,),
-        lambda request, k: with_args(request, num_assistant_tokens=k),
-        "num_assistant_tokens 2: another block length",
-    ),
-    EngineAxis(
+    arg_axis("k", (2,), "num_assistant_tokens", "num_assistant_tokens 2: another block length"),
+    arg_axis(
         QUANTIZATION,
         ("int8",),
-        lambda request, weights: with_args(request, target_weights=weights),
+        "target_weights",
         "the target exported with int8 weights (NNCF): two-sample, its speculative rows against its own plain rows",
     ),
 )

@@ -85,6 +85,11 @@ def with_args(request: EngineRequest, **args: Any) -> EngineRequest | None:
     return None if varied == request.args else dataclasses.replace(request, args=varied)
 
 
+def arg_axis(name: str, values: tuple[AxisValue, ...], key: str, doc: str) -> EngineAxis:
+    """An axis whose every value sets the `--engine-arg` option `key` to it."""
+    return EngineAxis(name, values, lambda request, value: with_args(request, **{key: value}), doc)
+
+
 @dataclass(frozen=True)
 class Adapter:
     """A registered adapter: `check` the request before any model loads, `build` the engine from the

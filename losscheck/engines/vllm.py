@@ -27,7 +27,7 @@ from unittest import mock
 from losscheck.engines import DraftModel, EngineOutputError
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, option, register, rest, with_args
+from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, arg_axis, option, register, rest, with_args
 from losscheck.engines.stream import Emission
 from losscheck.errors import OptionError
 
@@ -685,10 +685,10 @@ STAGGERED_IN_FLIGHT = 16  # the arrivals axis: rows in flight, as a client with 
 
 VLLM_AXES = (
     EngineAxis("k", (2,), _vary_k, "num_speculative_tokens 2: another block length, the bonus slot earlier"),
-    EngineAxis(
+    arg_axis(
         "dtype",
         ("bf16",),
-        lambda request, dtype: with_args(request, dtype=dtype),
+        "dtype",
         "the LLM in bf16 (draft model too), scored by losscheck's copy of the target in bf16",
     ),
     EngineAxis(
@@ -721,10 +721,10 @@ VLLM_AXES = (
         "the target and draft model split over 2 ranks (tensor_parallel_size 2, a worker process each): "
         "partial sums reduced across ranks in every verification step",
     ),
-    EngineAxis(
+    arg_axis(
         "max_num_seqs",
         (1,),
-        lambda request, seqs: with_args(request, max_num_seqs=seqs),
+        "max_num_seqs",
         "one sequence a step: every verification batch k + 1 rows of one request, against the named "
         "engine's steps over many requests at once",
     ),
