@@ -12,7 +12,8 @@ a speculative draw, every waiting speculative draw is answered; only when every 
 the plain side is it answered (`next_side`); then every cell whose draws are all answered
 scores. A one-sample run is then two speculative engine phases (pilots; samples) with their
 scoring phases, and, for the cells whose first stage rejected, a speculative and a plain phase of
-attribution rows scored last; a two-sample run two engine phases.
+attribution rows scored last; a two-sample run a plain phase (pilots), its scoring, then a
+speculative and a plain phase whose rows the proxy scores (`losscheck.cells.proxy_design`).
 Under `Policy.ONE_AT_A_TIME` each phase holds one thing: the engine instance of its side, or the
 reference target. Torch-free: `losscheck certify --list` prints it (`memory_lines`).
 """
@@ -54,8 +55,11 @@ def rounds(mode: Mode, scorable: bool) -> tuple[Round, ...]:
             Round("one-sample sample", None, "one-sample PIT"),
             Round(attribution, attribution, "one-sample attribution (both sides' row scores)"),
         )
-    if mode is Mode.TWO_SAMPLE:
-        return (Round("two-sample (on)", "two-sample (off)", None),)
+    if mode is Mode.TWO_SAMPLE:  # scored by losscheck's fp32 copy of the target, the proxy, whatever `scorable`
+        return (
+            Round(None, "two-sample pilot", "two-sample pilot (the proxy sizes the sample)"),
+            Round("two-sample (on)", "two-sample (off)", "two-sample surprisal (both sides) and coverage"),
+        )
     raise ValueError(f"{mode} is not a black-box engine's mode")
 
 

@@ -27,10 +27,16 @@ def test_a_one_sample_run_draws_the_plain_side_last_and_only_to_attribute():
     assert lines[-1].startswith("  engine instances built: 4; scoring phases: 3")
 
 
-def test_a_two_sample_run_builds_two_instances_and_scores_only_greedy_margins():
+def test_a_two_sample_run_scores_its_pilots_and_samples_through_the_proxy():
     found = phases([(Mode.TWO_SAMPLE, False)] * 5 + [(Mode.ENGINE_GREEDY, True)])
-    assert [p.alive for p in found] == [SPECULATIVE, PLAIN, TARGET]
-    assert phases([(Mode.TWO_SAMPLE, False)]) == phases([(Mode.TWO_SAMPLE, False)])[:2]  # no target at all
+    assert [p.alive for p in found] == [SPECULATIVE, PLAIN, TARGET, SPECULATIVE, PLAIN, TARGET]
+    assert found[1].work == (("two-sample pilot", 5), ("greedy (off)", 1))
+    assert found[2].work == (
+        ("two-sample pilot (the proxy sizes the sample)", 5),
+        ("greedy margins (where on and off diverge)", 1),
+    )
+    alone = phases([(Mode.TWO_SAMPLE, False)])
+    assert [p.alive for p in alone] == [PLAIN, TARGET, SPECULATIVE, PLAIN, TARGET]
 
 
 def test_keep_all_and_unknown_engines_say_everything_stays_alive():
