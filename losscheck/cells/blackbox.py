@@ -36,7 +36,7 @@ from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
 from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
-from losscheck.plan.matrix import ENGINE
+from losscheck.plan.cell import OWN_TARGET
 from losscheck.plan.modes import Mode
 from losscheck.run.context import CellContext
 from losscheck.stats import registry, sample_size
@@ -145,7 +145,7 @@ def engine_greedy(ctx: CellContext) -> EngineDraws:
     max_new = max(ctx.profile.greedy_max_new, min_horizon(engine))
     # Margins need the engine's target: in fp32 every divergence fails, below it a margin within
     # the precision's round-off is a near-tie; without the target (two-sample mode) none is.
-    scorable = cell.target != ENGINE
+    scorable = cell.target != OWN_TARGET
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
     tiers = ctx.prompt_tiers
     asked = [request(ctx, ctx.prompts(tier), 1, GREEDY, max_new, side) for side in (True, False) for tier in tiers]
