@@ -19,6 +19,7 @@ import pytest
 
 from losscheck.cells.record import CellRecord, RunFacts
 from losscheck.errors import LosscheckError
+from losscheck.plugin.collect import matrix_args
 from losscheck.progress import QUIET, Progress
 from losscheck.report.manifest import Manifest
 from losscheck.run.context import CellContext
@@ -71,6 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
         # pytest prints a UsageError raised here as one "ERROR: ..." line and exits with 4.
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = Session(options)
+    # naming a target, drafter or engine brings the matrix along (`pytest -m lossless`, no --pyargs)
+    config.args += matrix_args(config, options)
     config.stash[PROGRESS_KEY] = QUIET
     if _interactive(config):
         from losscheck.progress import TerminalProgress
