@@ -1,5 +1,6 @@
 """`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop,
 merge the certificates of a run's shards, run the verifier tier, show where the bundled fixtures are.
+Every subcommand exits by one table, `ExitStatus` (docs/errors.md).
 
 The options shared with the pytest plugin come from `losscheck.run.options` (same names without the
 `--losscheck-` prefix, same help); `certify` passes them on to pytest.
@@ -21,7 +22,9 @@ from losscheck.cli.command import (
     EXIT_PASS,
     EXIT_USAGE,
     Command,
+    ExitStatus,
     add_commands,
+    from_pytest,
 )
 from losscheck.cli.perf import perf_args
 from losscheck.errors import FLAG_PREFIX_ENV, LosscheckError
@@ -34,8 +37,10 @@ __all__ = [
     "EXIT_PASS",
     "EXIT_USAGE",
     "VERDICT_EXIT",
+    "ExitStatus",
     "certify_args",
     "exit_status",
+    "from_pytest",
     "main",
     "parser",
     "perf_args",
@@ -87,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except LosscheckError as exc:  # a configuration problem: its message, not a traceback
         print(f"losscheck {ns.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside pytest (which reports its own): the same status
+        print(f"losscheck {ns.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def run_command(ns: argparse.Namespace) -> int:

@@ -50,7 +50,8 @@ def run_cells(ns: argparse.Namespace) -> int:
     job's (0 when it was read, not run)."""
     from losscheck.report import cell_cost
 
-    out, run, status, wall = ns.out, ns.from_run, EXIT_PASS, None
+    out, run, wall = ns.out, ns.from_run, None
+    status: int = EXIT_PASS
     if run is None:
         started = time.perf_counter()
         status, probe = certify.certify(parse(certify.COMMAND, ["--out", str(out / "certificate")]))

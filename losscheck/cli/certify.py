@@ -10,16 +10,19 @@ from collections.abc import Sequence
 
 import pytest
 
-from losscheck.cli.command import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_PASS, EXIT_USAGE, Command
+from losscheck.cli.command import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_PASS, Command, from_pytest
 from losscheck.errors import FLAG_PREFIX_ENV
 from losscheck.run.loading import check_options
 from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
 
 VERDICT_EXIT = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "PARTIAL": EXIT_PARTIAL, "INTERRUPTED": EXIT_INTERRUPTED}
 
+# The options `losscheck certify` takes: all but the perf tier's own (`perf-*`: `losscheck perf`).
+CERTIFY_OPTIONS = tuple(name for name in SPECS if not name.startswith("perf-"))
+
 
 def add_arguments(cert: argparse.ArgumentParser) -> None:
-    add_options(cert.add_argument, "--")
+    add_options(cert.add_argument, "--", CERTIFY_OPTIONS)
     cert.set_defaults(**{dest("out"): "reports", dest("bundled"): "reference"})
     cert.add_argument(
         "--list",
@@ -42,7 +45,7 @@ def certify_args(ns: argparse.Namespace, extra: Sequence[str] = ()) -> list[str]
     # this process imported losscheck before pytest started, so pytest cannot rewrite the plugin's
     # asserts and would say so in every run's summary; the cells report through their own messages
     args += ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
-    args += pytest_args({name: getattr(ns, dest(name)) for name in SPECS})
+    args += pytest_args({name: getattr(ns, dest(name)) for name in CERTIFY_OPTIONS})
     if ns.workers:
         args += ["-n", str(ns.workers)]
     return args + list(extra)
@@ -52,13 +55,9 @@ def exit_status(pytest_status: int, verdict: str | None) -> int:
     """`losscheck certify`'s exit status from pytest's and the certificate's verdict."""
     if verdict is not None:
         return VERDICT_EXIT[verdict]
-    if pytest_status == pytest.ExitCode.USAGE_ERROR:
-        return EXIT_USAGE
-    if pytest_status == pytest.ExitCode.INTERRUPTED:
-        return EXIT_INTERRUPTED
-    if pytest_status == pytest.ExitCode.NO_TESTS_COLLECTED:
-        return EXIT_PARTIAL  # a selection that ran no cell certifies nothing
-    return EXIT_FAIL
+    if pytest_status == pytest.ExitCode.OK:
+        return EXIT_FAIL  # pytest passed, but no certificate says what was certified
+    return from_pytest(pytest_status)
 
 
 def default_workers(device: str | None) -> int:
@@ -92,13 +91,13 @@ def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
         from losscheck.run.factory import load_verifier
 
         load_verifier(options.verifier, "--verifier")
-    if getattr(ns, "list", False):
-        from losscheck.report.plan import plan_lines
-
-        print("\n".join(plan_lines(options, full=True)))
-        return EXIT_PASS, VerdictProbe()
     if ns.workers is None:
         ns.workers = default_workers(getattr(ns, dest("device")))
+    if getattr(ns, "list", False):  # estimated for the workers the run would start
+        from losscheck.report.plan import plan_lines
+
+        print("\n".join(plan_lines(options, full=True, workers=ns.workers)))
+        return EXIT_PASS, VerdictProbe()
     if ns.workers:  # the workers load the models; in process the plugin prints the plan itself
         from losscheck.report.plan import plan_lines
 

@@ -1,5 +1,6 @@
 """`losscheck perf`: the perf tier, `pytest -m perf` in process (the tier does not time under
-xdist) with this command's options passed on. With `--engine`, it times that engine with
+xdist) with this command's options passed on, exiting by the table every subcommand shares
+(pytest's statuses mapped onto it). With `--engine`, it times that engine with
 speculation on against off (`losscheck.perf.engine_suite`) instead of losscheck's own loop."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import argparse
 
 import pytest
 
-from losscheck.cli.command import Command
+from losscheck.cli.command import Command, from_pytest
 from losscheck.run.loading import check_options
 from losscheck.run.options import add_options, dest, from_parsed, pytest_args
 
@@ -49,7 +50,7 @@ def perf_args(ns: argparse.Namespace) -> list[str]:
 
 def run(ns: argparse.Namespace) -> int:
     check_options(from_parsed(lambda d: getattr(ns, d)), prefix="--")
-    return int(pytest.main(perf_args(ns)))
+    return from_pytest(pytest.main(perf_args(ns)))
 
 
 COMMAND = Command(

@@ -345,9 +345,11 @@ def dest(name: str) -> str:
 
 
 def add_options(add: Callable[..., Any], prefix: str, names: Iterable[str] = tuple(SPECS)) -> None:
-    """Declare the options `names` with `add` (pytest's `addoption` or argparse's `add_argument`)."""
+    """Declare the options `names` with `add` (pytest's `addoption` or argparse's `add_argument`);
+    their help names the other options with the same `prefix`."""
     for name in names:
-        add(prefix + name, dest=dest(name), **SPECS[name])
+        spec = SPECS[name]
+        add(prefix + name, dest=dest(name), **{**spec, "help": spec["help"].replace("--losscheck-", prefix)})
 
 
 def from_parsed(get: Callable[[str], Any]) -> Options:

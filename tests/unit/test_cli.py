@@ -131,3 +131,52 @@ def test_a_subcommand_option_is_its_own(capsys):
     """--from belongs to `bench cells`: given to another benchmark it is argparse's usage error."""
     assert cli.main(["bench", "loop", "--from", "run"]) == 2
     assert "unrecognized arguments: --from run" in capsys.readouterr().err
+
+
+# pytest's exit status -> the one `losscheck` exits with (docs/errors.md): one table for every
+# subcommand; pytest's 2 (interrupted) and 4 (usage error) trade places.
+PYTEST_TO_LOSSCHECK = {0: 0, 1: 1, 2: 4, 3: 1, 4: 2, 5: 3}
+# The subcommands that run pytest, with arguments that reach `pytest.main` without starting workers.
+RUNS_PYTEST = {"certify": ["certify", "-n", "0"], "perf": ["perf"]}
+
+
+@pytest.mark.parametrize("pytest_status", sorted(PYTEST_TO_LOSSCHECK))
+@pytest.mark.parametrize("command", sorted(RUNS_PYTEST))
+def test_a_subcommand_running_pytest_exits_by_the_shared_table(monkeypatch, command, pytest_status):
+    def fake_main(args, plugins=()):
+        if pytest_status == 0:  # a passing certification run leaves its verdict, as the plugin does
+            for plugin in plugins:
+                plugin.verdict = "PASS"
+        return pytest_status
+
+    monkeypatch.setattr(pytest, "main", fake_main)
+    assert cli.main(RUNS_PYTEST[command]) == PYTEST_TO_LOSSCHECK[pytest_status]
+
+
+def test_the_exit_statuses_are_one_table():
+    assert [(s.name, int(s)) for s in cli.ExitStatus] == [
+        ("PASS", 0),
+        ("FAIL", 1),
+        ("USAGE", 2),
+        ("PARTIAL", 3),
+        ("INTERRUPTED", 4),
+    ]
+    assert cli.VERDICT_EXIT == {v: cli.ExitStatus[v] for v in ("PASS", "FAIL", "PARTIAL", "INTERRUPTED")}
+
+
+def test_ctrl_c_outside_pytest_exits_interrupted(monkeypatch, capsys):
+    def interrupted(ns):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_command", interrupted)
+    assert cli.main(["fixtures"]) == cli.EXIT_INTERRUPTED
+    assert "losscheck fixtures: interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(MINIMAL_ARGV))
+def test_help_names_the_options_of_its_own_command(capsys, name):
+    assert cli.main([name, "--help"]) == cli.EXIT_PASS
+    text = capsys.readouterr().out
+    assert "--losscheck-" not in text, f"`losscheck {name} --help` names the pytest plugin's options"
+    if name != "perf":
+        assert "--perf-" not in text, f"`losscheck {name} --help` lists the perf tier's options"
