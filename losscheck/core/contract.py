@@ -176,6 +176,19 @@ class Target(Protocol):
     def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+@runtime_checkable
+class StatefulTarget(Target, Protocol):
+    """A `Target` with recurrent layers (a hybrid model: attention beside gated delta nets, Mamba-2
+    or short convolutions), whose state a smaller `start` cannot roll back. After every forward
+    the engine calls `keep(counts [n])`: each row the forward read keeps the state after its
+    first `counts` tokens (0: the state before the forward). A forward from slot 0 starts a row
+    from zeros. `stateful` False: `keep` is never called (an attention-only model)."""
+
+    stateful: bool
+
+    def keep(self, counts: torch.Tensor) -> None: ...
+
+
 def hidden_layers(drafter: Drafter, target: Target) -> tuple[int, ...] | None:
     """The target layer ids `drafter` reads (`uses_hidden`), checked against `target`; None when it
     reads none. `True` is the last layer, which every `Target` returns without being asked."""

@@ -19,7 +19,15 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, hidden_layers, validate_proposal
+from losscheck.core.contract import (
+    DraftContext,
+    Drafter,
+    Proposal,
+    StatefulTarget,
+    Target,
+    hidden_layers,
+    validate_proposal,
+)
 from losscheck.core.generation import DRAFT_Q_ENTRIES, DraftQ, Generation, LoopStats
 from losscheck.core.history import History, HistoryStep, adjust_logits
 from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
@@ -211,6 +219,14 @@ class Engine:
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
         self._by_id = drafter is not None and not isinstance(drafter.uses_hidden, bool)
+        # a target with recurrent layers is told what each row kept after every forward
+        self._keep = target.keep if isinstance(target, StatefulTarget) and target.stateful else None
+        if self._keep is not None and prefix_cache is not None:
+            raise LosscheckError(
+                f"target {target.name!r} has recurrent layers; the prefix cache stores key / value "
+                "blocks only, so a hit would resume without the recurrent state: run it without the "
+                "prefix cache (--scope=-prefix)"
+            )
 
     @contextmanager
     def verifier_wrapped(self, wrap: Callable[[Verifier], W]) -> Iterator[W]:
@@ -335,14 +351,19 @@ class Engine:
             ids = batch.tokens[rows].gather(1, at)  # past a row's readable: junk, overwritten later
             if every:
                 _, states = self._forward(ids, start)
+                kept = readable - start  # [B]
             elif _allocated(self.target):  # an HFTarget, or a proxy of one (the perf tier's timed target)
                 layers = self.layers if self._by_id else None
                 lm, checked = self.target.lm, self.target.checked  # type: ignore[attr-defined]  # see _allocated
                 _, states = checked(forward_rows(lm, rows, ids, start, layers))
+                kept = readable - start  # [n]
             else:  # one pass over every row: the others read junk from their pending slot on
                 all_ids = batch.tokens.new_zeros(len(batch.lengths), width).index_copy(0, rows, ids)
                 _, states = self._forward(all_ids, (batch.lengths - 1).index_copy(0, rows, start))
                 states = states[rows]
+                kept = torch.zeros_like(batch.lengths).index_copy(0, rows, readable - start)  # the others: 0
+            if self._keep is not None:
+                self._keep(kept)
             if batch.hidden is not None:
                 batch.hidden[rows[:, None], at] = states.float()
         if reuse is not None and cache is not None:
@@ -414,6 +435,8 @@ class Engine:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
             batch.hidden.scatter_(1, read, states.float())
         batch.lengths = batch.lengths + emit  # a new tensor: drafters may hold the old one
+        if self._keep is not None:  # the scored block's pending token and accepted drafts: `emit`
+            self._keep(emit)
         if self.prefix_cache is not None:  # blocks completed by this round's tokens
             rows = active.nonzero().squeeze(1).tolist()
             self.prefix_cache.store(ragged_cache(self.target), batch.tokens, batch.lengths - 1, rows, batch.hidden)

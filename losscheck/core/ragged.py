@@ -10,6 +10,7 @@ stale slots past it are masked out and later overwritten.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,6 +52,29 @@ class RaggedKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.visible
 
+    # A KV cache rolls back by slots alone; a cache with recurrent state
+    # (`losscheck.core.recurrent.RaggedStateCache`) overrides these.
+    def begin(self, start: torch.Tensor, width: int) -> None:
+        """Before a forward of `width` tokens per row at slots `start` [B]."""
+
+    def keep(self, counts: torch.Tensor) -> None:
+        """After a forward: each row keeps the first `counts` [n] of its tokens (the rest are
+        overwritten by the next forward)."""
+
+    def checkpoint(self, counts: torch.Tensor) -> object | None:
+        """The state `keep(counts)` would leave, to `restore` later; None: slots roll back alone."""
+        return None
+
+    def restore(self, checkpoint: Any) -> None:
+        """Back to a `checkpoint` of this cache."""
+
+    def rows(self, rows: torch.Tensor, capacity: int) -> RaggedKVCache:
+        """An empty cache of `capacity` slots for `rows` [n] alone (keys and values not copied)."""
+        return type(self)(len(rows), capacity)
+
+    def put_rows(self, rows: torch.Tensor, sub: RaggedKVCache, source: torch.Tensor | None = None) -> None:
+        """Take what `sub` holds beyond keys and values for `rows` [n] (row `source[i]` of `sub`)."""
+
     def allocate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """The buffers of `layer` shaped for entries like `key`, `value` [H_kv, m, D] (the prefix
         cache writes blocks before the first forward would allocate them)."""
@@ -68,8 +92,11 @@ def _cache_keyword(model: torch.nn.Module) -> str:
 class RaggedLM:
     """Wraps a `*ForCausalLM` module; see the module docstring for the cache layout."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, new_cache: Callable[[int, int], RaggedKVCache] = RaggedKVCache) -> None:
+        """`new_cache(batch_size, capacity)`: the cache each batch gets (one with recurrent state
+        for a hybrid model, `losscheck.core.recurrent.state_cache_for`)."""
         self.model = model.eval()
+        self.new_cache = new_cache
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self._cache_kw = _cache_keyword(model)
@@ -78,7 +105,15 @@ class RaggedLM:
         self.tokens = 0
 
     def reset(self, batch_size: int, capacity: int) -> None:
-        self.cache = RaggedKVCache(batch_size, capacity)
+        self.cache = self.new_cache(batch_size, capacity)
+
+    @torch.inference_mode()  # the states are inference tensors, made inside `forward`
+    def keep(self, counts: torch.Tensor) -> None:
+        """Each row the last forward read keeps the first `counts` [n] of its tokens: a no-op for
+        keys and values (the next forward's `start` rolls them back), a restore of the
+        checkpointed recurrent state for a hybrid model."""
+        if self.cache is not None:
+            self.cache.keep(counts)
 
     @torch.inference_mode()
     def forward(
@@ -110,6 +145,7 @@ class RaggedLM:
         if visible > cache.capacity:
             raise RuntimeError(f"ragged cache overflow: need {visible} slots, capacity {cache.capacity}")
         cache.slots, cache.visible = slots, visible
+        cache.begin(start, m)
         allowed = torch.arange(visible, device=tokens.device)[None, None, :] <= slots[:, :, None]  # [B, m, S]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=tokens.device).masked_fill(
             ~allowed, torch.finfo(self.dtype).min
@@ -136,7 +172,7 @@ class RaggedLM:
         main = self.cache
         assert main is not None
         m = distinct.shape[1]
-        self.cache = RaggedKVCache(len(distinct), main.capacity)
+        self.cache = main.rows(inverse.new_zeros(len(distinct)), main.capacity)
         try:
             logits, hidden = self.forward(
                 distinct, torch.zeros(len(distinct), dtype=torch.long, device=distinct.device), layers=layers
@@ -146,6 +182,8 @@ class RaggedLM:
                 main.allocate(layer, keys[0], values[0])
                 main.keys[layer][:, :, :m] = keys[inverse, :, :m]
                 main.values[layer][:, :, :m] = values[inverse, :, :m]
+            rows = torch.arange(len(inverse), device=inverse.device)
+            main.put_rows(rows, self.cache, source=inverse)
         finally:
             self.cache = main
         main.slots = torch.arange(m, device=distinct.device).expand(len(inverse), m)
@@ -164,7 +202,7 @@ def forward_rows(
     main = lm.cache
     assert main is not None and main.keys, "forward_rows needs the batch's cache allocated"
     seeded = int(start.max())
-    lm.cache = RaggedKVCache(len(rows), seeded + tokens.shape[1])
+    lm.cache = main.rows(rows, seeded + tokens.shape[1])
     try:
         with torch.inference_mode():  # the buffers are inference tensors (made inside lm.forward)
             for layer, keys in main.keys.items():
@@ -176,6 +214,7 @@ def forward_rows(
             for layer, keys in lm.cache.keys.items():  # [n, H_kv, seeded + m, D] each
                 main.keys[layer][rows, :, : keys.shape[2]] = keys
                 main.values[layer][rows, :, : keys.shape[2]] = lm.cache.values[layer]
+            main.put_rows(rows, lm.cache)
     finally:
         lm.cache = main
     return out

@@ -11,6 +11,7 @@ import torch
 
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedLM
+from losscheck.core.recurrent import cache_for, has_state, layer_kinds
 from losscheck.errors import TargetError
 from losscheck.hashing import content_hash
 
@@ -86,7 +87,9 @@ class HFTarget:
     def __init__(self, model: PreTrainedModel, name: str, identity: dict[str, str]) -> None:
         config = model.config
         self.model = model
-        self.lm = RaggedLM(model)
+        kinds = layer_kinds(config)
+        self.lm = RaggedLM(model, cache_for(kinds))
+        self.stateful = has_state(kinds)  # recurrent layers: the engine calls `keep` after each forward
         self.name = name
         self.identity = identity
         self.vocab_size = int(config.vocab_size)
@@ -139,6 +142,10 @@ class HFTarget:
         self, tokens: torch.Tensor, start: torch.Tensor, layers: tuple[int, ...] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.checked(self.lm.forward(tokens, start, layers=layers))
+
+    def keep(self, counts: torch.Tensor) -> None:
+        """Each row the last forward read keeps its first `counts` [n] tokens (`StatefulTarget`)."""
+        self.lm.keep(counts)
 
     def checked(self, out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """`out` = (logits, hidden) if every logit is finite, else `TargetError` naming the target."""

@@ -13,6 +13,7 @@ import torch
 
 from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.ragged import RaggedLM, forward_rows
+from losscheck.core.recurrent import cache_for, layer_kinds
 from losscheck.core.sampling import sample
 from losscheck.core.target import HFTarget, load_causal_lm
 from losscheck.hashing import content_hash
@@ -27,12 +28,14 @@ class AutoregressiveDrafter:
     uses_hidden = False
 
     def __init__(self, model: torch.nn.Module, name: str) -> None:
-        self.lm = RaggedLM(model)
+        # a hybrid model drafting (the self-draft of a hybrid target) keeps a state per row
+        self.lm = RaggedLM(model, cache_for(layer_kinds(model.config)))
         self.name = name
         self.identity: dict[str, str] = {}  # where the weights came from and their sha256
         self.cached = torch.zeros(0, dtype=torch.long)  # [B] committed tokens in the draft cache
         self._proposed_at = torch.zeros(0, dtype=torch.long)  # [B] committed length at propose
         self._k = 0
+        self._before_pending: object | None = None  # recurrent state at propose, the pending token unread
 
     def reset(self, batch_size: int, capacity: int) -> None:
         self.lm.reset(batch_size, capacity)
@@ -53,6 +56,7 @@ class AutoregressiveDrafter:
         read = int((lengths[rows] - 1).max())
         if read > 0:
             forward_rows(self.lm, rows, tokens[rows, :read], torch.zeros_like(rows))
+            self.lm.keep(lengths[rows] - 1)
         self.cached = self.cached.clone()
         self.cached[rows] = lengths[rows] - 1
 
@@ -65,6 +69,10 @@ class AutoregressiveDrafter:
         behind = int((lengths - self.cached).max())
         read = (self.cached[:, None] + torch.arange(behind, device=lengths.device)).clamp_max(ctx.tokens.shape[1] - 1)
         logits, _ = self.lm.forward(ctx.tokens.gather(1, read), self.cached)
+        assert self.lm.cache is not None
+        # a recurrent state cannot be rolled back by slots: remember it before the pending token
+        self._before_pending = self.lm.cache.checkpoint(lengths - 1 - self.cached)
+        self.lm.keep(lengths - self.cached)  # the committed tokens, not the junk past a row's end
         last = logits[torch.arange(len(lengths), device=lengths.device), lengths - 1 - self.cached]  # [B, V]
 
         drafts: list[torch.Tensor] = []
@@ -88,6 +96,11 @@ class AutoregressiveDrafter:
         return (q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)), q
 
     def commit(self, accepted: torch.Tensor) -> None:
+        if self._before_pending is not None:  # recurrent state: back to propose, re-read from the pending token
+            assert self.lm.cache is not None
+            self.lm.cache.restore(self._before_pending)
+            self.cached = self._proposed_at - 1
+            return
         # The cache read drafts 1..k-1; of those, the accepted ones are now committed tokens.
         self.cached = self._proposed_at + torch.clamp(accepted, max=self._k - 1)
 
