@@ -8,7 +8,9 @@ speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them (except
 (docs/vllm.md); `--engine openvino --assistant DIR [--engine-arg enable_prefix_caching=false]
 [--engine-arg PROPERTY=VALUE …]` is OpenVINO GenAI's `LLMPipeline` with DIR as its draft model
 (docs/openvino.md); `--engine llamacpp --assistant DIR [--engine-arg n_draft=N]` is
-llama-cpp-python's `Llama` with DIR as a greedy `LlamaDraftModel` (docs/llamacpp.md). Anything
+llama-cpp-python's `Llama` with DIR as a greedy `LlamaDraftModel` (docs/llamacpp.md); `--engine
+openai --engine-arg base_url=URL --engine-arg plain_base_url=URL --engine-arg k=N` is any running
+OpenAI-compatible completions server, drafting on and off (docs/openai.md). Anything
 else names a factory by import path (`pkg.mod:factory`).
 
 Each adapter module registers itself (`losscheck.engines.registry`) when imported; importing this
@@ -29,6 +31,7 @@ SHIPPED = (
     "losscheck.engines.vllm_server",
     "losscheck.engines.openvino",
     "losscheck.engines.llamacpp",
+    "losscheck.engines.openai_api",
 )
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from losscheck.engines import EngineOutputError
+from losscheck.engines.completions import Endpoint, RowOutput, post, sampling_fields
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, option, register, rest
@@ -50,7 +51,6 @@ from losscheck.engines.vllm import (
     VLLM_DTYPE,
     needs_speculative_config,
     run_precision,
-    sampling_kwargs,
     to_tensor,
 )
 
@@ -63,23 +63,6 @@ if TYPE_CHECKING:
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 STARTUP_S = 600.0  # a real model loads for minutes
-# what a completion request takes of `sampling_kwargs` (the others are the offline API's)
-REQUEST_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "max_tokens",
-    "min_tokens",
-    "ignore_eos",
-    "logit_bias",
-    "allowed_token_ids",
-    "stop_token_ids",
-)
 
 
 class Server:
@@ -150,32 +133,15 @@ class Server:
                 time.sleep(1)
 
     def body(self, prompt: Sequence[int], params: SamplingParams, seed: int, max_new: int, stream: bool) -> bytes:
-        """A `/v1/completions` request: the prompt as ids, the sampling of `sampling_kwargs` (a
-        logit bias keyed by the ids as strings, as JSON and the OpenAI API have it)."""
-        from losscheck.engines.served import GRAMMAR_UNSUPPORTED, refuse
-
-        refuse(params, "vllm-serve", GRAMMAR_UNSUPPORTED, self.eos)  # the server's API takes it another way
-        kwargs = sampling_kwargs(params, seed, max_new, self.eos, self.vocab)
-        request = {key: kwargs[key] for key in REQUEST_FIELDS} | {"model": self.model, "prompt": list(prompt), "n": 1}
-        if request["logit_bias"] is not None:
-            request["logit_bias"] = {str(i): bias for i, bias in request["logit_bias"].items()}
+        """A `/v1/completions` request: the prompt as ids (`losscheck.engines.completions`)."""
+        fields = sampling_fields(params, seed, max_new, self.eos, self.vocab, "vllm-serve")
+        request = fields | {"model": self.model, "prompt": list(prompt), "n": 1}
         return json.dumps(request | {"stream": stream, "return_token_ids": True}).encode()
 
     def post(self, body: bytes) -> Any:
         """The server's answer to `body`; its refusal of the request (HTTP 400: vLLM's validation,
         e.g. min-p or a logit bias with speculation on) as `UnsupportedParameter`."""
-        from losscheck.engines.served import UnsupportedParameter
-
-        request = urllib.request.Request(
-            f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}, method="POST"
-        )
-        try:
-            return urllib.request.urlopen(request, timeout=STARTUP_S)
-        except urllib.error.HTTPError as exc:
-            if exc.code != 400:
-                raise
-            answer = exc.read().decode(errors="replace")
-            raise UnsupportedParameter(f"engine 'vllm-serve' refuses the request: {answer}") from exc
+        return post(f"{self.url}/v1/completions", body, "vllm-serve", STARTUP_S)
 
     def counters(self) -> EngineCounters | None:
         """vLLM's spec-decode counters from `/metrics`; None when it exports none (drafting off)."""
@@ -213,7 +179,7 @@ class ServerStream:
     concurrent = True
     counters_source = "vLLM's spec-decode counters from the server's /metrics"
 
-    def __init__(self, server: Server, speculative: bool) -> None:
+    def __init__(self, server: Endpoint, speculative: bool) -> None:
         self.server, self.speculative = server, speculative
         self._events: queue.Queue[Emission | BaseException] = queue.Queue()
         self._open = 0
@@ -308,7 +274,7 @@ class VLLMServerEngine:
                 request.prompts[i], request.params, request.row_seed(i, j), request.max_new_tokens, False
             )
             with server.post(body) as answer:
-                return _Output(json.loads(answer.read())["choices"][0]["token_ids"])
+                return RowOutput(json.loads(answer.read())["choices"][0]["token_ids"])
 
         with ThreadPoolExecutor(max_workers=min(self.max_in_flight, len(rows))) as pool:
             outputs = list(pool.map(one, rows))
@@ -325,22 +291,6 @@ class VLLMServerEngine:
 
     def counters(self) -> EngineCounters | None:
         return self._counted
-
-
-@dataclass(frozen=True)
-class _Completion:
-    token_ids: list[int]
-
-
-@dataclass(frozen=True)
-class _Output:
-    """A completion's ids in the shape `to_tensor` reads (`RequestOutput.outputs[0].token_ids`)."""
-
-    ids: list[int]
-
-    @property
-    def outputs(self) -> list[_Completion]:
-        return [_Completion(self.ids)]
 
 
 def _free_port() -> int:
