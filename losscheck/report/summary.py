@@ -11,7 +11,8 @@ COLUMNS = ("cell", "kind", "verdict", "tau", "min p", "alpha", "detect TV", "n",
 
 
 def _row(record: CellRecord) -> tuple[str, ...]:
-    verdict = "PASS" if record.passed else ("ERROR" if record.run.outcome == "error" else "FAIL")
+    outcome = record.run.outcome
+    verdict = "PASS" if record.passed else {"error": "ERROR", "skipped": "NOT RUN"}.get(outcome, "FAIL")
     if record.near_ties:  # reduced-precision greedy divergences within round-off
         verdict += f" ({record.near_ties} near-ties)"
     groups = record.acceptance.values()  # prompt group -> loop counters

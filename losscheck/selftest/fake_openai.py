@@ -95,8 +95,7 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self._unseeded = random.Random()  # one stream for every request: what a seedless server gives
         self._lock = threading.Lock()
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._http.daemon_threads = True
+        self._http = _Server(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
         self._timer = threading.Timer(lifetime_s, self.stop)
@@ -147,6 +146,11 @@ class FakeOpenAI:
         if b.ids and request.get("return_token_ids"):
             choice["token_ids"] = ids
         return 200, {"object": "text_completion", "model": b.model, "choices": [choice]}
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # a certification call keeps many rows in flight
+    daemon_threads = True
 
 
 def _handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:

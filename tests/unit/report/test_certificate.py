@@ -176,6 +176,14 @@ def test_the_cost_adds_the_cells_seconds_by_kind_and_phase():
     assert cost_lines([cell_record("x", kind="pit")]) == []
 
 
+def test_a_cell_that_could_not_run_reads_not_run_in_the_table_never_fail():
+    from losscheck.cells.record import RunFacts
+    from losscheck.report.summary import summary_rows
+
+    skipped = CellRecord("engine-k4-T1", RunFacts("n", "skipped", skip_reason="no seed"))
+    assert summary_rows([skipped])[0][:3] == ("engine-k4-T1", "?", "NOT RUN")
+
+
 def test_an_engines_counters_give_its_tau_column_and_both_acceptance_curves():
     from losscheck.report.summary import summary_rows
 
