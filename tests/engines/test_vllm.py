@@ -636,3 +636,40 @@ def test_vllm_served_over_http_greedy_and_timed(tmp_path):
     # docs/vllm-serve.md, Findings)
     assert ladder["counters"]["drafts"] > 0 and 1 <= ladder["tau"] <= 5, ladder
     assert "/metrics" in doc["counters_source"]
+
+
+@pytest.mark.slow
+def test_the_openai_engine_certifies_the_vllm_servers_losscheck_starts(pytester, tmp_path):
+    """`--engine openai` pointed at two vLLM servers started as `vllm-serve` starts them (drafting on
+    and off, the CPU fixes in their engines): the probes find token-id prompts, ids and seeds, and
+    the greedy and T = 1 one-sample cells PASS."""
+    import json
+
+    from losscheck import bundled
+    from losscheck.engines.vllm_server import Server
+
+    spec = {**SERVE_SPEC, "model": str(bundled.fixtures_dir() / "drafter_a32")}
+    common = ["--dtype", "float32", "--skip-tokenizer-init", "--max-model-len", "256", "--enforce-eager"]
+    common += ["--seed", "0", "--no-enable-chunked-prefill"]
+    target = str(bundled.target_path())
+    on = Server(target, [*common, "--speculative-config", json.dumps(spec)], True, tmp_path / "on.log")
+    try:
+        off = Server(target, common, True, tmp_path / "off.log")
+        try:
+            args = [f"base_url={on.url}", f"plain_base_url={off.url}", "k=4", "dtype=fp32"]
+            result = support.run_shipped(
+                pytester,
+                "-m",
+                "lossless",
+                "-rA",
+                "-k",
+                GREEDY_AND_T1,
+                "--losscheck-engine=openai",
+                *(f"--losscheck-engine-arg={a}" for a in args),
+                timeout=1800,
+            )
+        finally:
+            off.stop()
+    finally:
+        on.stop()
+    result.assert_outcomes(passed=2)
