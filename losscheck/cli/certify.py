@@ -7,13 +7,17 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pytest
 
 from losscheck.cli.command import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PARTIAL, EXIT_PASS, Command, from_pytest
-from losscheck.errors import FLAG_PREFIX_ENV
+from losscheck.errors import FLAG_PREFIX_ENV, OptionError
 from losscheck.run.loading import check_options
 from losscheck.run.options import SPECS, add_options, dest, from_parsed, pytest_args
+
+if TYPE_CHECKING:
+    from losscheck.engines.hardware import Hardware
 
 VERDICT_EXIT = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "PARTIAL": EXIT_PARTIAL, "INTERRUPTED": EXIT_INTERRUPTED}
 
@@ -30,12 +34,30 @@ def add_arguments(cert: argparse.ArgumentParser) -> None:
         help="print the plan (every cell in scope, its kind and estimated seconds, the cells out of scope) and exit",
     )
     cert.add_argument(
+        "--plan-for",
+        metavar="HARDWARE",
+        type=_hardware,
+        default=None,
+        help="with --list: the plan on hardware that need not be present, COUNTxNAME-MEMGB (1xH100-80GB, "
+        "2xL40S-48GB): each engine instance's and the reference's memory, the instance policy it gets, the "
+        "memory of each phase, the axes that need more devices; config.json is enough, no weights",
+    )
+    cert.add_argument(
         "-n",
         "--workers",
         type=int,
         default=None,
         help="pytest-xdist workers (0 = in process; default: one per core on the CPU, 0 on a GPU)",
     )
+
+
+def _hardware(text: str) -> Hardware:
+    from losscheck.engines.hardware import parse_hardware
+
+    try:
+        return parse_hardware(text)
+    except OptionError as exc:  # argparse prints it as a usage error and exits 2
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--plan-for={text!r}: ")) from None
 
 
 def certify_args(ns: argparse.Namespace, extra: Sequence[str] = ()) -> list[str]:
@@ -86,7 +108,10 @@ def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
     # Checked here too, so that messages name this command's options (--target, not
     # --losscheck-target); the plugin's own check then passes.
     options = from_parsed(lambda d: getattr(ns, d))
-    check_options(options, prefix="--")
+    hardware = getattr(ns, "plan_for", None)
+    if hardware is not None and not getattr(ns, "list", False):
+        raise OptionError("--plan-for plans without running: give it with --list")
+    check_options(options, prefix="--", weights=hardware is None)  # a plan for other hardware reads configs only
     if options.verifier is not None:
         from losscheck.run.factory import load_verifier
 
@@ -96,7 +121,7 @@ def certify(ns: argparse.Namespace) -> tuple[int, VerdictProbe]:
     if getattr(ns, "list", False):  # estimated for the workers the run would start
         from losscheck.report.plan import plan_lines
 
-        print("\n".join(plan_lines(options, full=True, workers=ns.workers)))
+        print("\n".join(plan_lines(options, full=True, workers=ns.workers, hardware=hardware)))
         return EXIT_PASS, VerdictProbe()
     if ns.workers:  # the workers load the models; in process the plugin prints the plan itself
         from losscheck.report.plan import plan_lines

@@ -571,8 +571,10 @@ cpu_eagle3_fixed_two_sample = CPUEngineFactory("eagle3", cpu_fixes=True, two_sam
 # --- the shipped adapters: --engine vllm|vllm+cpu-fixes --speculative-config JSON [--engine-arg K=V] ---
 @dataclass(frozen=True)
 class VLLMOptions:
-    losscheck_instances: Policy = option(
-        Policy.KEEP_ALL, help="one-at-a-time: the speculative and the plain LLM never alive together, for one GPU"
+    losscheck_instances: Policy | None = option(
+        None,
+        help="one-at-a-time: the speculative and the plain LLM never alive together, for one GPU; keep-all: "
+        "both alive; default: keep-all on a CPU, else what the memory plan gives the machine's accelerators",
     )
     dtype: str | None = option(
         None,
@@ -633,6 +635,13 @@ def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], 
         precision = run_precision(target, options.dtype)
         eos = target.eos_id if target.eos_id is not None else 0
         config, policy = request.speculative_config, options.losscheck_instances
+        if policy is None:
+            from losscheck.engines.hardware import chosen_policy
+
+            draft = config.get("model") if isinstance(config.get("model"), str) else None
+            reference = PRECISION_OF[options.losscheck_reference] if options.losscheck_reference else precision
+            tp = int(options.llm.get("tensor_parallel_size", 1))
+            policy = chosen_policy(request.target, draft, precision, reference, tp)
         warm, in_flight = options.losscheck_warm_prefix, options.losscheck_in_flight
         vocab = target.vocab_size
         engine = vllm_engine(

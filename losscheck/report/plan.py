@@ -14,6 +14,7 @@ from losscheck.plan.entry import MatrixEntry
 from losscheck.run.options import Options
 
 if TYPE_CHECKING:
+    from losscheck.engines.hardware import Hardware, Sizing
     from losscheck.plan.cell import Cell
     from losscheck.run.session import Session
 
@@ -36,9 +37,10 @@ def planned(session: Session) -> tuple[list[MatrixEntry], list[dict[str, str]]]:
     return entries, session.out_of_scope
 
 
-def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list[str]:
+def plan_lines(options: Options | Session, full: bool, workers: int = 1, hardware: Hardware | None = None) -> list[str]:
     """The plan of a run (its options, or its session): with `full`, one line per cell, else the
-    counts by kind; then the estimate. A shard's plan is its share of the cells in scope."""
+    counts by kind; then the estimate. A shard's plan is its share of the cells in scope. With
+    `hardware` (`--plan-for`), the engine cells' memory plan is the one that hardware gets."""
     from losscheck.run.session import Session
 
     session = options if isinstance(options, Session) else Session(options, skeleton=True)
@@ -59,16 +61,17 @@ def plan_lines(options: Options | Session, full: bool, workers: int = 1) -> list
             tier = "slow" if e.slow else "quick"
             lines.append(f"{e.cell:<{width}}  {e.mode:<13}  {tier:<5}  {e.estimated_s or 0.0:.0f}")
         lines += [f"{e['cell']:<{width}}  out of scope: {e['reason']}" for e in out]
-        lines += memory_plan(session, {e.cell for e in entries})
+        lines += memory_plan(session, {e.cell for e in entries}, hardware)
     kinds = ", ".join(f"{n} {kind}" for kind, n in Counter(e.mode for e in entries).items())
     lines.append(f"plan: {len(entries)} cells ({kinds or 'none'}); {len(out)} out of the declared scope")
     lines.append(estimate_line(sum(e.estimated_s or 0.0 for e in entries), workers))
     return lines
 
 
-def memory_plan(session: Session, in_scope: set[str]) -> list[str]:
+def memory_plan(session: Session, in_scope: set[str], hardware: Hardware | None = None) -> list[str]:
     """The memory plan of the run's black-box engine cells in scope (`losscheck.plan.memory`), by
-    the engine's instance policy; nothing without an engine."""
+    the engine's instance policy, or by the policy `hardware` gets (`losscheck.engines.hardware`);
+    nothing without an engine."""
     from losscheck.engines.pool import instances_of
     from losscheck.plan.cell import ENGINE
     from losscheck.plan.memory import memory_lines, variant_line
@@ -76,6 +79,8 @@ def memory_plan(session: Session, in_scope: set[str]) -> list[str]:
     cells = [c for found in session.plan.values() for c in found if c.drafter == ENGINE and c.id in in_scope]
     if not cells:
         return []
+    if hardware is not None:
+        return hardware_plan(session, cells, hardware)
     instances = instances_of(session.blackbox)
     policy = None if instances is None else instances.policy.value
     # the cells of each engine variant run together, one variant alive at a time (`Session.engine_for`)
@@ -90,6 +95,76 @@ def memory_plan(session: Session, in_scope: set[str]) -> list[str]:
             named = ", ".join(f"{name}={value}" for name, value in variant)
             lines.append(variant_line(named, [(c.mode, True) for c in found]))
     return lines
+
+
+def hardware_plan(session: Session, cells: list[Cell], hardware: Hardware) -> list[str]:
+    """The engine cells' plan on `hardware`: sizes, the policy it gets, memory per phase, and the
+    variants that need more devices than it has (out of scope there, with the reason)."""
+    from losscheck.engines.hardware import devices_needed, fit
+    from losscheck.plan.memory import TARGET, phases
+    from losscheck.plan.scope import hint
+
+    plan = fit(hardware, engine_sizing(session))
+    lines = plan.lines()
+    fits = [c for c in cells if all(devices_needed(a, v) <= hardware.devices for a, v in c.variant)]
+    if plan.policy == "one-at-a-time":
+        for i, (variant, group) in enumerate(_by_variant(fits).items()):
+            found = phases([(c.mode, True) for c in group])
+            if i == 0:
+                for n, phase in enumerate(found, 1):
+                    gib = plan.phase_gib(phase.alive == TARGET)
+                    lines.append(f"  phase {n}: {phase.alive:<18} {gib:6.1f} GiB  {phase.line()}")
+                continue
+            named = ", ".join(f"{a}={v}" for a, v in variant)
+            ranks = max([plan.sizing.tensor_parallel, *(devices_needed(a, v) for a, v in variant)])
+            instance = dataclasses.replace(plan.sizing, tensor_parallel=ranks).instance_gib()
+            lines.append(
+                f"  then variant {named}: {len(group)} cells in {len(found)} phases, each instance "
+                f"{instance:.1f} GiB a device"
+            )
+    else:
+        total = 2 * plan.sizing.instance_gib() + plan.sizing.reference_gib()
+        lines.append(f"  every phase: both instances and the reference alive, {total:.1f} GiB")
+    for variant, group in _by_variant([c for c in cells if c not in fits]).items():
+        axis, value = next((a, v) for a, v in variant if devices_needed(a, v) > hardware.devices)
+        lines.append(
+            f"  out of scope on {hardware.label}: {axis}={value} ({', '.join(c.id for c in group)}) needs "
+            f"{devices_needed(axis, value)} devices, {hardware.devices} given; {hint(axis)}"
+        )
+    return lines
+
+
+def _by_variant(cells: list[Cell]) -> dict[tuple[tuple[str, int | str], ...], list[Cell]]:
+    groups: dict[tuple[tuple[str, int | str], ...], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.variant, []).append(c)
+    return groups
+
+
+def engine_sizing(session: Session) -> Sizing:
+    """What the run's engine holds, sized from config.json files (no weights read): the target, the
+    draft model a speculative config or `--assistant` names where it is a local directory, the
+    engine's precision (its target's declared dtype where losscheck scores nothing), and the
+    reference's (fp32 where a two-sample cell scores through the proxy)."""
+    from losscheck import bundled
+    from losscheck.engines.hardware import Sizing, parameters
+    from losscheck.plan.modes import Mode
+    from losscheck.run.loading import engine_request
+
+    options = session.options
+    target = Path(options.target or bundled.target_path()).expanduser()
+    config = json.loads((target / "config.json").read_text())
+    request = engine_request(options) if options.engine is not None else None
+    draft = (request.speculative_config or {}).get("model") if request is not None else None
+    draft_dir = Path(str(draft or options.assistant or "")).expanduser()
+    draft_config = draft_dir / "config.json" if str(draft_dir) not in ("", ".") else None
+    draft_params = parameters(json.loads(draft_config.read_text())) if draft_config and draft_config.is_file() else 0
+    engine = session.blackbox
+    declared = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(config.get("torch_dtype")), "bf16")
+    precision = engine.precision if engine is not None and engine.precision is not None else declared
+    two_sample = any(c.mode is Mode.TWO_SAMPLE for found in session.plan.values() for c in found)
+    tp = int((request.args if request is not None else {}).get("tensor_parallel_size", 1))
+    return Sizing(parameters(config), draft_params, precision, "fp32" if two_sample else precision, tp)
 
 
 def estimate_line(cell_seconds: float, workers: int) -> str:

@@ -82,11 +82,14 @@ def _looks_like_path(spec: str) -> bool:
     return "/" in spec or os.sep in spec or spec.startswith(("~", "."))
 
 
-def model_config(path: str | Path, option: str, own_code_fix: str | None = None) -> dict[str, Any]:
+def model_config(
+    path: str | Path, option: str, own_code_fix: str | None = None, weights: bool = True
+) -> dict[str, Any]:
     """config.json of the model directory `path`, after checking that it loads offline: the
     directory, its config and its safetensors weights exist, and transformers implements its
     model type as a causal LM. A model that needs its own code (`auto_map`) is accepted when
-    `own_code_fix` is None (remote code allowed); otherwise the error tells `own_code_fix`."""
+    `own_code_fix` is None (remote code allowed); otherwise the error tells `own_code_fix`.
+    `weights=False`: a directory with config.json alone will do (a plan for other hardware)."""
     where = f"{option}={str(path)!r}"
     path = Path(path).expanduser()
     if not path.is_dir():
@@ -100,7 +103,7 @@ def model_config(path: str | Path, option: str, own_code_fix: str | None = None)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise OptionError(f"{where} has no config.json; pass {MODEL_DIR}")
-    if not any(path.glob("*.safetensors")):
+    if weights and not any(path.glob("*.safetensors")):
         raise OptionError(
             f"{where} has no *.safetensors weights; losscheck loads safetensors only "
             "(convert with model.save_pretrained(dir, safe_serialization=True))"
@@ -157,9 +160,10 @@ def check_out_dir(out: Path, option: str) -> None:
         ) from exc
 
 
-def check_options(options: Options, prefix: str = "--losscheck-") -> None:
+def check_options(options: Options, prefix: str = "--losscheck-", weights: bool = True) -> None:
     """Check what `options` name, without loading a model; raise OptionError naming the option
-    (as `prefix` + name: `--losscheck-` for pytest, `--` for `losscheck certify`) and the fix."""
+    (as `prefix` + name: `--losscheck-` for pytest, `--` for `losscheck certify`) and the fix.
+    `weights=False`: model directories need their config.json only (`model_config`)."""
     from losscheck import bundled
     from losscheck.drafters import speculators_config
 
@@ -171,7 +175,7 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
 
     trust_fix = None if options.trust_remote_code else f"pass {opt('trust-remote-code')} to run it, if you trust it"
     if options.target is not None:
-        target_shape = _shape(model_config(options.target, opt("target"), trust_fix))
+        target_shape = _shape(model_config(options.target, opt("target"), trust_fix, weights))
         target_name = f"{opt('target')}={options.target!r}"
     drafter = options.drafter
     if speculators_config.is_spec(drafter):
@@ -190,7 +194,7 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
             raise OptionError(f"{opt('drafter')}={drafter!r}: {exc}") from exc
     elif drafter is not None and (is_model_dir(drafter) or _looks_like_path(drafter)):
         fix = f"a drafter directory loads with transformers' own classes; wrap it in {opt('drafter')}=pkg.mod:factory"
-        vocab = _shape(model_config(drafter, opt("drafter"), fix))[0]
+        vocab = _shape(model_config(drafter, opt("drafter"), fix, weights))[0]
         if options.target is None:
             target_shape, target_name = bundled_shape(), "the bundled target"
         if None not in (vocab, target_shape[0]) and vocab != target_shape[0]:
@@ -222,7 +226,7 @@ def check_options(options: Options, prefix: str = "--losscheck-") -> None:
         adapter = ADAPTERS.get(options.engine) if options.engine is not None else None
         options.scope.check(serving_axis_names(), [a.name for a in adapter.axes] if adapter is not None else ())
     if options.engine is not None:
-        check_engine_options(options, prefix)
+        check_engine_options(options, prefix, weights)
     if options.out is not None:
         check_out_dir(options.out, opt("out"))
     if options.target is None:
@@ -283,7 +287,7 @@ def engine_request(options: Options, prefix: str = "--losscheck-") -> EngineRequ
     )
 
 
-def check_engine_options(options: Options, prefix: str = "--losscheck-") -> None:
+def check_engine_options(options: Options, prefix: str = "--losscheck-", weights: bool = True) -> None:
     """A shipped adapter's options (and the model directories they name), or an engine factory
     that imports; the adapter options without an adapter are refused."""
     from losscheck.engines.named import ADAPTERS
@@ -314,4 +318,4 @@ def check_engine_options(options: Options, prefix: str = "--losscheck-") -> None
         return
     adapter.check(engine_request(options, prefix))
     if options.assistant is not None:
-        model_config(options.assistant, prefix + "assistant")
+        model_config(options.assistant, prefix + "assistant", weights=weights)

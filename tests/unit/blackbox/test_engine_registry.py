@@ -161,7 +161,7 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
             "vllm+cpu-fixes",
             {"speculative_config": CONFIG},
             ("dtype=fp32",),
-            "VLLMOptions(losscheck_instances=<Policy.KEEP_ALL: 'keep-all'>, dtype='fp32', losscheck_reference=None, "
+            "VLLMOptions(losscheck_instances=None, dtype='fp32', losscheck_reference=None, "
             "losscheck_warm_prefix=False, losscheck_in_flight=None, losscheck_eagle3=None, llm={})",
         ),
         (
