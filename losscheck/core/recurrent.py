@@ -224,7 +224,7 @@ class RaggedStateCache(RaggedKVCache):
 
     def rows(self, rows: torch.Tensor, capacity: int) -> RaggedStateCache:
         """A cache of `rows` [n] alone, with their recurrent states (keys and values not copied)."""
-        sub = RaggedStateCache(len(rows), capacity, self.kinds)
+        sub = type(self)(len(rows), capacity, self.kinds)
         at = rows.to(self.held.device)
         sub.held = self.held[at].clone()
         for key, slot in self.states.items():

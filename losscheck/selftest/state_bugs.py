@@ -1,0 +1,69 @@
+"""Planted recurrent-state bugs of hybrid targets: caches that roll a row's state back the way
+shipped engines did. Each differs from `losscheck.core.recurrent.RaggedStateCache` in one method,
+marked as the bug. Plain decoding (one token a forward, all of it kept) is unaffected by every one
+of them, as in the engines they model: only the speculative path reads a wrong state. Like
+`losscheck.selftest.targets`, the rollback bugs leave a prefill (every row from slot 0) alone:
+an engine prefills each prompt exactly, without the padding a batched prefill here reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from losscheck.core.recurrent import Checkpoint, RaggedStateCache
+from losscheck.core.target import HFTarget
+
+
+class NotRolledBack(RaggedStateCache):
+    """State never rolled back after a rejection: the rejected drafts stay in every recurrent
+    layer's state (a non-trimmable cache in a loop that trims the KV cache only)."""
+
+    def keep(self, counts: torch.Tensor) -> None:
+        if not _prefill(self):
+            counts = torch.full_like(counts, self.width)  # the bug: every token kept
+        super().keep(counts)
+
+
+class OneOff(RaggedStateCache):
+    """Rolled back one position late: the state after `counts + 1` tokens (the first rejected
+    draft, or the pending token read twice), as an index that forgets the pending token's slot."""
+
+    def checkpoint(self, counts: torch.Tensor) -> Checkpoint:
+        if not _prefill(self):
+            counts = counts + 1  # the bug: one position past what was kept
+        return super().checkpoint(counts)
+
+
+class SlotNotZeroed(RaggedStateCache):
+    """A batch slot reused by a new request keeps its previous request's state: the row starts
+    from the old state instead of zeros (continuous batching with state slots)."""
+
+    def begin(self, start: torch.Tensor, width: int) -> None:
+        super().begin(start, width)
+        self._fresh = torch.zeros_like(self._fresh, dtype=torch.bool)  # the bug: nothing starts fresh
+
+
+def _prefill(cache: RaggedStateCache) -> bool:
+    """The last forward started every row it read at slot 0."""
+    return cache._fresh is not None and bool(cache._fresh.all())
+
+
+STATE_BUGS: dict[str, type[RaggedStateCache]] = {
+    "state_not_rolled_back": NotRolledBack,
+    "state_rollback_one_off": OneOff,
+    "state_slot_not_zeroed": SlotNotZeroed,
+}
+
+
+def plant(target: HFTarget, bug: str) -> Callable[[int, int], RaggedStateCache]:
+    """Make `target` (a hybrid one) build the cache of `bug` from its next `reset` on; → the
+    correct factory, to put back (`target.lm.new_cache = correct`)."""
+    correct = target.lm.new_cache
+    kinds = getattr(correct, "keywords", {}).get("kinds")
+    if not target.stateful or kinds is None:
+        raise ValueError(f"{bug} is a recurrent-state bug; target {target.name!r} has no recurrent layers")
+    cls = STATE_BUGS[bug]
+    target.lm.new_cache = lambda rows, capacity: cls(rows, capacity, kinds)
+    return correct  # type: ignore[return-value]
