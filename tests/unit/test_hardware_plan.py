@@ -113,6 +113,11 @@ def test_list_plan_for_sizes_a_weightless_27b_run_and_puts_the_split_out_of_scop
     [
         ("1xH100", ("--list",), "argument --plan-for: need COUNTxNAME-MEMGB"),
         ("1xH100-80GB", (), "--plan-for plans without running: give it with --list"),
+        (
+            "1xH100-80GB",
+            ("--list", "--engine-arg", "dtype=float32"),
+            "the run does not fit 1xH100-80GB: an engine instance needs 112.",
+        ),
     ],
 )
 def test_a_bad_plan_for_is_a_usage_error(tmp_path, capsys, hardware, extra, message):
