@@ -42,7 +42,7 @@ class SlotNotZeroed(RaggedStateCache):
 
     def begin(self, start: torch.Tensor, width: int) -> None:
         super().begin(start, width)
-        self._fresh = torch.zeros_like(self._fresh, dtype=torch.bool)  # the bug: nothing starts fresh
+        self._fresh = torch.zeros_like(start, dtype=torch.bool)  # the bug: nothing starts fresh
 
 
 def _prefill(cache: RaggedStateCache) -> bool:
