@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import torch
 
 from losscheck.cells.record import SampleFacts
+from losscheck.core.contract import keep_rows
 from losscheck.core.engine import pad_prompts
 from losscheck.core.generation import Generation
 from losscheck.core.history import History, adjust_logits
@@ -89,6 +90,7 @@ def teacher_forced_probs(
     target.reset(n, prompt_ids.shape[1] + horizon)
     if prompt_ids.shape[1] > 1:  # slots 0 .. P-2; a shorter row's padding there is rewritten below
         target.forward(prompt_ids[:, :-1], torch.zeros(n, dtype=torch.long, device=prompt_ids.device))
+        keep_rows(target, plen - 1)  # a recurrent state rolls back from the padding by checkpoint
     last = prompt_ids.gather(1, (plen - 1)[:, None])  # [n, 1]
     scored = torch.cat([last, tokens[:, :-1]], dim=1)  # [n, L] the inputs that predict tokens 0 .. L-1
     logits, _ = target.forward(scored, plen - 1)  # [n, L, V]

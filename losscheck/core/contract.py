@@ -189,6 +189,14 @@ class StatefulTarget(Target, Protocol):
     def keep(self, counts: torch.Tensor) -> None: ...
 
 
+def keep_rows(target: Target, counts: torch.Tensor) -> None:
+    """After a forward whose rows read past what they keep (padding, rejected drafts): each row
+    keeps its first `counts` [n] tokens — `target.keep` for a `StatefulTarget`, nothing for a KV
+    cache, whose next `start` rolls it back."""
+    if isinstance(target, StatefulTarget) and target.stateful:
+        target.keep(counts)
+
+
 def hidden_layers(drafter: Drafter, target: Target) -> tuple[int, ...] | None:
     """The target layer ids `drafter` reads (`uses_hidden`), checked against `target`; None when it
     reads none. `True` is the last layer, which every `Target` returns without being asked."""

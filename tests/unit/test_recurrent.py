@@ -179,3 +179,19 @@ def test_hybrid_target_decodes_like_itself_with_drafts() -> None:
                 assert accepted == proposed  # the oracle: every draft accepted
             else:
                 assert 0 < accepted < proposed  # rejections, so rollbacks, happened
+
+
+def test_teacher_forcing_rolls_the_padded_prompts_back() -> None:
+    """The scorer's fresh pass prefills prompts of different lengths padded to one width, then reads
+    each row from its own last prompt token: a row's recurrent state must leave the padding."""
+    from losscheck.cells.scoring import teacher_forced_probs
+    from losscheck.core.sampling import SamplingParams
+
+    target = _target("qwen3_next")
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13]]
+    tokens = torch.tensor([[20, 21, 22], [30, 31, 32]])
+    forced = teacher_forced_probs(target, rows, tokens, SamplingParams(temperature=1.0))
+    for b, prompt in enumerate(rows):
+        whole = torch.tensor([prompt + tokens[b].tolist()])
+        expect = _reference(target, whole)[0, len(prompt) - 1 : -1].softmax(-1)  # [3, V]
+        assert float((forced.probs[b] - expect).abs().max()) < 1e-5
