@@ -248,7 +248,7 @@ class PitScores:
         generated = gen.mask()
 
         def observe(at: slice, forced: ForcedProbs) -> None:
-            q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(forced.probs.device)
+            q = None if gen.draft_q is None else gen.draft_q.law(target.vocab_size, at).to(forced.probs.device)
             slots = None if gen.slots is None else gen.slots[at]
             p = forced.probs.double()
             # the exact-conditional values read the engine's whole kept set (its acceptance ratio
@@ -379,7 +379,7 @@ def measure_power(
     generated = gen.mask()
 
     def observe(at: slice, forced: ForcedProbs) -> None:
-        q = None if gen.draft_q is None else gen.draft_q.dense(target.vocab_size, at).to(forced.probs.device)
+        q = None if gen.draft_q is None else gen.draft_q.law(target.vocab_size, at).to(forced.probs.device)
         slots = None if gen.slots is None else gen.slots[at]
         read = generated[at] & ~forced.ambiguous  # what every test reads (`PitScores.read_by_every_test`)
         power.update(forced.probs.double(), q, gen.tokens[at], slots, gen.stats.k, read)

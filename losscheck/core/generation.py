@@ -157,6 +157,15 @@ class DraftQ:
             -1, ids, probs.double()
         )
 
+    def law(self, vocab: int, rows: slice = slice(None)) -> torch.Tensor:
+        """q [b, L, V] float64 of `rows` as a distribution: the kept entries renormalised (q itself
+        where every entry with mass is kept: V <= M), zeros where no draft. A wide q of a large
+        vocabulary keeps under all its mass in M entries; what reads q as a law (the bug classes'
+        laws, the order of the conditional tests) then reads this truncation of it."""
+        q = self.dense(vocab, rows)
+        total = q.sum(-1, keepdim=True)  # [b, L, 1]
+        return torch.where(total > 0, q / total.clamp_min(1e-300), q)
+
     def cpu(self) -> DraftQ:
         return DraftQ(self.ids.cpu(), self.probs.cpu())
 

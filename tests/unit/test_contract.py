@@ -130,3 +130,19 @@ def test_the_fused_check_accepts_exactly_what_the_contract_accepts(ids, bad_id, 
     except DrafterOutputError:
         passed = False
     assert passed == expected
+
+
+def test_a_truncated_draft_q_is_read_as_its_kept_entries_renormalised():
+    """The loop keeps a drafted q's M largest entries; a wide q of a large vocabulary keeps under
+    all its mass, and what reads q as a law (the bug classes, which refuse a q not summing to 1)
+    reads the kept entries renormalised — q itself where nothing was cut, zeros where no draft."""
+    import torch
+
+    from losscheck.core.generation import DraftQ
+
+    ids = torch.tensor([[[3, 1], [0, 2], [0, 0]]])  # [1, 3, M=2]
+    probs = torch.tensor([[[0.3, 0.1], [0.75, 0.25], [0.0, 0.0]]])
+    law = DraftQ(ids, probs).law(4)  # [1, 3, 4]
+    assert torch.allclose(law[0, 0], torch.tensor([0.0, 0.25, 0.0, 0.75], dtype=torch.float64))
+    assert torch.allclose(law[0, 1], torch.tensor([0.75, 0.0, 0.25, 0.0], dtype=torch.float64))
+    assert not law[0, 2].any()
