@@ -11,6 +11,13 @@ e.g. `--losscheck-engine=losscheck.selftest.hf:hf_assisted_residual_from_p`.
 | `hf_assisted_bonus_off_by_one` | after k accepted drafts the bonus token is drawn from p at slot k - 1 |
 | `hf_assisted_temperature_draft_only` | the verifier's p without the request's temperature (q has it) |
 | `hf_assisted_stale_q` | the verifier reads the previous round's q while the drafts came from the current one |
+| `hf_assisted_state_not_rolled_back` | a hybrid target's recurrent state keeps the rejected drafts |
+| `hf_assisted_state_rollback_one_off` | a hybrid target's recurrent state restored one position late |
+
+The last two patch transformers' rollback of linear-attention cache layers
+(`LinearAttentionCacheLayerMixin.crop`) instead, and need a target with recurrent layers. They plant
+on top of `every_verified_state_recorded`, the fix of transformers' own rollback bug with such
+targets (docs/hybrid-targets.md), so that the planted bug is the only one.
 """
 
 from __future__ import annotations
@@ -87,6 +94,67 @@ def planted(plant: Planting, request: GenerationRequest) -> Iterator[None]:
         yield
 
 
+# the correct crop of a linear-attention cache layer -> the buggy one (tokens_to_remove <= 0)
+StatePlanting = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _state_not_rolled_back(correct: Callable[..., Any]) -> Callable[..., Any]:
+    def crop(layer: Any, tokens_to_remove: int) -> None:
+        removed = abs(tokens_to_remove)
+        correct(layer, 0)  # BUG: the conv window and recurrent state keep the rejected tokens
+        layer.cumulative_length_linear.sub_(removed)  # (the token count is rolled back, as for the KV cache)
+
+    return crop
+
+
+def _state_rollback_one_off(correct: Callable[..., Any]) -> Callable[..., Any]:
+    def crop(layer: Any, tokens_to_remove: int) -> None:
+        correct(layer, min(0, tokens_to_remove + 1))  # BUG: one rejected token's state kept
+        if tokens_to_remove < 0:
+            layer.cumulative_length_linear.sub_(1)
+
+    return crop
+
+
+@contextmanager
+def every_verified_state_recorded() -> Iterator[None]:
+    """Inside: transformers' assisted decoding records a recurrent state after every token its
+    verification pass reads. It asks for `num_assistant_tokens` of them (generation/utils.py,
+    `cache.activate_past_recording(recurrent_states_to_keep=candidate_generator.num_drafting_tokens)`)
+    while the pass reads one more (the last committed token and the drafts), so after a rejection of
+    every draft the state is restored to before that token; one more recorded state fixes it."""
+    from unittest import mock
+
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    correct = LinearAttentionCacheLayerMixin.activate_past_recording
+
+    def recording(layer: Any, recurrent_states_to_keep: int | None = None) -> None:
+        correct(layer, None if recurrent_states_to_keep is None else recurrent_states_to_keep + 1)
+
+    with mock.patch.object(LinearAttentionCacheLayerMixin, "activate_past_recording", recording):
+        yield
+
+
+@contextmanager
+def state_planted(plant: StatePlanting) -> Iterator[None]:
+    """Inside: transformers' linear-attention crop replaced by `plant(correct)`, on top of
+    `every_verified_state_recorded`."""
+    from unittest import mock
+
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    crop = plant(LinearAttentionCacheLayerMixin.crop)
+    with every_verified_state_recorded(), mock.patch.object(LinearAttentionCacheLayerMixin, "crop", crop):
+        yield
+
+
+STATE_PLANTED: dict[str, StatePlanting] = {
+    "state-not-rolled-back": _state_not_rolled_back,
+    "state-rollback-one-off": _state_rollback_one_off,
+}
+
+
 class HFPlanted(HFAssistedEngine):
     """Planted bug: the engine with a patched speculative sampling step (`PLANTED`)."""
 
@@ -95,6 +163,11 @@ class HFPlanted(HFAssistedEngine):
         self.bug = bug
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
+        if self.bug in STATE_PLANTED:
+            if request.speculative:  # plain decoding never crops: the bug is speculation's alone
+                with state_planted(STATE_PLANTED[self.bug]):
+                    return super().generate(request)
+            return super().generate(request)
         with planted(PLANTED[self.bug], request):
             return super().generate(request)
 
@@ -140,3 +213,13 @@ def hf_assisted_temperature_draft_only(target: Target) -> HFPlanted:
 def hf_assisted_stale_q(target: Target) -> HFPlanted:
     """`hf_assisted` verifying with the previous round's q."""
     return _planted(hf_assisted(target), "stale-q")
+
+
+def hf_assisted_state_not_rolled_back(target: Target) -> HFPlanted:
+    """`hf_assisted` on a hybrid target whose recurrent state is never rolled back after a rejection."""
+    return _planted(hf_assisted(target), "state-not-rolled-back")
+
+
+def hf_assisted_state_rollback_one_off(target: Target) -> HFPlanted:
+    """`hf_assisted` on a hybrid target whose recurrent state is restored one position late."""
+    return _planted(hf_assisted(target), "state-rollback-one-off")

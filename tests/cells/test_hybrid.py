@@ -102,3 +102,41 @@ def test_a_reused_slot_that_keeps_its_state_is_caught() -> None:
     finally:
         target.lm.new_cache = correct
     assert not torch.equal(served.tokens, alone.tokens)
+
+
+def _hf_greedy(bug: str | None = None, fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' assisted generation with the hybrid target and its drafter, k = 4: (speculative,
+    plain) greedy tokens [P, 1, 32] of three prompts; `bug` planted (`losscheck.selftest.hf`),
+    `fixed`: inside `every_verified_state_recorded`."""
+    import contextlib
+
+    from losscheck.core.sampling import GREEDY
+    from losscheck.engines.hf import HFAssistedEngine
+    from losscheck.selftest.hf import HFPlanted, every_verified_state_recorded
+    from tests.support import engine_request
+
+    target, drafter = _models()
+    engine = HFAssistedEngine(target.model, drafter.lm.model, 4, target.eos_id or 0)
+    if bug is not None:
+        engine = HFPlanted(engine, bug, name=bug)
+    prompts = _prompts()[:3]
+    with every_verified_state_recorded() if fixed else contextlib.nullcontext():
+        spec, plain = (engine.generate(engine_request(prompts, 1, GREEDY, 0, 32, s)) for s in (True, False))
+    return spec, plain
+
+
+def test_hf_assisted_generation_loses_the_state_of_a_fully_rejected_round() -> None:
+    """A finding, pinned: transformers 5.25's assisted generation with a hybrid target and a fixed
+    block of k drafts records k recurrent states for a verification pass of k + 1 tokens, so a round
+    that rejects every draft resumes from the state before its first token: greedy output leaves
+    plain decoding's. When transformers fixes it this turns red; then drop the workaround below."""
+    spec, plain = _hf_greedy()
+    assert not torch.equal(spec, plain)
+    spec, plain = _hf_greedy(fixed=True)  # one more recorded state: exact
+    assert torch.equal(spec, plain)
+
+
+@pytest.mark.parametrize("bug", ["state-not-rolled-back", "state-rollback-one-off"])
+def test_planted_hf_rollback_bugs_change_the_output(bug: str) -> None:
+    spec, plain = _hf_greedy(bug)
+    assert not torch.equal(spec, plain)
