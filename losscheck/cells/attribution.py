@@ -28,6 +28,7 @@ from scipy import stats
 from losscheck.cells.scoring import ForcedProbs, teacher_forced_pit
 from losscheck.core.sampling import make_generator
 from losscheck.stats.result import TestResult
+from losscheck.stats.streams import top_tokens
 
 if TYPE_CHECKING:
     from losscheck.cells.engine_rounds import RoundsScoring
@@ -43,6 +44,7 @@ SCORES = {
     "pit_spread": "mean of |u - 1/2| - 1/4 (a law too flat or too peaked)",
     "repeats": "Σ (1[x repeats an id of the output] - p(those ids)) (penalties)",
     "support": "the row's tokens of probability 0 under the reference (a cut-off or mask kept them)",
+    "argmax": "Σ (1[x is the top token] - p(top token)): tokens at the argmax beyond their law (a greedy fallback)",
 }
 ARE = 3 / math.pi  # the U test's efficiency against the t test under normal scores
 
@@ -60,6 +62,8 @@ def scores_for(failed: list[str]) -> tuple[str, ...]:
             picks = ["repeats"]
         elif base == "pit.support":
             picks = ["support"]
+        elif base == "pit.greedy_fallback":
+            picks = ["argmax"]
         else:
             picks = ["surprisal", "pit_mean", "pit_spread"]
         out += [p for p in picks if p not in out]
@@ -83,6 +87,7 @@ def row_scores(
     surprisal = torch.zeros(n, dtype=torch.float64)
     repeats = torch.zeros(n, dtype=torch.float64)
     impossible = torch.zeros(n, dtype=torch.float64)
+    argmax = torch.zeros(n, dtype=torch.float64)
 
     def observe(at: slice, forced: ForcedProbs) -> None:
         p = forced.probs.double()  # [c, L, V]
@@ -97,6 +102,8 @@ def row_scores(
         seen = seen.to(torch.uint8).cummax(1).values.bool()
         hit = seen.gather(-1, tokens[..., None]).squeeze(-1).double()  # [c, L]
         repeats[at] = ((hit - (p * seen).sum(-1)) * scored).sum(-1).cpu()
+        top, at_top = top_tokens(p, tokens)
+        argmax[at] = ((at_top.double() - top) * scored).sum(-1).cpu()
         if rounds is not None:
             rounds.observe(rows[at], gen, at, forced)
 
@@ -113,6 +120,7 @@ def row_scores(
         "pit_spread": ((centred.abs() - 0.25) * tested).sum(-1) / count,
         "repeats": repeats,
         "support": impossible,
+        "argmax": argmax,
     }
     if rounds is not None:
         out.update({f"rounds.{c}": rounds.sample.row_scores(c) for c in rounds.sample.power.classes})

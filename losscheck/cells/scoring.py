@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from losscheck.stats.bugclass import PowerAccumulator
     from losscheck.stats.buglaws import BugClass
     from losscheck.stats.result import TestResult
+    from losscheck.stats.streams import StreamValues
 
 
 POOLED_TV_MISS = 0.05  # the pooled TV bound's miss rate per cell, split over its looks
@@ -229,6 +230,11 @@ class PitScores:
     slots: list[torch.Tensor | None] = field(default_factory=list)  # [n_j, L] or None
     spare: list[torch.Tensor] = field(default_factory=list)  # [n_j, L] completes pairs that EOS cuts
     parts: list[Any] = field(default_factory=list)  # ConditionalValues per scored chunk
+    top: list[torch.Tensor] = field(default_factory=list)  # [c, L] float64 the target's top probability
+    at_top: list[torch.Tensor] = field(default_factory=list)  # [c, L] bool the drawn token is the top token
+    logp: list[torch.Tensor] = field(default_factory=list)  # [c] float64 log probability of each output
+    keys: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # (prompt, output) per row
+    temperature: float = 1.0  # the sample's, read by `add`: the stream tests' slack divides by it
 
     def add(self, rows: list[list[int]], gen: Generation, part: str = "") -> None:
         """Score `gen` (sequences continuing `rows`); `part` names its uniforms within the stream."""
@@ -246,11 +252,13 @@ class PitScores:
             for name in ("pit-v", "pit-order-v")
         )
         generated = gen.mask()
+        self.temperature = gen.params.temperature
 
         def observe(at: slice, forced: ForcedProbs) -> None:
             q = None if gen.draft_q is None else gen.draft_q.law(target.vocab_size, at).to(forced.probs.device)
             slots = None if gen.slots is None else gen.slots[at]
             p = forced.probs.double()
+            self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p)
             # the exact-conditional values read the engine's whole kept set (its acceptance ratio
             # and residual): an ambiguous position is left out of them whatever was drawn there
             self.parts.append(
@@ -295,6 +303,36 @@ class PitScores:
         self.slots.append(None if gen.slots is None else gen.slots.cpu())
         self.spare.append(torch.rand(gen.tokens.shape, generator=stream("pit-pairs"), dtype=torch.float64))
 
+    def _streams(self, rows: list[list[int]], tokens: torch.Tensor, generated: torch.Tensor, p: torch.Tensor) -> None:
+        """Keep what the stream tests read of one chunk (`losscheck.stats.streams`): tokens [c, L]
+        scored under p [c, L, V], `generated` [c, L] bool."""
+        from losscheck.stats.streams import outputs, top_tokens
+
+        top, at_top = top_tokens(p, tokens)
+        drawn = p.gather(-1, tokens[..., None]).squeeze(-1)  # [c, L]
+        logp = torch.where(generated, drawn.clamp_min(1e-300).log(), 0.0).sum(-1)  # [c]
+        self.top.append(top.cpu())
+        self.at_top.append(at_top.cpu())
+        self.logp.append(logp.cpu())
+        self.keys += [(tuple(prompt), output) for prompt, output in zip(rows, outputs(tokens, generated))]
+
+    def stream_values(self, u: torch.Tensor, tested: torch.Tensor) -> StreamValues:
+        """The stream tests' values of every part so far, `u` [N, L] and `tested` [N, L] the PIT
+        tests' (the rows in the order they were scored)."""
+        from losscheck.stats.streams import StreamValues, precision_slack, repeat_law
+
+        hit, law = repeat_law(self.keys, torch.cat(self.logp))
+        temperature = self.temperature
+        return StreamValues(
+            top=torch.cat(self.top),
+            at_top=torch.cat(self.at_top),
+            tested=tested,
+            repeats=hit,
+            repeat_law=law,
+            first_u=torch.where(tested[:, 0], u[:, 0], math.nan),
+            slack=precision_slack(self.tolerance, temperature) if temperature > 0 else 1.0,
+        )
+
     @property
     def tested_tokens(self) -> int:
         """Tokens the PIT tests count so far: generated, and drawn where every implementation's cut-off keeps them."""
@@ -327,8 +365,17 @@ class PitScores:
         tested = mask & ~left_out
         missing = frozenset() if slots is not None else frozenset({registry.SLOTS})
         alpha_pit = registry.split(alpha, registry.PIT, registry.CONDITIONAL, missing=missing).share(registry.PIT)
+        streams = self.stream_values(u, tested)
         results = pit_tests(
-            u, tested, alpha_pit / looks, profile.power, pooled_tv, profile.pit_bins, slots=slots, spare=spare
+            u,
+            tested,
+            alpha_pit / looks,
+            profile.power,
+            pooled_tv,
+            profile.pit_bins,
+            slots=slots,
+            spare=spare,
+            streams=streams,
         )
         results += conditional_tests(ConditionalValues.merge(self.parts), alpha - alpha_pit, profile.power, looks)
         return results, SampleFacts(

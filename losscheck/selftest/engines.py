@@ -14,6 +14,7 @@ from losscheck.selftest.verifiers import (
     in_sampled_rounds,
     on_share_of_rounds,
     verify_bonus_from_wrong_slot,
+    verify_greedy_at_any_temperature,
     verify_residual_is_p,
     verify_temperature_on_q_only,
 )
@@ -23,6 +24,7 @@ PLANTED: dict[str, Verifier] = {
     "residual-is-p-half": in_sampled_rounds(on_share_of_rounds(verify_residual_is_p, 0.5)),
     "bonus-from-previous-slot": in_sampled_rounds(verify_bonus_from_wrong_slot),
     "temperature-on-q-only": verify_temperature_on_q_only,
+    "greedy-at-any-temperature": verify_greedy_at_any_temperature,
 }
 
 
@@ -53,3 +55,8 @@ def bonus_from_previous_slot(target: Target) -> SpecLoopEngine:
 def temperature_on_q_only(target: Target) -> SpecLoopEngine:
     """The verifier's p without the request's temperature (the drafter's q has it)."""
     return planted(target, "temperature-on-q-only")
+
+
+def greedy_at_any_temperature(target: Target) -> SpecLoopEngine:
+    """Greedy verification at every temperature: the engine returns the argmax path at T > 0."""
+    return planted(target, "greedy-at-any-temperature")

@@ -123,6 +123,12 @@ def temperature_q_only(slot: FirstSlot) -> torch.Tensor:
     return first_token_law(q, ratio(p, q), residual(p, q))
 
 
+def greedy_at_any_temperature(slot: FirstSlot) -> torch.Tensor:
+    """The first token is the target's argmax (the first id of its largest probability)."""
+    p = slot.p()
+    return torch.zeros_like(p).scatter_(0, p.argmax()[None], 1.0)
+
+
 def truncation_draft_only(slot: FirstSlot) -> torch.Tensor:
     p, q = slot.p(replace(slot.params, top_k=0, top_p=1.0)), slot.q()
     return first_token_law(q, ratio(p, q), residual(p, q))

@@ -212,6 +212,18 @@ CATALOGUE: tuple[Mutant, ...] = (
         verifier=bugs.verify_temperature_on_q_only,
     ),
     Mutant(
+        "greedy_at_any_temperature",
+        "sampling",
+        "Silent greedy fallback: verification returns the target's argmax at T > 0 (SGLang on some "
+        "backends, mistral.rs).",
+        "Drafts are kept iff they are the argmax and every recovered or bonus token is the argmax, so "
+        "every sampled cell emits the greedy path: each token is its top token, which the target gives "
+        "probability p_max < 1. Caught by pit.greedy_fallback (named) as well as the pooled PIT tests.",
+        _sampled(),
+        laws.greedy_at_any_temperature,
+        verifier=bugs.verify_greedy_at_any_temperature,
+    ),
+    Mutant(
         "truncation_draft_only",
         "sampling",
         "vLLM-style: top-k / top-p applied to the draft side only (the target's p left untruncated).",

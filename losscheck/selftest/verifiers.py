@@ -297,6 +297,13 @@ def verify_temperature_on_q_only(logits, drafts, q, params: SamplingParams, gene
     return verify_rejection(p, drafts, q, generator)
 
 
+def verify_greedy_at_any_temperature(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
+    """Greedy verification whatever the temperature (SGLang's silent fallback where a backend lacks
+    the sampling kernel; mistral.rs): a draft is kept iff it is the target's argmax, and the
+    recovered and bonus tokens are the argmax, so at T > 0 the output is the greedy path."""
+    return verify_greedy(process_logits(logits, params), drafts)  # BUG: no rejection sampling at T > 0
+
+
 def verify_truncation_on_draft_only(logits, drafts, q, params: SamplingParams, generator) -> BlockOutcome:
     """The verifier's p skips the top-k / top-p truncation the drafter's q was processed with."""
     if params.greedy:

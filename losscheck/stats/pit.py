@@ -54,8 +54,18 @@ from losscheck.stats.power import (
     dkwm_required_n,
     require_power,
 )
-from losscheck.stats.registry import PIT, SLOTS, StatTest, budget_count, deprecated_count, register, run_family
+from losscheck.stats.registry import (
+    PIT,
+    ROW_STREAMS,
+    SLOTS,
+    StatTest,
+    budget_count,
+    deprecated_count,
+    register,
+    run_family,
+)
 from losscheck.stats.result import TestResult
+from losscheck.stats.streams import StreamValues, greedy_fallback, repeats, serial
 
 PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
 
@@ -102,6 +112,7 @@ def pit_tests(
     min_expected: float = 5.0,
     slots: torch.Tensor | None = None,
     spare: torch.Tensor | None = None,
+    streams: StreamValues | None = None,
 ) -> list[TestResult]:
     """Uniformity tests of the randomized PITs `u` [N, L] at the positions where `mask` [N, L]
     (bool, predictable: e.g. "not after EOS") is true, under the budget `alpha`.
@@ -109,6 +120,8 @@ def pit_tests(
     slots [N, L] long: each token's slot in its round (speculative runs; None: no slot test).
     spare [N, L] float: independent U(0,1) draws completing pairs cut by the mask (None: pairs
         need both positions, which is exact only when the mask is fixed in advance).
+    streams: what the rows say about their random streams (`losscheck.stats.streams`; None: the
+        stream tests are not run and take no share of `alpha`).
 
     Returns, in order:
       pit.support           NaN u's (tokens of probability 0), alpha 0;
@@ -121,7 +134,11 @@ def pit_tests(
       pit.slot_chisquare    the same over the slot × bin table (slot of the token in its round;
                             without `slots` it is not run and takes no share of `alpha`);
       pit.pair_chisquare    χ² of the pairs (u_{2m}, u_{2m+1}) on a `PAIR_BINS`² grid of the unit
-                            square: serial dependence.
+                            square: serial dependence;
+      pit.greedy_fallback   the count of tokens at their top token (an argmax at T > 0), one-sided;
+      pit.row_repeats       the count of rows repeating an earlier output of their prompt (a
+                            shared random stream), one-sided;
+      pit.row_serial        the correlation of consecutive rows' first-token PITs.
     The tests run split `alpha` by Bonferroni. With a `target_tv`, the pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
     `target_tv` at `power` (`pit_required_values` says how many values suffice) — unless a token
@@ -137,7 +154,8 @@ def pit_tests(
     check_open_unit("power", power)
     if target_tv is not None:
         check_tv("target TV", target_tv)
-    missing = frozenset() if slots is not None else frozenset({SLOTS})  # no slots: no slot test, no share
+    # no slots: no slot test, no share; no stream values: no stream tests
+    missing = frozenset({SLOTS} if slots is None else ()) | frozenset({ROW_STREAMS} if streams is None else ())
     a = per_test_alpha(alpha, budget_count(PIT, missing=missing))
 
     impossible = mask & torch.isnan(u)  # [N, L]
@@ -167,7 +185,7 @@ def pit_tests(
         slot_of = torch.as_tensor(slots, dtype=torch.long)[valid]  # [n]
         width = int(slot_of.max()) + 1
         slot_counts = torch.bincount(slot_of * n_bins + bins, minlength=width * n_bins).view(-1, n_bins).numpy()
-    pit = PitValues(u, mask, valid, values, counts, slot_counts, spare, int(impossible.sum()), min_expected)
+    pit = PitValues(u, mask, valid, values, counts, slot_counts, spare, int(impossible.sum()), min_expected, streams)
     return run_family(PIT, pit, alpha, power, missing=missing)
 
 
@@ -184,6 +202,7 @@ class PitValues:
     spare: torch.Tensor | None  # [N, L] uniforms completing pairs cut by the mask
     impossible: int  # tested tokens of probability 0
     min_expected: float  # per bin, for a position or slot to be tested
+    streams: StreamValues | None = None  # None: the run scores no rows (the stream tests are not run)
 
     @property
     def n_bins(self) -> int:
@@ -371,6 +390,42 @@ register(
     )
 )
 register(StatTest("pit.pair_chisquare", PIT, "stratified", _pair_chisquare))
+
+
+def _streams(pit: PitValues) -> StreamValues:
+    if pit.streams is None:  # never: the family's runner leaves a test out when its input is missing
+        raise LosscheckError("the stream tests need the rows' stream values")
+    return pit.streams
+
+
+_NEEDS_STREAMS = frozenset({ROW_STREAMS})
+register(
+    StatTest(
+        "pit.greedy_fallback",
+        PIT,
+        "pooled",
+        lambda pit, alpha, power: greedy_fallback(_streams(pit), alpha, power),
+        needs=_NEEDS_STREAMS,
+    )
+)
+register(
+    StatTest(
+        "pit.row_repeats",
+        PIT,
+        "pooled",
+        lambda pit, alpha, power: repeats(_streams(pit), alpha, power),
+        needs=_NEEDS_STREAMS,
+    )
+)
+register(
+    StatTest(
+        "pit.row_serial",
+        PIT,
+        "stratified",
+        lambda pit, alpha, power: serial(_streams(pit), alpha, power),
+        needs=_NEEDS_STREAMS,
+    )
+)
 
 
 def __getattr__(name: str) -> int:

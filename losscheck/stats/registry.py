@@ -34,8 +34,12 @@ CONFORMANCE = "conformance"
 EXACT = "exact"
 TWO_SAMPLE = "two_sample"
 ROUNDS = "rounds"  # a black-box engine's verifier classes through its drafter (`losscheck.stats.hidden_rounds`)
+STREAMS = "streams"  # a black-box engine's random streams across requests (`losscheck.cells.streams`)
 # Inputs a test may read that a cell may lack (`StatTest.needs`): a black-box engine reports no slots.
 SLOTS = "slots"
+# ... and what a sample's rows say about their random streams (`losscheck.stats.streams.StreamValues`):
+# a caller of the PIT tests that scores no rows (a bare array of PITs) gives none
+ROW_STREAMS = "row_streams"
 # the order a PIT cell's design lists its tests in (`designed`); a family not named here follows
 DESIGN_ORDER = (PIT, CONDITIONAL)
 

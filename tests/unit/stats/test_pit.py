@@ -13,7 +13,7 @@ from scipy import stats
 from losscheck.errors import UnderpoweredError
 from losscheck.stats.pit import pit_required_values, pit_tests, randomized_pit
 from losscheck.stats.power import predicted_power
-from losscheck.stats.registry import SLOTS
+from losscheck.stats.registry import ROW_STREAMS, SLOTS
 
 EOS = 0
 
@@ -180,7 +180,7 @@ def test_a_token_of_probability_zero_fails_even_a_sample_too_small_for_the_poole
 
 
 def test_pit_required_values_is_the_smallest_sample_the_pooled_tests_accept():
-    needed = pit_required_values(alpha=0.01, power=0.99, target_tv=0.05, missing=frozenset({SLOTS}))
+    needed = pit_required_values(alpha=0.01, power=0.99, target_tv=0.05, missing=frozenset({SLOTS, ROW_STREAMS}))
     assert needed < pit_required_values(alpha=0.01, power=0.99, target_tv=0.05)  # a slot test shares alpha
     u = _uniforms((needed, 1), seed=41)
     pit_tests(u, torch.ones(needed, 1, dtype=torch.bool), alpha=0.01, power=0.99, target_tv=0.05)

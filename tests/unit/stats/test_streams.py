@@ -1,0 +1,146 @@
+"""The stream tests (`losscheck.stats.streams`): the Poisson-binomial count tests against scipy's
+binomial where every probability is equal, the greedy-fallback test against a planted verifier
+that returns the argmax at T > 0 (and not against the correct one), the repeat law by hand, and
+the tests run by `pit_tests` only when the rows' stream values are given."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from losscheck.core.sampling import SamplingParams
+from losscheck.core.verify import verify_block
+from losscheck.errors import LosscheckError
+from losscheck.selftest.verifiers import verify_greedy_at_any_temperature
+from losscheck.stats import registry
+from losscheck.stats.pit import pit_tests, randomized_pit
+from losscheck.stats.streams import (
+    EXACT_EVENTS,
+    StreamValues,
+    _tail,
+    detectable_correlation,
+    detectable_share,
+    greedy_fallback,
+    repeat_law,
+    serial,
+    top_tokens,
+)
+
+ALPHA, POWER = 1e-3, 0.9
+
+
+@pytest.mark.parametrize("n", [50, EXACT_EVENTS + 1000])
+def test_the_count_tail_is_the_binomial_one_when_every_probability_is_equal(n):
+    """Exact (scipy's Poisson-binomial) up to EXACT_EVENTS, the normal law past it: both within
+    what each is, against scipy's binomial."""
+    p = np.full(n, 0.3)
+    for count in (int(0.3 * n), int(0.3 * n + 2 * math.sqrt(0.21 * n))):
+        exact = stats.binom.sf(count - 1, n, 0.3)
+        assert _tail(count, p) == pytest.approx(exact, rel=1e-6 if n <= EXACT_EVENTS else 0.05)
+    assert _tail(0, p) == 1.0 and _tail(n + 1, p) == 0.0
+
+
+def test_the_detectable_share_is_where_the_power_is_reached():
+    """At the stated share ρ the test rejects with probability `POWER` (scipy's binomial power at
+    the critical count), and below it with less."""
+    n, p0 = 400, 0.2
+    probs = np.full(n, p0)
+    rho = detectable_share(probs, ALPHA, POWER)
+    critical = int(stats.binom.isf(ALPHA, n, p0)) + 1  # the smallest count with tail <= ALPHA
+    assert stats.binom.sf(critical - 1, n, p0) <= ALPHA
+    assert stats.binom.sf(critical - 1, n, rho + (1 - rho) * p0) == pytest.approx(POWER, abs=2e-3)
+    assert stats.binom.sf(critical - 1, n, 0.8 * rho + (1 - 0.8 * rho) * p0) < POWER
+    # tokens the target is sure of carry no evidence: nothing is detectable
+    assert detectable_share(np.ones(n), ALPHA, POWER) == math.inf
+
+
+def test_detectable_correlation_shrinks_with_pairs():
+    assert detectable_correlation(3, ALPHA, POWER) == math.inf
+    assert 0 < detectable_correlation(1000, ALPHA, POWER) < detectable_correlation(100, ALPHA, POWER) < 1
+
+
+def _block_stream_values(verifier, blocks: int = 300, k: int = 4, vocab: int = 12, seed: int = 0) -> StreamValues:
+    """One round of `verifier` per block at T = 1 on random p and q: the emitted tokens (slots up
+    to the stopping one), each with its target law p at its slot."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(blocks, k + 1, vocab, generator=gen, dtype=torch.float64) * 1.5  # [B, k+1, V]
+    q = torch.softmax(torch.randn(blocks, k, vocab, generator=gen, dtype=torch.float64) * 1.5, -1)  # [B, k, V]
+    drafts = torch.multinomial(q.view(-1, vocab), 1, generator=gen).view(blocks, k)  # [B, k]
+    params = SamplingParams(temperature=1.0)
+    out = verifier(logits, drafts, q, params, gen)
+    emitted = torch.arange(k + 1)[None, :] <= out.accepted[:, None]  # [B, k+1]
+    p = torch.softmax(logits, -1)  # [B, k+1, V]
+    top, at_top = top_tokens(p, out.tokens)
+    u = randomized_pit(p[:, :1], out.tokens[:, :1], torch.rand(blocks, 1, generator=gen, dtype=torch.float64))
+    return StreamValues(
+        top=top,
+        at_top=at_top,
+        tested=emitted,
+        repeats=torch.zeros(blocks, dtype=torch.bool),
+        repeat_law=torch.zeros(blocks, dtype=torch.float64),
+        first_u=u[:, 0],
+    )
+
+
+def test_greedy_fallback_catches_a_verifier_returning_the_argmax_at_T1():
+    """The planted bug emits the greedy path: every token its top token, against ~30% expected
+    (p = 0 in double precision); the correct verifier, same draws, passes. Power at T = 1 is near
+    certain: the test detects a share of forced argmax tokens well under 1."""
+    bug = greedy_fallback(_block_stream_values(verify_greedy_at_any_temperature), ALPHA, POWER)
+    assert not bug.passed and bug.statistic == bug.n, bug.message()
+    assert bug.p_value < 1e-12
+    correct = greedy_fallback(_block_stream_values(verify_block), ALPHA, POWER)
+    assert correct.passed, correct.message()
+    assert correct.detectable["argmax_share"] < 0.2, correct.message()
+
+
+def test_repeat_law_sums_the_distinct_earlier_outputs_of_each_prompt():
+    keys = [("a", (1,)), ("a", (2,)), ("b", (1,)), ("a", (1,)), ("a", (2,)), ("a", (1,))]
+    logp = torch.tensor([0.1, 0.2, 0.3, 0.1, 0.2, 0.1]).log()
+    hit, law = repeat_law(keys, logp)
+    assert hit.tolist() == [False, False, False, True, True, True]
+    assert law.tolist() == pytest.approx([0.0, 0.1, 0.0, 0.3, 0.3, 0.3])
+    with pytest.raises(LosscheckError, match="2 rows but 1 log probabilities"):
+        repeat_law(keys[:2], logp[:1])
+
+
+def test_serial_catches_consecutive_rows_sharing_their_uniform_and_passes_independent_ones():
+    gen = torch.Generator().manual_seed(3)
+    n = 400
+    fresh = torch.rand(n, generator=gen, dtype=torch.float64)
+    shared = fresh.clone()
+    shared[1::2] = (fresh[0::2] + 0.02 * torch.rand(n // 2, generator=gen, dtype=torch.float64)).clamp(max=1 - 1e-9)
+
+    def values(first_u: torch.Tensor) -> StreamValues:
+        ones = torch.ones(n, 1, dtype=torch.bool)
+        zeros = torch.zeros(n, dtype=torch.float64)
+        return StreamValues(ones.double(), ones, ones, ones[:, 0] & False, zeros, first_u)
+
+    assert serial(values(fresh), ALPHA, POWER).passed
+    caught = serial(values(shared), ALPHA, POWER)
+    assert not caught.passed and caught.statistic > 0.9, caught.message()
+
+
+def test_pit_tests_run_the_stream_tests_only_with_stream_values():
+    """Without stream values the PIT family's split is as before (no share for them); with them
+    each takes one share."""
+    values = _block_stream_values(verify_block, blocks=2000)
+    u = torch.rand(values.top.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    without = pit_tests(u, values.tested, 0.01, POWER, None)
+    with_streams = pit_tests(u, values.tested, 0.01, POWER, None, streams=values)
+    names = {r.name for r in with_streams} - {r.name for r in without}
+    assert names == {"pit.greedy_fallback", "pit.row_repeats", "pit.row_serial"}
+    assert registry.budget_count("pit", missing=frozenset({registry.SLOTS})) == len(
+        [r for r in with_streams if r.alpha > 0]
+    )
+    assert without[1].alpha > with_streams[1].alpha  # the shares of three more tests
+
+
+def test_stream_values_check_their_shapes():
+    ones = torch.ones(3, 2)
+    with pytest.raises(LosscheckError, match=r"StreamValues.repeats must have shape \(3,\)"):
+        StreamValues(ones, ones.bool(), ones.bool(), torch.zeros(2, dtype=torch.bool), ones[:, 0], ones[:, 0])
