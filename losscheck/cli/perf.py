@@ -31,6 +31,7 @@ PERF_OPTIONS = (
     "assistant",
     "speculative-config",
     "engine-arg",
+    "allow-lossy-mode",
     "perf-concurrency",
     "perf-arrivals",
     "perf-k",

@@ -107,9 +107,16 @@ class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
     def __init__(
-        self, model: PreTrainedModel, assistant: PreTrainedModel, k: int, eos: int, name: str = "hf-assisted"
+        self,
+        model: PreTrainedModel,
+        assistant: PreTrainedModel,
+        k: int,
+        eos: int,
+        name: str = "hf-assisted",
+        ensemble_weight: float | None = None,  # transformers' static ensemble verification: lossy by design
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
+        self.ensemble_weight = ensemble_weight
         self.precision: str | None = dtype_precision(next(model.parameters()).dtype)
         self.name = f"{name}(k={k})"
 
@@ -132,6 +139,7 @@ class HFAssistedEngine:
             num_assistant_tokens=self.k,
             num_assistant_tokens_schedule="constant",
             assistant_confidence_threshold=0.0,
+            assistant_ensemble_weight=self.ensemble_weight,
             **sampling_config(params, self.name, self.eos),
         )
 
@@ -166,7 +174,10 @@ class HFAssistedEngine:
 
     def with_k(self, k: int) -> HFAssistedEngine:
         """The same model and assistant drafting `k` candidates a round (a perf run's k sweep)."""
-        return HFAssistedEngine(self.model, self.assistant, k, self.eos, name=self.name.partition("(")[0])
+        name = self.name.partition("(")[0]
+        return HFAssistedEngine(
+            self.model, self.assistant, k, self.eos, name=name, ensemble_weight=self.ensemble_weight
+        )
 
     def stream(self, speculative: bool) -> HFStream:
         """The engine timed token by token (`losscheck.engines.stream`)."""
@@ -345,6 +356,9 @@ def hf_assisted_stress(target: Target) -> HFAssistedEngine:
 @dataclass(frozen=True)
 class HFOptions:
     num_assistant_tokens: int = option(4, minimum=1, help="the candidates the assistant drafts per round")
+    assistant_ensemble_weight: float | None = option(
+        None, help="w in (0, 1): transformers' static ensemble verification, lossy by design (losscheck.engines.lossy)"
+    )
 
 
 def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssistedEngine:
@@ -363,14 +377,25 @@ def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssi
         )
     eos = target.eos_id if target.eos_id is not None else 0
     name = f"hf-assisted[{Path(request.assistant).name}]"
-    return HFAssistedEngine(model, assistant, options.num_assistant_tokens, eos, name=name)
+    weight = options.assistant_ensemble_weight
+    return HFAssistedEngine(model, assistant, options.num_assistant_tokens, eos, name=name, ensemble_weight=weight)
+
+
+def _inputs(request: EngineRequest, engine: str) -> None:
+    needs_assistant("the assistant model directory")(request, engine)
+    weight = request.args.get("assistant_ensemble_weight")
+    if isinstance(weight, (int, float)) and not isinstance(weight, bool) and not 0 < weight < 1:
+        raise OptionError(
+            f"{request.prefix}engine-arg assistant_ensemble_weight={weight!r}: need a number in (0, 1) "
+            "(transformers refuses others; leave it out for lossless verification)"
+        )
 
 
 register(
     "hf",
     "Hugging Face assisted generation: --assistant DIR",
     options=HFOptions,
-    inputs=needs_assistant("the assistant model directory"),
+    inputs=_inputs,
     build=_build,
     package="transformers",
 )

@@ -5,7 +5,8 @@ processes' manifests, `losscheck.report.manifest`) as passed, failed, errored or
 verdict is
 
 - PASS: every cell of the matrix ran and passed (and pytest exited 0);
-- FAIL: a cell failed or errored, or pytest failed otherwise;
+- FAIL: a cell failed or errored, or pytest failed otherwise, or the run was configured with a mode
+  lossy by design (`losscheck.engines.lossy`; the reason names it as such, not as a bug found);
 - PARTIAL: nothing failed, but cells did not run (a `-k` selection, a shard) or the matrix is
   unknown (no certification test ran);
 - INTERRUPTED: the run was stopped (Ctrl-C) before it finished, whatever had passed.
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from losscheck import acceptance
 from losscheck.cells.record import CellRecord
+from losscheck.errors import flag
 from losscheck.plan.entry import MatrixEntry
 from losscheck.plan.scope import WHOLE
 from losscheck.report import claims
@@ -51,6 +53,7 @@ from losscheck.report.document import (
     Worker,
 )
 from losscheck.report.manifest import Identity, Manifest, RegisteredTest
+from losscheck.run.loading import lossy_configuration
 
 if TYPE_CHECKING:
     from losscheck.plan.shard import Shard
@@ -78,6 +81,7 @@ def run_meta(options: Options, pytest_args: list[str]) -> RunMeta:
         device_option=options.device,
         precisions=tuple(p.label() for p in options.precisions),
         strict=options.strict,
+        lossy_modes=tuple(found.describe() for found in lossy_configuration(options, flag(""))),
     )
 
 
@@ -168,6 +172,8 @@ def account(
     if exit_status not in (0, 1, 5) and not interrupted:
         issues.append(f"pytest exited with status {exit_status} (an internal or usage error)")
     verdict, reason = _verdict(matrix, counts, issues, exit_status, interrupted, bool(planned), share)
+    if meta.lossy_modes and verdict != "INTERRUPTED":
+        verdict, reason = "FAIL", lossy_reason(meta.lossy_modes, counts.failed + counts.errored, reason)
     return Findings(
         verdict=verdict,
         reason=reason,
@@ -180,6 +186,17 @@ def account(
         matrix=tuple(matrix),
         cells=tuple(records),
     )
+
+
+def lossy_reason(modes: Sequence[str], failed: int, reason: str) -> str:
+    """Why a run configured with a mode lossy by design FAILs whatever its cells found: the mode is
+    named as the cause, its failed cells as that design, never as a bug found."""
+    cells = (
+        f"its {failed} failed or errored cells show that design, not a bug found"
+        if failed
+        else "its cells detecting no deviation at their power does not make it lossless"
+    )
+    return f"lossy by design: {'; '.join(modes)}, a mode not meant to keep the target's law; {cells} ({reason})"
 
 
 def cost(records: Sequence[CellRecord]) -> Cost:

@@ -212,6 +212,13 @@ class RunMeta:
     bundled_option: str | None = None
     scope_option: str | None = None
     verifier_option: str | None = None
+    lossy_modes: tuple[str, ...] = field(
+        default=(),
+        metadata=json_field(
+            doc="the modes lossy by design the run was configured with (--losscheck-allow-lossy-mode), each with "
+            "the setting that chose it; any fails the verdict"
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
+    from losscheck.engines.lossy import Found
     from losscheck.engines.named import EngineRequest
     from losscheck.run.options import Options
 
@@ -227,6 +228,11 @@ def check_options(options: Options, prefix: str = "--losscheck-", weights: bool 
         options.scope.check(serving_axis_names(), [a.name for a in adapter.axes] if adapter is not None else ())
     if options.engine is not None:
         check_engine_options(options, prefix, weights)
+    found = lossy_configuration(options, prefix)
+    if found and not options.allow_lossy_mode:
+        from losscheck.engines.lossy import refusal
+
+        raise OptionError(refusal(found, prefix))
     if options.out is not None:
         check_out_dir(options.out, opt("out"))
     if options.target is None:
@@ -319,3 +325,33 @@ def check_engine_options(options: Options, prefix: str = "--losscheck-", weights
     adapter.check(engine_request(options, prefix))
     if options.assistant is not None:
         model_config(options.assistant, prefix + "assistant", weights=weights)
+
+
+def lossy_configuration(options: Options, prefix: str = "--losscheck-") -> list[Found]:
+    """The modes lossy by design (`losscheck.engines.lossy`) the options set: in a shipped adapter's
+    `--engine-arg` and `--speculative-config`, or in the acceptance rule a speculators drafter's
+    config.json declares. Reads files, loads no model."""
+    import dataclasses
+
+    from losscheck.drafters import speculators_config
+    from losscheck.engines import lossy
+
+    checkpoint: dict[str, Any] = {}
+    if options.drafter is not None and speculators_config.is_spec(options.drafter):
+        proposal = speculators_config.read_config(speculators_config.spec_path(options.drafter)).proposal
+        checkpoint = dataclasses.asdict(proposal)
+    request = None
+    if options.engine is not None:
+        from losscheck.engines.named import ADAPTERS
+
+        request = engine_request(options, prefix) if options.engine in ADAPTERS else None
+    if request is None and not checkpoint:
+        return []
+    config = lossy.Configuration(
+        engine=options.engine,
+        engine_args=request.args if request is not None else {},
+        speculative_config=(request.speculative_config or {}) if request is not None else {},
+        checkpoint=checkpoint,
+        prefix=prefix,
+    )
+    return lossy.configured(config)

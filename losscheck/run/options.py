@@ -50,6 +50,7 @@ class Options:
     assistant: str | None = None  # --engine hf: the assistant model directory
     speculative_config: str | None = None  # --engine vllm: its speculative config, JSON
     engine_args: tuple[str, ...] = ()  # KEY=VALUE arguments of a shipped adapter's engine
+    allow_lossy_mode: bool = False  # run a mode lossy by design (losscheck.engines.lossy); its verdict FAILs
     scope: Scope = field(default_factory=Scope)  # the part of the matrix certified (losscheck.plan.scope)
     shard: Shard | None = None  # this run's share of the cells in scope (losscheck.plan.shard); None = all
     require_pass: bool = False  # pytest exits non-zero unless the verdict is PASS
@@ -192,6 +193,13 @@ SPECS: dict[str, OptionSpec] = {
         "help": "an option of a shipped adapter, VALUE as JSON where it parses (vllm: a keyword of vllm.LLM, e.g. "
         "max_model_len=512, or losscheck_instances=one-at-a-time; hf and openvino: num_assistant_tokens=N; "
         "llamacpp: n_draft=N, n_threads=N, target_weights=q8_0); repeat for more",
+    },
+    "allow-lossy-mode": {
+        "action": "store_true",
+        "help": "run a configuration that sets a mode lossy by design (vLLM's synthetic or FLy rejection "
+        "sampling, transformers' assistant_ensemble_weight, a speculators checkpoint's top-k acceptance; "
+        "docs/black-box-engines.md), which is otherwise refused before any cell runs; its verdict is FAIL, "
+        "naming the mode as lossy by design",
     },
     "sampling": {
         "metavar": "SPEC",
@@ -370,6 +378,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         assistant=value("assistant"),
         speculative_config=value("speculative-config"),
         engine_args=tuple(value("engine-arg") or ()),
+        allow_lossy_mode=bool(value("allow-lossy-mode", False)),
         scope=value("scope") or Scope(),
         shard=value("shard"),
         require_pass=bool(value("require-pass", False)),

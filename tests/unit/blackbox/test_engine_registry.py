@@ -146,8 +146,13 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
 @pytest.mark.parametrize(
     "name, request_args, pairs, expected",
     [
-        ("hf", {"assistant": "d"}, (), "HFOptions(num_assistant_tokens=4)"),
-        ("hf", {"assistant": "d"}, ("num_assistant_tokens=8",), "HFOptions(num_assistant_tokens=8)"),
+        ("hf", {"assistant": "d"}, (), "HFOptions(num_assistant_tokens=4, assistant_ensemble_weight=None)"),
+        (
+            "hf",
+            {"assistant": "d"},
+            ("num_assistant_tokens=8",),
+            "HFOptions(num_assistant_tokens=8, assistant_ensemble_weight=None)",
+        ),
         (
             "vllm",
             {"speculative_config": CONFIG},
@@ -190,7 +195,11 @@ def test_each_shipped_adapter_reads_todays_engine_args(name, request_args, pairs
     [
         ("hf", {}, "--losscheck-engine=hf needs --losscheck-assistant=DIR: the assistant model directory"),
         ("hf", {"assistant": "d", "speculative_config": {}}, "--losscheck-speculative-config is vLLM's"),
-        ("hf", {"assistant": "d", "args": {"k": 2}}, "--losscheck-engine=hf takes num_assistant_tokens only"),
+        (
+            "hf",
+            {"assistant": "d", "args": {"k": 2}},
+            "--losscheck-engine=hf takes num_assistant_tokens, assistant_ensemble_weight only",
+        ),
         ("hf", {"assistant": "d", "args": {"num_assistant_tokens": 0}}, "num_assistant_tokens=0: need an int >= 1"),
         ("vllm", {}, "--losscheck-engine=vllm needs --losscheck-speculative-config=JSON"),
         ("vllm", {"speculative_config": {}}, "num_speculative_tokens must be an int >= 1, got None"),
