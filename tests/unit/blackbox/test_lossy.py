@@ -113,6 +113,17 @@ def test_with_the_flag_the_options_pass_and_the_mode_reaches_the_certificate(cas
     assert certificate.run_meta(options, []).lossy_modes == (f"{label} ({setting})",)
 
 
+def test_under_pytest_the_refusal_names_the_plugins_options():
+    options = Options(engine="vllm", speculative_config=spec(rejection_sample_method="synthetic"))
+    with pytest.raises(OptionError) as refused:
+        check_options(options)  # the plugin's check, at pytest_configure: a usage error
+    assert "(--losscheck-speculative-config rejection_sample_method='synthetic') is lossy by design" in str(
+        refused.value
+    )
+    assert "pass --losscheck-allow-lossy-mode" in str(refused.value)
+    check_options(Options(engine="vllm", speculative_config=options.speculative_config, allow_lossy_mode=True))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
