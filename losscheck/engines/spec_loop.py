@@ -22,6 +22,7 @@ class SpecLoopEngine:
     """`Engine(target, drafter, k, verifier)`, or `Engine(target)` with speculation off."""
 
     precision = "fp32"  # the bundled models' dtype as loaded by the factories below
+    reproducible_seeds = True  # one request, one seed: the same ids, speculation on or off
 
     def __init__(
         self,
