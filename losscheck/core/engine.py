@@ -221,12 +221,6 @@ class Engine:
         self._by_id = drafter is not None and not isinstance(drafter.uses_hidden, bool)
         # a target with recurrent layers is told what each row kept after every forward
         self._keep = target.keep if isinstance(target, StatefulTarget) and target.stateful else None
-        if self._keep is not None and prefix_cache is not None:
-            raise LosscheckError(
-                f"target {target.name!r} has recurrent layers; the prefix cache stores key / value "
-                "blocks only, so a hit would resume without the recurrent state: run it without the "
-                "prefix cache (--scope=-prefix)"
-            )
 
     @contextmanager
     def verifier_wrapped(self, wrap: Callable[[Verifier], W]) -> Iterator[W]:
@@ -362,12 +356,12 @@ class Engine:
                 _, states = self._forward(all_ids, (batch.lengths - 1).index_copy(0, rows, start))
                 states = states[rows]
                 kept = torch.zeros_like(batch.lengths).index_copy(0, rows, readable - start)  # the others: 0
-            if self._keep is not None:
-                self._keep(kept)
             if batch.hidden is not None:
                 batch.hidden[rows[:, None], at] = states.float()
-        if reuse is not None and cache is not None:
+        if reuse is not None and cache is not None:  # before `keep`: a recurrent state's checkpoints
             reuse.store(cache, batch.tokens, batch.lengths - 1, rows.tolist(), batch.hidden)
+        if width > 0 and self._keep is not None:
+            self._keep(kept)
 
     def _block(self, batch: Batch) -> int:
         """The round's block length: `k`, fewer at the target's last positions, 0 without a drafter."""
@@ -435,11 +429,11 @@ class Engine:
             read = (slots - 1)[..., None].expand(-1, -1, batch.hidden.shape[2])  # the scored slots
             batch.hidden.scatter_(1, read, states.float())
         batch.lengths = batch.lengths + emit  # a new tensor: drafters may hold the old one
-        if self._keep is not None:  # the scored block's pending token and accepted drafts: `emit`
-            self._keep(emit)
-        if self.prefix_cache is not None:  # blocks completed by this round's tokens
+        if self.prefix_cache is not None:  # blocks completed by this round's tokens, before `keep`
             rows = active.nonzero().squeeze(1).tolist()
             self.prefix_cache.store(ragged_cache(self.target), batch.tokens, batch.lengths - 1, rows, batch.hidden)
+        if self._keep is not None:  # the scored block's pending token and accepted drafts: `emit`
+            self._keep(emit)
         if self.drafter is not None:
             self.drafter.commit(accepted)
         stats.record_round(accepted, active, width - 1)

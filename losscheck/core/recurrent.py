@@ -85,6 +85,10 @@ class _States:
     history: list[torch.Tensor] = field(default_factory=list)  # m+1 states [B, ...]: before, after each token
 
 
+# one row's state: (layer, state index) -> (conv window [C, K], recurrent state [...]), each or None
+RowState = dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor | None]]
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """Every row's recurrent state at one point (`RaggedStateCache.checkpoint`)."""
@@ -152,6 +156,44 @@ class RaggedStateCache(RaggedKVCache):
             slot = self.states.setdefault(key, _States())
             slot.conv = None if conv is None else conv.clone()
             slot.recurrent = None if recurrent is None else recurrent.clone()
+
+    # -- one row's state at a block boundary (a prefix cache's checkpoints) -----------------------
+
+    def state_after(self, row: int, tokens: int) -> RowState | None:
+        """Row `row`'s state after its first `tokens` tokens, if the last forward read across that
+        point (before `keep`: its checkpoints are still there) or the row holds exactly that many;
+        None where the state there was never seen."""
+        held, width = int(self.held[row]), self.width
+        if self.read_rows is None:
+            at: int | None = row
+        else:
+            found = (self.read_rows == row).nonzero()
+            at = int(found[0, 0]) if len(found) else None
+        count = tokens - (held - width)
+        out: RowState = {}
+        for key, slot in self.states.items():
+            checkpoints = at is not None and (bool(slot.history) or slot.conv_read is not None)
+            if checkpoints and 0 <= count <= width:  # the last forward read across that point
+                assert at is not None
+                conv = None
+                if slot.conv_read is not None and slot.conv is not None:
+                    conv = slot.conv_read[at, :, count : count + slot.conv.shape[-1]].clone()
+                recurrent = slot.history[count][at].clone() if slot.history else None
+            elif not checkpoints and tokens == held:
+                conv = None if slot.conv is None else slot.conv[row].clone()
+                recurrent = None if slot.recurrent is None else slot.recurrent[row].clone()
+            else:
+                return None
+            out[key] = (conv, recurrent)
+        return out
+
+    def set_state(self, row: int, state: RowState, tokens: int) -> None:
+        """Row `row` resumes from `state`, the state after `tokens` tokens (a prefix-cache hit)."""
+        for key, (conv, recurrent) in state.items():
+            slot = self.states.setdefault(key, _States())
+            slot.conv = _put_row(slot.conv, row, conv, len(self.held))
+            slot.recurrent = _put_row(slot.recurrent, row, recurrent, len(self.held))
+        self.held[row] = tokens
 
     # -- the layers' side (transformers' cache API for linear attention) --------------------------
 
@@ -249,6 +291,15 @@ class RaggedStateCache(RaggedKVCache):
             slot.recurrent = _scatter_rows(slot.recurrent, at, part.recurrent, source, len(self.held))
             slot.conv_read = None if part.conv_read is None else part.conv_read[source.to(part.conv_read.device)]
             slot.history = [state[source.to(state.device)] for state in part.history]
+
+
+def _put_row(into: torch.Tensor | None, row: int, value: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+    """`into` [B, ...] with row `row` set to `value` [...] (zeros elsewhere where `into` is None)."""
+    if value is None:
+        return into
+    base = value.new_zeros(batch, *value.shape) if into is None else into
+    base[row] = value.to(base.dtype)
+    return base
 
 
 def _scatter_rows(

@@ -149,23 +149,7 @@ class Session:
         full = matrix.plan(
             drafters, bundled, self.blackbox, self.options.precisions, precision_drafters, variants, served, sampling
         )
-        kept, out = self.options.scope.split(full, self.base_precision)
-        return self._stateful_out(kept, out)
-
-    def _stateful_out(
-        self, kept: dict[str, list[Cell]], out: list[dict[str, str]]
-    ) -> tuple[dict[str, list[Cell]], list[dict[str, str]]]:
-        """A target with recurrent layers leaves the prefix-cache cells: the prefix cache stores key
-        / value blocks, not state checkpoints, so a hit cannot resume the recurrent state (the
-        engine refuses the pair by name; the certificate lists the cells and why)."""
-        if self.options.target is None or self.engine_only or not getattr(self.target("main"), "stateful", False):
-            return kept, out
-        why = "the target has recurrent layers; the prefix cache stores key / value blocks only, no state checkpoints"
-        for arg, cells in kept.items():
-            prefix = [c for c in cells if any(name == "prefix" for name, _ in c.serving)]
-            kept[arg] = [c for c in cells if c not in prefix]
-            out.extend({"cell": c.id, "reason": why} for c in prefix)
-        return kept, out
+        return self.options.scope.split(full, self.base_precision)
 
     def _planned_drafters(self, target: str) -> Mapping[str, Declares]:
         """What the plan reads of `target`'s drafters: the bundled set on the bundled targets by its

@@ -1,6 +1,7 @@
-"""Planted recurrent-state bugs of hybrid targets: caches that roll a row's state back the way
-shipped engines did. Each differs from `losscheck.core.recurrent.RaggedStateCache` in one method,
-marked as the bug. Plain decoding (one token a forward, all of it kept) is unaffected by every one
+"""Planted recurrent-state bugs of hybrid targets: caches that roll a row's state back, and prefix
+caches that resume it, the way shipped engines did. Each differs from the correct class
+(`losscheck.core.recurrent.RaggedStateCache`, `losscheck.serving.prefix_cache.PrefixCache`) in one
+method, marked as the bug. Plain decoding (one token a forward, all of it kept) is unaffected by every one
 of them, as in the engines they model: only the speculative path reads a wrong state. Like
 `losscheck.selftest.targets`, the rollback bugs leave a prefill (every row from slot 0) alone:
 an engine prefills each prompt exactly, without the padding a batched prefill here reads.
@@ -12,8 +13,10 @@ from collections.abc import Callable
 
 import torch
 
-from losscheck.core.recurrent import Checkpoint, RaggedStateCache
+from losscheck.core.ragged import RaggedKVCache
+from losscheck.core.recurrent import Checkpoint, RaggedStateCache, RowState
 from losscheck.core.target import HFTarget
+from losscheck.serving.prefix_cache import PrefixCache
 
 
 class NotRolledBack(RaggedStateCache):
@@ -43,6 +46,43 @@ class SlotNotZeroed(RaggedStateCache):
     def begin(self, start: torch.Tensor, width: int) -> None:
         super().begin(start, width)
         self._fresh = torch.zeros_like(start, dtype=torch.bool)  # the bug: nothing starts fresh
+
+
+class PrefixHitZeroesConv(PrefixCache):
+    """A prefix-cache hit resumes the recurrent state with every conv window zeroed (a radix-cache
+    hit that restores the SSM state but not the short convolution's)."""
+
+    def _resume(self, cache: RaggedStateCache, row: int, chain: list[bytes]) -> None:
+        super()._resume(cache, row, chain)
+        for slot in cache.states.values():
+            if chain and slot.conv is not None:
+                slot.conv[row] = 0  # the bug: the conv window is not restored
+
+
+class PrefixStateAfterRound(PrefixCache):
+    """A block's state checkpoint is the row's state after the whole scored block, rejected drafts
+    included, not at the block's boundary (a state manager that ignores the dropped draft block)."""
+
+    def block_state(self, cache: RaggedKVCache, row: int, tokens: int) -> RowState | None:
+        if not isinstance(cache, RaggedStateCache):
+            return None
+        return cache.state_after(row, int(cache.held[row]))  # the bug: wherever the forward ended
+
+
+class PrefixStateOneEarly(PrefixCache):
+    """A block's checkpoint is the state one token before the block's boundary, where the keys and
+    values resume after it (a checkpoint published at a boundary the attention layers do not
+    resume from)."""
+
+    def block_state(self, cache: RaggedKVCache, row: int, tokens: int) -> RowState | None:
+        return super().block_state(cache, row, tokens - 1)  # the bug: one token early
+
+
+PREFIX_BUGS: dict[str, type[PrefixCache]] = {
+    "prefix_hit_zeroes_conv": PrefixHitZeroesConv,
+    "prefix_state_after_round": PrefixStateAfterRound,
+    "prefix_state_one_early": PrefixStateOneEarly,
+}
 
 
 def _prefill(cache: RaggedStateCache) -> bool:

@@ -12,6 +12,13 @@ A new request looks up its prompt's blocks in order and stops at the first miss;
 copied into its cache row and only the rest of the prompt is prefilled. At most `capacity` blocks
 are kept; the least recently used one is evicted first. Each block holds every layer's keys and
 values and, for drafters that read them, the target's states at its positions.
+
+A target with recurrent layers (`losscheck.core.recurrent`) cannot resume from keys and values:
+each block also holds the rows' recurrent state after its last token, taken from the checkpoints
+of the forward that read across that point before the engine rolls the row back (the engine
+stores before it keeps). A hit resumes from the state of its last block; where a block has no
+state (its boundary was never seen), the hit ends at the last block that has one and the rest of
+the prompt is prefilled (`CacheStats.state_fallbacks`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from losscheck.core.ragged import RaggedKVCache, ragged_cache  # noqa: F401  (where the cache's users find it)
+from losscheck.core.recurrent import RaggedStateCache, RowState
 from losscheck.core.sampling import SamplingParams
 from losscheck.errors import LosscheckError
 from losscheck.jsonrecord import Scalar
@@ -45,6 +53,7 @@ class Block:
     keys: dict[int, torch.Tensor]  # layer -> [H_kv, block, D]
     values: dict[int, torch.Tensor]  # layer -> [H_kv, block, D]
     hidden: torch.Tensor | None  # [block, W] the target's states, when the engine keeps them
+    state: RowState | None = None  # a hybrid target's recurrent state after the block's last token
 
 
 @dataclass
@@ -55,6 +64,7 @@ class CacheStats:
     hits: int = 0
     stored: int = 0
     evictions: int = 0
+    state_fallbacks: int = 0  # hits cut back to the last block holding a recurrent state
 
     @property
     def hit_rate(self) -> float:
@@ -125,8 +135,24 @@ class PrefixCache:
                 if hidden is not None and found.hidden is not None:
                     hidden[b, at] = found.hidden
                 chain.append(key)
+            if isinstance(cache, RaggedStateCache):
+                self._resume(cache, b, chain)
             matched.append(len(chain) * self.block)
         return torch.tensor(matched, dtype=torch.long, device=tokens.device)
+
+    def _resume(self, cache: RaggedStateCache, row: int, chain: list[bytes]) -> None:
+        """Row `row`'s recurrent state from the last block of `chain` that holds one; the chain cut
+        back to it (the blocks after it are prefilled again)."""
+        kept = len(chain)
+        while kept and self.blocks[chain[kept - 1]].state is None:
+            kept -= 1
+        if kept < len(chain):
+            self.stats.state_fallbacks += 1
+            del chain[kept:]
+        if kept:
+            state = self.blocks[chain[-1]].state
+            assert state is not None
+            cache.set_state(row, state, kept * self.block)
 
     @torch.inference_mode()
     def store(
@@ -153,11 +179,17 @@ class PrefixCache:
                     {layer: keys[b, :, at].clone() for layer, keys in cache.keys.items()},
                     {layer: values[b, :, at].clone() for layer, values in cache.values.items()},
                     None if hidden is None else hidden[b, at].clone(),
+                    self.block_state(cache, b, (j + 1) * self.block),
                 )
                 self.stats.stored += 1
                 if len(self.blocks) > self.capacity:
                     self.blocks.popitem(last=False)
                     self.stats.evictions += 1
+
+    def block_state(self, cache: RaggedKVCache, row: int, tokens: int) -> RowState | None:
+        """The recurrent state a block ending after `tokens` tokens of `row` holds (None: a KV
+        cache, or a boundary the last forward did not read across)."""
+        return cache.state_after(row, tokens) if isinstance(cache, RaggedStateCache) else None
 
 
 def second_turn(

@@ -140,3 +140,35 @@ def test_hf_assisted_generation_loses_the_state_of_a_fully_rejected_round() -> N
 def test_planted_hf_rollback_bugs_change_the_output(bug: str) -> None:
     spec, plain = _hf_greedy(bug)
     assert not torch.equal(spec, plain)
+
+
+def _two_turns(cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts sent twice through an engine with `cache` (a prefix cache): the second time
+    each hits the blocks the first stored and resumes the recurrent state from the last of them,
+    right before the prompt's tail and the generated tokens → (second turn's tokens, the tokens
+    without a cache)."""
+    from losscheck.core.engine import Engine
+    from losscheck.core.sampling import GREEDY
+
+    target, drafter = _models()
+    cached = Engine(target, drafter, k=4, prefix_cache=cache)  # type: ignore[arg-type]
+    cached.generate(_prompts(), 24, GREEDY, torch.Generator())
+    second = cached.generate(_prompts(), 24, GREEDY, torch.Generator()).tokens
+    return second, Engine(target, drafter, k=4).generate(_prompts(), 24, GREEDY, torch.Generator()).tokens
+
+
+def test_prefix_hits_resume_the_recurrent_state_exactly() -> None:
+    from losscheck.serving.prefix_cache import PrefixCache
+
+    cache = PrefixCache()
+    with_cache, without = _two_turns(cache)
+    assert torch.equal(with_cache, without)
+    assert cache.stats.hits >= 7 and not cache.stats.state_fallbacks, cache.stats  # 7 blocks resumed
+
+
+@pytest.mark.parametrize("bug", ["prefix_hit_zeroes_conv", "prefix_state_after_round", "prefix_state_one_early"])
+def test_planted_prefix_state_bugs_change_the_second_turn(bug: str) -> None:
+    from losscheck.selftest.state_bugs import PREFIX_BUGS
+
+    with_cache, without = _two_turns(PREFIX_BUGS[bug]())
+    assert not torch.equal(with_cache, without)
