@@ -258,7 +258,7 @@ class PitScores:
             q = None if gen.draft_q is None else gen.draft_q.law(target.vocab_size, at).to(forced.probs.device)
             slots = None if gen.slots is None else gen.slots[at]
             p = forced.probs.double()
-            self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p)
+            self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p, forced.left_out)
             # the exact-conditional values read the engine's whole kept set (its acceptance ratio
             # and residual): an ambiguous position is left out of them whatever was drawn there
             self.parts.append(
@@ -303,14 +303,20 @@ class PitScores:
         self.slots.append(None if gen.slots is None else gen.slots.cpu())
         self.spare.append(torch.rand(gen.tokens.shape, generator=stream("pit-pairs"), dtype=torch.float64))
 
-    def _streams(self, rows: list[list[int]], tokens: torch.Tensor, generated: torch.Tensor, p: torch.Tensor) -> None:
+    def _streams(
+        self,
+        rows: list[list[int]],
+        tokens: torch.Tensor,
+        generated: torch.Tensor,
+        p: torch.Tensor,
+        left_out: torch.Tensor,
+    ) -> None:
         """Keep what the stream tests read of one chunk (`losscheck.stats.streams`): tokens [c, L]
-        scored under p [c, L, V], `generated` [c, L] bool."""
-        from losscheck.stats.streams import outputs, top_tokens
+        scored under p [c, L, V], `generated` [c, L] bool, `left_out` [c, L] the cut-off's uncertain draws."""
+        from losscheck.stats.streams import output_logp, outputs, top_tokens
 
         top, at_top = top_tokens(p, tokens)
-        drawn = p.gather(-1, tokens[..., None]).squeeze(-1)  # [c, L]
-        logp = torch.where(generated, drawn.clamp_min(1e-300).log(), 0.0).sum(-1)  # [c]
+        logp = output_logp(p, tokens, generated, left_out.to(p.device))  # [c]
         self.top.append(top.cpu())
         self.at_top.append(at_top.cpu())
         self.logp.append(logp.cpu())

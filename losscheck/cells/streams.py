@@ -38,6 +38,8 @@ from losscheck.stats.result import TestResult
 from losscheck.stats.streams import (
     StreamValues,
     greedy_fallback,
+    output_logp,
+    outputs,
     precision_slack,
     repeat_law,
     repeats,
@@ -131,13 +133,8 @@ def _stream_values(
     p = forced.probs.double().cpu()  # [N, L, V]
     tested = generated & ~forced.left_out.cpu()  # [N, L]
     top, at_top = top_tokens(p, tokens)
-    drawn = p.gather(-1, tokens[..., None]).squeeze(-1)  # [N, L]
-    logp = torch.where(generated, drawn.clamp_min(1e-300).log(), 0.0).sum(-1)  # [N]
-    keys = [
-        (prompt, tuple(t for t, kept in zip(row, keep) if kept))
-        for row, keep in zip(tokens.tolist(), generated.tolist())
-    ]
-    hit, law = repeat_law(keys, logp)
+    logp = output_logp(p, tokens, generated, forced.left_out.cpu())  # [N]
+    hit, law = repeat_law([(prompt, output) for output in outputs(tokens, generated)], logp)
     v = torch.rand(n, 1, generator=make_generator(seed, "streams", "pit-v"), dtype=torch.float64)  # [N, 1]
     first_u = randomized_pit(p[:, :1], tokens[:, :1], v)[:, 0]  # [N]
     return StreamValues(

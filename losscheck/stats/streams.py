@@ -103,6 +103,16 @@ def top_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor,
     return top.double(), tokens.to(first.device) == first
 
 
+def output_logp(p: torch.Tensor, tokens: torch.Tensor, generated: torch.Tensor, left_out: torch.Tensor) -> torch.Tensor:
+    """Log target probability [N] of each output: `tokens [N, L]` under `p [N, L, V]` where
+    `generated [N, L]`. A token one implementation of the cut-off may keep and another cut
+    (`left_out [N, L]`) counts at probability 1: its output's repeat law is then over-stated, so a
+    repeat of it can never look rarer than it is."""
+    drawn = p.gather(-1, tokens[..., None]).squeeze(-1).double()  # [N, L]
+    drawn = torch.where(left_out, 1.0, drawn)
+    return torch.where(generated, drawn.clamp_min(1e-300).log(), 0.0).sum(-1)
+
+
 def outputs(tokens: torch.Tensor, generated: torch.Tensor) -> list[tuple[int, ...]]:
     """Each row's output: the ids of `tokens [N, L]` where `generated [N, L]` (up to its EOS)."""
     return [tuple(t for t, kept in zip(row, keep) if kept) for row, keep in zip(tokens.tolist(), generated.tolist())]

@@ -22,6 +22,11 @@ T1 = SamplingParams(temperature=1.0)
 SIZE = {"requests": 4, "rows": 4, "horizon": 4, "alpha": 0.01, "power": 0.9}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    """The models are tiny; see tests/conftest.py."""
+
+
 def _by_name(results):
     return {r.name: r for r in results}
 
@@ -42,6 +47,8 @@ def test_the_loop_passes_and_reproduces_its_seeds(loop):
 
 @pytest.mark.parametrize("bug", [SeedIgnoredWhenSpeculating, SharedStream])
 def test_a_stream_shared_across_requests_is_caught_by_the_repeats(loop, bug):
+    """Every row after the first request repeats an earlier one (with the shared stream, every row
+    after the very first)."""
     target, engine = loop
     results = _by_name(stream_check(bug(engine), target, PROMPT, T1, 7, **SIZE))
     caught = results["streams.repeats"]

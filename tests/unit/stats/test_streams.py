@@ -144,3 +144,16 @@ def test_stream_values_check_their_shapes():
     ones = torch.ones(3, 2)
     with pytest.raises(LosscheckError, match=r"StreamValues.repeats must have shape \(3,\)"):
         StreamValues(ones, ones.bool(), ones.bool(), torch.zeros(2, dtype=torch.bool), ones[:, 0], ones[:, 0])
+
+
+def test_an_output_with_a_cut_off_uncertain_token_counts_it_at_probability_one():
+    """A token one cut-off implementation keeps and another cuts has p = 0 under the conditioned
+    law; read as 0 it would make a repeat of its output look impossible (a false alarm)."""
+    from losscheck.stats.streams import output_logp
+
+    p = torch.tensor([[[0.5, 0.5, 0.0], [0.25, 0.75, 0.0], [1.0, 0.0, 0.0]]], dtype=torch.float64)  # [1, 3, 3]
+    tokens = torch.tensor([[1, 2, 0]])
+    generated = torch.tensor([[True, True, False]])
+    left_out = torch.tensor([[False, True, False]])
+    assert output_logp(p, tokens, generated, left_out).exp().item() == pytest.approx(0.5)
+    assert output_logp(p, tokens, generated, ~left_out & False).exp().item() == pytest.approx(0.0, abs=1e-200)
