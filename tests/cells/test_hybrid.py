@@ -49,7 +49,7 @@ def test_the_hybrid_target_has_recurrent_state() -> None:
     assert not drafter.lm.new_cache.__name__.startswith("partial")  # a Llama drafter: KV cache only
 
 
-@pytest.mark.parametrize("k", [1, 4, 16])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 4, pytest.param(16, marks=pytest.mark.slow)])
 def test_speculative_greedy_equals_plain_with_rollbacks(k: int) -> None:
     _, drafter = _models()
     plain, spec = _greedy(None, 0), _greedy(drafter, k)
@@ -136,7 +136,9 @@ def test_hf_assisted_generation_loses_the_state_of_a_fully_rejected_round() -> N
     assert torch.equal(spec, plain)
 
 
-@pytest.mark.parametrize("bug", ["state-not-rolled-back", "state-rollback-one-off"])
+@pytest.mark.parametrize(
+    "bug", [pytest.param("state-not-rolled-back", marks=pytest.mark.slow), "state-rollback-one-off"]
+)
 def test_planted_hf_rollback_bugs_change_the_output(bug: str) -> None:
     spec, plain = _hf_greedy(bug)
     assert not torch.equal(spec, plain)
