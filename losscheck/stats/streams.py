@@ -26,8 +26,9 @@ are known, given the past, from the teacher-forced pass:
   carried over from one row or request to the next correlates them.
 
 The count tests use the Poisson-binomial law of the count with the per-event probabilities
-(`scipy.stats.poisson_binom`, exact up to `EXACT_EVENTS` events; past it the normal law with the
-same mean and variance). When the probabilities are fixed before the draw the law is exact;
+(`scipy.stats.poisson_binom`, exact up to `EXACT_EVENTS` events; past it, for the p-value,
+Hoeffding's binomial bound on its upper tail, and for the power the normal law with its mean and
+variance). When the probabilities are fixed before the draw the law is exact;
 when they depend on earlier draws (a token's top probability depends on the tokens before it) the
 count minus its summed probabilities is a martingale whose predictable variance is the
 Poisson-binomial one, so the test keeps its level asymptotically, as the pooled PIT tests do.
@@ -139,7 +140,28 @@ def repeat_law(keys: Sequence[tuple[object, tuple[int, ...]]], logp: torch.Tenso
 
 
 def _tail(count: int, probs: np.ndarray) -> float:
-    """P(S >= count) for S Poisson-binomial with success probabilities `probs` [n]."""
+    """P(S >= count) under H0 for S Poisson-binomial with success probabilities `probs` [n]: exact
+    up to `EXACT_EVENTS` events; past them Hoeffding's bound (1956), the binomial tail at the mean
+    probability, which is at least the Poisson-binomial's for counts >= mean + 1 (1 below that):
+    never smaller than the true p-value, however rare the events (a normal law would be, by orders
+    of magnitude, for a count of rare repeats)."""
+    n = len(probs)
+    if count <= 0:
+        return 1.0
+    if count > n:
+        return 0.0
+    if n <= EXACT_EVENTS:
+        return float(stats.poisson_binom.sf(count - 1, probs))
+    mean = float(probs.sum())
+    if count < mean + 1:
+        return 1.0
+    return float(stats.binom.sf(count - 1, n, mean / n))
+
+
+def _power_tail(count: int, probs: np.ndarray) -> float:
+    """P(S >= count) under an alternative with event probabilities `probs` [n]: exact up to
+    `EXACT_EVENTS` events, past them the normal law of the same mean and variance (the power
+    stated, not a level)."""
     if count <= 0:
         return 1.0
     if count > len(probs):
@@ -153,7 +175,7 @@ def _tail(count: int, probs: np.ndarray) -> float:
 
 
 def _critical(probs: np.ndarray, alpha: float) -> int:
-    """The smallest count c with P(S >= c) <= `alpha` (len(probs) + 1 when no count is that rare)."""
+    """The smallest count c with `_tail(c) <= alpha` (len(probs) + 1 when no count is that rare)."""
     low, high = 0, len(probs) + 1  # _tail(high) = 0 <= alpha
     while high - low > 1:
         mid = (low + high) // 2
@@ -173,7 +195,7 @@ def detectable_share(probs: np.ndarray, alpha: float, power: float) -> float:
     critical = _critical(probs, alpha)
 
     def gap(rho: float) -> float:
-        return _tail(critical, rho + (1 - rho) * probs) - power
+        return _power_tail(critical, rho + (1 - rho) * probs) - power
 
     if gap(1.0) < 0:
         return math.inf

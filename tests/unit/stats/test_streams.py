@@ -35,13 +35,23 @@ ALPHA, POWER = 1e-3, 0.9
 
 @pytest.mark.parametrize("n", [50, EXACT_EVENTS + 1000])
 def test_the_count_tail_is_the_binomial_one_when_every_probability_is_equal(n):
-    """Exact (scipy's Poisson-binomial) up to EXACT_EVENTS, the normal law past it: both within
-    what each is, against scipy's binomial."""
+    """Exact (scipy's Poisson-binomial) up to EXACT_EVENTS, Hoeffding's binomial bound past it:
+    both the binomial tail itself when every probability is equal."""
     p = np.full(n, 0.3)
-    for count in (int(0.3 * n), int(0.3 * n + 2 * math.sqrt(0.21 * n))):
-        exact = stats.binom.sf(count - 1, n, 0.3)
-        assert _tail(count, p) == pytest.approx(exact, rel=1e-6 if n <= EXACT_EVENTS else 0.05)
+    for count in (int(0.3 * n) + 1, int(0.3 * n + 2 * math.sqrt(0.21 * n))):
+        assert _tail(count, p) == pytest.approx(stats.binom.sf(count - 1, n, 0.3), rel=1e-6)
     assert _tail(0, p) == 1.0 and _tail(n + 1, p) == 0.0
+
+
+def test_past_the_exact_size_the_tail_of_rare_events_is_never_understated():
+    """Rare repeats (each probability ~1e-4): the bound is at least the exact Poisson-binomial
+    tail, where a normal law would put a single repeat at p ~ 1e-20."""
+    gen = np.random.default_rng(0)
+    p = gen.uniform(0, 2e-4, EXACT_EVENTS + 500)
+    for count in (1, 2, 3):
+        exact = float(stats.poisson_binom.sf(count - 1, p))
+        assert exact <= _tail(count, p) <= 1.0
+    assert _tail(2, p) < 0.05  # still a test: two repeats where 0.25 are expected
 
 
 def test_the_detectable_share_is_where_the_power_is_reached():
