@@ -9,6 +9,7 @@ from losscheck.cells.record import SampleFacts
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, make_generator
+from losscheck.plan.cell import ENGINE, ORACLE
 from losscheck.run.context import CellContext
 from losscheck.serving.axis import Call, requests, rounds_differently
 
@@ -35,8 +36,16 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
+    rejected = sum(int((s.reached - s.accepted).sum()) for s in outcome.acceptance.values())
     outcome.facts = with_rule(
-        ctx, SampleFacts(prompts=sum(map(len, asked.values())), max_new_tokens=max_new, near_tie_margin=tolerance)
+        ctx,
+        SampleFacts(
+            prompts=sum(map(len, asked.values())),
+            max_new_tokens=max_new,
+            near_tie_margin=tolerance,
+            rollbacks=None if cell.drafter in (ORACLE, ENGINE) else rejected,  # the oracle never rejects
+            recurrent_state=True if getattr(target, "stateful", False) else None,
+        ),
     )
     outcome.problems = oracle_problems(cell, outcome.acceptance)
     outcome.serving_facts = server.facts()

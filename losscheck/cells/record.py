@@ -220,6 +220,10 @@ class SampleFacts:
     prompts: int | None = None
     max_new_tokens: int | None = None  # greedy cells
     near_tie_margin: float | None = None  # greedy cells: a smaller float64 margin is a near-tie
+    # greedy cells: row-rounds that rejected a draft, each a rollback of the target's cache (and of
+    # a hybrid target's recurrent state, `recurrent_state` True); 0: the cell exercised none
+    rollbacks: int | None = None
+    recurrent_state: bool | None = None
     sequences: int | None = None  # sampled cells: sequences tested
     horizon: int | None = None  # tokens per sequence
     prompt: tuple[int, ...] | None = None  # exact cells: the one prompt

@@ -189,6 +189,15 @@ def lines(cert: Certificate) -> list[str]:
             "- black-box cells whose first stage rejected against losscheck's copy of the target, then compared "
             f"speculative with speculation-off rows on the failing tests' row scores: {said}"
         )
+    greedy = [r for r in cert.cells if r.sample.rollbacks is not None]
+    if greedy:
+        idle = [r.cell for r in greedy if r.sample.rollbacks == 0]
+        state = " (the target's recurrent state included)" if any(r.sample.recurrent_state for r in greedy) else ""
+        out.append(
+            f"- greedy cells: {sum(r.sample.rollbacks or 0 for r in greedy):,} rejected drafts, each a rollback "
+            f"of the target's cache{state}, in {len(greedy) - len(idle)} of {len(greedy)} cells"
+            + (f"; no rollback exercised, so their PASS says nothing of rollback: {', '.join(idle)}" if idle else "")
+        )
     bound = pooled_bound(cert.cells)
     if bound is not None:
         worst, cell, confidence = bound

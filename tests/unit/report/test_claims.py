@@ -105,3 +105,13 @@ def test_the_claims_print_each_class_curve_and_how_far_early_stops_ruled_it_out(
     assert "ρ = 0.4 at power 0.99 (A-k2-T1)" in text
     assert "2 early stops ruled out its mixtures from ρ = 1 down to ρ ≤ 0.3 (each at β ≤ 0.1)" in text
     assert "the largest is 0.05 (A-k4-T1" in text and "not simultaneous over cells" in text
+
+
+def test_greedy_cells_count_their_rollbacks_and_name_the_cells_without_one():
+    found = records(
+        {"cell": "user-k4-greedy", "kind": "greedy", "rollbacks": 120, "recurrent_state": True},
+        {"cell": "user-k1-greedy", "kind": "greedy", "rollbacks": 0, "recurrent_state": True},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "120 rejected drafts" in text and "recurrent state included" in text and "in 1 of 2 cells" in text
+    assert "no rollback exercised, so their PASS says nothing of rollback: user-k1-greedy" in text
