@@ -106,6 +106,8 @@ def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None 
 class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
+    reproducible_seeds = True  # the global generator seeded with the request's seed, rows drawn in order
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -75,15 +75,14 @@ def test_a_seed_that_does_not_reproduce_fails_where_the_adapter_promises_it(loop
 
 
 def test_hf_assisted_generation_passes_and_its_seed_ignored_twin_is_caught():
-    """transformers' assisted generation seeds the global generator from the request's seed; the
-    adapter does not declare reproducible seeds, so here the instance is told it does."""
+    """transformers' assisted generation seeds the global generator from the request's seed, and
+    the adapter declares reproducible seeds: both replays are checked."""
     from losscheck.core.target import HFTarget
     from losscheck.engines.hf import HFAssistedEngine
 
     model, assistant = tiny_llama(), tiny_llama(seed=1)
     target = HFTarget(model, "toy", {"precision": "fp32"})
     engine = HFAssistedEngine(model, assistant, k=2, eos=1)
-    engine.reproducible_seeds = True  # type: ignore[attr-defined]
     size = SIZE | {"rows": 2}
     fine = _by_name(stream_check(engine, target, PROMPT, T1, 3, **size))
     assert all(r.passed for r in fine.values()), [r.message() for r in fine.values()]
