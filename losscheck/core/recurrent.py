@@ -43,6 +43,11 @@ def layer_kinds(config: Any) -> tuple[str, ...]:
         "both", read off the
     cache layers transformers would build for it; `TargetError` naming a layer type the loop
         cannot roll back (indexed or compressed attention, …)."""
+    import transformers
+    from transformers import cache_utils
+
+    if not hasattr(cache_utils, "get_layer_types_and_kwargs"):  # before the layer-typed caches
+        return ("attention",) * int(getattr(config, "num_hidden_layers", 0))
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
     text = config.get_text_config(decoder=True)
@@ -62,6 +67,12 @@ def layer_kinds(config: Any) -> tuple[str, ...]:
                 f"(transformers' {name}), which the loop cannot roll back per row; supported: full "
                 "attention, and recurrent layers (gated delta net, Mamba-2, short convolution)"
             )
+    if any(kind != "attention" for kind in kinds) and not hasattr(cache_utils.Cache, "get_recurrent_states_to_keep"):
+        raise TargetError(
+            f"{getattr(config, 'model_type', 'the model')!r} has recurrent layers, and transformers "
+            f"{transformers.__version__} predates the cache API the loop rolls them back through "
+            "(Cache.get_recurrent_states_to_keep, get_conv_state): install a newer transformers"
+        )
     return tuple(kinds)
 
 
