@@ -673,3 +673,18 @@ def test_the_openai_engine_certifies_the_vllm_servers_losscheck_starts(pytester,
     finally:
         on.stop()
     result.assert_outcomes(passed=2)
+
+
+def test_vllm_refuses_the_dense_hybrid_target():
+    """A finding, pinned: vLLM 0.32 cannot load the bundled hybrid target, a Qwen3-Next with dense
+    MLPs (`num_experts` 0): its Qwen3-Next model looks for a sparse MoE block in every decoder
+    layer at load (`Qwen3NextForCausalLM.set_moe_parameters`) and raises without one. A vLLM that
+    loads it turns this red: then certify it (docs/hybrid-targets.md)."""
+    from losscheck import bundled
+
+    target = bundled.fixtures_dir() / "hybrid_target"
+    code = f"from vllm import LLM\nLLM(model={str(target)!r}, dtype='float32', max_model_len=256, enforce_eager=True)\n"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode != 0, "vLLM loaded the dense hybrid target: certify it instead of pinning the refusal"
+    assert "No Qwen3Next layer found in the model.layers" in done.stderr, done.stderr[-2000:]
