@@ -36,6 +36,7 @@ sequence are dependent, and in the worst case a sequence counts as one observati
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,7 @@ from losscheck.stats.registry import (
     PIT,
     ROW_STREAMS,
     SLOTS,
+    Scope,
     StatTest,
     budget_count,
     deprecated_count,
@@ -399,33 +401,18 @@ def _streams(pit: PitValues) -> StreamValues:
 
 
 _NEEDS_STREAMS = frozenset({ROW_STREAMS})
-register(
-    StatTest(
-        "pit.greedy_fallback",
-        PIT,
-        "pooled",
-        lambda pit, alpha, power: greedy_fallback(_streams(pit), alpha, power),
-        needs=_NEEDS_STREAMS,
+
+
+def _stream_test(name: str, scope: Scope, run: Callable[[StreamValues, float, float], TestResult]) -> None:
+    """Register one of the row-stream tests: `run(streams, alpha, power)` on the cell's streams."""
+    register(
+        StatTest(name, PIT, scope, lambda pit, alpha, power: run(_streams(pit), alpha, power), needs=_NEEDS_STREAMS)
     )
-)
-register(
-    StatTest(
-        "pit.row_repeats",
-        PIT,
-        "pooled",
-        lambda pit, alpha, power: repeats(_streams(pit), alpha, power),
-        needs=_NEEDS_STREAMS,
-    )
-)
-register(
-    StatTest(
-        "pit.row_serial",
-        PIT,
-        "stratified",
-        lambda pit, alpha, power: serial(_streams(pit), alpha, power),
-        needs=_NEEDS_STREAMS,
-    )
-)
+
+
+_stream_test("pit.greedy_fallback", "pooled", greedy_fallback)
+_stream_test("pit.row_repeats", "pooled", repeats)
+_stream_test("pit.row_serial", "stratified", serial)
 
 
 def __getattr__(name: str) -> int:
