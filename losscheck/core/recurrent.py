@@ -30,8 +30,8 @@ from losscheck.core.ragged import RaggedKVCache
 from losscheck.errors import TargetError
 
 # transformers' cache layer classes by what they hold; a model whose layers map to anything else
-# is refused by name (the loop would roll it back wrong)
-# (a sliding window keeps every slot in the ragged cache: its rollback is the KV cache's)
+# is refused by name (the loop would roll it back wrong). A sliding window keeps every slot in the
+# ragged cache: its rollback is the KV cache's.
 ATTENTION_LAYERS = frozenset({"DynamicLayer", "StaticLayer", "DynamicSlidingWindowLayer"})
 RECURRENT_LAYERS = frozenset({"LinearAttentionLayer"})
 BOTH_LAYERS = frozenset({"LinearAttentionAndFullAttentionLayer"})
@@ -40,9 +40,9 @@ NO_CACHE_LAYERS = frozenset({"DummyLayer"})  # an MLP-only block (Nemotron-H): n
 
 def layer_kinds(config: Any) -> tuple[str, ...]:
     """Per decoder layer of a Hugging Face config: "attention" (or no cache at all), "recurrent" or
-        "both", read off the
-    cache layers transformers would build for it; `TargetError` naming a layer type the loop
-        cannot roll back (indexed or compressed attention, …)."""
+    "both", read off the cache layers transformers would build for it; `TargetError` naming a layer
+    type the loop cannot roll back (indexed or compressed attention, …), or a transformers too old
+    to serve recurrent layers the API the loop rolls them back through."""
     import transformers
     from transformers import cache_utils
 
