@@ -94,7 +94,7 @@ class RaggedLM:
 
     def __init__(self, model: torch.nn.Module, new_cache: Callable[[int, int], RaggedKVCache] = RaggedKVCache) -> None:
         """`new_cache(batch_size, capacity)`: the cache each batch gets (one with recurrent state
-        for a hybrid model, `losscheck.core.recurrent.state_cache_for`)."""
+        for a hybrid model, `losscheck.core.recurrent.cache_for`)."""
         self.model = model.eval()
         self.new_cache = new_cache
         self.dtype = next(model.parameters()).dtype
@@ -172,6 +172,7 @@ class RaggedLM:
         main = self.cache
         assert main is not None
         m = distinct.shape[1]
+        # every row reads from slot 0 here, so which main row seeds each distinct one is immaterial
         self.cache = main.rows(inverse.new_zeros(len(distinct)), main.capacity)
         try:
             logits, hidden = self.forward(
