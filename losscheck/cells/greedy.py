@@ -37,13 +37,16 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.acceptance[tier] = spec.stats
     rejected = sum(int((s.reached - s.accepted).sum()) for s in outcome.acceptance.values())
+    idle = sum(s.zero_drafts for s in outcome.acceptance.values())
+    drafted = cell.drafter not in (ORACLE, ENGINE)  # the oracle never rejects; an engine's rounds are its own
     outcome.facts = with_rule(
         ctx,
         SampleFacts(
             prompts=sum(map(len, asked.values())),
             max_new_tokens=max_new,
             near_tie_margin=tolerance,
-            rollbacks=None if cell.drafter in (ORACLE, ENGINE) else rejected,  # the oracle never rejects
+            rollbacks=rejected if drafted else None,
+            zero_draft_rounds=idle if drafted else None,
             recurrent_state=True if getattr(target, "stateful", False) else None,
         ),
     )

@@ -224,6 +224,7 @@ class SampleFacts:
     # a hybrid target's recurrent state, `recurrent_state` True); 0: the cell exercised none
     rollbacks: int | None = None
     recurrent_state: bool | None = None
+    zero_draft_rounds: int | None = None  # greedy cells: row-rounds whose row proposed no draft
     sequences: int | None = None  # sampled cells: sequences tested
     horizon: int | None = None  # tokens per sequence
     prompt: tuple[int, ...] | None = None  # exact cells: the one prompt

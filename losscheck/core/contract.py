@@ -33,11 +33,16 @@ class Proposal:
         (EAGLE-3's `d2t`): `vocab_map[i]` is the target id of draft id i, distinct and in
         [0, V). `validate_proposal` spreads `probs` onto the target's vocabulary through it, zero
         at every target id the drafter cannot propose. `tokens` are target ids either way.
+    counts: [B] long or None, for a drafter that proposes fewer than k tokens for some rows (an
+        n-gram drafter with no match proposes none): row b's first `counts[b]` drafts are
+        proposed, the rest of its `tokens` (and `probs`) are padding that is never kept, and a
+        row that keeps all its drafts gets the target's token after them. None: all k, every row.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     vocab_map: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -242,14 +247,15 @@ def validate_proposal(
         raise fail(f"tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
     if tuple(tokens.shape) != (batch, k):
         raise fail(f"tokens has shape {tuple(tokens.shape)}")
-    for name, tensor in (("tokens", tokens), ("probs", probs)):
+    for name, tensor in (("tokens", tokens), ("probs", probs), ("counts", proposal.counts)):
         if device is not None and isinstance(tensor, torch.Tensor) and tensor.device != device:
             raise fail(f"{name} is on {tensor.device}, the target's device is {device}")
     tokens = tokens.long()
+    counts = _counts(proposal.counts, batch, k, fail)
     if probs is None:
         if tokens.numel() and not _in_vocab(tokens, vocab):
             raise fail(_ids_problem(tokens))
-        return Proposal(tokens, None)
+        return Proposal(tokens, None, counts=counts)
     if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
         raise fail("probs must be a floating-point tensor or None")
     if proposal.vocab_map is not None:
@@ -257,9 +263,27 @@ def validate_proposal(
     if tuple(probs.shape) != (batch, k, vocab):
         raise fail(f"probs has shape {tuple(probs.shape)}")
     probs = probs.float()
+    if counts is not None and tokens.numel():  # the padding's q: a point mass, whatever was there
+        padding = torch.arange(k, device=tokens.device)[None, :] >= counts[:, None]  # [B, k]
+        if _in_vocab(tokens, vocab):
+            mass = torch.zeros_like(probs).scatter_(-1, tokens[..., None], 1.0)
+            probs = torch.where(padding[..., None], mass, probs)
     if tokens.numel() and not _plausible(tokens, probs, vocab):
         raise fail(_problem(tokens, probs, vocab))
-    return Proposal(tokens, probs)
+    return Proposal(tokens, probs, counts=counts)
+
+
+def _counts(counts: object, batch: int, k: int, fail: Callable[[str], DrafterOutputError]) -> torch.Tensor | None:
+    """A proposal's `counts` as a long tensor [batch] in [0, k], or None."""
+    if counts is None:
+        return None
+    if not isinstance(counts, torch.Tensor) or counts.dtype not in (torch.int64, torch.int32):
+        raise fail(f"counts must be an integer tensor [{batch}] or None, got {getattr(counts, 'dtype', type(counts))}")
+    if tuple(counts.shape) != (batch,):
+        raise fail(f"counts has shape {tuple(counts.shape)}, expected ({batch},)")
+    if batch and (int(counts.min()) < 0 or int(counts.max()) > k):
+        raise fail(f"counts span [{int(counts.min())}, {int(counts.max())}], outside [0, {k}]")
+    return counts.long()
 
 
 def _in_vocab(tokens: torch.Tensor, vocab: int) -> bool:

@@ -32,7 +32,7 @@ from losscheck.core.generation import DRAFT_Q_ENTRIES, DraftQ, Generation, LoopS
 from losscheck.core.history import History, HistoryStep, adjust_logits
 from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
 from losscheck.core.sampling import SamplingParams
-from losscheck.core.verify import BlockOutcome, Verifier, checked_outcome, verify_block
+from losscheck.core.verify import BlockOutcome, Verifier, capped, checked_outcome, verify_block
 from losscheck.errors import LosscheckError
 
 W = TypeVar("W", bound=Verifier)  # a verifier that wraps the engine's (`Engine.verifier_wrapped`)
@@ -159,6 +159,9 @@ def reported_q(proposal: Proposal, entries: int) -> tuple[torch.Tensor, torch.Te
         ids, probs = torch.arange(vocab, device=tokens.device).expand(rows, k, vocab), proposal.probs.float()
     else:
         probs, ids = proposal.probs.float().topk(entries, dim=-1)  # [B, k, M]
+    if proposal.counts is not None:  # a row's slots from its `counts` on hold its bonus: no q
+        proposed = torch.arange(k, device=tokens.device)[None, :] < proposal.counts[:, None]  # [B, k]
+        probs = probs * proposed[..., None]
     pad = (0, entries - ids.shape[-1], 0, 1)  # zero entries up to M, and the bonus slot
     return torch.nn.functional.pad(ids, pad), torch.nn.functional.pad(probs, pad)
 
@@ -266,7 +269,9 @@ class Engine:
             seen = History(batch.tokens, at, batch.prompt_lengths, self.target.eos_id)
             logits = self.history(logits, params, seen, proposal.tokens)  # [B, k+1, V]
             outcome = self.verifier(logits, proposal.tokens, proposal.probs, params, generator)
-        outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
+            outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
+            if proposal.counts is not None:  # rows that proposed fewer than k: a shorter block each
+                outcome = capped(outcome, proposal.counts, logits, params, generator)
         self._commit(batch, outcome, states, stats, proposal, params.stop_ids)
 
     def q_buffers(self, rows: int, capacity: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -436,7 +441,7 @@ class Engine:
             self._keep(emit)
         if self.drafter is not None:
             self.drafter.commit(accepted)
-        stats.record_round(accepted, active, width - 1)
+        stats.record_round(accepted, active, width - 1, proposal.counts)
         finished = emit >= room  # spent its budget (a row already done stays done)
         batch.done = batch.done | (finished if ended is None else finished | ended)
 

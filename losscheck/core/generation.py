@@ -25,6 +25,7 @@ class LoopStats:
     accepted: torch.Tensor  # [k] long, rounds whose draft j was accepted (and every draft before it)
     reached: torch.Tensor  # [k] long, rounds that proposed slot j with every draft before it accepted
     row_rounds: int = 0  # (row, round) pairs verified
+    zero_drafts: int = 0  # of them, rounds whose row proposed no draft (`Proposal.counts` 0)
     emitted: int = 0  # tokens emitted by verification, before EOS / budget truncation
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -37,19 +38,26 @@ class LoopStats:
 
         return cls(k, proposed=zeros(), accepted=zeros(), reached=zeros())
 
-    def record_round(self, accepted: torch.Tensor, active: torch.Tensor, k: int) -> None:
-        """One verified round of `k` drafts: accepted [B] drafts kept, active [B] rows that took part."""
+    def record_round(
+        self, accepted: torch.Tensor, active: torch.Tensor, k: int, counts: torch.Tensor | None = None
+    ) -> None:
+        """One verified round of `k` drafts: accepted [B] drafts kept, active [B] rows that took
+        part, counts [B] drafts each row proposed (None: k each)."""
         slot = torch.arange(k, device=accepted.device)[None, :]  # [1, k]
+        proposed = active[:, None] if counts is None else active[:, None] & (slot < counts[:, None])  # [B, k]
         per_slot = ((slot < accepted[:, None]) & active[:, None]).sum(0)  # [k] accepted at slot j
-        reached = ((slot <= accepted[:, None]) & active[:, None]).sum(0)  # [k] slots 0..j-1 accepted
-        counts = torch.cat([active.sum()[None], per_slot, reached]).tolist()  # one host sync per round
-        n_active, kept = counts[0], counts[1 : k + 1]
+        reached = ((slot <= accepted[:, None]) & proposed).sum(0)  # [k] slot j proposed, 0..j-1 accepted
+        idle = active & (counts == 0) if counts is not None and k else torch.zeros_like(active)  # [B] no draft
+        summed = torch.cat([active.sum()[None], idle.sum()[None], per_slot, reached, proposed.expand(-1, k).sum(0)])
+        counted = summed.tolist()  # one host sync per round
+        n_active, kept = counted[0], counted[2 : k + 2]
         self.row_rounds += n_active
+        self.zero_drafts += counted[1]
         self.emitted += n_active + sum(kept)  # each active row: its accepted drafts + 1
         if k:
-            self.proposed[:k] += n_active
+            self.proposed[:k] += torch.tensor(counted[2 * k + 2 :])
             self.accepted[:k] += torch.tensor(kept)
-            self.reached[:k] += torch.tensor(counts[k + 1 :])
+            self.reached[:k] += torch.tensor(counted[k + 2 : 2 * k + 2])
 
     @contextmanager
     def clock(self, part: Literal["draft", "target"], device: torch.device) -> Iterator[None]:
@@ -75,6 +83,7 @@ class LoopStats:
             self.accepted + other.accepted,
             self.reached + other.reached,
             self.row_rounds + other.row_rounds,
+            self.zero_drafts + other.zero_drafts,
             self.emitted + other.emitted,
             self.draft_seconds + other.draft_seconds,
             self.target_seconds + other.target_seconds,

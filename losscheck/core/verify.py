@@ -143,6 +143,31 @@ def checked_outcome(outcome: object, verifier: Verifier, batch: int, k: int) -> 
     return outcome
 
 
+def capped(
+    outcome: BlockOutcome,
+    counts: torch.Tensor,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> BlockOutcome:
+    """`outcome` of a block whose row b proposed only its first `counts [B]` drafts (the rest
+    padding): at most `counts` kept, and a row that kept all of its drafts emits at slot `counts`
+    the target's own token there (argmax, or a draw from p), the bonus token of its shorter block.
+
+    Exact for any exact verifier: the drafts before `counts` were decided as in a block of
+    `counts`; the padding's verdicts are dropped, and the bonus is drawn afresh from p (B draws
+    every sampled round, whatever the counts, so the random stream does not depend on them).
+    logits: [B, k+1, V] the target's scores as the verifier was given them.
+    """
+    rows = torch.arange(counts.shape[0], device=counts.device)
+    at = logits[rows, counts]  # [B, V] the target's scores after each row's last proposed draft
+    bonus = at.argmax(-1) if params.greedy else sample(process_logits(at, params), generator)  # [B]
+    full = outcome.accepted >= counts  # [B] kept every proposed draft
+    tokens = outcome.tokens.clone()
+    tokens[rows, counts] = torch.where(full, bonus, tokens[rows, counts])
+    return BlockOutcome(accepted=torch.minimum(outcome.accepted, counts), tokens=tokens)
+
+
 def verify_block(
     logits: torch.Tensor,
     drafts: torch.Tensor,

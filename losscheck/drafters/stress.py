@@ -100,7 +100,7 @@ class Mixture(_Wrapper):
         replace = torch.rand(tokens.shape, generator=ctx.generator, device=tokens.device) < self.eps  # [B, k]
         uniform = torch.randint(self.vocab_size, tokens.shape, generator=ctx.generator, device=tokens.device)
         q = (1 - self.eps) * inner_q.float() + self.eps / self.vocab_size  # [B, k, V]
-        return Proposal(torch.where(replace, uniform, tokens), q)
+        return Proposal(torch.where(replace, uniform, tokens), q, counts=proposal.counts)
 
 
 def stressed(inner: Drafter, variant: str, vocab_size: int) -> Drafter:

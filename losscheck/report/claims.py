@@ -198,6 +198,12 @@ def lines(cert: Certificate) -> list[str]:
             f"of the target's cache{state}, in {len(greedy) - len(idle)} of {len(greedy)} cells"
             + (f"; no rollback exercised, so their PASS says nothing of rollback: {', '.join(idle)}" if idle else "")
         )
+        gapped = [r for r in greedy if r.sample.zero_draft_rounds]
+        out.append(
+            f"- zero-draft rounds (a row proposing nothing, as an n-gram drafter without a match): "
+            f"{sum(r.sample.zero_draft_rounds or 0 for r in gapped):,} row-rounds in {len(gapped)} of {len(greedy)} "
+            "greedy cells" + ("" if gapped else "; none ran, so the PASS says nothing of that path")
+        )
     bound = pooled_bound(cert.cells)
     if bound is not None:
         worst, cell, confidence = bound

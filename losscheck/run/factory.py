@@ -21,7 +21,15 @@ from losscheck.core.engine import Engine
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError
 from losscheck.run.loading import load_object
-from losscheck.serving.axis import RankRecipe, ServeContext, Server, Serving, build_server, runs_elsewhere
+from losscheck.serving.axis import (
+    RankRecipe,
+    ServeContext,
+    Server,
+    Serving,
+    build_server,
+    runs_elsewhere,
+    served_drafter,
+)
 
 if TYPE_CHECKING:
     from losscheck.plan.cell import Cell
@@ -37,6 +45,7 @@ def engine(session: Session, cell: Cell) -> Engine:
         from losscheck.drafters.stress import stressed
 
         drafter = stressed(drafter, cell.stress, target.vocab_size)
+    drafter = served_drafter(drafter, cell.serving)
     verifier = load_verifier(session.options.verifier) if session.options.verifier else None
     return planted_engine(session.plant, target, drafter, cell.k, cell.width, verifier)
 

@@ -10,9 +10,11 @@ an engine prefills each prompt exactly, without the padding a batched prefill he
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from losscheck.core.contract import DraftContext, Drafter, Proposal, Target
 from losscheck.core.ragged import RaggedKVCache
 from losscheck.core.recurrent import Checkpoint, RaggedStateCache, RowState
 from losscheck.core.target import HFTarget
@@ -76,6 +78,52 @@ class PrefixStateOneEarly(PrefixCache):
 
     def block_state(self, cache: RaggedKVCache, row: int, tokens: int) -> RowState | None:
         return super().block_state(cache, row, tokens - 1)  # the bug: one token early
+
+
+class _Delegate:
+    """Everything not defined here is `inner`'s."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.__wrapped__ = inner  # `inspect.unwrap` finds the drafter's per-row state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class ZeroDraftStale:
+    """A row that proposed no draft this round keeps the recurrent state it had before the round:
+    its step took the engine's no-speculation path, which reads the state from a slot the
+    speculative path no longer writes (a stale slot, the shape of vLLM #40738 / SGLang #26351 for
+    n-gram drafting on hybrid models). Rows with drafts are rolled back correctly.
+
+    Planted as a pair (`wrap_drafter`, `wrap_target`) sharing the round's `Proposal.counts`."""
+
+    def __init__(self) -> None:
+        self.counts: torch.Tensor | None = None  # [B] this round's drafts per row, until `keep` reads them
+
+    def wrap_drafter(self, drafter: Drafter) -> Drafter:
+        owner = self
+
+        class Watched(_Delegate):
+            def propose(self, ctx: DraftContext) -> Proposal:
+                proposal: Proposal = self.inner.propose(ctx)
+                owner.counts = proposal.counts
+                return proposal
+
+        return Watched(drafter)  # a Drafter by delegation
+
+    def wrap_target(self, target: Target, k: int) -> Target:
+        owner = self
+
+        class Stale(_Delegate):
+            def keep(self, counts: torch.Tensor) -> None:
+                drafted, owner.counts = owner.counts, None  # a prefill's keep comes with none
+                if drafted is not None and len(drafted) == len(counts):
+                    counts = torch.where(drafted.to(counts.device) == 0, 0, counts)  # the bug: no draft, stale
+                self.inner.keep(counts)
+
+        return Stale(target)  # a Target by delegation
 
 
 PREFIX_BUGS: dict[str, type[PrefixCache]] = {

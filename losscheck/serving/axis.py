@@ -22,6 +22,7 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
+from losscheck.core.contract import Drafter
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator
@@ -162,6 +163,9 @@ class Axis(Generic[V]):
     runs_elsewhere: bool = False
     # combinations that cannot run, by axis name (e.g. a split cell's ranks run no prefix cache)
     excludes: frozenset[str] = field(default_factory=frozenset)
+    # how the axis changes the cell's drafter, applied where the engine is built (in a split
+    # cell's ranks too), before a planted bug wraps it: (value, drafter) -> drafter
+    drafter: Callable[[V, Drafter], Drafter] | None = None
 
 
 @cache
@@ -182,6 +186,15 @@ def axis(name: str) -> Axis:
         if found.name == name:
             return found
     raise LosscheckError(f"no serving axis {name!r}; the axes are {[a.name for a in axes()]}")
+
+
+def served_drafter(drafter: Drafter, values: Serving) -> Drafter:
+    """`drafter` as the cell's serving `values` change it (`Axis.drafter`), in registry order."""
+    for name, value in values:
+        change = axis(name).drafter
+        if change is not None:
+            drafter = change(value, drafter)
+    return drafter
 
 
 def serving(**values: AxisValue) -> Serving:

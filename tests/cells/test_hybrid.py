@@ -174,3 +174,35 @@ def test_planted_prefix_state_bugs_change_the_second_turn(bug: str) -> None:
 
     with_cache, without = _two_turns(PREFIX_BUGS[bug]())
     assert not torch.equal(with_cache, without)
+
+
+def _gapped_greedy(drafter, target=None, gapped: bool = True):
+    """Greedy decoding with `drafter` (gapped first, `losscheck.drafters.gapped`: rows propose no
+    draft at one committed length in three) and `bug` planted around it and the target."""
+    from losscheck.core.engine import Engine
+    from losscheck.core.sampling import GREEDY
+    from losscheck.drafters.gapped import Gapped
+
+    target = target if target is not None else _models()[0]
+    engine = Engine(target, Gapped(drafter) if gapped else drafter, k=4)
+    return engine.generate(_prompts(), BUDGET, GREEDY, torch.Generator().manual_seed(0))
+
+
+def test_zero_draft_rounds_keep_the_state_exactly() -> None:
+    _, drafter = _models()
+    spec, plain = _gapped_greedy(drafter), _greedy(None, 0)
+    assert torch.equal(spec.tokens, plain.tokens) and torch.equal(spec.lengths, plain.lengths)
+    assert spec.stats.zero_drafts >= 20, f"only {spec.stats.zero_drafts} zero-draft row-rounds"
+
+
+def test_a_zero_draft_step_reading_a_stale_state_is_caught_only_where_rows_draft_nothing() -> None:
+    from losscheck.drafters.gapped import Gapped
+    from losscheck.selftest.state_bugs import ZeroDraftStale
+
+    target, drafter = _models()
+    plain = _greedy(None, 0).tokens
+    bug = ZeroDraftStale()
+    planted = bug.wrap_target(target, 4)
+    assert not torch.equal(_gapped_greedy(bug.wrap_drafter(Gapped(drafter)), planted, gapped=False).tokens, plain)
+    ungapped = _gapped_greedy(bug.wrap_drafter(drafter), planted, gapped=False).tokens
+    assert torch.equal(ungapped, plain), "without zero-draft rounds the bug has nothing to act on"
