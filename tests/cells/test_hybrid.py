@@ -177,11 +177,11 @@ def test_planted_prefix_state_bugs_change_the_second_turn(bug: str) -> None:
 
 
 def _gapped_greedy(drafter, target=None, gapped: bool = True):
-    """Greedy decoding with `drafter` (gapped first, `losscheck.drafters.gapped`: rows propose no
+    """Greedy decoding with `drafter` (gapped first, `losscheck.serving.gaps`: rows propose no
     draft at one committed length in three) and `bug` planted around it and the target."""
     from losscheck.core.engine import Engine
     from losscheck.core.sampling import GREEDY
-    from losscheck.drafters.gapped import Gapped
+    from losscheck.serving.gaps import Gapped
 
     target = target if target is not None else _models()[0]
     engine = Engine(target, Gapped(drafter) if gapped else drafter, k=4)
@@ -196,8 +196,8 @@ def test_zero_draft_rounds_keep_the_state_exactly() -> None:
 
 
 def test_a_zero_draft_step_reading_a_stale_state_is_caught_only_where_rows_draft_nothing() -> None:
-    from losscheck.drafters.gapped import Gapped
     from losscheck.selftest.state_bugs import ZeroDraftStale
+    from losscheck.serving.gaps import Gapped
 
     target, drafter = _models()
     plain = _greedy(None, 0).tokens

@@ -9,8 +9,8 @@ import torch
 from losscheck.core.contract import Proposal, validate_proposal
 from losscheck.core.sampling import GREEDY, SamplingParams, process_logits
 from losscheck.core.verify import capped, verify_block
-from losscheck.drafters.gapped import Gapped, gap_counts
 from losscheck.errors import DrafterOutputError
+from losscheck.serving.gaps import Gapped, gap_counts
 from tests.support import assert_follows, noisy_drafter, tiny_target
 
 B, K, V = 3, 4, 16
