@@ -9,11 +9,15 @@ from losscheck.cli.command import Command
 from losscheck.run.options import add_options, from_parsed
 
 # The options of `losscheck certify` that `losscheck mutants` takes.
-EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact")
+EXPERIMENT_OPTIONS = ("seed", "alpha", "profile", "detect-tv", "exact", "target", "drafter")
 
 
 def add_arguments(mut: argparse.ArgumentParser) -> None:
-    mut.add_argument("names", nargs="*", help="mutants to run (default: the whole catalogue)")
+    mut.add_argument(
+        "names",
+        nargs="*",
+        help="mutants to run (default: the target's whole catalogue; a hybrid target's is the recurrent-state one)",
+    )
     mut.add_argument("--out", default="reports/mutants", help="output directory (default: %(default)s)")
     add_options(mut.add_argument, "--", EXPERIMENT_OPTIONS)
     mut.add_argument(

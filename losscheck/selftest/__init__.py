@@ -19,18 +19,31 @@ if TYPE_CHECKING:
 
 
 def catalogue() -> tuple[Mutant, ...]:
+    """The mutants of an attention-only target (the bundled ones)."""
     from losscheck.selftest.registry import CATALOGUE
 
     return CATALOGUE
 
 
+def state_catalogue() -> tuple[Mutant, ...]:
+    """The recurrent-state mutants, for a hybrid target (`losscheck.selftest.state_catalogue`)."""
+    from losscheck.selftest.state_catalogue import STATE_CATALOGUE
+
+    return STATE_CATALOGUE
+
+
+def every_mutant() -> tuple[Mutant, ...]:
+    """Both catalogues: the planted bugs this package registers (`losscheck.run.plant`)."""
+    return catalogue() + state_catalogue()
+
+
 def names() -> tuple[str, ...]:
-    return tuple(m.name for m in catalogue())
+    return tuple(m.name for m in every_mutant())
 
 
 def get_mutant(name: str) -> Mutant:
-    """The mutant called `name`, else `OptionError` listing the catalogue."""
-    found = {m.name: m for m in catalogue()}.get(name)
+    """The mutant called `name`, else `OptionError` listing both catalogues."""
+    found = {m.name: m for m in every_mutant()}.get(name)
     if found is None:
         raise OptionError(
             f"{flag('mutant')}={name!r} is not a registered planted bug; choose one of: " + ", ".join(names())

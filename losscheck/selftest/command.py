@@ -7,16 +7,18 @@ from pathlib import Path
 
 from losscheck.run.options import Options
 from losscheck.run.session import Session
-from losscheck.selftest import catalogue, get_mutant
+from losscheck.selftest import catalogue, get_mutant, state_catalogue
 from losscheck.selftest.catch import CatchMeta, gate_session, markdown, run_control, run_mutant, write_table
 
 
 def run(out: Path, options: Options, names: list[str], all_cells: bool, stress: bool = True) -> int:
     """Catch table under `out` (catch_table.md / .json); exit status 0 only when every mutant is
     caught and the unmodified engine passes every cell that caught one. `stress` False leaves the
-    stress cells out."""
-    mutants = [get_mutant(n) for n in names] if names else list(catalogue())
+    stress cells out. Without `names`: the catalogue of the main target, the recurrent-state
+    mutants for a hybrid one."""
     base = Session(options)
+    stateful = bool(getattr(base.target("main"), "stateful", False))
+    mutants = [get_mutant(n) for n in names] if names else list(state_catalogue() if stateful else catalogue())
     started = time.perf_counter()
     reports = []
     for mutant in mutants:
