@@ -26,8 +26,8 @@ def catalogue() -> tuple[Mutant, ...]:
 
 
 def state_catalogue() -> tuple[Mutant, ...]:
-    """The recurrent-state mutants, for a hybrid target (`losscheck.selftest.state_catalogue`)."""
-    from losscheck.selftest.state_catalogue import STATE_CATALOGUE
+    """The recurrent-state mutants, for a hybrid target (`losscheck.selftest.state_registry`)."""
+    from losscheck.selftest.state_registry import STATE_CATALOGUE
 
     return STATE_CATALOGUE
 
