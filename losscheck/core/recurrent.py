@@ -155,10 +155,19 @@ class RaggedStateCache(RaggedKVCache):
                 conv = conv.index_copy(0, rows.to(conv.device), kept)
             if slot.history and recurrent is not None:
                 stacked = torch.stack(slot.history)  # [m+1, n, ...]
-                kept = stacked[counts.to(stacked.device), torch.arange(stacked.shape[1], device=stacked.device)]
+                at = self._history_index(counts).to(stacked.device)
+                kept = stacked[at, torch.arange(stacked.shape[1], device=stacked.device)]
                 recurrent = recurrent.index_copy(0, rows.to(recurrent.device), kept)
             states[key] = (None if conv is None else conv.clone(), None if recurrent is None else recurrent.clone())
         return Checkpoint(held, states)
+
+    def _history_index(self, counts: torch.Tensor) -> torch.Tensor:
+        """[n] where in a layer's recorded states (`_States.history`) the state after `counts` [n] is."""
+        return counts
+
+    def _recorded_at(self, count: int) -> int | None:
+        """Where the state after `count` of the last forward's tokens is in its recorded states."""
+        return count
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Every row back to `checkpoint` (taken from this cache)."""
@@ -189,7 +198,10 @@ class RaggedStateCache(RaggedKVCache):
                 conv = None
                 if slot.conv_read is not None and slot.conv is not None:
                     conv = slot.conv_read[at, :, count : count + slot.conv.shape[-1]].clone()
-                recurrent = slot.history[count][at].clone() if slot.history else None
+                index = self._recorded_at(count)
+                if slot.history and index is None:
+                    return None  # a state the forward did not record (a replay cache's)
+                recurrent = slot.history[index][at].clone() if slot.history and index is not None else None
             elif not checkpoints and tokens == held:
                 conv = None if slot.conv is None else slot.conv[row].clone()
                 recurrent = None if slot.recurrent is None else slot.recurrent[row].clone()

@@ -204,6 +204,17 @@ def lines(cert: Certificate) -> list[str]:
             f"{sum(r.sample.zero_draft_rounds or 0 for r in gapped):,} row-rounds in {len(gapped)} of {len(greedy)} "
             "greedy cells" + ("" if gapped else "; none ran, so the PASS says nothing of that path")
         )
+        cached = [r for r in greedy if "prefix" in r.serving_facts]
+        if cached:
+            hits = {r.cell: int(r.serving_facts["prefix"].get("hits") or 0) for r in cached}
+            resumed = sum(int(r.serving_facts["prefix"].get("state_resumed") or 0) for r in cached)
+            cold = [cell for cell, n in hits.items() if n == 0]
+            out.append(
+                f"- prefix-cache hits: {sum(hits.values()):,} blocks reused in {len(cached) - len(cold)} of "
+                f"{len(cached)} greedy prefix-cache cells"
+                + (f", {resumed:,} of them resuming a recurrent state" if resumed else "")
+                + (f"; no hit, so their PASS says nothing of a resumed prefix: {', '.join(cold)}" if cold else "")
+            )
     bound = pooled_bound(cert.cells)
     if bound is not None:
         worst, cell, confidence = bound

@@ -65,6 +65,7 @@ class CacheStats:
     stored: int = 0
     evictions: int = 0
     state_fallbacks: int = 0  # hits cut back to the last block holding a recurrent state
+    state_resumed: int = 0  # requests that resumed a hybrid target's recurrent state from a block
 
     @property
     def hit_rate(self) -> float:
@@ -153,6 +154,7 @@ class PrefixCache:
             state = self.blocks[chain[-1]].state
             assert state is not None
             cache.set_state(row, state, kept * self.block)
+            self.stats.state_resumed += 1
 
     @torch.inference_mode()
     def store(
@@ -242,6 +244,8 @@ class PrefixCached(Wrapped):
             f"prefix cache (block {cache.block}, {cache.capacity} blocks): hit rate {stats.hit_rate:.1%} "
             f"({stats.hits}/{stats.lookups} blocks looked up), {stats.stored} stored, {stats.evictions} evicted"
         )
+        if stats.state_resumed or stats.state_fallbacks:
+            summary += f"; {stats.state_resumed} recurrent states resumed, {stats.state_fallbacks} hits cut back"
         facts = {"block": cache.block, "capacity": cache.capacity, **stats.to_dict(), "summary": summary}
         return {**self.inner.facts(), AXIS_NAME: facts}
 

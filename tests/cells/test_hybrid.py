@@ -206,3 +206,33 @@ def test_a_zero_draft_step_reading_a_stale_state_is_caught_only_where_rows_draft
     assert not torch.equal(_gapped_greedy(bug.wrap_drafter(Gapped(drafter)), planted, gapped=False).tokens, plain)
     ungapped = _gapped_greedy(bug.wrap_drafter(drafter), planted, gapped=False).tokens
     assert torch.equal(ungapped, plain), "without zero-draft rounds the bug has nothing to act on"
+
+
+def test_rollback_by_replay_is_exact_too() -> None:
+    """The honest alternative (`losscheck.core.replay`): two states per row in place of k + 2,
+    replaying the kept tokens; same greedy output, rounds with gaps and reused slots included."""
+    from losscheck.core.engine import Engine
+    from losscheck.core.replay import replayed
+    from losscheck.core.sampling import GREEDY
+    from losscheck.serving.batching import ContinuousBatcher, staggered_arrivals
+
+    target, drafter = _models()
+    replay = replayed(target)
+    plain = _greedy(None, 0)
+    assert torch.equal(_gapped_greedy(drafter, replay).tokens, plain.tokens)
+    assert replay.lm.replays > 100, "the rounds must have rolled back by replaying"
+    arrivals = staggered_arrivals(len(_prompts()), 2, BUDGET, torch.Generator().manual_seed(1))
+    served = ContinuousBatcher(Engine(replay, drafter, k=4), 2).generate(
+        _prompts(), BUDGET, GREEDY, torch.Generator().manual_seed(0), arrivals
+    )
+    assert torch.equal(served.tokens, plain.tokens)
+
+
+def test_a_replay_cache_refuses_a_partial_keep_it_cannot_serve() -> None:
+    from losscheck.core.replay import ReplayStateCache
+    from losscheck.errors import TargetError
+
+    cache = ReplayStateCache(2, 8, ("linear_attention",))
+    cache.begin(torch.tensor([0, 0]), 3)
+    with pytest.raises(TargetError, match="all of a forward's tokens or none"):
+        cache._history_index(torch.tensor([1, 3]))

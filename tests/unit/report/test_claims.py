@@ -115,3 +115,24 @@ def test_greedy_cells_count_their_rollbacks_and_name_the_cells_without_one():
     text = "\n".join(claims.lines(certificate_of(found)))
     assert "120 rejected drafts" in text and "recurrent state included" in text and "in 1 of 2 cells" in text
     assert "no rollback exercised, so their PASS says nothing of rollback: user-k1-greedy" in text
+
+
+def test_zero_draft_rounds_and_prefix_hits_are_counted_and_an_idle_path_is_named():
+    prefix = {"hits": 0, "state_resumed": 0, "summary": "s"}
+    found = records(
+        {"cell": "user-k4-greedy-gaps3", "kind": "greedy", "rollbacks": 9, "zero_draft_rounds": 40},
+        {
+            "cell": "user-k4-greedy-prefix-warm",
+            "kind": "greedy",
+            "rollbacks": 9,
+            "zero_draft_rounds": 0,
+            "serving_facts": {"prefix": {**prefix, "hits": 12, "state_resumed": 5}},
+        },
+        {"cell": "user-k4-greedy-prefix-cold", "kind": "greedy", "rollbacks": 9, "serving_facts": {"prefix": prefix}},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "40 row-rounds in 1 of 3 greedy cells" in text
+    assert "12 blocks reused in 1 of 2 greedy prefix-cache cells, 5 of them resuming a recurrent state" in text
+    assert "no hit, so their PASS says nothing of a resumed prefix: user-k4-greedy-prefix-cold" in text
+    without = "\n".join(claims.lines(certificate_of(records({"cell": "x", "kind": "greedy", "rollbacks": 1}))))
+    assert "none ran, so the PASS says nothing of that path" in without
