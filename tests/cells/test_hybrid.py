@@ -236,3 +236,22 @@ def test_a_replay_cache_refuses_a_partial_keep_it_cannot_serve() -> None:
     cache.begin(torch.tensor([0, 0]), 3)
     with pytest.raises(TargetError, match="all of a forward's tokens or none"):
         cache._history_index(torch.tensor([1, 3]))
+
+
+@pytest.mark.parametrize("family", ["B", "E"])
+def test_drafters_reading_the_hybrid_targets_hidden_states_run_exactly(family: str) -> None:
+    """A parallel drafter of family B / E (untrained: it rejects almost every draft) fed the hybrid
+    target's last hidden states: the states of rolled-back rows are what plain decoding computed."""
+    from losscheck.core.engine import Engine
+    from losscheck.core.sampling import GREEDY
+    from losscheck.drafters.block import BlockConfig, BlockModel
+    from losscheck.drafters.parallel import BlockDrafter
+
+    target, _ = _models()
+    torch.manual_seed(0)
+    model = BlockModel(BlockConfig(family, target.vocab_size, target.hidden_size, max_slots=4))
+    engine = Engine(target, BlockDrafter(model, f"untrained-{family}"), k=4, width=4 if family == "E" else None)
+    spec = engine.generate(_prompts(), 24, GREEDY, torch.Generator())
+    plain = Engine(target, None, k=0).generate(_prompts(), 24, GREEDY, torch.Generator())
+    assert torch.equal(spec.tokens, plain.tokens)
+    assert int((spec.stats.reached - spec.stats.accepted).sum()) > 50  # rollbacks, every one
