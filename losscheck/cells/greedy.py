@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from losscheck.cells.ends import end_problems
 from losscheck.cells.outcome import CellOutcome, oracle_problems, with_rule
 from losscheck.cells.record import SampleFacts
 from losscheck.core.divergence import find_divergences
@@ -35,6 +36,7 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
             partial(_baseline, ctx, prompts, max_new, tier),
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
+        outcome.problems += [f"{tier} prompts: {p}" for p in end_problems(spec, target.eos_id)]
         outcome.acceptance[tier] = spec.stats
     rejected = sum(int((s.reached - s.accepted).sum()) for s in outcome.acceptance.values())
     idle = sum(s.zero_drafts for s in outcome.acceptance.values())
@@ -50,7 +52,7 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
             recurrent_state=True if getattr(target, "stateful", False) else None,
         ),
     )
-    outcome.problems = oracle_problems(cell, outcome.acceptance)
+    outcome.problems += oracle_problems(cell, outcome.acceptance)
     outcome.serving_facts = server.facts()
     return outcome
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from losscheck import acceptance
+from losscheck.cells.ends import end_problems
 from losscheck.cells.record import (
     AcceptanceRecord,
     CellRecord,
@@ -154,7 +155,7 @@ def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation
         ctx.cell,
         verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
-        problems=oracle_problems(ctx.cell, acceptance),
+        problems=oracle_problems(ctx.cell, acceptance) + end_problems(gen, ctx.target_named(ctx.cell.target).eos_id),
         facts=with_rule(ctx, facts),
     )
 

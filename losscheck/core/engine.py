@@ -191,6 +191,14 @@ def emit_counts(
     return torch.where(ended, first_eos + 1, count), ended
 
 
+# Where a round's rows end (`emit_counts`): (emitted [B, k+1], count [B], room [B], eos, stop ids)
+# -> (tokens each row commits [B], whether they end the row [B] or None)
+EndRule = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, "int | None", tuple[int, ...]],
+    tuple[torch.Tensor, "torch.Tensor | None"],
+]
+
+
 class Engine:
     """Speculative decoding of a batch with `drafter` and block length `k`; `drafter=None` is the
     baseline. `width` is passed to drafters that truncate candidates. `verifier` decides each
@@ -208,6 +216,7 @@ class Engine:
         verifier: Verifier | None = None,
         prefix_cache: KVReuse | None = None,
         history: HistoryStep | None = None,
+        ends: EndRule | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -218,6 +227,7 @@ class Engine:
         self.verifier: Verifier = verifier or getattr(drafter, "verifier", None) or verify_block
         self.prefix_cache = prefix_cache  # shared by every request this engine runs
         self.history: HistoryStep = history or adjust_logits  # a planted bug may replace it
+        self.ends: EndRule = ends or emit_counts  # likewise
         # the target layers whose states the drafter reads; only named layers are asked for by
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
@@ -416,7 +426,7 @@ class Engine:
         active = ~batch.done
         accepted = torch.where(active, outcome.accepted, 0)  # [B]
         room = batch.budget - (batch.lengths - batch.prompt_lengths)  # [B] budget left
-        emit, ended = emit_counts(outcome.tokens, accepted + 1, room, self.target.eos_id, stop_ids)
+        emit, ended = self.ends(outcome.tokens, accepted + 1, room, self.target.eos_id, stop_ids)
         emit = torch.where(active, emit, 0)
         slot = torch.arange(width, device=emit.device)[None, :]  # [1, k+1]
         # every slot of the round is written, the kept ones and junk past a row's emit (and a

@@ -67,8 +67,8 @@ def planted_engine(
     if plant.wrap_target is not None:
         target = plant.wrap_target(target, k)
     # a plant registered before plants could replace the history step has no `history`
-    history = getattr(plant, "history", None)
-    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier, history=history)
+    history, ends = getattr(plant, "history", None), getattr(plant, "ends", None)
+    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier, history=history, ends=ends)
 
 
 _VERIFIERS: dict[str, Verifier] = {}  # spec -> the verifier its factory built, once per process

@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from typing import Protocol
 
 from losscheck.core.contract import Drafter, Target
+from losscheck.core.engine import EndRule
 from losscheck.core.history import HistoryStep
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError, flag
@@ -50,6 +51,12 @@ class Plant(PlantsPrefixCache, PlantsScheduler, Protocol):
     def history(self) -> HistoryStep | None:
         """Used in place of the engine's history-dependent processing of the target's logits
         (`losscheck.core.history.adjust_logits`); optional on a plant."""
+        ...
+
+    @property
+    def ends(self) -> EndRule | None:
+        """Used in place of the engine's rule for where a round's rows end
+        (`losscheck.core.engine.emit_counts`); optional on a plant."""
         ...
 
 

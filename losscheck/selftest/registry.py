@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.core.contract import Drafter, Target
+from losscheck.core.engine import EndRule
 from losscheck.core.history import HistoryStep
 from losscheck.core.verify import Verifier
 from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.plan.profiles import Profile
 from losscheck.selftest import drafters as planted
-from losscheck.selftest import history_bugs, laws, serving, targets
+from losscheck.selftest import end_bugs, history_bugs, laws, serving, targets
 from losscheck.selftest import verifiers as bugs
 from losscheck.selftest.drafters import TRUNCATION_WIDTH
 from losscheck.serving.batching import ContinuousBatcher
@@ -47,6 +48,7 @@ class Mutant:
     prefix_cache: Callable[[PrefixCache], PrefixCache] | None = None  # the cell's prefix cache -> planted one
     scheduler: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
     history: HistoryStep | None = None  # the engine's history-dependent processing of p (`losscheck.core.history`)
+    ends: EndRule | None = None  # the engine's rule for where a round's rows end (`losscheck.core.engine`)
 
     def cells(self, plan: Mapping[str, list[Cell]], profile: Profile, stress: bool = True) -> list[Cell]:
         """The cells of a gate `plan` where the bug manifests, in run order (`stress` False:
@@ -507,6 +509,18 @@ CATALOGUE: tuple[Mutant, ...] = (
         None,
         GREEDY_NO_LAW,
         scheduler=serving.RetiredRowLeak,
+    ),
+    Mutant(
+        "stop_leak_in_block",
+        "sampling",
+        "Stop checked on the last token of a round only: tokens after an EOS or stop id inside an accepted block leak.",
+        "A round that accepts a stop id (or EOS) before its last emitted token commits the tokens after it, and the "
+        "row runs on. Each leaked token is drawn from the target's law, so no token test sees it; the end check "
+        "of every sampled cell does (nothing after an end token). Shows in the family-A cell with a stop id.",
+        lambda cell, horizon: _sampled()(cell, horizon) and bool(cell.params.stop_ids),
+        None,
+        "the bug changes where sequences end, not any token's law",
+        ends=end_bugs.stop_checked_on_last_token,
     ),
     Mutant(
         "rows_mixed_up",

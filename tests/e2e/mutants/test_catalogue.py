@@ -59,6 +59,7 @@ def test_mutant_cells_are_gate_cells_of_the_mutants_kind(session):
     assert [c.id for c in get_mutant("retired_row_leak").cells(session.plan, session.options.profile)] == [
         "A-k4-greedy-cb",
         "A-k4-greedy-prefix-warm-cb",
+        "A-k4-greedy-cb-gaps3",
     ]
 
 

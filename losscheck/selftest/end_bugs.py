@@ -1,0 +1,20 @@
+"""Planted bugs in where a sequence ends (`losscheck.core.engine.emit_counts` is the correct rule)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def stop_checked_on_last_token(
+    emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None, stop_ids: tuple[int, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The stop condition read on the last token a round commits, not on each of them: an EOS or
+    stop id inside an accepted block is committed with the tokens after it, and the row runs on
+    (the shape of SGLang #33758 and vLLM #47616: stop checked once per step)."""
+    count = torch.minimum(count, room)
+    ends = ([eos] if eos is not None else []) + list(stop_ids)
+    if not ends:
+        return count, None
+    rows = torch.arange(len(count), device=count.device)
+    last = emitted[rows, (count - 1).clamp(min=0)]  # [B]
+    return count, torch.isin(last, torch.tensor(ends, device=emitted.device)) & (count > 0)
