@@ -155,7 +155,8 @@ def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation
         ctx.cell,
         verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
-        problems=oracle_problems(ctx.cell, acceptance) + end_problems(gen, ctx.target_named(ctx.cell.target).eos_id),
+        problems=oracle_problems(ctx.cell, acceptance)
+        + [f"ends: {p}" for p in end_problems(gen, ctx.target_named(ctx.cell.target).eos_id)],
         facts=with_rule(ctx, facts),
     )
 

@@ -106,12 +106,13 @@ def _evidence(outcome: CellOutcome) -> tuple[list[str], str, float | None, str]:
             ),
         )
     bad = [r for r in outcome.verdict.results if not r.passed] if outcome.verdict is not None else []
-    failing = [r.name for r in bad] + (["oracle"] if outcome.problems else [])
+    checks = list(dict.fromkeys("ends" if p.startswith("ends:") else "oracle" for p in outcome.problems))
+    failing = [r.name for r in bad] + checks  # the end check (`losscheck.cells.ends`), the oracle's acceptance
     if bad:
         worst = min(bad, key=lambda r: r.p_value)
         return failing, worst.name, worst.p_value, f"{worst.name}: {worst.observed}"
     if failing:
-        return failing, "oracle", None, outcome.problems[0]
+        return failing, checks[0], None, outcome.problems[0]
     return [], "", None, ""
 
 
