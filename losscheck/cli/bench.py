@@ -91,6 +91,25 @@ def run_pit_memory(ns: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def add_rollback(rollback: argparse.ArgumentParser) -> None:
+    rollback.add_argument(
+        "--out", type=Path, default=Path("reports/bench-rollback"), help="output directory (default: %(default)s)"
+    )
+    rollback.add_argument("--repeats", type=int, default=3, help="runs per variant and k, the median kept")
+
+
+def run_rollback(ns: argparse.Namespace) -> int:
+    from losscheck.perf import rollback
+
+    if ns.repeats < 1:
+        raise LosscheckError(f"--repeats must be >= 1, got {ns.repeats}")
+    rows = rollback.measure(repeats=ns.repeats)
+    written = rollback.write(rows, ns.out)
+    print(written[1].read_text(), end="")
+    print("wrote " + ", ".join(str(p) for p in written))
+    return EXIT_PASS
+
+
 MODES = (
     Command("loop", "time the loop against plain decoding and HF assisted generation", add_loop, run_loop),
     Command(
@@ -106,6 +125,13 @@ MODES = (
         "how far each precision's top-2 logit margins move with the batch shape",
         add_near_ties,
         run_near_ties,
+    ),
+    Command(
+        "rollback",
+        "a hybrid target's recurrent state rolled back by checkpoints (the loop's way) against replay: time, "
+        "target passes and state memory at each block length, on the bundled hybrid pair",
+        add_rollback,
+        run_rollback,
     ),
     Command(
         "pit-memory",

@@ -29,7 +29,7 @@ MINIMAL_ARGV = {
     "verifier-tier": [],
     "fixtures": [],
 }
-BENCH_MODES = ("loop", "cells", "near-ties", "pit-memory")
+BENCH_MODES = ("loop", "cells", "near-ties", "rollback", "pit-memory")
 
 
 def test_the_table_holds_every_subcommand_once():
@@ -180,3 +180,15 @@ def test_help_names_the_options_of_its_own_command(capsys, name):
     assert "--losscheck-" not in text, f"`losscheck {name} --help` names the pytest plugin's options"
     if name != "perf":
         assert "--perf-" not in text, f"`losscheck {name} --help` lists the perf tier's options"
+
+
+def test_bench_rollback_refuses_zero_repeats(capsys):
+    assert cli.main(["bench", "rollback", "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_rollback_table_states_both_variants(tmp_path):
+    from losscheck.perf.rollback import RollbackRow, write
+
+    _, md = write([RollbackRow(4, 2.0, 5.0, 45, 204, 24.0, 8.0)], tmp_path)
+    assert "| 4 | 2.0 | 5.0 | 2.50 | 45 / 204 | 24.0 / 8.0 |" in md.read_text()
