@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import torch
 
 from losscheck.cells.record import SampleFacts
-from losscheck.core.contract import keep_rows
+from losscheck.core.contract import expect_rows, keep_rows
 from losscheck.core.engine import pad_prompts
 from losscheck.core.generation import Generation
 from losscheck.core.history import History, adjust_logits
@@ -90,10 +90,12 @@ def teacher_forced_probs(
     prompt_ids, plen = pad_prompts(rows, target.vocab_size, target.device)  # [n, P], [n]
     target.reset(n, prompt_ids.shape[1] + horizon)
     if prompt_ids.shape[1] > 1:  # slots 0 .. P-2; a shorter row's padding there is rewritten below
+        expect_rows(target, plen - 1)  # a recurrent state: record only the states a row may keep
         target.forward(prompt_ids[:, :-1], torch.zeros(n, dtype=torch.long, device=prompt_ids.device))
         keep_rows(target, plen - 1)  # a recurrent state rolls back from the padding by checkpoint
     last = prompt_ids.gather(1, (plen - 1)[:, None])  # [n, 1]
     scored = torch.cat([last, tokens[:, :-1]], dim=1)  # [n, L] the inputs that predict tokens 0 .. L-1
+    expect_rows(target, torch.full_like(plen, horizon))  # nothing reads on after this pass: no state recorded
     logits, _ = target.forward(scored, plen - 1)  # [n, L, V]
     # generated token i reads the prompt and tokens 0 .. i-1 (past a row's end: junk, never tested)
     logits = adjust_logits(logits, params, History(prompt_ids, plen, plen, target.eos_id), tokens[:, :-1])

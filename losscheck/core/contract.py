@@ -194,6 +194,15 @@ class StatefulTarget(Target, Protocol):
     def keep(self, counts: torch.Tensor) -> None: ...
 
 
+def expect_rows(target: Target, counts: torch.Tensor) -> None:
+    """Before a forward whose rows will keep at least `counts` [n] tokens each (a prefill: each
+    row's own length): a `StatefulTarget` with an `expect` method records only the states a `keep`
+    may then ask for. Nothing for any other target; a hint, never needed for exactness."""
+    expect = getattr(target, "expect", None)
+    if isinstance(target, StatefulTarget) and target.stateful and expect is not None:
+        expect(counts)
+
+
 def keep_rows(target: Target, counts: torch.Tensor) -> None:
     """After a forward whose rows read past what they keep (padding, rejected drafts): each row
     keeps its first `counts` [n] tokens — `target.keep` for a `StatefulTarget`, nothing for a KV

@@ -25,6 +25,7 @@ from losscheck.core.contract import (
     Proposal,
     StatefulTarget,
     Target,
+    expect_rows,
     hidden_layers,
     validate_proposal,
 )
@@ -359,8 +360,9 @@ class Engine:
             at = start[:, None] + torch.arange(width, device=start.device)  # [n, width] slots read
             ids = batch.tokens[rows].gather(1, at)  # past a row's readable: junk, overwritten later
             if every:
-                _, states = self._forward(ids, start)
                 kept = readable - start  # [B]
+                expect_rows(self.target, kept)  # a recurrent state: record only from the shortest row on
+                _, states = self._forward(ids, start)
             elif _allocated(self.target):  # an HFTarget, or a proxy of one (the perf tier's timed target)
                 layers = self.layers if self._by_id else None
                 lm, checked = self.target.lm, self.target.checked  # type: ignore[attr-defined]  # see _allocated

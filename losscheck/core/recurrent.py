@@ -120,6 +120,8 @@ class RaggedStateCache(RaggedKVCache):
         self.width = 0  # m, tokens the last forward read per row
         self.read_rows: torch.Tensor | None = None  # [n] the rows it read, when not all (`put_rows`)
         self._fresh: torch.Tensor | None = None  # [B] bool, rows starting from slot 0 this forward
+        self.expected: int | None = None  # the next forward's rows keep at least this many tokens (`expect`)
+        self.recorded = 0  # positions of the last forward whose states were recorded: its last ones
 
     # -- the engine's side ------------------------------------------------------------------------
 
@@ -130,6 +132,15 @@ class RaggedStateCache(RaggedKVCache):
         self.read_rows = None
         self._fresh = (start == 0).to(self.held.device)
         self.held = torch.where(self._fresh, 0, self.held) + width
+        # the states after tokens expected .. width (the one before the forward is always there)
+        self.recorded = width if self.expected is None else min(width, max(1, width - self.expected + 1))
+        self.expected = None
+
+    def expect(self, counts: torch.Tensor) -> None:
+        """The next forward's rows will keep at least `counts` [n] tokens each: only the states at
+        the positions a `keep` may then ask for are recorded (the layers run their fast chunked
+        path over the rest). A prefill knows its counts (each row's own length) before it runs."""
+        self.expected = int(counts.min()) if len(counts) else None
 
     def keep(self, counts: torch.Tensor) -> None:
         """Roll each row the last forward read back to its state after the first `counts` of the
@@ -162,12 +173,21 @@ class RaggedStateCache(RaggedKVCache):
         return Checkpoint(held, states)
 
     def _history_index(self, counts: torch.Tensor) -> torch.Tensor:
-        """[n] where in a layer's recorded states (`_States.history`) the state after `counts` [n] is."""
-        return counts
+        """[n] where in a layer's recorded states (`_States.history`: the state before the forward,
+        then after each of its last `max(recorded, 1)` tokens) the state after `counts` [n] is."""
+        skipped = self.width - max(self.recorded, 1)  # leading positions with no recorded state
+        if bool(((counts > 0) & (counts <= skipped)).any()):
+            raise TargetError(
+                f"a row kept {int(counts[(counts > 0) & (counts <= skipped)].min())} tokens of a forward that "
+                f"recorded the states of its last {max(self.recorded, 1)} of {self.width} only (`expect` said more)"
+            )
+        return torch.where(counts > 0, counts - skipped, 0)
 
     def _recorded_at(self, count: int) -> int | None:
-        """Where the state after `count` of the last forward's tokens is in its recorded states."""
-        return count
+        """Where the state after `count` of the last forward's tokens is in its recorded states
+        (None: not recorded)."""
+        skipped = self.width - max(self.recorded, 1)
+        return 0 if count == 0 else count - skipped if count > skipped else None
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Every row back to `checkpoint` (taken from this cache)."""
@@ -235,7 +255,7 @@ class RaggedStateCache(RaggedKVCache):
         return True  # conv inputs and recurrent states come back per position
 
     def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
-        return self.width
+        return self.recorded
 
     def increase_count(self, layer_idx: int, state_idx: int) -> None:
         """Token counts are `held`, kept by `begin` and `keep`."""
@@ -274,11 +294,11 @@ class RaggedStateCache(RaggedKVCache):
         alone (a tensor: a one-token forward)."""
         slot = self._slot(layer_idx, state_idx)
         after = [recurrent_states] if isinstance(recurrent_states, torch.Tensor) else list(recurrent_states)
-        if len(after) != self.width:
+        if len(after) != max(self.recorded, 1):  # none recorded: the state after the last token alone
             raise TargetError(
                 f"layer {layer_idx} returned {len(after)} recurrent states for a forward of {self.width} "
-                "tokens; the loop needs one per position to roll back (a layer that ignores "
-                "get_recurrent_states_to_keep)"
+                f"tokens asked to record {self.recorded}; the loop needs them to roll back (a layer that "
+                "ignores get_recurrent_states_to_keep)"
             )
         before = torch.zeros_like(after[0]) if slot.recurrent is None else self._rows_fresh(slot.recurrent)
         slot.history = [before, *after]
@@ -292,6 +312,7 @@ class RaggedStateCache(RaggedKVCache):
         sub = type(self)(len(rows), capacity, self.kinds)
         at = rows.to(self.held.device)
         sub.held = self.held[at].clone()
+        sub.expected = self.expected  # a lower bound for any of the rows (a shared prefill's)
         for key, slot in self.states.items():
             sub.states[key] = _States(
                 conv=None if slot.conv is None else slot.conv[at].clone(),
@@ -306,7 +327,8 @@ class RaggedStateCache(RaggedKVCache):
         assert isinstance(sub, RaggedStateCache), "put_rows takes a cache made by rows()"
         source = torch.arange(len(rows)) if source is None else source
         at = rows.to(self.held.device)
-        self.width, self.read_rows = sub.width, at
+        self.width, self.read_rows, self.recorded = sub.width, at, sub.recorded
+        self.expected = None
         self.held[at] = sub.held[source.to(sub.held.device)]
         for key, part in sub.states.items():
             slot = self.states.setdefault(key, _States())

@@ -20,35 +20,18 @@ from typing import Any
 import torch
 
 from losscheck.core.ragged import RaggedLM, forward_rows
-from losscheck.core.recurrent import RaggedStateCache, _States
+from losscheck.core.recurrent import RaggedStateCache
 from losscheck.errors import TargetError
 
 
 class ReplayStateCache(RaggedStateCache):
-    """`RaggedStateCache` with the state before and after each forward only."""
+    """`RaggedStateCache` recording no state inside a forward: the one before it and the one
+    after its last token are all a row has (a keep of part of a forward is refused; `ReplayLM`
+    replays it instead)."""
 
-    def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
-        return 0  # the layers' chunked path: the last state alone
-
-    def update_recurrent_state(
-        self, recurrent_states: torch.Tensor | list[torch.Tensor], layer_idx: int, state_idx: int = 0, **kwargs: Any
-    ) -> torch.Tensor:
-        if not isinstance(recurrent_states, torch.Tensor):
-            raise TargetError(f"layer {layer_idx} recorded states per position; a replay cache asked for none")
-        slot: _States = self._slot(layer_idx, state_idx)
-        before = torch.zeros_like(recurrent_states) if slot.recurrent is None else self._rows_fresh(slot.recurrent)
-        slot.history = [before, recurrent_states]
-        slot.recurrent = recurrent_states
-        return recurrent_states
-
-    def _recorded_at(self, count: int) -> int | None:
-        return 0 if count == 0 else 1 if count == self.width else None
-
-    def _history_index(self, counts: torch.Tensor) -> torch.Tensor:
-        partial = (counts > 0) & (counts < self.width)
-        if bool(partial.any()):
-            raise TargetError("a replay cache keeps all of a forward's tokens or none; ReplayLM replays the rest")
-        return (counts > 0).long()
+    def begin(self, start: torch.Tensor, width: int) -> None:
+        super().begin(start, width)
+        self.recorded = 0  # the layers' chunked path: the last state alone
 
 
 class ReplayLM(RaggedLM):

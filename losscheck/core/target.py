@@ -11,7 +11,7 @@ import torch
 
 from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedLM
-from losscheck.core.recurrent import cache_for, has_state, layer_kinds
+from losscheck.core.recurrent import RaggedStateCache, cache_for, has_state, layer_kinds
 from losscheck.errors import TargetError
 from losscheck.hashing import content_hash
 
@@ -146,6 +146,11 @@ class HFTarget:
     def keep(self, counts: torch.Tensor) -> None:
         """Each row the last forward read keeps its first `counts` [n] tokens (`StatefulTarget`)."""
         self.lm.keep(counts)
+
+    def expect(self, counts: torch.Tensor) -> None:
+        """The next forward's rows keep at least `counts` [n] tokens (`losscheck.core.contract.expect_rows`)."""
+        if isinstance(self.lm.cache, RaggedStateCache):
+            self.lm.cache.expect(counts)
 
     def checked(self, out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """`out` = (logits, hidden) if every logit is finite, else `TargetError` naming the target."""

@@ -68,12 +68,17 @@ def _reference(target: HFTarget, tokens: torch.Tensor) -> torch.Tensor:
         return target.model(input_ids=tokens).logits.float()  # [B, L, V]
 
 
-def _rounds(target: HFTarget, tokens: torch.Tensor, prompt: torch.Tensor, roll_back: bool) -> float:
-    """Prefill ragged prompts, then score blocks of 5 and keep a random share of each, as the loop
-    does; → the largest logit error against one forward of the whole sequences."""
+def _rounds(
+    target: HFTarget, tokens: torch.Tensor, prompt: torch.Tensor, roll_back: bool, expect: bool = False
+) -> float:
+    """Prefill ragged prompts (`expect`: announcing what each row keeps, so that only the states
+    from the shortest prompt on are recorded), then score blocks of 5 and keep a random share of
+    each, as the loop does; → the largest logit error against one forward of the whole sequences."""
     rows = len(prompt)
     reference = _reference(target, tokens)
     target.reset(rows, tokens.shape[1] + 8)
+    if expect:
+        target.expect(prompt)
     logits, _ = target.forward(tokens[:, : int(prompt.max())], torch.zeros(rows, dtype=torch.long))
     target.keep(prompt)
     error = max(float((logits[b, : prompt[b]] - reference[b, : prompt[b]]).abs().max()) for b in range(rows))
@@ -96,6 +101,17 @@ def test_rolled_back_rows_match_one_forward(name: str) -> None:
     assert target.stateful
     tokens = torch.randint(2, V, (3, 40), generator=torch.Generator().manual_seed(2))
     assert _rounds(target, tokens, torch.tensor([5, 9, 1]), roll_back=True) < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_a_prefill_recording_only_what_rows_keep_is_exact(name: str) -> None:
+    target = _target(name)
+    tokens = torch.randint(2, V, (3, 40), generator=torch.Generator().manual_seed(2))
+    assert _rounds(target, tokens, torch.tensor([6, 9, 7]), roll_back=True, expect=True) < 1e-4
+    target.reset(3, 16)
+    target.expect(torch.tensor([6, 9, 7]))
+    target.forward(tokens[:, :9], torch.zeros(3, dtype=torch.long))
+    assert target.lm.cache.recorded == 4  # type: ignore[union-attr]  # states after tokens 6 .. 9 of 9
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "lfm2"])
