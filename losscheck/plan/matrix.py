@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from losscheck.core.grammar import BUNDLED
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.registry import QUANTIZATION
@@ -117,6 +118,7 @@ def plan(
     engine_variants: Sequence[tuple[str, int | str]] = (),
     served: bool = False,
     sampling: Sequence[SamplingParams] = (),
+    vocabulary: str | None = BUNDLED,
 ) -> dict[str, list[Cell]]:
     """The cells of every certification test argument.
 
@@ -130,6 +132,9 @@ def plan(
         the main target's `precision_drafters` (those whose dtype losscheck sets).
     sampling: the run's own sampling parameters (`--losscheck-sampling`), one more sampled cell
         each on the base cell of every drafter certified along the serving axes and of the engine.
+    vocabulary: what the planned grammar cell's grammar is compiled against (`history_variants`):
+        the bundled target's characters, a user's target's tokenizer directory, or None (a target
+        without a tokenizer: no planned grammar cell).
     """
     base = precisions[0]
     bundled_families = bundled is not None
@@ -170,7 +175,7 @@ def plan(
                 if axis.with_reduced_precision:
                     extra = [serving(**{axis.name: v}) for v in axis.values]
                     cells[GREEDY_CELL] += [Cell(name, k, GREEDY, precision=precision, serving=s) for s in extra]
-        planned = EDGE_VARIANTS + HISTORY_VARIANTS
+        planned = EDGE_VARIANTS + history_variants(vocabulary)
         asked = tuple(p for p in dict.fromkeys(sampling) if p not in planned + SAMPLING_VARIANTS)
         cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in planned + asked]
     base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
@@ -179,6 +184,19 @@ def plan(
         arg: [replace(c, slow=in_slow_tier(c, tiers)) for c in found if bundled_sets.selected(bundled, c)]
         for arg, found in cells.items()
     }
+
+
+def history_variants(vocabulary: str | None) -> tuple[SamplingParams, ...]:
+    """`HISTORY_VARIANTS` for a main target whose tokens `vocabulary` spells: the grammar cell's
+    grammar compiled against it (a tokenizer directory), or left out (None: no tokenizer)."""
+    if vocabulary == BUNDLED:
+        return HISTORY_VARIANTS
+    if vocabulary is None:
+        return tuple(params for params in HISTORY_VARIANTS if params.grammar is None)
+    return tuple(
+        params if params.grammar is None else replace(params, grammar=replace(params.grammar, vocabulary=vocabulary))
+        for params in HISTORY_VARIANTS
+    )
 
 
 def serving_cells() -> list[Any]:

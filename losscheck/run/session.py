@@ -147,7 +147,15 @@ class Session:
         tokenizer = str(Path(self.options.target).expanduser().resolve()) if self.options.target else None
         sampling = [parse_sampling(spec, tokenizer) for spec in self.options.sampling]
         full = matrix.plan(
-            drafters, bundled, self.blackbox, self.options.precisions, precision_drafters, variants, served, sampling
+            drafters,
+            bundled,
+            self.blackbox,
+            self.options.precisions,
+            precision_drafters,
+            variants,
+            served,
+            sampling,
+            _vocabulary(tokenizer),
         )
         return self.options.scope.split(full, self.base_precision)
 
@@ -319,3 +327,14 @@ def _has_tokenizer(target_dir: str) -> bool:
 
     root = Path(target_dir).expanduser()
     return any((root / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+
+
+def _vocabulary(target: str | None) -> str | None:
+    """What the planned grammar cell compiles against: the bundled characters without `--target`,
+    the target's tokenizer directory when it has one, else None (no grammar cell)."""
+    from losscheck.core.grammar import BUNDLED
+
+    if target is None:
+        return BUNDLED
+    found = any((Path(target) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    return target if found else None
