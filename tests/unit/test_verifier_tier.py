@@ -241,7 +241,7 @@ def test_the_run_verifier_decides_every_white_box_cell_and_a_plant_verifier_wins
 
     from losscheck.run.options import Options
 
-    cell: Any = SimpleNamespace(target="main", precision=None, drafter="A", stress=None, k=4, width=None)
+    cell: Any = SimpleNamespace(target="main", precision=None, drafter="A", stress=None, k=4, width=None, serving=())
     session: Any = SimpleNamespace(
         options=Options(verifier=f"{verifier_module}:good"),
         plant=None,
