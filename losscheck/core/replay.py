@@ -15,13 +15,16 @@ prefill — for 2 states per recurrent layer per row in place of m + 1.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from losscheck.core.ragged import RaggedLM, forward_rows
 from losscheck.core.recurrent import RaggedStateCache
 from losscheck.errors import TargetError
+
+if TYPE_CHECKING:
+    from losscheck.core.target import HFTarget
 
 
 class ReplayStateCache(RaggedStateCache):
@@ -70,13 +73,8 @@ class ReplayLM(RaggedLM):
         self._last = None
 
 
-def replayed(target: Any) -> Any:
-    """A copy of the hybrid `target` (an `HFTarget`: same weights) that rolls back by replay."""
-    import copy
-
-    kinds = getattr(getattr(getattr(target, "lm", None), "new_cache", None), "keywords", {}).get("kinds")
-    if not getattr(target, "stateful", False) or kinds is None:
-        raise TargetError(f"target {getattr(target, 'name', target)!r} has no recurrent state to roll back by replay")
-    copied = copy.copy(target)
-    copied.lm = ReplayLM(target.model, kinds)
-    return copied
+def replayed(target: HFTarget) -> HFTarget:
+    """A copy of the hybrid `target` (same weights) that rolls back by replay."""
+    if not target.stateful:
+        raise TargetError(f"target {target.name!r} has no recurrent state to roll back by replay")
+    return target.with_lm(ReplayLM(target.model, target.kinds))

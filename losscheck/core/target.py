@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -87,9 +88,9 @@ class HFTarget:
     def __init__(self, model: PreTrainedModel, name: str, identity: dict[str, str]) -> None:
         config = model.config
         self.model = model
-        kinds = layer_kinds(config)
-        self.lm = RaggedLM(model, cache_for(kinds))
-        self.stateful = has_state(kinds)  # recurrent layers: the engine calls `keep` after each forward
+        self.kinds = layer_kinds(config)  # per layer: "attention" or a recurrent kind
+        self.lm = RaggedLM(model, cache_for(self.kinds))
+        self.stateful = has_state(self.kinds)  # recurrent layers: the engine calls `keep` after each forward
         self.name = name
         self.identity = identity
         self.vocab_size = int(config.vocab_size)
@@ -146,6 +147,13 @@ class HFTarget:
     def keep(self, counts: torch.Tensor) -> None:
         """Each row the last forward read keeps its first `counts` [n] tokens (`StatefulTarget`)."""
         self.lm.keep(counts)
+
+    def with_lm(self, lm: RaggedLM) -> HFTarget:
+        """A copy of this target, the same weights, running `lm` (another way to keep the cache:
+        rollback by replay, a planted state bug)."""
+        copied = copy.copy(self)
+        copied.lm = lm
+        return copied
 
     def expect(self, counts: torch.Tensor) -> None:
         """The next forward's rows keep at least `counts` [n] tokens (`losscheck.core.contract.expect_rows`)."""

@@ -149,9 +149,8 @@ def plant(target: HFTarget, bug: str) -> Callable[[int, int], RaggedStateCache]:
     """Make `target` (a hybrid one) build the cache of `bug` from its next `reset` on; → the
     correct factory, to put back (`target.lm.new_cache = correct`)."""
     correct = target.lm.new_cache
-    kinds = getattr(correct, "keywords", {}).get("kinds")
-    if not target.stateful or kinds is None:
+    if not target.stateful:
         raise ValueError(f"{bug} is a recurrent-state bug; target {target.name!r} has no recurrent layers")
-    cls = STATE_BUGS[bug]
+    cls, kinds = STATE_BUGS[bug], target.kinds
     target.lm.new_cache = lambda rows, capacity: cls(rows, capacity, kinds)
     return correct  # type: ignore[return-value]

@@ -9,7 +9,6 @@ drafter but the self-draft oracle (which never rejects), in the serving axis the
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 from losscheck.core.contract import Target
@@ -38,16 +37,13 @@ def _cache(bug: str) -> Callable[[Target, int], Target]:
     cls: type[RaggedStateCache] = state_bugs.STATE_BUGS[bug]
 
     def planted(target: Target, k: int) -> Target:
-        kinds = getattr(getattr(target, "lm", None), "new_cache", None)
-        kinds = getattr(kinds, "keywords", {}).get("kinds")
-        if not isinstance(target, HFTarget) or not target.stateful or kinds is None:
+        if not isinstance(target, HFTarget) or not target.stateful:
             raise OptionError(
                 f"mutant {bug} plants a recurrent-state bug; target {getattr(target, 'name', target)!r} has no "
                 "recurrent layers (run it with --target fixtures/hybrid_target --drafter fixtures/hybrid_drafter_a)"
             )
-        copied = copy.copy(target)  # the same weights; its own batches' caches
-        copied.lm = RaggedLM(target.model, lambda rows, capacity: cls(rows, capacity, kinds))
-        return copied
+        kinds = target.kinds
+        return target.with_lm(RaggedLM(target.model, lambda rows, capacity: cls(rows, capacity, kinds)))
 
     return planted
 
