@@ -187,7 +187,9 @@ class StatefulTarget(Target, Protocol):
     or short convolutions), whose state a smaller `start` cannot roll back. After every forward
     the engine calls `keep(counts [n])`: each row the forward read keeps the state after its
     first `counts` tokens (0: the state before the forward). A forward from slot 0 starts a row
-    from zeros. `stateful` False: `keep` is never called (an attention-only model)."""
+    from zeros. `stateful` False: `keep` is never called (an attention-only model). Optional:
+    `expect(counts [n])` before a forward whose rows will keep at least that many tokens
+    (`expect_rows`), so that the states before them need not be recorded."""
 
     stateful: bool
 
