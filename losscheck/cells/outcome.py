@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from losscheck import acceptance
 from losscheck.cells.ends import end_problems
+from losscheck.cells.logprob_check import logprob_problems
 from losscheck.cells.record import (
     AcceptanceRecord,
     CellRecord,
@@ -156,7 +157,8 @@ def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation
         verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
         problems=oracle_problems(ctx.cell, acceptance)
-        + [f"ends: {p}" for p in end_problems(gen, ctx.target_named(ctx.cell.target).eos_id)],
+        + [f"ends: {p}" for p in end_problems(gen, ctx.target_named(ctx.cell.target).eos_id)]
+        + logprob_problems(facts),
         facts=with_rule(ctx, facts),
     )
 

@@ -240,6 +240,12 @@ class SampleFacts:
     cutoff_ambiguous: int | None = None  # positions where implementations may cut differently
     cutoff_left_out: int | None = None  # draws of tokens some implementation may cut
     cutoff_tolerance: float | None = None
+    # sampled loop cells: reported log-probabilities compared with the teacher-forced target's, how
+    # many left the bound (nats) and the worst deviation (`losscheck.cells.logprob_check`)
+    logprobs_checked: int | None = None
+    logprobs_off: int | None = None
+    logprob_worst: float | None = None
+    logprob_bound: float | None = None
     pit_histogram: tuple[float, ...] | None = None  # tested PIT values in 20 equal bins of [0, 1]
     pit_quantiles: tuple[float, ...] | None = None
     pooled_tv_upper: float | None = None  # upper confidence bound on the pooled PIT binned TV

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
+from losscheck.cells.logprob_check import LogprobCheck
 from losscheck.cells.record import SampleFacts
 from losscheck.core.contract import expect_rows, keep_rows
 from losscheck.core.engine import pad_prompts
@@ -237,6 +238,7 @@ class PitScores:
     logp: list[torch.Tensor] = field(default_factory=list)  # [c] float64 log probability of each output
     keys: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # (prompt, output) per row
     temperature: float = 1.0  # the sample's, read by `add`: the stream tests' slack divides by it
+    logprobs: LogprobCheck | None = None  # the reported log-probabilities, when the engine gives them
 
     def add(self, rows: list[list[int]], gen: Generation, part: str = "") -> None:
         """Score `gen` (sequences continuing `rows`); `part` names its uniforms within the stream."""
@@ -255,11 +257,15 @@ class PitScores:
         )
         generated = gen.mask()
         self.temperature = gen.params.temperature
+        if gen.logprobs is not None and self.logprobs is None:
+            self.logprobs = LogprobCheck(self.tolerance, self.temperature)
 
         def observe(at: slice, forced: ForcedProbs) -> None:
             q = None if gen.draft_q is None else gen.draft_q.law(target.vocab_size, at).to(forced.probs.device)
             slots = None if gen.slots is None else gen.slots[at]
             p = forced.probs.double()
+            if self.logprobs is not None and gen.logprobs is not None:
+                self.logprobs.observe(gen.logprobs[at], gen.tokens[at], generated[at] & ~forced.ambiguous, p)
             self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p, forced.left_out)
             # the exact-conditional values read the engine's whole kept set (its acceptance ratio
             # and residual): an ambiguous position is left out of them whatever was drawn there
@@ -386,7 +392,9 @@ class PitScores:
             streams=streams,
         )
         results += conditional_tests(ConditionalValues.merge(self.parts), alpha - alpha_pit, profile.power, looks)
-        return results, SampleFacts(
+        facts = SampleFacts() if self.logprobs is None else self.logprobs.facts()
+        return results, dataclasses.replace(
+            facts,
             # at a sequential cell's data-dependent stop: a union over the looks it may stop at
             pooled_tv_upper=pooled_tv_upper(u[tested], profile.pit_bins, 1 - POOLED_TV_MISS / looks),
             pooled_tv_confidence=1 - POOLED_TV_MISS / looks,

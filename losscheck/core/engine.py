@@ -31,8 +31,9 @@ from losscheck.core.contract import (
 )
 from losscheck.core.generation import DRAFT_Q_ENTRIES, DraftQ, Generation, LoopStats
 from losscheck.core.history import History, HistoryStep, adjust_logits
+from losscheck.core.logprobs import LogprobRule, emitted_logprobs
 from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
-from losscheck.core.sampling import SamplingParams
+from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.core.verify import BlockOutcome, Verifier, capped, checked_outcome, verify_block
 from losscheck.errors import LosscheckError
 
@@ -108,6 +109,9 @@ class Batch:
     # kept (greedy requests, the baseline)
     q_ids: torch.Tensor | None = None
     q_probs: torch.Tensor | None = None
+    # [B, capacity] float, each committed token's reported log-probability (`losscheck.core.logprobs`);
+    # None: not kept (greedy requests)
+    logprob_of: torch.Tensor | None = None
 
     def _width(self) -> int:
         """Generated slots an output holds: the budget (the largest, with per-row budgets)."""
@@ -119,32 +123,31 @@ class Batch:
 
     def output(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(generated ids [B, budget], 0 after each row's end; generated counts [B])."""
-        new = self.lengths - self.prompt_lengths
-        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
-        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
-        return torch.where(slot < new[:, None], self.tokens.gather(1, at), 0), new
+        return self._generated(self.tokens), self.lengths - self.prompt_lengths
 
     def output_slots(self) -> torch.Tensor | None:
         """[B, budget] each generated token's slot in its round (0 after the row's end), like `output`."""
-        if self.slot_of is None:
-            return None
-        new = self.lengths - self.prompt_lengths
-        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
-        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
-        return torch.where(slot < new[:, None], self.slot_of.gather(1, at), 0)
+        return None if self.slot_of is None else self._generated(self.slot_of)
+
+    def output_logprobs(self) -> torch.Tensor | None:
+        """[B, budget] each generated token's reported log-probability (0 after the row's end)."""
+        return None if self.logprob_of is None else self._generated(self.logprob_of)
 
     def output_q(self) -> DraftQ | None:
         """Each generated token's reported q [B, budget, M], like `output` (zero after the row's end)."""
         if self.q_ids is None or self.q_probs is None:
             return None
+        return DraftQ(self._generated(self.q_ids), self._generated(self.q_probs))
+
+    def _generated(self, buffer: torch.Tensor) -> torch.Tensor:
+        """`buffer` [B, capacity, ...] at each row's generated slots [B, budget, ...], zero after its end."""
         new = self.lengths - self.prompt_lengths
-        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]
-        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)
-        keep = (slot < new[:, None])[..., None]
-        at = at[..., None].expand(-1, -1, self.q_ids.shape[2])
-        return DraftQ(
-            torch.where(keep, self.q_ids.gather(1, at), 0), torch.where(keep, self.q_probs.gather(1, at), 0.0)
-        )
+        slot = torch.arange(self._width(), device=self.tokens.device)[None, :]  # [1, budget]
+        at = (self.prompt_lengths[:, None] + slot).clamp_max(self.tokens.shape[1] - 1)  # [B, budget]
+        keep = slot < new[:, None]  # [B, budget]
+        for _ in buffer.shape[2:]:
+            at, keep = at[..., None], keep[..., None]
+        return torch.where(keep, buffer.gather(1, at.expand(-1, -1, *buffer.shape[2:])), 0)
 
 
 def reported_q(proposal: Proposal, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,6 +221,7 @@ class Engine:
         prefix_cache: KVReuse | None = None,
         history: HistoryStep | None = None,
         ends: EndRule | None = None,
+        logprobs: LogprobRule | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -229,6 +233,7 @@ class Engine:
         self.prefix_cache = prefix_cache  # shared by every request this engine runs
         self.history: HistoryStep = history or adjust_logits  # a planted bug may replace it
         self.ends: EndRule = ends or emit_counts  # likewise
+        self.logprobs: LogprobRule = logprobs or emitted_logprobs  # likewise
         # the target layers whose states the drafter reads; only named layers are asked for by
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
@@ -261,7 +266,15 @@ class Engine:
             self.step(batch, params, generator, stats)
         stats.total_seconds = time.perf_counter() - started
         tokens, lengths = batch.output()
-        return Generation(tokens, lengths, stats, params, slots=batch.output_slots(), draft_q=batch.output_q())
+        return Generation(
+            tokens,
+            lengths,
+            stats,
+            params,
+            slots=batch.output_slots(),
+            draft_q=batch.output_q(),
+            logprobs=batch.output_logprobs(),
+        )
 
     def step(self, batch: Batch, params: SamplingParams, generator: torch.Generator, stats: LoopStats) -> None:
         """One round over the rows of `batch` not done: draft, score, verify, commit.
@@ -283,7 +296,10 @@ class Engine:
             outcome = checked_outcome(outcome, self.verifier, *proposal.tokens.shape)
             if proposal.counts is not None:  # rows that proposed fewer than k: a shorter block each
                 outcome = capped(outcome, proposal.counts, logits, params, generator)
-        self._commit(batch, outcome, states, stats, proposal, params.stop_ids)
+            reported = None  # [B, k+1] each verified token's log-probability, kept for sampled requests
+            if batch.logprob_of is not None:
+                reported = self.logprobs(process_logits(logits, params), outcome.tokens, proposal.probs)
+        self._commit(batch, outcome, states, stats, proposal, params.stop_ids, reported)
 
     def q_buffers(self, rows: int, capacity: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Zeroed `Batch.q_ids`, `Batch.q_probs` [rows, capacity, M] for a sampled request with a
@@ -337,9 +353,10 @@ class Engine:
             self.drafter.reset(rows, capacity)
         if self.prefix_cache is not None:
             self.prefix_cache.reset(rows)
-        q = self.q_buffers(rows, capacity, params)
+        q_ids, q_probs = self.q_buffers(rows, capacity, params) or (None, None)
+        logprob_of = None if params.greedy else torch.zeros(rows, capacity, device=tokens.device)
         return Batch(
-            tokens, lengths, lengths.clone(), hidden, done, budget, torch.zeros_like(tokens), *(q or (None, None))
+            tokens, lengths, lengths.clone(), hidden, done, budget, torch.zeros_like(tokens), q_ids, q_probs, logprob_of
         )
 
     def prefill(self, batch: Batch, rows: torch.Tensor | None = None) -> None:
@@ -421,6 +438,7 @@ class Engine:
         stats: LoopStats,
         proposal: Proposal,
         stop_ids: tuple[int, ...],
+        reported: torch.Tensor | None = None,
     ) -> None:
         """Append each active row's emitted tokens (up to its budget, EOS or a stop id) and roll
         the drafter back to what was kept."""
@@ -437,6 +455,8 @@ class Engine:
         batch.tokens.scatter_(1, slots, outcome.tokens)
         if batch.slot_of is not None:
             batch.slot_of.scatter_(1, slots, slot.expand_as(slots))
+        if batch.logprob_of is not None and reported is not None:
+            batch.logprob_of.scatter_(1, slots, reported.to(batch.logprob_of.dtype))
         if batch.q_ids is not None and batch.q_probs is not None:
             ids, probs = reported_q(proposal, batch.q_ids.shape[2])  # [B, k+1, M]
             at = slots[..., None].expand_as(ids)

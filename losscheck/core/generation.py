@@ -193,6 +193,9 @@ class Generation:
     params: SamplingParams = field(default_factory=SamplingParams)
     slots: torch.Tensor | None = None  # [B, max_new] long, each token's slot in its round (engine runs)
     draft_q: DraftQ | None = None  # each token's reported q (sampled engine runs with a drafter)
+    # [B, max_new] float, each token's reported log-probability under the target's processed law
+    # (`losscheck.core.logprobs`; sampled runs of an engine that reports them)
+    logprobs: torch.Tensor | None = None
 
     def row(self, b: int) -> list[int]:
         return self.tokens[b, : int(self.lengths[b])].tolist()
@@ -211,6 +214,7 @@ class Generation:
         slots = torch.cat(known) if len(known) == len(parts) else None
         drafted = [g.draft_q for g in parts if g.draft_q is not None]
         draft_q = DraftQ.concat(drafted) if len(drafted) == len(parts) else None
+        reported = [g.logprobs for g in parts if g.logprobs is not None]
         return Generation(
             torch.cat([g.tokens for g in parts]),
             torch.cat([g.lengths for g in parts]),
@@ -218,6 +222,7 @@ class Generation:
             parts[0].params,
             slots,
             draft_q,
+            torch.cat(reported) if len(reported) == len(parts) else None,
         )
 
 

@@ -67,8 +67,10 @@ def planted_engine(
     if plant.wrap_target is not None:
         target = plant.wrap_target(target, k)
     # a plant registered before plants could replace the history step has no `history`
-    history, ends = getattr(plant, "history", None), getattr(plant, "ends", None)
-    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier, history=history, ends=ends)
+    history, ends, logprobs = (getattr(plant, part, None) for part in ("history", "ends", "logprobs"))
+    return Engine(
+        target, drafter, k, width, verifier=plant.verifier or verifier, history=history, ends=ends, logprobs=logprobs
+    )
 
 
 _VERIFIERS: dict[str, Verifier] = {}  # spec -> the verifier its factory built, once per process

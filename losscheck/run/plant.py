@@ -16,6 +16,7 @@ from typing import Protocol
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import EndRule
 from losscheck.core.history import HistoryStep
+from losscheck.core.logprobs import LogprobRule
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError, flag
 from losscheck.serving.batching import PlantsScheduler
@@ -57,6 +58,12 @@ class Plant(PlantsPrefixCache, PlantsScheduler, Protocol):
     def ends(self) -> EndRule | None:
         """Used in place of the engine's rule for where a round's rows end
         (`losscheck.core.engine.emit_counts`); optional on a plant."""
+        ...
+
+    @property
+    def logprobs(self) -> LogprobRule | None:
+        """Used in place of the engine's rule for the log-probabilities it reports
+        (`losscheck.core.logprobs.emitted_logprobs`); optional on a plant."""
         ...
 
 

@@ -106,14 +106,21 @@ def _evidence(outcome: CellOutcome) -> tuple[list[str], str, float | None, str]:
             ),
         )
     bad = [r for r in outcome.verdict.results if not r.passed] if outcome.verdict is not None else []
-    checks = list(dict.fromkeys("ends" if p.startswith("ends:") else "oracle" for p in outcome.problems))
-    failing = [r.name for r in bad] + checks  # the end check (`losscheck.cells.ends`), the oracle's acceptance
+    checks = list(dict.fromkeys(_check(p) for p in outcome.problems))
+    failing = [r.name for r in bad] + checks
     if bad:
         worst = min(bad, key=lambda r: r.p_value)
         return failing, worst.name, worst.p_value, f"{worst.name}: {worst.observed}"
     if failing:
         return failing, checks[0], None, outcome.problems[0]
     return [], "", None, ""
+
+
+def _check(problem: str) -> str:
+    """The exact check a cell problem comes from: the end check (`losscheck.cells.ends`), the logprob
+    check (`losscheck.cells.logprob_check`), else the self-draft oracle's acceptance."""
+    name = problem.split(":", 1)[0]
+    return name if name in ("ends", "logprobs") else "oracle"
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from losscheck.core.engine import emit_counts
+
 
 def stop_checked_on_last_token(
     emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None, stop_ids: tuple[int, ...] = ()
@@ -18,3 +20,13 @@ def stop_checked_on_last_token(
     rows = torch.arange(len(count), device=count.device)
     last = emitted[rows, (count - 1).clamp(min=0)]  # [B]
     return count, torch.isin(last, torch.tensor(ends, device=emitted.device)) & (count > 0)
+
+
+def budget_checked_before_stop(
+    emitted: torch.Tensor, count: torch.Tensor, room: torch.Tensor, eos: int | None, stop_ids: tuple[int, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The budget checked before the stop condition: a round that fills a row's `max_new_tokens`
+    commits up to the budget, an EOS or stop id earlier in it not honoured (the shape of
+    transformers #47912). Shows only in a row's last round, where an end token and the budget meet."""
+    emit, ended = emit_counts(emitted, count, room, eos, stop_ids)
+    return torch.where(count >= room, room, emit), ended  # BUG: the budget cut wins over the end token

@@ -19,11 +19,12 @@ import torch
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import EndRule
 from losscheck.core.history import HistoryStep
+from losscheck.core.logprobs import LogprobRule
 from losscheck.core.verify import Verifier
 from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.plan.profiles import Profile
 from losscheck.selftest import drafters as planted
-from losscheck.selftest import end_bugs, history_bugs, laws, serving, targets
+from losscheck.selftest import end_bugs, history_bugs, laws, logprob_bugs, serving, targets
 from losscheck.selftest import verifiers as bugs
 from losscheck.selftest.drafters import TRUNCATION_WIDTH
 from losscheck.serving.batching import ContinuousBatcher
@@ -49,6 +50,7 @@ class Mutant:
     scheduler: type[ContinuousBatcher] | None = None  # a planted continuous-batching scheduler
     history: HistoryStep | None = None  # the engine's history-dependent processing of p (`losscheck.core.history`)
     ends: EndRule | None = None  # the engine's rule for where a round's rows end (`losscheck.core.engine`)
+    logprobs: LogprobRule | None = None  # the engine's reported log-probabilities (`losscheck.core.logprobs`)
 
     def cells(self, plan: Mapping[str, list[Cell]], profile: Profile, stress: bool = True) -> list[Cell]:
         """The cells of a gate `plan` where the bug manifests, in run order (`stress` False:
@@ -125,6 +127,7 @@ SMALL_MISREPORT = 2.0  # one_id_underreported_2x
 
 GREEDY_NO_LAW = "greedy cells are deterministic: any divergence fails"
 HISTORY_NO_LAW = "the exact first-token laws model the history-free processing only"
+LOGPROB_NO_LAW = "the bug changes the reported logprobs, not any token's law"
 FIRST_SLOT_UNTOUCHED = "the first token comes from slot 0, which this bug leaves exact"
 
 CATALOGUE: tuple[Mutant, ...] = (
@@ -303,6 +306,18 @@ CATALOGUE: tuple[Mutant, ...] = (
         _sampled(),
         laws.shared_uniform,
         verifier=bugs.in_sampled_rounds(bugs.verify_shared_uniform),
+    ),
+    Mutant(
+        "recovery_reuses_draft_noise",
+        "sampling",
+        "Draft noise reused: the recovered token drawn with the exponential-race noise the draft was drawn with.",
+        "After a rejection the residual is sampled by argmax r / E with the E the drafter drew its draft with; "
+        "given the draft, that noise is largest where q is, so tokens the draft favoured are under-emitted. "
+        "Only rejected rounds act, and the shift grows with q's mass off the draft: a narrow vocabulary and a "
+        "drafter far from the target show it.",
+        _sampled(),
+        no_law="the recovered draw under the reused noise has no closed-form law",
+        verifier=bugs.in_sampled_rounds(bugs.verify_recovery_reuses_draft_noise),
     ),
     Mutant(
         "stale_q",
@@ -521,6 +536,51 @@ CATALOGUE: tuple[Mutant, ...] = (
         None,
         "the bug changes where sequences end, not any token's law",
         ends=end_bugs.stop_checked_on_last_token,
+    ),
+    Mutant(
+        "budget_checked_before_stop",
+        "sampling",
+        "max_new_tokens checked before the stop condition: a round that fills the budget ignores an end token in it.",
+        "A row's last round, when it reaches the budget, commits up to the budget even past an EOS or stop id it "
+        "accepted earlier in the block. Each leaked token is drawn from the target's law; the end check of every "
+        "sampled cell sees it. Shows in the family-A cell with a stop id, where ends and budgets meet.",
+        lambda cell, horizon: _sampled()(cell, horizon) and bool(cell.params.stop_ids),
+        None,
+        "the bug changes where sequences end, not any token's law",
+        ends=end_bugs.budget_checked_before_stop,
+    ),
+    Mutant(
+        "logprobs_zero",
+        "sampling",
+        "Every reported logprob 0.0 on the speculative path.",
+        "The tokens are exact; the log-probabilities reported with them are not, and a training loop reading "
+        "them sees certainty. The logprob check of every PIT cell compares each with the teacher-forced target's.",
+        _main_sampled,
+        None,
+        LOGPROB_NO_LAW,
+        logprobs=logprob_bugs.logprobs_zero,
+    ),
+    Mutant(
+        "logprobs_of_draft",
+        "sampling",
+        "Accepted drafts reported with the drafter's log q(x) instead of the target's log p(x).",
+        "The tokens are exact; an accepted draft's logprob is the drafter's. Shows wherever q and p differ at an "
+        "accepted draft: every family-A PIT cell (the logprob check).",
+        _main_sampled,
+        None,
+        LOGPROB_NO_LAW,
+        logprobs=logprob_bugs.logprobs_of_draft,
+    ),
+    Mutant(
+        "logprobs_of_next_position",
+        "sampling",
+        "Logprobs read from a buffer the next position overwrote: the token at slot j reported under slot j+1's law.",
+        "The tokens are exact; their logprobs are another position's (logits not cloned before a later write). "
+        "Shows in every PIT cell whose rounds emit more than one token (the logprob check).",
+        _main_sampled,
+        None,
+        LOGPROB_NO_LAW,
+        logprobs=logprob_bugs.logprobs_of_next_position,
     ),
     Mutant(
         "rows_mixed_up",

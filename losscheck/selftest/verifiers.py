@@ -157,6 +157,31 @@ def verify_shared_uniform(p, drafts, q, generator) -> BlockOutcome:
     return _emit(drafts, accepted, inverse_cdf(stop, u))  # BUG: the same uniform again
 
 
+def verify_recovery_reuses_draft_noise(p, drafts, q, generator) -> BlockOutcome:
+    """The recovered token drawn with the exponential race noise the drafter drew its draft with
+    (one random stream per (seed, position) for the draft, the acceptance and the recovery: the
+    shape of vLLM #54282).
+
+    The drafter drew x = argmax q / E; given x, the other entries' noise is E_i = q_i·M + Exp(1)
+    with M ~ Exp(1) (the race's minimum, memoryless): largest where q is, so the recovered draw
+    argmax r / E under-weights the tokens the draft favoured. Reconstructed here from that
+    conditional law, which is exactly what reusing the drafter's noise gives.
+    """
+    batch, k = drafts.shape
+    q, p_draft, q_draft = _draft_probs(p, drafts, q)
+    keep = torch.rand(batch, k, generator=generator, dtype=torch.float64) < acceptance_probability(p_draft, q_draft)
+    accepted = _accept(keep)
+    rows = torch.arange(batch)
+    q_stop = normalized(q[rows, accepted.clamp(max=k - 1)]).float()  # [B, V] the rejected slot's q
+    # the draft's own entry has no residual mass after its rejection: its noise is never read
+    race_min = torch.empty(batch, 1).exponential_(generator=generator)  # [B, 1]
+    reused = q_stop * race_min + torch.empty_like(q_stop).exponential_(generator=generator)  # [B, V]
+    fresh = torch.empty_like(q_stop).exponential_(generator=generator)  # the bonus slot: no draft behind it
+    noise = torch.where((accepted < k)[:, None], reused, fresh)  # BUG: the draft's noise, not fresh noise
+    stop = recovery_distribution(p, q)[rows, accepted]
+    return _emit(drafts, accepted, (stop.float() / noise).argmax(-1))
+
+
 def typical_threshold(p: torch.Tensor) -> torch.Tensor:
     """Medusa's typical-acceptance threshold min(ε, δ·exp(-H(p))) per distribution; p [..., V] → [...]."""
     entropy = -(p.double() * p.double().clamp_min(1e-300).log()).sum(-1)

@@ -104,6 +104,7 @@ class ContinuousBatcher:
             draft_q = DraftQ(
                 torch.zeros(len(prompts), most, entries, dtype=torch.long), torch.zeros(len(prompts), most, entries)
             )
+        logprobs = None if batch.logprob_of is None else torch.zeros(len(prompts), most)
         counts = torch.zeros(len(prompts), dtype=torch.long)
         queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
         request_of: list[int | None] = [None] * rows
@@ -146,6 +147,8 @@ class ContinuousBatcher:
                 if draft_q is not None and batch.q_ids is not None and batch.q_probs is not None:
                     draft_q.ids[i, : end - start] = batch.q_ids[b, start:end].cpu()
                     draft_q.probs[i, : end - start] = batch.q_probs[b, start:end].cpu()
+                if logprobs is not None and batch.logprob_of is not None:
+                    logprobs[i, : end - start] = batch.logprob_of[b, start:end].cpu()
                 counts[i] = end - start
                 request_of[b] = None
                 finished.append(i)
@@ -154,7 +157,7 @@ class ContinuousBatcher:
                 observer.stepped(
                     {i: emitted[b] for b, i in enumerate(owners) if i is not None and emitted[b]}, finished
                 )
-        return Generation(out, counts, stats, params, slots=slots, draft_q=draft_q)
+        return Generation(out, counts, stats, params, slots=slots, draft_q=draft_q, logprobs=logprobs)
 
     def _empty(self, rows: int, capacity: int, params: SamplingParams) -> Batch:
         """`rows` finished rows with no request: the state before the first admission."""

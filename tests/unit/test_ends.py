@@ -50,3 +50,23 @@ def test_the_stop_leak_mutant_is_caught_and_the_correct_rule_passes() -> None:
     leaky = Engine(target, drafter, k=4, ends=stop_checked_on_last_token)
     wrong = leaky.generate(prompts, 24, params, torch.Generator().manual_seed(0))
     assert any("after an end token" in p for p in end_problems(wrong, target.eos_id))
+
+
+def test_the_budget_before_stop_mutant_leaks_only_where_an_end_meets_the_budget() -> None:
+    from losscheck.core.engine import Engine, emit_counts
+    from losscheck.selftest.end_bugs import budget_checked_before_stop
+
+    emitted = torch.tensor([[5, STOP, 8, 9, 2], [5, STOP, 8, 9, 2]])  # [B, k+1]
+    count, room = torch.tensor([5, 5]), torch.tensor([4, 9])  # row 0 fills its budget this round
+    assert emit_counts(emitted, count, room, EOS, (STOP,))[0].tolist() == [2, 2]
+    assert budget_checked_before_stop(emitted, count, room, EOS, (STOP,))[0].tolist() == [4, 2]
+
+    target = tiny_target()
+    drafter = noisy_drafter(target, 0.05)
+    prompts = [[2, 3, 4], [5, 6], [9, 10, 11]] * 8
+    params = SamplingParams(stop_ids=(3, 4, 5, 6))
+    right = Engine(target, drafter, k=4).generate(prompts, 5, params, torch.Generator().manual_seed(0))
+    assert end_problems(right, target.eos_id) == []
+    leaky = Engine(target, drafter, k=4, ends=budget_checked_before_stop)  # a first round of 5 may fill the budget
+    wrong = leaky.generate(prompts, 5, params, torch.Generator().manual_seed(0))
+    assert any("after an end token" in p for p in end_problems(wrong, target.eos_id))

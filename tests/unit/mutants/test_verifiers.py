@@ -21,7 +21,7 @@ from tests.support import assert_follows, markov_table
 
 V, START, ROWS, K = 6, 0, 100_000, 2
 # The χ² level of every assert_follows call: a correct sampler fails one call with probability
-# 1e-6; the module's 16 calls (4 + 11 parametrized, 1 more) fail one with probability <= 1.6e-5.
+# 1e-6; the module's 17 calls (4 + 11 parametrized, 2 more) fail one with probability <= 1.7e-5.
 ALPHA = 1e-6
 _gen = torch.Generator().manual_seed(7)
 TARGET = markov_table(V, _gen)  # [V, V] logits, row = previous token
@@ -180,3 +180,25 @@ def test_a_slot_bug_changes_only_the_rounds_that_stop_at_its_slot():
     assert torch.equal(planted_at_slot.tokens[at_slot], everywhere.tokens[at_slot])
     assert torch.equal(planted_at_slot.tokens[~at_slot], correct.tokens[~at_slot])
     assert not torch.equal(planted_at_slot.tokens[at_slot], correct.tokens[at_slot])
+
+
+def test_reused_draft_noise_is_what_the_mutant_draws_and_is_lossy():
+    """recovery_reuses_draft_noise against the bug written literally (k = 1): the draft drawn by the
+    exponential race x = argmax q / E, the recovered token by argmax r / E with the same E. The two
+    agree (a two-sample χ² at ALPHA), and both are far from p: on these tables about half the rounds
+    reject and the first token's TV from p is about 0.011, which 100k rounds show at p < 1e-20."""
+    from scipy.stats import chi2_contingency
+
+    from losscheck.core.verify import residual_distribution
+    from tests.support import chi_square_p
+
+    gen = torch.Generator().manual_seed(11)
+    p, q = (process_logits(table[START].float(), T1).double() for table in (TARGET, DRAFTER))
+    noise = torch.empty(ROWS, V, dtype=torch.float64).exponential_(generator=gen)
+    drafts = (q / noise).argmax(-1)
+    kept = torch.rand(ROWS, generator=gen, dtype=torch.float64) < (p[drafts] / q[drafts]).clamp(max=1)
+    literal = torch.where(kept, drafts, (residual_distribution(p, q) / noise).argmax(-1))
+    planted = one_round(planted_verifier("recovery_reuses_draft_noise"), honest_draw, T1, k=1).tokens[:, 0]
+    counts = torch.stack([torch.bincount(t, minlength=V) for t in (literal, planted)])
+    assert chi2_contingency(counts.numpy())[1] > ALPHA, "the mutant does not draw what the literal bug draws"
+    assert chi_square_p(planted, p) < 1e-12, "the reused noise left the first token's law at p"

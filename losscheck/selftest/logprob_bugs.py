@@ -1,0 +1,36 @@
+"""Planted bugs in the log-probabilities the engine reports (`losscheck.core.logprobs.emitted_logprobs`
+is the correct rule): each reports something other than log p_j(x) for the token at slot j. The
+tokens themselves are untouched, so only the cells' logprob check can see them."""
+
+from __future__ import annotations
+
+import torch
+
+from losscheck.core.logprobs import emitted_logprobs
+
+
+def logprobs_zero(probs: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """Every logprob 0.0 on the speculative path (the shape of llama.cpp #27972)."""
+    return torch.zeros(tokens.shape, device=tokens.device)  # BUG: nothing computed
+
+
+def logprobs_of_draft(probs: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
+    """An accepted draft reported with the drafter's log q(x), not the target's log p(x); the
+    recovered and bonus tokens (which the draft did not propose) with log p."""
+    reported = emitted_logprobs(probs, tokens, draft_probs)  # [B, k+1]
+    if draft_probs is None:  # a deterministic drafter reports no q to mix up
+        return reported
+    k = draft_probs.shape[1]
+    q = draft_probs.float() / draft_probs.float().sum(-1, keepdim=True)
+    q_token = q.gather(-1, tokens[:, :k, None]).squeeze(-1)  # [B, k]
+    drafted = torch.where(q_token > 0, q_token.log(), reported[:, :k])  # BUG: the draft's law
+    return torch.cat([drafted, reported[:, k:]], dim=1)
+
+
+def logprobs_of_next_position(
+    probs: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor | None
+) -> torch.Tensor:
+    """Logprobs read from a buffer a later write overwrote (logits not cloned: the shape of vLLM
+    #30846): the token at slot j reported under the law at slot j + 1 (the last slot under its own)."""
+    shifted = torch.cat([probs[:, 1:], probs[:, -1:]], dim=1)  # BUG: each slot's row holds the next one's
+    return shifted.gather(-1, tokens[..., None]).squeeze(-1).log()
