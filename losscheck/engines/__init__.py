@@ -95,6 +95,18 @@ class ReportsCounters(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsLogprobs(Protocol):
+    """An engine that reports each sampled token's log-probability (optional): `losscheck.cells.
+    engine_logprobs.engine_logprob_check` compares them with the reference target's."""
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s answer and, beside it, float [len(request.prompts), request.n,
+        request.max_new_tokens]: each token's log-probability under the target's law after the
+        request's processing (temperature, top-k, top-p) at its position; 0 after a row's end."""
+        ...
+
+
 DraftLaw = Literal["processed", "temperature", "greedy"]
 """How an engine's drafts are drawn from its draft model's logits: `processed`, from the logits
 processed by the request's sampling parameters (Hugging Face assisted generation, losscheck's loop);

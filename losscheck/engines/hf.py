@@ -146,13 +146,27 @@ class HFAssistedEngine:
         )
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
+        return self._generate(request, logprobs=False)[0]
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s answer and each token's log-probability [P, n, L]: the log-softmax of the
+        scores transformers returns (`output_scores`: the logits after the request's processors)."""
+        tokens, logprobs = self._generate(request, logprobs=True)
+        assert logprobs is not None
+        return tokens, logprobs
+
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         import torch
 
+        from losscheck.engines import lengths
+
         config = self.generation_config(request.params, request.max_new_tokens)
+        config.output_scores = config.return_dict_in_generate = logprobs
         speculative, n = request.speculative, request.n
         assistant = {"assistant_model": self.assistant} if speculative else {}
         device = next(self.model.parameters()).device
         out = torch.full(request.shape, self.eos, dtype=torch.long)  # [P, n, L]
+        reported = torch.zeros(request.shape) if logprobs else None  # [P, n, L]
         # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(request.seed)
@@ -163,11 +177,20 @@ class HFAssistedEngine:
                     batch = ids.expand(rows, -1)  # [rows, P]
                     # `generate` comes from GenerationMixin, which every *ForCausalLM has and
                     # transformers' PreTrainedModel type lacks
-                    new = self.model.generate(  # type: ignore[operator]
+                    answer = self.model.generate(  # type: ignore[operator]
                         batch, attention_mask=torch.ones_like(batch), generation_config=config, **assistant
-                    )[:, len(prompt) :].cpu()  # [rows, generated]; rows that end early pad with eos
+                    )
+                    sequences = answer.sequences if logprobs else answer
+                    new = sequences[:, len(prompt) :].cpu()  # [rows, generated]; rows that end early pad with eos
                     out[i, start : start + rows, : new.shape[1]] = new
-        return out
+                    if reported is not None:
+                        scores = torch.stack(answer.scores, 1).float().log_softmax(-1).cpu()  # [rows, generated, V]
+                        chosen = scores.gather(-1, new[..., None]).squeeze(-1)  # [rows, generated]
+                        reported[i, start : start + rows, : new.shape[1]] = chosen
+        if reported is not None:  # nothing after a row's end
+            generated = torch.arange(request.max_new_tokens) < lengths(out, self.eos)[..., None]  # [P, n, L]
+            reported = torch.where(generated, reported, 0.0)
+        return out, reported
 
     def draft_model(self) -> PreTrainedModel:
         """The assistant: transformers draws its candidates from the assistant's logits processed by

@@ -4,9 +4,14 @@ tokens themselves are untouched, so only the cells' logprob check can see them."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from losscheck.core.logprobs import emitted_logprobs
+
+if TYPE_CHECKING:
+    from losscheck.engines.request import GenerationRequest
 
 
 def logprobs_zero(probs: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> torch.Tensor:
@@ -34,3 +39,19 @@ def logprobs_of_next_position(
     #30846): the token at slot j reported under the law at slot j + 1 (the last slot under its own)."""
     shifted = torch.cat([probs[:, 1:], probs[:, -1:]], dim=1)  # BUG: each slot's row holds the next one's
     return shifted.gather(-1, tokens[..., None]).squeeze(-1).log()
+
+
+class LogprobsZeroWhenSpeculating:
+    """A black-box engine wrapper (`losscheck.engines.ReportsLogprobs`) whose speculative calls
+    report every logprob as 0.0 (the shape of llama.cpp #27972); its plain calls as they are."""
+
+    def __init__(self, engine: Any) -> None:
+        self.inner = engine
+        self.name, self.k, self.precision = f"{engine.name}+zero-logprobs", engine.k, engine.precision
+
+    def generate(self, request: GenerationRequest) -> torch.Tensor:
+        return self.inner.generate(request)
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, reported = self.inner.generate_logprobs(request)
+        return tokens, torch.zeros_like(reported) if request.speculative else reported  # BUG: zeros

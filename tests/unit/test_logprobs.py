@@ -38,7 +38,9 @@ def _checked(target, gen: Generation) -> LogprobCheck:
 
 
 @pytest.mark.parametrize(
-    "params", [SamplingParams(), SamplingParams(temperature=0.6, top_k=20), SamplingParams(top_p=0.9)], ids=str
+    "params",
+    [SamplingParams(), SamplingParams(temperature=0.6, top_k=20), SamplingParams(top_p=0.9)],
+    ids=lambda p: p.label(),
 )
 def test_the_loop_reports_each_tokens_log_p_at_its_own_position(pair, params) -> None:
     target, drafter = pair

@@ -1,0 +1,71 @@
+"""A black-box engine's reported log-probabilities, speculation on and off, against the reference.
+
+Engines that return logprobs with their samples (`losscheck.engines.ReportsLogprobs`) must report,
+for every token, log p(x) under the target's processed law at its position — with drafting on as
+with it off. `engine_logprob_check` draws `rows` continuations of each prompt on both sides,
+teacher-forces the reference target over them and compares each reported value with it
+(`losscheck.cells.logprob_check`: exact up to 2τ/T plus float32 rounding, at the positions every
+cut-off implementation draws alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from losscheck.cells.logprob_check import LogprobCheck
+from losscheck.cells.scoring import teacher_forced_probs
+from losscheck.core.sampling import SamplingParams, derive_seed
+from losscheck.engines import BlackBoxEngine, GenerationRequest, ReportsLogprobs, checked_samples, lengths
+from losscheck.errors import LosscheckError
+
+if TYPE_CHECKING:
+    from losscheck.core.target import HFTarget
+
+
+def engine_logprob_check(
+    engine: BlackBoxEngine,
+    target: HFTarget,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    seed: int,
+    *,
+    rows: int = 4,
+    horizon: int = 16,
+    tolerance: float = 0.0,
+) -> dict[str, LogprobCheck]:
+    """The check of each side ("speculative", "plain") of `engine` on `rows` rows of each of
+    `prompts`, `horizon` tokens, scored by `target` (the engine's reference, logits within
+    `tolerance` of the engine's)."""
+    if params.greedy:
+        raise LosscheckError("engine_logprob_check needs a sampled request (temperature > 0): greedy reports no law")
+    if not isinstance(engine, ReportsLogprobs):
+        raise LosscheckError(f"engine {getattr(engine, 'name', engine)!r} reports no logprobs (no generate_logprobs)")
+    eos = target.eos_id if target.eos_id is not None else -1
+    checks = {}
+    for side, speculative in (("speculative", True), ("plain", False)):
+        request = GenerationRequest(
+            prompts=tuple(tuple(p) for p in prompts),
+            n=rows,
+            params=params,
+            seed=derive_seed(seed, "logprobs", side),
+            max_new_tokens=horizon,
+            speculative=speculative,
+            purpose="logprobs",
+        )
+        tokens, reported = engine.generate_logprobs(request)
+        tokens = checked_samples(engine, tokens, request, target.vocab_size, eos).flatten(0, 1)  # [N, L]
+        if tuple(reported.shape) != request.shape:
+            raise LosscheckError(
+                f"engine {getattr(engine, 'name', engine)!r} returned logprobs of shape {tuple(reported.shape)} "
+                f"for tokens of shape {request.shape}"
+            )
+        rows_of = [list(p) for p in request.prompts for _ in range(rows)]
+        forced = teacher_forced_probs(target, rows_of, tokens.to(target.device), params, tolerance)
+        generated = (torch.arange(horizon) < lengths(tokens, eos)[:, None]).to(forced.probs.device)
+        check = LogprobCheck(tolerance, params.temperature)
+        check.observe(reported.flatten(0, 1), tokens, generated & ~forced.ambiguous, forced.probs)
+        checks[side] = check
+    return checks
