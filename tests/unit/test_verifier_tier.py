@@ -48,6 +48,7 @@ CAUGHT_BY = {
     "bonus_from_wrong_slot_on_25pct_of_rounds": ("joint",),
     "min_p_at_first_position_only": ("support", "joint"),  # emits tokens min-p removed after slot 0
     "greedy_at_any_temperature": ("never-reject-p>=q", "first-token", "joint"),  # rejects every non-argmax draft
+    "recovery_reuses_draft_noise": ("first-token", "joint"),  # the recovered law under-weights q's favourites
 }
 PLANTED = {m.name: m.verifier for m in CATALOGUE if m.verifier is not None}
 PLANTED_TV = 0.05  # planted bugs move the laws by far more: a coarse tier catches each in ~1 s
