@@ -121,6 +121,44 @@ def tilted(q: torch.Tensor, token: int, factor: float) -> torch.Tensor:
     return torch.where(total > 0, raw / total.clamp_min(1e-300), q)
 
 
+def reused_noise_recovery(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Law [..., V] of the token recovered as argmax_i r_i / E_i from the residual
+    r = norm(max(0, p - q)) with the noise the drafter drew its draft with: E_i = q_i·M + e_i,
+    M, e_i ~ Exp(1) independent (given the draft, the race's other entries; vLLM #54282's shape).
+
+    Given M = m, token i's time T_i = E_i / r_i survives past t with S_i(t) = min(1, exp(q_i·m - r_i·t)),
+    so P(x | m) = r_x ∫_{s_x·m}^∞ Π_i S_i(t) dt with s_i = q_i / r_i. Between consecutive breakpoints
+    (in an order that does not depend on m) the product is exp(m·a - b·t), a and b the active
+    tokens' Σq and Σr; with t = m·τ each piece is m·(e^{m·c0} - e^{m·c1}) / (b·m), c = a - b·τ <= 0
+    at its ends, and E_M e^{m·c} = 1 / (1 - c): the law in closed form. Tokens without residual
+    mass never win.
+    """
+    residual = (p - q).clamp_min(0.0)  # [..., V]
+    mass = residual.sum(-1, keepdim=True)
+    r = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-300), p)  # [..., V]
+    live = r > 0
+    tau, order = torch.where(live, q / r.clamp_min(1e-300), torch.inf).sort(-1)  # [..., V] breakpoints per unit m
+    r_s = torch.where(live, r, 0.0).gather(-1, order)  # [..., V] in breakpoint order
+    a = torch.where(live, q, 0.0).gather(-1, order).cumsum(-1)  # [..., V] Σ q of the active tokens
+    b = r_s.cumsum(-1)  # [..., V] Σ r of the active tokens (> 0 wherever tau is finite)
+    tau_next = torch.cat([tau[..., 1:], torch.full_like(tau[..., :1], torch.inf)], -1)  # [..., V]
+
+    def expected_exp(at: torch.Tensor) -> torch.Tensor:  # E_M exp(M·(a - b·at)); 0 at at = inf
+        finite = torch.isfinite(at)
+        return torch.where(finite, 1 / (1 - (a - b * torch.where(finite, at, 0.0))), 0.0)
+
+    piece = torch.where(torch.isfinite(tau), (expected_exp(tau) - expected_exp(tau_next)) / b.clamp_min(1e-300), 0.0)
+    law = r_s * piece.flip(-1).cumsum(-1).flip(-1)  # [..., V] r_x · ∫ from x's breakpoint on
+    law = law / law.sum(-1, keepdim=True)  # sums to 1 analytically; this removes round-off
+    return torch.zeros_like(law).scatter(-1, order, law)
+
+
+def _draft_noise_reused(step: Step) -> torch.Tensor:
+    overlap = torch.minimum(step.p, step.q)
+    rejected = 1 - overlap.sum(-1, keepdim=True)
+    return torch.where(step.drafted, overlap + rejected * reused_noise_recovery(step.p, step.q), step.p)
+
+
 def _residual_is_p(step: Step) -> torch.Tensor:
     overlap = torch.minimum(step.p, step.q)
     return torch.where(step.drafted, overlap + (1 - overlap.sum(-1, keepdim=True)) * step.p, step.p)
@@ -218,6 +256,13 @@ CATALOGUE: tuple[BugClass, ...] = (
         lambda step: tempered(step.p, 1 / OTHER_REQUEST_TEMPERATURE),
         ("pit.surprisal",),
         target_side=True,
+    ),
+    BugClass(
+        "draft_noise_reused",
+        "the recovered token is drawn with the exponential-race noise the draft was drawn with (vLLM #54282): "
+        "the residual's tokens the draft favoured are under-emitted",
+        _draft_noise_reused,
+        ("pit.residual_order",),
     ),
 )
 BY_NAME = {bug.name: bug for bug in CATALOGUE}

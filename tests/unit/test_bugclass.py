@@ -17,9 +17,17 @@ from scipy import stats
 
 from losscheck.errors import LosscheckError
 from losscheck.selftest import bugtable
-from losscheck.selftest.verifiers import verify_residual_is_p
+from losscheck.selftest.verifiers import verify_recovery_reuses_draft_noise, verify_residual_is_p
 from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
-from losscheck.stats.buglaws import BY_NAME, CATALOGUE, Step, _previous_same_slot, chunk_steps, targeted
+from losscheck.stats.buglaws import (
+    BY_NAME,
+    CATALOGUE,
+    Step,
+    _previous_same_slot,
+    chunk_steps,
+    reused_noise_recovery,
+    targeted,
+)
 from losscheck.stats.bugperid import per_id_sums
 from losscheck.stats.bugsums import Tiles
 from losscheck.stats.conditional import ConditionalValues, bug_classes_test, surprisal_scores, targeted_scores
@@ -81,26 +89,48 @@ def test_misreport_needs_the_id():
         BY_NAME["drafter_misreports_one_id"].law(_steps(3, 1))
 
 
-def test_residual_is_p_law_matches_the_planted_buggy_verifier():
-    """200k one-draft rounds of `verify_residual_is_p` at one (p, q): the emitted token's counts
-    against the law, Pearson χ² at alpha = 1e-4 (a correct law fails with probability 1e-4)."""
+@pytest.mark.parametrize(
+    ("name", "verifier"),
+    [("residual_is_p", verify_residual_is_p), ("draft_noise_reused", verify_recovery_reuses_draft_noise)],
+)
+def test_law_matches_the_planted_buggy_verifier(name, verifier):
+    """500k one-draft rounds of the planted verifier at one (p, q): the emitted token's counts
+    against the class's law, Pearson χ² at alpha = 1e-4 (a correct law fails with probability 1e-4);
+    and against p, which they must reject (the bug acts at this (p, q))."""
     step = _steps(1, 2)
     p, q = step.p[0], step.q[0]
-    rounds = 200_000
+    rounds = 500_000
     g = torch.Generator().manual_seed(3)
     drafts = torch.multinomial(q.expand(rounds, -1), 1, replacement=True, generator=g)  # [R, 1]
     probs = torch.stack([p, torch.softmax(torch.zeros(V, dtype=torch.float64), -1)])  # slot 0, bonus
-    outcome = verify_residual_is_p(probs.expand(rounds, -1, -1), drafts, q.expand(rounds, 1, -1), g)
+    outcome = verifier(probs.expand(rounds, -1, -1), drafts, q.expand(rounds, 1, -1), g)
     counts = torch.bincount(outcome.tokens[:, 0], minlength=V).double()
-    law = BY_NAME["residual_is_p"].law(
-        Step(p[None], q[None], torch.zeros(1, dtype=torch.long), 1, p[None] * 0, q[None] * 0)
-    )
+    law = BY_NAME[name].law(Step(p[None], q[None], torch.zeros(1, dtype=torch.long), 1, p[None] * 0, q[None] * 0))
     chi2 = stats.chisquare(counts.numpy(), rounds * law[0].numpy())
     assert chi2.pvalue > 1e-4, (
         f"counts {counts.tolist()} vs expected {(rounds * law[0]).tolist()}: p = {chi2.pvalue:.3g}"
     )
     honest = stats.chisquare(counts.numpy(), rounds * p.numpy())
     assert honest.pvalue < 1e-10, "the buggy verifier's output should differ from p at this (p, q)"
+
+
+def test_reused_noise_recovery_in_closed_form_matches_the_race():
+    """The closed form against 400k draws of the race argmax r / (q·M + e) itself, at a (p, q)
+    with rejections spread over several residual tokens: Pearson χ² at alpha = 1e-4."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.softmax(2 * torch.randn(V, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(2 * torch.randn(V, generator=g, dtype=torch.float64), -1)
+    residual = (p - q).clamp_min(0.0)
+    r = residual / residual.sum()
+    draws = 400_000
+    race_min = torch.empty(draws, 1, dtype=torch.float64).exponential_(generator=g)
+    noise = q * race_min + torch.empty(draws, V, dtype=torch.float64).exponential_(generator=g)
+    counts = torch.bincount((r / noise).argmax(-1), minlength=V).double()
+    law = reused_noise_recovery(p, q)
+    live = law > 0
+    assert torch.equal(live, r > 0), "only tokens with residual mass can be recovered"
+    assert stats.chisquare(counts[live].numpy(), draws * law[live].numpy()).pvalue > 1e-4
+    assert stats.chisquare(counts[live].numpy(), draws * r[live].numpy()).pvalue < 1e-10, "the reused noise acts"
 
 
 def test_per_id_evaluation_matches_the_explicit_law_at_every_id():

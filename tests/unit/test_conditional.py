@@ -214,14 +214,36 @@ def _first_rejections(name: str, seed: int, length: int = 200, alpha: float = 1e
     return {test: first.get(test, (math.inf, None)) for test in ("pit.residual_order", "pit.bug_classes")}
 
 
-@pytest.mark.parametrize("name", [bug.name for bug in CATALOGUE])
+# draft_noise_reused moves a recovered token's law only among the residual's tokens: on this toy
+# (acceptance 0.78) it needs 25k-51k steps, tested on its own below
+WEAK = ("draft_noise_reused",)
+
+
+@pytest.mark.parametrize("name", [bug.name for bug in CATALOGUE if bug.name not in WEAK])
 def test_bug_classes_catch_each_planted_class_law_naming_it(name):
     """12.8k steps drawn under each class's own law: pit.bug_classes rejects, and at its first
     rejection it names the planted class."""
     steps, result = _first_rejections(name, seed=20)["pit.bug_classes"]
     assert result is not None, f"pit.bug_classes did not catch {name} in 12.8k steps"
+    _names_the_class(name, steps, result)
+
+
+def _names_the_class(name: str, steps: float, result) -> None:
     assert result.observed.startswith(f"{name}: "), f"{name} caught after {steps} steps as {result.observed}"
     assert result.log10_p is not None and result.log10_p <= math.log10(1e-3 / CONDITIONAL_TESTS), result.message()
+
+
+def test_bug_classes_catch_the_reused_draft_noise_in_77k_steps_naming_it():
+    """76.8k steps drawn under draft_noise_reused's law (384 rows of 200): pit.bug_classes at
+    alpha 1e-3 / 4 rejects and names it, while the p - q ordered PIT (the test meant for residual
+    bugs) on the same rows does not reject: the bug moves mass within the residual's tokens, whose
+    p - q order is not the order of q the noise follows."""
+    p, q, tokens, v = _bug_walk(BY_NAME["draft_noise_reused"], 384, 200, seed=20)
+    results = {r.name: r for r in conditional_tests(_values(p, q, tokens, v), 1e-3, 0.9)}
+    caught = results["pit.bug_classes"]
+    assert not caught.passed, caught.message()
+    _names_the_class("draft_noise_reused", 76_800, caught)
+    assert results["pit.residual_order"].passed, results["pit.residual_order"].message()
 
 
 @pytest.mark.parametrize(
@@ -255,6 +277,7 @@ def test_bug_classes_leave_out_the_classes_whose_law_is_not_known_in_advance():
         "target_temperature_1.1",
         "top_p_one_side",
         "per_request_params_mixed",
+        "draft_noise_reused",
     }
     result = bug_classes_test(bare, 0.01, 0.9)
     for name in ("stale_q", "bonus_from_previous_slot", "drafter_misreports_one_id"):

@@ -72,6 +72,14 @@ def test_each_law_processes_the_draft_logits_with_what_the_engine_reads():
 
 
 def test_a_cell_names_the_verifier_classes_its_draft_law_leaves_without_power():
-    assert set(not_judged("processed")) == set(not_judged("temperature")) == {"stale_q", "drafter_misreports_one_id"}
+    assert (
+        set(not_judged("processed"))
+        == set(not_judged("temperature"))
+        == {
+            "stale_q",
+            "drafter_misreports_one_id",
+            "draft_noise_reused",
+        }
+    )
     assert "point mass" in not_judged("greedy")["top_p_one_side"] and "residual_is_p" not in not_judged("greedy")
     assert "teacher-force" in not_judged(None)["residual_is_p"]
