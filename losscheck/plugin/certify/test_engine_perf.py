@@ -47,7 +47,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def engine_perf_run(request: pytest.FixtureRequest, losscheck_session):
     """The engine's measurements; at the end of the session, the report."""
     if losscheck_session.options.engine is None:
-        pytest.skip("no engine to time (--losscheck-engine); the drafters' perf tier is test_perf.py")
+        pytest.skip(
+            "no engine to time (--losscheck-engine; losscheck perf: --engine); the drafters' perf tier is test_perf.py"
+        )
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         pytest.skip(f"the perf tier does not time under pytest-xdist (this is worker {worker}); run -m perf without -n")
