@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from losscheck.cells.logprob_check import logprob_problems
 from losscheck.cells.outcome import CellOutcome
 from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFacts
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, lengths
+from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, ReportsLogprobs, lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.cell import OWN_TARGET
@@ -108,10 +109,12 @@ def request(
     horizon: int,
     speculative: bool,
     purpose: str = "",
+    logprobs: bool = False,
 ) -> GenerationRequest:
     """A request for `n` continuations of each prompt, whose answer is a validated LongTensor
-    [len(prompts), n, horizon] (EOS-padded), seeded from the run seed, the cell, the side and the
-    `purpose` ("pilot": a sample of its own, never tested)."""
+    [len(prompts), n, horizon] (EOS-padded; with `logprobs`, then their reported log-probabilities),
+    seeded from the run seed, the cell, the side and the `purpose` ("pilot": a sample of its own,
+    never tested)."""
     side = "speculative" if speculative else "baseline"
     seed = derive_seed(ctx.seed, ctx.cell.id, *((side, purpose) if purpose else (side,)))
     return GenerationRequest(
@@ -122,6 +125,7 @@ def request(
         max_new_tokens=horizon,
         speculative=speculative,
         purpose=purpose or "sample",
+        logprobs=logprobs,
     )
 
 
@@ -203,7 +207,9 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     design = _design(ctx, prompts, pilot, budget.per_test, drafter)
     per_prompt = math.ceil(design.classes.sequences(design.per_sequence) / len(prompts))
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
-    (drawn,) = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True),)
+    # an engine that reports logprobs reports them for the tested sample: checked beside it
+    logprobs = isinstance(engine, ReportsLogprobs) and not cell.params.greedy
+    drawn, *reported = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs),)
     target = ctx.engine_target()
     power = PowerAccumulator(classes=TARGET_SIDE)
     rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law)
@@ -211,7 +217,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
     power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
     scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds, power_rows=power_rows)
-    scores.add(rows, _generation(ctx, drawn, target))
+    scores.add(rows, _generation(ctx, drawn, target, *reported))
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
     coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.read_by_every_test)
     if rounds is not None:
@@ -232,7 +238,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     )
     failed = [r for r in results if not r.passed]
     if not failed:
-        return CellOutcome(cell, verdict=combine(cell.id, results, ctx.alpha), facts=_facts(ctx, facts))
+        verdict = combine(cell.id, results, ctx.alpha)
+        return CellOutcome(cell, verdict=verdict, problems=logprob_problems(facts), facts=_facts(ctx, facts))
     return (yield from _attribute(ctx, prompts, per_prompt, horizon, failed, facts, drafter))
 
 
@@ -275,7 +282,7 @@ def _attribute(
     blamed = any(not r.passed for r in second)
     first = tuple(f"{r.name} (p = {r.p_value:.3g}, alpha = {r.alpha:.3g})" for r in failed)
     record = AttributionRecord("speculation" if blamed else "reference", first, names, len(rows))
-    problems = []
+    problems = logprob_problems(facts)  # the first stage's sample's reported logprobs
     if blamed:
         problems.append(
             f"speculation changes the engine's output law: the first stage rejected {', '.join(first)} against "
@@ -286,10 +293,15 @@ def _attribute(
     return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
 
 
-def _generation(ctx: CellContext, tokens: torch.Tensor, target: HFTarget) -> Generation:
-    """Engine samples [P, m, L] as one `Generation` on the target's device."""
+def _generation(
+    ctx: CellContext, tokens: torch.Tensor, target: HFTarget, logprobs: torch.Tensor | None = None
+) -> Generation:
+    """Engine samples [P, m, L] as one `Generation` on the target's device, with the engine's
+    reported `logprobs` [P, m, L] of them when it gave them."""
     gen = as_generation(tokens.flatten(0, 1), ctx.engine_vocab()[1], _engine(ctx).k, ctx.cell.params)
     gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
+    if logprobs is not None:
+        gen.logprobs = logprobs.flatten(0, 1)
     return gen
 
 

@@ -18,7 +18,14 @@ import torch
 from losscheck.cells.logprob_check import LogprobCheck
 from losscheck.cells.scoring import teacher_forced_probs
 from losscheck.core.sampling import SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, GenerationRequest, ReportsLogprobs, checked_samples, lengths
+from losscheck.engines import (
+    BlackBoxEngine,
+    GenerationRequest,
+    ReportsLogprobs,
+    checked_logprobs,
+    checked_samples,
+    lengths,
+)
 from losscheck.errors import LosscheckError
 
 if TYPE_CHECKING:
@@ -57,11 +64,7 @@ def engine_logprob_check(
         )
         tokens, reported = engine.generate_logprobs(request)
         tokens = checked_samples(engine, tokens, request, target.vocab_size, eos).flatten(0, 1)  # [N, L]
-        if tuple(reported.shape) != request.shape:
-            raise LosscheckError(
-                f"engine {getattr(engine, 'name', engine)!r} returned logprobs of shape {tuple(reported.shape)} "
-                f"for tokens of shape {request.shape}"
-            )
+        reported = checked_logprobs(engine, reported, request)
         rows_of = [list(p) for p in request.prompts for _ in range(rows)]
         forced = teacher_forced_probs(target, rows_of, tokens.to(target.device), params, tolerance)
         generated = (torch.arange(horizon) < lengths(tokens, eos)[:, None]).to(forced.probs.device)

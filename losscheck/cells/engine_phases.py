@@ -4,7 +4,8 @@ at a time (`losscheck.engines.pool.Policy.ONE_AT_A_TIME`) builds each side as fe
 cells' dependencies allow instead of twice per cell.
 
 A cell is written as a generator (`EngineDraws`): it yields the requests of one round, receives
-their samples (validated, in the order asked), scores them and yields the next round, and returns
+their samples (validated, in the order asked; a request with `logprobs` set is answered by two
+tensors, its ids and then their reported log-probabilities), scores them and yields the next round, and returns
 its `CellOutcome`, whose record gets the cell's phase timings (each engine call under its
 request's purpose and side, the cell's own scoring between them). Every request's seed is the
 cell's own (its id, side and purpose), so the order in which the run draws them changes no sample
@@ -19,7 +20,14 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from losscheck.engines import BlackBoxEngine, GenerationRequest, checked_samples, engine_counters
+from losscheck.engines import (
+    BlackBoxEngine,
+    GenerationRequest,
+    ReportsLogprobs,
+    checked_logprobs,
+    checked_samples,
+    engine_counters,
+)
 from losscheck.plan.memory import PLAIN, SPECULATIVE, next_side
 
 if TYPE_CHECKING:
@@ -37,7 +45,7 @@ class _Cell:
 
     steps: EngineDraws
     requests: tuple[GenerationRequest, ...] = ()
-    answers: dict[int, torch.Tensor] = field(default_factory=dict)
+    answers: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     counted: EngineCounters | None = None  # the engine's counts of this cell's speculative calls
     unreadable: bool = False  # a speculative call whose counts the engine did not give
     result: CellOutcome | Exception | None = None
@@ -108,7 +116,7 @@ def draw_side_by_side(
             start = time.perf_counter()
             try:
                 before = engine_counters(engine) if side else None
-                out = checked_samples(engine, engine.generate(request), request, vocab_size, eos)
+                out = _answer(engine, request, vocab_size, eos)
                 if side:
                     state.count(before, engine_counters(engine))
             except Exception as exc:
@@ -121,7 +129,7 @@ def draw_side_by_side(
             state.answers[i] = out
         for state in live:
             if state.result is None and not state.waiting():
-                state.resume(tuple(state.answers[i] for i in range(len(state.requests))))
+                state.resume(tuple(t for i in range(len(state.requests)) for t in state.answers[i]))
     results: dict[str, CellOutcome | Exception] = {}
     for cell_id, state in states.items():
         result = state.result
@@ -134,3 +142,13 @@ def draw_side_by_side(
             )
         results[cell_id] = result
     return DrawnCells(results, phases)
+
+
+def _answer(engine: BlackBoxEngine, request: GenerationRequest, vocab_size: int, eos: int) -> tuple[torch.Tensor, ...]:
+    """The validated answer to `request`: its ids, and their logprobs when it asks for them."""
+    if not request.logprobs:
+        return (checked_samples(engine, engine.generate(request), request, vocab_size, eos),)
+    if not isinstance(engine, ReportsLogprobs):
+        raise TypeError(f"engine {engine.name!r} reports no logprobs: a cell asked for them (a bug in the cell)")
+    tokens, logprobs = engine.generate_logprobs(request)
+    return checked_samples(engine, tokens, request, vocab_size, eos), checked_logprobs(engine, logprobs, request)

@@ -47,6 +47,7 @@ __all__ = [
     "ReportsCounters",
     "RunsDraftModel",
     "check_engine",
+    "checked_logprobs",
     "checked_samples",
     "draft_model",
     "engine_counters",
@@ -320,6 +321,26 @@ def checked_samples(
             f"{name}: a row has ids other than EOS ({eos}) after its first EOS; pad finished rows with EOS"
         )
     return out
+
+
+def checked_logprobs(engine: object, out: object, request: GenerationRequest) -> torch.Tensor:
+    """An engine's reported log-probabilities `out` for `request` (`ReportsLogprobs`) as float64
+    [P, n, max_new_tokens] on the CPU, validated: shape and floating dtype, no NaN. Their values
+    are the logprob check's to judge (`losscheck.cells.logprob_check`)."""
+    import torch
+
+    name = f"engine {getattr(engine, 'name', engine)!r}"
+    if not isinstance(out, torch.Tensor) or not out.dtype.is_floating_point:
+        what = type(out).__name__ if not isinstance(out, torch.Tensor) else f"a {out.dtype} tensor"
+        raise EngineOutputError(f"{name}: generate_logprobs returned {what} as logprobs, expected a float tensor")
+    if tuple(out.shape) != request.shape:
+        raise EngineOutputError(
+            f"{name}: generate_logprobs returned logprobs of shape {tuple(out.shape)}, expected "
+            f"[prompts, n, max_new_tokens] = {request.shape}"
+        )
+    if out.isnan().any():
+        raise EngineOutputError(f"{name}: generate_logprobs returned NaN logprobs; report -inf for impossible tokens")
+    return out.double().cpu()
 
 
 def lengths(tokens: torch.Tensor, eos: int) -> torch.Tensor:

@@ -33,6 +33,9 @@ class GenerationRequest:
     speculative     True: drafting on; False: the same engine with drafting off (the baseline).
     purpose         what the draws are for in the cell ("pilot", "sample", "attribution"): the
                     record's phase timings name it; an adapter has no reason to read it.
+    logprobs        True: the cell also wants each token's reported log-probability; the run then
+                    calls `ReportsLogprobs.generate_logprobs` instead of `generate` (asked only of
+                    engines that implement it; `losscheck.cells.engine_phases`).
 
     The answer is LongTensor [len(prompts), n, max_new_tokens]: row [i, j] is the j-th
     continuation of prompts[i], exactly `max_new_tokens` ids, except that a row that emits the
@@ -46,6 +49,7 @@ class GenerationRequest:
     max_new_tokens: int
     speculative: bool
     purpose: str = ""
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         from losscheck.core.sampling import SamplingParams
@@ -63,8 +67,9 @@ class GenerationRequest:
                 raise OptionError(f"GenerationRequest.{name} = {value!r}: need an int >= {least}")
         if not isinstance(self.params, SamplingParams):
             raise OptionError(f"GenerationRequest.params is a {type(self.params).__name__}; pass a SamplingParams")
-        if not isinstance(self.speculative, bool):
-            raise OptionError(f"GenerationRequest.speculative = {self.speculative!r}: need True or False")
+        for name in ("speculative", "logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(f"GenerationRequest.{name} = {getattr(self, name)!r}: need True or False")
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -40,17 +40,31 @@ class SpecLoopEngine:
         self._counters = EngineCounters(drafts=0, drafted=0, accepted=0, accepted_per_position=(0,) * k, emitted=0)
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
+        return self._generate(request)[0]
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s ids and the loop's reported log-probabilities of them (0 after a row's end;
+        all 0 under greedy decoding, where the loop reports none)."""
+        return self._generate(request)
+
+    def _generate(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
         engine = self.spec if request.speculative else self.plain
         gen = make_generator(request.seed, "spec-loop", request.speculative, device=engine.target.device)
         rows = [list(prompt) for prompt in request.rows()]  # prompt-major: row i*n + j
         budget = request.max_new_tokens
         out = torch.full((len(rows), budget), self.eos, dtype=torch.long)  # [P*n, L]
+        logprobs = torch.zeros(len(rows), budget, dtype=torch.float64)  # [P*n, L]
         for start in range(0, len(rows), self.batch):
             got = engine.generate(rows[start : start + self.batch], budget, request.params, gen)
-            out[start : start + len(got.tokens)] = torch.where(got.mask(), got.tokens, self.eos).cpu()
+            mask = got.mask()
+            out[start : start + len(got.tokens)] = torch.where(mask, got.tokens, self.eos).cpu()
+            if got.logprobs is not None:
+                logprobs[start : start + len(got.tokens), : got.logprobs.shape[1]] = (
+                    torch.where(mask, got.logprobs, 0.0).double().cpu()
+                )
             if request.speculative:
                 self._count(got.stats)
-        return out.view(request.shape)
+        return out.view(request.shape), logprobs.view(request.shape)
 
     def _count(self, stats: LoopStats) -> None:
         """Add one call's loop counters: a (row, round) pair is one draft, as vLLM counts them."""

@@ -11,6 +11,7 @@ import torch
 from losscheck.core.logprobs import emitted_logprobs
 
 if TYPE_CHECKING:
+    from losscheck.core.contract import Target
     from losscheck.engines.request import GenerationRequest
 
 
@@ -49,9 +50,20 @@ class LogprobsZeroWhenSpeculating:
         self.inner = engine
         self.name, self.k, self.precision = f"{engine.name}+zero-logprobs", engine.k, engine.precision
 
+    def __getattr__(self, name: str) -> Any:  # the draft model, counters, pins: the engine's
+        return getattr(self.inner, name)
+
     def generate(self, request: GenerationRequest) -> torch.Tensor:
         return self.inner.generate(request)
 
     def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
         tokens, reported = self.inner.generate_logprobs(request)
         return tokens, torch.zeros_like(reported) if request.speculative else reported  # BUG: zeros
+
+
+def logprobs_zero_when_speculating(target: Target) -> LogprobsZeroWhenSpeculating:
+    """losscheck's loop behind the black-box interface, its speculative logprobs all 0.0
+    (`--losscheck-engine=losscheck.selftest.logprob_bugs:logprobs_zero_when_speculating`)."""
+    from losscheck.engines.spec_loop import spec_loop
+
+    return LogprobsZeroWhenSpeculating(spec_loop(target))

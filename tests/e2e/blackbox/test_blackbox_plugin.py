@@ -107,9 +107,30 @@ def outcomes(result: pytest.RunResult, false_failure: str, **expected: int) -> N
 
 
 def test_an_honest_engine_passes_greedy_on_every_prompt_and_one_sample_pit(pytester):
-    result = certify(pytester, "losscheck.engines.spec_loop:spec_loop", "engine-k4-greedy or engine-k4-T1-topp0.9")
+    """losscheck's loop behind the black-box interface passes; it reports logprobs, so the
+    one-sample cell checks every generated token's against the reference, none off."""
+    import json
+
+    result = certify(
+        pytester,
+        "losscheck.engines.spec_loop:spec_loop",
+        "engine-k4-greedy or engine-k4-T1-topp0.9",
+        "--losscheck-out=reports",
+    )
     outcomes(result, HONEST_FAILS, passed=2)
     result.stdout.fnmatch_lines(["*engine-k4-greedy*engine-greedy*PASS*", "*engine-k4-T1-topp0.9*one-sample*PASS*"])
+    (cert_path,) = (pytester.path / "reports").glob("*/certificate.json")
+    (sampled,) = [c for c in json.loads(cert_path.read_text())["cells"] if c["cell"].endswith("topp0.9")]
+    assert sampled["logprobs_checked"] > 1000 and sampled["logprobs_off"] == 0, sampled["logprob_worst"]
+
+
+def test_an_engine_reporting_zero_logprobs_when_speculating_fails_naming_them(pytester):
+    """llama.cpp #27972's shape: the tokens are exact, every reported logprob 0.0 with drafting on.
+    The one-sample cell's logprob check fails it (an exact check: no false-failure probability
+    beyond the float bound's)."""
+    result = certify(pytester, "losscheck.selftest.logprob_bugs:logprobs_zero_when_speculating", ONLY_T1)
+    outcomes(result, BUG_MISSED, failed=1)
+    result.stdout.fnmatch_lines(["*logprobs: *"])
 
 
 def test_an_old_signature_engine_is_certified_behind_the_shim_with_a_deprecation_warning(pytester):
