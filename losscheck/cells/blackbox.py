@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.cells.logprob_check import logprob_problems
+from losscheck.cells.logprob_check import LogprobCheck, logprob_problems
 from losscheck.cells.outcome import CellOutcome
 from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFacts
 from losscheck.core.divergence import find_divergences
@@ -217,6 +217,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
     power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
     scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds, power_rows=power_rows)
+    if logprobs:
+        scores.logprobs = LogprobCheck(_logprob_tolerance(engine, cell.precision.tolerance), cell.params.temperature)
     scores.add(rows, _generation(ctx, drawn, target, *reported))
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
     coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.read_by_every_test)
@@ -291,6 +293,15 @@ def _attribute(
         )
     facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
     return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
+
+
+def _logprob_tolerance(engine: BlackBoxEngine, tolerance: float) -> float:
+    """The logit round-off bound of an engine's reported logprobs: the cell's, or that of the
+    precision the engine computes them in when it declares another (`ReportsLogprobs`)."""
+    from losscheck.core.precision import LOGIT_TOLERANCE
+
+    own = getattr(engine, "logprob_precision", None)
+    return max(tolerance, LOGIT_TOLERANCE[own]) if own is not None else tolerance
 
 
 def _generation(

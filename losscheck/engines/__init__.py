@@ -98,8 +98,11 @@ class ReportsCounters(Protocol):
 
 @runtime_checkable
 class ReportsLogprobs(Protocol):
-    """An engine that reports each sampled token's log-probability (optional): `losscheck.cells.
-    engine_logprobs.engine_logprob_check` compares them with the reference target's."""
+    """An engine that reports each sampled token's log-probability (optional): its one-sample
+    cells and `losscheck.cells.engine_logprobs.engine_logprob_check` compare them with the
+    reference target's. An engine whose reference scores in another precision than it computes in
+    (vLLM's `losscheck_reference`) names its own in an attribute `logprob_precision`: the check's
+    bound is then that precision's round-off."""
 
     def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate`'s answer and, beside it, float [len(request.prompts), request.n,

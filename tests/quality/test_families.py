@@ -278,7 +278,11 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
     same = _fed(chain, bugtable.simulate(chain, 300, seed=5), pilot.misreported_id, grid)
     kept = bug_class_records(bug_class_coverage(design, pilot, same, alpha, power, looks, True, ids))
     require_coverage(cell, kept, power)
+    uncovered = {name for name, c in kept.items() if not c.covered}
+    assert uncovered == {"draft_noise_reused"}  # ~100k tokens at this acceptance, beyond the design's 60k cap
     for name, c in kept.items():
+        if name in uncovered:
+            continue
         assert not c.short, name
         assert c.family is not None and c.family.required_down_to is not None, name
         rho = c.curve["0.8"]

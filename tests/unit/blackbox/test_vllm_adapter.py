@@ -11,7 +11,8 @@ import torch
 
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines import EngineOutputError
-from losscheck.engines.vllm import VLLMEngine, sampling_kwargs, to_tensor
+from losscheck.engines.vllm import VLLMEngine, sampling_kwargs, to_logprobs, to_tensor, vllm_engine
+from losscheck.errors import OptionError
 from tests.support import engine_request as request
 
 EOS = 1
@@ -21,6 +22,7 @@ SPEC = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 3
 @dataclass
 class Completion:
     token_ids: list[int]
+    logprobs: list[dict[int, SimpleNamespace]] | None = None
 
 
 @dataclass
@@ -189,6 +191,40 @@ def test_one_at_a_time_never_keeps_two_llms_and_counters_survive_a_release():
     # 4 + 4 speculative requests, the first LLM's counted before it was released
     assert engine.counters() == EngineCounters(drafts=8, drafted=24, accepted=16, accepted_per_position=(8, 8, 0))
     assert engine.counters().conditional_acceptance() == (1.0, 1.0, 0.0)
+
+
+def test_logprobs_are_asked_for_the_sampled_token_and_read_at_each_emitted_position():
+    """vLLM's `logprobs=0` gives, per emitted token, a dict holding that token's entry; the
+    adapter reads them up to each row's EOS and reports 0 after it."""
+
+    def entries(pairs):
+        return [{token: SimpleNamespace(logprob=value)} for token, value in pairs]
+
+    rows = [Completion([5, 6], entries([(5, -0.5), (6, -1.5)])), Completion([EOS], entries([(EOS, -2.0)]))]
+
+    class Logged(FakeLLM):
+        def generate(self, prompts, sampling_params, use_tqdm=True):
+            self.calls.append((prompts, sampling_params, use_tqdm))
+            return [RequestOutput([rows[r]]) for r in range(len(prompts))]
+
+    llm = Logged([])
+    engine = VLLMEngine(lambda spec: llm, SPEC, EOS, "fp32", sampling_params=dict)
+    tokens, logprobs = engine.generate_logprobs(request([[0, 3]], 2, SamplingParams(), 7, 2, True))
+    assert tokens.tolist() == [[[5, 6], [EOS, EOS]]]
+    assert logprobs.tolist() == [[[-0.5, -1.5], [-2.0, 0.0]]]
+    assert all(s["logprobs"] == 0 for s in llm.calls[0][1])
+    assert sampling_kwargs(SamplingParams(), 0, 2)["logprobs"] is None  # plain calls ask for none
+
+
+def test_missing_logprobs_or_another_logprobs_mode_are_errors_naming_them():
+    tokens = torch.tensor([[[5, 6]]])
+    with pytest.raises(EngineOutputError, match="request 0 reported 1 logprobs for 2 tokens"):
+        to_logprobs([RequestOutput([Completion([5, 6], [{5: SimpleNamespace(logprob=-1.0)}])])], tokens, EOS, "vllm")
+    with pytest.raises(EngineOutputError, match="reported no logprob of its token 1"):
+        odd = [{5: SimpleNamespace(logprob=-1.0)}, {7: SimpleNamespace(logprob=-1.0)}]
+        to_logprobs([RequestOutput([Completion([5, 6], odd)])], tokens, EOS, "vllm")
+    with pytest.raises(OptionError, match="logprobs_mode='raw_logprobs'.*leave logprobs_mode out"):
+        vllm_engine("model", SPEC, EOS, logprobs_mode="raw_logprobs")
 
 
 def test_a_row_that_stops_early_on_another_id_than_eos_is_an_error_naming_the_engine():
