@@ -208,7 +208,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     per_prompt = math.ceil(design.classes.sequences(design.per_sequence) / len(prompts))
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
     # an engine that reports logprobs reports them for the tested sample: checked beside it
-    logprobs = isinstance(engine, ReportsLogprobs) and not cell.params.greedy
+    logprobs = _checks_logprobs(engine, cell.params)
     drawn, *reported = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs),)
     target = ctx.engine_target()
     power = PowerAccumulator(classes=TARGET_SIDE)
@@ -293,6 +293,18 @@ def _attribute(
         )
     facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
     return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
+
+
+def _checks_logprobs(engine: BlackBoxEngine, params: SamplingParams) -> bool:
+    """Whether a one-sample cell checks `engine`'s reported logprobs: it reports them, the cell
+    samples, and the reference draws the cut-off the engine draws. An engine computing in another
+    precision than its reference (`logprob_precision`) keeps, near a top-k / top-p / min-p edge,
+    tokens the reference cuts (log p = -inf there): those cells' tokens are judged by the PIT
+    stage and its attribution alone."""
+    if not isinstance(engine, ReportsLogprobs) or params.greedy:
+        return False
+    cuts = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0
+    return getattr(engine, "logprob_precision", None) is None or not cuts
 
 
 def _logprob_tolerance(engine: BlackBoxEngine, tolerance: float) -> float:
