@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from losscheck.cells.proxy_design import Levels, ProxyDesign
     from losscheck.core.target import HFTarget
     from losscheck.stats.bugclass import PowerAccumulator
-    from losscheck.stats.hidden_rounds import RoundsSample
+    from losscheck.stats.hidden_rounds import FirstToken, RoundsSample
     from losscheck.stats.result import TestResult
 
 
@@ -212,7 +212,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     drawn, *reported = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs),)
     target = ctx.engine_target()
     power = PowerAccumulator(classes=TARGET_SIDE)
-    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law)
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, _first_token(engine))
     # the power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
     first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
     power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
@@ -276,7 +276,7 @@ def _attribute(
             rows,
             _generation(ctx, tokens, target),
             cell.precision.tolerance,
-            None if scorer is None else RoundsScoring(scorer.model, engine.k, scorer.law),
+            None if scorer is None else RoundsScoring(scorer.model, engine.k, scorer.law, _first_token(engine)),
         )
         for tokens, side in zip(drawn, ("on", "off"), strict=True)
     ]
@@ -293,6 +293,19 @@ def _attribute(
         )
     facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
     return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
+
+
+def _first_token(engine: BlackBoxEngine) -> FirstToken | None:
+    """Where `engine` says its rows' first token comes from (`first_token`; None: not said, and
+    the round filter mixes both)."""
+    from losscheck.stats.hidden_rounds import FIRST_TOKEN
+
+    first = getattr(engine, "first_token", None)
+    if first is not None and first not in FIRST_TOKEN:
+        raise LosscheckError(
+            f"engine {engine.name!r}: first_token = {first!r}; declare one of {FIRST_TOKEN} or leave it out"
+        )
+    return first
 
 
 def _checks_logprobs(engine: BlackBoxEngine, params: SamplingParams) -> bool:
@@ -377,7 +390,7 @@ def _design(
     target = ctx.engine_target()
     gen = _generation(ctx, pilot, target)
     rows = [p for p in prompts for _ in range(pilot.shape[1])]
-    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law)
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, _first_token(engine))
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
     needed = measured.tokens_needed(alpha_test, profile.power)
     wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.stats.hidden_rounds import CLASSES, NOT_JUDGED, RoundsSample
+from losscheck.stats.hidden_rounds import CLASSES, NOT_JUDGED, FirstToken, RoundsSample
 
 if TYPE_CHECKING:
     from losscheck.cells.scoring import ForcedProbs
@@ -31,10 +31,11 @@ class RoundsScoring:
     drafter: HFTarget
     k: int
     law: DraftLaw = "processed"
+    first: FirstToken | None = None  # where the engine's first token comes from; None: not said
     sample: RoundsSample = field(init=False)
 
     def __post_init__(self) -> None:
-        self.sample = RoundsSample(self.k)
+        self.sample = RoundsSample(self.k, self.first)
 
     def observe(
         self,

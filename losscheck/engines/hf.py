@@ -107,6 +107,7 @@ class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
     reproducible_seeds = True  # the global generator seeded with the request's seed, rows drawn in order
+    first_token = "round"  # assisted decoding verifies its first candidates with the prompt's forward
 
     def __init__(
         self,

@@ -255,6 +255,8 @@ class LlamaCppEngine:
     """`make_llama(speculative)` builds a `llama_cpp.Llama` (with the draft model or without it) and,
     when speculative, its drafter; each side is built on first use and kept until it fails."""
 
+    first_token = "prefill"  # the prompt's evaluation samples the first token; drafting starts after it
+
     def __init__(
         self,
         make_llama: Callable[[bool], tuple[Any, Any]],

@@ -173,6 +173,8 @@ class OpenVINOEngine:
     """`make_pipeline(speculative)` builds an `LLMPipeline` (with the draft model or without it);
     each side is built on first use and kept until it fails."""
 
+    first_token = "prefill"  # the prefill emits the first token (`_count`); rounds follow it
+
     def __init__(self, make_pipeline: Callable[[bool], Any], k: int, eos: int, name: str = "openvino-genai") -> None:
         self.k, self.eos = k, eos
         self.precision: str | None = "fp32"

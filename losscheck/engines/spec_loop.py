@@ -23,6 +23,7 @@ class SpecLoopEngine:
 
     precision = "fp32"  # the bundled models' dtype as loaded by the factories below
     reproducible_seeds = True  # one request, one seed: the same ids, speculation on or off
+    first_token = "round"  # the loop drafts from the prompt: a row's first token is slot 0's
 
     def __init__(
         self,

@@ -173,6 +173,8 @@ class VLLMEngine:
     call, so that the call's requests find their prompts in vLLM's prefix cache. `vocab`: the
     target's vocabulary size, which banned ids need (None: a request that bans ids is refused)."""
 
+    first_token = "prefill"  # the prefill step samples the first token; drafting starts after it
+
     def __init__(
         self,
         make_llm: Callable[[dict[str, Any] | None], Any],

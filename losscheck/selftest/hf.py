@@ -162,14 +162,15 @@ class HFPlanted(HFAssistedEngine):
         super().__init__(engine.model, engine.assistant, engine.k, engine.eos, name=name)
         self.bug = bug
 
-    def generate(self, request: GenerationRequest) -> torch.Tensor:
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # both public paths (`generate`, `generate_logprobs`) come through here: both planted
         if self.bug in STATE_PLANTED:
             if request.speculative:  # plain decoding never crops: the bug is speculation's alone
                 with state_planted(STATE_PLANTED[self.bug]):
-                    return super().generate(request)
-            return super().generate(request)
+                    return super()._generate(request, logprobs)
+            return super()._generate(request, logprobs)
         with planted(PLANTED[self.bug], request):
-            return super().generate(request)
+            return super()._generate(request, logprobs)
 
 
 PLANTED: dict[str, Planting] = {

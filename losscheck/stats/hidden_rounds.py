@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from scipy import stats
@@ -114,6 +114,14 @@ NOT_JUDGED = {
 }
 
 
+FirstToken = Literal["round", "prefill"]
+"""Where an engine's first generated token comes from: its first round (slot 0, drafted and
+verified: losscheck's loop, Hugging Face assisted generation) or the prefill's own sample of p
+(vLLM, llama.cpp, OpenVINO GenAI), after which the first round starts. An adapter says it as
+`first_token`; the round filter otherwise mixes both."""
+FIRST_TOKEN: tuple[FirstToken, ...] = ("round", "prefill")
+
+
 class RoundParts(NamedTuple):
     """The probabilities of the emitted tokens under each class's members: [n, L, C, G] each
     (C classes, G members), and p's [n, L]."""
@@ -172,14 +180,23 @@ class Filtered(NamedTuple):
     bonus_belief: torch.Tensor
 
 
-def filter_rounds(parts: RoundParts, k: int, generated: torch.Tensor, scored: torch.Tensor) -> Filtered:
+def filter_rounds(
+    parts: RoundParts, k: int, generated: torch.Tensor, scored: torch.Tensor, first: FirstToken | None = "round"
+) -> Filtered:
     """Run the slot filter along each row (`generated` [n, L]: positions the engine emitted;
-    `scored` [n, L] ⊆ generated: those whose factor counts). Block length `k` >= 1; rows start at slot 0."""
+    `scored` [n, L] ⊆ generated: those whose factor counts). Block length `k` >= 1. Where a row's
+    first token comes from (`first`, `FirstToken`): "round", the first round's slot 0; "prefill",
+    the prefill's sample of p (as a bonus slot: every class draws it from p, and the first round
+    starts after it); None (the engine does not say): either, half and half."""
     if k < 1:
         raise LosscheckError(f"the round filter needs a block length k >= 1, got {k}")
+    if first not in (*FIRST_TOKEN, None):
+        raise LosscheckError(f"the round filter's first token comes from one of {FIRST_TOKEN} (or None), got {first!r}")
     n, length, c, g = parts.accept.shape
     belief = torch.zeros(n, c, g, k + 1, dtype=torch.float64, device=parts.accept.device)
-    belief[..., 0] = 1.0
+    start = {"round": {0: 1.0}, "prefill": {k: 1.0}, None: {0: 0.5, k: 0.5}}[first]
+    for slot, weight in start.items():
+        belief[..., slot] = weight
     log_lr = torch.zeros(n, c, g, dtype=torch.float64, device=belief.device)
     bonus_belief = torch.zeros(n, length, c, g, dtype=torch.float64, device=belief.device)
     for t in range(length):
@@ -273,6 +290,7 @@ class RoundsSample:
     moments: the filter itself always runs on every row)."""
 
     k: int
+    first: FirstToken | None = "round"  # where each row's first token comes from (`filter_rounds`)
     log_lr: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     tokens: int = 0
     power: RoundsPower = field(default_factory=RoundsPower)
@@ -290,7 +308,7 @@ class RoundsSample:
         """Add a chunk: p, q [n, L, V] float64 teacher-forced over `tokens` [n, L]; `generated` and
         `scored` [n, L] as `filter_rounds` reads them; `power_rows` [n] bool, the rows whose
         positions the power sums read (None: every row)."""
-        filtered = filter_rounds(round_parts(p, q, tokens), self.k, generated, scored)
+        filtered = filter_rounds(round_parts(p, q, tokens), self.k, generated, scored, self.first)
         self.log_lr += filtered.log_lr.sum(0).cpu()
         self.tokens += int(scored.sum())
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())

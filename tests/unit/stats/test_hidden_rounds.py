@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import TOP_P, top_p
 from losscheck.stats.hidden_rounds import (
     CLASSES,
@@ -30,9 +31,10 @@ def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
 
 
-def loop_law(P: torch.Tensor, Q: torch.Tensor, bug: str | None) -> dict[tuple[int, ...], float]:
+def loop_law(P: torch.Tensor, Q: torch.Tensor, bug: str | None, first: str = "round") -> dict[tuple[int, ...], float]:
     """The probability of every first-L output of the speculative loop with `bug` (None: correct),
-    by enumerating drafts, accept / reject outcomes and recovered and bonus tokens."""
+    by enumerating drafts, accept / reject outcomes and recovered and bonus tokens; `first`
+    "prefill": the first token is the prefill's sample of p, and the rounds start after it."""
     law: dict[tuple[int, ...], float] = {}
 
     def emit(out: tuple[int, ...], x: int) -> tuple[int, ...]:
@@ -70,7 +72,11 @@ def loop_law(P: torch.Tensor, Q: torch.Tensor, bug: str | None) -> dict[tuple[in
             if rejected > 0 and recovered[x] > 0:
                 round_(emit(out, x), prob * rejected * float(recovered[x]))
 
-    round_((), 1.0)
+    if first == "prefill":
+        for x in range(V):
+            round_((x,), float(P[V, x]))
+    else:
+        round_((), 1.0)
     return law
 
 
@@ -80,11 +86,11 @@ def forced(seqs: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
     return T[before]
 
 
-def filtered_law(P: torch.Tensor, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def filtered_law(P: torch.Tensor, Q: torch.Tensor, first: str | None = "round") -> tuple[torch.Tensor, torch.Tensor]:
     seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [V^L, L]
     p, q = forced(seqs, P), forced(seqs, Q)
     everywhere = torch.ones(seqs.shape, dtype=torch.bool)
-    out = filter_rounds(round_parts(p, q, seqs), K, everywhere, everywhere)
+    out = filter_rounds(round_parts(p, q, seqs), K, everywhere, everywhere, first)
     p_seq = p.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)  # [V^L]
     return seqs, p_seq[:, None, None] * out.log_lr.exp()  # [V^L, C, G]
 
@@ -112,6 +118,27 @@ def test_the_correct_loop_emits_p_and_every_member_s_law_is_the_loop_s_with_the_
         assert not torch.allclose(exact, p_seq, atol=1e-3), f"{cls.name} changes nothing on these tables"
         for g in range(len(MEMBERS)):  # every member's law is a probability law over the outputs
             assert abs(float(law[:, c, g].sum()) - 1) < 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_first_token_from_the_prefill_is_filtered_exactly_and_an_undeclared_one_as_the_mixture(seed):
+    """vLLM, llama.cpp and OpenVINO GenAI emit a row's first token from the prefill, then draft.
+    With `first="prefill"` every member's law is the loop's with that start, exactly; the rows
+    started at slot 0 (the default) are not that law; with `first=None` the filter's law is the
+    half-and-half mixture of the two starts."""
+    P, Q = tables(seed)
+    seqs, prefill = filtered_law(P, Q, "prefill")
+    _, at_slot_0 = filtered_law(P, Q, "round")
+    _, mixed = filtered_law(P, Q, None)
+    one = MEMBERS.index(1.0)
+    for c, cls in enumerate(CLASSES):
+        buggy = loop_law(P, Q, cls.name, first="prefill")
+        exact = torch.tensor([buggy.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
+        assert torch.allclose(prefill[:, c, one], exact, atol=1e-12), cls.name
+        assert not torch.allclose(at_slot_0[:, c, one], exact, atol=1e-4), cls.name
+    assert torch.allclose(mixed, (prefill + at_slot_0) / 2, atol=1e-12)
+    with pytest.raises(LosscheckError, match="first token comes from one of"):
+        filtered_law(P, Q, "slot1")
 
 
 def test_under_h0_the_likelihood_ratio_has_mean_one_and_rejects_within_alpha():
