@@ -82,6 +82,10 @@ def _main_sampled(cell: Cell, horizon: int) -> bool:
     return _sampled()(cell, horizon) and cell.target == "main"
 
 
+def _with_stop_ids(cell: Cell, horizon: int) -> bool:  # where ends inside a block can leak
+    return _sampled()(cell, horizon) and bool(cell.params.stop_ids)
+
+
 def _tempered(cell: Cell, horizon: int) -> bool:
     return _sampled()(cell, horizon) and cell.params.temperature != 1.0
 
@@ -532,7 +536,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "A round that accepts a stop id (or EOS) before its last emitted token commits the tokens after it, and the "
         "row runs on. Each leaked token is drawn from the target's law, so no token test sees it; the end check "
         "of every sampled cell does (nothing after an end token). Shows in the family-A cell with a stop id.",
-        lambda cell, horizon: _sampled()(cell, horizon) and bool(cell.params.stop_ids),
+        _with_stop_ids,
         None,
         "the bug changes where sequences end, not any token's law",
         ends=end_bugs.stop_checked_on_last_token,
@@ -544,7 +548,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "A row's last round, when it reaches the budget, commits up to the budget even past an EOS or stop id it "
         "accepted earlier in the block. Each leaked token is drawn from the target's law; the end check of every "
         "sampled cell sees it. Shows in the family-A cell with a stop id, where ends and budgets meet.",
-        lambda cell, horizon: _sampled()(cell, horizon) and bool(cell.params.stop_ids),
+        _with_stop_ids,
         None,
         "the bug changes where sequences end, not any token's law",
         ends=end_bugs.budget_checked_before_stop,
