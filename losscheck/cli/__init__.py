@@ -13,7 +13,19 @@ import os
 import sys
 
 import losscheck
-from losscheck.cli import bench, certify, compare, families, fixtures, merge, mutants, perf, report, verifier_tier
+from losscheck.cli import (
+    bench,
+    certify,
+    compare,
+    families,
+    fixtures,
+    merge,
+    mutants,
+    perf,
+    report,
+    selftest,
+    verifier_tier,
+)
 from losscheck.cli.certify import VERDICT_EXIT, certify_args, exit_status
 from losscheck.cli.command import (
     EXIT_FAIL,
@@ -59,6 +71,7 @@ COMMANDS: tuple[Command, ...] = (
     compare.COMMAND,
     merge.COMMAND,
     verifier_tier.COMMAND,
+    selftest.COMMAND,
     fixtures.COMMAND,
 )
 

@@ -27,6 +27,7 @@ MINIMAL_ARGV = {
     "compare": ["reports/a", "reports/b"],
     "merge": ["reports/a", "reports/b"],
     "verifier-tier": [],
+    "selftest": ["gpu"],
     "fixtures": [],
 }
 BENCH_MODES = ("loop", "cells", "near-ties", "rollback", "pit-memory")
