@@ -10,7 +10,9 @@ speculative_config=JSON, KEY=VALUE…)`, as `vllm serve` takes them (except
 (docs/openvino.md); `--engine llamacpp --assistant DIR [--engine-arg n_draft=N]` is
 llama-cpp-python's `Llama` with DIR as a greedy `LlamaDraftModel` (docs/llamacpp.md); `--engine
 openai --engine-arg base_url=URL --engine-arg plain_base_url=URL --engine-arg k=N` is any running
-OpenAI-compatible completions server, drafting on and off (docs/openai.md). Anything
+OpenAI-compatible completions server, drafting on and off (docs/openai.md); `--engine sglang
+--speculative-config JSON` is `sglang.Engine(model_path=TARGET, **JSON)`, JSON SGLang's own
+speculative arguments (docs/sglang.md). Anything
 else names a factory by import path (`pkg.mod:factory`).
 
 Each adapter module registers itself (`losscheck.engines.registry`) when imported; importing this
@@ -32,6 +34,7 @@ SHIPPED = (
     "losscheck.engines.openvino",
     "losscheck.engines.llamacpp",
     "losscheck.engines.openai_api",
+    "losscheck.engines.sglang",
 )
 
 

@@ -71,7 +71,8 @@ def test_a_registered_adapter_is_listed_and_gets_its_typed_options(toy):
     from losscheck.run.options import Options
 
     assert ADAPTERS["toy"] is toy and len(ADAPTERS) > len(SHIPPED)
-    listed = "no shipped adapter of that name (hf, vllm, vllm+cpu-fixes, vllm-serve, openvino, llamacpp, openai, toy)"
+    shipped = "hf, vllm, vllm+cpu-fixes, vllm-serve, openvino, llamacpp, openai, sglang"
+    listed = f"no shipped adapter of that name ({shipped}, toy)"
     with pytest.raises(OptionError, match=re.escape(listed)):
         check_engine_options(Options(engine="no_such_engine"))
     check_engine_options(Options(engine="toy", engine_args=("rounds=2",)))  # checked by the generic parser
@@ -303,4 +304,6 @@ def test_listing_and_checking_the_adapters_imports_no_engine_library_nor_torch()
         "print(list(ADAPTERS), [m for m in heavy if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['hf', 'vllm', 'vllm+cpu-fixes', 'vllm-serve', 'openvino', 'llamacpp', 'openai'] []"
+    assert (
+        out.strip() == "['hf', 'vllm', 'vllm+cpu-fixes', 'vllm-serve', 'openvino', 'llamacpp', 'openai', 'sglang'] []"
+    )
