@@ -155,7 +155,8 @@ def steps(pair: Pair, device: str, precision: str, out: Path, seed: int) -> list
         Step(
             "vllm-engine",
             ("certify", *common, "--engine", vllm, "--speculative-config", speculative, "--scope", ENGINE_SCOPE)
-            + ("--engine-arg", "losscheck_instances=one-at-a-time", "--out", str(out / "vllm-engine"), "-n", "0")
+            + ("--engine-arg", "losscheck_instances=one-at-a-time", "--engine-arg", "skip_tokenizer_init=true")
+            + ("--out", str(out / "vllm-engine"), "-n", "0")
             + cells("engine"),
             needs="vllm",
             certifies=True,
