@@ -130,9 +130,9 @@ def request(
 
 
 def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams) -> Generation:
-    """EOS-padded engine rows `tokens` [N, L] as a `Generation` (no loop counters: a black box
-    reports none)."""
-    return Generation(tokens, lengths(tokens, eos), LoopStats.empty(k), params)
+    """EOS-padded engine rows `tokens` [N, L] as a `Generation`, each ending at its first EOS or stop
+    id of `params` (no loop counters: a black box reports none)."""
+    return Generation(tokens, lengths(tokens, eos, params.stop_ids), LoopStats.empty(k), params)
 
 
 def _facts(ctx: CellContext, facts: SampleFacts) -> SampleFacts:

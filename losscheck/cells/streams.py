@@ -128,7 +128,7 @@ def _stream_values(
 
     eos = target.eos_id if target.eos_id is not None else -1
     n, horizon = tokens.shape
-    generated = torch.arange(horizon)[None, :] < lengths(tokens, eos)[:, None]  # [N, L]
+    generated = torch.arange(horizon)[None, :] < lengths(tokens, eos, params.stop_ids)[:, None]  # [N, L]
     forced = teacher_forced_probs(target, [list(prompt)] * n, tokens.to(target.device), params, tolerance)
     p = forced.probs.double().cpu()  # [N, L, V]
     tested = generated & ~forced.left_out.cpu()  # [N, L]

@@ -295,7 +295,8 @@ def checked_samples(
     engine: BlackBoxEngine, out: object, request: GenerationRequest, vocab_size: int, eos: int
 ) -> torch.Tensor:
     """The engine's `out` for `request` as LongTensor [P, n, max_new_tokens] on the CPU, validated:
-    shape, integer dtype, ids in [0, vocab_size), nothing but EOS after a row's first EOS."""
+    shape, integer dtype, ids in [0, vocab_size), nothing but EOS after a row's first end (EOS, or
+    one of the request's stop ids, which the row keeps as its last token)."""
     import torch
 
     name = f"engine {engine.name!r}"
@@ -318,11 +319,11 @@ def checked_samples(
             f"{name}: generate returned ids in [{int(out.min())}, {int(out.max())}], outside "
             f"the target's vocabulary [0, {vocab_size})"
         )
-    is_eos = (out == eos).long()  # [P, n, L]
-    if ((is_eos.cumsum(-1) - is_eos > 0) & (out != eos)).any():  # an EOS strictly before a non-EOS
-        raise EngineOutputError(
-            f"{name}: a row has ids other than EOS ({eos}) after its first EOS; pad finished rows with EOS"
-        )
+    stops = request.params.stop_ids
+    ended = _ends(out, eos, stops).long()  # [P, n, L]
+    if ((ended.cumsum(-1) - ended > 0) & (out != eos)).any():  # an end strictly before a non-EOS
+        where = f"its first EOS ({eos})" if not [i for i in stops if i != eos] else f"its first EOS ({eos}) or stop id"
+        raise EngineOutputError(f"{name}: a row has ids other than EOS after {where}; pad finished rows with EOS")
     return out
 
 
@@ -346,9 +347,17 @@ def checked_logprobs(engine: object, out: object, request: GenerationRequest) ->
     return out.double().cpu()
 
 
-def lengths(tokens: torch.Tensor, eos: int) -> torch.Tensor:
-    """Generated tokens per row of EOS-padded `tokens` [..., L] (its first EOS included) → [...]."""
+def lengths(tokens: torch.Tensor, eos: int, stops: Sequence[int] = ()) -> torch.Tensor:
+    """Generated tokens per row of EOS-padded `tokens` [..., L] → [...]: up to its first end, EOS
+    or one of the request's stop ids `stops` (the end included, as the engine emitted it)."""
     import torch
 
-    is_eos = tokens == eos  # [..., L]
-    return torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, tokens.shape[-1])
+    ends = _ends(tokens, eos, stops)  # [..., L]
+    return torch.where(ends.any(-1), ends.long().argmax(-1) + 1, tokens.shape[-1])
+
+
+def _ends(tokens: torch.Tensor, eos: int, stops: Sequence[int]) -> torch.Tensor:
+    """Where `tokens` [..., L] hold EOS or a stop id → bool [..., L]."""
+    import torch
+
+    return torch.isin(tokens, torch.tensor([eos, *stops], dtype=tokens.dtype, device=tokens.device))

@@ -70,8 +70,9 @@ def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None 
     passed to transformers' own processor, every other knob neutral explicitly: temperature, top-k
     (0 = off in both), top-p, min-p, `repetition_penalty` (over prompt and output, as vLLM's),
     `sequence_bias` {(id,): bias} for the logit bias, `bad_words_ids` [[id]] for the banned ids,
-    `min_new_tokens` (EOS masked until then). Presence and frequency penalties, min-p with top-k
-    or top-p, and stop ids other than `eos` raise `UnsupportedParameter` naming the parameter.
+    `min_new_tokens` (EOS and the stop ids masked until then; the stop ids join EOS in
+    `eos_token_id`, `HFAssistedEngine.generation_config`). Presence and frequency penalties and
+    min-p with top-k or top-p raise `UnsupportedParameter` naming the parameter.
 
     Assisted generation processes the target's logits of every candidate position with that
     position's prefix (transformers 5.24 `generation/utils.py`, `_assisted_decoding`), and hands
@@ -81,7 +82,7 @@ def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None 
     distribution q is processed as the target's p is."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
-    refuse(params, engine, HF_UNSUPPORTED, eos)
+    refuse(params, engine, HF_UNSUPPORTED, eos, stops=True)
     if params.min_p and (params.top_k or params.top_p < 1) and not params.greedy:
         raise UnsupportedParameter(f"engine {engine!r} cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
     sampling: dict[str, Any] = (
@@ -137,7 +138,7 @@ class HFAssistedEngine:
         assistant.assistant_confidence_threshold = 0.0
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
-            eos_token_id=self.eos,
+            eos_token_id=self.ends(params),
             pad_token_id=self.eos,
             num_assistant_tokens=self.k,
             num_assistant_tokens_schedule="constant",
@@ -145,6 +146,12 @@ class HFAssistedEngine:
             assistant_ensemble_weight=self.ensemble_weight,
             **sampling_config(params, self.name, self.eos),
         )
+
+    def ends(self, params: SamplingParams) -> int | list[int]:
+        """transformers' `eos_token_id`: EOS, and the request's stop ids beside it (each ends a row
+        and is kept, the row padded with EOS after it)."""
+        stops = [i for i in params.stop_ids if i != self.eos]
+        return [self.eos, *stops] if stops else self.eos
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
         return self._generate(request, logprobs=False)[0]
@@ -189,7 +196,8 @@ class HFAssistedEngine:
                         chosen = scores.gather(-1, new[..., None]).squeeze(-1)  # [rows, generated]
                         reported[i, start : start + rows, : new.shape[1]] = chosen
         if reported is not None:  # nothing after a row's end
-            generated = torch.arange(request.max_new_tokens) < lengths(out, self.eos)[..., None]  # [P, n, L]
+            ends = lengths(out, self.eos, request.params.stop_ids)[..., None]
+            generated = torch.arange(request.max_new_tokens) < ends  # [P, n, L]
             reported = torch.where(generated, reported, 0.0)
         return out, reported
 

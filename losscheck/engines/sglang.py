@@ -57,12 +57,12 @@ ALGORITHM, DRAFT, STEPS, TOPK, DRAFT_TOKENS = (
 
 def sampling_params(params: SamplingParams, seed: int, max_new_tokens: int, eos: int) -> dict[str, Any]:
     """losscheck's request as one SGLang `sampling_params` dict. Every knob is sent, neutral ones
-    too, so that no generation-config default of the model's can creep in; EOS is a stop id (the
-    engine runs without a tokenizer); what SGLang cannot serve here is refused by name
+    too, so that no generation-config default of the model's can creep in; EOS and the request's
+    stop ids are the stop ids (the engine runs without a tokenizer); what SGLang cannot serve here is refused by name
     (`SGLANG_UNSUPPORTED`)."""
     from losscheck.engines.served import refuse
 
-    refuse(params, "sglang", SGLANG_UNSUPPORTED, eos)
+    refuse(params, "sglang", SGLANG_UNSUPPORTED, eos, stops=True)
     return {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": params.min_tokens,
@@ -73,7 +73,7 @@ def sampling_params(params: SamplingParams, seed: int, max_new_tokens: int, eos:
         "repetition_penalty": params.repetition_penalty,
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
-        "stop_token_ids": [eos],
+        "stop_token_ids": list(dict.fromkeys([eos, *params.stop_ids])),  # each ends its row, kept
         "ignore_eos": False,
         "sampling_seed": seed,
     }

@@ -64,10 +64,11 @@ def sampling_kwargs(
     target's logits at every position, drafts included (`RejectionSampler.apply_logits_processors`),
     where a -inf logit bias would be refused (vLLM takes finite biases and, with speculation on, no
     bias at all) and `bad_words` needs a tokenizer. Min tokens names EOS as a stop id: vLLM built
-    without a tokenizer knows no EOS, and its min-tokens processor masks the stop ids."""
+    without a tokenizer knows no EOS, and its min-tokens processor masks the stop ids. The
+    request's stop ids join EOS in `stop_token_ids`: vLLM ends the row at one and keeps it."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
-    refuse(params, "vllm", {}, eos)
+    refuse(params, "vllm", {}, eos, stops=True)
     if vocab is not None:
         params.check_vocab(vocab, "the engine's target")
     allowed = None
@@ -76,7 +77,10 @@ def sampling_kwargs(
             raise UnsupportedParameter("engine 'vllm' cannot serve banned_ids without the target's vocabulary size")
         banned = set(params.banned_ids)
         allowed = [i for i in range(vocab) if i not in banned]
-    stops = [eos] if params.min_tokens and eos is not None else None
+    # EOS and the stop ids end a row (kept as its last token); min tokens masks every one of them
+    stops = list(dict.fromkeys([*([eos] if eos is not None else []), *params.stop_ids])) or None
+    if not (params.min_tokens or [i for i in params.stop_ids if i != eos]):
+        stops = None  # EOS ends a row anyway
     structured = None
     if params.grammar is not None:  # vLLM's structured outputs (its xgrammar backend by default)
         from vllm.sampling_params import StructuredOutputsParams
@@ -116,10 +120,13 @@ def refused(exc: BaseException) -> bool:
     return isinstance(exc, VLLMValidationError)
 
 
-def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str) -> torch.Tensor:
+def to_tensor(
+    outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str, stops: Sequence[int] = ()
+) -> torch.Tensor:
     """`RequestOutput`s of `n_prompts` x `n` requests (prompt-major) → LongTensor [n_prompts, n, max_new_tokens],
-    EOS-padded. A row that stops early on anything but EOS (a stop id of the model's generation
-    config) is an error: losscheck cannot tell what the model would have emitted next. A row that
+    EOS-padded. A row that stops early on anything but EOS or one of the request's stop ids `stops`
+    (which vLLM keeps as its last token) is an error (a stop id of the model's generation config):
+    losscheck cannot tell what the model would have emitted next. A row that
     goes on after EOS (vLLM built without a tokenizer does not know the EOS id) is cut after its
     first EOS: what a row holds up to its EOS has the same law either way."""
     import torch
@@ -131,7 +138,7 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
         ids = list(request.outputs[0].token_ids)[:max_new_tokens]
         if eos in ids:
             ids = ids[: ids.index(eos) + 1]
-        if len(ids) < max_new_tokens and (not ids or ids[-1] != eos):
+        if len(ids) < max_new_tokens and (not ids or (ids[-1] != eos and ids[-1] not in stops)):
             raise EngineOutputError(
                 f"engine {name!r}: request {row} stopped after {len(ids)} of {max_new_tokens} tokens on "
                 f"{ids[-1] if ids else 'nothing'}, not on EOS {eos}; give the model a single EOS id "
@@ -141,7 +148,9 @@ def to_tensor(outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: in
     return out.view(n_prompts, n, max_new_tokens)
 
 
-def to_logprobs(outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: str) -> torch.Tensor:
+def to_logprobs(
+    outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: str, stops: Sequence[int] = ()
+) -> torch.Tensor:
     """The sampled tokens' logprobs of `RequestOutput`s (requests made with `logprobs=0`) for their
     ids `tokens` [P, n, L] (`to_tensor`'s) → float64 [P, n, L], 0 after a row's end."""
     import torch
@@ -150,7 +159,7 @@ def to_logprobs(outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: st
 
     flat = tokens.flatten(0, 1)  # [P*n, L]
     out = torch.zeros(flat.shape, dtype=torch.float64)
-    for row, (request, length) in enumerate(zip(outputs, lengths(flat, eos).tolist(), strict=True)):
+    for row, (request, length) in enumerate(zip(outputs, lengths(flat, eos, stops).tolist(), strict=True)):
         reported = request.outputs[0].logprobs
         if reported is None or len(reported) < length:
             raise EngineOutputError(
@@ -208,14 +217,14 @@ class VLLMEngine:
         return self.llms
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
-        return to_tensor(self._outputs(request, False), *request.shape, self.eos, self.name)
+        return to_tensor(self._outputs(request, False), *request.shape, self.eos, self.name, request.params.stop_ids)
 
     def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate`'s ids and the logprob vLLM reports for each (`logprobs_mode` processed: the
         law after the request's processing, the one `generate` samples from)."""
         outputs = self._outputs(request, True)
-        tokens = to_tensor(outputs, *request.shape, self.eos, self.name)
-        return tokens, to_logprobs(outputs, tokens, self.eos, self.name)
+        tokens = to_tensor(outputs, *request.shape, self.eos, self.name, request.params.stop_ids)
+        return tokens, to_logprobs(outputs, tokens, self.eos, self.name, request.params.stop_ids)
 
     def _outputs(self, request: GenerationRequest, logprobs: bool) -> list[Any]:
         """vLLM's `RequestOutput`s of `request`'s rows, prompt-major."""

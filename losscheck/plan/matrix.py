@@ -57,10 +57,11 @@ SAMPLING_VARIANTS = (
 # ids must act on whichever target the engine runs, the bundled 64-token one (vLLM's CPU build) or
 # the text target (Hugging Face): at T = 1 after the bundled prompts, id 5 is 1.9% of the 64-token
 # target's tokens and 1.6% of the text target's ("#"), the id most frequent in both; id 16 is
-# 0.8% and 2.1% ("."), which a +2 bias raises about sevenfold. Min tokens ends on EOS only (0.8%
-# and 3.0% of their tokens): the black-box path ends a row at EOS (`losscheck.engines.lengths`), so
-# stop ids stay with losscheck's own loop.
-BIASED_ID, BANNED_ID = 16, 5
+# 0.8% and 2.1% ("."), which a +2 bias raises about sevenfold. Min tokens ends on EOS (0.8% and
+# 3.0% of their tokens); the stop id is the most frequent id, 5, so that about a quarter of the
+# 16-token rows stop there, most of them inside an accepted block (`losscheck.engines.lengths`
+# ends a row at its first EOS or stop id).
+BIASED_ID, BANNED_ID, STOP_ID = 16, 5, 5
 SERVED_VARIANTS = (
     SamplingParams(repetition_penalty=1.5),
     SamplingParams(presence_penalty=1.0),
@@ -69,6 +70,7 @@ SERVED_VARIANTS = (
     SamplingParams(logit_bias=((BIASED_ID, 2.0),)),
     SamplingParams(banned_ids=(BANNED_ID,)),
     SamplingParams(min_tokens=8),
+    SamplingParams(stop_ids=(STOP_ID,)),
 )
 
 # The small target has 8 tokens: top-k / top-p values that actually cut its distributions.

@@ -59,8 +59,8 @@ class Engine:
         from losscheck.core.sampling import SamplingParams, derive_seed
 
         sp = sps[0]
-        if sp["stop_token_ids"] != [self.eos] or sp["ignore_eos"]:
-            raise ValueError(f"the fake stops at EOS {self.eos} alone: {sp}")
+        if sp["stop_token_ids"][0] != self.eos or sp["ignore_eos"]:
+            raise ValueError(f"the fake stops at EOS {self.eos} first: {sp}")
         params = SamplingParams(
             temperature=sp["temperature"],
             top_k=max(sp["top_k"], 0),
@@ -70,6 +70,7 @@ class Engine:
             presence_penalty=sp["presence_penalty"],
             frequency_penalty=sp["frequency_penalty"],
             min_tokens=sp["min_new_tokens"],
+            stop_ids=tuple(sp["stop_token_ids"][1:]),
         )
         seed = derive_seed(0, "fake-sglang", *(int(s["sampling_seed"]) for s in sps))
         generator = torch.Generator(device=self.loop.target.device).manual_seed(seed)

@@ -388,7 +388,7 @@ def test_vllm_cpu_seeded_requests_after_a_partial_prefill_chunk():
 # The quick run: the repetition penalty (the one that reads the prompt too), the ban, min tokens and
 # the two refusals; the presence and frequency penalties take vLLM's same penalty path and run in
 # the slow tier (`tox -e vllm -- -m vllm`), ~20 s a cell on the 2 cores.
-SERVED_CELLS = "test_engine_sampling and (rep1.5 or minp0.1 or bias16 or ban5 or min8)"
+SERVED_CELLS = "test_engine_sampling and (rep1.5 or minp0.1 or bias16 or ban5 or min8 or stop5)"
 SERVED_SLOW_CELLS = "test_engine_sampling and (pres1 or freq0.5)"
 REFUSED_WITH_SPECULATION = (
     "vLLM 0.32 refuses min-p and a logit bias with speculation on (vllm/sampling_params.py:1190, "
@@ -398,16 +398,18 @@ REFUSED_WITH_SPECULATION = (
 
 def test_vllm_serves_the_history_parameters(pytester):
     """The draft-model engine with the CPU fixes and `--losscheck-scope=+served`: the repetition
-    penalty 1.5 and banned id 5 (`allowed_token_ids`) each PASS one-sample; min tokens 8 (EOS a
-    stop id) FAILs on its reported logprobs (`test_vllm_bonus_token_at_the_min_tokens_edge_as_shipped`);
-    min-p 0.1 and the logit bias +2 on id 16 are not run, with vLLM's refusal as the reason.
+    penalty 1.5, banned id 5 (`allowed_token_ids`) and stop id 5 (`stop_token_ids`, kept as the
+    row's last token) each PASS one-sample; min tokens 8 (EOS a stop id) FAILs on its reported
+    logprobs (`test_vllm_bonus_token_at_the_min_tokens_edge_as_shipped`); min-p 0.1 and the logit
+    bias +2 on id 16 are not run, with vLLM's refusal as the reason.
     Findings, asserted: a vLLM that serves them with speculation, or fixes the bonus token's
     min-tokens mask, turns this red."""
     result = support.certify_engine(
         pytester, "losscheck.engines.vllm:cpu_draft_model_fixed", SERVED_CELLS, "-rA", "--losscheck-scope=+served"
     )
-    result.assert_outcomes(passed=2, failed=1, skipped=2)
+    result.assert_outcomes(passed=3, failed=1, skipped=2)
     assert any("min8" in line and "FAIL" in line for line in result.outlines)
+    assert any("engine-k4-T1-stop5" in line and "PASS" in line for line in result.outlines)
     assert any(line.lstrip("E ").startswith("logprobs: ") for line in result.outlines)
     refused = [line for line in result.outlines if line.startswith("SKIPPED") and "vLLM refuses the request" in line]
     assert len(refused) == 2 and all("not yet supported with speculative decoding" in r for r in refused), (

@@ -54,7 +54,6 @@ def test_a_transformers_generation_config_takes_them():
         (SamplingParams(presence_penalty=1.0), "presence_penalty=1.0: transformers has no presence penalty"),
         (SamplingParams(frequency_penalty=0.5), "frequency_penalty=0.5: transformers has no frequency penalty"),
         (SamplingParams(min_p=0.1, top_k=8), "min_p=0.1 here: transformers applies min-p after top-k"),
-        (SamplingParams(stop_ids=(9,)), r"stop_ids=\[9\]: the black-box path ends a row at EOS only"),
     ],
 )
 def test_hugging_face_refuses_what_it_cannot_serve_by_name(params, refusal):
@@ -83,7 +82,7 @@ def test_served_engine_cells_come_with_plus_served_only():
     added, _ = engine_cells(engine, served=True)  # type: ignore[arg-type]
     assert [c.params for c in added] == [c.params for c in plain] + list(SERVED_VARIANTS)
     assert {c.id for c in added} - {c.id for c in plain} == {
-        f"engine-k4-T1-{p}" for p in ("rep1.5", "pres1", "freq0.5", "minp0.1", "bias16+2", "ban5", "min8")
+        f"engine-k4-T1-{p}" for p in ("rep1.5", "pres1", "freq0.5", "minp0.1", "bias16+2", "ban5", "min8", "stop5")
     }
     scope = parse_scope("+served,-k")
     assert scope.extras == {"served"} and scope.out == ("k",) and not scope.whole

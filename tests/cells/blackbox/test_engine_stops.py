@@ -1,0 +1,46 @@
+"""Stop ids through the black-box path: a row ends at its first EOS or stop id, keeps it and is
+padded with EOS after it (`losscheck.engines.lengths`); the engines that pass stop ids on (Hugging
+Face assisted generation, losscheck's loop; vLLM in tests/engines) stop there, and a row that goes on
+past a stop id is malformed output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from losscheck.core.sampling import SamplingParams
+from losscheck.engines import EngineOutputError, checked_samples, lengths
+from tests.support import engine_request as request
+
+EOS, V, STOP = 1, 64, 5  # the bundled target's EOS and vocabulary; 5 its most frequent id at T = 1
+PROMPTS = [[2, 7, 9], [11, 3]]
+
+
+def test_lengths_end_at_the_first_eos_or_stop_id():
+    rows = torch.tensor([[4, 5, 1, 1], [4, 6, 7, 8], [1, 1, 1, 1], [5, 1, 1, 1]])
+    assert lengths(rows, EOS, (STOP,)).tolist() == [2, 4, 1, 1]
+    assert lengths(rows, EOS).tolist() == [3, 4, 1, 2]  # without the stop id: EOS alone
+
+
+def test_a_row_that_goes_on_after_its_stop_id_is_malformed():
+    engine = type("E", (), {"name": "leaky"})()
+    asked = request([[0]], 1, SamplingParams(stop_ids=(STOP,)), 0, 4, True)
+    good = torch.tensor([[[4, STOP, EOS, EOS]]])
+    assert torch.equal(checked_samples(engine, good, asked, V, EOS), good)  # type: ignore[arg-type]
+    with pytest.raises(EngineOutputError, match=r"ids other than EOS after its first EOS \(1\) or stop id"):
+        checked_samples(engine, torch.tensor([[[4, STOP, 9, EOS]]]), asked, V, EOS)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["hf", "spec_loop"])
+@pytest.mark.parametrize("speculative", [True, False], ids=["on", "off"])
+def test_the_engines_that_take_stop_ids_end_rows_there(target, name, speculative):
+    from losscheck.engines.hf import hf_assisted
+    from losscheck.engines.spec_loop import spec_loop
+
+    engine = {"hf": hf_assisted, "spec_loop": spec_loop}[name](target)
+    asked = request(PROMPTS, 24, SamplingParams(stop_ids=(STOP,)), 3, 16, speculative)
+    out = checked_samples(engine, engine.generate(asked), asked, V, EOS).flatten(0, 1)  # [48, 16]: no id after an end
+    ends = lengths(out, EOS, (STOP,))
+    last = out.gather(1, (ends - 1)[:, None]).squeeze(1)
+    stopped = last == STOP
+    assert stopped.sum() >= 5, f"only {int(stopped.sum())} of 48 rows stopped at {STOP}"  # ~26% expected
