@@ -1,7 +1,7 @@
 """`--engine sglang` through the shipped certification tests (pytester, in a subprocess) against the
 self-test package's stand-in with SGLang's offline surface (`losscheck.selftest.fake_sglang`; no
 build of SGLang runs on a CPU here): greedy and one-sample T = 1 pass, the per-request counters
-reach the certificate; bad options are one line each (the adapter's mapping: the unit tests)."""
+reach the certificate (the adapter's mapping and its option errors: the unit tests)."""
 
 from __future__ import annotations
 
@@ -51,12 +51,3 @@ def test_the_sglang_adapter_certifies_greedy_and_t1_with_the_requests_counters(p
     for c in counted:  # every round drafts k = 4 and emits what it accepted and one more, or fewer at a row's end
         assert c["drafted"] == 4 * c["drafts"] and 0 < c["accepted"] <= c["drafted"]
         assert c["accepted"] < c["emitted"] <= c["accepted"] + c["drafts"]
-
-
-def test_sglang_without_its_speculative_config_or_with_a_bad_block_is_one_usage_error(pytester):
-    missing = run_shipped(pytester, "--losscheck-engine=sglang", f"--losscheck-engine-arg={FAKE}", "--co")
-    assert missing.ret == 4  # pytest's usage error
-    assert "--losscheck-engine=sglang needs --losscheck-speculative-config=JSON of SGLang's" in missing.stderr.str()
-    bad = json.dumps({"speculative_algorithm": "STANDALONE", "speculative_num_steps": 0})
-    zero = run_shipped(pytester, "--losscheck-engine=sglang", f"--losscheck-speculative-config={bad}", "--co")
-    assert "speculative_num_steps must be an int >= 1, got 0" in zero.stderr.str()

@@ -55,6 +55,23 @@ def test_a_speculative_config_without_an_algorithm_or_a_block_is_refused(config,
     assert block_length({"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3}) == 3
 
 
+def test_the_command_line_without_a_speculative_config_or_with_an_assistant_is_one_usage_error():
+    from losscheck.run.loading import check_engine_options
+    from losscheck.run.options import Options
+
+    with pytest.raises(
+        OptionError, match="--losscheck-engine=sglang needs --losscheck-speculative-config=JSON of SGLang"
+    ):
+        check_engine_options(Options(engine="sglang"))
+    config = '{"speculative_algorithm": "STANDALONE", "speculative_num_steps": 0}'
+    with pytest.raises(OptionError, match="speculative_num_steps must be an int >= 1, got 0"):
+        check_engine_options(Options(engine="sglang", speculative_config=config))
+    good = '{"speculative_algorithm": "NGRAM", "speculative_num_steps": 4}'
+    with pytest.raises(OptionError, match="--losscheck-assistant is Hugging Face's"):
+        check_engine_options(Options(engine="sglang", speculative_config=good, assistant="d"))
+    check_engine_options(Options(engine="sglang", speculative_config=good))  # accepted
+
+
 class Stub:
     """SGLang's surface answering fixed rows; `meta` the speculative side's meta_info per request."""
 
