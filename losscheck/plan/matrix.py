@@ -59,7 +59,7 @@ SAMPLING_VARIANTS = (
 # target's tokens and 1.6% of the text target's ("#"), the id most frequent in both; id 16 is
 # 0.8% and 2.1% ("."), which a +2 bias raises about sevenfold. Min tokens ends on EOS (0.8% and
 # 3.0% of their tokens); the stop id is the most frequent id, 5, so that about a quarter of the
-# 16-token rows stop there, most of them inside an accepted block (`losscheck.engines.lengths`
+# 16-token rows stop there, often inside an accepted block (`losscheck.engines.lengths`
 # ends a row at its first EOS or stop id).
 BIASED_ID, BANNED_ID, STOP_ID = 16, 5, 5
 SERVED_VARIANTS = (

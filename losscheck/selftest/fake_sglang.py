@@ -9,16 +9,13 @@ sampling_params=[...])` answers SGLang's shape, one dict per request: `output_id
 where the row stopped) and `meta_info` with `completion_tokens` and, speculating, the request's
 `spec_verify_ct`, `spec_num_proposed_drafts` and `spec_num_correct_drafts`. Requests of equal
 sampling parameters are one batch of the loop, drawn from one generator seeded by their
-`sampling_seed`s together (the same requests, the same answer). `CALLS` records every
-constructor's keyword arguments.
+`sampling_seed`s together (the same requests, the same answer).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
-
-CALLS: list[dict[str, Any]] = []  # each Engine's keyword arguments, in order
 
 
 class Engine:
@@ -27,7 +24,6 @@ class Engine:
         from losscheck.core.target import HFTarget
         from losscheck.drafters.autoregressive import from_path
 
-        CALLS.append({"model_path": model_path, **kwargs})
         if kwargs.get("skip_tokenizer_init") is not True:
             raise ValueError("the fake answers output_ids only: build it with skip_tokenizer_init=True")
         precision = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[kwargs.get("dtype", "float32")]
