@@ -180,7 +180,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     profile's `engine_pilot_sequences`), never tested, says what each class the cell can judge
     needs — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`) and, with the
     draft model, the verifier's (`hidden_rounds.CLASSES`) — within the profile's cap
-    (`_design`); the tested sample's own p and q confirm it (`require_coverage`). The pooled
+    (`_design`); the tested sample's own p and q confirm it (`confirmed_coverage`). The pooled
     tests report the TV they detect; only a profile's `pooled_tv` sizes the cell for one.
 
     Attribution (`losscheck.cells.attribution`): only when this first stage rejects, fresh rows
@@ -191,7 +191,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     Rounds: the pilot; the sample; the attribution's two sides only after a rejection. The
     reference target is read only between and after them."""
     from losscheck.cells.engine_rounds import RoundsScoring, not_judged
-    from losscheck.cells.sampled import require_coverage
+    from losscheck.cells.sampled import confirmed_coverage
     from losscheck.cells.scoring import PitScores
     from losscheck.stats.bugclass import PowerAccumulator
     from losscheck.stats.buglaws import TARGET_SIDE
@@ -201,7 +201,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     prompts = ctx.all_prompts()
     drafter = _drafter(ctx)
     families = (registry.PIT, registry.CONDITIONAL) + ((registry.ROUNDS,) if drafter is not None else ())
-    budget = registry.split(ctx.alpha, *families, missing=NO_SLOTS)
+    missing = _missing(drafter)
+    budget = registry.split(ctx.alpha, *families, missing=missing)
     pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
     (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
     design = _design(ctx, prompts, pilot, budget.per_test, drafter)
@@ -223,9 +224,10 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
     coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.read_by_every_test)
     if rounds is not None:
-        results += registry.run_family(registry.ROUNDS, rounds.sample, budget.share(registry.ROUNDS), profile.power)
+        alpha_rounds = budget.share(registry.ROUNDS)
+        results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
         coverage |= rounds_coverage(design, rounds.sample, budget.per_test, profile.power)
-    require_coverage(cell, coverage, profile.power)
+    coverage = confirmed_coverage(cell, coverage, profile.power)
     facts = dataclasses.replace(
         facts,
         sequences=len(rows),
@@ -293,6 +295,13 @@ def _attribute(
         )
     facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
     return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
+
+
+def _missing(drafter: DraftModel | None) -> frozenset[str]:
+    """The inputs a one-sample cell lacks: slots always; sampled drafts where the engine drafts its
+    draft model's argmax (a test that cannot reject spends no α)."""
+    greedy = drafter is not None and drafter.law == "greedy"
+    return NO_SLOTS | ({registry.SAMPLED_DRAFTS} if greedy else frozenset())
 
 
 def _first_token(engine: BlackBoxEngine) -> FirstToken | None:
@@ -558,7 +567,7 @@ def _proxy_confirmed(
     """The facts of a proxy-sized cell: each class's coverage from the tested plain rows `plain`
     [P, m, L] (the first rows of every prompt, up to `CONFIRM_TOKENS`), checked against the design."""
     from losscheck.cells.proxy_design import proxy_coverage, proxy_not_judged, proxy_sums
-    from losscheck.cells.sampled import require_coverage
+    from losscheck.cells.sampled import confirmed_coverage
 
     profile = ctx.profile
     per_prompt = plain.shape[1]
@@ -570,7 +579,7 @@ def _proxy_confirmed(
     coverage = proxy_coverage(
         design.classes, sums, tested, horizon, design.levels, profile.power, profile.two_sample_bins
     )
-    require_coverage(ctx.cell, coverage, profile.power)
+    coverage = confirmed_coverage(ctx.cell, coverage, profile.power)
     return dataclasses.replace(
         facts,
         pilot_sequences=design.pilot_sequences,

@@ -8,7 +8,7 @@ says what each target-side bug class (`buglaws.TARGET_SIDE`) would do to the tok
 position and to each row's surprisal, and so how many rows the per-position tests and the
 surprisal U test need to catch it (`losscheck.stats.two_sample_power`). A pilot of the
 engine's plain side (never tested) sizes the cell; the tested plain rows confirm it, as a
-one-sample cell's tested sample does (`require_coverage`). The figures are the proxy's: a
+one-sample cell's tested sample does (`confirmed_coverage`). The figures are the proxy's: a
 quantization that changed a class's effect much would move them, and the certificate says whose
 they are.
 """

@@ -197,6 +197,7 @@ class BugClassRecord:
     curve: dict[str, float | None] = field(default_factory=dict)  # power -> smallest ρ caught
     short: tuple[ShortRecord, ...] = ()
     ids: IdsRecord | None = None
+    withdrawn: str | None = None  # why the cell claims nothing of it: its tested sample fell short
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from losscheck.cells.sequential_design import SequentialDesign, shortfall
 from losscheck.core.generation import Generation
 from losscheck.core.history import History, adjust_logits
 from losscheck.core.sampling import SamplingParams, make_generator, process_logits
-from losscheck.errors import LosscheckError, UnderpoweredError, flag
+from losscheck.errors import LosscheckError, flag
 from losscheck.plan.cell import Cell
 from losscheck.plan.modes import Mode
 from losscheck.plan.profiles import min_horizon
@@ -44,7 +44,7 @@ def run_pit(ctx: CellContext) -> CellOutcome:
     by look towards the design and stops at the first look where the data rule out every class
     the design covers (`losscheck.stats.sequential`) and the tested sample's own p and q confirm
     that the design catches every class and member it promised at its power; at the last look,
-    the cell errors unless the tested sample confirms it."""
+    a class the tested sample does not confirm is withdrawn by name (`confirmed_coverage`)."""
     from losscheck.cells.conformance import conformance_rtol, recording
     from losscheck.cells.scoring import measure_power
 
@@ -73,7 +73,7 @@ def run_pit(ctx: CellContext) -> CellOutcome:
             results += recorder.tests(budget.share(registry.CONFORMANCE), profile.power, design.limit)
     with clock("design"):
         coverage = design.confirmed(stop, sample.power)
-    require_coverage(cell, coverage, profile.power)
+    coverage = confirmed_coverage(cell, coverage, profile.power)
     outcome = sampled_outcome(
         ctx,
         results,
@@ -134,23 +134,26 @@ class _TestedSample:
         self.gens.append(gen)
 
 
-def require_coverage(cell: Cell, coverage: dict[str, BugClassRecord], level: float) -> None:
-    """Error (never pass) when the tested sample, from its own p and q, does not keep what the
-    design promised: a covered class caught at `level`, and every member of a family an early
-    stop had to rule out caught at the power the design gave it — the pilot underestimated what
-    the cell needs."""
+def confirmed_coverage(cell: Cell, coverage: dict[str, BugClassRecord], level: float) -> dict[str, BugClassRecord]:
+    """`coverage` with every promise the tested sample does not keep withdrawn by name: a covered
+    class caught below `level`, or a member of a family an early stop had to rule out caught below
+    the power the design gave it (the pilot underestimated what the cell needs). Such a class is
+    NOT COVERED by this cell — no power is claimed for it — and the cell's verdict stays its
+    tests': a shortfall of power is not a finding about the engine, so it never fails a cell
+    (a FAIL outside the cell's α). The record says why and how to cover it."""
     short = shortfall(coverage, level)
-    if short:
-        listed = "; ".join(
-            f"{name}: {c.test} power {c.power:.3f} (needs {_tokens(c.tokens_needed)} tokens, "
-            f"the pilot said {_tokens(c.pilot_tokens_needed)})"
+    out = dict(coverage)
+    for name, c in short.items():
+        said = f"{c.test} power {c.power:.3f} (needs {_tokens(c.tokens_needed)} tokens, the pilot said " + (
+            f"{_tokens(c.pilot_tokens_needed)})"
             + "".join(f", at ρ = {m.rho:.3g} power {m.power:.3f} < {m.promised:g}" for m in c.short)
-            for name, c in short.items()
         )
-        raise UnderpoweredError(
-            f"cell {cell.id}: the tested sample does not reach the power its design promised against the bug "
-            f"classes it covers — {listed}. Raise {flag('profile')} to thorough or report this as a losscheck bug."
+        why = (
+            f"cell {cell.id}: the tested sample does not reach the power its design promised — {said}; "
+            f"raise {flag('profile')} to thorough to cover it"
         )
+        out[name] = dataclasses.replace(c, covered=False, withdrawn=why)
+    return out
 
 
 def _tokens(n: float | None) -> str:

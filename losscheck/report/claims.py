@@ -79,8 +79,11 @@ def coverage(records: Sequence[CellRecord], level: float) -> dict[str, BugClassC
             best = claim.best
             if best is None or c.power > best.power:
                 best = BestCell(r.cell, c.power, c.test, c.tokens_needed)
-            caught = (*claim.caught_by, r.cell) if c.power >= level else claim.caught_by
-            out[name] = dataclasses.replace(claim, caught_by=caught, best=best, curve=curve, ruled_out=ruled)
+            caught = (*claim.caught_by, r.cell) if c.power >= level and c.withdrawn is None else claim.caught_by
+            withdrawn = (*claim.withdrawn_in, r.cell) if c.withdrawn is not None else claim.withdrawn_in
+            out[name] = dataclasses.replace(
+                claim, caught_by=caught, best=best, curve=curve, ruled_out=ruled, withdrawn_in=withdrawn
+            )
     return out
 
 
@@ -165,6 +168,11 @@ def lines(cert: Certificate) -> list[str]:
                 where += (
                     f"; {stops.early_stops} early stops ruled out its mixtures from ρ = 1 down to "
                     f"ρ ≤ {stops.down_to:.3g} (each at β ≤ {stops.beta:.3g})"
+                )
+            if c.withdrawn_in:
+                where += (
+                    f"; NOT COVERED in {', '.join(c.withdrawn_in)} (the tested sample fell short of the power "
+                    "its design promised: no claim there, no failure either)"
                 )
             out.append(f"  - `{name}`: {where}")
         engine_cells = [r for r in cert.cells if r.sample.mode == "one-sample"]

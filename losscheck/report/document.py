@@ -168,12 +168,14 @@ class RuledOut:
 @dataclass(frozen=True)
 class BugClassClaim:
     """What the run claims of one bug class: the cells that catch its catalogue point at the
-    profile's power, the best of them, its power curve and the early stops that ruled it out."""
+    profile's power, the best of them, its power curve, the early stops that ruled it out, and the
+    cells whose tested sample fell short of their design's promise for it (no claim there)."""
 
     caught_by: tuple[str, ...] = ()
     best: BestCell | None = None
     curve: dict[str, CurvePoint] = field(default_factory=dict)  # power -> smallest ρ and its cell
     ruled_out: RuledOut | None = None
+    withdrawn_in: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

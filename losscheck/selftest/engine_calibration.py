@@ -5,7 +5,9 @@ The engine is losscheck's own loop behind the black-box interface (`losscheck.en
 the bundled target, family A's drafter at k = 4, its draft model given), so it is lossless by
 construction and its reference is exact. N cells cycle over the engine's five sampled cells, each
 with its own run seed (S, S + 1, ...), at the cell α `A`. Counted: first-stage rejections (any
-test of the cell at or below its level), FAILs (both stages rejected) and second-stage findings.
+test of the cell at or below its level), FAILs (both stages rejected), second-stage findings,
+cells that withdrew a class their tested sample fell short of (never a failure), and errors,
+which count as outcomes: an error is a failure outside α.
 Each count must lie within the binomial bound: at most the (1 - 1e-3) quantile of Binomial(N, A)
 — a count above it has probability below 1e-3 for a calibrated cell (the first stage is a
 Bonferroni split, so its rate is at most A; a FAIL needs both stages, so its rate is at most A).
@@ -27,12 +29,14 @@ class Calibration:
     first_stage_rejections: int
     fails: int
     findings: dict[str, int]  # second-stage findings: "speculation" / "reference"
+    withdrawn: int  # cells that withdrew a class (their tested sample short of the design's power)
+    errors: int  # cells that raised: each one is counted with the FAILs
     bound: int  # the binomial bound each count must stay within
     seconds: float
 
     @property
     def within(self) -> bool:
-        return self.first_stage_rejections <= self.bound and self.fails <= self.bound
+        return self.first_stage_rejections <= self.bound and self.fails + self.errors <= self.bound
 
 
 def calibrate(cells: int, cell_alpha: float, seed: int) -> Calibration:
@@ -46,7 +50,9 @@ def calibrate(cells: int, cell_alpha: float, seed: int) -> Calibration:
     from losscheck.run.session import Session
 
     start = time.perf_counter()
-    first = fails = 0
+    from losscheck.errors import LosscheckError
+
+    first = fails = withdrawn = errors = 0
     findings: Counter[str] = Counter()
     for i in range(cells):
         # one session per seed; the engine-only run's α is split over its five sampled cells
@@ -55,14 +61,21 @@ def calibrate(cells: int, cell_alpha: float, seed: int) -> Calibration:
         cell = sampled[i % len(sampled)]
         ctx = CellContext.of(session, cell)
         assert abs(ctx.alpha - cell_alpha) <= 1e-12 * cell_alpha, (ctx.alpha, cell_alpha)
-        outcome = run_engine_cell(ctx)
+        try:
+            outcome = run_engine_cell(ctx)
+        except LosscheckError as error:  # an error is an outcome outside α, counted
+            errors += 1
+            print(f"cell {i}: error: {error}", flush=True)
+            continue
+        withdrawn += any(c.withdrawn is not None for c in (outcome.facts.bug_classes or {}).values())
         attribution = outcome.facts.attribution
         first += attribution is not None
         fails += not outcome.passed
         if attribution is not None:
             findings[attribution.finding] += 1
     bound = int(stats.binom.ppf(1 - BOUND_MISS, cells, cell_alpha))
-    return Calibration(cells, cell_alpha, first, fails, dict(findings), bound, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return Calibration(cells, cell_alpha, first, fails, dict(findings), withdrawn, errors, bound, seconds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{c.cells} lossless engine cells at cell alpha {c.cell_alpha:g} "
         f"(seeds {args.seed}..{args.seed + c.cells - 1}): "
-        f"first stage rejected {c.first_stage_rejections}, FAIL {c.fails} (second stage: {c.findings or 'never run'}); "
+        f"first stage rejected {c.first_stage_rejections}, FAIL {c.fails} (second stage: {c.findings or 'never run'}), "
+        f"errors {c.errors}, a class withdrawn in {c.withdrawn}; "
         f"binomial bound {c.bound} (expected at most {c.cells * c.cell_alpha:g}); "
         f"{'within' if c.within else 'OUTSIDE'} the bound; {c.seconds:.0f} s"
     )

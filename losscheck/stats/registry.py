@@ -40,6 +40,9 @@ SLOTS = "slots"
 # ... and what a sample's rows say about their random streams (`losscheck.stats.streams.StreamValues`):
 # a caller of the PIT tests that scores no rows (a bare array of PITs) gives none
 ROW_STREAMS = "row_streams"
+# ... and drafts sampled from q: an engine that drafts its draft model's argmax gives none, so a test
+# of a drafter-side sampling bug (top-p on one side) cannot reject there and spends no α
+SAMPLED_DRAFTS = "sampled_drafts"
 # the order a PIT cell's design lists its tests in (`designed`); a family not named here follows
 DESIGN_ORDER = (PIT, CONDITIONAL)
 

@@ -255,13 +255,12 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
     """A design sized on a pilot from a 0.88-acceptance drafter: a tested sample of the same loop
     keeps every promise (each member's power at the design's tokens, from its own p and q), and
     its curve runs down to the members the design promised; a tested sample from a 0.97-acceptance
-    drafter (fewer rejections, weaker verifier bugs) does not, and `require_coverage` errors
-    after its early stop instead of passing."""
+    drafter (fewer rejections, weaker verifier bugs) does not, and `confirmed_coverage` withdraws
+    those classes by name (NOT COVERED) instead of claiming them."""
     from types import SimpleNamespace
 
     from losscheck.cells.record import bug_class_records
-    from losscheck.cells.sampled import require_coverage
-    from losscheck.errors import UnderpoweredError
+    from losscheck.cells.sampled import confirmed_coverage
     from losscheck.stats import sample_size
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.design import bug_class_coverage, design_looks
@@ -277,7 +276,7 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
 
     same = _fed(chain, bugtable.simulate(chain, 300, seed=5), pilot.misreported_id, grid)
     kept = bug_class_records(bug_class_coverage(design, pilot, same, alpha, power, looks, True, ids))
-    require_coverage(cell, kept, power)
+    assert confirmed_coverage(cell, kept, power) == kept  # nothing withdrawn
     uncovered = {name for name, c in kept.items() if not c.covered}
     assert uncovered == {"draft_noise_reused"}  # ~100k tokens at this acceptance, beyond the design's 60k cap
     for name, c in kept.items():
@@ -292,5 +291,10 @@ def test_an_early_stop_whose_tested_sample_falls_short_of_its_design_errors():
     other = _fed(weaker, bugtable.simulate(weaker, 300, seed=5), pilot.misreported_id, grid)
     short = bug_class_records(bug_class_coverage(design, pilot, other, alpha, power, looks, True, ids))
     assert short["residual_is_p"].short and short["stale_q"].short
-    with pytest.raises(UnderpoweredError, match="residual_is_p.*at ρ = 1 power"):
-        require_coverage(cell, short, power)
+    confirmed = confirmed_coverage(cell, short, power)
+    withdrawn = {name for name, c in confirmed.items() if c.withdrawn is not None}
+    assert {"residual_is_p", "stale_q"} <= withdrawn
+    assert all(not confirmed[name].covered for name in withdrawn)
+    assert all(confirmed[name] == short[name] for name in set(short) - withdrawn)
+    residual = confirmed["residual_is_p"].withdrawn
+    assert residual is not None and "at ρ = 1 power" in residual and "profile to thorough" in residual

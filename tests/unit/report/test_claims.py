@@ -62,6 +62,16 @@ def test_a_class_counts_as_caught_only_at_the_stated_power():
     assert coverage.best is not None and coverage.best.cell == "A-k4-T1"
 
 
+def test_a_class_a_cell_withdrew_is_not_caught_there_and_is_named_not_covered():
+    short = _pit("A-k8-T1", 8100, 9000, False, 0.995, False)
+    short["bug_classes"]["stale_q"].update(covered=False, withdrawn="cell A-k8-T1: the tested sample fell short")
+    found = records(_pit("A-k4-T1", 2032, 10800, True, 0.995, True), short)
+    coverage = claims.coverage(found, 0.99)["stale_q"]
+    assert coverage.caught_by == ("A-k4-T1",) and coverage.withdrawn_in == ("A-k8-T1",)
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "NOT COVERED in A-k8-T1" in text
+
+
 def test_an_exact_cell_counts_its_sequences_times_its_horizon():
     verdict = verdict_json("A-k1-T1-small", result_json("exact.support", 100))
     exact = cell_record("A-k1-T1-small", kind="exact", horizon=4, sequences=100, verdict=verdict)

@@ -194,3 +194,17 @@ def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says(greedy):
         rows = torch.tensor([outputs[i] for i in torch.multinomial(weights, rows_needed, True, generator=g)])
         caught += not rounds_test(_score(P, Q, rows), "residual_is_p", 1e-3, 0.9).passed
     assert caught >= 16, (caught, rows_needed)
+
+
+def test_under_greedy_drafts_the_top_p_class_spends_no_alpha_and_is_not_run():
+    """top-p of a point mass is itself: against argmax drafts `rounds.top_p_one_side` cannot reject,
+    so a cell that lacks sampled drafts gives the other rounds tests its share and runs them alone."""
+    from losscheck.stats import registry
+
+    sampled, greedy = frozenset(), frozenset({registry.SAMPLED_DRAFTS})
+    assert registry.budget_count(registry.ROUNDS, missing=greedy) == registry.budget_count(registry.ROUNDS) - 1
+    alpha = 0.01
+    assert registry.split(alpha, registry.ROUNDS, missing=greedy).per_test == alpha / (len(CLASSES) - 1)
+    assert registry.split(alpha, registry.ROUNDS, missing=sampled).per_test == alpha / len(CLASSES)
+    names = {t.name for t in registry.registered(registry.ROUNDS) if not t.needs & greedy}
+    assert "rounds.top_p_one_side" not in names and len(names) == len(CLASSES) - 1
