@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,10 +84,22 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
 
 
 def engine_draws(ctx: CellContext) -> EngineDraws:
-    """The cell's rounds of draws, as its mode asks (`losscheck.plan.memory.rounds`)."""
-    _engine(ctx)
+    """The cell's rounds of draws, as its mode asks (`losscheck.plan.memory.rounds`), behind
+    `_fail_closed`."""
     steps = {Mode.ENGINE_GREEDY: engine_greedy, Mode.ONE_SAMPLE: one_sample, Mode.TWO_SAMPLE: two_sample}
-    return steps[ctx.cell.mode](ctx)
+    return _fail_closed(ctx, steps[ctx.cell.mode])
+
+
+def _fail_closed(ctx: CellContext, draws: Callable[[CellContext], EngineDraws]) -> EngineDraws:
+    """`draws(ctx)`, unless the cell sets a sampling parameter its engine does not declare it
+    serves: that is refused by name before any draw (`losscheck.engines.served`), raised where the
+    cell is first resumed, so that the rest of a side-by-side batch still draws."""
+    from losscheck.engines.served import declared, refuse
+
+    engine = _engine(ctx)
+    eos = ctx.engine_vocab()[1] if ctx.cell.params.stop_ids else None
+    refuse(ctx.cell.params, engine.name, declared(engine), eos=eos)
+    return (yield from draws(ctx))
 
 
 def _engine(ctx: CellContext) -> BlackBoxEngine:

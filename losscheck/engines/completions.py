@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from losscheck.core.sampling import SamplingParams
     from losscheck.engines.counters import EngineCounters
 
+# what a completion request passes to the server (`losscheck.engines.served`: the rest is refused)
+COMPLETIONS_SERVES = frozenset(
+    {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "banned_ids", "min_tokens"}
+)
 # what a completion request takes of `sampling_kwargs` (the others are the offline API's)
 REQUEST_FIELDS = (
     "temperature",
@@ -66,7 +70,7 @@ def sampling_fields(
     from losscheck.engines.served import GRAMMAR_UNSUPPORTED, refuse
     from losscheck.engines.vllm import sampling_kwargs
 
-    refuse(params, engine, GRAMMAR_UNSUPPORTED, eos)
+    refuse(params, engine, COMPLETIONS_SERVES, GRAMMAR_UNSUPPORTED, eos)
     kwargs = sampling_kwargs(params, seed, max_new, eos, vocab)
     fields = {key: kwargs[key] for key in REQUEST_FIELDS}
     if fields["logit_bias"] is not None:

@@ -54,6 +54,8 @@ def dtype_precision(dtype: torch.dtype) -> str:
 
 # transformers' order differs from vLLM's (min-p last, after top-k and top-p) and it has no
 # presence or frequency penalty: what losscheck's reference cannot judge, refused by name
+# what the adapter passes to transformers' own processors (`losscheck.engines.served`: the rest is refused)
+HF_SERVES = frozenset({"min_p", "repetition_penalty", "logit_bias", "banned_ids", "min_tokens", "stop_ids"})
 HF_UNSUPPORTED = {
     "presence_penalty": "transformers has no presence penalty",
     "frequency_penalty": "transformers has no frequency penalty",
@@ -82,7 +84,7 @@ def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None 
     distribution q is processed as the target's p is."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
-    refuse(params, engine, HF_UNSUPPORTED, eos, stops=True)
+    refuse(params, engine, HF_SERVES, HF_UNSUPPORTED, eos)
     if params.min_p and (params.top_k or params.top_p < 1) and not params.greedy:
         raise UnsupportedParameter(f"engine {engine!r} cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
     sampling: dict[str, Any] = (
@@ -108,6 +110,7 @@ class HFAssistedEngine:
     """A Hugging Face causal LM (`model`) with `assistant` drafting `k` candidates per round."""
 
     reproducible_seeds = True  # the global generator seeded with the request's seed, rows drawn in order
+    serves = HF_SERVES
     first_token = "round"  # assisted decoding verifies its first candidates with the prompt's forward
 
     def __init__(

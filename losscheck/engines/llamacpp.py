@@ -197,6 +197,8 @@ WINDOW = (
     "llama.cpp penalises the last n tokens its sampler accepted (repeat_last_n), not the request's prompt "
     "and output as vLLM and losscheck's reference do"
 )
+# what the adapter passes to llama-cpp-python (`losscheck.engines.served`: the rest is refused)
+LLAMACPP_SERVES = frozenset({"min_p", "logit_bias", "banned_ids"})
 LLAMACPP_UNSUPPORTED = dict.fromkeys(("repetition_penalty", "presence_penalty", "frequency_penalty"), WINDOW) | {
     "min_tokens": "llama-cpp-python's generate has no min-tokens stage",
     **GRAMMAR_UNSUPPORTED,
@@ -232,7 +234,7 @@ def sampler_args(params: SamplingParams, eos: int | None = None) -> dict[str, An
     (`LLAMACPP_UNSUPPORTED`)."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
-    refuse(params, "llamacpp", LLAMACPP_UNSUPPORTED, eos)
+    refuse(params, "llamacpp", LLAMACPP_SERVES, LLAMACPP_UNSUPPORTED, eos)
     if params.min_p and not params.greedy and (params.temperature != 1 or params.top_k or params.top_p < 1):
         raise UnsupportedParameter(f"engine 'llamacpp' cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
     bias = LogitBias(params.logit_bias, params.banned_ids) if params.logit_bias or params.banned_ids else None
@@ -255,6 +257,7 @@ class LlamaCppEngine:
     """`make_llama(speculative)` builds a `llama_cpp.Llama` (with the draft model or without it) and,
     when speculative, its drafter; each side is built on first use and kept until it fails."""
 
+    serves = LLAMACPP_SERVES
     first_token = "prefill"  # the prompt's evaluation samples the first token; drafting starts after it
 
     def __init__(

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from losscheck.engines import EngineOutputError
-from losscheck.engines.completions import get_json, post, post_json, sampling_fields
+from losscheck.engines.completions import COMPLETIONS_SERVES, get_json, post, post_json, sampling_fields
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.registry import EngineRequest, option, register
 from losscheck.errors import CellUnavailable, OptionError
@@ -240,6 +240,8 @@ def _short(answer: Any) -> str:
 class OpenAIEngine:
     """Two running servers behind the black-box contract: `generate` sends every row of a request
     at once (a thread each, up to `max_in_flight`) to the side it asks for."""
+
+    serves = COMPLETIONS_SERVES
 
     def __init__(self, spec: Side, plain: Side, k: int, precision: str | None, max_in_flight: int) -> None:
         self.sides = {True: spec, False: plain}

@@ -121,6 +121,8 @@ def ir_dir(model_dir: str | Path, weights: str = "fp32") -> Path:
 # OpenVINO GenAI's presence and frequency penalties "reduce absolute log prob" (its GenerationConfig
 # docs): a negative logit moves up, where OpenAI's and vLLM's subtract; it has no logit bias
 ABSOLUTE = "OpenVINO GenAI's penalty reduces a logit's absolute value, the OpenAI definition subtracts"
+# what the adapter passes to OpenVINO GenAI (`losscheck.engines.served`: the rest is refused)
+OPENVINO_SERVES = frozenset({"min_p", "repetition_penalty", "min_tokens"})
 OPENVINO_UNSUPPORTED = dict.fromkeys(("presence_penalty", "frequency_penalty"), ABSOLUTE) | {
     "logit_bias": "OpenVINO GenAI's GenerationConfig has no logit bias",
     "banned_ids": "OpenVINO GenAI's GenerationConfig has no logit bias or banned ids",
@@ -140,7 +142,7 @@ def generation_config(params: SamplingParams, seed: int, max_new_tokens: int, eo
     block (no confidence threshold), or None without a draft model."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
-    refuse(params, "openvino", OPENVINO_UNSUPPORTED, eos)
+    refuse(params, "openvino", OPENVINO_SERVES, OPENVINO_UNSUPPORTED, eos)
     if params.min_p and not params.greedy and (params.temperature != 1 or params.top_k or params.top_p < 1):
         raise UnsupportedParameter(f"engine 'openvino' cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
     import openvino_genai
@@ -173,6 +175,7 @@ class OpenVINOEngine:
     """`make_pipeline(speculative)` builds an `LLMPipeline` (with the draft model or without it);
     each side is built on first use and kept until it fails."""
 
+    serves = OPENVINO_SERVES
     first_token = "prefill"  # the prefill emits the first token (`_count`); rounds follow it
 
     def __init__(self, make_pipeline: Callable[[bool], Any], k: int, eos: int, name: str = "openvino-genai") -> None:

@@ -1,17 +1,20 @@
 """The sampling parameters an engine serves beyond temperature, top-k and top-p, and how an adapter
 refuses one it cannot serve as losscheck defines it (`losscheck.core.history`).
 
-An adapter passes each such parameter through to its engine's own mechanism, or refuses the
-request before any row is drawn: the cell is then not run, with the reason, never run with the
-parameter neutral (which would certify a request nobody asked for). Stop ids: a row ends at its
-first EOS or stop id, which it keeps, and is padded with EOS after it (`losscheck.engines.lengths`);
-an adapter whose engine stops there says so (`refuse(..., stops=True)`: vLLM's offline API, SGLang,
-Hugging Face), the others refuse them.
+Fail closed: an adapter declares the parameters it passes through to its engine's own mechanism
+(`serves`, a class attribute any `BlackBoxEngine` may carry) and every other field a request sets
+away from neutral is refused by name before any row is drawn — a field added to `SamplingParams`
+later included. The cell is then not run, with the reason, never run with the parameter neutral
+(which would certify a request nobody asked for: a one-sample cell would FAIL blaming
+speculation, a two-sample cell PASS). An engine that declares nothing serves none of them. Stop
+ids: a row ends at its first EOS or stop id, which it keeps, and is padded with EOS after it
+(`losscheck.engines.lengths`); an adapter whose engine stops there serves `stop_ids` (vLLM's
+offline API, SGLang, Hugging Face), the others refuse any but EOS.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
@@ -20,7 +23,8 @@ from losscheck.errors import CellUnavailable
 if TYPE_CHECKING:
     from losscheck.core.sampling import SamplingParams
 
-# the fields of `SamplingParams` beyond temperature, top-k and top-p, in its order
+CORE = ("temperature", "top_k", "top_p")  # every engine serves these
+# the fields of `SamplingParams` beyond `CORE`, in its order (a test keeps the two in step)
 SERVED = (
     "min_p",
     "repetition_penalty",
@@ -36,6 +40,10 @@ ENDS_AT_EOS = "the adapter passes no stop ids to its engine (vLLM, SGLang and Hu
 # a grammar reaches vLLM's structured outputs (offline API) only; the other adapters refuse it
 NO_GRAMMAR = "the adapter passes no grammar to its engine; certify structured output with vLLM or losscheck's loop"
 GRAMMAR_UNSUPPORTED = {"grammar": NO_GRAMMAR}
+UNDECLARED = (
+    "the engine does not declare it among the parameters it passes to its engine (its `serves`), "
+    "so losscheck would certify it at its neutral value"
+)
 
 
 class UnsupportedParameter(CellUnavailable):
@@ -43,23 +51,35 @@ class UnsupportedParameter(CellUnavailable):
 
 
 def served(params: SamplingParams) -> list[str]:
-    """The fields of `SERVED` that `params` sets away from their neutral value, in order."""
-    from losscheck.core.sampling import SamplingParams
-
-    neutral = {f.name: f.default for f in fields(SamplingParams)}
-    return [name for name in SERVED if getattr(params, name) != neutral[name]]
+    """The fields of `params` beyond `CORE` that it sets away from their neutral value, in order
+    (every field of its class: one added later is named too)."""
+    return [f.name for f in fields(params) if f.name not in CORE and getattr(params, f.name) != f.default]
 
 
 def refuse(
-    params: SamplingParams, engine: str, unsupported: Mapping[str, str], eos: int | None = None, stops: bool = False
+    params: SamplingParams,
+    engine: str,
+    serves: Collection[str],
+    why: Mapping[str, str] | None = None,
+    eos: int | None = None,
 ) -> None:
-    """Raise `UnsupportedParameter` for the first parameter `params` sets that `unsupported` names
-    (parameter -> why the engine cannot serve it), and, unless the adapter passes them on
-    (`stops`), for stop ids other than `eos`."""
+    """Raise `UnsupportedParameter` for the first field `params` sets away from neutral that the
+    engine does not declare in `serves`, with the reason `why` gives for it (else `UNDECLARED`).
+    Stop ids that are all `eos` need no declaring: EOS ends every row."""
     for name in served(params):
-        if name in unsupported:
-            value = params.grammar.label() if name == "grammar" and params.grammar else getattr(params, name)
-            raise UnsupportedParameter(f"engine {engine!r} cannot serve {name}={value!r}: {unsupported[name]}")
-    others = [i for i in params.stop_ids if i != eos]
-    if others and not stops:
-        raise UnsupportedParameter(f"engine {engine!r} cannot serve stop_ids={others!r}: {ENDS_AT_EOS}")
+        if name == "stop_ids" and all(i == eos for i in params.stop_ids):
+            continue
+        if name in serves:
+            continue
+        value = getattr(params, name)
+        if name == "grammar" and params.grammar is not None:
+            value = params.grammar.label()
+        elif name == "stop_ids":
+            value = [i for i in params.stop_ids if i != eos]
+        reason = (why or {}).get(name) or (ENDS_AT_EOS if name == "stop_ids" else UNDECLARED)
+        raise UnsupportedParameter(f"engine {engine!r} cannot serve {name}={value!r}: {reason}")
+
+
+def declared(engine: object) -> frozenset[str]:
+    """The parameters `engine` declares it serves beyond `CORE` (its `serves`; none if it declares none)."""
+    return frozenset(getattr(engine, "serves", ()))

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 # SGLang's dtype names for losscheck's precisions
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# what the adapter passes to SGLang (`losscheck.engines.served`: the rest is refused)
+SGLANG_SERVES = frozenset(
+    {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "stop_ids"}
+)
 SGLANG_UNSUPPORTED = {
     "logit_bias": "SGLang's logit bias under speculation is not verified here (no build of it runs on this platform)",
     "banned_ids": "SGLang has no banned-id list; a -inf logit bias is not verified here either",
@@ -62,7 +66,7 @@ def sampling_params(params: SamplingParams, seed: int, max_new_tokens: int, eos:
     (`SGLANG_UNSUPPORTED`)."""
     from losscheck.engines.served import refuse
 
-    refuse(params, "sglang", SGLANG_UNSUPPORTED, eos, stops=True)
+    refuse(params, "sglang", SGLANG_SERVES, SGLANG_UNSUPPORTED, eos)
     return {
         "max_new_tokens": max_new_tokens,
         "min_new_tokens": params.min_tokens,
@@ -98,6 +102,7 @@ class SGLangEngine:
     """`make_engine(speculative)` builds an `sglang.Engine` with the speculative config or without
     it; `instances` keeps them under the memory policy (`losscheck.engines.pool`)."""
 
+    serves = SGLANG_SERVES
     first_token = "prefill"  # the prefill samples the first token; verification rounds follow it
 
     def __init__(

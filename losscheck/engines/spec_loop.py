@@ -16,6 +16,7 @@ from losscheck.core.sampling import make_generator
 from losscheck.core.verify import Verifier
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.request import GenerationRequest
+from losscheck.engines.served import SERVED
 
 
 class SpecLoopEngine:
@@ -23,6 +24,7 @@ class SpecLoopEngine:
 
     precision = "fp32"  # the bundled models' dtype as loaded by the factories below
     reproducible_seeds = True  # one request, one seed: the same ids, speculation on or off
+    serves = frozenset(SERVED)  # the loop is losscheck's own definition of every field
     first_token = "round"  # the loop drafts from the prompt: a row's first token is slot 0's
 
     def __init__(

@@ -42,6 +42,20 @@ VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # the logprobs vLLM reports: of the processed law (temperature, penalties, top-k / top-p applied),
 # the one losscheck's logprob check compares them with (`losscheck.cells.logprob_check`)
 LOGPROBS_MODE = "processed_logprobs"
+# what `sampling_kwargs` passes to vLLM's own mechanisms (`losscheck.engines.served`: the rest is refused)
+VLLM_SERVES = frozenset(
+    {
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "banned_ids",
+        "min_tokens",
+        "stop_ids",
+        "grammar",
+    }
+)
 _streams = itertools.count()  # numbers the streams of the process, so request ids never repeat in an LLM
 PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
 
@@ -68,7 +82,7 @@ def sampling_kwargs(
     request's stop ids join EOS in `stop_token_ids`: vLLM ends the row at one and keeps it."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
-    refuse(params, "vllm", {}, eos, stops=True)
+    refuse(params, "vllm", VLLM_SERVES, eos=eos)
     if vocab is not None:
         params.check_vocab(vocab, "the engine's target")
     allowed = None
@@ -182,6 +196,7 @@ class VLLMEngine:
     call, so that the call's requests find their prompts in vLLM's prefix cache. `vocab`: the
     target's vocabulary size, which banned ids need (None: a request that bans ids is refused)."""
 
+    serves = VLLM_SERVES
     first_token = "prefill"  # the prefill step samples the first token; drafting starts after it
 
     def __init__(

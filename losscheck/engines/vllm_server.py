@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from losscheck.engines import EngineOutputError
-from losscheck.engines.completions import Endpoint, RowOutput, post, sampling_fields
+from losscheck.engines.completions import COMPLETIONS_SERVES, Endpoint, RowOutput, post, sampling_fields
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import EngineRequest, option, register, rest
@@ -231,6 +231,8 @@ class ServerStream:
 class VLLMServerEngine:
     """vLLM served over HTTP: `generate` sends every row of a request at once (a thread each, up to
     `max_in_flight`) and waits for all; `stream` times them (`losscheck.engines.stream`)."""
+
+    serves = COMPLETIONS_SERVES
 
     def __init__(
         self,

@@ -83,3 +83,19 @@ def test_a_cell_names_the_verifier_classes_its_draft_law_leaves_without_power():
     )
     assert "point mass" in not_judged("greedy")["top_p_one_side"] and "residual_is_p" not in not_judged("greedy")
     assert "teacher-force" in not_judged(None)["residual_is_p"]
+
+
+@pytest.mark.parametrize("law", ["processed", "temperature", "greedy", None])
+def test_every_catalogue_class_is_judged_in_an_engine_cell_or_named_with_why_not(law):
+    """One account per class: judged from the target's p alone, judged through the draft model's
+    rounds, or in `classes_not_judged` with a reason — never silently missing, never both."""
+    from losscheck.stats import buglaws, hidden_rounds
+
+    not_said = not_judged(law)
+    judged = {bug.name for bug in buglaws.TARGET_SIDE}
+    if law is not None:
+        judged |= {c.name for c in hidden_rounds.CLASSES} - set(not_said)
+    catalogue = {bug.name for bug in buglaws.CATALOGUE}
+    assert catalogue <= judged | set(not_said), catalogue - judged - set(not_said)
+    assert not judged & set(not_said), judged & set(not_said)
+    assert all(why.strip() for why in not_said.values())

@@ -94,17 +94,148 @@ def test_a_grammar_is_refused_by_every_adapter_but_vllms_offline_api():
     """vLLM's offline API passes a grammar to its structured outputs (tests/engines/test_vllm.py
     certifies it); Hugging Face, llama.cpp, OpenVINO and the vLLM server refuse the cell by name."""
     from losscheck.core.grammar import Grammar
-    from losscheck.core.sampling import SamplingParams
-    from losscheck.engines import hf, llamacpp, openvino
-    from losscheck.engines.served import NO_GRAMMAR, UnsupportedParameter, refuse
+    from losscheck.engines import hf, llamacpp, openvino, vllm
+    from losscheck.engines.served import NO_GRAMMAR, refuse
 
     params = SamplingParams(grammar=Grammar("regex", "([a-z][0-9])+"))
-    for engine, unsupported in (
-        ("hf", hf.HF_UNSUPPORTED),
-        ("llamacpp", llamacpp.LLAMACPP_UNSUPPORTED),
-        ("openvino", openvino.OPENVINO_UNSUPPORTED),
+    for engine, serves, why in (
+        ("hf", hf.HF_SERVES, hf.HF_UNSUPPORTED),
+        ("llamacpp", llamacpp.LLAMACPP_SERVES, llamacpp.LLAMACPP_UNSUPPORTED),
+        ("openvino", openvino.OPENVINO_SERVES, openvino.OPENVINO_UNSUPPORTED),
     ):
         with pytest.raises(UnsupportedParameter, match=f"engine '{engine}' cannot serve grammar='regex9c2771'"):
-            refuse(params, engine, unsupported, 1)
-    refuse(params, "vllm", {}, 1)  # passed through
+            refuse(params, engine, serves, why, 1)
+    refuse(params, "vllm", vllm.VLLM_SERVES, eos=1)  # passed through
     assert "vLLM" in NO_GRAMMAR
+
+
+# one value away from neutral for every field beyond temperature, top-k and top-p
+AWAY = {
+    "min_p": 0.1,
+    "repetition_penalty": 1.5,
+    "presence_penalty": 1.0,
+    "frequency_penalty": 0.5,
+    "logit_bias": ((16, 2.0),),
+    "banned_ids": (5,),
+    "min_tokens": 8,
+    "stop_ids": (5,),
+    "grammar": "grammar",
+}
+
+
+def _adapters() -> dict[str, type]:
+    from losscheck.engines.hf import HFAssistedEngine
+    from losscheck.engines.llamacpp import LlamaCppEngine
+    from losscheck.engines.openai_api import OpenAIEngine
+    from losscheck.engines.openvino import OpenVINOEngine
+    from losscheck.engines.sglang import SGLangEngine
+    from losscheck.engines.spec_loop import SpecLoopEngine
+    from losscheck.engines.vllm import VLLMEngine
+    from losscheck.engines.vllm_server import VLLMServerEngine
+
+    classes = (
+        HFAssistedEngine,
+        LlamaCppEngine,
+        OpenAIEngine,
+        OpenVINOEngine,
+        SGLangEngine,
+        SpecLoopEngine,
+        VLLMEngine,
+        VLLMServerEngine,
+    )
+    return {cls.__name__: cls for cls in classes}
+
+
+def _away(name: str) -> SamplingParams:
+    from losscheck.core.grammar import Grammar
+
+    value = Grammar("regex", "[a-z]+") if name == "grammar" else AWAY[name]
+    return SamplingParams(**{name: value})
+
+
+def test_every_field_beyond_the_core_three_is_one_the_adapters_must_declare():
+    from dataclasses import fields
+
+    from losscheck.engines.served import CORE, SERVED
+
+    assert tuple(f.name for f in fields(SamplingParams) if f.name not in CORE) == SERVED
+    assert set(AWAY) == set(SERVED)
+    for name in SERVED:
+        assert served(_away(name)) == [name]
+
+
+@pytest.mark.parametrize("adapter", sorted(_adapters()))
+@pytest.mark.parametrize("field", sorted(AWAY))
+def test_an_adapter_serves_exactly_the_fields_it_declares_and_refuses_the_rest_by_name(adapter, field):
+    """Fail closed: every adapter × every field of `SamplingParams` beyond the core three."""
+    from losscheck.engines.served import declared, refuse
+
+    engine = _adapters()[adapter]
+    serves = declared(engine)
+    assert serves <= set(AWAY), serves - set(AWAY)
+    params = _away(field)
+    if field in serves:
+        refuse(params, adapter, serves, eos=EOS)
+    else:
+        with pytest.raises(UnsupportedParameter, match=f"engine '{adapter}' cannot serve {field}="):
+            refuse(params, adapter, serves, eos=EOS)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "serves"),
+    [
+        ("hf", "HF_SERVES"),
+        ("sglang", "SGLANG_SERVES"),
+        ("vllm", "VLLM_SERVES"),
+        ("completions", "COMPLETIONS_SERVES"),
+    ],
+)
+def test_an_adapters_own_mapping_refuses_what_its_class_does_not_declare(mapping, serves):
+    """The functions that turn a request into the engine's own arguments (runnable without the
+    engine) refuse exactly the undeclared fields, before the engine sees the request."""
+    import importlib
+
+    from losscheck.engines import completions, hf, sglang, vllm
+
+    declared_set = getattr(importlib.import_module(f"losscheck.engines.{mapping}"), serves)
+    call = {
+        "hf": lambda p: hf.sampling_config(p, "hf", EOS),
+        "sglang": lambda p: sglang.sampling_params(p, 7, 16, EOS),
+        "vllm": lambda p: vllm.sampling_kwargs(p, 7, 16, EOS, vocab=64),
+        "completions": lambda p: completions.sampling_fields(p, 7, 16, EOS, 64, "served"),
+    }[mapping]
+    for field in AWAY:
+        if field in declared_set and (mapping, field) == ("vllm", "grammar"):
+            continue  # its structured-outputs parameters are vLLM's own class (tests/engines/test_vllm.py)
+        if field in declared_set:
+            call(_away(field))
+        else:
+            with pytest.raises(UnsupportedParameter, match=f"cannot serve {field}="):
+                call(_away(field))
+
+
+def test_a_field_added_to_the_parameters_later_is_refused_by_every_adapter():
+    from dataclasses import dataclass
+
+    from losscheck.engines.served import UNDECLARED, declared, refuse
+
+    @dataclass(frozen=True)
+    class Extended(SamplingParams):
+        typical_p: float = 1.0
+
+    assert served(Extended(typical_p=0.9)) == ["typical_p"]
+    for name, engine in _adapters().items():
+        with pytest.raises(UnsupportedParameter, match=f"cannot serve typical_p=0.9: {UNDECLARED[:30]}"):
+            refuse(Extended(typical_p=0.9), name, declared(engine), eos=EOS)
+
+
+def test_an_engine_that_declares_nothing_serves_only_the_core_three_and_eos():
+    from losscheck.engines.served import declared, refuse
+
+    anonymous = SimpleNamespace(name="mine", k=4, precision="fp32")
+    assert declared(anonymous) == frozenset()
+    refuse(SamplingParams(temperature=0.7, top_k=8, top_p=0.9, stop_ids=(EOS,)), "mine", declared(anonymous), eos=EOS)
+    with pytest.raises(UnsupportedParameter, match="cannot serve min_p=0.1: the engine does not declare it"):
+        refuse(SamplingParams(min_p=0.1), "mine", declared(anonymous), eos=EOS)
+    with pytest.raises(UnsupportedParameter, match=r"cannot serve stop_ids=\[5\]: the adapter passes no stop ids"):
+        refuse(SamplingParams(stop_ids=(5, EOS)), "mine", declared(anonymous), eos=EOS)
