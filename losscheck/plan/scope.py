@@ -15,7 +15,8 @@ Terms, comma-separated:
   named black-box engine's adapter: vLLM's `k`, `dtype`, `prefix`, `chunked_prefill`, `method`);
 - cells in, `+EXTRA`: add cells the matrix has only when asked (`EXTRAS`), e.g. `+served`, a
   black-box engine's cells of the sampling parameters engines serve (an engine run on a CPU costs
-  minutes a cell, and on a large target tens of minutes).
+  minutes a cell, and on a large target tens of minutes); `-served` leaves such cells out of a
+  drafter's matrix.
 """
 
 from __future__ import annotations
@@ -50,12 +51,19 @@ def _oracle(cell: Cell, base: Precision) -> bool:
     return cell.drafter == ORACLE
 
 
+def _served(cell: Cell, base: Precision) -> bool:
+    from losscheck.engines.served import served
+
+    return bool(served(cell.params))
+
+
 # aspect -> (what it leaves out, whether a cell varies along it given the base precision)
 ASPECTS: dict[str, tuple[str, Callable[[Cell, Precision], bool]]] = {
     "precision": ("cells in another precision than the base cell's", lambda c, base: c.precision != base),
     "stress": ("stress-drafter cells", lambda c, base: c.stress is not None),
     "width": ("cells at a truncation width", lambda c, base: c.width is not None),
     "edge": ("the edge sampling parameters (T=0.001, T=5, top-p 0.05)", _edge),
+    "served": ("the sampling parameters beyond temperature, top-k and top-p (penalties, bias, stops, ...)", _served),
     "oracle": ("the self-draft oracle's cells", _oracle),
     "slow": ("the slow tier", lambda c, base: c.slow),
     "engine-axes": ("the black-box engine's variants (one of its axes changed)", lambda c, base: bool(c.variant)),
@@ -160,6 +168,9 @@ def parse_scope(text: str | None) -> Scope:
                 f"scope {text!r}: no kind {term!r}; the kinds are {', '.join((*KINDS, *GROUPS))}, "
                 "-ASPECT leaves an aspect out (e.g. greedy,-split) and +EXTRA adds cells (e.g. +served)"
             )
+    both = extras & set(out)
+    if both:
+        raise OptionError(f"scope {text!r} adds and leaves out {', '.join(sorted(both))}; keep one of the two terms")
     return Scope(frozenset(kinds), tuple(out), text.strip(), frozenset(extras))
 
 

@@ -54,6 +54,14 @@ def test_an_aspect_out_leaves_every_cell_along_it_out_with_its_reason():
     assert {e["cell"] for e in out} == {"A-k4-T1-bf16", "A-k4-T1-stress-argmax"}
 
 
+def test_served_out_leaves_the_cells_of_parameters_beyond_temperature_top_k_and_top_p():
+    cells = {"sampling_cell": [Cell("A", 4, T1), Cell("A", 4, dataclasses.replace(T1, min_p=0.1, top_k=8))]}
+    kept, out = parse_scope("-served").split(cells, Precision())
+    assert ids(kept) == {"A-k4-T1"} and [e["reason"] for e in out] == ["-served declared out"]
+    with pytest.raises(OptionError, match="adds and leaves out served; keep one of the two terms"):
+        parse_scope("+served,-served")
+
+
 def test_kinds_in_keep_only_those_kinds_and_groups_expand():
     kept, _ = parse_scope("greedy").split(CELLS, Precision())
     assert ids(kept) == {"A-k4-greedy", "A-k4-greedy-tp2"}
