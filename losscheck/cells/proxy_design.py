@@ -8,15 +8,16 @@ says what each target-side bug class (`buglaws.TARGET_SIDE`) would do to the tok
 position and to each row's surprisal, and so how many rows the per-position tests and the
 surprisal U test need to catch it (`losscheck.stats.two_sample_power`). A pilot of the
 engine's plain side (never tested) sizes the cell; the tested plain rows confirm it, as a
-one-sample cell's tested sample does (`confirmed_coverage`). The figures are the proxy's: a
-quantization that changed a class's effect much would move them, and the certificate says whose
-they are.
+one-sample cell's tested sample does (`confirmed_coverage`). The figures are the proxy's: the
+tested plain rows' own surprisal scores check that it is their law (mean 0 in the model's standard
+errors, `proxy_withdrawn`; else every claim is withdrawn by name), and the effects are read against
+the larger of the model's and the rows' measured variance.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -105,7 +106,7 @@ def proxy_sums(ctx: CellContext, target: HFTarget, rows: list[list[int]], gen: G
         pad[eos] = 1.0
         filled = torch.where(read[..., None], probs, pad)
         sums.marginals.add(filled, torch.ones_like(read))
-        sums.surprisal.add(probs, read & ~forced.ambiguous)
+        sums.surprisal.add(probs, read & ~forced.ambiguous, gen.tokens[at].to(probs.device))
 
     v = torch.zeros(gen.tokens.shape, dtype=torch.float64, device=target.device)
     teacher_forced_pit(target, rows, gen, v, ctx.memory_budget_bytes, ctx.profile.batch, observe=observe)
@@ -130,7 +131,31 @@ def proxy_coverage(
             covered=name in design.covered,
             reach="covered" if name in design.covered else "none",
         )
+    why = proxy_withdrawn(sums)
+    if why is not None:
+        records = {name: replace(r, covered=False, withdrawn=why) for name, r in records.items()}
     return records
+
+
+# |z| of the tested plain rows' mean surprisal score beyond which the proxy is not their law: the
+# two-sided 1e-3 normal point (a proxy that is the engine's law loses its claims once in 1,000 cells)
+PROXY_Z = 3.29
+
+
+def proxy_withdrawn(sums: ProxySums) -> str | None:
+    """Why the proxy's figures describe nothing, or None: the tested plain rows' own surprisal
+    scores under the proxy centre on 0 where it is the law they were drawn from; beyond `PROXY_Z`
+    standard errors it is not (another checkpoint, a quantization that moved the law), and every
+    power it would state is the proxy's, not the engine's."""
+    z = sums.surprisal.centre_z()
+    if z is None or abs(z) <= PROXY_Z:
+        return None
+    return (
+        f"the engine's plain rows are not the proxy's law: their mean surprisal score under it is {z:+.1f} "
+        f"standard errors from 0 (|z| > {PROXY_Z:g}; measured variance {sums.surprisal.measured_ratio():.2f}× "
+        "the proxy's), so no power is claimed from it; certify with the engine's own target "
+        "(one-sample) to have claims"
+    )
 
 
 def proxy_not_judged() -> dict[str, str]:

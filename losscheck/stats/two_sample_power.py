@@ -132,10 +132,16 @@ class SurprisalSums:
     rows: int = 0
     variance: float = 0.0  # Σ_rows Σ_t Var_p(-log p)
     shift: dict[str, float] = field(default_factory=dict)  # class -> Σ_rows Σ_t δ_t
+    # the rows' own scores s = Σ_t (-log p(x_t) - H_t), where the tokens were given: their sum and
+    # sum of squares (under a proxy that is the engine's law, mean 0 and variance the model's)
+    observed: int = 0
+    score_sum: float = 0.0
+    score_squares: float = 0.0
 
-    def add(self, probs: torch.Tensor, read: torch.Tensor) -> None:
+    def add(self, probs: torch.Tensor, read: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
         """`probs` [n, L, V]: the proxy's law at every position of n rows; `read` [n, L] bool: the
-        positions the score sums (generated, not cut-off ambiguous)."""
+        positions the score sums (generated, not cut-off ambiguous); `tokens` [n, L]: the rows' ids,
+        whose own scores then say whether the proxy describes them (`centre_z`, `measured_ratio`)."""
         p, weight = probs.double(), read.double()  # [n, L, V], [n, L]
         surprise = -p.clamp_min(TINY).log()  # [n, L, V]
         entropy = (p * surprise).sum(-1)  # [n, L]
@@ -145,12 +151,37 @@ class SurprisalSums:
         for bug in self.classes:
             moved = (target_side_law(bug, p) * surprise).sum(-1) - entropy  # [n, L] δ_t
             self.shift[bug.name] = self.shift.get(bug.name, 0.0) + float((moved * weight).sum())
+        if tokens is not None:
+            drawn = surprise.gather(-1, tokens.to(p.device).clamp_min(0)[..., None]).squeeze(-1)  # [n, L]
+            score = ((drawn - entropy) * weight).sum(-1)  # [n]
+            self.observed += p.shape[0]
+            self.score_sum += float(score.sum())
+            self.score_squares += float((score**2).sum())
+
+    def centre_z(self) -> float | None:
+        """The rows' mean score in standard errors of the model (0 ± 1 where the proxy is the law
+        the rows were drawn from; None: no rows' tokens given)."""
+        if self.observed == 0 or self.variance <= 0:
+            return None
+        return self.score_sum / math.sqrt(self.variance * self.observed / max(self.rows, 1))
+
+    def measured_ratio(self) -> float:
+        """The rows' measured score variance over the model's (1 where the proxy is their law; 1
+        when no tokens were given): the effect is read against the larger of the two."""
+        if self.observed < 2 or self.variance <= 0:
+            return 1.0
+        mean = self.score_sum / self.observed
+        measured = (self.score_squares - self.observed * mean**2) / (self.observed - 1)
+        return measured / (self.variance / max(self.rows, 1))
 
     def effect(self, name: str) -> float:
-        """d: the class's standardized mean shift of the score per row."""
+        """d: the class's standardized mean shift of the score per row, against the larger of the
+        model's and the rows' measured variance (a proxy that is not the engine's law must not
+        inflate its own power)."""
         if self.rows == 0 or self.variance <= 0:
             return 0.0
-        return abs(self.shift[name] / self.rows) / math.sqrt(self.variance / self.rows)
+        variance = self.variance / self.rows * max(1.0, self.measured_ratio())
+        return abs(self.shift[name] / self.rows) / math.sqrt(variance)
 
     def power_at(self, name: str, rows: int, tail: float) -> float:
         """The U test's power against class `name` with `rows` a side at one-tail level `tail`."""

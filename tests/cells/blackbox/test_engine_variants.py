@@ -28,9 +28,9 @@ class FakeOptions:
     broken: bool = option(False, help="the speculative side answers each prompt with the next prompt's rows")
     weights: str = option(
         "fp32",
-        choices=("fp32", "q4", "q4-hot"),
-        help="q4: the target's weights rounded to 4 levels a row; q4-hot: and a planted bug, the speculative "
-        "side sampling at 1.1 T",
+        choices=("fp32", "q4", "q4-hot", "q2"),
+        help="q4: the target's weights rounded to 16 levels a row (4 bits); q4-hot: and a planted bug, the "
+        "speculative side sampling at 1.1 T; q2: to 4 levels (2 bits), a law the fp32 proxy does not describe",
     )
 
 
@@ -61,7 +61,7 @@ class Variant:
         BUILDS.append((self.name, speculative))
         target = HFTarget.from_pretrained(bundled.target_path())
         if self.options.weights != "fp32":
-            quantize_rows(target.model, levels=4)
+            quantize_rows(target.model, levels=4 if self.options.weights == "q2" else 16)
         drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
         return SpecLoopEngine(target, drafter, self.k, batch=self.options.batch)
 
@@ -102,7 +102,7 @@ AXES = (
     EngineAxis("k", (2,), _set("k"), "another block length"),
     EngineAxis("batch", (7,), _set("batch"), "another batch shape: 7 rows per call"),
     EngineAxis("broken", (True,), _set("broken"), "a planted bug: rows of the wrong prompt"),
-    EngineAxis("quantization", ("q4", "q4-hot"), _set("weights"), "the target's weights at 4 levels a row: two-sample"),
+    EngineAxis("quantization", ("q4", "q4-hot", "q2"), _set("weights"), "the target's weights quantized: two-sample"),
 )
 
 
@@ -170,9 +170,11 @@ def test_an_engine_is_certified_over_its_axes_one_variant_alive_at_a_time():
         "engine-k4-T1-broken-True",
         "engine-k4-T1-two-sample-quantization-q4",
         "engine-k4-T1-two-sample-quantization-q4-hot",
+        "engine-k4-T1-two-sample-quantization-q2",
         "engine-k4-greedy-broken-True",
         "engine-k4-greedy-two-sample-quantization-q4",
         "engine-k4-greedy-two-sample-quantization-q4-hot",
+        "engine-k4-greedy-two-sample-quantization-q2",
     ]
     every = plan["engine_cell"] + plan["engine_greedy_cell"]
     # the base cells of the sampling parameters beyond T = 1 are the plain engine certificate's
@@ -213,6 +215,7 @@ def test_a_variant_that_breaks_losslessness_fails_its_own_cells_only():
         "engine-k4-greedy-broken-True": False,
         "engine-k4-greedy-two-sample-quantization-q4": True,
         "engine-k4-greedy-two-sample-quantization-q4-hot": True,  # its bug is in sampling
+        "engine-k4-greedy-two-sample-quantization-q2": True,
     }
     broken = outcomes[cells.index(next(c for c in cells if c.variant == (("broken", True),)))]
     assert broken.divergences and "fake-axes(k=4, batch=64, broken)" == broken.facts.engine
@@ -245,6 +248,19 @@ def test_a_quantized_variant_is_certified_two_sample_sized_by_bug_classes_throug
 
 
 @pytest.mark.usefixtures("one_thread")
+def test_a_proxy_that_is_not_the_engines_law_withdraws_every_claim_by_name():
+    """The q2 target (2-bit rows) is lossless two-sample, but its plain rows' surprisal under the
+    fp32 proxy is far from centred: the cell PASSes claiming no class, each withdrawn with the proxy's
+    z (`losscheck.cells.proxy_design.proxy_withdrawn`), where the q4 target's keep theirs (above)."""
+    cells, outcomes = _quantized(_session("-broken,-k,-batch"), "q2")
+    sampled = outcomes[0]
+    assert sampled.passed, sampled.message()
+    classes = sampled.facts.bug_classes
+    assert classes and all(not c.covered and c.withdrawn for c in classes.values()), classes
+    assert all("not the proxy's law" in (c.withdrawn or "") for c in classes.values())
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_a_planted_temperature_bug_in_a_quantized_variant_fails_where_its_design_said():
     """The q4 variant whose speculative side samples at 1.1·T: the class target_temperature_1.1,
     covered at power 0.99 by the design, is caught, by the surprisal test under the proxy."""
@@ -260,14 +276,14 @@ def test_a_planted_temperature_bug_in_a_quantized_variant_fails_where_its_design
 @pytest.mark.slow  # a supporting check (~20 s): why the matrix plans the quantized variant two-sample
 @pytest.mark.usefixtures("one_thread")
 def test_a_quantized_variant_scored_by_the_fp32_reference_is_put_down_to_the_reference():
-    """Scored one-sample by losscheck's fp32 target instead, the q4 target's T = 1 rows are rejected in
+    """Scored one-sample by losscheck's fp32 target instead, the q2 target's T = 1 rows are rejected in
     the first stage and put down to the reference: the cell claims no bug class."""
     session = _session("-broken,-k,-batch")
-    cells, _ = _quantized(session, "q4")
+    cells, _ = _quantized(session, "q2")
     one_sample = dataclasses.replace(cells[0], target="main")
     _, (scored,) = _certify(session, [one_sample])  # the q4 variant is still alive: no precision check
     found = scored.facts.attribution
-    assert found is not None and found.finding == "reference", "the fp32 reference reproduces the q4 target's rows"
+    assert found is not None and found.finding == "reference", "the fp32 reference reproduces the q2 target's rows"
     assert scored.facts.bug_classes is None
 
 

@@ -81,3 +81,52 @@ def test_the_rows_it_asks_for_reach_the_power_in_the_real_tests():
 
     assert rejected(rows) >= 0.85, rows
     assert rejected(rows // 4) < 0.85, rows
+
+
+def _scored(laws: torch.Tensor, drawn_from: torch.Tensor, generator: torch.Generator):
+    """SurprisalSums over rows whose tokens are drawn from `drawn_from` [n, L, V] and scored under `laws`."""
+    from losscheck.stats.two_sample_power import SurprisalSums
+
+    tokens = torch.multinomial(drawn_from.flatten(0, 1), 1, generator=generator).view(drawn_from.shape[:2])
+    sums = SurprisalSums(classes=(HOT,))
+    sums.add(laws, torch.ones(tokens.shape, dtype=torch.bool), tokens)
+    return sums
+
+
+def test_a_proxy_that_is_the_rows_law_centres_their_scores_and_another_checkpoint_does_not():
+    """Rows of 16 positions over 12 ids, 400 rows a draw. Tokens drawn from the proxy's own law: the
+    mean score's z exceeds `PROXY_Z` (two-sided 1e-3) in at most the binomial 0.999 bound of 300
+    draws, and the measured variance is the model's within 15%. Tokens drawn from another law
+    (logits + N(0, 1) noise, KL about 0.3 nats a token, as another checkpoint): |z| beyond it in
+    every one of 20 draws; and the effect is read against the larger of the model's and the measured
+    variance."""
+    from scipy import stats
+
+    from losscheck.cells.proxy_design import PROXY_Z
+
+    generator = torch.Generator().manual_seed(20261205)
+    logits = 1.5 * torch.randn(400, 16, 12, generator=generator, dtype=torch.float64)
+    laws = logits.softmax(-1)
+    draws, beyond, ratios = 300, 0, []
+    for _ in range(draws):
+        sums = _scored(laws, laws, generator)
+        z = sums.centre_z()
+        assert z is not None
+        beyond += abs(z) > PROXY_Z
+        ratios.append(sums.measured_ratio())
+    assert beyond <= stats.binom.ppf(0.999, draws, 2 * stats.norm.sf(PROXY_Z)), beyond
+    assert abs(sum(ratios) / draws - 1) < 0.15, sum(ratios) / draws
+    other = (logits + torch.randn(logits.shape, generator=generator, dtype=torch.float64)).softmax(-1)
+    kl = float((other * (other.log() - laws.log())).sum(-1).mean())
+    assert 0.1 < kl < 1.0, kl
+    for _ in range(20):
+        sums = _scored(laws, other, generator)
+        z = sums.centre_z()
+        assert z is not None and abs(z) > PROXY_Z, z
+    from losscheck.stats.two_sample_power import SurprisalSums
+
+    model = SurprisalSums(classes=(HOT,))
+    model.add(laws, torch.ones(laws.shape[:2], dtype=torch.bool))  # no tokens: the model's variance alone
+    assert model.measured_ratio() == 1.0
+    expected = model.effect(HOT.name) / math.sqrt(max(1.0, sums.measured_ratio()))
+    assert sums.effect(HOT.name) == pytest.approx(expected, rel=1e-12)
