@@ -213,7 +213,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     prompts = ctx.all_prompts()
     drafter = _drafter(ctx)
     families = (registry.PIT, registry.CONDITIONAL) + ((registry.ROUNDS,) if drafter is not None else ())
-    missing = _missing(drafter)
+    missing = _missing(drafter, cell.params)
     budget = registry.split(ctx.alpha, *families, missing=missing)
     pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
     (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
@@ -238,7 +238,9 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
         results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
-        coverage |= rounds_coverage(design, rounds.sample, budget.per_test, profile.power)
+        unjudged = not_judged(rounds.law, cell.params)  # named in the record instead, with the reason
+        judged = rounds_coverage(design, rounds.sample, budget.per_test, profile.power)
+        coverage |= {name: c for name, c in judged.items() if name not in unjudged}
     coverage = confirmed_coverage(cell, coverage, profile.power)
     facts = dataclasses.replace(
         facts,
@@ -250,7 +252,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         pilot_tested_tokens=design.pilot_tested,
         design_tokens=design.classes.tokens,
         bug_classes=coverage,
-        classes_not_judged=not_judged(None if drafter is None else drafter.law),
+        classes_not_judged=not_judged(None if drafter is None else drafter.law, cell.params),
     )
     failed = [r for r in results if not r.passed]
     if not failed:
@@ -309,11 +311,18 @@ def _attribute(
     return CellOutcome(cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=_facts(ctx, facts))
 
 
-def _missing(drafter: DraftModel | None) -> frozenset[str]:
-    """The inputs a one-sample cell lacks: slots always; sampled drafts where the engine drafts its
-    draft model's argmax (a test that cannot reject spends no α)."""
-    greedy = drafter is not None and drafter.law == "greedy"
-    return NO_SLOTS | ({registry.SAMPLED_DRAFTS} if greedy else frozenset())
+def _missing(drafter: DraftModel | None, params: SamplingParams) -> frozenset[str]:
+    """The inputs a one-sample cell lacks (a test that cannot reject spends no α): slots always;
+    sampled drafts where the engine drafts its draft model's argmax; another q where the draft
+    model's raw law is the q it draws from at `params`."""
+    from losscheck.cells.engine_rounds import has_other_q
+
+    missing = set(NO_SLOTS)
+    if drafter is not None and drafter.law == "greedy":
+        missing.add(registry.SAMPLED_DRAFTS)
+    if drafter is not None and not has_other_q(params, drafter.law):
+        missing.add(registry.OTHER_Q)
+    return frozenset(missing)
 
 
 def _first_token(engine: BlackBoxEngine) -> FirstToken | None:

@@ -50,16 +50,22 @@ class RoundsScoring:
         formed as the engine forms it (`law`); positions whose cut-off is ambiguous move the
         filter only. `power_rows` [c] bool: the chunk's rows the power sums read (None: all)."""
         from losscheck.cells.scoring import teacher_forced_probs
+        from losscheck.core.sampling import SamplingParams
 
         tokens = gen.tokens[at]
         params = draft_params(gen.params, self.law)
         q = teacher_forced_probs(self.drafter, rows, tokens.to(self.drafter.device), params).probs  # [c, L, V]
+        other = None  # the draft model's raw law, where it is not q (the q-contract classes read it)
         if self.law == "greedy":  # a point mass at the draft model's argmax
-            q = torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1])
+            q, other = torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]), q
+        elif has_other_q(gen.params, self.law):
+            raw = SamplingParams()
+            other = teacher_forced_probs(self.drafter, rows, tokens.to(self.drafter.device), raw).probs
         p = forced.probs.double()
         generated = gen.mask()[at].to(p.device)
         scored = generated & ~forced.ambiguous
-        self.sample.update(p, q.double().to(p.device), tokens.to(p.device), generated, scored, power_rows)
+        other = None if other is None else other.double().to(p.device)
+        self.sample.update(p, q.double().to(p.device), tokens.to(p.device), generated, scored, power_rows, other)
 
 
 def draft_params(params: SamplingParams, law: DraftLaw) -> SamplingParams:
@@ -72,15 +78,29 @@ def draft_params(params: SamplingParams, law: DraftLaw) -> SamplingParams:
     return SamplingParams(temperature=params.temperature if law == "temperature" and params.temperature > 0 else 1.0)
 
 
-def not_judged(drafter: DraftLaw | None) -> dict[str, str]:
-    """The catalogue's classes a one-sample engine cell has no power against, and why: `drafter`,
-    the law of the engine's draft model (None: it gives none)."""
+def has_other_q(params: SamplingParams, law: DraftLaw) -> bool:
+    """Whether the draft model's raw law differs from the q the engine draws its drafts from
+    under `law` at `params` (`registry.OTHER_Q`): always for argmax drafts, else wherever drafting
+    processes the logits (a temperature other than 1, a cut-off, a penalty)."""
+    from losscheck.core.sampling import SamplingParams
+
+    return law == "greedy" or draft_params(params, law) != SamplingParams()
+
+
+def not_judged(drafter: DraftLaw | None, params: SamplingParams | None = None) -> dict[str, str]:
+    """The catalogue's classes (and the q-contract ones) a one-sample engine cell has no power
+    against, and why: `drafter`, the law of the engine's draft model (None: it gives none), at
+    the cell's sampling `params` (None: any)."""
     out = dict(NOT_JUDGED)
     if drafter is None:
         reason = "the engine gives no draft model losscheck can teacher-force for q (RunsDraftModel)"
         out.update({cls.name: reason for cls in CLASSES})
-    elif drafter == "greedy":
+        return out
+    if drafter == "greedy":
         out["top_p_one_side"] = "the engine drafts its draft model's argmax: top-p of a point mass is itself"
+    if params is not None and not has_other_q(params, drafter):
+        same = "at these parameters the draft model's raw law is the q it draws from: no other q to confuse"
+        out.update({cls.name: same for cls in CLASSES if cls.reads_other})
     return out
 
 

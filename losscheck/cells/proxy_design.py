@@ -160,5 +160,7 @@ def proxy_withdrawn(sums: ProxySums) -> str | None:
 
 def proxy_not_judged() -> dict[str, str]:
     """The catalogue's classes a proxy-sized two-sample cell has no power model for, and why."""
+    from losscheck.stats.hidden_rounds import Q_CONTRACT
+
     reason = "a two-sample cell reads no q or slots: only the target-side classes (p alone) have a power model"
-    return {bug.name: reason for bug in CATALOGUE if not bug.target_side}
+    return {bug.name: reason for bug in CATALOGUE if not bug.target_side} | dict.fromkeys(Q_CONTRACT, reason)

@@ -7,8 +7,11 @@ load, so their one-sample cells judge the verifier's bug classes through the rou
 
 from __future__ import annotations
 
-from losscheck.core.contract import Target
+import torch
+
+from losscheck.core.contract import DraftContext, Target
 from losscheck.core.verify import Verifier
+from losscheck.drafters.autoregressive import AutoregressiveDrafter
 from losscheck.engines.spec_loop import SpecLoopEngine
 from losscheck.selftest.verifiers import (
     in_sampled_rounds,
@@ -60,3 +63,42 @@ def temperature_on_q_only(target: Target) -> SpecLoopEngine:
 def greedy_at_any_temperature(target: Target) -> SpecLoopEngine:
     """Greedy verification at every temperature: the engine returns the argmax path at T > 0."""
     return planted(target, "greedy-at-any-temperature")
+
+
+class RawQReported(AutoregressiveDrafter):
+    """Draws each draft from its processed q and reports its raw law as q, so the verifier accepts
+    and recovers with the raw one: the q contract transformers #47932 broke in its DFlash, MTP and
+    single-position candidate generators (a lossless round at T = 1 with nothing else processed)."""
+
+    def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        token, _ = super().draw(logits, ctx)
+        return token, torch.softmax(logits.double(), -1).to(logits.dtype)
+
+
+class RawQDrawn(AutoregressiveDrafter):
+    """Draws each draft from its raw law and reports its processed q: the other direction."""
+
+    def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        from losscheck.core.sampling import sample
+
+        q = ctx.process(logits)
+        raw = torch.softmax(logits.double(), -1).to(logits.dtype)
+        return (q.argmax(-1) if ctx.params.greedy else sample(raw, ctx.generator)), q
+
+
+def _q_contract(target: Target, kind: type[AutoregressiveDrafter], name: str) -> SpecLoopEngine:
+    from losscheck import bundled
+    from losscheck.drafters.autoregressive import from_path
+
+    honest = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    return SpecLoopEngine(target, kind(honest.lm.model, name), name=f"spec-loop-{name}")
+
+
+def q_raw_in_verify(target: Target) -> SpecLoopEngine:
+    """Drafts from the processed q, verified with the raw one (`RawQReported`)."""
+    return _q_contract(target, RawQReported, "q-raw-in-verify")
+
+
+def q_raw_in_draft(target: Target) -> SpecLoopEngine:
+    """Drafts from the raw law, verified with the processed q (`RawQDrawn`)."""
+    return _q_contract(target, RawQDrawn, "q-raw-in-draft")

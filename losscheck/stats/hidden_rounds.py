@@ -43,7 +43,7 @@ from scipy import stats
 
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import TOP_P, top_p
-from losscheck.stats.registry import ROUNDS, SAMPLED_DRAFTS, StatTest, register
+from losscheck.stats.registry import OTHER_Q, ROUNDS, SAMPLED_DRAFTS, StatTest, register
 from losscheck.stats.result import TestResult
 from losscheck.stats.sequential import family
 
@@ -52,31 +52,61 @@ MEMBERS = family(RHO_MIN)  # (1, 0.707, 0.5, ..., 0.125): equal weights
 TINY = 1e-300
 TINY32 = 1e-38
 
-Law = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # two [..., V] laws -> [..., V]
+# (p, q, o) [..., V] -> [..., V]: the target's law, the q the draft is drawn from, and the draft
+# model's *other* q (its raw law where q is processed: `RoundsSample.update`), which only the
+# q-contract classes read
+Law = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _accept(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _accept(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q)
 
 
-def _recover(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _recover(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return (p - q).clamp_min(0.0)
 
 
-def _recover_from_p(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _recover_from_p(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return (1 - torch.minimum(p, q).sum(-1, keepdim=True)).clamp_min(0.0) * p
 
 
-def _accept_top_p_draws(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    ratio = torch.where(q > 0, (p / q.clamp_min(TINY)).clamp(max=1.0), 1.0)  # [..., V]
-    return top_p(q, TOP_P) * ratio
+def _accept_drawn_verified(drawn: torch.Tensor, p: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """A draft drawn from `drawn`, accepted with min(1, p / `verified`) (1 where `verified` is 0:
+    p / 0 is infinite)."""
+    ratio = torch.where(verified > 0, (p / verified.clamp_min(TINY)).clamp(max=1.0), 1.0)  # [..., V]
+    return drawn * ratio
 
 
-def _recover_top_p_draws(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    kept = _accept_top_p_draws(p, q).sum(-1, keepdim=True)  # [..., 1]
-    residual = (p - q).clamp_min(0.0)
+def _recover_drawn_verified(drawn: torch.Tensor, p: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """The rejected mass of `_accept_drawn_verified`, recovered from norm(max(0, p - `verified`))."""
+    kept = _accept_drawn_verified(drawn, p, verified).sum(-1, keepdim=True)  # [..., 1]
+    residual = (p - verified).clamp_min(0.0)
     mass = residual.sum(-1, keepdim=True)
     return (1 - kept).clamp_min(0.0) * torch.where(mass > 1e-12, residual / mass.clamp_min(TINY), p)
+
+
+def _accept_top_p_draws(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return _accept_drawn_verified(top_p(q, TOP_P), p, q)
+
+
+def _recover_top_p_draws(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return _recover_drawn_verified(top_p(q, TOP_P), p, q)
+
+
+def _accept_verified_with_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return _accept_drawn_verified(q, p, o)
+
+
+def _recover_verified_with_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return _recover_drawn_verified(q, p, o)
+
+
+def _accept_drawn_from_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return _accept_drawn_verified(o, p, q)
+
+
+def _recover_drawn_from_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return _recover_drawn_verified(o, p, q)
 
 
 def _bonus(p: torch.Tensor, p_prev: torch.Tensor) -> torch.Tensor:
@@ -89,20 +119,35 @@ def _bonus_from_previous(p: torch.Tensor, p_prev: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RoundClass:
-    """A bug class of the catalogue (`losscheck.stats.buglaws`, same name) as the parts of a round
-    it changes: `accept(p, q)`, `recover(p, q)` and `bonus(p, p_prev)`, each [..., V]."""
+    """A bug class as the parts of a round it changes: `accept(p, q, o)`, `recover(p, q, o)` and
+    `bonus(p, p_prev)`, each [..., V]. A class of the catalogue (`losscheck.stats.buglaws`, same
+    name), or a q-contract class (`reads_other`), which engines alone are judged on: the loop's
+    drafters report the q they drew from, and its conformance tests judge its verifier directly."""
 
     name: str
     accept: Law = _accept
     recover: Law = _recover
-    bonus: Law = _bonus
+    bonus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _bonus
+    reads_other: bool = False  # its law reads the draft model's other q (a cell without one: not run)
 
 
 CLASSES: tuple[RoundClass, ...] = (
     RoundClass("residual_is_p", recover=_recover_from_p),
     RoundClass("bonus_from_previous_slot", bonus=_bonus_from_previous),
     RoundClass("top_p_one_side", accept=_accept_top_p_draws, recover=_recover_top_p_draws),
+    # the q contract (transformers #47932: DFlash, MTP and assisted candidates drawn from processed
+    # logits, the raw ones returned as q; DeepSpec #31: drafted in bf16, q taken in fp32)
+    RoundClass(
+        "q_raw_in_verify", accept=_accept_verified_with_other, recover=_recover_verified_with_other, reads_other=True
+    ),
+    RoundClass("q_raw_in_draft", accept=_accept_drawn_from_other, recover=_recover_drawn_from_other, reads_other=True),
 )
+# what each q-contract class is (the certificate's and docs' words)
+Q_CONTRACT = {
+    "q_raw_in_verify": "the draft is drawn from the draft model's processed q, the verifier accepts and recovers "
+    "with its raw q (transformers #47932)",
+    "q_raw_in_draft": "the draft is drawn from the draft model's raw q, the verifier uses the processed one",
+}
 BY_NAME = {c.name: c for c in CLASSES}
 # the catalogue's classes no filter makes exact on an engine's tokens, and why (the certificate says so)
 NOT_JUDGED = {
@@ -142,17 +187,26 @@ class ClassLaws(NamedTuple):
     bonus: torch.Tensor
 
 
-def class_laws(cls: RoundClass, p: torch.Tensor, q: torch.Tensor, p_prev: torch.Tensor) -> ClassLaws:
-    """`cls` at every position, from p, q and p_prev [..., V] (float64)."""
-    accept = cls.accept(p, q)
-    return ClassLaws(accept + cls.recover(p, q), accept, cls.bonus(p, p_prev))
+def class_laws(
+    cls: RoundClass, p: torch.Tensor, q: torch.Tensor, p_prev: torch.Tensor, other: torch.Tensor | None = None
+) -> ClassLaws:
+    """`cls` at every position, from p, q, p_prev and the draft model's other q [..., V] (float64;
+    None: q itself, under which a q-contract class is the correct round)."""
+    o = q if other is None else other
+    accept = cls.accept(p, q, o)
+    return ClassLaws(accept + cls.recover(p, q, o), accept, cls.bonus(p, p_prev))
 
 
 def round_parts(
-    p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, classes: tuple[RoundClass, ...] = CLASSES
+    p: torch.Tensor,
+    q: torch.Tensor,
+    tokens: torch.Tensor,
+    classes: tuple[RoundClass, ...] = CLASSES,
+    other: torch.Tensor | None = None,
 ) -> RoundParts:
-    """Gather every class's member laws at the emitted `tokens` [n, L], from the target's p and the
-    drafter's q [n, L, V] (float64, rows summing to 1) teacher-forced over the same tokens."""
+    """Gather every class's member laws at the emitted `tokens` [n, L], from the target's p, the
+    drafter's q and its other q (`class_laws`) [n, L, V] (float64, rows summing to 1)
+    teacher-forced over the same tokens."""
     p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)  # [n, L, V], zeros at t = 0
     at = tokens[..., None].clamp(0, p.shape[-1] - 1)  # [n, L, 1]
 
@@ -163,7 +217,7 @@ def round_parts(
     rho = torch.tensor(MEMBERS, dtype=torch.float64, device=p.device)  # [G]
     parts: list[list[torch.Tensor]] = [[], [], []]
     for cls in classes:
-        laws = class_laws(cls, p, q, p_prev)
+        laws = class_laws(cls, p, q, p_prev, other)
         draft, accept, bonus = (gathered(x)[..., None] for x in laws)  # [n, L, 1] each
         parts[0].append(rho * accept + (1 - rho) * accept_h0[..., None])  # [n, L, G]
         parts[1].append(rho * (draft - accept) + (1 - rho) * (p_x - accept_h0)[..., None])
@@ -230,8 +284,15 @@ class RoundsPower:
     second: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     outside: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
 
-    def update(self, p: torch.Tensor, q: torch.Tensor, filtered: Filtered, scored: torch.Tensor) -> None:
-        """Add the scored positions [n, L] of a chunk: p, q [n, L, V] and the filter's beliefs.
+    def update(
+        self,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        filtered: Filtered,
+        scored: torch.Tensor,
+        other: torch.Tensor | None = None,
+    ) -> None:
+        """Add the scored positions [n, L] of a chunk: p, q, other [n, L, V] and the filter's beliefs.
         Member ρ's predictive law is p + ρ·((1 - π_k)·draft + π_k·bonus - p), π_k its belief in
         the bonus slot, draft and bonus its class's laws (`class_laws`)."""
         p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)
@@ -239,10 +300,11 @@ class RoundsPower:
         self.tokens += int(pick.sum())
         # float32: moments for a power estimate need no more, and it halves the cost of 21 laws per token
         ps, qs, prev = (x[pick].float() for x in (p, q, p_prev))  # [m, V]
+        os = None if other is None else other[pick].float()
         support = ps > 0
         log_p = ps.clamp_min(TINY32).log()
         for ci, name in enumerate(self.classes):
-            laws = class_laws(BY_NAME[name], ps, qs, prev)
+            laws = class_laws(BY_NAME[name], ps, qs, prev, os)
             towards = laws.bonus - laws.draft  # [m, V]
             for gi, rho in enumerate(MEMBERS):
                 last = filtered.bonus_belief[..., ci, gi][pick][:, None].float()  # [m, 1]
@@ -304,16 +366,18 @@ class RoundsSample:
         generated: torch.Tensor,
         scored: torch.Tensor,
         power_rows: torch.Tensor | None = None,
+        other: torch.Tensor | None = None,
     ) -> None:
         """Add a chunk: p, q [n, L, V] float64 teacher-forced over `tokens` [n, L]; `generated` and
         `scored` [n, L] as `filter_rounds` reads them; `power_rows` [n] bool, the rows whose
-        positions the power sums read (None: every row)."""
-        filtered = filter_rounds(round_parts(p, q, tokens), self.k, generated, scored, self.first)
+        positions the power sums read (None: every row); `other` [n, L, V], the draft model's other
+        q (`class_laws`; None where it is q itself)."""
+        filtered = filter_rounds(round_parts(p, q, tokens, other=other), self.k, generated, scored, self.first)
         self.log_lr += filtered.log_lr.sum(0).cpu()
         self.tokens += int(scored.sum())
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())
         picked = scored if power_rows is None else scored & power_rows.to(scored.device)[:, None]
-        self.power.update(p, q, filtered, picked)
+        self.power.update(p, q, filtered, picked, other)
 
     def row_scores(self, name: str) -> torch.Tensor:
         """[N] each row's log-LR of class `name` at ρ = 1, in the order the rows were added."""
@@ -354,4 +418,5 @@ def _registered(name: str) -> Callable[[RoundsSample, float, float], TestResult]
 _READS_SAMPLED_DRAFTS = {"top_p_one_side"}
 for _cls in CLASSES:
     _needs = frozenset({SAMPLED_DRAFTS}) if _cls.name in _READS_SAMPLED_DRAFTS else frozenset()
+    _needs |= frozenset({OTHER_Q}) if _cls.reads_other else frozenset()
     register(StatTest(f"rounds.{_cls.name}", ROUNDS, "conformance", _registered(_cls.name), anytime=True, needs=_needs))

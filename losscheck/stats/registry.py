@@ -43,6 +43,9 @@ ROW_STREAMS = "row_streams"
 # ... and drafts sampled from q: an engine that drafts its draft model's argmax gives none, so a test
 # of a drafter-side sampling bug (top-p on one side) cannot reject there and spends no α
 SAMPLED_DRAFTS = "sampled_drafts"
+# ... and a draft model whose raw law differs from the q the engine draws from: at temperature 1
+# with nothing else processed the two are one, and a q-contract class is the correct round there
+OTHER_Q = "other_q"
 # the order a PIT cell's design lists its tests in (`designed`); a family not named here follows
 DESIGN_ORDER = (PIT, CONDITIONAL)
 

@@ -198,7 +198,11 @@ def test_one_sample_cells_are_sized_by_the_bug_classes_they_judge(pytester):
     assert set(classes) == {"target_temperature_1.1", "per_request_params_mixed"} | rounds
     for name in ("target_temperature_1.1", *rounds):
         assert classes[name]["covered"] and classes[name]["power"] >= 0.99 and classes[name]["curve"]["0.99"] <= 1
-    assert set(record["classes_not_judged"]) == {"stale_q", "drafter_misreports_one_id", "draft_noise_reused"}
+    # and at T = 1 with nothing processed the draft model has no other q: the q-contract classes
+    q_contract = {"q_raw_in_verify", "q_raw_in_draft"}
+    assert (
+        set(record["classes_not_judged"]) == {"stale_q", "drafter_misreports_one_id", "draft_noise_reused"} | q_contract
+    )
     counted = record["engine_counters"]  # the engine's own counts of the cell's speculative calls
     assert counted["drafts"] > record["sequences"] and counted["drafted"] == 4 * counted["drafts"]
     assert len(counted["accepted_per_position"]) == 4 and sum(counted["accepted_per_position"]) == counted["accepted"]

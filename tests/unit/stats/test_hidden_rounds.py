@@ -31,10 +31,14 @@ def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
 
 
-def loop_law(P: torch.Tensor, Q: torch.Tensor, bug: str | None, first: str = "round") -> dict[tuple[int, ...], float]:
+def loop_law(
+    P: torch.Tensor, Q: torch.Tensor, bug: str | None, first: str = "round", R: torch.Tensor | None = None
+) -> dict[tuple[int, ...], float]:
     """The probability of every first-L output of the speculative loop with `bug` (None: correct),
     by enumerating drafts, accept / reject outcomes and recovered and bonus tokens; `first`
-    "prefill": the first token is the prefill's sample of p, and the rounds start after it."""
+    "prefill": the first token is the prefill's sample of p, and the rounds start after it. `R`:
+    the draft model's other (raw) law, which the q-contract bugs draw from or verify with."""
+    R = Q if R is None else R
     law: dict[tuple[int, ...], float] = {}
 
     def emit(out: tuple[int, ...], x: int) -> tuple[int, ...]:
@@ -59,12 +63,14 @@ def loop_law(P: torch.Tensor, Q: torch.Tensor, bug: str | None, first: str = "ro
             for x in range(V):
                 round_(emit(out, x), prob * float(law_x[x]))
             return
-        drawn = top_p(q, TOP_P) if bug == "top_p_one_side" else q
-        residual = (p - q).clamp_min(0)
+        o = R[last(out)]
+        drawn = {"top_p_one_side": top_p(q, TOP_P), "q_raw_in_draft": o}.get(bug or "", q)
+        verified = o if bug == "q_raw_in_verify" else q
+        residual = (p - verified).clamp_min(0)
         recovered = p if bug == "residual_is_p" or residual.sum() <= 0 else residual / residual.sum()
         rejected = 0.0
         for d in range(V):
-            accept = min(1.0, float(p[d] / q[d])) if q[d] > 0 else 1.0
+            accept = min(1.0, float(p[d] / verified[d])) if verified[d] > 0 else 1.0
             if drawn[d] > 0:
                 slot(emit(out, d), j + 1, prob * float(drawn[d]) * accept)
                 rejected += float(drawn[d]) * (1 - accept)
@@ -86,11 +92,14 @@ def forced(seqs: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
     return T[before]
 
 
-def filtered_law(P: torch.Tensor, Q: torch.Tensor, first: str | None = "round") -> tuple[torch.Tensor, torch.Tensor]:
+def filtered_law(
+    P: torch.Tensor, Q: torch.Tensor, first: str | None = "round", R: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [V^L, L]
     p, q = forced(seqs, P), forced(seqs, Q)
+    other = None if R is None else forced(seqs, R)
     everywhere = torch.ones(seqs.shape, dtype=torch.bool)
-    out = filter_rounds(round_parts(p, q, seqs), K, everywhere, everywhere, first)
+    out = filter_rounds(round_parts(p, q, seqs, other=other), K, everywhere, everywhere, first)
     p_seq = p.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)  # [V^L]
     return seqs, p_seq[:, None, None] * out.log_lr.exp()  # [V^L, C, G]
 
@@ -98,17 +107,19 @@ def filtered_law(P: torch.Tensor, Q: torch.Tensor, first: str | None = "round") 
 @pytest.mark.parametrize(("seed", "greedy"), [(0, False), (1, False), (2, False), (0, True), (3, True)])
 def test_the_correct_loop_emits_p_and_every_member_s_law_is_the_loop_s_with_the_bug(seed, greedy):
     """`greedy`: the drafts are the drafter's argmax, q a point mass (vLLM's default draft law),
-    under which drafting from top-p(q) changes nothing."""
+    under which drafting from top-p(q) changes nothing. The draft model's other law R is another
+    table (its raw law where q is processed) or, for argmax drafts, the law before the argmax."""
     P, Q = tables(seed)
+    R = tables(seed + 100)[1]
     if greedy:
-        Q = torch.nn.functional.one_hot(Q.argmax(-1), V).double()
-    seqs, law = filtered_law(P, Q)
+        Q, R = torch.nn.functional.one_hot(Q.argmax(-1), V).double(), Q
+    seqs, law = filtered_law(P, Q, R=R)
     correct = loop_law(P, Q, None)
     p_seq = torch.tensor([correct.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
     assert torch.allclose(p_seq, forced(seqs, P).gather(-1, seqs[..., None]).squeeze(-1).prod(-1), atol=1e-12)
     one = MEMBERS.index(1.0)
     for c, cls in enumerate(CLASSES):
-        buggy = loop_law(P, Q, cls.name)
+        buggy = loop_law(P, Q, cls.name, R=R)
         exact = torch.tensor([buggy.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
         assert abs(float(exact.sum()) - 1) < 1e-12
         assert torch.allclose(law[:, c, one], exact, atol=1e-12), cls.name
@@ -127,12 +138,13 @@ def test_a_first_token_from_the_prefill_is_filtered_exactly_and_an_undeclared_on
     started at slot 0 (the default) are not that law; with `first=None` the filter's law is the
     half-and-half mixture of the two starts."""
     P, Q = tables(seed)
-    seqs, prefill = filtered_law(P, Q, "prefill")
-    _, at_slot_0 = filtered_law(P, Q, "round")
-    _, mixed = filtered_law(P, Q, None)
+    R = tables(seed + 100)[1]
+    seqs, prefill = filtered_law(P, Q, "prefill", R)
+    _, at_slot_0 = filtered_law(P, Q, "round", R)
+    _, mixed = filtered_law(P, Q, None, R)
     one = MEMBERS.index(1.0)
     for c, cls in enumerate(CLASSES):
-        buggy = loop_law(P, Q, cls.name, first="prefill")
+        buggy = loop_law(P, Q, cls.name, first="prefill", R=R)
         exact = torch.tensor([buggy.get(tuple(s.tolist()), 0.0) for s in seqs], dtype=torch.float64)
         assert torch.allclose(prefill[:, c, one], exact, atol=1e-12), cls.name
         assert not torch.allclose(at_slot_0[:, c, one], exact, atol=1e-4), cls.name

@@ -1,0 +1,60 @@
+"""The q contract judged in engine cells (`losscheck.stats.hidden_rounds`, `q_raw_in_verify`,
+`q_raw_in_draft`): an engine whose draft is drawn from one law of its draft model and verified
+with another — transformers #47932's shape — fails its one-sample cell through the round filter,
+blamed on speculation; where the two laws are one (T = 1, nothing processed) the classes are named
+not judged and spend no α."""
+
+from __future__ import annotations
+
+import pytest
+
+from losscheck.core.sampling import SamplingParams
+
+
+def _cell(engine: str, cell_id: str):
+    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.run.context import CellContext
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    session = Session(Options(engine=f"losscheck.selftest.engines:{engine}"))
+    (cell,) = [c for c in session.plan["engine_cell"] if c.id == cell_id]
+    return run_engine_cell(CellContext.of(session, cell))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_verifier_using_the_raw_q_where_the_draft_drew_the_processed_one_fails_at_t_0_3():
+    outcome = _cell("q_raw_in_verify", "engine-k4-T0.3")
+    assert not outcome.passed, outcome.message()
+    failed = {r.name for r in outcome.verdict.results if not r.passed}
+    assert outcome.facts.attribution is not None and outcome.facts.attribution.finding == "speculation"
+    first = " ".join(outcome.facts.attribution.first_stage_failed)
+    assert "rounds.q_raw_in_verify" in first, first
+    assert failed, outcome.message()
+
+
+@pytest.mark.slow  # the other direction and a cut-off (~40 s)
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize(
+    ("engine", "cell_id"), [("q_raw_in_draft", "engine-k4-T0.3"), ("q_raw_in_verify", "engine-k4-T1-topk8")]
+)
+def test_each_direction_and_a_cut_off_fail_too(engine, cell_id):
+    outcome = _cell(engine, cell_id)
+    assert not outcome.passed, outcome.message()
+    assert outcome.facts.attribution is not None
+    assert f"rounds.{engine}" in " ".join(outcome.facts.attribution.first_stage_failed)
+
+
+def test_where_the_two_laws_are_one_the_classes_are_not_judged_and_spend_nothing():
+    from losscheck.cells.engine_rounds import has_other_q, not_judged
+    from losscheck.stats import registry
+
+    t1, cooled = SamplingParams(), SamplingParams(temperature=0.3)
+    assert not has_other_q(t1, "processed") and has_other_q(cooled, "processed")
+    assert has_other_q(t1, "greedy")  # argmax drafts: the law before the argmax is the other
+    assert has_other_q(SamplingParams(top_k=8), "processed") and not has_other_q(SamplingParams(top_k=8), "temperature")
+    said = not_judged("processed", t1)
+    assert "no other q" in said["q_raw_in_verify"] and "no other q" in said["q_raw_in_draft"]
+    assert "q_raw_in_verify" not in not_judged("processed", cooled)
+    other = frozenset({registry.OTHER_Q})
+    assert registry.budget_count(registry.ROUNDS, missing=other) == registry.budget_count(registry.ROUNDS) - 2
