@@ -45,10 +45,12 @@ from losscheck.stats.result import combine
 
 if TYPE_CHECKING:
     from losscheck.cells.engine_phases import EngineDraws
+    from losscheck.cells.engine_rounds import RoundsScoring
     from losscheck.cells.proxy_design import Levels, ProxyDesign
+    from losscheck.cells.record import DraftLawRecord
     from losscheck.core.target import HFTarget
     from losscheck.stats.bugclass import PowerAccumulator
-    from losscheck.stats.hidden_rounds import FirstToken, RoundsSample
+    from losscheck.stats.hidden_rounds import Acceptance, FirstToken, RoundsSample
     from losscheck.stats.result import TestResult
 
 
@@ -63,6 +65,7 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
     side by side (`CellContext.engine_batch`: an engine that keeps one instance alive at a time),
     the first of them draws them all (`losscheck.cells.engine_phases`) and each takes its own
     outcome; otherwise the cell is drawn alone, speculative side first."""
+    from losscheck.cells.draft_law import checked
     from losscheck.cells.engine_phases import draw_side_by_side
 
     engine = _engine(ctx)
@@ -80,6 +83,7 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
     result = results[ctx.cell.id]
     if isinstance(result, Exception):
         raise result
+    result.facts = checked(result.facts)  # the engine's counters are in: its draft law checked
     return result
 
 
@@ -253,6 +257,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         design_tokens=design.classes.tokens,
         bug_classes=coverage,
         classes_not_judged=not_judged(None if drafter is None else drafter.law, cell.params),
+        draft_law=_draft_law(design, rounds),
     )
     failed = [r for r in results if not r.passed]
     if not failed:
@@ -399,6 +404,7 @@ class EngineDesign:
     pilot_tokens: int
     pilot_tested: int
     rounds_rate: float = 1.0
+    acceptance: Acceptance | None = None  # the pilot's: what the engine's counters should count of it
 
 
 def _design(
@@ -438,7 +444,18 @@ def _design(
         pooled = pit_required_values(alpha_pit, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
     design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
-    return EngineDesign(design, measured.steps / len(rows), generated, measured.steps, rate)
+    acceptance = None if rounds is None else rounds.sample.acceptance
+    return EngineDesign(design, measured.steps / len(rows), generated, measured.steps, rate, acceptance)
+
+
+def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRecord | None:
+    """What the engine's counters should count of the cell's speculative rows, pilot and tested
+    sample (`losscheck.cells.draft_law`); None without a draft model."""
+    from losscheck.cells.draft_law import predicted
+
+    if rounds is None or design.acceptance is None:
+        return None
+    return predicted(design.acceptance.plus(rounds.sample.acceptance))
 
 
 def target_side_coverage(

@@ -213,6 +213,22 @@ class AttributionRecord:
 
 
 @dataclass(frozen=True)
+class DraftLawRecord:
+    """A one-sample engine cell's check of the draft law it teacher-forced the engine's draft model
+    under (`losscheck.cells.draft_law`): the engine's own counts of rounds and of rounds whose
+    first draft was accepted, against what the round filter predicts for the rows it read."""
+
+    OMIT_NONE: ClassVar[bool] = True
+
+    predicted_rounds: float
+    predicted_first_accepted: float
+    sd_first_accepted: float
+    counted_rounds: int | None = None
+    counted_first_accepted: int | None = None
+    verdict: str = "not checked"  # "consistent", "inconsistent" or "not checked: why"
+
+
+@dataclass(frozen=True)
 class SampleFacts:
     """What a cell measured of its sample; None (left out) where its kind of cell measures no such thing."""
 
@@ -258,6 +274,7 @@ class SampleFacts:
     acceptance_rule: str | None = None  # a drafter that verifies with a rule of its own names it
     # black-box cells: the catalogue's classes the cell has no power against, and why
     classes_not_judged: dict[str, str] | None = None
+    draft_law: DraftLawRecord | None = None  # one-sample cells with a draft model: the engine's counters agree?
     attribution: AttributionRecord | None = None  # black-box cells whose first stage rejected
 
 

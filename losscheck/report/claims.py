@@ -186,6 +186,21 @@ def lines(cert: Certificate) -> list[str]:
                 "and, when the engine gives its draft model, the verifier's classes through a filter over the "
                 f"slots it does not report; not claimed for them: {unjudged or 'none'}"
             )
+    laws = [(r.cell, r.sample.draft_law) for r in cert.cells if r.sample.draft_law is not None]
+    if laws:
+        verdicts: dict[str, list[str]] = {}
+        for cell, law in laws:
+            verdicts.setdefault(law.verdict.split(":")[0], []).append(cell)
+        out.append(
+            "- the draft law each one-sample engine cell teacher-forced, against the engine's own counts of "
+            "first drafts accepted (`losscheck.cells.draft_law`): "
+            + "; ".join(f"{verdict} in {len(cells)} ({', '.join(cells[:4])})" for verdict, cells in verdicts.items())
+            + (
+                " — where inconsistent, the drafter-side classes are withdrawn there"
+                if "inconsistent" in verdicts
+                else ""
+            )
+        )
     found = {
         "speculation": "speculation blamed",
         "reference": "the reference differs from the engine, judged two-sample",

@@ -102,3 +102,53 @@ def q_raw_in_verify(target: Target) -> SpecLoopEngine:
 def q_raw_in_draft(target: Target) -> SpecLoopEngine:
     """Drafts from the raw law, verified with the processed q (`RawQDrawn`)."""
     return _q_contract(target, RawQDrawn, "q-raw-in-draft")
+
+
+BIASED_ID, BIAS = 5, 6.0  # the bundled target's most frequent id at T = 1, and a bias that flips argmaxes
+
+
+class BiasedArgmax(AutoregressiveDrafter):
+    """Drafts the argmax of its logits with a bias added first, reporting that point mass as q: a
+    lossless engine whose drafter does not draft the argmax of the model it gives losscheck."""
+
+    def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        biased = logits.clone()
+        biased[..., BIASED_ID] += BIAS
+        token = biased.argmax(-1)
+        return token, torch.nn.functional.one_hot(token, logits.shape[-1]).to(logits.dtype)
+
+
+class DeclaresArgmax(SpecLoopEngine):
+    """A `SpecLoopEngine` that gives its draft model as drafting the argmax (`law="greedy"`)."""
+
+    def draft_model(self):
+        from losscheck.engines import DraftModel
+
+        model = super().draft_model()
+        return None if model is None else DraftModel(model, "greedy")
+
+
+def biased_argmax_drafts(target: Target) -> SpecLoopEngine:
+    """Drafts argmax(logits + bias) while declaring argmax(logits) (`BiasedArgmax`): lossless, but
+    its drafter-side claims rest on the wrong q and are withdrawn (`losscheck.cells.draft_law`)."""
+    from losscheck import bundled
+    from losscheck.drafters.autoregressive import from_path
+
+    honest = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    drafter = BiasedArgmax(honest.lm.model, "biased-argmax")
+    return DeclaresArgmax(target, drafter, name="spec-loop-biased-argmax")
+
+
+def honest_argmax_drafts(target: Target) -> SpecLoopEngine:
+    """Drafts argmax(logits) and declares it: the control for `biased_argmax_drafts`."""
+    from losscheck import bundled
+    from losscheck.drafters.autoregressive import from_path
+
+    honest = from_path(bundled.fixtures_dir() / "drafter_a", target)
+
+    class Argmax(AutoregressiveDrafter):
+        def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+            token = logits.argmax(-1)
+            return token, torch.nn.functional.one_hot(token, logits.shape[-1]).to(logits.dtype)
+
+    return DeclaresArgmax(target, Argmax(honest.lm.model, "argmax"), name="spec-loop-argmax")

@@ -228,10 +228,11 @@ def round_parts(
 
 class Filtered(NamedTuple):
     """The forward filter's output: per row the log-LR of every member, [n, C, G]; the belief in
-    the bonus slot before each position, [n, L, C, G]."""
+    the bonus slot and in slot 0 (a round's first draft) before each position, [n, L, C, G]."""
 
     log_lr: torch.Tensor
     bonus_belief: torch.Tensor
+    first_belief: torch.Tensor
 
 
 def filter_rounds(
@@ -253,10 +254,11 @@ def filter_rounds(
         belief[..., slot] = weight
     log_lr = torch.zeros(n, c, g, dtype=torch.float64, device=belief.device)
     bonus_belief = torch.zeros(n, length, c, g, dtype=torch.float64, device=belief.device)
+    first_belief = torch.zeros_like(bonus_belief)
     for t in range(length):
         accept, recover, bonus = parts.accept[:, t], parts.recover[:, t], parts.bonus[:, t]  # [n, C, G]
         draft, last = belief[..., :k].sum(-1), belief[..., k]  # [n, C, G]
-        bonus_belief[:, t] = last
+        bonus_belief[:, t], first_belief[:, t] = last, belief[..., 0]
         predicted = draft * (accept + recover) + last * bonus  # [n, C, G]
         factor = predicted.clamp_min(TINY).log() - parts.p[:, t, None, None].clamp_min(TINY).log()
         log_lr += torch.where(scored[:, t, None, None], torch.where(predicted > 0, factor, -math.inf), 0.0)
@@ -264,7 +266,7 @@ def filter_rounds(
         total = after.sum(-1, keepdim=True)
         after = torch.where(total > 0, after / total.clamp_min(TINY), _start(belief))  # an impossible token: restart
         belief = torch.where(generated[:, t, None, None, None], after, belief)
-    return Filtered(log_lr, bonus_belief)
+    return Filtered(log_lr, bonus_belief, first_belief)
 
 
 def _start(belief: torch.Tensor) -> torch.Tensor:
@@ -343,6 +345,48 @@ class RoundsPower:
         return min(caught) if caught else None
 
 
+CORRECT = RoundClass("correct")  # every part as H0 has it: the filter's belief under the declared draft law
+
+
+@dataclass
+class Acceptance:
+    """What an engine's own counters should count over the rows the filter read, if its drafts
+    follow the declared law and its output follows p: the rounds (one per slot 0) and the rounds
+    whose first draft was accepted, each as a sum over positions of the filter's H0 probability
+    given the tokens up to that position (so each sum has the count's expectation), with the sum
+    of those probabilities' Bernoulli variances. A round's first draft always lies within the
+    emitted tokens, later ones may not (a row's last round, a draft after an end token): only the
+    first position is predicted."""
+
+    rounds: float = 0.0
+    rounds_var: float = 0.0
+    first_accepted: float = 0.0
+    first_var: float = 0.0
+
+    def add(
+        self, p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, filtered: Filtered, generated: torch.Tensor
+    ) -> None:
+        """`filtered`: `filter_rounds` over `CORRECT` alone; p, q [n, L, V], `tokens` and `generated` [n, L]."""
+        at = tokens[..., None].clamp(0, p.shape[-1] - 1)
+        p_x = p.gather(-1, at).squeeze(-1)  # [n, L]
+        a_x = torch.minimum(p, q).gather(-1, at).squeeze(-1)
+        first = filtered.first_belief[..., 0, 0]  # [n, L]
+        w = torch.where(p_x > 0, first * a_x / p_x.clamp_min(TINY), 0.0)
+        keep = generated.to(torch.bool)
+        self.rounds += float(first[keep].sum())
+        self.rounds_var += float((first * (1 - first))[keep].sum())
+        self.first_accepted += float(w[keep].sum())
+        self.first_var += float((w * (1 - w))[keep].sum())
+
+    def plus(self, other: Acceptance) -> Acceptance:
+        return Acceptance(
+            self.rounds + other.rounds,
+            self.rounds_var + other.rounds_var,
+            self.first_accepted + other.first_accepted,
+            self.first_var + other.first_var,
+        )
+
+
 @dataclass
 class RoundsSample:
     """A sample of engine rows scored chunk by chunk: per class and member the summed log-LR
@@ -357,6 +401,7 @@ class RoundsSample:
     tokens: int = 0
     power: RoundsPower = field(default_factory=RoundsPower)
     rows: list[torch.Tensor] = field(default_factory=list)  # [n_j, C] per chunk
+    acceptance: Acceptance = field(default_factory=Acceptance)  # what the engine's counters should count
 
     def update(
         self,
@@ -378,6 +423,8 @@ class RoundsSample:
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())
         picked = scored if power_rows is None else scored & power_rows.to(scored.device)[:, None]
         self.power.update(p, q, filtered, picked, other)
+        h0 = filter_rounds(round_parts(p, q, tokens, (CORRECT,)), self.k, generated, scored, self.first)
+        self.acceptance.add(p, q, tokens, h0, generated)
 
     def row_scores(self, name: str) -> torch.Tensor:
         """[N] each row's log-LR of class `name` at ρ = 1, in the order the rows were added."""

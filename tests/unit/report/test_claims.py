@@ -146,3 +146,14 @@ def test_zero_draft_rounds_and_prefix_hits_are_counted_and_an_idle_path_is_named
     assert "no hit, so their PASS says nothing of a resumed prefix: user-k4-greedy-prefix-cold" in text
     without = "\n".join(claims.lines(certificate_of(records({"cell": "x", "kind": "greedy", "rollbacks": 1}))))
     assert "none ran, so the PASS says nothing of that path" in without
+
+
+def test_the_draft_law_checks_are_counted_and_an_inconsistent_one_is_named():
+    law = {"predicted_rounds": 100.0, "predicted_first_accepted": 80.0, "sd_first_accepted": 3.0}
+    found = records(
+        {"cell": "engine-k4-T1", "draft_law": {**law, "counted_first_accepted": 81, "verdict": "consistent"}},
+        {"cell": "engine-k4-T0.3", "draft_law": {**law, "counted_first_accepted": 50, "verdict": "inconsistent"}},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "consistent in 1 (engine-k4-T1); inconsistent in 1 (engine-k4-T0.3)" in text
+    assert "the drafter-side classes are withdrawn there" in text

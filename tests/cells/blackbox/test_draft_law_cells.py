@@ -1,0 +1,42 @@
+"""The draft law checked in one-sample engine cells (`losscheck.cells.draft_law`): an engine that
+drafts argmax(logits + bias) while giving its model as drafting argmax(logits) is lossless and
+PASSes, but its counters contradict the filter's prediction and every drafter-side claim is
+withdrawn by name; the same engine without the bias matches its counters to the unit."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _t1(engine: str):
+    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.run.context import CellContext
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    session = Session(Options(engine=f"losscheck.selftest.engines:{engine}"))
+    (cell,) = [c for c in session.plan["engine_cell"] if c.id == "engine-k4-T1"]
+    return run_engine_cell(CellContext.of(session, cell))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_withdrawn():
+    from losscheck.stats.hidden_rounds import CLASSES
+
+    biased = _t1("biased_argmax_drafts")
+    assert biased.passed, biased.message()  # lossless: the verifier uses the q it drafted from
+    law = biased.facts.draft_law
+    assert law is not None and law.verdict == "inconsistent", law
+    classes = biased.facts.bug_classes
+    assert classes is not None
+    drafter_side = {c.name for c in CLASSES} & set(classes)
+    assert drafter_side and all(classes[n].withdrawn and not classes[n].covered for n in drafter_side)
+    assert classes["target_temperature_1.1"].covered and classes["target_temperature_1.1"].withdrawn is None
+
+    honest = _t1("honest_argmax_drafts")
+    law = honest.facts.draft_law
+    assert honest.passed and law is not None and law.verdict == "consistent", law
+    assert (law.counted_first_accepted, law.counted_rounds) == (
+        round(law.predicted_first_accepted),
+        round(law.predicted_rounds),
+    )  # argmax drafts: the filter knows every slot
