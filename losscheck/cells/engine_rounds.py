@@ -47,8 +47,9 @@ class RoundsScoring:
     ) -> None:
         """Score rows `at` of `gen` (continuing `rows`, the chunk's prompts), whose target law the
         caller's teacher-forced pass gave (`forced`): q from one drafter pass over the same tokens,
-        formed as the engine forms it (`law`); positions whose cut-off is ambiguous move the
-        filter only. `power_rows` [c] bool: the chunk's rows the power sums read (None: all)."""
+        formed as the engine forms it (`law`); at a position whose cut-off is ambiguous, a drawn
+        token every implementation keeps is scored under the law conditioned on those tokens, any
+        other moves the filter only. `power_rows` [c] bool: the chunk's rows the power sums read (None: all)."""
         from losscheck.cells.scoring import teacher_forced_probs
         from losscheck.core.sampling import SamplingParams
 
@@ -63,7 +64,10 @@ class RoundsScoring:
             other = teacher_forced_probs(self.drafter, rows, tokens.to(self.drafter.device), raw).probs
         p = forced.probs.double()
         generated = gen.mask()[at].to(p.device)
-        scored = generated & ~forced.ambiguous
+        # token-level conditioning: at an ambiguous cut-off p is p_S, the law on the tokens S every
+        # implementation keeps, and a drawn token in S is scored against it (under H0 its law given
+        # x ∈ S is p_S whatever the engine's cut-off keeps beyond S); a token outside S is left out
+        scored = generated & ~forced.left_out.to(generated.device)
         other = None if other is None else other.double().to(p.device)
         self.sample.update(p, q.double().to(p.device), tokens.to(p.device), generated, scored, power_rows, other)
 

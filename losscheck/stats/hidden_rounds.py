@@ -21,8 +21,11 @@ every term is p_t(x_t), so the likelihood ratio Π_t P'(x_t | x_<t) / p_t(x_t) i
 whatever q is (a q unlike the engine's only costs power), and a fixed-weight mixture over members
 is one too: by Ville's inequality the test rejects at level α whenever the mixture reaches 1 / α,
 at any stopping time (`rounds_test`, registered as family `ROUNDS`). Positions the caller does
-not score (a cut-off's ambiguous positions, `losscheck.cells.scoring`) move the belief and
-contribute no factor.
+not score move the belief and contribute no factor. At a cut-off that implementations may draw
+differently (`losscheck.cells.scoring`) the caller passes p_S, the law conditioned on the tokens S
+every one of them keeps, and scores a drawn token in S only: under H0 a token in S has law p_S
+whatever else the engine keeps, and each member's law restricted to S sums to at most 1, so the
+factor 1[x ∈ S]·P'(x)/p_S(x) + 1[x ∉ S] keeps mean at most 1.
 
 Power (`RoundsPower`): per member, the log-LR increment's mean and second moment under P' at each
 scored position (its law over the whole vocabulary, the belief from the filter along the observed
