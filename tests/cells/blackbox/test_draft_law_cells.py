@@ -40,3 +40,10 @@ def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_
         round(law.predicted_first_accepted),
         round(law.predicted_rounds),
     )  # argmax drafts: the filter knows every slot
+
+
+def test_the_draft_law_table_names_a_cell_the_engine_does_not_have():
+    from losscheck.selftest.draft_law import lines
+
+    with pytest.raises(SystemExit, match="no one-sample cell 'engine-k9-T1'; the engine's are engine-k4-T1"):
+        lines("losscheck.engines.spec_loop:spec_loop", ["engine-k9-T1"], 1)
