@@ -205,12 +205,22 @@ def lines(cert: Certificate) -> list[str]:
         "speculation": "speculation blamed",
         "reference": "the reference differs from the engine, judged two-sample",
     }
-    attributed = [(r.cell, r.sample.attribution.finding) for r in cert.cells if r.sample.attribution is not None]
+    attributed = [(r.cell, r.sample.attribution) for r in cert.cells if r.sample.attribution is not None]
     if attributed:
-        said = "; ".join(f"{cell}: {found.get(finding, finding)}" for cell, finding in attributed)
+        said = "; ".join(
+            f"{cell}: {found.get(a.finding, a.finding)}"
+            + (
+                f" (a PASS of the row scores {', '.join(a.scores)} alone, no bug class claimed)"
+                if a.finding == "reference"
+                else ""
+            )
+            for cell, a in attributed
+        )
         out.append(
             "- black-box cells whose first stage rejected against losscheck's copy of the target, then compared "
-            f"speculative with speculation-off rows on the failing tests' row scores: {said}"
+            f"speculative with speculation-off rows on the failing tests' row scores: {said}. At reduced precision "
+            "a first-stage rejection may be the verify pass's kernel numerics against the decode pass's as much as "
+            "speculation's algorithm; the second stage tells the engine's two sides apart, not which of the two"
         )
     greedy = [r for r in cert.cells if r.sample.rollbacks is not None]
     if greedy:

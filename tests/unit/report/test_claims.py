@@ -157,3 +157,15 @@ def test_the_draft_law_checks_are_counted_and_an_inconsistent_one_is_named():
     text = "\n".join(claims.lines(certificate_of(found)))
     assert "consistent in 1 (engine-k4-T1); inconsistent in 1 (engine-k4-T0.3)" in text
     assert "the drafter-side classes are withdrawn there" in text
+
+
+def test_a_second_stage_that_puts_a_rejection_down_to_the_reference_says_what_its_pass_covers():
+    attribution = {"finding": "reference", "first_stage_failed": ["pit.surprisal (p = 1e-9)"], "rows": 576}
+    found = records(
+        {"cell": "engine-k4-T1", "attribution": {**attribution, "scores": ["surprisal", "pit_mean"]}},
+        {"cell": "engine-k4-T0.3", "attribution": {**attribution, "finding": "speculation", "scores": ["surprisal"]}},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "engine-k4-T1: the reference differs from the engine, judged two-sample (a PASS of the row scores " in text
+    assert "surprisal, pit_mean alone, no bug class claimed)" in text
+    assert "engine-k4-T0.3: speculation blamed. At reduced precision" in text and "kernel numerics" in text
