@@ -83,7 +83,7 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
     result = results[ctx.cell.id]
     if isinstance(result, Exception):
         raise result
-    result.facts = checked(result.facts)  # the engine's counters are in: its draft law checked
+    result.facts = checked(result.facts, not result.passed)  # the engine's counters are in: its draft law checked
     return result
 
 

@@ -40,14 +40,18 @@ def predicted(acceptance: Acceptance) -> DraftLawRecord:
     return DraftLawRecord(acceptance.rounds, acceptance.first_accepted, math.sqrt(max(acceptance.first_var, 0.0)))
 
 
-def checked(facts: SampleFacts) -> SampleFacts:
+def checked(facts: SampleFacts, rejected: bool = False) -> SampleFacts:
     """`facts` with its draft-law record judged against its engine counters; on a mismatch every
-    drafter-side class (`rounds.*`) is withdrawn from its bug classes by name."""
+    drafter-side class (`rounds.*`) is withdrawn from its bug classes by name. A cell that
+    `rejected` H0 is not checked: the prediction is made under it, and a bug moves the counts too."""
     from losscheck.stats.hidden_rounds import CLASSES
 
     record, counters = facts.draft_law, facts.engine_counters
     if record is None or record.verdict != "not checked":
         return facts
+    if rejected:
+        why = "not checked: the cell rejected H0, under which the counts are predicted"
+        return dataclasses.replace(facts, draft_law=dataclasses.replace(record, verdict=why))
     per = None if counters is None else counters.accepted_per_position
     if counters is None or not per:
         why = "not checked: the engine counts no accepted drafts per position"

@@ -137,3 +137,9 @@ def test_an_engine_without_per_position_counts_is_not_checked_and_keeps_its_clai
         facts = checked(_facts(counters))
         assert facts.draft_law is not None and facts.draft_law.verdict.startswith("not checked")
         assert facts.bug_classes is not None and all(c.withdrawn is None for c in facts.bug_classes.values())
+
+
+def test_a_cell_that_rejected_h0_is_not_checked_its_bug_moves_the_counts_too():
+    facts = checked(_facts(EngineCounters(drafts=990, accepted_per_position=(100, 50))), rejected=True)
+    assert facts.draft_law is not None and facts.draft_law.verdict.startswith("not checked: the cell rejected H0")
+    assert facts.bug_classes is not None and all(c.withdrawn is None for c in facts.bug_classes.values())
