@@ -23,11 +23,11 @@ from losscheck.stats.hidden_rounds import (
 V, K, L = 3, 2, 5
 
 
-def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """P, Q [V + 1, V]: the law of the next token after token a (row V: after the prompt)."""
+def tables(seed: int, vocab: int = V) -> tuple[torch.Tensor, torch.Tensor]:
+    """P, Q [vocab + 1, vocab]: the law of the next token after token a (row vocab: after the prompt)."""
     g = torch.Generator().manual_seed(seed)
-    P = torch.rand(V + 1, V, generator=g, dtype=torch.float64) ** 3
-    Q = torch.rand(V + 1, V, generator=g, dtype=torch.float64) ** 3
+    P = torch.rand(vocab + 1, vocab, generator=g, dtype=torch.float64) ** 3
+    Q = torch.rand(vocab + 1, vocab, generator=g, dtype=torch.float64) ** 3
     return P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
 
 
