@@ -20,6 +20,7 @@ round (an engine that keeps one instance alive at a time never has it loaded bes
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Generator
@@ -377,8 +378,9 @@ def _generation(
 
 
 def _drafter(ctx: CellContext) -> DraftModel | None:
-    """The engine's draft model, wrapped as a teacher-forceable target, once per run; None: it
-    gives none."""
+    """The engine's draft model, wrapped as a teacher-forceable target, once per run, on the CPU
+    until a cell scores (then on the run's device beside the reference target,
+    `CellContext.hold_draft`); None: it gives none."""
     from losscheck.cells.engine_rounds import as_target
     from losscheck.engines import draft_model
 
@@ -388,7 +390,11 @@ def _drafter(ctx: CellContext) -> DraftModel | None:
         given = draft_model(engine, ctx.engine_vocab()[0])
         if given is None:
             return None
-        return dataclasses.replace(given, model=as_target(given.model, f"{engine.name} draft model"))
+        model = given.model
+        if next(model.parameters()).device.type != "cpu":  # the engine's own module: losscheck moves a copy
+            model = copy.deepcopy(model)
+        held = ctx.hold_draft(as_target(model.to("cpu"), f"{engine.name} draft model"))
+        return dataclasses.replace(given, model=held)
 
     return ctx.memo(("engine-drafter", engine.name), load)
 
@@ -537,7 +543,8 @@ def two_sample(ctx: CellContext) -> EngineDraws:
     vocab, bins = ctx.engine_vocab()[0], profile.two_sample_bins
     results = two_sample_tests(on, off, vocab, alpha_positions, profile.power, target_tv, max_bins=bins)
     results += _surprisal_test(ctx, prompts, drawn, ctx.alpha - alpha_positions)
-    facts = SampleFacts(sequences=len(on), prompts=len(prompts), horizon=horizon)
+    proxy = ctx.engine_target().identity.get("precision")
+    facts = SampleFacts(sequences=len(on), prompts=len(prompts), horizon=horizon, proxy_precision=proxy)
     facts = _proxy_confirmed(ctx, facts, design, prompts, drawn[1], horizon)
     return CellOutcome(cell, verdict=combine(cell.id, results, ctx.alpha), facts=_facts(ctx, facts))
 

@@ -275,6 +275,7 @@ class SampleFacts:
     # black-box cells: the catalogue's classes the cell has no power against, and why
     classes_not_judged: dict[str, str] | None = None
     draft_law: DraftLawRecord | None = None  # one-sample cells with a draft model: the engine's counters agree?
+    proxy_precision: str | None = None  # two-sample cells: the precision of the proxy they were sized by
     attribution: AttributionRecord | None = None  # black-box cells whose first stage rejected
 
 

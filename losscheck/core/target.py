@@ -102,6 +102,13 @@ class HFTarget:
         self.max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
 
+    def move(self, device: str | torch.device) -> None:
+        """Its weights to `device` (a draft model teacher-forced on the accelerator between engine
+        phases, `losscheck.run.models.Models.place_drafts`)."""
+        self.model.to(device)  # type: ignore[arg-type]  # transformers types .to by its own class
+        self.device = self.lm.device = next(self.model.parameters()).device
+        self.lm.cache = None  # a cache built on the other device
+
     @classmethod
     def from_pretrained(
         cls,

@@ -8,7 +8,8 @@ Terms:
   engine's precision split over its tensor-parallel ranks, its draft model's, and room for its KV
   cache (`KV_SHARE` of the weights, at least `KV_MIN_GIB`);
 - *reference*: losscheck's own copy of the target on one device while it scores: in the engine's
-  precision for one-sample cells, fp32 for two-sample cells (the proxy).
+  precision for one-sample cells, fp32 for two-sample cells (the proxy); with the engine's draft
+  model beside it in fp32 when losscheck teacher-forces one (off the device while an instance lives).
 
 The policy follows (`fit`): both instances and the reference alive together (keep-all) where they
 fit in `ENGINE_SHARE` of a device; else one at a time, each instance given that share
@@ -101,7 +102,10 @@ class Sizing:
         return weights + max(KV_MIN_GIB, KV_SHARE * weights)
 
     def reference_gib(self) -> float:
-        return self.target_params * BYTES[self.reference_precision] / GIB * (1 + KV_SHARE / 2)  # activations
+        """losscheck's copy of the target while it scores, and beside it the engine's draft model,
+        teacher-forced in fp32 (`losscheck.run.models.Models.place_drafts`)."""
+        target = self.target_params * BYTES[self.reference_precision] / GIB
+        return (target + self.draft_params * BYTES["fp32"] / GIB) * (1 + KV_SHARE / 2)  # activations
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,8 @@ class HardwarePlan:
             f"target {s.target_params / 1e9:.2f}B parameters, draft model {s.draft_params / 1e9:.2f}B):",
             f"  engine instance: {s.instance_gib():.1f} GiB a device ({s.engine_precision} weights{split}, "
             f"KV cache {KV_SHARE:g} of them, at least {KV_MIN_GIB:g} GiB)",
-            f"  reference target: {s.reference_gib():.1f} GiB on one device ({s.reference_precision}, scoring)",
+            f"  reference target: {s.reference_gib():.1f} GiB on one device ({s.reference_precision}, scoring"
+            + (", the draft model beside it in fp32)" if s.draft_params else ")"),
             f"  policy: {self.policy} — {why}; each instance gets gpu_memory_utilization {self.memory_fraction:.2f}",
         ]
 
@@ -178,16 +183,51 @@ def chosen_policy(target: str, draft: str | None, precision: str, reference: str
     """The instance policy of an engine whose memory policy was not given: keep-all on a CPU (no
     accelerator to share), else what `fit` gives the machine's accelerators for the model
     directories `target` and `draft` (None: no draft model losscheck can read)."""
-    import json
-    from pathlib import Path
-
     hardware = present()
     if hardware is None:
         return Policy.KEEP_ALL
-
-    def params(directory: str | None) -> int:
-        config = Path(directory).expanduser() / "config.json" if directory else None
-        return parameters(json.loads(config.read_text())) if config is not None and config.is_file() else 0
-
-    sizing = Sizing(params(target), params(draft), precision, reference, tensor_parallel)
+    sizing = Sizing(_parameters_of(target), _parameters_of(draft), precision, reference, tensor_parallel)
     return Policy(fit(hardware, sizing).policy)
+
+
+def chosen_proxy(
+    asked: str, target: str, draft: str | None, tensor_parallel: int = 1, hardware: Hardware | None = None
+) -> str:
+    """The precision of the proxy a two-sample engine cell is sized and scored through
+    (`--losscheck-proxy-precision`): `asked` unless "auto"; fp32 on a CPU (`hardware` None: the
+    machine's, `present`) or where the plan fits an fp32 proxy; else the target's own dtype, which
+    loses the proxy power only (its tests keep their level whatever the proxy is). Where neither
+    fits, fp32: the run's plan then refuses it with the numbers."""
+    if asked != "auto":
+        return asked
+    hardware = hardware if hardware is not None else present()
+    if hardware is None:
+        return "fp32"
+    declared = declared_precision(_config_of(target))
+    for reference in ("fp32", declared):
+        sizing = Sizing(_parameters_of(target), _parameters_of(draft), declared, reference, tensor_parallel)
+        try:
+            fit(hardware, sizing)
+        except OptionError:
+            continue
+        return reference
+    return "fp32"
+
+
+def declared_precision(config: Mapping[str, Any]) -> str:
+    """The precision a config.json declares its weights in (`torch_dtype`; bf16 when it names none)."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(config.get("torch_dtype")), "bf16")
+
+
+def _config_of(directory: str | None) -> dict[str, Any]:
+    """A model directory's config.json ({} when there is none)."""
+    import json
+    from pathlib import Path
+
+    config = Path(directory).expanduser() / "config.json" if directory else None
+    return json.loads(config.read_text()) if config is not None and config.is_file() else {}
+
+
+def _parameters_of(directory: str | None) -> int:
+    config = _config_of(directory)
+    return parameters(config) if config else 0

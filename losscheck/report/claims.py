@@ -201,6 +201,7 @@ def lines(cert: Certificate) -> list[str]:
                 else ""
             )
         )
+    out += _references(cert)
     found = {
         "speculation": "speculation blamed",
         "reference": "the reference differs from the engine, judged two-sample",
@@ -256,5 +257,35 @@ def lines(cert: Certificate) -> list[str]:
             "(95% per cell at whichever look it stopped: each look's bound at 1 - 0.05 / looks; not simultaneous "
             f"over cells; tokens taken as independent); the largest is {worst:.3g} ({cell}, "
             f"at confidence {confidence:.3g} per look)"
+        )
+    return out
+
+
+def _references(cert: Certificate) -> list[str]:
+    """What a black-box engine's cells were scored against, where it is not an fp32 copy of the
+    engine's target: a reduced-precision reference (one-sample) or the proxy (two-sample)."""
+    from losscheck.core.precision import LOGIT_TOLERANCE
+
+    out = []
+    reduced: dict[str, list[str]] = {}
+    proxies: dict[str, list[str]] = {}
+    for r in cert.cells:
+        if r.sample.mode == "one-sample" and r.precision is not None and r.precision.split("/")[0] != "fp32":
+            reduced.setdefault(r.precision.split("/")[0], []).append(r.cell)
+        if r.sample.proxy_precision is not None:
+            proxies.setdefault(r.sample.proxy_precision, []).append(r.cell)
+    for precision, cells in reduced.items():
+        out.append(
+            f"- {len(cells)} one-sample engine cells scored by losscheck's copy of the target in {precision} "
+            f"({', '.join(cells[:4])}): their power figures are computed on that reference's p, which the "
+            f"engine's kernels may differ from by up to the precision's logit round-off "
+            f"({LOGIT_TOLERANCE[precision]:g} nats, unmeasured per kernel); a first-stage rejection is put to "
+            "the engine's own plain side before any blame"
+        )
+    for precision, cells in proxies.items():
+        out.append(
+            f"- {len(cells)} two-sample engine cells sized through a proxy, losscheck's copy of the target in "
+            f"{precision} ({', '.join(cells[:4])}): their tests keep their level whatever the proxy is; their power "
+            "figures are the proxy's, kept only where the tested plain rows' surprisal agrees with it"
         )
     return out

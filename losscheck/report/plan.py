@@ -104,7 +104,7 @@ def hardware_plan(session: Session, cells: list[Cell], hardware: Hardware) -> li
     from losscheck.plan.memory import TARGET, phases
     from losscheck.plan.scope import hint
 
-    plan = fit(hardware, engine_sizing(session))
+    plan = fit(hardware, engine_sizing(session, hardware))
     lines = plan.lines()
     fits = [c for c in cells if all(devices_needed(a, v) <= hardware.devices for a, v in c.variant)]
     if plan.policy == "one-at-a-time":
@@ -141,30 +141,27 @@ def _by_variant(cells: list[Cell]) -> dict[tuple[tuple[str, int | str], ...], li
     return groups
 
 
-def engine_sizing(session: Session) -> Sizing:
+def engine_sizing(session: Session, hardware: Hardware) -> Sizing:
     """What the run's engine holds, sized from config.json files (no weights read): the target, the
     draft model a speculative config or `--assistant` names where it is a local directory, the
     engine's precision (its target's declared dtype where losscheck scores nothing), and the
-    reference's (fp32 where a two-sample cell scores through the proxy)."""
-    from losscheck import bundled
-    from losscheck.engines.hardware import Sizing, parameters
+    reference's (where a two-sample cell scores through the proxy: fp32 where it fits `hardware`,
+    `losscheck.engines.hardware.chosen_proxy`)."""
+    from losscheck.engines.hardware import Sizing, chosen_proxy, declared_precision, parameters
     from losscheck.plan.modes import Mode
-    from losscheck.run.loading import engine_request
+    from losscheck.run.loading import engine_models
 
     options = session.options
-    target = Path(options.target or bundled.target_path()).expanduser()
-    config = json.loads((target / "config.json").read_text())
-    request = engine_request(options) if options.engine is not None else None
-    draft = (request.speculative_config or {}).get("model") if request is not None else None
-    draft_dir = Path(str(draft or options.assistant or "")).expanduser()
-    draft_config = draft_dir / "config.json" if str(draft_dir) not in ("", ".") else None
+    target, draft, tp = engine_models(options)
+    config = json.loads((Path(target) / "config.json").read_text())
+    draft_config = Path(draft) / "config.json" if draft is not None else None
     draft_params = parameters(json.loads(draft_config.read_text())) if draft_config and draft_config.is_file() else 0
     engine = session.blackbox
-    declared = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(config.get("torch_dtype")), "bf16")
+    declared = declared_precision(config)
     precision = engine.precision if engine is not None and engine.precision is not None else declared
     two_sample = any(c.mode is Mode.TWO_SAMPLE for found in session.plan.values() for c in found)
-    tp = int((request.args if request is not None else {}).get("tensor_parallel_size", 1))
-    return Sizing(parameters(config), draft_params, precision, "fp32" if two_sample else precision, tp)
+    reference = chosen_proxy(options.proxy_precision, target, draft, tp, hardware) if two_sample else precision
+    return Sizing(parameters(config), draft_params, precision, reference, tp)
 
 
 def estimate_line(cell_seconds: float, workers: int) -> str:

@@ -64,16 +64,29 @@ class CellContext:
         return self._session.target(name)
 
     def engine_target(self) -> HFTarget:
-        """losscheck's copy of a black-box engine's target (the main one) in the cell's precision.
+        """losscheck's copy of a black-box engine's target (the main one) in the cell's precision (a
+        two-sample cell's proxy in `Session.proxy_precision`).
         An engine that keeps one instance alive at a time releases it first: the reference target
-        and an engine instance are never loaded together (`release_engine_target` is the other half)."""
+        and an engine instance are never loaded together (`release_engine_target` is the other half).
+        The engine's draft model (`hold_draft`) comes onto the run's device with it: whoever asks
+        for the reference target scores."""
         from losscheck.engines.pool import instances_of, one_at_a_time
 
         if one_at_a_time(self.engine):
             instances = instances_of(self.engine)
             assert instances is not None
             instances.close()
-        return self._session.target("main", self.cell.precision.target)
+        from losscheck.plan.cell import OWN_TARGET
+
+        proxy = self.cell.target == OWN_TARGET  # a two-sample cell's: the proxy, in its own precision
+        target = self._session.target("main", self._session.proxy_precision if proxy else self.cell.precision.target)
+        self._session.models.place_drafts()
+        return target
+
+    def hold_draft(self, draft: HFTarget) -> HFTarget:
+        """The engine's draft model `draft` (on the CPU), kept under the run's memory plan: on the
+        run's device only beside the reference target (`losscheck.run.models.Models.hold_draft`)."""
+        return self._session.models.hold_draft(draft)
 
     def release_engine(self) -> None:
         """After a batch of engine cells: close the engine's instance still alive when the engine
@@ -86,12 +99,14 @@ class CellContext:
             instances.close()
 
     def release_engine_target(self) -> None:
-        """Before an engine instance is used: drop losscheck's copies of the engine's target when
-        the engine keeps one instance alive at a time (they load again when a cell scores)."""
+        """Before an engine instance is used: drop losscheck's copies of the engine's target, and
+        move its draft model off the device, when the engine keeps one instance alive at a time
+        (they come back when a cell scores)."""
         from losscheck.engines.pool import one_at_a_time
 
         if one_at_a_time(self.engine):
             self._session.models.release("main")
+            self._session.models.park_drafts()
 
     @property
     def holds_reference_target(self) -> bool:

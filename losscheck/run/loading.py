@@ -279,6 +279,22 @@ def check_prompt_file(options: Options, target_config: dict[str, Any], prefix: s
     prompts.check_prompts(options.prompts, [n for n, _ in lines], ids, vocab, max_positions, room, prefix)
 
 
+def engine_models(options: Options) -> tuple[str, str | None, int]:
+    """The run's engine's model directories and split, as the options name them: its target, its
+    draft model (a speculative config's `model` or `--assistant`; None without one) and its
+    tensor-parallel size."""
+    from pathlib import Path
+
+    from losscheck import bundled
+
+    target = str(Path(options.target or bundled.target_path()).expanduser())
+    request = engine_request(options) if options.engine is not None else None
+    draft = (request.speculative_config or {}).get("model") if request is not None else None
+    draft = draft or options.assistant
+    tp = int((request.args if request is not None else {}).get("tensor_parallel_size", 1))
+    return target, str(Path(str(draft)).expanduser()) if draft else None, tp
+
+
 def engine_request(options: Options, prefix: str = "--losscheck-") -> EngineRequest:
     """What the options give a shipped engine adapter (`losscheck.engines.named`)."""
     from losscheck import bundled

@@ -23,11 +23,14 @@ class Models:
         self.skeleton = skeleton  # targets without weights (`HFTarget.skeleton`): planning only
         self._targets: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
         self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
+        self._drafts: list[HFTarget] = []  # a black-box engine's draft model, teacher-forced (`hold_draft`)
+        self._drafts_placed = False
 
     def sharing(self, options: Options) -> Models:
         """A cache for `options` (the same models, other seeds or alpha) holding these models."""
         new = Models(options)
         new._targets, new._drafter_sets = self._targets, self._drafter_sets
+        new._drafts, new._drafts_placed = self._drafts, self._drafts_placed
         return new
 
     @cached_property
@@ -43,8 +46,35 @@ class Models:
         return self._targets[name, dtype]
 
     def loaded(self) -> tuple[tuple[str, str], ...]:
-        """The (name, dtype) of every target loaded now."""
-        return tuple(self._targets)
+        """The (name, dtype) of every target on the run's device now, the engine's draft model
+        while it is placed there (`place_drafts`) included."""
+        return tuple(self._targets) + tuple((d.name, "draft model") for d in self._drafts if self._drafts_placed)
+
+    def hold_draft(self, draft: HFTarget) -> HFTarget:
+        """Keep a black-box engine's draft model, loaded on the CPU, under the run's memory plan: on
+        the run's device while cells score (`place_drafts`), back on the CPU while an engine
+        instance that holds the device is alive (`park_drafts`)."""
+        self._drafts.append(draft)
+        if self._drafts_placed:
+            draft.move(self.device)
+        return draft
+
+    def place_drafts(self) -> None:
+        """The engine's draft models onto the run's device, to be teacher-forced there."""
+        for draft in self._drafts:
+            draft.move(self.device)
+        self._drafts_placed = True
+
+    def park_drafts(self) -> None:
+        """The engine's draft models back on the CPU, and the device memory they held returned."""
+        from losscheck.engines.pool import free_memory
+
+        if not self._drafts_placed:
+            return
+        for draft in self._drafts:
+            draft.move("cpu")
+        self._drafts_placed = False
+        free_memory()
 
     def release(self, name: str) -> None:
         """Drop every loaded copy of target `name` and give its memory back (it loads again on

@@ -64,6 +64,7 @@ class Options:
     memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB  # sizes engine batches and teacher-forced chunks
     device: str | None = None  # cpu / cuda / mps; None = cuda when present, else cpu
     precisions: tuple[Precision, ...] = parse_precisions(DEFAULT_PRECISIONS)  # first = the base cell's
+    proxy_precision: str = "auto"  # two-sample engine cells' proxy: auto = fp32 where it fits the device
     strict: bool = False  # fail greedy near-ties in reduced precision too
     exact: bool = True  # exact-mode cells on the bundled small target (off: main-target cells only)
     prompts: str | None = None  # JSONL prompt file; None = the bundled prompt sets
@@ -282,6 +283,12 @@ SPECS: dict[str, OptionSpec] = {
         "help": "comma-separated precisions TARGET[/DRAFTER] from fp32, bf16, fp16; the first is the base "
         f"cell's, each other one a cell of its own (default: {DEFAULT_PRECISIONS})",
     },
+    "proxy-precision": {
+        "choices": ("auto", "fp32", "bf16", "fp16"),
+        "default": "auto",
+        "help": "the precision of the proxy that sizes and scores a black-box engine's two-sample cells "
+        "(default auto: fp32, unless the accelerator's memory plan fits fp32 nowhere, then the target's own dtype)",
+    },
     "exact": {
         "choices": ("on", "off"),
         "default": "on",
@@ -392,6 +399,7 @@ def from_parsed(get: Callable[[str], Any]) -> Options:
         memory_budget_mib=value("memory-budget", DEFAULT_MEMORY_BUDGET_MIB),
         device=value("device"),
         precisions=value("precision", None) or parse_precisions(DEFAULT_PRECISIONS),
+        proxy_precision=value("proxy-precision", "auto"),
         strict=bool(value("strict", False)),
         exact=value("exact", "on") != "off",
         prompts=value("prompts"),

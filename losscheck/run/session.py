@@ -314,6 +314,15 @@ class Session:
             return engine_pins(adapter.library, request, adapter.parse(request))
         return engine_pins(name.partition(":")[0])  # a user's factory: its module's distribution
 
+    @cached_property
+    def proxy_precision(self) -> str:
+        """The precision of the proxy two-sample engine cells load (`--losscheck-proxy-precision`;
+        auto: fp32 unless the machine's accelerators fit it nowhere, `hardware.chosen_proxy`)."""
+        from losscheck.engines.hardware import chosen_proxy
+        from losscheck.run.loading import engine_models
+
+        return chosen_proxy(self.options.proxy_precision, *engine_models(self.options))
+
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """`make()`, computed once per key for the whole run: what cells share (a baseline of the
         same prompts, an exact enumeration of the same parameters)."""

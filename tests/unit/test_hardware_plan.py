@@ -97,8 +97,9 @@ def test_list_plan_for_sizes_a_weightless_27b_run_and_puts_the_split_out_of_scop
     code, out = plan_for(tmp_path, capsys, "1xH100-80GB", "--list")
     assert code == 0, out
     assert "hardware plan for 1xH100-80GB" in out and "target 27.01B parameters, draft model 0.36B" in out, out
-    assert "policy: one-at-a-time — two instances and the reference (165.0 GiB) do not fit in 72.0 GiB" in out
-    assert "  phase 1: speculative engine   56.1 GiB" in out and "  phase 2: reference target     52.8 GiB" in out
+    assert "policy: one-at-a-time — two instances and the reference (166.4 GiB) do not fit in 72.0 GiB" in out
+    assert "  phase 1: speculative engine   56.1 GiB" in out and "  phase 2: reference target     54.2 GiB" in out
+    assert "(bf16, scoring, the draft model beside it in fp32)" in out
     assert (
         "out of scope on 1xH100-80GB: tensor_parallel=2 (engine-k4-T1-bf16-tensor-parallel-2, "
         "engine-k4-greedy-bf16-tensor-parallel-2) needs 2 devices, 1 given; declare it out" in out
@@ -139,3 +140,21 @@ def test_an_engine_given_no_policy_gets_the_one_its_accelerators_fit(tmp_path, m
     assert hardware.chosen_policy(target, draft, "bf16", "bf16", 1) is Policy.ONE_AT_A_TIME
     monkeypatch.setattr(hardware, "present", lambda: Hardware(1, "H200", 141.0))
     assert hardware.chosen_policy(str(tmp_path / "none"), None, "bf16", "bf16", 1) is Policy.KEEP_ALL  # no config
+
+
+def test_a_two_sample_proxy_is_fp32_where_it_fits_else_the_targets_own_dtype(tmp_path, monkeypatch):
+    from losscheck.engines import hardware
+
+    for name, config in (("target", {**TARGET_27B, "torch_dtype": "bfloat16"}), ("draft", DRAFT)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    target, draft = str(tmp_path / "target"), str(tmp_path / "draft")
+    monkeypatch.setattr(hardware, "present", lambda: None)
+    assert hardware.chosen_proxy("auto", target, draft) == "fp32"  # a CPU: the machine's memory, not a device's
+    h100, h200 = Hardware(1, "H100", 80.0), Hardware(1, "H200", 141.0)
+    assert hardware.chosen_proxy("auto", target, draft, hardware=h100) == "bf16"  # 27B in fp32: 108 GB
+    assert hardware.chosen_proxy("auto", target, draft, hardware=h200) == "fp32"
+    assert hardware.chosen_proxy("fp32", target, draft, hardware=h100) == "fp32"  # as asked: the plan refuses it
+    monkeypatch.setattr(hardware, "present", lambda: h100)
+    assert hardware.chosen_proxy("auto", target, draft) == "bf16"
+    assert hardware.chosen_proxy("auto", target, draft, tensor_parallel=2) == "fp32"  # nothing fits: the plan refuses

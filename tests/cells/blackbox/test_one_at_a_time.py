@@ -130,3 +130,132 @@ def test_drawn_side_by_side_or_cell_by_cell_the_samples_and_verdicts_are_the_sam
     assert untimed[0] == untimed[1]  # all but the wall-clock phases
     # alone, the one-sample cell builds 2 (pilot, the reference target, sample), the greedy cell 2
     assert builds_alone == [True, True, True, False] and builds_together == [True, True, False]
+
+
+class Device:
+    """A simulated accelerator of `budget` units: each thing placed on it holds its units, and one
+    that would pass the budget refuses to be built (as a CUDA allocation past the device would)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held, self.peak = budget, {}, 0
+
+    def take(self, what: str, units: int) -> None:
+        if what in self.held:
+            return
+        if sum(self.held.values()) + units > self.budget:
+            raise MemoryError(f"{what} ({units} units) does not fit beside {self.held} on {self.budget}")
+        self.held[what] = units
+        self.peak = max(self.peak, sum(self.held.values()))
+
+    def give(self, what: str) -> None:
+        self.held.pop(what, None)
+
+
+# an instance, the reference target and the draft model: any instance beside anything else passes
+# the budget, the reference and the draft model together fit
+INSTANCE, REFERENCE, DRAFT, BUDGET = 6, 5, 3, 8
+
+
+class WithDraftModel(OneAtATime):
+    """`OneAtATime` on a simulated `Device`, with drafter A as the draft model losscheck
+    teacher-forces (so its one-sample cells judge the verifier's classes): its forward runs only
+    while it is on the device."""
+
+    device = Device(BUDGET)
+
+    def __init__(self, models_loaded) -> None:
+        super().__init__(models_loaded)
+        self.instances.release = lambda side, _: self.device.give(f"instance {side}")
+        self.draft_forwards = 0
+
+    def _build(self, speculative: bool):
+        self.device.take(f"instance {speculative}", INSTANCE)
+        return super()._build(speculative)
+
+    def draft_model(self):
+        from losscheck.core.target import load_causal_lm
+
+        model = load_causal_lm(bundled.fixtures_dir() / "drafter_a")
+
+        def on_device(module, args) -> None:
+            assert "draft model" in self.device.held, "the draft model ran while off the device"
+            self.draft_forwards += 1
+
+        model.register_forward_pre_hook(on_device)
+        return model
+
+
+def _on_device(session, engine: WithDraftModel) -> None:
+    """The run's reference target and draft model take and give the simulated device's memory."""
+    models, device = session.models, engine.device
+    load, release, place, park = models.target, models.release, models.place_drafts, models.park_drafts
+
+    def target(name, dtype):
+        device.take("reference", REFERENCE)
+        return load(name, dtype)
+
+    def released(name):
+        release(name)
+        device.give("reference")
+
+    def placed():
+        if models._drafts:
+            device.take("draft model", DRAFT)
+        place()
+
+    def parked():
+        park()
+        if not models.loaded():  # what losscheck still holds on the device keeps its units
+            device.give("draft model")
+
+    models.target, models.release, models.place_drafts, models.park_drafts = target, released, placed, parked
+
+
+def test_an_engine_reference_and_draft_model_on_one_device_are_certified_within_its_budget(monkeypatch):
+    """Must-show (issue 57): an engine instance, the reference target and the engine's draft model
+    each refuse to be built past a simulated device's budget, and the engine is certified end to
+    end, the verifier's classes judged through the draft model; kept on the device beside the
+    instances, the draft model refuses the next build."""
+    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.plan.profiles import PROFILES
+    from losscheck.run.context import CellContext
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    def certify(session):
+        engine = session.blackbox
+        engine.models_loaded = lambda: ()  # the device's budget is the check here
+        _on_device(session, engine)
+        cells = [c for arg in ("engine_cell", "engine_greedy_cell") for c in session.plan[arg]]
+        cells = [cells[0], cells[-1]]
+        session.engine_cells = tuple(cells)
+        return engine, [run_engine_cell(CellContext.of(session, cell)) for cell in cells]
+
+    def session():
+        WithDraftModel.device = Device(BUDGET)
+        options = Options(
+            engine="tests.cells.blackbox.test_one_at_a_time:with_draft_model",
+            profile=PROFILES["ci"].with_detect_tv(0.1),
+        )
+        return Session(options)
+
+    engine, outcomes = certify(session())
+    assert all(o.passed for o in outcomes), [o.message() for o in outcomes]
+    from losscheck.stats.hidden_rounds import CLASSES
+
+    sampled = outcomes[0].facts
+    assert sampled.draft_law is not None and sampled.draft_law.verdict == "consistent"
+    judged = {c.name for c in CLASSES} & set(sampled.bug_classes or {})
+    assert judged and all(sampled.bug_classes[name].covered for name in judged), sampled.bug_classes
+    assert engine.draft_forwards > 0 and engine.device.peak <= BUDGET
+
+    from losscheck.run.models import Models
+
+    monkeypatch.setattr(Models, "park_drafts", lambda self: None)  # the draft model stays beside the instances
+    with pytest.raises(MemoryError, match=r"instance True \(6 units\) does not fit beside \{'draft model': 3\}"):
+        certify(session())
+
+
+def with_draft_model(target):
+    """`--losscheck-engine=tests.cells.blackbox.test_one_at_a_time:with_draft_model`."""
+    return WithDraftModel(lambda: ())

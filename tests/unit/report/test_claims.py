@@ -169,3 +169,18 @@ def test_a_second_stage_that_puts_a_rejection_down_to_the_reference_says_what_it
     assert "engine-k4-T1: the reference differs from the engine, judged two-sample (a PASS of the row scores " in text
     assert "surprisal, pit_mean alone, no bug class claimed)" in text
     assert "engine-k4-T0.3: speculation blamed. At reduced precision" in text and "kernel numerics" in text
+
+
+def test_a_reduced_precision_reference_and_a_proxy_are_named_with_what_they_cost_the_claims():
+    found = records(
+        {"cell": "engine-k4-T1-bf16", "mode": "one-sample", "precision": "bf16"},
+        {"cell": "engine-k4-greedy-bf16", "mode": "engine-greedy", "precision": "bf16"},
+        {"cell": "engine-k4-T1", "mode": "one-sample", "precision": "fp32"},
+        {"cell": "engine-k4-T1-q4", "mode": "two-sample", "proxy_precision": "bf16"},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "- 1 one-sample engine cells scored by losscheck's copy of the target in bf16 (engine-k4-T1-bf16)" in text
+    assert "logit round-off (0.3 nats, unmeasured per kernel)" in text
+    assert "- 1 two-sample engine cells sized through a proxy, losscheck's copy of the target in bf16" in text
+    fp32 = "\n".join(claims.lines(certificate_of(records({"cell": "engine-k4-T1", "mode": "one-sample"}))))
+    assert "scored by losscheck's copy" not in fp32 and "through a proxy" not in fp32
