@@ -71,20 +71,44 @@ def present() -> Hardware | None:
 
 def parameters(config: Mapping[str, Any]) -> int:
     """Parameters of a decoder from its config.json (a multimodal model's `text_config`): embeddings,
-    attention and MLP per layer (experts counted each), norms, and an untied LM head."""
+    attention per layer (a hybrid's linear-attention layers by their own widths, `layer_types`),
+    the MLP per layer (a dense one, or every expert, the router and a shared expert), norms, and an
+    untied LM head. Exact for Llama, Mixtral and Qwen3-Next layouts (tests/unit/test_hardware_plan.py)."""
     text = config.get("text_config") or config
     hidden = int(text["hidden_size"])
     layers = int(text["num_hidden_layers"])
     heads = int(text.get("num_attention_heads") or 1)
     head_dim = int(text.get("head_dim") or hidden // heads)
     kv_heads = int(text.get("num_key_value_heads") or heads)
-    inner = int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 4 * hidden)
     experts = int(text.get("num_local_experts") or text.get("num_experts") or 1)
     vocab = int(text["vocab_size"])
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
-    mlp = 3 * hidden * inner * experts + (hidden * experts if experts > 1 else 0)  # gate, up, down; router
+    qwen3 = str(text.get("model_type", "")).startswith("qwen3")
+    gated = bool(text.get("attn_output_gate", text.get("model_type") == "qwen3_next"))  # q_proj also gives a gate
+    attention = hidden * head_dim * ((3 if gated else 2) * heads + 2 * kv_heads)  # q (and gate), o; k, v
+    attention += 2 * head_dim if qwen3 else 0  # q_norm, k_norm
+    if experts > 1:
+        inner = int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 4 * hidden)
+        shared = int(text.get("shared_expert_intermediate_size") or 0)
+        mlp = 3 * hidden * inner * experts + hidden * experts  # gate, up, down per expert; router
+        mlp += 3 * hidden * shared + hidden if shared else 0  # the shared expert and its gate
+    else:
+        mlp = 3 * hidden * int(text.get("intermediate_size") or 4 * hidden)
+    kinds = list(text.get("layer_types") or [])[:layers]
+    linear = kinds.count("linear_attention")
+    mixing = (layers - linear) * attention + (linear * _linear_attention(text, hidden) if linear else 0)
     tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
-    return layers * (attention + mlp + 2 * hidden) + hidden + vocab * hidden * (1 if tied else 2)
+    return mixing + layers * (mlp + 2 * hidden) + hidden + vocab * hidden * (1 if tied else 2)
+
+
+def _linear_attention(text: Mapping[str, Any], hidden: int) -> int:
+    """One gated delta-net layer (Qwen3-Next's `linear_attention`): its q, k, v, z and b, a
+    projections, the depthwise convolution over q, k, v, its decay and step parameters, the
+    output norm and projection."""
+    v_heads, v_dim = int(text["linear_num_value_heads"]), int(text["linear_value_head_dim"])
+    key = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
+    value = v_heads * v_dim
+    projections = hidden * (2 * key + 2 * value) + hidden * 2 * v_heads + value * hidden
+    return projections + (2 * key + value) * int(text.get("linear_conv_kernel_dim") or 4) + 2 * v_heads + v_dim
 
 
 @dataclass(frozen=True)

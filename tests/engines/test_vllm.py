@@ -687,10 +687,11 @@ def test_vllm_served_over_http_greedy_and_timed(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_openai_engine_certifies_the_vllm_servers_losscheck_starts(pytester, tmp_path):
+def test_the_openai_engine_certifies_and_times_the_vllm_servers_losscheck_starts(pytester, tmp_path):
     """`--engine openai` pointed at two vLLM servers started as `vllm-serve` starts them (drafting on
-    and off, the CPU fixes in their engines): the probes find token-id prompts, ids and seeds, and
-    the greedy and T = 1 one-sample cells PASS."""
+    and off, the CPU fixes in their engines): the probes find token-id prompts, ids and seeds, the
+    greedy and T = 1 one-sample cells PASS, and `losscheck perf` times them, acceptance read from
+    the speculative server's /metrics."""
     import json
 
     from losscheck import bundled
@@ -716,11 +717,20 @@ def test_the_openai_engine_certifies_the_vllm_servers_losscheck_starts(pytester,
                 *(f"--losscheck-engine-arg={a}" for a in args),
                 timeout=1800,
             )
+            perf = [sys.executable, "-m", "losscheck.cli", "perf", "--engine", "openai", "--target", target]
+            perf += [*(f"--engine-arg={a}" for a in args), "--perf-concurrency", "1", "--out", str(tmp_path)]
+            timed = subprocess.run(perf, capture_output=True, text=True, timeout=1800)
         finally:
             off.stop()
     finally:
         on.stop()
     result.assert_outcomes(passed=2)
+    assert timed.returncode == 0, timed.stdout[-4000:] + timed.stderr[-3000:]
+    doc = json.loads((tmp_path / "perf-engine" / "perf.json").read_text())
+    ladder = next(r for r in doc["rungs"] if r["workload"] == "ladder")
+    assert ladder["counters"]["drafts"] > 0 and 1 <= ladder["tau"] <= 5, ladder
+    assert ladder["on"]["latency_s"]["ttft"]["p50"] > 0 and ladder["off"]["latency_s"]["itl"]["p50"] > 0
+    print(f"openai engine timed: tau {ladder['tau']:.2f}, speedup {ladder['speedup']['ratio']:.2f}")
 
 
 def test_vllm_refuses_the_dense_hybrid_target():

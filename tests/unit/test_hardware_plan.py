@@ -62,6 +62,31 @@ def test_parameters_are_counted_from_the_config():
     assert 26.5e9 < parameters(TARGET_27B) < 27.5e9
 
 
+@pytest.mark.parametrize("layout", ["hybrid_target", "target", "hybrid_moe", "mixtral"])
+def test_parameters_match_the_model_transformers_builds_from_the_config(layout):
+    """Counted from config.json alone, exactly what transformers builds: the bundled dense and
+    hybrid (Qwen3-Next: linear-attention layers, gated attention) targets, a Qwen3-Next with experts
+    and a shared expert, a Mixtral with an untied head."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, MixtralConfig, Qwen3NextConfig
+
+    from losscheck import bundled
+
+    if layout == "mixtral":
+        config = MixtralConfig(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, num_local_experts=4, vocab_size=512, tie_word_embeddings=False,
+        )  # fmt: skip
+    elif layout == "hybrid_moe":
+        hybrid = AutoConfig.from_pretrained(bundled.fixtures_dir() / "hybrid_target").to_dict()
+        config = Qwen3NextConfig(**{**hybrid, "num_experts": 4, "num_experts_per_tok": 2})
+    else:
+        config = AutoConfig.from_pretrained(bundled.fixtures_dir() / layout)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert parameters(config.to_dict()) == sum(p.numel() for p in model.parameters())
+
+
 def test_two_instances_that_do_not_fit_get_one_at_a_time_and_a_small_model_keeps_all():
     h100 = Hardware(1, "H100", 80.0)
     big = fit(h100, Sizing(parameters(TARGET_27B), parameters(DRAFT), "bf16", "bf16"))
