@@ -157,7 +157,8 @@ class Session:
             sampling,
             _vocabulary(tokenizer),
         )
-        return self.options.scope.split(full, self.base_precision)
+        kept, out = self.options.scope.split(full, self.base_precision)
+        return _within_devices(kept, out)
 
     def _planned_drafters(self, target: str) -> Mapping[str, Declares]:
         """What the plan reads of `target`'s drafters: the bundled set on the bundled targets by its
@@ -329,6 +330,34 @@ class Session:
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+
+def _within_devices(
+    kept: dict[str, list[Cell]], out: list[dict[str, str]]
+) -> tuple[dict[str, list[Cell]], list[dict[str, str]]]:
+    """On accelerators, the engine variants that need more devices than the machine has (a
+    `tensor_parallel` value above its count) declared out of scope with the numbers, as
+    `--scope=-tensor_parallel` would; on a CPU every variant runs (its ranks are processes)."""
+    from losscheck.engines.hardware import devices_needed, present
+
+    hardware = present()
+    if hardware is None:
+        return kept, out
+    fits: dict[str, list[Cell]] = {}
+    for arg, cells in kept.items():
+        fits[arg] = []
+        for cell in cells:
+            over = [(a, v) for a, v in cell.variant if devices_needed(a, v) > hardware.devices]
+            if not over:
+                fits[arg].append(cell)
+                continue
+            axis, value = over[0]
+            why = (
+                f"{axis}={value} needs {devices_needed(axis, value)} devices, {hardware.devices} present "
+                f"({hardware.label}); run it on a machine with more, or declare it out (--scope=-{axis})"
+            )
+            out = [*out, {"cell": cell.id, "reason": why}]
+    return fits, out
 
 
 def _has_tokenizer(target_dir: str) -> bool:

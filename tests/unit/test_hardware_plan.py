@@ -183,3 +183,20 @@ def test_a_two_sample_proxy_is_fp32_where_it_fits_else_the_targets_own_dtype(tmp
     monkeypatch.setattr(hardware, "present", lambda: h100)
     assert hardware.chosen_proxy("auto", target, draft) == "bf16"
     assert hardware.chosen_proxy("auto", target, draft, tensor_parallel=2) == "fp32"  # nothing fits: the plan refuses
+
+
+def test_on_one_accelerator_the_split_variants_are_out_of_scope_with_the_numbers(tmp_path, capsys, monkeypatch):
+    from losscheck.engines import hardware
+
+    monkeypatch.setattr(hardware, "present", lambda: Hardware(1, "H100", 80.0))
+    code, out = plan_for(tmp_path, capsys, "1xH100-80GB", "--list")
+    assert code == 0, out
+    for line in (
+        "engine-k4-T1-bf16-tensor-parallel-2",
+        "tensor_parallel=2 needs 2 devices, 1 present (1xH100-80GB); run it on a machine with more, or declare "
+        "it out (--scope=-tensor_parallel)",
+    ):
+        assert line in out, out
+    monkeypatch.setattr(hardware, "present", lambda: Hardware(2, "H100", 80.0))
+    code, out = plan_for(tmp_path, capsys, "2xH100-80GB", "--list")
+    assert code == 0 and "needs 2 devices" not in out, out
