@@ -87,7 +87,8 @@ def _xgrammar() -> Any:
         import xgrammar
     except ImportError:
         raise OptionError(
-            "a grammar cell needs xgrammar (the library of vLLM's structured outputs): pip install 'losscheck[grammar]'"
+            "a grammar cell needs xgrammar (the library of vLLM's structured outputs): pip install 'xgrammar>=0.2.8' "
+            "(from a checkout: pip install -e '.[grammar]')"
         ) from None
     return xgrammar
 

@@ -51,7 +51,7 @@ class EnginePerfRun:
     def __init__(self, session: Session, profile: PerfProfile) -> None:
         engine = session.blackbox
         if engine is None:
-            raise OptionError("an engine perf run needs --losscheck-engine")
+            raise OptionError(f"an engine perf run needs {flag('engine')}")
         self.session, self.profile, self.engine = session, profile, engine
         self.engines: dict[int, BlackBoxEngine] = {engine.k: engine}  # by block length (`--perf-k`)
         self.sizes = ENGINE_SIZES.get(profile.name, ENGINE_SIZES["quick"])
