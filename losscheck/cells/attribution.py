@@ -45,6 +45,7 @@ SCORES = {
     "repeats": "Σ (1[x repeats an id of the output] - p(those ids)) (penalties)",
     "support": "the row's tokens of probability 0 under the reference (a cut-off or mask kept them)",
     "argmax": "Σ (1[x is the top token] - p(top token)): tokens at the argmax beyond their law (a greedy fallback)",
+    "ends": "Σ (1[x ends the row] - p(EOS or a stop id)): the row's end against the target's hazard (where rows stop)",
 }
 ARE = 3 / math.pi  # the U test's efficiency against the t test under normal scores
 
@@ -64,6 +65,8 @@ def scores_for(failed: list[str]) -> tuple[str, ...]:
             picks = ["support"]
         elif base == "pit.greedy_fallback":
             picks = ["argmax"]
+        elif base == "pit.stop_hazard":
+            picks = ["ends"]
         else:
             picks = ["surprisal", "pit_mean", "pit_spread"]
         out += [p for p in picks if p not in out]
@@ -88,6 +91,10 @@ def row_scores(
     repeats = torch.zeros(n, dtype=torch.float64)
     impossible = torch.zeros(n, dtype=torch.float64)
     argmax = torch.zeros(n, dtype=torch.float64)
+    ends = torch.zeros(n, dtype=torch.float64)
+    end_ids = torch.tensor(
+        ((target.eos_id,) if target.eos_id is not None else ()) + gen.params.stop_ids, dtype=torch.long
+    )
 
     def observe(at: slice, forced: ForcedProbs) -> None:
         p = forced.probs.double()  # [c, L, V]
@@ -104,6 +111,9 @@ def row_scores(
         repeats[at] = ((hit - (p * seen).sum(-1)) * scored).sum(-1).cpu()
         top, at_top = top_tokens(p, tokens)
         argmax[at] = ((at_top.double() - top) * scored).sum(-1).cpu()
+        stops = end_ids.to(p.device)
+        hazard = p[..., stops].sum(-1)  # [c, L]
+        ends[at] = ((torch.isin(tokens, stops).double() - hazard) * scored).sum(-1).cpu()
         if rounds is not None:
             rounds.observe(rows[at], gen, at, forced)
 
@@ -121,6 +131,7 @@ def row_scores(
         "repeats": repeats,
         "support": impossible,
         "argmax": argmax,
+        "ends": ends,
     }
     if rounds is not None:
         out.update({f"rounds.{c}": rounds.sample.row_scores(c) for c in rounds.sample.power.classes})

@@ -236,6 +236,8 @@ class PitScores:
     top: list[torch.Tensor] = field(default_factory=list)  # [c, L] float64 the target's top probability
     at_top: list[torch.Tensor] = field(default_factory=list)  # [c, L] bool the drawn token is the top token
     logp: list[torch.Tensor] = field(default_factory=list)  # [c] float64 log probability of each output
+    end_p: list[torch.Tensor] = field(default_factory=list)  # [c, L] float64 the target's end probability
+    at_end: list[torch.Tensor] = field(default_factory=list)  # [c, L] bool the drawn token ends the row
     keys: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # (prompt, output) per row
     temperature: float = 1.0  # the sample's, read by `add`: the stream tests' slack divides by it
     logprobs: LogprobCheck | None = None  # the reported log-probabilities, when the engine gives them
@@ -257,6 +259,7 @@ class PitScores:
         )
         generated = gen.mask()
         self.temperature = gen.params.temperature
+        ends = ((target.eos_id,) if target.eos_id is not None else ()) + gen.params.stop_ids  # what ends a row
         if gen.logprobs is not None and self.logprobs is None:
             self.logprobs = LogprobCheck(self.tolerance, self.temperature)
 
@@ -266,7 +269,7 @@ class PitScores:
             p = forced.probs.double()
             if self.logprobs is not None and gen.logprobs is not None:
                 self.logprobs.observe(gen.logprobs[at], gen.tokens[at], generated[at] & ~forced.ambiguous, p)
-            self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p, forced.left_out)
+            self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p, forced.left_out, ends)
             # the exact-conditional values read the engine's whole kept set (its acceptance ratio
             # and residual): an ambiguous position is left out of them whatever was drawn there
             self.parts.append(
@@ -318,11 +321,16 @@ class PitScores:
         generated: torch.Tensor,
         p: torch.Tensor,
         left_out: torch.Tensor,
+        ends: tuple[int, ...],
     ) -> None:
         """Keep what the stream tests read of one chunk (`losscheck.stats.streams`): tokens [c, L]
-        scored under p [c, L, V], `generated` [c, L] bool, `left_out` [c, L] the cut-off's uncertain draws."""
+        scored under p [c, L, V], `generated` [c, L] bool, `left_out` [c, L] the cut-off's uncertain
+        draws, `ends` the ids that end a row (EOS and the stop ids)."""
         from losscheck.stats.streams import output_logp, outputs, top_tokens
 
+        ids = torch.tensor(ends, dtype=torch.long, device=p.device)
+        self.end_p.append(p[..., ids].sum(-1).double().cpu())  # [c, L]: min tokens' mask is in p
+        self.at_end.append(torch.isin(tokens, ids).cpu())
         top, at_top = top_tokens(p, tokens)
         logp = output_logp(p, tokens, generated, left_out.to(p.device))  # [c]
         self.top.append(top.cpu())
@@ -345,6 +353,8 @@ class PitScores:
             repeat_law=law,
             first_u=torch.where(tested[:, 0], u[:, 0], math.nan),
             slack=precision_slack(self.tolerance, temperature) if temperature > 0 else 1.0,
+            end_p=torch.cat(self.end_p),
+            at_end=torch.cat(self.at_end),
         )
 
     @property

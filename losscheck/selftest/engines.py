@@ -152,3 +152,18 @@ def honest_argmax_drafts(target: Target) -> SpecLoopEngine:
             return token, torch.nn.functional.one_hot(token, logits.shape[-1]).to(logits.dtype)
 
     return DeclaresArgmax(target, Argmax(honest.lm.model, "argmax"), name="spec-loop-argmax")
+
+
+def min_tokens_counted_in_rounds(target: Target) -> SpecLoopEngine:
+    """Min tokens counted in rounds on the speculative path (SGLang PR #33643's min_new_tokens):
+    EOS and the stop ids stay masked past `min_tokens` output tokens, so rows end later than the
+    target says — each token drawn from a law the target gives too, so only where rows end shows it
+    (`pit.stop_hazard`)."""
+    from losscheck import bundled
+    from losscheck.drafters.autoregressive import from_path
+    from losscheck.selftest.history_bugs import PerRoundState
+
+    drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    engine = SpecLoopEngine(target, drafter, name="spec-loop-min-tokens-in-rounds")
+    engine.spec.history = PerRoundState(counts_tokens=False, counts_rounds=True)
+    return engine

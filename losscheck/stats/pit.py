@@ -67,7 +67,7 @@ from losscheck.stats.registry import (
     run_family,
 )
 from losscheck.stats.result import TestResult
-from losscheck.stats.streams import StreamValues, greedy_fallback, repeats, serial
+from losscheck.stats.streams import StreamValues, greedy_fallback, repeats, serial, stop_hazard
 
 PAIR_BINS = 5  # per axis of the pair test's grid: 25 cells
 
@@ -140,7 +140,9 @@ def pit_tests(
       pit.greedy_fallback   the count of tokens at their top token (an argmax at T > 0), one-sided;
       pit.row_repeats       the count of rows repeating an earlier output of their prompt (a
                             shared random stream), one-sided;
-      pit.row_serial        the correlation of consecutive rows' first-token PITs.
+      pit.row_serial        the correlation of consecutive rows' first-token PITs;
+      pit.stop_hazard       the count of rows' ends against the target's hazard (the stopping
+                            times' law), two-sided.
     The tests run split `alpha` by Bonferroni. With a `target_tv`, the pooled tests first raise
     `UnderpoweredError` when they cannot detect binned TV (χ²) or Kolmogorov distance (KS)
     `target_tv` at `power` (`pit_required_values` says how many values suffice) — unless a token
@@ -413,6 +415,7 @@ def _stream_test(name: str, scope: Scope, run: Callable[[StreamValues, float, fl
 _stream_test("pit.greedy_fallback", "pooled", greedy_fallback)
 _stream_test("pit.row_repeats", "pooled", repeats)
 _stream_test("pit.row_serial", "stratified", serial)
+_stream_test("pit.stop_hazard", "pooled", stop_hazard)
 
 
 def __getattr__(name: str) -> int:

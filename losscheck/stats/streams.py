@@ -10,7 +10,7 @@ Terms, defined once:
 - *slack*: the factor a probability read from the reference may be off by at the cell's
   precision, e^(2τ/T) per token for a logit tolerance τ at temperature T (1 in fp32).
 
-Three tests read them, each an upper-tail test of a count of events whose probabilities under H0
+Four tests read them, each a test of a count of events whose probabilities under H0
 are known, given the past, from the teacher-forced pass:
 
 - `greedy_fallback`: the count of tokens equal to their top token. Given the tokens before it a
@@ -24,6 +24,13 @@ are known, given the past, from the teacher-forced pass:
   H0 they are iid N(0, 1) (the first token of a row is drawn afresh from p given its prompt, and
   the PIT is exactly uniform), so Pearson's test on disjoint pairs is exact; a stream shared or
   carried over from one row or request to the next correlates them.
+
+- `stop_hazard`: the count of rows ending (an EOS or a stop id drawn) against the target's hazard,
+  two-sided. Given the tokens before it, a position is a row's end with the target's probability of
+  an end token there (`end_p`, min tokens' mask included), so the count of ends is the stopping
+  times' whole law read one position at a time: an engine that drops, defers or forces stops
+  (an end token inside an accepted block lost, min tokens counted in rounds) moves it. Its effect
+  is the share ρ of end events lost (each end probability h becoming (1 - ρ)·h) it detects.
 
 The count tests use the Poisson-binomial law of the count with the per-event probabilities
 (`scipy.stats.poisson_binom`, exact up to `EXACT_EVENTS` events; past it, for the p-value,
@@ -63,6 +70,9 @@ class StreamValues:
     repeat_law [N] float64   P(repeat) under H0 given the earlier rows
     first_u  [N] float64     each row's first-token PIT (NaN: not tested)
     slack    float >= 1      per-token factor on probabilities read from the reference
+    end_p    [N, L] float64  the target's probability of an end token (EOS or a stop id) there;
+                             None: not scored (the stopping-time test then has nothing to test)
+    at_end   [N, L] bool     the token drawn there is an end token (None with `end_p`)
     """
 
     top: torch.Tensor
@@ -72,10 +82,15 @@ class StreamValues:
     repeat_law: torch.Tensor
     first_u: torch.Tensor
     slack: float = 1.0
+    end_p: torch.Tensor | None = None
+    at_end: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n, length = self.top.shape
-        for name, shape in (("at_top", (n, length)), ("tested", (n, length)), ("repeats", (n,))):
+        if (self.end_p is None) != (self.at_end is None):
+            raise LosscheckError("StreamValues: give end_p and at_end together, or neither")
+        ends = () if self.end_p is None else (("end_p", (n, length)), ("at_end", (n, length)))
+        for name, shape in (("at_top", (n, length)), ("tested", (n, length)), ("repeats", (n,)), *ends):
             if tuple(getattr(self, name).shape) != shape:
                 raise LosscheckError(
                     f"StreamValues.{name} must have shape {shape}, got {tuple(getattr(self, name).shape)}"
@@ -87,6 +102,58 @@ class StreamValues:
                 )
         if not (math.isfinite(self.slack) and self.slack >= 1):
             raise LosscheckError(f"StreamValues.slack must be a finite factor >= 1, got {self.slack!r}")
+
+
+def _lower_tail(count: int, probs: np.ndarray) -> float:
+    """P(S <= count) under H0, as `_tail` for the lower tail: exact up to `EXACT_EVENTS` events, past
+    them Hoeffding's binomial bound at the mean probability for counts <= mean - 1 (1 above)."""
+    n = len(probs)
+    if count < 0:
+        return 0.0
+    if count >= n:
+        return 1.0
+    if n <= EXACT_EVENTS:
+        return float(stats.poisson_binom.cdf(count, probs))
+    mean = float(probs.sum())
+    if count > mean - 1:
+        return 1.0
+    return float(stats.binom.cdf(count, n, mean / n))
+
+
+def _lower_critical(probs: np.ndarray, alpha: float) -> int:
+    """The largest count c with `_lower_tail(c) <= alpha` (-1 when no count is that rare)."""
+    low, high = -1, len(probs)  # _lower_tail(-1) = 0 <= alpha
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _lower_tail(mid, probs) <= alpha:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def detectable_loss(probs: np.ndarray, alpha: float, power: float) -> float:
+    """The smallest share ρ of events lost (each event's probability p becoming (1 - ρ)·p) that the
+    lower-tail count test at `alpha` detects with probability `power` (its law exact up to
+    `EXACT_EVENTS` events, past them normal); math.inf when even ρ = 1 is not detected."""
+    critical = _lower_critical(probs, alpha)
+    if critical < 0:
+        return math.inf
+
+    def gap(rho: float) -> float:
+        alt = (1 - rho) * probs
+        if len(alt) <= EXACT_EVENTS:
+            caught = float(stats.poisson_binom.cdf(critical, alt))
+        else:
+            sd = math.sqrt(float((alt * (1 - alt)).sum()))
+            caught = float(stats.norm.cdf(critical + 0.5, loc=float(alt.sum()), scale=sd)) if sd > 0 else 1.0
+        return caught - power
+
+    if gap(1.0) < 0:
+        return math.inf
+    if gap(0.0) >= 0:
+        return 0.0
+    return float(optimize.brentq(gap, 0.0, 1.0, xtol=1e-4))
 
 
 def precision_slack(tolerance: float, temperature: float) -> float:
@@ -302,3 +369,34 @@ def detectable_correlation(pairs: int, alpha: float, power: float) -> float:
         return math.inf
     z = (stats.norm.isf(alpha / 2) + stats.norm.ppf(power)) / math.sqrt(pairs - 3)
     return float(math.tanh(z))
+
+
+def stop_hazard(values: StreamValues, alpha: float, power: float, name: str = "pit.stop_hazard") -> TestResult:
+    """The count of rows ending where they did against the target's hazard, two-sided (α/2 a tail):
+    too few ends (stops lost or deferred) or too many (stops forced early). Each tail reads the
+    reference's end probabilities moved by the precision's `slack` against itself, so a reference off
+    by its tolerance cannot fail it."""
+    expected = "each position a row's end with the target's probability of an end token there"
+    what = "positions"
+    effect = "stop_loss_share"
+    if values.end_p is None or values.at_end is None:
+        return TestResult.untestable(name, expected, "no end probabilities scored", alpha, power, effects=(effect,))
+    check_open_unit("power", power)
+    tested = values.tested & torch.isfinite(values.end_p)
+    h = values.end_p[tested].double().clamp(0.0, 1.0).cpu().numpy()
+    count, n = int(values.at_end[tested].sum()), len(h)
+    if n == 0:
+        return TestResult.untestable(name, expected, f"no {what} to test", alpha, power, effects=(effect,))
+    low, high = h / values.slack, np.minimum(h * values.slack, 1.0)
+    p_value = min(1.0, 2 * min(_lower_tail(count, low), _tail(count, high)))
+    return TestResult(
+        name=name,
+        expected=f"{expected}: {h.sum():.4g} ends of {n} {what} expected (Poisson-binomial)",
+        observed=f"{count} ends over {n} {what}",
+        statistic=float(count),
+        p_value=p_value,
+        alpha=alpha,
+        n=n,
+        power=power,
+        detectable={effect: detectable_loss(low, alpha / 2, power) if alpha > 0 else math.inf},
+    )

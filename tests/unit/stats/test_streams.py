@@ -1,10 +1,12 @@
 """The stream tests (`losscheck.stats.streams`): the Poisson-binomial count tests against scipy's
 binomial where every probability is equal, the greedy-fallback test against a planted verifier
 that returns the argmax at T > 0 (and not against the correct one), the repeat law by hand, and
-the tests run by `pit_tests` only when the rows' stream values are given."""
+the tests run by `pit_tests` only when the rows' stream values are given, and the stopping-time
+test's level and power on rows whose hazard is known."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -27,6 +29,7 @@ from losscheck.stats.streams import (
     greedy_fallback,
     repeat_law,
     serial,
+    stop_hazard,
     top_tokens,
 )
 
@@ -143,11 +146,11 @@ def test_pit_tests_run_the_stream_tests_only_with_stream_values():
     without = pit_tests(u, values.tested, 0.01, POWER, None)
     with_streams = pit_tests(u, values.tested, 0.01, POWER, None, streams=values)
     names = {r.name for r in with_streams} - {r.name for r in without}
-    assert names == {"pit.greedy_fallback", "pit.row_repeats", "pit.row_serial"}
+    assert names == {"pit.greedy_fallback", "pit.row_repeats", "pit.row_serial", "pit.stop_hazard"}
     assert registry.budget_count("pit", missing=frozenset({registry.SLOTS})) == len(
         [r for r in with_streams if r.alpha > 0]
     )
-    assert without[1].alpha > with_streams[1].alpha  # the shares of three more tests
+    assert without[1].alpha > with_streams[1].alpha  # the shares of four more tests
 
 
 def test_stream_values_check_their_shapes():
@@ -167,3 +170,69 @@ def test_an_output_with_a_cut_off_uncertain_token_counts_it_at_probability_one()
     left_out = torch.tensor([[False, True, False]])
     assert output_logp(p, tokens, generated, left_out).exp().item() == pytest.approx(0.5)
     assert output_logp(p, tokens, generated, ~left_out & False).exp().item() == pytest.approx(0.0, abs=1e-200)
+
+
+def _stopping_rows(hazard: torch.Tensor, reps: int, lost: float, seed: int) -> StreamValues:
+    """`reps` independent samples of rows [reps, N, L] whose position t ends the row with
+    probability hazard[n, t] · (1 - `lost`) (a share `lost` of end events lost), read against the
+    target's `hazard`: the row runs to its first end, that position included."""
+    gen = torch.Generator().manual_seed(seed)
+    n, length = hazard.shape
+    ended = torch.rand(reps, n, length, generator=gen, dtype=torch.float64) < hazard * (1 - lost)  # [R, N, L]
+    first = torch.where(ended.any(-1), ended.float().argmax(-1), length)  # [R, N]: the end, or L (none)
+    tested = torch.arange(length)[None, None, :] <= first[..., None]  # [R, N, L]
+    at_end = torch.arange(length)[None, None, :] == first[..., None]
+    flat = tested.reshape(reps * n, length)
+    ones = torch.ones(reps * n, length)
+    zeros = torch.zeros(reps * n, dtype=torch.float64)
+    return StreamValues(
+        ones.double(), ones.bool(), flat, zeros.bool(), zeros, zeros, 1.0,
+        hazard.repeat(reps, 1).double(), at_end.reshape(reps * n, length),
+    )  # fmt: skip
+
+
+def _rejections(hazard: torch.Tensor, lost: float, alpha: float, seed: int, runs: int = 200) -> float:
+    """The share of `runs` samples whose stopping-time test rejects at `alpha`."""
+    values = _stopping_rows(hazard, runs, lost, seed)
+    rows = hazard.shape[0]
+    rejected = 0
+    for r in range(runs):
+        part = slice(r * rows, (r + 1) * rows)
+        one = StreamValues(
+            values.top[part], values.at_top[part], values.tested[part], values.repeats[part],
+            values.repeat_law[part], values.first_u[part], 1.0, values.end_p[part], values.at_end[part],
+        )  # fmt: skip
+        rejected += not stop_hazard(one, alpha, POWER).passed
+    return rejected / runs
+
+
+@pytest.mark.parametrize("rows", [60, 400])  # exact Poisson-binomial, and Hoeffding's bound past EXACT_EVENTS
+def test_the_stopping_time_test_keeps_its_level_and_reaches_its_stated_power(rows):
+    """200 samples of rows with a known hazard per position (0 under a min-tokens mask, then 2-20%):
+    under H0 it rejects at most at its α (with 3 sd of binomial noise); with the share of end events
+    lost it states as detectable at power 0.9, it rejects at least 0.9 of the time (3 sd below)."""
+    alpha = 0.05
+    gen = torch.Generator().manual_seed(rows)
+    hazard = 0.02 + 0.18 * torch.rand(rows, 16, generator=gen, dtype=torch.float64)
+    hazard[:, :4] = 0.0  # min tokens: no end before position 4
+    level = _rejections(hazard, 0.0, alpha, seed=1)
+    assert level <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / 200), level
+    one = _stopping_rows(hazard, 1, 0.0, seed=2)
+    rho = stop_hazard(one, alpha, POWER).detectable["stop_loss_share"]
+    assert 0 < rho < 1, rho
+    caught = _rejections(hazard, rho, alpha, seed=3)
+    assert caught >= POWER - 3 * math.sqrt(POWER * (1 - POWER) / 200), (rho, caught)
+
+
+def test_the_stopping_time_test_catches_forced_stops_and_reads_the_slack_against_itself():
+    gen = torch.Generator().manual_seed(5)
+    hazard = 0.05 + 0.1 * torch.rand(300, 12, generator=gen, dtype=torch.float64)
+    early = _stopping_rows(hazard * 1.6, 1, 0.0, seed=6)  # rows stopping 1.6x as often as the target says
+    read = dataclasses.replace(early, end_p=hazard.double())
+    assert not stop_hazard(read, ALPHA, POWER).passed
+    # a reference off by a factor within the precision's slack cannot fail it
+    assert stop_hazard(dataclasses.replace(read, slack=1.7), ALPHA, POWER).passed
+    unscored = stop_hazard(dataclasses.replace(read, end_p=None, at_end=None), ALPHA, POWER)
+    assert unscored.passed and unscored.detectable == {"stop_loss_share": math.inf}, unscored
+    with pytest.raises(LosscheckError, match="give end_p and at_end together"):
+        dataclasses.replace(read, at_end=None)
