@@ -24,7 +24,16 @@ if TYPE_CHECKING:
 
 # what a completion request passes to the server (`losscheck.engines.served`: the rest is refused)
 COMPLETIONS_SERVES = frozenset(
-    {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "banned_ids", "min_tokens"}
+    {
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "banned_ids",
+        "min_tokens",
+        "stop_ids",  # `stop_token_ids` beside EOS: vLLM's server ends the row at one and keeps it in `token_ids`
+    }
 )
 # what a completion request takes of `sampling_kwargs` (the others are the offline API's)
 REQUEST_FIELDS = (

@@ -9,7 +9,8 @@ later included. The cell is then not run, with the reason, never run with the pa
 speculation, a two-sample cell PASS). An engine that declares nothing serves none of them. Stop
 ids: a row ends at its first EOS or stop id, which it keeps, and is padded with EOS after it
 (`losscheck.engines.lengths`); an adapter whose engine stops there serves `stop_ids` (vLLM's
-offline API, SGLang, Hugging Face), the others refuse any but EOS.
+offline API and server, an OpenAI-compatible server, SGLang, Hugging Face), the others refuse any
+but EOS.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ SERVED = (
     "stop_ids",
     "grammar",
 )
-ENDS_AT_EOS = "the adapter passes no stop ids to its engine (vLLM, SGLang and Hugging Face's take them)"
+ENDS_AT_EOS = (
+    "the adapter passes no stop ids to its engine "
+    "(vLLM, SGLang, OpenAI-compatible servers and Hugging Face's take them)"
+)
 # a grammar reaches vLLM's structured outputs (offline API) only; the other adapters refuse it
 NO_GRAMMAR = "the adapter passes no grammar to its engine; certify structured output with vLLM or losscheck's loop"
 GRAMMAR_UNSUPPORTED = {"grammar": NO_GRAMMAR}

@@ -286,7 +286,7 @@ class VLLMServerEngine:
                 call = after.since(before)
                 self._counted = call if self._counted is None else self._counted.plus(call)
         n_prompts, n, budget = request.shape
-        return to_tensor(outputs, n_prompts, n, budget, self.eos, self.name)
+        return to_tensor(outputs, n_prompts, n, budget, self.eos, self.name, request.params.stop_ids)
 
     def stream(self, speculative: bool) -> ServerStream:
         return ServerStream(self.servers.get(speculative), speculative)

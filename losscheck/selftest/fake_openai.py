@@ -71,6 +71,8 @@ class ToyChain:
             last = nxt
             if nxt == eos and not request.get("ignore_eos", False):
                 break
+            if nxt in (request.get("stop_token_ids") or ()):  # vLLM's: the row ends on it, keeping it
+                break
         return out
 
 

@@ -118,8 +118,8 @@ def test_pyargs_of_the_old_path_collects_the_planned_cells_with_a_warning(tmp_pa
 @pytest.mark.parametrize(
     ("module", "old", "family", "count"),
     [
-        ("losscheck.stats", "PIT_TESTS", "pit", 8),
-        ("losscheck.stats.pit", "PIT_TESTS", "pit", 8),
+        ("losscheck.stats", "PIT_TESTS", "pit", 9),
+        ("losscheck.stats.pit", "PIT_TESTS", "pit", 9),
         ("losscheck.stats.conditional", "CONDITIONAL_TESTS", "conditional", 5),
         ("losscheck.cells.conformance", "CONFORMANCE_TESTS", "conformance", 5),
     ],

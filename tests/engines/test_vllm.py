@@ -691,7 +691,7 @@ def test_the_openai_engine_certifies_and_times_the_vllm_servers_losscheck_starts
     """`--engine openai` pointed at two vLLM servers started as `vllm-serve` starts them (drafting on
     and off, the CPU fixes in their engines): the probes find token-id prompts, ids and seeds, the
     greedy and T = 1 one-sample cells PASS, and `losscheck perf` times them, acceptance read from
-    the speculative server's /metrics."""
+    the speculative server's /metrics; the stop-id cell PASSes too (rows end on the id, kept)."""
     import json
 
     from losscheck import bundled
@@ -712,7 +712,8 @@ def test_the_openai_engine_certifies_and_times_the_vllm_servers_losscheck_starts
                 "lossless",
                 "-rA",
                 "-k",
-                GREEDY_AND_T1,
+                f"{GREEDY_AND_T1} or stop5",
+                "--losscheck-scope=+served",  # its stop-id cell: the server ends rows on the id and keeps it
                 "--losscheck-engine=openai",
                 *(f"--losscheck-engine-arg={a}" for a in args),
                 timeout=1800,
@@ -724,7 +725,7 @@ def test_the_openai_engine_certifies_and_times_the_vllm_servers_losscheck_starts
             off.stop()
     finally:
         on.stop()
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     assert timed.returncode == 0, timed.stdout[-4000:] + timed.stderr[-3000:]
     doc = json.loads((tmp_path / "perf-engine" / "perf.json").read_text())
     ladder = next(r for r in doc["rungs"] if r["workload"] == "ladder")

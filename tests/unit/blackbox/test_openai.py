@@ -8,6 +8,7 @@ import socket
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.named import ADAPTERS
@@ -148,3 +149,22 @@ def test_a_server_without_token_id_prompts_gets_text_where_the_round_trip_is_exa
         merged = GenerationRequest(prompts=((2, 3),), n=1, params=GREEDY, seed=0, max_new_tokens=4, speculative=True)
         with pytest.raises(ServerLacks, match="does not survive the target tokenizer's round trip"):
             engine.generate(merged)
+
+
+def test_stop_ids_reach_the_server_and_rows_end_on_them_keeping_them():
+    """`stop_token_ids` beside EOS in every request; a row ends at its first stop id, keeps it and
+    is EOS-padded after it (what vLLM's server answers: its `token_ids` end on the stop id)."""
+    from losscheck.engines import lengths
+
+    stops = (3, 5, 7, 9, 11)
+    params = SamplingParams(temperature=1.0, stop_ids=stops)
+    with fake() as spec, fake() as plain:
+        out = ask(build(spec, plain), params, n=8)  # [P, n, L]
+        asked = [r for r in spec.requests if r.get("max_tokens") == 6]
+        assert asked and all(set(stops) <= set(r["stop_token_ids"]) for r in asked)
+    rows = out.flatten(0, 1)
+    ended = lengths(rows, EOS, stops)  # [P*n]
+    last = rows[torch.arange(len(rows)), ended - 1]
+    on_stop = (ended < 6) & torch.isin(last, torch.tensor(stops))
+    assert on_stop.any(), rows  # some row stopped on a stop id, and it is the row's last id
+    assert all((row[int(e) :] == EOS).all() for row, e in zip(rows, ended))
