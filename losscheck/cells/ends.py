@@ -10,6 +10,9 @@ law all the same). For every row of a generation:
 - nothing after the first end token (EOS or a stop id) — which must not come before
   `min_tokens`, where the processing masks it;
 - a row shorter than the budget ends with an end token.
+
+`ends_in_blocks` counts how often the cell put that to the test: the rows that ended on an end
+token with drafted positions after it in its round.
 """
 
 from __future__ import annotations
@@ -55,3 +58,19 @@ def end_problems(gen: Generation, eos: int | None) -> list[str]:
             )
             problems.append(f"{len(found)} of {len(lengths)} rows {what} ({quoted})")
     return problems
+
+
+def ends_in_blocks(gen: Generation, eos: int | None) -> tuple[int, int] | None:
+    """(rows ending on an end token, of them those whose end came at a slot before its round's last,
+    with drafted positions after it in the block: where a stop leaks) of a loop generation; None
+    without slots or drafts (a baseline, an engine that reports none)."""
+    if gen.slots is None or gen.stats.k < 1:
+        return None
+    ends = ([eos] if eos is not None else []) + list(gen.params.stop_ids)
+    if not ends:
+        return 0, 0
+    last = (gen.lengths - 1).clamp(min=0)[:, None]  # [B, 1] each row's last token
+    token = gen.tokens.gather(1, last).squeeze(1)  # [B]
+    slot = gen.slots.to(gen.tokens.device).gather(1, last).squeeze(1)  # [B]
+    ended = (gen.lengths > 0) & torch.isin(token, torch.tensor(ends, device=token.device))
+    return int(ended.sum()), int((ended & (slot < gen.stats.k)).sum())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from losscheck import acceptance
-from losscheck.cells.ends import end_problems
+from losscheck.cells.ends import end_problems, ends_in_blocks
 from losscheck.cells.logprob_check import logprob_problems
 from losscheck.cells.record import (
     AcceptanceRecord,
@@ -152,12 +152,16 @@ def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
 
 def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation, facts: SampleFacts) -> CellOutcome:
     acceptance = {"all": gen.stats}
+    eos = ctx.target_named(ctx.cell.target).eos_id
+    counted = ends_in_blocks(gen, eos)
+    if counted is not None:
+        facts = dataclasses.replace(facts, ends=counted[0], ends_in_block=counted[1])
     return CellOutcome(
         ctx.cell,
         verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
         problems=oracle_problems(ctx.cell, acceptance)
-        + [f"ends: {p}" for p in end_problems(gen, ctx.target_named(ctx.cell.target).eos_id)]
+        + [f"ends: {p}" for p in end_problems(gen, eos)]
         + logprob_problems(facts),
         facts=with_rule(ctx, facts),
     )

@@ -201,7 +201,7 @@ def lines(cert: Certificate) -> list[str]:
                 else ""
             )
         )
-    out += _references(cert)
+    out += _references(cert) + _ends(cert)
     found = {
         "speculation": "speculation blamed",
         "reference": "the reference differs from the engine, judged two-sample",
@@ -289,3 +289,18 @@ def _references(cert: Certificate) -> list[str]:
             "figures are the proxy's, kept only where the tested plain rows' surprisal agrees with it"
         )
     return out
+
+
+def _ends(cert: Certificate) -> list[str]:
+    """How often the sampled loop cells put a stop inside a block to the test."""
+    counted = [r for r in cert.cells if r.sample.ends is not None]
+    if not counted:
+        return []
+    ends = sum(r.sample.ends or 0 for r in counted)
+    inside = sum(r.sample.ends_in_block or 0 for r in counted)
+    most = max(counted, key=lambda r: r.sample.ends_in_block or 0)
+    return [
+        f"- rows ending on EOS or a stop id in {len(counted)} sampled cells: {ends:,}, {inside:,} of them with "
+        "drafted positions after the end in its round (where an engine that commits past a stop leaks; "
+        f"most in {most.cell}: {most.sample.ends_in_block or 0:,} of {most.sample.ends or 0:,})"
+    ]

@@ -184,3 +184,15 @@ def test_a_reduced_precision_reference_and_a_proxy_are_named_with_what_they_cost
     assert "- 1 two-sample engine cells sized through a proxy, losscheck's copy of the target in bf16" in text
     fp32 = "\n".join(claims.lines(certificate_of(records({"cell": "engine-k4-T1", "mode": "one-sample"}))))
     assert "scored by losscheck's copy" not in fp32 and "through a proxy" not in fp32
+
+
+def test_the_ends_inside_blocks_are_counted_and_the_cell_with_most_named():
+    found = records(
+        {"cell": "A-k4-T1", "ends": 3, "ends_in_block": 3},
+        {"cell": "A-k4-T1-min8-stop25", "ends": 59, "ends_in_block": 53},
+        {"cell": "A-k4-greedy", "kind": "greedy"},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "- rows ending on EOS or a stop id in 2 sampled cells: 62, 56 of them with drafted positions" in text
+    assert "most in A-k4-T1-min8-stop25: 53 of 59" in text
+    assert "rows ending on EOS" not in "\n".join(claims.lines(certificate_of(records({"cell": "x"}))))
