@@ -292,15 +292,36 @@ def _references(cert: Certificate) -> list[str]:
 
 
 def _ends(cert: Certificate) -> list[str]:
-    """How often the sampled loop cells put a stop inside a block to the test."""
+    """How often the sampled loop cells put a stop inside a block to the test, and where the
+    stopping-time test (`pit.stop_hazard`) has its power against a stop dropped wherever it lands
+    inside a block: a loss of that share of the cell's ends, `ends_in_block / ends`."""
     counted = [r for r in cert.cells if r.sample.ends is not None]
     if not counted:
         return []
     ends = sum(r.sample.ends or 0 for r in counted)
     inside = sum(r.sample.ends_in_block or 0 for r in counted)
     most = max(counted, key=lambda r: r.sample.ends_in_block or 0)
-    return [
+    out = [
         f"- rows ending on EOS or a stop id in {len(counted)} sampled cells: {ends:,}, {inside:,} of them with "
         "drafted positions after the end in its round (where an engine that commits past a stop leaks; "
         f"most in {most.cell}: {most.sample.ends_in_block or 0:,} of {most.sample.ends or 0:,})"
     ]
+    covered: list[str] = []
+    short: list[str] = []
+    for r in counted:
+        hazard = next((t for t in (r.verdict.results if r.verdict else ()) if t.name == "pit.stop_hazard"), None)
+        if hazard is None or not r.sample.ends:
+            continue
+        share = (r.sample.ends_in_block or 0) / r.sample.ends
+        detects = hazard.detectable.get("stop_loss_share")
+        detected = "none" if detects is None else f"{detects:.2f}"
+        said = f"{r.cell} ({share:.2f} of its ends in a block, detectable {detected})"
+        (covered if detects is not None and detects <= share else short).append(said)
+    if covered or short:
+        out.append(
+            "  - a stop dropped wherever it lands inside a block (the end lost, the row running on) is caught by "
+            "`pit.stop_hazard` at the cell's stated power in "
+            + (", ".join(covered) if covered else "no cell")
+            + ("; not covered in " + ", ".join(short) if short else "")
+        )
+    return out

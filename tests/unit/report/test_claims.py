@@ -187,12 +187,25 @@ def test_a_reduced_precision_reference_and_a_proxy_are_named_with_what_they_cost
 
 
 def test_the_ends_inside_blocks_are_counted_and_the_cell_with_most_named():
+    def hazard(cell: str, rho: float | None) -> dict:
+        result = result_json("pit.stop_hazard", 4000, detectable={"stop_loss_share": rho})
+        return verdict_json(cell, result)
+
     found = records(
-        {"cell": "A-k4-T1", "ends": 3, "ends_in_block": 3},
-        {"cell": "A-k4-T1-min8-stop25", "ends": 59, "ends_in_block": 53},
+        {"cell": "A-k4-T1", "ends": 3, "ends_in_block": 3, "verdict": hazard("A-k4-T1", None)},
+        {
+            "cell": "A-k4-T1-min8-stop25",
+            "ends": 59,
+            "ends_in_block": 53,
+            "verdict": hazard("A-k4-T1-min8-stop25", 0.73),
+        },
         {"cell": "A-k4-greedy", "kind": "greedy"},
     )
     text = "\n".join(claims.lines(certificate_of(found)))
     assert "- rows ending on EOS or a stop id in 2 sampled cells: 62, 56 of them with drafted positions" in text
     assert "most in A-k4-T1-min8-stop25: 53 of 59" in text
+    assert (
+        "caught by `pit.stop_hazard` at the cell's stated power in A-k4-T1-min8-stop25 (0.90 of its ends in a "
+        "block, detectable 0.73); not covered in A-k4-T1 (1.00 of its ends in a block, detectable none)" in text
+    ), text
     assert "rows ending on EOS" not in "\n".join(claims.lines(certificate_of(records({"cell": "x"}))))
