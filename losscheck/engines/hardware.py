@@ -210,7 +210,7 @@ def chosen_policy(target: str, draft: str | None, precision: str, reference: str
     hardware = present()
     if hardware is None:
         return Policy.KEEP_ALL
-    sizing = Sizing(_parameters_of(target), _parameters_of(draft), precision, reference, tensor_parallel)
+    sizing = Sizing(parameters_of(target), parameters_of(draft), precision, reference, tensor_parallel)
     return Policy(fit(hardware, sizing).policy)
 
 
@@ -229,7 +229,7 @@ def chosen_proxy(
         return "fp32"
     declared = declared_precision(_config_of(target))
     for reference in ("fp32", declared):
-        sizing = Sizing(_parameters_of(target), _parameters_of(draft), declared, reference, tensor_parallel)
+        sizing = Sizing(parameters_of(target), parameters_of(draft), declared, reference, tensor_parallel)
         try:
             fit(hardware, sizing)
         except OptionError:
@@ -252,6 +252,7 @@ def _config_of(directory: str | None) -> dict[str, Any]:
     return json.loads(config.read_text()) if config is not None and config.is_file() else {}
 
 
-def _parameters_of(directory: str | None) -> int:
+def parameters_of(directory: str | None) -> int:
+    """`parameters` of a model directory's config.json (0: no directory, or no config.json in it)."""
     config = _config_of(directory)
     return parameters(config) if config else 0

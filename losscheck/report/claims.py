@@ -277,9 +277,9 @@ def _references(cert: Certificate) -> list[str]:
     for precision, cells in reduced.items():
         out.append(
             f"- {len(cells)} one-sample engine cells scored by losscheck's copy of the target in {precision} "
-            f"({', '.join(cells[:4])}): their power figures are computed on that reference's p, which the "
-            f"engine's kernels may differ from by up to the precision's logit round-off "
-            f"({LOGIT_TOLERANCE[precision]:g} nats, unmeasured per kernel); a first-stage rejection is put to "
+            f"({', '.join(cells[:4])}): their power figures are computed on that reference's p, from which the "
+            f"engine's kernels may differ at the scale of the precision's logit tolerance "
+            f"({LOGIT_TOLERANCE[precision]:g} nats; not measured per kernel); a first-stage rejection is put to "
             "the engine's own plain side before any blame"
         )
     for precision, cells in proxies.items():
@@ -319,8 +319,9 @@ def _ends(cert: Certificate) -> list[str]:
         (covered if detects is not None and detects <= share else short).append(said)
     if covered or short:
         out.append(
-            "  - a stop dropped wherever it lands inside a block (the end lost, the row running on) is caught by "
-            "`pit.stop_hazard` at the cell's stated power in "
+            "  - a stop dropped wherever it lands inside a block (the end lost, the row running on) loses about "
+            "that share of a cell's ends, which `pit.stop_hazard` detects at the cell's stated power (read as the "
+            "same share of every end's probability) in "
             + (", ".join(covered) if covered else "no cell")
             + ("; not covered in " + ", ".join(short) if short else "")
         )

@@ -147,21 +147,19 @@ def engine_sizing(session: Session, hardware: Hardware) -> Sizing:
     engine's precision (its target's declared dtype where losscheck scores nothing), and the
     reference's (where a two-sample cell scores through the proxy: fp32 where it fits `hardware`,
     `losscheck.engines.hardware.chosen_proxy`)."""
-    from losscheck.engines.hardware import Sizing, chosen_proxy, declared_precision, parameters
+    from losscheck.engines.hardware import Sizing, chosen_proxy, declared_precision, parameters, parameters_of
     from losscheck.plan.modes import Mode
     from losscheck.run.loading import engine_models
 
     options = session.options
     target, draft, tp = engine_models(options)
     config = json.loads((Path(target) / "config.json").read_text())
-    draft_config = Path(draft) / "config.json" if draft is not None else None
-    draft_params = parameters(json.loads(draft_config.read_text())) if draft_config and draft_config.is_file() else 0
     engine = session.blackbox
     declared = declared_precision(config)
     precision = engine.precision if engine is not None and engine.precision is not None else declared
     two_sample = any(c.mode is Mode.TWO_SAMPLE for found in session.plan.values() for c in found)
     reference = chosen_proxy(options.proxy_precision, target, draft, tp, hardware) if two_sample else precision
-    return Sizing(parameters(config), draft_params, precision, reference, tp)
+    return Sizing(parameters(config), parameters_of(draft), precision, reference, tp)
 
 
 def estimate_line(cell_seconds: float, workers: int) -> str:

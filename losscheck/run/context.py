@@ -71,13 +71,12 @@ class CellContext:
         The engine's draft model (`hold_draft`) comes onto the run's device with it: whoever asks
         for the reference target scores."""
         from losscheck.engines.pool import instances_of, one_at_a_time
+        from losscheck.plan.cell import OWN_TARGET
 
         if one_at_a_time(self.engine):
             instances = instances_of(self.engine)
             assert instances is not None
             instances.close()
-        from losscheck.plan.cell import OWN_TARGET
-
         proxy = self.cell.target == OWN_TARGET  # a two-sample cell's: the proxy, in its own precision
         target = self._session.target("main", self._session.proxy_precision if proxy else self.cell.precision.target)
         self._session.models.place_drafts()

