@@ -65,7 +65,7 @@ class TierConfig:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """Events of probability 0 under H0 for one deterministic check."""
 
     name: str
@@ -256,7 +256,7 @@ class _Run:
         self.level = per_test_alpha(config.alpha, max(self.n_tests, 1))
         self.replicates = config.replicates or replicates_needed(config, self.n_tests)
         self.tallies = {
-            name: _Tally(name, expected)
+            name: Tally(name, expected)
             for name, expected in (
                 ("outcome", "a well-formed BlockOutcome with emitted ids in the vocabulary from every call"),
                 ("greedy", "greedy rows to accept the drafts matching the target's argmax and emit its argmax"),
@@ -324,7 +324,7 @@ class _Run:
         law: torch.Tensor,
         bin_of: torch.Tensor,
         expected: torch.Tensor,
-        support: _Tally,
+        support: Tally,
     ) -> list[TestResult]:
         outside = counts[law == 0]
         if test == "joint":  # a first token outside p_0's support is outside the joint law's too
@@ -368,7 +368,7 @@ class _Run:
             try:
                 outcome = _verify(self.verifier, st, chunk, drafts, logits, q, verify_gen)
             except Exception as exc:  # a verifier that raises fails `outcome`; the run goes on
-                self.tallies["outcome"].event(f"{call.name}: {_raised(exc)}")
+                self.tallies["outcome"].event(f"{call.name}: {raised(exc)}")
                 return
             finally:
                 self.verifier_seconds += time.perf_counter() - started
@@ -485,7 +485,7 @@ class _Rows:
         )
 
 
-def _raised(exc: BaseException) -> str:
+def raised(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, LosscheckError) else f"{type(exc).__name__}: {exc}"
     return text.splitlines()[0][:300] if text else type(exc).__name__
 

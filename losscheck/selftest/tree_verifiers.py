@@ -1,0 +1,70 @@
+"""Planted tree-verification bugs, each shaped like one that shipped: the correct tree verifier
+(`losscheck.core.tree.verify_tree`) with one thing done wrong, each a `TreeVerifier`.
+
+- `wrong_logits_slice`: every branch read with the logits of its depth's first node (TensorRT-LLM
+  #15098: the EAGLE-3 tree verification sliced the wrong logits for a branch);
+- `residual_not_updated`: siblings tested against p, the residual never updated after a rejected
+  sibling, the last draw from p;
+- `siblings_as_chains`: each sibling verified as if it were the first of an independent chain (its
+  ratio against p, the residual `max(0, p − q)` of the last rejected one).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from losscheck.core.sampling import SamplingParams, process_logits
+from losscheck.core.tree import (
+    SiblingRule,
+    TreeOutcome,
+    TreeTopology,
+    TreeVerifier,
+    verify_tree,
+    verify_tree_greedy,
+    verify_tree_rejection,
+)
+from losscheck.core.verify import residual_distribution
+
+
+def _with_rule(rule: SiblingRule) -> TreeVerifier:
+    def verifier(
+        logits: torch.Tensor,
+        drafts: torch.Tensor,
+        q: torch.Tensor | None,
+        tree: TreeTopology,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> TreeOutcome:
+        if params.greedy:
+            return verify_tree_greedy(logits, drafts, tree)
+        return verify_tree_rejection(process_logits(logits, params), drafts, q, tree, generator, rule)
+
+    return verifier
+
+
+# BUG: a rejected sibling leaves r as it was (p): later siblings and the last draw read p
+residual_not_updated = _with_rule(SiblingRule(tested_against=lambda r, p: p, after_rejection=lambda r, p, q_c: r))
+residual_not_updated.__qualname__ = "residual_not_updated"
+
+# BUG: each sibling tested against p, as a chain's first draft is; the residual of the last one alone
+siblings_as_chains = _with_rule(
+    SiblingRule(tested_against=lambda r, p: p, after_rejection=lambda r, p, q_c: residual_distribution(p, q_c))
+)
+siblings_as_chains.__qualname__ = "siblings_as_chains"
+
+
+def wrong_logits_slice(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    tree: TreeTopology,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> TreeOutcome:
+    """logits [B, N+1, V]: every node's slice replaced by its depth's first node's."""
+    first = {d: tree.depths.index(d) for d in set(tree.depths)}
+    index = torch.tensor([0] + [first[d] + 1 for d in tree.depths])  # BUG: a branch reads its depth's first node
+    return verify_tree(logits[:, index], drafts, q, tree, params, generator)
+
+
+TREE_BUGS = {f.__qualname__: f for f in (wrong_logits_slice, residual_not_updated, siblings_as_chains)}
