@@ -165,6 +165,20 @@ class TreeTierReport:
     def failed(self) -> list[str]:
         return [r.name for r in self.results if not r.passed]
 
+    def lines(self, name: str | None = None) -> list[str]:
+        """Per-check verdicts, then the draws and their rate."""
+        out = [f"tree tier: {name or self.verifier}"]
+        for r in self.results:
+            verdict = "PASS" if r.passed else "FAIL"
+            detail = r.observed if r.alpha == 0 else f"p {r.p_value:.3g} at alpha {r.alpha:.2g}, {r.observed}"
+            out.append(f"  {r.name:<34} {verdict}  {detail[:160]}")
+        rate = self.draws / self.seconds if self.seconds > 0 else float("inf")
+        out.append(
+            f"  {self.draws} trees ({self.replicates} per sampled case) in {self.seconds:.1f} s: {rate:,.0f} trees/s"
+        )
+        out.append(f"verdict: {'PASS' if self.passed else 'FAIL: ' + ', '.join(self.failed())}")
+        return out
+
 
 def _well_formed(case: TreeCase, outcome: TreeOutcome, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """([R] bool malformed rows, [R] bool rows whose emitted tokens before the stop are not the

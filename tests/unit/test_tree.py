@@ -125,3 +125,19 @@ def test_a_verifier_returning_the_wrong_type_fails_outcome_with_its_name() -> No
     report = run_tree_tier(chain_shaped, cases=standard_cases()[:1], config=QUICK)
     outcome = next(r for r in report.results if r.name == "outcome")
     assert not outcome.passed and "not a losscheck TreeOutcome" in outcome.observed
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "says"),
+    [
+        ([], 0, "verdict: PASS"),
+        (["--mutant", "siblings_as_chains"], 1, "verdict: FAIL: first-token[chains2x3-T1]"),
+        (["--mutant", "bonus_from_previous_slot"], 2, "not a planted tree bug; with --tree: wrong_logits_slice"),
+    ],
+)
+def test_the_command_line_runs_the_tree_tier(argv: list[str], status: int, says: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    from losscheck import cli
+
+    assert cli.main(["verifier-tier", "--tree", "--detect-tv", "0.05", *argv]) == status
+    out = capsys.readouterr()
+    assert says in out.out + out.err
