@@ -51,7 +51,7 @@ def add_arguments(tier: argparse.ArgumentParser) -> None:
 
 
 def _tree_bug_names() -> list[str]:
-    from losscheck.selftest.tree_verifiers import TREE_BUGS
+    from losscheck.selftest.tree_bugs import TREE_BUGS
 
     return list(TREE_BUGS)
 
@@ -83,7 +83,7 @@ def run(ns: argparse.Namespace) -> int:
 
 def _run_tree(ns: argparse.Namespace, config: TierConfig) -> int:
     from losscheck.run.factory import load_verifier
-    from losscheck.selftest.tree_verifiers import TREE_BUGS
+    from losscheck.selftest.tree_bugs import TREE_BUGS
     from losscheck.verifiers.tree_tier import run_tree_tier
 
     if ns.mutant is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,8 @@ class RaggedKVCache:
 
     Implements the one method Hugging Face attention layers call on a cache, `update`.
     """
+
+    stateful = False  # a cache with recurrent state per row (`losscheck.core.recurrent`) says True
 
     def __init__(self, batch_size: int, capacity: int) -> None:
         self.batch_size = batch_size
@@ -75,12 +78,36 @@ class RaggedKVCache:
     def put_rows(self, rows: torch.Tensor, sub: RaggedKVCache, source: torch.Tensor | None = None) -> None:
         """Take what `sub` holds beyond keys and values for `rows` [n] (row `source[i]` of `sub`)."""
 
+    def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
+        """Copy every layer's entries at slots `source [B, m]` to slots `dest [B, m]` (all read
+        before any is written): a drafted tree's kept path packed behind its pending token."""
+        with torch.inference_mode():  # the buffers are inference tensors (made inside a forward)
+            self._move(source, dest)
+
+    def _move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
+        for layer, keys in self.keys.items():  # [B, H_kv, capacity, D]
+            for buffer in (keys, self.values[layer]):
+                at = source[:, None, :, None].expand(-1, buffer.shape[1], -1, buffer.shape[3])
+                buffer.scatter_(2, dest[:, None, :, None].expand_as(at), buffer.gather(2, at))
+
     def allocate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """The buffers of `layer` shaped for entries like `key`, `value` [H_kv, m, D] (the prefix
         cache writes blocks before the first forward would allocate them)."""
         if layer not in self.keys:
             self.keys[layer] = key.new_zeros(self.batch_size, key.shape[0], self.capacity, key.shape[2])
             self.values[layer] = value.new_zeros(self.batch_size, value.shape[0], self.capacity, value.shape[2])
+
+
+@dataclass(frozen=True)
+class TreeBlock:
+    """How a forward's tokens sit in a drafted tree's block of `M` slots from `start` (slot 0 the
+    pending token, slot i+1 node i): token j is written at block slot `offsets[j]`, has rotary
+    position `start + depths[j]`, and reads the block slots `sees[j]` marks (its ancestors and
+    itself; `losscheck.core.tree.TreeTopology.ancestry` rows)."""
+
+    offsets: torch.Tensor  # [m] long
+    depths: torch.Tensor  # [m] long
+    sees: torch.Tensor  # [m, M] bool
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -122,17 +149,21 @@ class RaggedLM:
         start: torch.Tensor,
         positions: torch.Tensor | None = None,
         layers: tuple[int, ...] | None = None,
+        tree: TreeBlock | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, m], start [B] → logits [B, m, V] (float32), hidden [B, m, H].
 
         `positions [B, m]` are the rotary positions when they differ from the cache slots
         `start + i` (an engine that keeps padding in its cache would pass them). `layers`: return
         those entries of `output_hidden_states` (0 the embeddings, i the output of decoder layer
-        i) concatenated, [B, m, len(layers)·H], instead of the last one.
+        i) concatenated, [B, m, len(layers)·H], instead of the last one. `tree`: the tokens are
+        nodes of a drafted tree, written and attended as it says (`TreeBlock`).
         """
         cache = self.cache
         if cache is None or cache.batch_size != tokens.shape[0]:
             raise RuntimeError("RaggedLM.forward called before reset() for this batch size")
+        if tree is not None:
+            return self._tree_forward(tokens, start, tree, layers)
         if positions is None and tokens.shape[0] > 1 and not bool(start.any()):
             distinct, inverse = torch.unique(tokens, dim=0, return_inverse=True)
             if len(distinct) < tokens.shape[0]:
@@ -154,6 +185,53 @@ class RaggedLM:
             input_ids=tokens,
             attention_mask=mask,
             position_ids=slots if positions is None else positions,
+            use_cache=True,
+            output_hidden_states=True,
+            **{self._cache_kw: cache},
+        )
+        if layers is None:
+            return out.logits.float(), out.hidden_states[-1]
+        return out.logits.float(), torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+    def _tree_forward(
+        self, tokens: torch.Tensor, start: torch.Tensor, tree: TreeBlock, layers: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` of tree nodes: token i at slot `start + tree.offsets[i]`, rotary position
+        `start + tree.depths[i]`, attending to every slot before `start` and to the block's slots
+        `tree.sees[i]` marks (its ancestors and itself)."""
+        cache = self.cache
+        assert cache is not None
+        if cache.stateful:
+            raise LosscheckError(
+                "a drafted tree is scored in one pass with tree attention, which a target with recurrent layers "
+                "cannot take (its state runs along one sequence); certify trees on an attention-only target"
+            )
+        self.passes += 1
+        self.tokens += tokens.numel()
+        device = tokens.device
+        offsets, depths, sees = (
+            tree.offsets.to(device),
+            tree.depths.to(device),
+            tree.sees.to(device),
+        )  # [m], [m], [m, M]
+        slots = start[:, None] + offsets[None, :]  # [B, m]
+        visible = int(start.max()) + sees.shape[1]
+        if visible > cache.capacity:
+            raise RuntimeError(f"ragged cache overflow: need {visible} slots, capacity {cache.capacity}")
+        cache.slots, cache.visible = slots, visible
+        cache.begin(start, tokens.shape[1])
+        relative = torch.arange(visible, device=device)[None, :] - start[:, None]  # [B, S] slot - start
+        in_block = (relative >= 0) & (relative < sees.shape[1])  # [B, S]
+        allowed = (relative < 0)[:, None, :] | (
+            in_block[:, None, :] & sees[:, relative.clamp(0, sees.shape[1] - 1)].permute(1, 0, 2)
+        )  # [B, m, S]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device).masked_fill(
+            ~allowed, torch.finfo(self.dtype).min
+        )[:, None]  # [B, 1, m, S] additive
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=start[:, None] + depths[None, :],
             use_cache=True,
             output_hidden_states=True,
             **{self._cache_kw: cache},

@@ -112,6 +112,8 @@ class RaggedStateCache(RaggedKVCache):
     """`RaggedKVCache` plus per-row recurrent states with a checkpoint per position of the last
     forward (see the module docstring)."""
 
+    stateful = True
+
     def __init__(self, batch_size: int, capacity: int, kinds: tuple[str, ...]) -> None:
         super().__init__(batch_size, capacity)
         self.kinds = kinds

@@ -239,7 +239,7 @@ class SiblingRule:
     """The two lines multi-candidate sampling turns on, as functions of `r` (the residual so far),
     `p` (the target's law at the node) and `q_c` (the rejected sibling's law), each [B, V] float64:
     the law a sibling's ratio reads, and the residual a rejection leaves. `SPECINFER` is the exact
-    rule; the planted tree bugs (`losscheck.selftest.tree_verifiers`) change one of them."""
+    rule; the planted tree bugs (`losscheck.selftest.tree_bugs`) change one of them."""
 
     tested_against: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (r, p) -> law in the ratio
     after_rejection: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (r, p, q_c) -> r

@@ -23,7 +23,7 @@ class AutoregressiveDrafter:
     """Drafts with its own ragged KV cache; after a rejection it keeps only the cache entries of
     committed tokens and re-reads the rest on the next `propose`."""
 
-    block_lengths = (1, 2, 4, 8, 16)
+    block_lengths: tuple[int, ...] = (1, 2, 4, 8, 16)
     widths: tuple[int | None, ...] = ()
     uses_hidden = False
 
@@ -62,19 +62,7 @@ class AutoregressiveDrafter:
 
     def propose(self, ctx: DraftContext) -> Proposal:
         lengths, k = ctx.lengths, ctx.k
-        # Rows cut short by EOS or the budget committed fewer tokens than they accepted; the
-        # pending token is never cached, so re-reading it yields its next-token logits.
-        self.cached = torch.minimum(self.cached, lengths - 1)
-        # Catch up on committed tokens not yet read (always at least the pending one).
-        behind = int((lengths - self.cached).max())
-        read = (self.cached[:, None] + torch.arange(behind, device=lengths.device)).clamp_max(ctx.tokens.shape[1] - 1)
-        logits, _ = self.lm.forward(ctx.tokens.gather(1, read), self.cached)
-        assert self.lm.cache is not None
-        # a recurrent state cannot be rolled back by slots: remember it before the pending token
-        self._before_pending = self.lm.cache.checkpoint(lengths - 1 - self.cached)
-        self.lm.keep(lengths - self.cached)  # the committed tokens, not the junk past a row's end
-        last = logits[torch.arange(len(lengths), device=lengths.device), lengths - 1 - self.cached]  # [B, V]
-
+        last = self.catch_up(ctx)  # [B, V]
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         for j in range(k):
@@ -89,6 +77,23 @@ class AutoregressiveDrafter:
         tokens = torch.stack(drafts, 1)  # [B, k]
         probs = None if ctx.params.greedy else torch.stack(dists, 1)  # [B, k, V]
         return Proposal(tokens, probs)
+
+    def catch_up(self, ctx: DraftContext) -> torch.Tensor:
+        """Read the committed tokens the draft cache lacks, the pending one last → the draft's
+        logits after it [B, V]."""
+        lengths = ctx.lengths
+        # Rows cut short by EOS or the budget committed fewer tokens than they accepted; the
+        # pending token is never cached, so re-reading it yields its next-token logits.
+        self.cached = torch.minimum(self.cached, lengths - 1)
+        # Catch up on committed tokens not yet read (always at least the pending one).
+        behind = int((lengths - self.cached).max())
+        read = (self.cached[:, None] + torch.arange(behind, device=lengths.device)).clamp_max(ctx.tokens.shape[1] - 1)
+        logits, _ = self.lm.forward(ctx.tokens.gather(1, read), self.cached)
+        assert self.lm.cache is not None
+        # a recurrent state cannot be rolled back by slots: remember it before the pending token
+        self._before_pending = self.lm.cache.checkpoint(lengths - 1 - self.cached)
+        self.lm.keep(lengths - self.cached)  # the committed tokens, not the junk past a row's end
+        return logits[torch.arange(len(lengths), device=lengths.device), lengths - 1 - self.cached]  # [B, V]
 
     def draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
         """One slot after `ctx.drafted`: logits [B, V] → (token [B], the q [B, V] it was drawn from)."""

@@ -42,6 +42,12 @@ OFF_REASONS = {
     ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
 }
 
+# Drafters whose rounds are trees (`losscheck.drafters.tree`): their main-target cells are greedy
+# only. The PIT cells size their samples and state their power through models of a chain's
+# verification (`losscheck.stats.bugclass`), which say nothing true of a tree's; the tree family's
+# sampled cells are its exact cells on the small-vocabulary target, whose tests need no model.
+TREE_FAMILIES = ("tree",)
+
 SAMPLING_KS = (1, 4, 8, 16)
 SAMPLING_VARIANTS = (
     SamplingParams(temperature=1.0),
@@ -155,8 +161,8 @@ def plan(
         engine_cells(engine, engine_variants, served, sampling) if engine is not None else ([], [])
     )
     for name, drafter in drafters["main"].items():
-        if name == ORACLE:
-            continue  # the target drafting for itself accepts everything: nothing to stress
+        if name == ORACLE or (bundled_families and name in TREE_FAMILIES):
+            continue  # the oracle accepts everything: nothing to stress; a tree has no PIT cells
         variants = FAMILY_STRESS if bundled_families and name in FAMILY_SAMPLING else STRESS_VARIANTS
         cells[PIT_CELL] += [
             Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=base, stress=v) for v in variants
@@ -254,6 +260,8 @@ def _sampled(
     for name, drafter in drafters.items():
         if name == ORACLE:  # the oracle checks the loop, not a drafter: the base cell suffices
             cells.append(Cell(ORACLE, BASE_K, variants[0], target=target))
+        elif bundled_families and name in TREE_FAMILIES:
+            continue
         elif bundled_families and name in FAMILY_SAMPLING:
             params, ks, widths = FAMILY_SAMPLING[name]
             cells += [Cell(name, BASE_K, p, target=target) for p in params]

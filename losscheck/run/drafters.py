@@ -11,7 +11,7 @@ from typing import Any
 
 from losscheck import bundled as fixtures
 from losscheck.core.contract import Drafter, Target
-from losscheck.drafters import autoregressive, parallel, speculators, speculators_config
+from losscheck.drafters import autoregressive, parallel, speculators, speculators_config, tree
 from losscheck.errors import OptionError, flag
 from losscheck.plan import bundled_sets
 from losscheck.run.loading import is_model_dir, load_object
@@ -24,16 +24,20 @@ LOADERS: dict[str, tuple[Callable[[Path, Target, str], Drafter], str]] = {
     "A": (autoregressive.from_path, "drafter_a"),
     **{family: (parallel.from_path, f"drafter_{family.lower()}") for family in BLOCK_FAMILIES},
     **{name: (speculators.from_path, directory) for name, directory in SPECULATORS.items()},
+    "tree": (tree.bundled, "drafter_a"),  # family A's weights drafting a tree (losscheck.drafters.tree)
 }
 
 
 def bundled(target_name: str, target: Target, precision: str = "fp32", which: str = "all") -> dict[str, Drafter]:
     """The drafters trained against the bundled target `target_name`, in `precision`: those of
     bundled set `which` (`losscheck.plan.bundled_sets`: "reference" or "all"). The small target
-    has family A's only."""
+    has family A's, and the tree family's over the same weights when the set has it."""
     root = fixtures.fixtures_dir()
     if target_name == "small":
-        return {"A": autoregressive.from_path(root / "small_drafter_a", target, precision)}
+        found_small: dict[str, Drafter] = {"A": autoregressive.from_path(root / "small_drafter_a", target, precision)}
+        if "tree" in bundled_sets.families(which):
+            found_small["tree"] = tree.bundled_small(root / "small_drafter_a", target, precision)
+        return found_small
     found: dict[str, Drafter] = {}
     for name in bundled_sets.families(which):
         load, directory = LOADERS[name]
@@ -63,11 +67,15 @@ def declared(target_name: str, which: str = "all") -> dict[str, Declared]:
 
     family_a = Declared("A", AutoregressiveDrafter.block_lengths)
     found: dict[str, Declared] = {"A": family_a} if target_name == "small" else {}
+    if target_name == "small" and "tree" in bundled_sets.families(which):
+        found["tree"] = Declared("tree", (tree.TreeTopology.parse(tree.SMALL_TOPOLOGY).depth,))
     root = fixtures.fixtures_dir()
     for name in () if target_name == "small" else bundled_sets.families(which):
         directory = root / LOADERS[name][1]
         if name == "A":
             found[name] = family_a
+        elif name == "tree":
+            found[name] = Declared(name, (tree.bundled_topology().depth,), tree.BUNDLED_WIDTHS)
         elif name in SPECULATORS:
             tokens = speculators_config.read_config(directory).proposal.speculative_tokens
             found[name] = Declared(name, tuple(range(1, tokens + 1)))

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import Engine
+from losscheck.core.tree_engine import TreeEngine
 from losscheck.core.verify import Verifier
-from losscheck.errors import OptionError
+from losscheck.drafters.tree import TreeDrafter
+from losscheck.errors import OptionError, flag
 from losscheck.run.loading import load_object
 from losscheck.serving.axis import (
     RankRecipe,
@@ -60,6 +62,15 @@ def planted_engine(
 ) -> Engine:
     """The speculative engine of `drafter` on `target` deciding blocks with `verifier` (None: the
     drafter's own or losscheck's), with `plant`'s bug when there is one: a plant's verifier wins."""
+    if isinstance(drafter, TreeDrafter):  # a tree per round: the tree loop, its width the cell's
+        if verifier is not None or plant is not None:
+            raise OptionError(
+                f"drafter {drafter.name!r} drafts trees, which losscheck's tree verifier decides "
+                f"(losscheck.core.tree.verify_tree); {flag('verifier')} and the planted bugs of the catalogue "
+                "replace a chain's parts. Leave the tree family out (--losscheck-bundled=reference) or drop them; "
+                "a tree verifier of your own goes through `losscheck verifier-tier --tree`"
+            )
+        return TreeEngine(target, drafter if width is None else drafter.at_width(width))
     if plant is None:
         return Engine(target, drafter, k, width, verifier=verifier)
     if plant.wrap_drafter is not None:

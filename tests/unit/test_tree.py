@@ -13,7 +13,7 @@ from losscheck.core.sampling import SamplingParams, make_generator
 from losscheck.core.tree import ROOT, TreeOutcome, TreeTopology, verify_tree
 from losscheck.core.verify import verify_block
 from losscheck.errors import OptionError
-from losscheck.selftest.tree_verifiers import TREE_BUGS
+from losscheck.selftest.tree_bugs import TREE_BUGS
 from losscheck.verifiers.tier import TierConfig
 from losscheck.verifiers.tree_tier import completed_law, run_tree_tier, standard_cases
 

@@ -1,5 +1,5 @@
-"""Planted tree-verification bugs, each shaped like one that shipped: the correct tree verifier
-(`losscheck.core.tree.verify_tree`) with one thing done wrong, each a `TreeVerifier`.
+"""Planted tree bugs, each shaped like one that shipped. Three verifiers — the correct tree
+verifier (`losscheck.core.tree.verify_tree`) with one thing done wrong, each a `TreeVerifier`:
 
 - `wrong_logits_slice`: every branch read with the logits of its depth's first node (TensorRT-LLM
   #15098: the EAGLE-3 tree verification sliced the wrong logits for a branch);
@@ -7,6 +7,10 @@
   sibling, the last draw from p;
 - `siblings_as_chains`: each sibling verified as if it were the first of an independent chain (its
   ratio against p, the residual `max(0, p − q)` of the last rejected one).
+
+And one engine, `KVNotPacked`: the tree loop (`losscheck.core.tree_engine.TreeEngine`) leaving the
+kept path's keys and values where the tree's pass wrote them, so that later rounds read a
+sibling's (or a stale) entry where a kept token's belongs: the stale-cache-after-a-tree-round shape.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from losscheck.core.tree import (
     verify_tree_greedy,
     verify_tree_rejection,
 )
+from losscheck.core.tree_engine import TreeEngine
 from losscheck.core.verify import residual_distribution
 
 
@@ -65,6 +70,11 @@ def wrong_logits_slice(
     first = {d: tree.depths.index(d) for d in set(tree.depths)}
     index = torch.tensor([0] + [first[d] + 1 for d in tree.depths])  # BUG: a branch reads its depth's first node
     return verify_tree(logits[:, index], drafts, q, tree, params, generator)
+
+
+class KVNotPacked(TreeEngine):
+    def _pack(self, pending: torch.Tensor, outcome: TreeOutcome) -> None:
+        pass  # BUG: the kept path stays at the slots of its nodes
 
 
 TREE_BUGS = {f.__qualname__: f for f in (wrong_logits_slice, residual_not_updated, siblings_as_chains)}
