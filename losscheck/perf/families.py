@@ -26,6 +26,7 @@ from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
 from losscheck.core.target import HFTarget
+from losscheck.core.tree_engine import TreeEngine
 from losscheck.plan.matrix import ORACLE
 from losscheck.report.families import SCHEMA, FamiliesSetup, FamiliesTable, FamilyRun, write_report
 from losscheck.report.manifest import environment
@@ -64,7 +65,10 @@ def compare_families(
 
     def run(variant: Variant, k: int, mode: str, tier: str) -> Generation:
         rows = prompts[tier] * (1 if mode == "greedy" else repeats)
-        engine = Engine(target, drafters[variant.drafter], k, variant.width)
+        drafter = drafters[variant.drafter]
+        engine = (  # a tree drafter's rounds run the tree loop (its k is the tree's depth)
+            TreeEngine(target, drafter) if hasattr(drafter, "tree") else Engine(target, drafter, k, variant.width)
+        )
         gen = make_generator(seed, "families", variant.label, k, mode, tier)
         return engine.generate(rows, max_new, _params(mode), gen)
 
@@ -72,6 +76,7 @@ def compare_families(
         """The ks a drafter declares (a speculators checkpoint drafts at most speculative_tokens)."""
         return [k for k in ks if k in drafters[variant.drafter].block_lengths]
 
+    variants = [v for v in variants if declared(v)]  # a drafter declaring none of `ks` sits this out
     for variant in variants:  # warm-up: first-call costs (allocation, lazy init) stay out of timings
         run(variant, max(declared(variant)), "T1", "high")
 
