@@ -185,8 +185,9 @@ def conformance_rtol(logit_tolerance: float) -> float:
 def recording(engine: Engine | None, generator: torch.Generator, rtol: float) -> Iterator[Recorder | None]:
     """A `Recorder` (of its own `generator` and `rtol`) watching `engine`'s verifier over the blocks
     decided inside the `with`; None when the cell has no engine in this process (a split run's
-    engines live in its ranks)."""
-    if engine is None:
+    engines live in its ranks) or when its rounds are trees (`losscheck.core.tree_engine`: the
+    recorder checks a chain verifier's conformance)."""
+    if engine is None or getattr(engine, "tree", None) is not None:
         yield None
         return
     with engine.verifier_wrapped(lambda inner: Recorder(inner, generator, rtol)) as recorder:

@@ -211,6 +211,8 @@ class Engine:
     the correct one; a caller may plant another.
     """
 
+    round_slots = True  # each committed token's slot in its round is kept (`Batch.slot_of`)
+
     def __init__(
         self,
         target: Target,
@@ -355,9 +357,8 @@ class Engine:
             self.prefix_cache.reset(rows)
         q_ids, q_probs = self.q_buffers(rows, capacity, params) or (None, None)
         logprob_of = None if params.greedy else torch.zeros(rows, capacity, device=tokens.device)
-        return Batch(
-            tokens, lengths, lengths.clone(), hidden, done, budget, torch.zeros_like(tokens), q_ids, q_probs, logprob_of
-        )
+        slot_of = torch.zeros_like(tokens) if self.round_slots else None
+        return Batch(tokens, lengths, lengths.clone(), hidden, done, budget, slot_of, q_ids, q_probs, logprob_of)
 
     def prefill(self, batch: Batch, rows: torch.Tensor | None = None) -> None:
         """Read the committed tokens of `rows` [n] (default: every row) but the pending last one

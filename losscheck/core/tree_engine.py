@@ -5,7 +5,12 @@ kept path's keys and values behind the pending token, commit.
 After a round that kept `a` nodes, the target's cache holds the pending token and the kept path
 at slots `pending .. pending+a`, exactly what a chain round of `a` accepted drafts leaves, so
 every other line of the loop (`losscheck.core.engine.Engine`: prefill, ends, budgets, the
-reported q and log-probabilities, the counters per depth) is the chain loop's.
+log-probabilities, the counters per depth) is the chain loop's.
+
+A tree round's tokens carry no per-token q and no round slot (`Generation.draft_q` and `slots` are
+None): the cells read both through models of a chain's verification (`losscheck.stats.bugclass`),
+which say nothing true of a tree's, so a tree's sampled cell is sized by, and claims, the classes
+that are laws of the target's p alone, as a black-box engine without a draft model's is.
 """
 
 from __future__ import annotations
@@ -65,6 +70,11 @@ class TreeEngine(Engine):
 
     def _block(self, batch: Batch) -> int:
         return self.tree.size
+
+    round_slots = False  # no round slots (module docstring)
+
+    def q_buffers(self, rows: int, capacity: int, params: SamplingParams) -> None:
+        return None  # no per-token q (module docstring)
 
     def step(self, batch: Batch, params: SamplingParams, generator: torch.Generator, stats: LoopStats) -> None:
         """One round over the rows of `batch` not done: draft the tree, score, verify, pack, commit."""

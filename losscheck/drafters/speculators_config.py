@@ -27,6 +27,13 @@ from losscheck.errors import OptionError
 
 PREFIX = "speculators:"
 ALGORITHMS = ("eagle3", "peagle")  # speculators_model_type values losscheck runs
+# speculators_model_type values of drafters that ship in 2026 and that losscheck recognises but does
+# not run yet, and what is missing (issue 56): named, not refused as unknown
+RECOGNISED = {
+    "dflash": "DFlash drafts a whole block per forward from the target's hidden states at several layers "
+    "(block diffusion, its own draft vocabulary and d2t map), and losscheck has no DFlash drafter yet; "
+    "certify an engine that serves it (--engine vllm or sglang) meanwhile",
+}
 LAYER_TYPES = ("llama", "qwen3")  # transformer_layer_config.model_type values losscheck builds
 # the library's defaults for fields a config may leave out (speculators 0.9 config classes)
 DEFAULT_SPECULATIVE_TOKENS = 5
@@ -112,6 +119,10 @@ def read_config(path: str | Path) -> CheckpointConfig:
             "(a plain Hugging Face drafter directory is --losscheck-drafter=DIR)",
         )
     model_type = raw.get("speculators_model_type")
+    if model_type in RECOGNISED:
+        raise _fail(
+            path, f"a {model_type} checkpoint, which losscheck recognises but does not run: {RECOGNISED[model_type]}"
+        )
     if model_type not in ALGORITHMS:
         raise _fail(path, f"speculators_model_type {model_type!r} is not supported; losscheck runs {list(ALGORITHMS)}")
     layer = raw.get("transformer_layer_config")

@@ -130,3 +130,11 @@ def bundled(path: Path, target: Target, precision: str = "fp32") -> TreeDrafter:
 def bundled_small(path: Path, target: Target, precision: str = "fp32") -> TreeDrafter:
     """The bundled tree family on the small-vocabulary target (`SMALL_TOPOLOGY`)."""
     return from_path(path, target, TreeTopology.parse(SMALL_TOPOLOGY), precision=precision)
+
+
+def bundled_a(target: Target) -> TreeDrafter:
+    """`--drafter losscheck.drafters.tree:bundled_a`: the bundled drafter A's weights drafting the
+    bundled family's tree, certified as a user's drafter would be (docs/trees.md)."""
+    from losscheck import bundled as fixtures
+
+    return from_path(fixtures.fixtures_dir() / "drafter_a", target)

@@ -57,7 +57,7 @@ class EngineRequest:
 QUANTIZATION = "quantization"
 
 Inputs = Callable[[EngineRequest, str], None]  # checks the model options of engine NAME; raises OptionError
-AxisValue = int | str
+AxisValue = int | str  # an engine or serving axis's value (`losscheck.serving.axis` too): 2, "bf16", "warm"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from losscheck.core.grammar import BUNDLED
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.registry import QUANTIZATION
+from losscheck.errors import flag
 from losscheck.plan import bundled_sets
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
 from losscheck.plan.entry import MatrixEntry
@@ -33,19 +34,26 @@ GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL = "greedy_cell", "sampling_cell",
 ENGINE_GREEDY_CELL = "engine_greedy_cell"
 CELL_ARGS = (GREEDY_CELL, PIT_CELL, EXACT_CELL, ENGINE_CELL, ENGINE_GREEDY_CELL)
 STATISTICAL_ARGS = (PIT_CELL, EXACT_CELL, ENGINE_CELL)  # one Bonferroni share of alpha per cell
-OFF_REASONS = {
+OFF_REASONS = {  # {engine}, {exact}: the options as the user spells them (`off_reason`)
     GREEDY_CELL: "no drafter declares a block length",
     PIT_CELL: "no drafter declares a block length",
     EXACT_CELL: "exact mode runs on the bundled small-vocabulary target, which certifies bundled drafters only "
-    "(and is off under --losscheck-exact=off)",
-    ENGINE_CELL: "no --losscheck-engine given: black-box mode is off",
-    ENGINE_GREEDY_CELL: "no --losscheck-engine given: black-box mode is off",
+    "(and is off under {exact}=off)",
+    ENGINE_CELL: "no {engine} given: black-box mode is off",
+    ENGINE_GREEDY_CELL: "no {engine} given: black-box mode is off",
 }
 
-# Drafters whose rounds are trees (`losscheck.drafters.tree`): their main-target cells are greedy
-# only. The PIT cells size their samples and state their power through models of a chain's
-# verification (`losscheck.stats.bugclass`), which say nothing true of a tree's; the tree family's
-# sampled cells are its exact cells on the small-vocabulary target, whose tests need no model.
+
+def off_reason(arg: str) -> str:
+    """Why the certification test argument `arg` has no cells, its options named as the user
+    spells them (`--engine` under the CLI, `--losscheck-engine` under pytest)."""
+    return OFF_REASONS[arg].format(engine=flag("engine"), exact=flag("exact"))
+
+
+# Drafters whose rounds are trees (`losscheck.drafters.tree`): on the main target the bundled tree
+# family gets its greedy cells and one PIT cell at T = 1, sized by and claiming the classes that are
+# laws of p alone (a tree round reports no chain q: `losscheck.core.tree_engine`), no stress cells;
+# its exact cells on the small-vocabulary target test the whole law with no model at all.
 TREE_FAMILIES = ("tree",)
 
 SAMPLING_KS = (1, 4, 8, 16)
@@ -161,8 +169,8 @@ def plan(
         engine_cells(engine, engine_variants, served, sampling) if engine is not None else ([], [])
     )
     for name, drafter in drafters["main"].items():
-        if name == ORACLE or (bundled_families and name in TREE_FAMILIES):
-            continue  # the oracle accepts everything: nothing to stress; a tree has no PIT cells
+        if name == ORACLE or _drafts_trees(name, drafter, bundled_families):
+            continue  # the oracle accepts everything: nothing to stress; a tree's PIT cell claims p's classes alone
         variants = FAMILY_STRESS if bundled_families and name in FAMILY_SAMPLING else STRESS_VARIANTS
         cells[PIT_CELL] += [
             Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=base, stress=v) for v in variants
@@ -175,6 +183,10 @@ def plan(
             cells[PIT_CELL].append(Cell(name, _base_k(drafter), SAMPLING_VARIANTS[0], precision=precision))
     for name in _reference(drafters["main"], bundled_families):
         k = _base_k(drafters["main"][name])
+        if _drafts_trees(name, drafters["main"][name], bundled_families):
+            # the tree loop has no serving axes yet and refuses history-reading parameters
+            cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in EDGE_VARIANTS]
+            continue
         for along in serving_cells():
             cells[GREEDY_CELL].append(Cell(name, k, GREEDY, precision=base, serving=along))
             cells[PIT_CELL].append(Cell(name, k, SAMPLING_VARIANTS[0], precision=base, serving=along))
@@ -186,7 +198,8 @@ def plan(
         planned = EDGE_VARIANTS + history_variants(vocabulary)
         asked = tuple(p for p in dict.fromkeys(sampling) if p not in planned + SAMPLING_VARIANTS)
         cells[PIT_CELL] += [Cell(name, k, params, precision=base) for params in planned + asked]
-    base_ks = {name: _base_k(d) for target in drafters.values() for name, d in target.items()}
+    # each drafter's base k on the main target (the small target's cells are all at EXACT_K)
+    base_ks = {name: _base_k(d) for target in ("small", "main") for name, d in drafters.get(target, {}).items()}
     tiers = TierContext(base, base_ks, frozenset(FAMILY_SAMPLING) if bundled_families else frozenset())
     return {
         arg: [replace(c, slow=in_slow_tier(c, tiers)) for c in found if bundled_sets.selected(bundled, c)]
@@ -261,7 +274,7 @@ def _sampled(
         if name == ORACLE:  # the oracle checks the loop, not a drafter: the base cell suffices
             cells.append(Cell(ORACLE, BASE_K, variants[0], target=target))
         elif bundled_families and name in TREE_FAMILIES:
-            continue
+            cells.append(Cell(name, _base_k(drafter), variants[0], target=target))
         elif bundled_families and name in FAMILY_SAMPLING:
             params, ks, widths = FAMILY_SAMPLING[name]
             cells += [Cell(name, BASE_K, p, target=target) for p in params]
@@ -278,6 +291,12 @@ def _reference(drafters: Mapping[str, Declares], bundled_families: bool) -> list
     if bundled_families:
         return [name for name in drafters if name == "A"]
     return [name for name in drafters if name != ORACLE]
+
+
+def _drafts_trees(name: str, drafter: Declares, bundled_families: bool) -> bool:
+    """Whether the drafter's rounds are trees: a built drafter declaring its `tree`, or the bundled
+    tree family (its declarations carry no tree)."""
+    return getattr(drafter, "tree", None) is not None or (bundled_families and name in TREE_FAMILIES)
 
 
 def _base_k(drafter: Declares) -> int:

@@ -98,7 +98,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    from losscheck.plan.matrix import CELL_ARGS, OFF_REASONS
+    from losscheck.plan.matrix import CELL_ARGS, off_reason
 
     args = [arg for arg in CELL_ARGS if arg in metafunc.fixturenames]
     if not args:
@@ -125,7 +125,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             cells = [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in plan[arg]]
             metafunc.parametrize(arg, cells)
         else:
-            off = pytest.param(None, marks=pytest.mark.skip(reason=OFF_REASONS[arg]))
+            off = pytest.param(None, marks=pytest.mark.skip(reason=off_reason(arg)))
             metafunc.parametrize(arg, [off], ids=["off"])
 
 

@@ -26,12 +26,12 @@ from losscheck.core.contract import Drafter
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.core.sampling import SamplingParams, make_generator
+from losscheck.engines.registry import AxisValue  # an axis's own value: ranks, "cold" / "warm", 2 (k)
 from losscheck.errors import LosscheckError
 from losscheck.jsonrecord import Scalar
 
 Prompts = list[list[int]]
 Facts = dict[str, dict[str, Scalar]]  # serving axis -> what it measured, with a one-line "summary"
-AxisValue = int | str  # an axis's own value: ranks, "cold" / "warm", "continuous"
 Serving = tuple[tuple[str, AxisValue], ...]  # a cell's non-default axis values, in registry order
 UNBOUNDED = 1 << 62  # `Server.call_rows` of a server that sizes its own batches
 

@@ -131,3 +131,35 @@ def test_a_recurrent_target_is_refused_with_the_reason() -> None:
 def test_bad_sibling_modes_are_option_errors(main_target) -> None:
     with pytest.raises(OptionError, match="'iid' from the parent's law or take its 'top' tokens"):
         tree_engine(main_target, "chains:2x2", siblings="sorted")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_users_tree_drafter_is_certified_claiming_only_the_classes_of_p():
+    """A user's tree drafter gets greedy cells, PIT cells at the five sampling variants and the
+    three edge ones, and no stress, serving or history cells (the tree loop has none of them); its
+    T = 1 cell PASSes, sized by and claiming only the classes that are laws of p alone."""
+    from losscheck.cells.sampled import run_cell
+    from losscheck.plan.matrix import PIT_CELL
+    from losscheck.run.context import CellContext
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+    from losscheck.stats.buglaws import TARGET_SIDE
+
+    session = Session(Options(drafter="losscheck.drafters.tree:bundled_a"))
+    pit = [c for c in session.plan[PIT_CELL] if c.drafter == "user"]
+    assert [c.id for c in pit] == [
+        "user-k4-T1",
+        "user-k4-T0.3",
+        "user-k4-T1.5",
+        "user-k4-T1-topk8",
+        "user-k4-T1-topp0.9",
+        "user-k4-T0.001",
+        "user-k4-T5",
+        "user-k4-T1-topp0.05",
+    ]
+    outcome = run_cell(CellContext.of(session, pit[0]))
+    assert outcome.passed, outcome.message()
+    classes = outcome.facts.bug_classes or {}
+    covered = {name for name, record in classes.items() if record.covered}
+    assert covered and covered <= {bug.name for bug in TARGET_SIDE}, classes  # the others: power ~0, not claimed
+    assert not classes["residual_is_p"].covered and classes["residual_is_p"].reach == "none"
