@@ -163,6 +163,8 @@ class RaggedLM:
         if cache is None or cache.batch_size != tokens.shape[0]:
             raise RuntimeError("RaggedLM.forward called before reset() for this batch size")
         if tree is not None:
+            if positions is not None:
+                raise LosscheckError("RaggedLM.forward: a tree block's positions are its depths; pass no positions")
             return self._tree_forward(tokens, start, tree, layers)
         if positions is None and tokens.shape[0] > 1 and not bool(start.any()):
             distinct, inverse = torch.unique(tokens, dim=0, return_inverse=True)

@@ -302,12 +302,14 @@ def verify_tree(
     tree: TreeTopology,
     params: SamplingParams,
     generator: torch.Generator,
+    rule: SiblingRule = SPECINFER,
 ) -> TreeOutcome:
     """The correct `TreeVerifier`: greedy at temperature 0, otherwise multi-candidate rejection
-    sampling against the target's logits processed exactly as the drafter's q was."""
+    sampling against the target's logits processed exactly as the drafter's q was (`rule`: the
+    exact one unless a planted bug says otherwise)."""
     if params.greedy:
         return verify_tree_greedy(logits, drafts, tree)
-    return verify_tree_rejection(process_logits(logits, params), drafts, q, tree, generator)
+    return verify_tree_rejection(process_logits(logits, params), drafts, q, tree, generator, rule)
 
 
 def checked_tree_outcome(outcome: object, verifier: object, batch: int, tree: TreeTopology) -> TreeOutcome:

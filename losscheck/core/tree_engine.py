@@ -19,8 +19,7 @@ import torch
 
 from losscheck.core.contract import DraftContext, Drafter, Proposal, Target, validate_proposal
 from losscheck.core.engine import Batch, Engine, parked
-from losscheck.core.generation import LoopStats
-from losscheck.core.history import History
+from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.ragged import RaggedLM, TreeBlock
 from losscheck.core.sampling import SamplingParams, process_logits
 from losscheck.core.tree import TreeOutcome, TreeTopology, TreeVerifier, checked_tree_outcome, verify_tree
@@ -53,7 +52,9 @@ class TreeEngine(Engine):
             torch.arange(self.tree.size + 1), torch.tensor((0, *self.tree.depths)), self.tree.ancestry()
         )
 
-    def generate(self, prompts, max_new_tokens, params, generator):  # type: ignore[no-untyped-def]
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams, generator: torch.Generator
+    ) -> Generation:
         if params.reads_history:
             raise LosscheckError(
                 f"tree drafting with {params.label()}: a step of its processing reads the request's history "
@@ -92,8 +93,6 @@ class TreeEngine(Engine):
             scored = torch.cat([batch.tokens.gather(1, pending[:, None]), proposal.tokens], dim=1)  # [B, N+1]
             lm: RaggedLM = self.target.lm  # type: ignore[attr-defined]  # checked in __init__
             logits, states = self.target.checked(lm.forward(scored, pending, tree=self._block_shape))  # type: ignore[attr-defined]
-            seen = History(batch.tokens, at, batch.prompt_lengths, self.target.eos_id)
-            logits = self.history(logits, params, seen, proposal.tokens)  # [B, N+1, V]: no history step reads
             outcome = self.tree_verifier(logits, proposal.tokens, proposal.probs, self.tree, params, generator)
             outcome = checked_tree_outcome(outcome, self.tree_verifier, len(at), self.tree)
             self._pack(pending, outcome)
@@ -119,7 +118,10 @@ class TreeEngine(Engine):
         [B, D(, V)], the target's logits and states at the root and each kept node [B, D+1, ·])."""
         path = outcome.path.clamp_min(0)  # [B, D]; past `accepted` node 0: junk the commit ignores
         positions = torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1)  # [B, D+1]
-        take = lambda x: x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))  # noqa: E731
+
+        def take(x: torch.Tensor) -> torch.Tensor:  # [B, N+1, ·] -> [B, D+1, ·] along the kept path
+            return x.gather(1, positions[..., None].expand(-1, -1, x.shape[-1]))
+
         tokens = proposal.tokens.gather(1, path)
         probs = (
             None

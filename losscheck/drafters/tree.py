@@ -63,7 +63,13 @@ class TreeDrafter(AutoregressiveDrafter):
         self._rank = [tree.children(parent).index(i) for i, parent in enumerate(tree.parents)]
 
     def at_width(self, width: int) -> TreeDrafter:
-        """This drafter (the same model) drafting the bundled tree of `width` (`bundled_topology`)."""
+        """This drafter (the same model) drafting the bundled tree of `width` (`bundled_topology`); an
+        `OptionError` for a width it does not declare (its own tree is not the bundled family's)."""
+        if width not in self.widths:
+            raise OptionError(
+                f"tree drafter {self.name!r} declares tree widths {list(self.widths)}, not {width}; its tree "
+                f"{self.tree.label()} has no width axis of losscheck's"
+            )
         drafter = TreeDrafter(self.lm.model, self.base_name, bundled_topology(width), self.siblings)
         drafter.identity = {**self.identity, "tree": drafter.tree.label()}
         drafter.widths = self.widths

@@ -15,47 +15,33 @@ sibling's (or a stale) entry where a kept token's belongs: the stale-cache-after
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from losscheck.core.sampling import SamplingParams, process_logits
-from losscheck.core.tree import (
-    SiblingRule,
-    TreeOutcome,
-    TreeTopology,
-    TreeVerifier,
-    verify_tree,
-    verify_tree_greedy,
-    verify_tree_rejection,
-)
+from losscheck.core.sampling import SamplingParams
+from losscheck.core.tree import SiblingRule, TreeOutcome, TreeTopology, TreeVerifier, verify_tree
 from losscheck.core.tree_engine import TreeEngine
 from losscheck.core.verify import residual_distribution
 
 
-def _with_rule(rule: SiblingRule) -> TreeVerifier:
-    def verifier(
-        logits: torch.Tensor,
-        drafts: torch.Tensor,
-        q: torch.Tensor | None,
-        tree: TreeTopology,
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> TreeOutcome:
-        if params.greedy:
-            return verify_tree_greedy(logits, drafts, tree)
-        return verify_tree_rejection(process_logits(logits, params), drafts, q, tree, generator, rule)
-
+def _with_rule(name: str, rule: SiblingRule) -> TreeVerifier:
+    """`verify_tree` deciding siblings by `rule`, named `name`."""
+    verifier = functools.partial(verify_tree, rule=rule)
+    verifier.__qualname__ = name  # type: ignore[attr-defined]  # a partial takes attributes
     return verifier
 
 
 # BUG: a rejected sibling leaves r as it was (p): later siblings and the last draw read p
-residual_not_updated = _with_rule(SiblingRule(tested_against=lambda r, p: p, after_rejection=lambda r, p, q_c: r))
-residual_not_updated.__qualname__ = "residual_not_updated"
+residual_not_updated = _with_rule(
+    "residual_not_updated", SiblingRule(tested_against=lambda r, p: p, after_rejection=lambda r, p, q_c: r)
+)
 
 # BUG: each sibling tested against p, as a chain's first draft is; the residual of the last one alone
 siblings_as_chains = _with_rule(
-    SiblingRule(tested_against=lambda r, p: p, after_rejection=lambda r, p, q_c: residual_distribution(p, q_c))
+    "siblings_as_chains",
+    SiblingRule(tested_against=lambda r, p: p, after_rejection=lambda r, p, q_c: residual_distribution(p, q_c)),
 )
-siblings_as_chains.__qualname__ = "siblings_as_chains"
 
 
 def wrong_logits_slice(
@@ -77,4 +63,8 @@ class KVNotPacked(TreeEngine):
         pass  # BUG: the kept path stays at the slots of its nodes
 
 
-TREE_BUGS = {f.__qualname__: f for f in (wrong_logits_slice, residual_not_updated, siblings_as_chains)}
+TREE_BUGS: dict[str, TreeVerifier] = {
+    "wrong_logits_slice": wrong_logits_slice,
+    "residual_not_updated": residual_not_updated,
+    "siblings_as_chains": siblings_as_chains,
+}

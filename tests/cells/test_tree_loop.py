@@ -128,6 +128,12 @@ def test_a_recurrent_target_is_refused_with_the_reason() -> None:
         TreeEngine(target, drafter).generate(PROMPTS[:2], 8, GREEDY, make_generator(1))
 
 
+def test_a_tree_width_the_drafter_does_not_declare_is_refused(main_target) -> None:
+    drafter = from_path(bundled.fixtures_dir() / "drafter_a", main_target, TreeTopology.parse("chains:2x2"))
+    with pytest.raises(OptionError, match="declares tree widths \\[\\], not 3"):
+        drafter.at_width(3)
+
+
 def test_bad_sibling_modes_are_option_errors(main_target) -> None:
     with pytest.raises(OptionError, match="'iid' from the parent's law or take its 'top' tokens"):
         tree_engine(main_target, "chains:2x2", siblings="sorted")
