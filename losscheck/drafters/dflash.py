@@ -31,7 +31,6 @@ rejected draft can leave nothing behind.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +40,9 @@ from torch import nn
 from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.precision import torch_dtype
 from losscheck.core.sampling import sample
-from losscheck.errors import LosscheckError, OptionError
+from losscheck.drafters.dflash_config import check_config, fail, read
+from losscheck.errors import LosscheckError
 from losscheck.hashing import content_hash
-
-MODEL_TYPES = ("muse_glimmer_assistant",)  # transformers' DFlash networks, by config.json model_type
-
-
-def is_dflash_dir(path: str | Path) -> bool:
-    """Whether `path` is a directory holding a transformers DFlash checkpoint (by its config's
-    `model_type`), without importing torch models."""
-    config = Path(path).expanduser() / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        return json.loads(config.read_text()).get("model_type") in MODEL_TYPES
-    except (OSError, ValueError):
-        return False
 
 
 def block_mask(context: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
@@ -87,7 +73,7 @@ class DFlashDrafter:
     def __init__(
         self, net: nn.Module, embed: nn.Module, head: nn.Module, name: str, identity: dict[str, object]
     ) -> None:
-        config = net.config  # type: ignore[union-attr]
+        config: Any = net.config
         self.net, self.embed, self.head = net, embed, head
         self.name = name
         self.block_size = int(config.block_size)
@@ -145,15 +131,11 @@ class DFlashDrafter:
         return Proposal(tokens) if ctx.params.greedy else Proposal(tokens, torch.stack(dists, 1))
 
 
-def _fail(path: Path, why: str) -> OptionError:
-    return OptionError(f"DFlash checkpoint {str(path)!r}: {why}")
-
-
 def _target_parts(target: Target, path: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     """The target's input embedding and LM head in `dtype` (copies when the target's dtype differs)."""
     model = getattr(target, "model", None)
     if model is None or not hasattr(model, "get_input_embeddings") or model.get_output_embeddings() is None:
-        raise _fail(
+        raise fail(
             path,
             f"DFlash drafts through the target's embedding and LM head, and target {target.name!r} is not a "
             "Hugging Face causal LM (losscheck.HFTarget) that exposes them",
@@ -166,40 +148,15 @@ def _target_parts(target: Target, path: Path, dtype: torch.dtype) -> tuple[nn.Mo
     return parts[0], parts[1]
 
 
-def check_config(config: Any, path: Path, target: Target) -> None:
-    """A clear error for a checkpoint that cannot draft for `target`."""
-    depth = int(getattr(target, "num_layers", 0))
-    layers = [int(i) for i in (config.target_layer_ids or [])]
-    if int(config.hidden_size) != target.hidden_size:
-        raise _fail(
-            path,
-            f"hidden_size {config.hidden_size} is not the target's {target.hidden_size} (DFlash reads the target's "
-            "embeddings and LM head at its own width)",
-        )
-    if not layers or min(layers) < 0 or (depth and max(layers) >= depth):
-        raise _fail(
-            path,
-            f"target_layer_ids {layers}: need ids of the target's decoder layers, 0..{depth - 1} "
-            "(transformers reads hidden_states[i + 1])",
-        )
-    if int(config.block_size) < 2:
-        raise _fail(path, f"block_size {config.block_size}: need at least 2 (the anchor and one draft)")
-    if not 0 <= int(config.mask_token_id) < target.vocab_size:
-        raise _fail(path, f"mask_token_id {config.mask_token_id} is not an id of the target's {target.vocab_size}")
-
-
 def from_path(path: str | Path, target: Target, precision: str = "fp32") -> DFlashDrafter:
     """A drafter from a local transformers DFlash checkpoint, checked against `target`, in `precision`."""
     from transformers import AutoModel
 
     path = Path(path).expanduser()
-    if not is_dflash_dir(path):
-        raise _fail(path, f"no config.json with model_type in {list(MODEL_TYPES)}; pass a DFlash checkpoint directory")
-    if not any(path.glob("*.safetensors")):
-        raise _fail(path, "no *.safetensors weights beside config.json")
+    read(path)  # a clear error for a directory that is not a DFlash checkpoint
     dtype = torch_dtype(precision)
     net = AutoModel.from_pretrained(path, dtype=dtype, local_files_only=True, use_safetensors=True)
-    check_config(net.config, path, target)
+    check_config(net.config, path, target.hidden_size, target.vocab_size, int(getattr(target, "num_layers", 0)))
     net = net.to(target.device).eval()
     embed, head = _target_parts(target, path, dtype)
     identity: dict[str, object] = {

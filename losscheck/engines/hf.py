@@ -2,7 +2,10 @@
 
 Speculation on: `model.generate(assistant_model=...)`, which with `do_sample=True` verifies the
 assistant's candidates by standard speculative sampling (`transformers.generation.utils.
-_speculative_sampling`); off: plain `model.generate`. Assisted generation runs one row per call
+_speculative_sampling`); off: plain `model.generate`. A DFlash assistant (a transformers DFlash
+checkpoint, `losscheck.drafters.dflash_config`) runs with `speculation_type="dflash"`: transformers'
+`DFlashTokenCandidateGenerator` drafts `block_size - 1` candidates a round from the target's hidden
+states, through the target's own embedding and LM head. Assisted generation runs one row per call
 (batch size 1 is all it supports), so speculative rows are drawn one after another; with
 speculation off a prompt's rows are drawn in one batch.
 """
@@ -121,9 +124,15 @@ class HFAssistedEngine:
         eos: int,
         name: str = "hf-assisted",
         ensemble_weight: float | None = None,  # transformers' static ensemble verification: lossy by design
+        speculation: str | None = None,  # transformers' speculation_type: "dflash" for a DFlash assistant
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
-        self.ensemble_weight = ensemble_weight
+        self.ensemble_weight, self.speculation = ensemble_weight, speculation
+        if speculation == "dflash" and k != int(assistant.config.block_size) - 1:
+            raise OptionError(
+                f"a DFlash assistant drafts block_size - 1 = {int(assistant.config.block_size) - 1} candidates a "
+                f"round in transformers, not {k}"
+            )
         self.precision: str | None = dtype_precision(next(model.parameters()).dtype)
         self.name = f"{name}(k={k})"
 
@@ -135,11 +144,14 @@ class HFAssistedEngine:
 
         # The candidate generator reads its block from the *assistant's* generation config (with
         # transformers' defaults where unset: 20 candidates and a 0.4 confidence cut-off), not
-        # from the config passed to `generate`: the block is fixed there, on every call.
-        assistant = self.assistant.generation_config
-        assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule = self.k, "constant"
-        assistant.assistant_confidence_threshold = 0.0
+        # from the config passed to `generate`: the block is fixed there, on every call. A DFlash
+        # assistant's block is its config's block_size.
+        if self.speculation is None:
+            assistant = self.assistant.generation_config
+            assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule = self.k, "constant"
+            assistant.assistant_confidence_threshold = 0.0
         return GenerationConfig(
+            speculation_type=self.speculation,
             max_new_tokens=max_new_tokens,
             eos_token_id=self.ends(params),
             pad_token_id=self.eos,
@@ -204,16 +216,25 @@ class HFAssistedEngine:
             reported = torch.where(generated, reported, 0.0)
         return out, reported
 
-    def draft_model(self) -> PreTrainedModel:
+    def draft_model(self) -> PreTrainedModel | None:
         """The assistant: transformers draws its candidates from the assistant's logits processed by
-        the request's processors, so teacher-forcing it gives the q the verifier reads."""
-        return self.assistant
+        the request's processors, so teacher-forcing it gives the q the verifier reads. None for a
+        DFlash assistant: its q at a position depends on where the round began (the block's
+        anchor), which a teacher-forced causal LM cannot give; its cells judge the target-side
+        classes and name the drafter-side ones not judged."""
+        return None if self.speculation == "dflash" else self.assistant
 
     def with_k(self, k: int) -> HFAssistedEngine:
         """The same model and assistant drafting `k` candidates a round (a perf run's k sweep)."""
         name = self.name.partition("(")[0]
         return HFAssistedEngine(
-            self.model, self.assistant, k, self.eos, name=name, ensemble_weight=self.ensemble_weight
+            self.model,
+            self.assistant,
+            k,
+            self.eos,
+            name=name,
+            ensemble_weight=self.ensemble_weight,
+            speculation=self.speculation,
         )
 
     def stream(self, speculative: bool) -> HFStream:
@@ -372,6 +393,40 @@ def hf_assisted(target: Target) -> HFAssistedEngine:
     return HFAssistedEngine(model, assistant, 4, eos)
 
 
+def load_dflash(directory: Path, target: Target, option: str) -> PreTrainedModel:
+    """The DFlash checkpoint in `directory` (transformers' `AutoModel`), in the target's dtype and
+    on its device, checked against it (`option` names where it was given)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModel
+
+    from losscheck.drafters import dflash_config
+
+    model = target.model  # type: ignore[attr-defined]
+    weight = next(model.parameters())
+    try:
+        declared = SimpleNamespace(**dflash_config.read(directory))
+        dflash_config.check_config(
+            declared, directory, target.hidden_size, target.vocab_size, int(getattr(target, "num_layers", 0))
+        )
+    except OptionError as exc:
+        raise OptionError(f"{option}: {exc}") from exc
+    assistant = AutoModel.from_pretrained(directory, dtype=weight.dtype, local_files_only=True, use_safetensors=True)
+    return assistant.to(weight.device).eval()
+
+
+def hf_dflash(target: Target) -> HFAssistedEngine:
+    """`--losscheck-engine=losscheck.engines.hf:hf_dflash`: the bundled target with the bundled
+    DFlash checkpoint (`fixtures/dflash`) through transformers' DFlash candidate generator, its
+    block of 8."""
+    from losscheck import bundled
+
+    assistant = load_dflash(bundled.fixtures_dir() / "dflash", target, "the bundled DFlash checkpoint")
+    eos = target.eos_id if target.eos_id is not None else 0
+    block = int(assistant.config.block_size)
+    return HFAssistedEngine(target.model, assistant, block - 1, eos, name="hf-dflash", speculation="dflash")  # type: ignore[attr-defined]
+
+
 def tempered(assistant: PreTrainedModel, factor: float) -> PreTrainedModel:
     """`assistant` drafting at `factor` times the request's temperature: its LM head's output is
     divided by `factor` (a forward hook, so tied embeddings are untouched). HF computes the draft
@@ -400,11 +455,27 @@ class HFOptions:
 
 def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssistedEngine:
     from losscheck.core.target import load_causal_lm
+    from losscheck.drafters.dflash_config import is_dflash_dir
 
     assert request.assistant is not None
     model = target.model  # type: ignore[attr-defined]
     weight = next(model.parameters())
     directory = Path(request.assistant).expanduser()
+    eos = target.eos_id if target.eos_id is not None else 0
+    if is_dflash_dir(directory):
+        option = f"{request.prefix}assistant={request.assistant!r}"
+        dflash = load_dflash(directory, target, option)
+        block = int(dflash.config.block_size)
+        if "num_assistant_tokens" in request.args and options.num_assistant_tokens != block - 1:
+            raise OptionError(
+                f"{request.prefix}engine-arg num_assistant_tokens={options.num_assistant_tokens}: {option} is a DFlash "
+                f"checkpoint, which drafts block_size - 1 = {block - 1} candidates a round; leave it out"
+            )
+        name = f"hf-dflash[{directory.name}]"
+        weight_w = options.assistant_ensemble_weight
+        return HFAssistedEngine(
+            model, dflash, block - 1, eos, name=name, ensemble_weight=weight_w, speculation="dflash"
+        )
     assistant = load_causal_lm(directory, dtype_precision(weight.dtype), device=weight.device)
     vocab = int(assistant.config.vocab_size)
     if vocab != target.vocab_size:
@@ -412,7 +483,6 @@ def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssi
             f"{request.prefix}assistant={request.assistant!r} has a vocabulary of {vocab} tokens, the target "
             f"{target.vocab_size}; assisted generation here drafts in the target's token ids"
         )
-    eos = target.eos_id if target.eos_id is not None else 0
     name = f"hf-assisted[{Path(request.assistant).name}]"
     weight = options.assistant_ensemble_weight
     return HFAssistedEngine(model, assistant, options.num_assistant_tokens, eos, name=name, ensemble_weight=weight)
@@ -430,7 +500,7 @@ def _inputs(request: EngineRequest, engine: str) -> None:
 
 register(
     "hf",
-    "Hugging Face assisted generation: --assistant DIR",
+    "Hugging Face assisted generation: --assistant DIR (a causal LM, or a DFlash checkpoint)",
     options=HFOptions,
     inputs=_inputs,
     build=_build,

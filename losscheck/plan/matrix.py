@@ -104,6 +104,9 @@ FAMILY_SAMPLING = {
     # its smaller draft vocabulary, T=0.3; each at its longest block
     "eagle3": (SAMPLING_VARIANTS[:2], (8,), ()),
     "peagle": (SAMPLING_VARIANTS[:1], (8,), ()),
+    # transformers-format DFlash (losscheck.drafters.dflash): one block per forward, as P-EAGLE's,
+    # T=1 and T=0.3 (its slots past the first are drawn from marginals, far from p)
+    "dflash": (SAMPLING_VARIANTS[:2], (8,), ()),
 }
 
 

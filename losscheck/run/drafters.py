@@ -11,7 +11,7 @@ from typing import Any
 
 from losscheck import bundled as fixtures
 from losscheck.core.contract import Drafter, Target
-from losscheck.drafters import autoregressive, parallel, speculators, speculators_config, tree
+from losscheck.drafters import autoregressive, dflash, dflash_config, parallel, speculators, speculators_config, tree
 from losscheck.errors import OptionError, flag
 from losscheck.plan import bundled_sets
 from losscheck.run.loading import is_model_dir, load_object
@@ -24,6 +24,7 @@ LOADERS: dict[str, tuple[Callable[[Path, Target, str], Drafter], str]] = {
     "A": (autoregressive.from_path, "drafter_a"),
     **{family: (parallel.from_path, f"drafter_{family.lower()}") for family in BLOCK_FAMILIES},
     **{name: (speculators.from_path, directory) for name, directory in SPECULATORS.items()},
+    "dflash": (dflash.from_path, "dflash"),  # transformers-format DFlash (losscheck.drafters.dflash)
     "tree": (tree.bundled, "drafter_a"),  # family A's weights drafting a tree (losscheck.drafters.tree)
 }
 
@@ -79,6 +80,9 @@ def declared(target_name: str, which: str = "all") -> dict[str, Declared]:
         elif name in SPECULATORS:
             tokens = speculators_config.read_config(directory).proposal.speculative_tokens
             found[name] = Declared(name, tuple(range(1, tokens + 1)))
+        elif name == "dflash":
+            block = json.loads((directory / "config.json").read_text())["block_size"]
+            found[name] = Declared(name, tuple(range(1, block)))
         else:
             cfg = json.loads((directory / "config.json").read_text())
             widths = PATH_WIDTHS if FAMILIES[cfg["family"]][1] != "none" else ()
@@ -90,8 +94,8 @@ def declared(target_name: str, which: str = "all") -> dict[str, Declared]:
 def takes_precision(spec: str) -> bool:
     """Whether the factory of `spec` accepts a `precision` keyword (then losscheck sets the
     drafter's dtype, and the drafter gets the precision cells of the matrix)."""
-    if is_model_dir(spec) or speculators_config.is_spec(spec):
-        return True  # from_dir and the speculators loader set the dtype
+    if is_model_dir(spec) or speculators_config.is_spec(spec) or dflash_config.is_dflash_dir(spec):
+        return True  # from_dir and the speculators and DFlash loaders set the dtype
     params = inspect.signature(load_object(spec, flag("drafter"))).parameters.values()
     return any(p.name == "precision" or p.kind is p.VAR_KEYWORD for p in params)
 
@@ -100,9 +104,12 @@ def from_factory(spec: str, target: Target, precision: str = "fp32") -> Drafter:
     """`--losscheck-drafter=pkg.mod:factory`: call factory(target) — with `precision=` (fp32,
     bf16, fp16) when it takes one — and check the result. A directory instead of an import path
     is a local Hugging Face causal LM, certified as a family-A drafter (`from_dir`);
-    `speculators:DIR` a speculators-format checkpoint (`losscheck.drafters.speculators`)."""
+    `speculators:DIR` a speculators-format checkpoint (`losscheck.drafters.speculators`), and a
+    directory of a transformers DFlash checkpoint a DFlash drafter (`losscheck.drafters.dflash`)."""
     if speculators_config.is_spec(spec):
         return speculators.from_path(speculators_config.spec_path(spec), target, precision)
+    if dflash_config.is_dflash_dir(spec):
+        return dflash.from_path(spec, target, precision)
     if is_model_dir(spec):
         return from_dir(spec, target, precision)
     factory = load_object(spec, flag("drafter"))

@@ -166,7 +166,7 @@ def check_options(options: Options, prefix: str = "--losscheck-", weights: bool 
     (as `prefix` + name: `--losscheck-` for pytest, `--` for `losscheck certify`) and the fix.
     `weights=False`: model directories need their config.json only (`model_config`)."""
     from losscheck import bundled
-    from losscheck.drafters import speculators_config
+    from losscheck.drafters import dflash_config, speculators_config
 
     def opt(name: str) -> str:
         return prefix + name
@@ -193,6 +193,23 @@ def check_options(options: Options, prefix: str = "--losscheck-", weights: bool 
             speculators_config.check_against(checkpoint, speculators_config.target_shape(target_config, target_name))
         except OptionError as exc:
             raise OptionError(f"{opt('drafter')}={drafter!r}: {exc}") from exc
+    elif dflash_config.is_dflash_dir(drafter):
+        from types import SimpleNamespace
+
+        assert drafter is not None
+        where = f"{opt('drafter')}={drafter!r}"
+        target_config = json.loads(
+            (
+                (bundled.target_path() if options.target is None else Path(options.target).expanduser()) / "config.json"
+            ).read_text()
+        )
+        vocab, hidden = _shape(target_config)
+        depth = int(target_config.get("num_hidden_layers") or 0)
+        try:
+            declared = SimpleNamespace(**dflash_config.read(drafter, weights))
+            dflash_config.check_config(declared, drafter, hidden or 0, vocab or 0, depth)
+        except OptionError as exc:
+            raise OptionError(f"{where}: {exc}") from exc
     elif drafter is not None and (is_model_dir(drafter) or _looks_like_path(drafter)):
         fix = f"a drafter directory loads with transformers' own classes; wrap it in {opt('drafter')}=pkg.mod:factory"
         vocab = _shape(model_config(drafter, opt("drafter"), fix, weights))[0]

@@ -12,6 +12,8 @@ import torch
 from losscheck.core.contract import DraftContext, Target
 from losscheck.core.verify import Verifier
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
+from losscheck.engines.hf import HFAssistedEngine
+from losscheck.engines.request import GenerationRequest
 from losscheck.engines.spec_loop import SpecLoopEngine
 from losscheck.selftest.verifiers import (
     in_sampled_rounds,
@@ -167,3 +169,44 @@ def min_tokens_counted_in_rounds(target: Target) -> SpecLoopEngine:
     engine = SpecLoopEngine(target, drafter, name="spec-loop-min-tokens-in-rounds")
     engine.spec.history = PerRoundState(counts_tokens=False, counts_rounds=True)
     return engine
+
+
+def raw_logits_dflash() -> type:
+    """transformers' DFlash candidate generator as #47932 shipped it: candidates drawn from the
+    processed logits, the raw logits (the LM head's output) returned as q."""
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+    class RawLogitsDFlash(DFlashTokenCandidateGenerator):
+        def get_candidates(self, input_ids, *args, **kwargs):
+            raw: list[torch.Tensor] = []
+            hook = self.main_model_output_embeddings.register_forward_hook(
+                lambda module, inputs, out: raw.append(out.detach().clone())
+            )
+            try:
+                ids, logits = super().get_candidates(input_ids, *args, **kwargs)
+            finally:
+                hook.remove()
+            return ids, (raw[-1].to(logits.device) if logits is not None and raw else logits)
+
+    return RawLogitsDFlash
+
+
+class DFlashRawQ(HFAssistedEngine):
+    """`hf_dflash` with `raw_logits_dflash`'s generator in transformers' place for each call."""
+
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from unittest import mock
+
+        with mock.patch("transformers.generation.utils.DFlashTokenCandidateGenerator", raw_logits_dflash()):
+            return super()._generate(request, logprobs)
+
+
+def hf_dflash_q_raw_in_verify(target: Target) -> HFAssistedEngine:
+    """The bundled DFlash checkpoint in transformers' assisted generation with #47932's bug planted:
+    drafts drawn from the processed logits, accepted and recovered with the raw ones."""
+    from losscheck.engines.hf import hf_dflash
+
+    honest = hf_dflash(target)
+    return DFlashRawQ(
+        honest.model, honest.assistant, honest.k, honest.eos, name="hf-dflash-q-raw-in-verify", speculation="dflash"
+    )
