@@ -5,7 +5,9 @@ assistant's candidates by standard speculative sampling (`transformers.generatio
 _speculative_sampling`); off: plain `model.generate`. A DFlash assistant (a transformers DFlash
 checkpoint, `losscheck.drafters.dflash_config`) runs with `speculation_type="dflash"`: transformers'
 `DFlashTokenCandidateGenerator` drafts `block_size - 1` candidates a round from the target's hidden
-states, through the target's own embedding and LM head. Assisted generation runs one row per call
+states, through the target's own embedding and LM head. A target whose checkpoint carries MTP
+layers (config `num_mtp_layers`) drafts with them, no assistant, with `use_mtp=True`
+(`MTPCandidateGenerator`: one candidate per MTP layer). Assisted generation runs one row per call
 (batch size 1 is all it supports), so speculative rows are drawn one after another; with
 speculation off a prompt's rows are drawn in one batch.
 """
@@ -119,16 +121,26 @@ class HFAssistedEngine:
     def __init__(
         self,
         model: PreTrainedModel,
-        assistant: PreTrainedModel,
+        assistant: PreTrainedModel | None,
         k: int,
         eos: int,
         name: str = "hf-assisted",
         ensemble_weight: float | None = None,  # transformers' static ensemble verification: lossy by design
-        speculation: str | None = None,  # transformers' speculation_type: "dflash" for a DFlash assistant
+        # "dflash": a DFlash assistant (speculation_type="dflash"); "mtp": the target's own MTP layers
+        # (use_mtp=True, `assistant` None); None: an assistant causal LM
+        speculation: str | None = None,
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
         self.ensemble_weight, self.speculation = ensemble_weight, speculation
-        if speculation == "dflash" and k != int(assistant.config.block_size) - 1:
+        if (assistant is None) != (speculation == "mtp"):
+            raise OptionError(
+                "an MTP engine drafts with the target's own layers and takes no assistant; others need one"
+            )
+        if speculation == "mtp" and k != mtp_layers(model):
+            raise OptionError(
+                f"the target's {mtp_layers(model)} MTP layer(s) draft one candidate each a round, not {k}"
+            )
+        if speculation == "dflash" and assistant is not None and k != int(assistant.config.block_size) - 1:
             raise OptionError(
                 f"a DFlash assistant drafts block_size - 1 = {int(assistant.config.block_size) - 1} candidates a "
                 f"round in transformers, not {k}"
@@ -136,22 +148,23 @@ class HFAssistedEngine:
         self.precision: str | None = dtype_precision(next(model.parameters()).dtype)
         self.name = f"{name}(k={k})"
 
-    def generation_config(self, params: SamplingParams, max_new_tokens: int) -> Any:
+    def generation_config(self, params: SamplingParams, max_new_tokens: int, speculative: bool = True) -> Any:
         """Exactly the request (`sampling_config`): no model-default top-k or penalties, a fixed
         block of `k` candidates (no schedule, no confidence early-stop: the declared k is the block
-        drafted)."""
+        drafted); `speculative` False for plain decoding (the MTP switch lives in the config)."""
         from transformers import GenerationConfig
 
         # The candidate generator reads its block from the *assistant's* generation config (with
         # transformers' defaults where unset: 20 candidates and a 0.4 confidence cut-off), not
         # from the config passed to `generate`: the block is fixed there, on every call. A DFlash
         # assistant's block is its config's block_size.
-        if self.speculation is None:
+        if self.speculation is None and speculative and self.assistant is not None:
             assistant = self.assistant.generation_config
             assistant.num_assistant_tokens, assistant.num_assistant_tokens_schedule = self.k, "constant"
             assistant.assistant_confidence_threshold = 0.0
         return GenerationConfig(
-            speculation_type=self.speculation,
+            speculation_type="dflash" if self.speculation == "dflash" else None,
+            use_mtp=speculative and self.speculation == "mtp",
             max_new_tokens=max_new_tokens,
             eos_token_id=self.ends(params),
             pad_token_id=self.eos,
@@ -183,10 +196,10 @@ class HFAssistedEngine:
 
         from losscheck.engines import lengths
 
-        config = self.generation_config(request.params, request.max_new_tokens)
-        config.output_scores = config.return_dict_in_generate = logprobs
         speculative, n = request.speculative, request.n
-        assistant = {"assistant_model": self.assistant} if speculative else {}
+        config = self.generation_config(request.params, request.max_new_tokens, speculative)
+        config.output_scores = config.return_dict_in_generate = logprobs
+        assistant = {"assistant_model": self.assistant} if speculative and self.assistant is not None else {}
         device = next(self.model.parameters()).device
         out = torch.full(request.shape, self.eos, dtype=torch.long)  # [P, n, L]
         reported = torch.zeros(request.shape) if logprobs else None  # [P, n, L]
@@ -221,8 +234,9 @@ class HFAssistedEngine:
         the request's processors, so teacher-forcing it gives the q the verifier reads. None for a
         DFlash assistant: its q at a position depends on where the round began (the block's
         anchor), which a teacher-forced causal LM cannot give; its cells judge the target-side
-        classes and name the drafter-side ones not judged."""
-        return None if self.speculation == "dflash" else self.assistant
+        classes and name the drafter-side ones not judged. None for MTP layers too: they read the
+        target's states, not tokens alone."""
+        return None if self.speculation is not None else self.assistant
 
     def with_k(self, k: int) -> HFAssistedEngine:
         """The same model and assistant drafting `k` candidates a round (a perf run's k sweep)."""
@@ -280,13 +294,13 @@ class HFStream:
         device = next(engine.model.parameters()).device
         ids = torch.tensor([list(prompt)], device=device)  # [1, P]
         clock = _Clock()
-        assistant = {"assistant_model": engine.assistant} if self.speculative else {}
+        assistant = {"assistant_model": engine.assistant} if self.speculative and engine.assistant is not None else {}
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             engine.model.generate(  # type: ignore[operator]  # GenerationMixin's, see `generate`
                 ids,
                 attention_mask=torch.ones_like(ids),
-                generation_config=engine.generation_config(params, budget),
+                generation_config=engine.generation_config(params, budget, self.speculative),
                 streamer=clock,
                 **assistant,
             )
@@ -427,6 +441,25 @@ def hf_dflash(target: Target) -> HFAssistedEngine:
     return HFAssistedEngine(target.model, assistant, block - 1, eos, name="hf-dflash", speculation="dflash")  # type: ignore[attr-defined]
 
 
+def mtp_layers(model: PreTrainedModel) -> int:
+    """How many MTP layers the checkpoint of `model` declares (config `num_mtp_layers`; 0: none)."""
+    return int(getattr(model.config.get_text_config(), "num_mtp_layers", None) or 0)
+
+
+def hf_mtp(target: Target) -> HFAssistedEngine:
+    """`--losscheck-engine=losscheck.engines.hf:hf_mtp`: the target drafting with its own MTP layers
+    through transformers' `generate(..., use_mtp=True)`, one candidate per layer (the bundled
+    `fixtures/mtp_target`: k = 1)."""
+    model = target.model  # type: ignore[attr-defined]
+    if not mtp_layers(model):
+        raise OptionError(
+            f"target {target.name!r} has no MTP layers (config.json sets no num_mtp_layers); hf_mtp drafts with a "
+            "target checkpoint's own MTP layers (the bundled one: --target fixtures/mtp_target)"
+        )
+    eos = target.eos_id if target.eos_id is not None else 0
+    return HFAssistedEngine(model, None, mtp_layers(model), eos, name="hf-mtp", speculation="mtp")
+
+
 def tempered(assistant: PreTrainedModel, factor: float) -> PreTrainedModel:
     """`assistant` drafting at `factor` times the request's temperature: its LM head's output is
     divided by `factor` (a forward hook, so tied embeddings are untouched). HF computes the draft
@@ -451,17 +484,31 @@ class HFOptions:
     assistant_ensemble_weight: float | None = option(
         None, help="w in (0, 1): transformers' static ensemble verification, lossy by design (losscheck.engines.lossy)"
     )
+    use_mtp: bool = option(
+        False,
+        help="draft with the target's own MTP layers (config num_mtp_layers), no --assistant: generate(use_mtp=True)",
+    )
 
 
 def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssistedEngine:
     from losscheck.core.target import load_causal_lm
     from losscheck.drafters.dflash_config import is_dflash_dir
 
-    assert request.assistant is not None
     model = target.model  # type: ignore[attr-defined]
+    eos = target.eos_id if target.eos_id is not None else 0
+    if options.use_mtp:
+        if not mtp_layers(model):
+            raise OptionError(
+                f"{request.prefix}engine-arg use_mtp=true: target {target.name!r} has no MTP layers (config.json sets "
+                "no num_mtp_layers)"
+            )
+        layers = mtp_layers(model)
+        return HFAssistedEngine(
+            model, None, layers, eos, name=f"hf-mtp[{Path(request.target).name}]", speculation="mtp"
+        )
+    assert request.assistant is not None
     weight = next(model.parameters())
     directory = Path(request.assistant).expanduser()
-    eos = target.eos_id if target.eos_id is not None else 0
     if is_dflash_dir(directory):
         option = f"{request.prefix}assistant={request.assistant!r}"
         dflash = load_dflash(directory, target, option)
@@ -489,6 +536,13 @@ def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssi
 
 
 def _inputs(request: EngineRequest, engine: str) -> None:
+    if request.args.get("use_mtp") is True:
+        if request.assistant is not None:
+            raise OptionError(
+                f"{request.prefix}engine-arg use_mtp=true drafts with the target's own MTP layers; leave "
+                f"{request.prefix}assistant out"
+            )
+        return
     needs_assistant("the assistant model directory")(request, engine)
     weight = request.args.get("assistant_ensemble_weight")
     if isinstance(weight, (int, float)) and not isinstance(weight, bool) and not 0 < weight < 1:
@@ -500,7 +554,8 @@ def _inputs(request: EngineRequest, engine: str) -> None:
 
 register(
     "hf",
-    "Hugging Face assisted generation: --assistant DIR (a causal LM, or a DFlash checkpoint)",
+    "Hugging Face assisted generation: --assistant DIR (a causal LM, or a DFlash checkpoint), or the target's MTP "
+    "layers: --engine-arg use_mtp=true",
     options=HFOptions,
     inputs=_inputs,
     build=_build,
