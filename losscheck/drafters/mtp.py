@@ -84,28 +84,11 @@ class MTPDrafter:
     ) -> torch.Tensor:
         """The logits [B, V] of the slot after `drafts` (this round's drafts so far, each [B]), from the
         committed `tokens [B, T]` (`lengths [B]`) and the target's final states `hidden [B, T, H]`."""
-        mtp: Any = self.mtp
-        first = (lengths >= 2).long()  # entries e = first .. L-1 (a lone first token: e = 0, zero state)
-        counts = lengths - first  # [B]
-        width = int(counts.max())
-        index = first[:, None] + torch.arange(width, device=lengths.device)  # [B, W] entry e
-        index = torch.minimum(index, (lengths - 1)[:, None])  # padding repeats the last entry, never read
-        ids = tokens.gather(1, index)  # [B, W]
-        state = hidden.gather(1, (index - 1).clamp_min(0)[..., None].expand(-1, -1, hidden.shape[2])).to(self.dtype)
-        state = state * (index >= 1)[..., None]  # [B, W, H]
-        positions = index
-        rows = torch.arange(len(lengths), device=lengths.device)
-        last = counts - 1  # [B] the pending token's entry
-        mask = entry_mask(counts, width, 0, self.dtype)
-        out = self._layer(0, ids, state, positions, mask)  # [B, W, H]
-        for j, drafted in enumerate(drafts, start=1):  # chain: entry (d_j, previous output) at L - 1 + j
-            ids = torch.cat([ids, drafted[:, None]], 1)
-            state = torch.cat([state, out[rows, last][:, None] if j == 1 else out[:, -1:]], 1)
-            positions = torch.cat([positions, (lengths - 1 + j)[:, None]], 1)
-            mask = entry_mask(counts, width, j, self.dtype)
-            out = self._layer(j, ids, state, positions, mask)
-        final = out[rows, last] if not drafts else out[:, -1]
-        return mtp._project_to_logits(final).float()
+        chain = _Chain(self, tokens, lengths, hidden)
+        logits = chain.next(None)
+        for drafted in drafts:
+            logits = chain.next(drafted)
+        return logits
 
     def propose(self, ctx: DraftContext) -> Proposal:
         if ctx.hidden is None:
@@ -116,14 +99,52 @@ class MTPDrafter:
             )
         drafts: list[torch.Tensor] = []
         dists = []
+        chain = _Chain(self, ctx.tokens, ctx.lengths, ctx.hidden)
         for _ in range(ctx.k):
-            logits = self.block_logits(ctx.tokens, ctx.lengths, ctx.hidden, drafts)
+            with torch.inference_mode():
+                logits = chain.next(drafts[-1] if drafts else None)
             drafted = torch.stack(drafts, 1) if drafts else ctx.tokens[:, :0]
             q = ctx.process(logits, drafted)  # [B, V]
             drafts.append(q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator))
             dists.append(q)
         tokens = torch.stack(drafts, 1)
         return Proposal(tokens) if ctx.params.greedy else Proposal(tokens, torch.stack(dists, 1))
+
+
+class _Chain:
+    """One round's entries, drafted slot by slot: slot 0 reads the context's entries, slot j ≥ 1 one
+    more entry `(d_j, the previous slot's output)` at position L - 1 + j. Each slot is one pass of
+    its layer over every entry (no cache to crop: k passes a round)."""
+
+    def __init__(self, drafter: MTPDrafter, tokens: torch.Tensor, lengths: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.drafter, self.lengths = drafter, lengths
+        first = (lengths >= 2).long()  # entries e = first .. L-1 (a lone first token: e = 0, zero state)
+        self.counts = lengths - first  # [B]
+        self.width = int(self.counts.max())
+        index = first[:, None] + torch.arange(self.width, device=lengths.device)  # [B, W] entry e
+        index = torch.minimum(index, (lengths - 1)[:, None])  # padding repeats the last entry, never read
+        self.ids = tokens.gather(1, index)  # [B, W]
+        state = hidden.gather(1, (index - 1).clamp_min(0)[..., None].expand(-1, -1, hidden.shape[2]))
+        self.state = state.to(drafter.dtype) * (index >= 1)[..., None]  # [B, W, H]
+        self.positions = index  # [B, W]
+        self.slot = 0
+        self.previous: torch.Tensor | None = None  # [B, H] the last slot's output
+
+    def next(self, drafted: torch.Tensor | None) -> torch.Tensor:
+        """The logits [B, V] of the next slot; `drafted [B]`: the previous slot's draft (None at slot 0)."""
+        j = self.slot
+        if j:
+            assert drafted is not None and self.previous is not None
+            self.ids = torch.cat([self.ids, drafted[:, None]], 1)
+            self.state = torch.cat([self.state, self.previous[:, None]], 1)
+            self.positions = torch.cat([self.positions, (self.lengths - 1 + j)[:, None]], 1)
+        mask = entry_mask(self.counts, self.width, j, self.drafter.dtype)
+        out = self.drafter._layer(j, self.ids, self.state, self.positions, mask)  # [B, W + j, H]
+        rows = torch.arange(len(self.lengths), device=self.lengths.device)
+        self.previous = out[rows, self.counts - 1] if j == 0 else out[:, -1]
+        self.slot += 1
+        mtp: Any = self.drafter.mtp
+        return mtp._project_to_logits(self.previous).float()
 
 
 def from_target(target: Target, precision: str = "fp32") -> MTPDrafter:
