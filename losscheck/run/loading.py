@@ -356,7 +356,14 @@ def check_engine_options(options: Options, prefix: str = "--losscheck-", weights
         load_factory(options.engine, prefix + "engine", "black-box engine")
         return
     adapter.check(engine_request(options, prefix))
-    if options.assistant is not None:
+    from losscheck.drafters import dflash_config
+
+    if options.assistant is not None and options.engine == "hf" and dflash_config.is_dflash_dir(options.assistant):
+        try:
+            dflash_config.read(options.assistant, weights)  # the adapter checks it against the target
+        except OptionError as exc:
+            raise OptionError(f"{prefix}assistant={options.assistant!r}: {exc}") from exc
+    elif options.assistant is not None:
         model_config(options.assistant, prefix + "assistant", weights=weights)
 
 

@@ -132,3 +132,19 @@ def test_a_directory_without_a_dflash_config_or_weights_is_named(tmp_path, targe
     shutil.copy(DFLASH / "config.json", tmp_path / "config.json")
     with pytest.raises(OptionError, match="safetensors"):
         dflash.from_path(tmp_path, target)
+
+
+def test_the_command_line_takes_a_dflash_checkpoint_as_drafter_and_as_hf_assistant_checked_before_loading(tmp_path):
+    from losscheck.run.loading import check_options
+    from losscheck.run.options import Options
+
+    check_options(Options(drafter=str(DFLASH)))
+    check_options(Options(engine="hf", assistant=str(DFLASH)))
+    config = json.loads((DFLASH / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"target_layer_ids": [0, 7]}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(OptionError, match=r"--losscheck-drafter=.*target_layer_ids \[0, 7\]"):
+        check_options(Options(drafter=str(tmp_path)))
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(OptionError, match=r"--losscheck-assistant=.*no \*\.safetensors"):
+        check_options(Options(engine="hf", assistant=str(tmp_path)))

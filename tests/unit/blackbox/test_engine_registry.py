@@ -147,12 +147,17 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
 @pytest.mark.parametrize(
     "name, request_args, pairs, expected",
     [
-        ("hf", {"assistant": "d"}, (), "HFOptions(num_assistant_tokens=4, assistant_ensemble_weight=None)"),
+        (
+            "hf",
+            {"assistant": "d"},
+            (),
+            "HFOptions(num_assistant_tokens=4, assistant_ensemble_weight=None, use_mtp=False)",
+        ),
         (
             "hf",
             {"assistant": "d"},
             ("num_assistant_tokens=8",),
-            "HFOptions(num_assistant_tokens=8, assistant_ensemble_weight=None)",
+            "HFOptions(num_assistant_tokens=8, assistant_ensemble_weight=None, use_mtp=False)",
         ),
         (
             "vllm",
@@ -199,7 +204,7 @@ def test_each_shipped_adapter_reads_todays_engine_args(name, request_args, pairs
         (
             "hf",
             {"assistant": "d", "args": {"k": 2}},
-            "--losscheck-engine=hf takes num_assistant_tokens, assistant_ensemble_weight only",
+            "--losscheck-engine=hf takes num_assistant_tokens, assistant_ensemble_weight, use_mtp only",
         ),
         ("hf", {"assistant": "d", "args": {"num_assistant_tokens": 0}}, "num_assistant_tokens=0: need an int >= 1"),
         ("vllm", {}, "--losscheck-engine=vllm needs --losscheck-speculative-config=JSON"),
