@@ -15,7 +15,7 @@ from losscheck import bundled
 from losscheck.core.contract import DraftContext
 from losscheck.core.engine import Engine
 from losscheck.core.sampling import GREEDY, SamplingParams, make_generator
-from losscheck.drafters import dflash
+from losscheck.drafters import dflash, dflash_config
 from losscheck.errors import OptionError
 
 DFLASH = bundled.fixtures_dir() / "dflash"
@@ -34,7 +34,7 @@ def _states(target, ids: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
 
 def test_the_bundled_checkpoint_declares_its_block_and_reads_the_layers_transformers_numbers_one_up(drafter):
     config = json.loads((DFLASH / "config.json").read_text())
-    assert config["model_type"] == "muse_glimmer_assistant" and dflash.is_dflash_dir(DFLASH)
+    assert config["model_type"] == "muse_glimmer_assistant" and dflash_config.is_dflash_dir(DFLASH)
     assert drafter.block_lengths == tuple(range(1, config["block_size"]))
     assert drafter.uses_hidden == tuple(i + 1 for i in config["target_layer_ids"])
 
