@@ -747,3 +747,30 @@ def test_vllm_refuses_the_dense_hybrid_target():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode != 0, "vLLM loaded the dense hybrid target: certify it instead of pinning the refusal"
     assert "No Qwen3Next layer found in the model.layers" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.slow  # a vLLM start-up (~20 s) beside CI's long pole; run with -m slow in the vLLM environment
+def test_vllm_misreads_the_transformers_dflash_checkpoints_target_layers():
+    """A finding, pinned: vLLM 0.32 loads transformers' DFlash format (`speculative_config` method
+    "dflash" on the bundled `fixtures/dflash`), but reads the target layers only from
+    `dflash_config.target_layer_ids` (`GPUModelRunner._get_eagle3_aux_layers_from_config`), where
+    transformers writes them at the top level (`target_layer_ids`); it falls back to the target's
+    EAGLE-3 default layers, hands the drafter two layers' states where it expects three, and fails
+    at the first decode step (`qwen3_dflash.py`, `combine_hidden_states`). A vLLM that drafts with
+    it turns this red: then certify it through `--engine vllm` (docs/vllm.md)."""
+    from losscheck import bundled
+
+    spec = {"method": "dflash", "model": str(bundled.fixtures_dir() / "dflash"), "num_speculative_tokens": 8}
+    code = (
+        "from vllm import LLM, SamplingParams\nfrom vllm.inputs import TokensPrompt\n"
+        f"llm = LLM(model={str(bundled.target_path())!r}, dtype='float32', max_model_len=256, enforce_eager=True, "
+        f"skip_tokenizer_init=True, speculative_config={spec!r})\n"
+        "llm.generate([TokensPrompt(prompt_token_ids=[0, 3, 10, 11, 12])], "
+        "SamplingParams(max_tokens=8, temperature=0, detokenize=False))\n"
+    )
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode != 0, "vLLM drafted with the transformers-format DFlash checkpoint: certify it instead"
+    assert "DFlash drafter expects 384 concatenated aux hidden features but received 256" in done.stderr, done.stderr[
+        -2000:
+    ]
