@@ -587,10 +587,12 @@ def cpu_speculative_config(method: str) -> dict[str, Any]:
         },
         "ngram": {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
         "eagle3": {"method": "eagle3", "model": str(fixtures / "speculators_eagle3"), "num_speculative_tokens": K},
+        # transformers' DFlash format with the two keys vLLM reads (fixtures/build_dflash.py)
+        "dflash": {"method": "dflash", "model": str(fixtures / "dflash"), "num_speculative_tokens": K},
     }[method]
 
 
-CPU_METHODS = ("draft_model", "draft_probabilistic", "draft_tempered2", "ngram", "eagle3")
+CPU_METHODS = ("draft_model", "draft_probabilistic", "draft_tempered2", "ngram", "eagle3", "dflash")
 
 
 def _register_platform_kernels_once() -> None:
@@ -641,6 +643,8 @@ cpu_draft_probabilistic_fixed = CPUEngineFactory("draft_probabilistic", cpu_fixe
 cpu_draft_tempered2_fixed = CPUEngineFactory("draft_tempered2", cpu_fixes=True)
 cpu_ngram_fixed = CPUEngineFactory("ngram", cpu_fixes=True)
 cpu_eagle3_fixed = CPUEngineFactory("eagle3", cpu_fixes=True)
+cpu_dflash = CPUEngineFactory("dflash")
+cpu_dflash_fixed = CPUEngineFactory("dflash", cpu_fixes=True)
 cpu_draft_model_fixed_two_sample = CPUEngineFactory("draft_model", cpu_fixes=True, two_sample=True)
 cpu_draft_probabilistic_fixed_two_sample = CPUEngineFactory("draft_probabilistic", cpu_fixes=True, two_sample=True)
 cpu_draft_tempered2_fixed_two_sample = CPUEngineFactory("draft_tempered2", cpu_fixes=True, two_sample=True)

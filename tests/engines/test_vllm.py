@@ -750,17 +750,25 @@ def test_vllm_refuses_the_dense_hybrid_target():
 
 
 @pytest.mark.slow  # a vLLM start-up (~20 s) beside CI's long pole; run with -m slow in the vLLM environment
-def test_vllm_misreads_the_transformers_dflash_checkpoints_target_layers():
+def test_vllm_misreads_a_dflash_checkpoint_as_transformers_writes_it(tmp_path):
     """A finding, pinned: vLLM 0.32 loads transformers' DFlash format (`speculative_config` method
-    "dflash" on the bundled `fixtures/dflash`), but reads the target layers only from
-    `dflash_config.target_layer_ids` (`GPUModelRunner._get_eagle3_aux_layers_from_config`), where
-    transformers writes them at the top level (`target_layer_ids`); it falls back to the target's
-    EAGLE-3 default layers, hands the drafter two layers' states where it expects three, and fails
-    at the first decode step (`qwen3_dflash.py`, `combine_hidden_states`). A vLLM that drafts with
-    it turns this red: then certify it through `--engine vllm` (docs/vllm.md)."""
+    "dflash"), but reads the target layers only from `dflash_config.target_layer_ids`
+    (`GPUModelRunner._get_eagle3_aux_layers_from_config`), where transformers writes them at the top
+    level (`target_layer_ids`); it falls back to the target's EAGLE-3 default layers, hands the
+    drafter two layers' states where it expects three, and fails at the first decode step
+    (`qwen3_dflash.py`, `combine_hidden_states`). The bundled checkpoint carries the key for vLLM;
+    this test removes it (and `vocab_size`, which `save_pretrained` leaves out too). A vLLM that
+    drafts with the checkpoint as transformers writes it turns this red (docs/vllm.md)."""
+    import json
+
     from losscheck import bundled
 
-    spec = {"method": "dflash", "model": str(bundled.fixtures_dir() / "dflash"), "num_speculative_tokens": 8}
+    source = bundled.fixtures_dir() / "dflash"
+    config = json.loads((source / "config.json").read_text())
+    del config["dflash_config"], config["vocab_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").symlink_to(source / "model.safetensors")
+    spec = {"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 8}
     code = (
         "from vllm import LLM, SamplingParams\nfrom vllm.inputs import TokensPrompt\n"
         f"llm = LLM(model={str(bundled.target_path())!r}, dtype='float32', max_model_len=256, enforce_eager=True, "
@@ -774,3 +782,25 @@ def test_vllm_misreads_the_transformers_dflash_checkpoints_target_layers():
     assert "DFlash drafter expects 384 concatenated aux hidden features but received 256" in done.stderr, done.stderr[
         -2000:
     ]
+
+
+def test_vllm_dflash_on_the_bundled_checkpoint_equals_plain_greedy_decoding():
+    """vLLM's DFlash proposer (`{"method": "dflash"}`) with the bundled checkpoint, greedy: its tokens
+    equal vLLM's own without speculation on the bundled prompts, and it accepts drafts (its counters)."""
+    from losscheck import bundled
+    from losscheck.core.sampling import GREEDY
+    from losscheck.core.target import HFTarget
+    from losscheck.engines.request import GenerationRequest
+    from losscheck.engines.vllm import cpu_dflash_fixed
+
+    engine = cpu_dflash_fixed(HFTarget.from_pretrained(str(bundled.target_path())))
+    prompts = [list(p) for tier in ("low", "mid", "high") for p in bundled_prompts(tier)[:4]]
+    on = engine.generate(
+        GenerationRequest(prompts=prompts, n=1, params=GREEDY, seed=1, max_new_tokens=32, speculative=True)
+    )
+    off = engine.generate(
+        GenerationRequest(prompts=prompts, n=1, params=GREEDY, seed=1, max_new_tokens=32, speculative=False)
+    )
+    assert torch.equal(on, off)
+    counters = engine.counters()
+    assert counters is not None and counters.accepted > counters.drafts, counters  # over one accepted a round
