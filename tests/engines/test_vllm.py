@@ -804,3 +804,24 @@ def test_vllm_dflash_on_the_bundled_checkpoint_equals_plain_greedy_decoding():
     assert torch.equal(on, off)
     counters = engine.counters()
     assert counters is not None and counters.accepted > counters.drafts, counters  # over one accepted a round
+
+
+@pytest.mark.slow  # ~11 s; its answer changes only with vLLM's version, which the vllm env pins
+def test_vllm_refuses_mtp_on_the_bundled_mtp_target():
+    """vLLM 0.32 drafts with a target's MTP layers only for the architectures it maps to an MTP
+    draft model (`SpeculativeConfig.hf_config_override`, `MTPModelTypes`: DeepSeek, GLM, MiMo,
+    Qwen3-Next, Bailing, ...); Mellum is not one, so `{"method": "mtp"}` on the bundled
+    `fixtures/mtp_target` is refused when the engine is configured. Its MTP layer is certified
+    through transformers instead (`--engine hf --engine-arg use_mtp=true`). A vLLM that takes it
+    turns this red: then certify it."""
+    from losscheck import bundled
+
+    target = bundled.fixtures_dir() / "mtp_target"
+    code = (
+        f"from vllm import LLM\nLLM(model={str(target)!r}, dtype='float32', max_model_len=256, enforce_eager=True, "
+        "skip_tokenizer_init=True, speculative_config={'method': 'mtp', 'num_speculative_tokens': 1})\n"
+    )
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode != 0, "vLLM took the Mellum target's MTP layers: certify them through --engine vllm"
+    assert "Unsupported speculative method: 'mtp'" in done.stderr, done.stderr[-2000:]
