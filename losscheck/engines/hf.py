@@ -132,6 +132,8 @@ class HFAssistedEngine:
     ) -> None:
         self.model, self.assistant, self.k, self.eos = model, assistant, k, eos
         self.ensemble_weight, self.speculation = ensemble_weight, speculation
+        if speculation not in (None, "dflash", "mtp"):
+            raise OptionError(f"speculation={speculation!r}: HFAssistedEngine takes None, 'dflash' or 'mtp'")
         if (assistant is None) != (speculation == "mtp"):
             raise OptionError(
                 "an MTP engine drafts with the target's own layers and takes no assistant; others need one"
