@@ -26,13 +26,14 @@ def _cell(engine: str, cell_id: str, kind: str = "engine_cell"):
     return run_engine_cell(CellContext.of(session, cell))
 
 
-@pytest.mark.slow  # one row per generate call: ~60 s; the planted bug's cell below is the quick one
+@pytest.mark.slow  # one row per generate call: ~60 s
 @pytest.mark.usefixtures("one_thread")
 def test_the_bundled_dflash_checkpoint_in_transformers_passes_its_sampled_engine_cell():
     outcome = _cell("losscheck.engines.hf:hf_dflash", "engine-k8-T0.3")
     assert outcome.passed, outcome.message()
 
 
+@pytest.mark.slow  # the cell's two stages, one row per generate call: ~170 s (2026-12-05)
 @pytest.mark.usefixtures("one_thread")
 def test_dflash_sampling_processed_logits_and_verifying_raw_ones_fails_blamed_on_speculation():
     outcome = _cell("losscheck.selftest.engines:hf_dflash_q_raw_in_verify", "engine-k8-T0.3")
@@ -44,6 +45,38 @@ def test_dflash_sampling_processed_logits_and_verifying_raw_ones_fails_blamed_on
 def test_the_bundled_dflash_checkpoint_in_transformers_is_exact_under_greedy():
     outcome = _cell("losscheck.engines.hf:hf_dflash", "engine-k8-greedy", "engine_greedy_cell")
     assert outcome.passed, outcome.message()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_planted_generator_hands_the_verifier_raw_logits_where_the_honest_one_hands_processed(target):
+    """The quick tier's check that the plant is live (its cell's FAIL is the slow test above; the
+    class itself, `q_raw_in_verify`, FAILs quickly in tests/cells/blackbox/test_q_contract.py): at
+    top-k 8 the honest generator's q is -inf off its 8 kept tokens, the planted one's nowhere."""
+    from unittest import mock
+
+    import torch
+    from transformers.generation import utils
+
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.hf import hf_dflash
+    from losscheck.engines.request import GenerationRequest
+    from losscheck.selftest.engines import hf_dflash_q_raw_in_verify
+
+    params = SamplingParams(temperature=0.3, top_k=8)
+    request = GenerationRequest(prompts=((1, 2, 3),), n=1, params=params, seed=7, max_new_tokens=12, speculative=True)
+    verify = utils._speculative_sampling
+    for build, masked in ((hf_dflash, True), (hf_dflash_q_raw_in_verify, False)):
+        seen: list[torch.Tensor] = []
+
+        def spy(ids, q, *args, **kwargs):
+            seen.append(q.detach().clone())  # [1, k, V]
+            return verify(ids, q, *args, **kwargs)
+
+        with mock.patch.object(utils, "_speculative_sampling", spy):
+            build(target).generate(request)
+        assert seen, "assisted generation never verified a draft"
+        kept = torch.isfinite(torch.cat(seen, dim=1)).sum(-1)  # [1, rounds * k]
+        assert bool((kept == 8).all()) if masked else bool((kept == target.vocab_size).all()), kept
 
 
 def test_engine_hf_with_a_dflash_assistant_runs_transformers_dflash_generator(target):
