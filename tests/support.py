@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -248,11 +249,43 @@ def manifest_record(matrix: list[dict], worker: str = "gw0", out: list[dict] | N
 
 
 def run_shipped(
-    pytester: pytest.Pytester, *args: str, module: str = "losscheck.plugin.certify", **kwargs: float
+    pytester: pytest.Pytester,
+    *args: str,
+    module: str = "losscheck.plugin.certify",
+    in_process: bool = False,
+    **kwargs: float,
 ) -> pytest.RunResult:
-    """The shipped certify tests (`module`, by default all of them) with `args`, in a pytest process
-    of its own without the cache plugin; `kwargs` go to `runpytest_subprocess` (its `timeout`)."""
-    return pytester.runpytest_subprocess("--pyargs", module, "-p", "no:cacheprovider", *args, **kwargs)
+    """The shipped certify tests (`module`, by default all of them) with `args`, without the cache
+    plugin, in a pytest process of its own; `kwargs` go to `runpytest_subprocess` (its `timeout`).
+    `in_process`: in this one instead (`run_in_process`), where no process boundary is the claim."""
+    args = ("--pyargs", module, "-p", "no:cacheprovider", *args)
+    return run_in_process(pytester, *args) if in_process else pytester.runpytest_subprocess(*args, **kwargs)
+
+
+def run_in_process(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """`pytester.runpytest_inprocess`, keeping the third-party modules the run imports: pytester
+    drops every module a run imported, and transformers' lazy modules do not survive that (its
+    next import of a model fails). losscheck's own modules and the test directory's are still
+    dropped, so each run imports them afresh, as a process of its own would. A run saves the 5-10 s
+    of a process's imports and collection (the e2e tier's largest cost; docs/figures.md)."""
+    from unittest import mock
+
+    from _pytest.pytester import SysModulesSnapshot
+
+    here = str(pytester.path)
+
+    def kept(name: str) -> bool:
+        module = sys.modules.get(name)
+        own = name == "losscheck" or name.startswith("losscheck.")
+        return not own and not str(getattr(module, "__file__", None) or "").startswith(here)
+
+    def snapshot(self: pytest.Pytester) -> SysModulesSnapshot:
+        return SysModulesSnapshot(preserve=kept)
+
+    # pytester snapshots sys.modules twice, private both: around the run and for the test's teardown
+    pytester._sys_modules_snapshot = snapshot(pytester)
+    with mock.patch.object(pytest.Pytester, "_Pytester__take_sys_modules_snapshot", snapshot):
+        return pytester.runpytest_inprocess(*args)
 
 
 def certify_engine(

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from losscheck.definitions import same_definition
 from losscheck.errors import LosscheckError, OptionError
 
 if TYPE_CHECKING:
@@ -149,7 +150,8 @@ def register(
     parser cannot read fails at import, not on a user's command line. `package` is the import name
     of the engine library it drives, whose installed version the certificate pins; `axes` the
     knobs its certificate varies (`EngineAxis`)."""
-    if name in ADAPTERS:
+    known = ADAPTERS.get(name)
+    if known is not None and not same_definition(known.make, build):  # a re-import replaces itself
         raise LosscheckError(f"an engine adapter named {name!r} is already registered; give yours another name")
     if not (dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise LosscheckError(f"engine adapter {name!r}: options={options!r} is not a frozen dataclass")

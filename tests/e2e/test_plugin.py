@@ -15,7 +15,7 @@ import pytest
 
 from losscheck import bundled
 from losscheck.errors import LosscheckError, OptionError
-from tests.support import assert_valid_certificate, run_shipped
+from tests.support import assert_valid_certificate, run_in_process, run_shipped
 
 pytest_plugins = ["pytester"]
 
@@ -33,10 +33,12 @@ GATE_OUTCOMES = ("passed", "skipped", "failed", "errors", "xpassed", "xfailed")
 HONEST_FAILS = "<= the cell's alpha (--losscheck-alpha 0.01 split over the gate's statistical tests)"
 
 
-def run_gate(pytester: pytest.Pytester, module: str, *args: str) -> pytest.RunResult:
+def run_gate(pytester: pytest.Pytester, module: str, *args: str, in_process: bool = True) -> pytest.RunResult:
     pytester.makepyfile(mydrafter=textwrap.dedent(module))
     pytester.syspathinsert()
-    return run_shipped(pytester, "-m", "lossless", "--losscheck-drafter=mydrafter:factory", *args)
+    return run_shipped(
+        pytester, "-m", "lossless", "--losscheck-drafter=mydrafter:factory", *args, in_process=in_process
+    )
 
 
 def assert_gate(result: pytest.RunResult, false_failure: str, **expected: int) -> None:
@@ -112,9 +114,10 @@ def pytest_runtest_call(item):
 def test_an_interrupted_run_is_certified_interrupted(pytester, tmp_path):
     out = tmp_path / "reports"
     pytester.makepyfile(interrupter=textwrap.dedent(INTERRUPTER))
+    selected = ("-k", "user-k2-greedy or user-k1-greedy", f"--losscheck-out={out}")
     result = run_gate(
-        pytester, HONEST, "-p", "interrupter", "-k", "user-k2-greedy or user-k1-greedy", f"--losscheck-out={out}"
-    )
+        pytester, HONEST, "-p", "interrupter", *selected, in_process=False
+    )  # the interrupt ends a process
     assert result.ret == pytest.ExitCode.INTERRUPTED
     [run] = list(out.iterdir())
     cert = assert_valid_certificate(json.loads((run / "certificate.json").read_text()))
@@ -132,7 +135,7 @@ def test_an_interrupted_run_is_certified_interrupted(pytester, tmp_path):
     ],
 )
 def test_bad_options_are_rejected(pytester, args, message):
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result = run_in_process(pytester, "-p", "no:cacheprovider", *args)
     assert result.ret != 0
     assert message in result.stderr.str()
 
@@ -162,7 +165,7 @@ def assert_one_error(result: pytest.RunResult, message: str, exit_code: int = py
 
 
 def run_certify(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--pyargs", "losscheck.plugin.certify", "-p", "no:cacheprovider", *args)
+    return run_shipped(pytester, *args, in_process=True)
 
 
 NOT_A_DRAFTER = """

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from tests.support import run_shipped
+from tests.support import run_in_process, run_shipped
 
 pytestmark = pytest.mark.verifier
 
@@ -34,11 +34,12 @@ def test_a_lossy_verifier_given_to_the_plugin_fails_the_greedy_cell(pytester, mo
         "--losscheck-verifier=myverifier:factory",
         "-k",
         "test_greedy_equals_baseline and A-k4-greedy]",
+        in_process=True,
     )
     result.assert_outcomes(failed=1)
 
 
 def test_a_bad_verifier_option_stops_the_run(pytester):
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--losscheck-verifier=no_such_pkg:factory")
+    result = run_in_process(pytester, "-p", "no:cacheprovider", "--losscheck-verifier=no_such_pkg:factory")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--losscheck-verifier='no_such_pkg:factory': cannot import module 'no_such_pkg'" in result.stderr.str()

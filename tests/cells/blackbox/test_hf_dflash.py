@@ -68,7 +68,7 @@ def test_the_planted_generator_hands_the_verifier_raw_logits_where_the_honest_on
     for build, masked in ((hf_dflash, True), (hf_dflash_q_raw_in_verify, False)):
         seen: list[torch.Tensor] = []
 
-        def spy(ids, q, *args, **kwargs):
+        def spy(ids, q, *args, seen=seen, **kwargs):
             seen.append(q.detach().clone())  # [1, k, V]
             return verify(ids, q, *args, **kwargs)
 

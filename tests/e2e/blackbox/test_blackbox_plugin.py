@@ -95,7 +95,7 @@ def old_signature(target):
 def certify(pytester: pytest.Pytester, engine: str, select: str, *extra: str, tv: float = 0.1) -> pytest.RunResult:
     pytester.makepyfile(bb=textwrap.dedent(ENGINES))
     pytester.syspathinsert()
-    return certify_engine(pytester, engine, select, f"--losscheck-detect-tv={tv}", *extra)
+    return certify_engine(pytester, engine, select, f"--losscheck-detect-tv={tv}", *extra, in_process=True)
 
 
 def outcomes(result: pytest.RunResult, false_failure: str, **expected: int) -> None:

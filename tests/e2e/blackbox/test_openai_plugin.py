@@ -24,6 +24,7 @@ def test_a_server_without_seeds_passes_greedy_and_its_sampled_cell_is_not_run_by
             "engine-k4-greedy or engine-k4-T1-two",
             "--losscheck-engine=openai",
             *(f"--losscheck-engine-arg={a}" for a in args),
+            in_process=True,
         )
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]

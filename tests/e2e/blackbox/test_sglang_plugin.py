@@ -38,6 +38,7 @@ def test_the_sglang_adapter_certifies_greedy_and_t1_with_the_requests_counters(p
         f"--losscheck-speculative-config={_config()}",
         f"--losscheck-engine-arg={FAKE}",
         f"--losscheck-out={pytester.path / 'out'}",
+        in_process=True,
     )
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]

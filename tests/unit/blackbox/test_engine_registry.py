@@ -130,8 +130,9 @@ def test_an_adapter_that_the_parser_cannot_read_is_refused_at_registration(toy):
         b: dict[str, Any] = rest()
 
     check = needs_assistant("the draft")
+    register("toy", "again", options=ToyOptions, inputs=check, build=toy.make)  # a re-import replaces itself
     with pytest.raises(LosscheckError, match="already registered"):
-        register("toy", "again", options=ToyOptions, inputs=check, build=toy.make)
+        register("toy", "another", options=ToyOptions, inputs=check, build=lambda target, request, options: None)
     for options, message in [
         (Listed, r"Listed.ids: list\[int\] is no option type"),
         (Mutable, "is not a frozen dataclass"),
