@@ -21,7 +21,7 @@ PACKAGE = ROOT / "losscheck"
 # and the run knows nothing of how cells certify. The self-test catalogue and the perf tier sit
 # outside production: only the entry points (the CLI, the certification tests) may import them.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "bundled", "progress", "jsonrecord", "acceptance", "hashing", "stats"),
+    ("errors", "definitions", "bundled", "progress", "jsonrecord", "acceptance", "hashing", "stats"),
     ("core", "sampling"),  # sampling: the deprecated alias of core.sampling
     ("drafters", "engines", "verifiers"),
     ("serving",),
