@@ -293,3 +293,32 @@ def certify_engine(
 ) -> pytest.RunResult:
     """The shipped certify tests selected by `select` (`-k`) for `--losscheck-engine=engine`."""
     return run_shipped(pytester, "-k", select, f"--losscheck-engine={engine}", *args, **kwargs)
+
+
+def verified_q(engine: object, request: object) -> torch.Tensor:
+    """The q that Hugging Face assisted generation hands its verifier (`_speculative_sampling`'s
+    candidate logits) over one `engine.generate(request)`: [1, rounds * k, V]."""
+    from unittest import mock
+
+    from transformers.generation import utils
+
+    verify = utils._speculative_sampling
+    seen: list[torch.Tensor] = []
+
+    def spy(ids, q, *args, **kwargs):
+        seen.append(q.detach().clone())  # [1, k, V]
+        return verify(ids, q, *args, **kwargs)
+
+    with mock.patch.object(utils, "_speculative_sampling", spy):
+        engine.generate(request)  # type: ignore[attr-defined]
+    assert seen, "assisted generation never verified a draft"
+    return torch.cat(seen, dim=1)
+
+
+def topk_request(k: int = 8, temperature: float = 0.3):
+    """One row of 12 tokens after a short prompt at `temperature` and top-k `k`, drafting on."""
+    from losscheck.core.sampling import SamplingParams
+    from losscheck.engines.request import GenerationRequest
+
+    params = SamplingParams(temperature=temperature, top_k=k)
+    return GenerationRequest(prompts=((1, 2, 3),), n=1, params=params, seed=7, max_new_tokens=12, speculative=True)

@@ -171,6 +171,31 @@ def min_tokens_counted_in_rounds(target: Target) -> SpecLoopEngine:
     return engine
 
 
+def raw_logits_mtp() -> type:
+    """transformers' MTP candidate generator with #47932's shape (the issue names it beside
+    DFlash's): candidates drawn from the processed logits, each layer's raw logits (its projection
+    through the LM head) returned as q."""
+    from unittest import mock
+
+    from transformers.generation.candidate_generator import MTPCandidateGenerator
+
+    class RawLogitsMTP(MTPCandidateGenerator):
+        def get_candidates(self, input_ids, *args, **kwargs):
+            raw: list[torch.Tensor] = []
+            project = self.mtp_model._project_to_logits
+
+            def recording(hidden: torch.Tensor) -> torch.Tensor:
+                logits = project(hidden)  # [B, n, V]
+                raw.append(logits[:, -1:, :].detach().clone())  # the position each layer drafts from
+                return logits
+
+            with mock.patch.object(self.mtp_model, "_project_to_logits", recording):  # this instance's only
+                ids, logits = super().get_candidates(input_ids, *args, **kwargs)
+            return ids, (torch.cat(raw, dim=1).to(logits.device) if logits is not None and raw else logits)
+
+    return RawLogitsMTP
+
+
 def raw_logits_dflash() -> type:
     """transformers' DFlash candidate generator as #47932 shipped it: candidates drawn from the
     processed logits, the raw logits (the LM head's output) returned as q."""
@@ -199,6 +224,25 @@ class DFlashRawQ(HFAssistedEngine):
 
         with mock.patch("transformers.generation.utils.DFlashTokenCandidateGenerator", raw_logits_dflash()):
             return super()._generate(request, logprobs)
+
+
+class MTPRawQ(HFAssistedEngine):
+    """`hf_mtp` with `raw_logits_mtp`'s generator in transformers' place for each call."""
+
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from unittest import mock
+
+        with mock.patch("transformers.generation.utils.MTPCandidateGenerator", raw_logits_mtp()):
+            return super()._generate(request, logprobs)
+
+
+def hf_mtp_q_raw_in_verify(target: Target) -> HFAssistedEngine:
+    """The bundled MTP target drafting with its own MTP layer through `use_mtp`, #47932's bug
+    planted: drafts drawn from the processed logits, accepted and recovered with the raw ones."""
+    from losscheck.engines.hf import hf_mtp
+
+    honest = hf_mtp(target)
+    return MTPRawQ(honest.model, None, honest.k, honest.eos, name="hf-mtp-q-raw-in-verify", speculation="mtp")
 
 
 def hf_dflash_q_raw_in_verify(target: Target) -> HFAssistedEngine:

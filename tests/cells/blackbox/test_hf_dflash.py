@@ -11,6 +11,7 @@ import pytest
 
 from losscheck import bundled
 from losscheck.errors import OptionError
+from tests.support import topk_request, verified_q
 
 DFLASH = bundled.fixtures_dir() / "dflash"
 
@@ -52,31 +53,15 @@ def test_the_planted_generator_hands_the_verifier_raw_logits_where_the_honest_on
     """The quick tier's check that the plant is live (its cell's FAIL is the slow test above; the
     class itself, `q_raw_in_verify`, FAILs quickly in tests/cells/blackbox/test_q_contract.py): at
     top-k 8 the honest generator's q is -inf off its 8 kept tokens, the planted one's nowhere."""
-    from unittest import mock
-
     import torch
-    from transformers.generation import utils
 
-    from losscheck.core.sampling import SamplingParams
     from losscheck.engines.hf import hf_dflash
-    from losscheck.engines.request import GenerationRequest
     from losscheck.selftest.engines import hf_dflash_q_raw_in_verify
 
-    params = SamplingParams(temperature=0.3, top_k=8)
-    request = GenerationRequest(prompts=((1, 2, 3),), n=1, params=params, seed=7, max_new_tokens=12, speculative=True)
-    verify = utils._speculative_sampling
-    for build, masked in ((hf_dflash, True), (hf_dflash_q_raw_in_verify, False)):
-        seen: list[torch.Tensor] = []
-
-        def spy(ids, q, *args, seen=seen, **kwargs):
-            seen.append(q.detach().clone())  # [1, k, V]
-            return verify(ids, q, *args, **kwargs)
-
-        with mock.patch.object(utils, "_speculative_sampling", spy):
-            build(target).generate(request)
-        assert seen, "assisted generation never verified a draft"
-        kept = torch.isfinite(torch.cat(seen, dim=1)).sum(-1)  # [1, rounds * k]
-        assert bool((kept == 8).all()) if masked else bool((kept == target.vocab_size).all()), kept
+    kept = torch.isfinite(verified_q(hf_dflash(target), topk_request(8))).sum(-1)  # [1, rounds * k]
+    assert bool((kept == 8).all()), kept
+    kept = torch.isfinite(verified_q(hf_dflash_q_raw_in_verify(target), topk_request(8))).sum(-1)
+    assert bool((kept == target.vocab_size).all()), kept
 
 
 def test_engine_hf_with_a_dflash_assistant_runs_transformers_dflash_generator(target):

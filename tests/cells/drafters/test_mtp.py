@@ -13,6 +13,7 @@ from losscheck.core.sampling import GREEDY, make_generator
 from losscheck.core.target import HFTarget
 from losscheck.drafters import mtp
 from losscheck.errors import OptionError
+from tests.support import topk_request, verified_q
 
 MTP_TARGET = bundled.fixtures_dir() / "mtp_target"
 
@@ -109,3 +110,33 @@ def test_transformers_use_mtp_passes_its_greedy_engine_cell():
     (cell,) = session.plan["engine_greedy_cell"]
     outcome = run_engine_cell(CellContext.of(session, cell))
     assert outcome.passed, outcome.message()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_planted_mtp_generator_hands_the_verifier_raw_logits_where_the_honest_one_hands_processed(mtp_target):
+    """transformers #47932's shape in the MTP generator (`hf_mtp_q_raw_in_verify`) is live: at
+    top-k 8 the honest generator's q is -inf off its 8 kept tokens, the planted one's nowhere.
+    Its cell's FAIL is the slow test below."""
+    from losscheck.engines.hf import hf_mtp
+    from losscheck.selftest.engines import hf_mtp_q_raw_in_verify
+
+    kept = torch.isfinite(verified_q(hf_mtp(mtp_target), topk_request(8))).sum(-1)  # [1, rounds * k]
+    assert bool((kept == 8).all()), kept
+    kept = torch.isfinite(verified_q(hf_mtp_q_raw_in_verify(mtp_target), topk_request(8))).sum(-1)
+    assert bool((kept == mtp_target.vocab_size).all()), kept
+
+
+@pytest.mark.slow  # the cell's two stages, one row per generate call
+@pytest.mark.usefixtures("one_thread")
+def test_mtp_sampling_processed_logits_and_verifying_raw_ones_fails_blamed_on_speculation():
+    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.run.context import CellContext
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+
+    engine = "losscheck.selftest.engines:hf_mtp_q_raw_in_verify"
+    session = Session(Options(engine=engine, target=str(MTP_TARGET)))
+    (cell,) = [c for c in session.plan["engine_cell"] if c.id.endswith("-T0.3")]
+    outcome = run_engine_cell(CellContext.of(session, cell))
+    assert not outcome.passed, outcome.message()
+    assert outcome.facts.attribution is not None and outcome.facts.attribution.finding == "speculation"
