@@ -126,7 +126,7 @@ def test_the_planted_mtp_generator_hands_the_verifier_raw_logits_where_the_hones
     assert bool((kept == mtp_target.vocab_size).all()), kept
 
 
-@pytest.mark.slow  # the cell's two stages, one row per generate call
+@pytest.mark.slow  # the cell's two stages, one row per generate call: 268 s (2026-12-05)
 @pytest.mark.usefixtures("one_thread")
 def test_mtp_sampling_processed_logits_and_verifying_raw_ones_fails_blamed_on_speculation():
     from losscheck.cells.blackbox import run_engine_cell
