@@ -267,7 +267,9 @@ def run_in_process(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     drops every module a run imported, and transformers' lazy modules do not survive that (its
     next import of a model fails). losscheck's own modules and the test directory's are still
     dropped, so each run imports them afresh, as a process of its own would. A run saves the 5-10 s
-    of a process's imports and collection (the e2e tier's largest cost; docs/figures.md)."""
+    of a process's imports and collection (the e2e tier's largest cost; docs/figures.md). What the
+    run's own modules register (an engine adapter, a statistical test) stays in the registries of
+    the modules this process had already imported: a run that registers needs a process."""
     from unittest import mock
 
     from _pytest.pytester import SysModulesSnapshot
