@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from losscheck import bundled
 from tests.support import ROOT
 
 # The own drafter: its greedy cells and its quick-tier sampled cells of temperature, top-k and top-p
@@ -38,7 +39,7 @@ def test_the_own_engine_example_is_certified(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     with prompts.open("w") as file:
         for tier in ("low", "mid", "high"):
-            for ids in json.loads((ROOT / "fixtures" / "prompts" / f"{tier}.json").read_text())["prompts"][:2]:
+            for ids in bundled.load_prompts(tier)[:2]:
                 file.write(json.dumps({"ids": ids, "tier": tier}) + "\n")
     scope = ("--scope=engine-greedy", "--prompts", str(prompts))
     done = certify("--engine", "examples.speculative_engine:factory", *scope, out=tmp_path / "reports")

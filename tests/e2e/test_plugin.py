@@ -1,4 +1,5 @@
-"""The plugin end to end, run by pytest itself (pytester, in a subprocess).
+"""The plugin end to end, run by pytest itself (pytester: in process where no process boundary is
+the claim, `tests.support.run_in_process`; the interrupted run in a process of its own).
 
 Each run uses the bundled fixtures and selects a few gate cells with -k to stay fast; a run with a
 bad option stops before any cell.

@@ -1,5 +1,6 @@
-"""Black-box mode end to end through the shipped certification tests (pytester, in a subprocess),
-with losscheck's own loop as the engine; --losscheck-detect-tv=0.1 keeps the samples small."""
+"""Black-box mode end to end through the shipped certification tests (pytester, in process:
+`tests.support.run_in_process`), with losscheck's own loop as the engine; --losscheck-detect-tv=0.1
+keeps the samples small."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.support import certify_engine
 
-pytestmark = pytest.mark.e2e  # starts processes (subprocess pytest, ranks, a venv)
+pytestmark = pytest.mark.e2e  # whole plugin runs, each through pytest's own entry point
 
 pytest_plugins = ["pytester"]
 

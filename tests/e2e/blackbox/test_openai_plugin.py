@@ -1,4 +1,4 @@
-"""`--engine openai` through the shipped certification tests (pytester, in a subprocess) against two
+"""`--engine openai` through the shipped certification tests (pytester, in process) against two
 fake OpenAI-compatible servers of the self-test package, running in this process: the spec side
 ignores per-request seeds, so its greedy cell runs and passes and its sampled cell is not run, the
 reason named (the adapter's rows and probes in detail: tests/unit/blackbox/test_openai.py)."""

@@ -1,4 +1,4 @@
-"""`--engine sglang` through the shipped certification tests (pytester, in a subprocess) against the
+"""`--engine sglang` through the shipped certification tests (pytester, in process) against the
 self-test package's stand-in with SGLang's offline surface (`losscheck.selftest.fake_sglang`; no
 build of SGLang runs on a CPU here): greedy and one-sample T = 1 pass, the per-request counters
 reach the certificate (the adapter's mapping and its option errors: the unit tests)."""
