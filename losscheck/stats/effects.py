@@ -7,10 +7,10 @@ tokens (`power`). A test's *power model* (`PowerModel`, carried by its registrat
 (`losscheck.stats.bugsums`) at one member of its family, and the same steps' sums under H0.
 
 - χ² tests (`ChisquareEffect`): noncentrality n·w² with w² = B·Σ_b (π̄_b - 1/B)² of the average
-  bin law (`w2`), power from statsmodels' `GofChisquarePower`.
+  bin law (`w2`), power from the noncentral χ² (`losscheck.stats.power.chisquare_power`).
 - e-value tests (`EvalueEffect`): per token the drift d = E_{p'}[Y] of the increment, its variance
   under H0 σ² (what the test's W adds) and under the bug τ². The rejection threshold on S given
-  W = n·σ² is solved exactly from the mixture (`losscheck.stats.evalue.evalue_threshold`); the
+  W = n·σ² is solved exactly from the mixture (`losscheck.stats.evalue.evalue_thresholds`); the
   power is the normal approximation P(S_n >= threshold) with S_n ~ N(n·d, n·τ²). The level of
   the tests is exact; their power here is that approximation.
 - the likelihood-ratio bound (`LikelihoodRatioEffect`): the Neyman–Pearson test that knows the
@@ -25,18 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
-from scipy import stats
-from statsmodels.stats.power import GofChisquarePower
+from numpy.typing import ArrayLike
+from scipy import special, stats
 
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import BugClass
 from losscheck.stats.bugsums import SUMS, NullSums, Sums
-from losscheck.stats.evalue import evalue_threshold
-from losscheck.stats.power import chisquare_required_n
+from losscheck.stats.evalue import evalue_thresholds
+from losscheck.stats.power import chisquare_power, chisquare_required_n
 
 MAX_TOKENS = 1e13  # beyond this a test is reported as having no power (math.inf)
-_GOF_POWER = GofChisquarePower()
 
 
 class Effect(Protocol):
@@ -105,7 +105,7 @@ class ChisquareEffect:
     def power(self, n: float, alpha: float) -> float:
         if self.w2 <= 0:
             return alpha
-        return float(_GOF_POWER.power(math.sqrt(self.w2), n * self.support, alpha, self.n_bins))
+        return chisquare_power(self.w2 * n * self.support, self.n_bins, alpha)
 
 
 @dataclass(frozen=True)
@@ -120,59 +120,65 @@ class EvalueEffect:
     one_sided: bool = False
 
     def tokens_needed(self, alpha: float, power: float) -> float:
-        return min(
-            (
-                evalue_tokens(d, s2, t2, alpha / self.bonferroni, power, self.one_sided)
-                for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
-            ),
-            default=math.inf,
-        )
+        if not self.drift:
+            return math.inf
+        needed = evalue_tokens(*self._candidates(), alpha / self.bonferroni, power, self.one_sided)
+        return float(needed.min())
 
     def power(self, n: float, alpha: float) -> float:
-        return max(
-            (
-                evalue_power(n, d, s2, t2, alpha / self.bonferroni, self.one_sided)
-                for d, s2, t2 in zip(self.drift, self.h0_var, self.h1_var)
-            ),
-            default=0.0,
-        )
+        if not self.drift:
+            return 0.0
+        return float(evalue_power(n, *self._candidates(), alpha / self.bonferroni, self.one_sided).max())
+
+    def _candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(drift, H0 variance, H1 variance) of every candidate, as arrays [C]."""
+        return np.asarray(self.drift), np.asarray(self.h0_var), np.asarray(self.h1_var)
 
 
-def evalue_power(n: float, d: float, h0_var: float, h1_var: float, alpha: float, one_sided: bool = False) -> float:
+def evalue_power(
+    n: ArrayLike, d: ArrayLike, h0_var: ArrayLike, h1_var: ArrayLike, alpha: float, one_sided: bool = False
+) -> np.ndarray:
     """P(mixture e-value of S_n >= 1/alpha) with S_n ~ N(n·d, n·τ²), W_n = n·σ² (the far side
-    of a two-sided test left out: it is never the one that rejects here)."""
-    shift = d if one_sided else abs(d)
-    if shift <= 0 or h0_var <= 0:
-        return 0.0
-    threshold = evalue_threshold(n * h0_var, alpha, one_sided)
-    sd = math.sqrt(n * max(h1_var, 1e-300))
-    return 0.5 * math.erfc((threshold - n * shift) / sd / math.sqrt(2))  # the normal survival function
+    of a two-sided test left out: it is never the one that rejects here), elementwise over the
+    broadcast of `n`, `d`, `h0_var` (σ²) and `h1_var` (τ²); 0 where the test has no drift."""
+    n, d, h0_var, h1_var = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (n, d, h0_var, h1_var)))
+    shift = d if one_sided else np.abs(d)
+    live = (shift > 0) & (h0_var > 0)
+    threshold = evalue_thresholds(np.where(live, n * h0_var, 0.0), alpha, one_sided)
+    sd = np.sqrt(n * np.maximum(h1_var, 1e-300))
+    return np.where(live, special.ndtr((n * shift - threshold) / sd), 0.0)  # the normal survival function
 
 
-def evalue_tokens(d: float, h0_var: float, h1_var: float, alpha: float, power: float, one_sided: bool = False) -> float:
-    """Smallest n (to 0.1%) with `evalue_power` >= power; inf beyond `MAX_TOKENS`."""
-    shift = d if one_sided else abs(d)
-    if shift <= 0 or h0_var <= 0:
-        return math.inf
+def evalue_tokens(
+    d: ArrayLike, h0_var: ArrayLike, h1_var: ArrayLike, alpha: float, power: float, one_sided: bool = False
+) -> np.ndarray:
+    """Smallest n (to 0.1%) with `evalue_power` >= power, elementwise over the candidates
+    (`d`, `h0_var`, `h1_var` broadcast); inf beyond `MAX_TOKENS`. Every candidate's search runs
+    at once: each step is one vectorised `evalue_power` call."""
+    d, h0_var, h1_var = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (d, h0_var, h1_var)))
+    shift = d if one_sided else np.abs(d)
+    live = (shift > 0) & (h0_var > 0)
 
-    def enough(n: float) -> bool:
+    def enough(n: np.ndarray) -> np.ndarray:
         return evalue_power(n, d, h0_var, h1_var, alpha, one_sided) >= power
 
     # start from the fixed-sample z test's n, which the mixture's threshold exceeds by a small
     # factor: a few doublings bracket the answer where doubling from 1 takes a dozen or more
-    z = float(stats.norm.isf(alpha)) * math.sqrt(h0_var) + float(stats.norm.isf(1 - power)) * math.sqrt(h1_var)
-    high = max(1.0, math.floor((max(z, 0.0) / shift) ** 2))
-    while not enough(high):
-        high *= 2
-        if high > MAX_TOKENS:
-            return math.inf
-    while high > 1 and enough(high / 2):
-        high /= 2
+    z = float(stats.norm.isf(alpha)) * np.sqrt(h0_var) + float(stats.norm.isf(1 - power)) * np.sqrt(h1_var)
+    high = np.maximum(1.0, np.floor((np.maximum(z, 0.0) / np.where(live, shift, 1.0)) ** 2))
+    short = live.copy()  # still doubling
+    while (short := short & ~enough(high) & (high <= MAX_TOKENS)).any():
+        high = np.where(short, high * 2, high)
+    live &= high <= MAX_TOKENS
+    halving = live.copy()
+    while (halving := halving & (high > 1) & enough(high / 2)).any():
+        high = np.where(halving, high / 2, high)
     low = high / 2
-    while high - low > max(1.0, 1e-3 * high):
+    while (wide := live & (high - low > np.maximum(1.0, 1e-3 * high))).any():
         mid = (low + high) / 2
-        low, high = (low, mid) if enough(mid) else (mid, high)
-    return float(math.ceil(high))
+        ok = enough(mid)
+        low, high = np.where(wide & ~ok, mid, low), np.where(wide & ok, mid, high)
+    return np.where(live, np.ceil(high), math.inf)
 
 
 @dataclass(frozen=True)

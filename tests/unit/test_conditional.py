@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from scipy import optimize
 
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import BY_NAME, CATALOGUE, BugClass, Step
@@ -25,7 +26,7 @@ from losscheck.stats.conditional import (
     surprisal_test,
     token_counts_test,
 )
-from losscheck.stats.evalue import evalue_threshold, log_mixture_evalue, mixture_evalue
+from losscheck.stats.evalue import evalue_threshold, evalue_thresholds, log_mixture_evalue, mixture_evalue
 from losscheck.stats.pit import randomized_pit
 from losscheck.stats.registry import budget_count
 
@@ -143,6 +144,19 @@ def test_mixture_evalue_is_stable_for_huge_sums():
     assert mixture_evalue(3.0, 2.0) == pytest.approx(math.exp(float(log_mixture_evalue(3.0, 2.0))))
     s = evalue_threshold(50.0, 1e-4)
     assert float(log_mixture_evalue(s, 50.0)) == pytest.approx(math.log(1e4))
+
+
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_evalue_thresholds_are_the_mixtures_roots(one_sided):
+    """Newton's thresholds, at once over variance sums from 0 to 1e9, are where the mixture
+    reaches 1/α: brentq on the mixture itself finds the same roots."""
+    w = np.concatenate([[0.0, 1e-9], np.geomspace(1e-6, 1e9, 40)])
+    for alpha in (0.05, 1e-4, 1e-9):
+        found = evalue_thresholds(w, alpha, one_sided)
+        for wi, si in zip(w, found):
+            gap = lambda s, wi=wi, a=alpha: float(log_mixture_evalue(s, wi, one_sided)) + math.log(a)  # noqa: E731
+            assert si == pytest.approx(optimize.brentq(gap, 0.0, 10 * si + 100, xtol=1e-12), rel=1e-9)
+        assert evalue_threshold(float(w[7]), alpha, one_sided) == found[7]
 
 
 @functools.cache

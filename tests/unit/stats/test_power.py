@@ -15,6 +15,7 @@ from losscheck.errors import LosscheckError, UnderpoweredError
 from losscheck.stats.budget import per_test_alpha
 from losscheck.stats.power import (
     chisquare_detectable_w,
+    chisquare_power,
     chisquare_required_n,
     dkwm_detectable,
     dkwm_required_n,
@@ -22,6 +23,17 @@ from losscheck.stats.power import (
     predicted_power,
     require_power,
 )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nc=st.floats(0.0, 5e3),
+    n_bins=st.integers(2, 500),
+    alpha=st.floats(1e-9, 0.2),
+)
+def test_chisquare_power_is_statsmodels_power(nc, n_bins, alpha):
+    expected = GofChisquarePower().power(1.0, nc, alpha, n_bins)
+    assert chisquare_power(nc, n_bins, alpha) == pytest.approx(expected, abs=1e-10)
 
 
 @settings(max_examples=30, deadline=None)
