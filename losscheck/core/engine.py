@@ -11,6 +11,7 @@ pending token and the accepted drafts in the cache and everything after them sta
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -79,16 +80,18 @@ def pad_prompts(
     """Right-pad prompts → ids [B, P] and lengths [B] on `device`, validating them."""
     if not prompts:
         raise LosscheckError("no prompts given; pass at least one non-empty list of token ids")
-    for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise LosscheckError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
-        bad = [t for t in prompt if not 0 <= int(t) < vocab_size]
-        if bad:
-            raise LosscheckError(f"prompt {i} has ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
     lengths = torch.tensor([len(p) for p in prompts])
+    if not bool(lengths.all()):
+        i = int((lengths == 0).nonzero()[0])
+        raise LosscheckError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+    flat = torch.tensor(list(itertools.chain.from_iterable(prompts)), dtype=torch.long)  # every prompt's ids, in order
+    outside = (flat < 0) | (flat >= vocab_size)
+    if bool(outside.any()):
+        i = int(torch.searchsorted(lengths.cumsum(0), outside.nonzero()[0], right=True))
+        bad = [t for t in prompts[i] if not 0 <= int(t) < vocab_size]
+        raise LosscheckError(f"prompt {i} has ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
     ids = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        ids[i, : len(prompt)] = torch.tensor(prompt)
+    ids[torch.arange(int(lengths.max()))[None, :] < lengths[:, None]] = flat  # row-major, as `flat`
     return ids.to(device), lengths.to(device)
 
 
