@@ -67,7 +67,17 @@ class Latencies:
         return Latencies(self.ttft + other.ttft, self.tpot + other.tpot, self.itl + other.itl, self.e2e + other.e2e)
 
     def summary(self) -> dict[str, dict[str, float]]:
-        return {name: percentiles(getattr(self, name)) for name in ("ttft", "tpot", "itl", "e2e")}
+        """Per latency, its percentiles (`percentiles`) and its mean and standard deviation (numpy's,
+        ddof 0, as `vllm bench serve` reports them); NaN when there are no samples."""
+        return {name: _summary(getattr(self, name)) for name in ("ttft", "tpot", "itl", "e2e")}
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    found = np.asarray(values, dtype=float)
+    spread = (
+        {"mean": float(found.mean()), "std": float(found.std())} if found.size else {"mean": math.nan, "std": math.nan}
+    )
+    return percentiles(values) | spread
 
 
 def throughput(trace: Served) -> float:

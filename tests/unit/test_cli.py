@@ -23,6 +23,7 @@ MINIMAL_ARGV = {
     "families": [],
     "mutants": [],
     "perf": [],
+    "export-perf": ["reports/perf-run"],
     "report": ["reports/run"],
     "compare": ["reports/a", "reports/b"],
     "merge": ["reports/a", "reports/b"],

@@ -202,3 +202,58 @@ def test_the_run_file_round_trips_and_its_report_says_what_it_supports():
     text = markdown(doc)
     assert "P(drafts 1..j all accepted)" in text and "P(draft j accepted | drafts 1..j-1 accepted)" in text
     assert "1.00 / 0.50 / 0.25 / 0.25" in text and "1.00 / 0.50 / 0.50 / 1.00" in text
+
+
+def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
+    """Each rung's side is a flat `vllm bench serve` result: its keys, in milliseconds, from the
+    record's seconds; `losscheck export-perf` writes them, and refuses what is not an engine run."""
+    import json
+
+    from losscheck import cli
+    from losscheck.perf.engine_suite import _record
+    from losscheck.plan.perf_profiles import ENGINE_SIZES
+    from losscheck.report import vllm_bench
+    from losscheck.report.engine_perf import write_report
+    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
+    from losscheck.report.manifest import environment
+
+    requests = _requests(4)
+    runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
+    rung = _record("ladder", Arrivals("poisson", rate=4.0), 2, 4, requests, runs, paired=True)
+    doc = EnginePerfFile(
+        schema=SCHEMA,
+        created="2026-12-06T00:00:00+00:00",
+        statement="",
+        environment=environment(torch.device("cpu")),
+        engine={"name": "scripted(k=4)", "k": 4},
+        target={"name": "target"},
+        streamed=True,
+        counters_source="scripted",
+        profile="quick",
+        sizes=ENGINE_SIZES["quick"],
+        params=T1.label(),
+        seed=1,
+        rungs=(rung,),
+    )
+    on = vllm_bench.rung_result(doc, rung, speculative=True)
+    assert on["request_rate"] == 4.0 and on["burstiness"] == 1.0 and on["max_concurrency"] == 2
+    assert on["completed"] == on["num_prompts"] == 4
+    assert on["median_ttft_ms"] == pytest.approx(rung.on.latency_s["ttft"]["p50"] * 1e3)
+    assert on["p99_e2el_ms"] == pytest.approx(rung.on.latency_s["e2e"]["p99"] * 1e3)
+    assert on["mean_tpot_ms"] == pytest.approx(rung.on.latency_s["tpot"]["mean"] * 1e3)
+    assert {
+        f"{s}_{m}_ms" for s in ("mean", "median", "std", "p95", "p99") for m in ("ttft", "tpot", "itl", "e2el")
+    } <= set(on)
+    assert on["output_throughput"] == pytest.approx(sum(rung.on.throughput_tok_s) / 2)
+    assert on["request_throughput"] == pytest.approx(4 / on["duration"])
+    write_report(doc, tmp_path / "run")
+    assert cli.main(["export-perf", str(tmp_path / "run")]) == 0
+    files = sorted(p.name for p in (tmp_path / "run" / "vllm-bench").iterdir())
+    assert files == ["ladder-poisson4-c2-k4-off.json", "ladder-poisson4-c2-k4-on.json"]
+    off = json.loads((tmp_path / "run" / "vllm-bench" / files[0]).read_text())
+    assert off["losscheck"]["speculative"] is False and off["median_ttft_ms"] > 0
+    (tmp_path / "loop.json").write_text(json.dumps({"schema": "losscheck.perf/1"}))
+    assert cli.main(["export-perf", str(tmp_path / "loop.json")]) == 2
+    assert cli.main(["export-perf", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "not an engine perf run" in err and "no engine perf run at" in err
