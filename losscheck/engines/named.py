@@ -43,8 +43,13 @@ def _discover() -> None:
     whichever was imported first, then any other module's in registration order."""
     for module in SHIPPED:
         importlib.import_module(module)
-    rank = {module: i for i, module in enumerate(SHIPPED)}
-    ordered = sorted(ADAPTERS.values(), key=lambda adapter: rank.get(adapter.make.__module__, len(SHIPPED)))
+
+    def rank(adapter: Adapter) -> int:  # a shipped module's place; a package's covers its modules
+        where = adapter.make.__module__
+        found = [i for i, module in enumerate(SHIPPED) if where == module or where.startswith(module + ".")]
+        return found[0] if found else len(SHIPPED)
+
+    ordered = sorted(ADAPTERS.values(), key=rank)
     ADAPTERS.clear()
     ADAPTERS.update((adapter.name, adapter) for adapter in ordered)
 

@@ -335,7 +335,7 @@ def _build(target: Target, request: EngineRequest, options: ServeOptions) -> VLL
     assert request.speculative_config is not None
     precision = run_precision(target, options.dtype)
     args = ["--dtype", VLLM_DTYPE[precision], *_server_args(options.server)]
-    if options.cpu_fixes:  # a seeded request after a partial prefill chunk crashes the CPU build (vllm.py)
+    if options.cpu_fixes:  # a seeded request after a partial prefill chunk crashes the CPU build (vllm/cpu_fixes.py)
         args.append("--no-enable-chunked-prefill")
     eos = target.eos_id if target.eos_id is not None else 0
     log_dir = Path(os.environ.get("LOSSCHECK_VLLM_SERVE_LOGS", "reports/vllm-serve-logs"))

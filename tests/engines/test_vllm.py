@@ -361,9 +361,9 @@ CHUNKED_SEEDED = """
 import sys
 from vllm import LLM, SamplingParams
 from losscheck import bundled
-from losscheck.engines.vllm import CPU_LLM, _register_platform_kernels_once
+from losscheck.engines.vllm import CPU_LLM, register_platform_kernels_once
 
-_register_platform_kernels_once()
+register_platform_kernels_once()
 chunking = {"enable_chunked_prefill": sys.argv[1] == "on"}
 llm = LLM(model=str(bundled.target_path()), dtype="float32", **CPU_LLM, **chunking)
 prompts = [{"prompt_token_ids": [0, 2] + [5 + i % 50] * 22} for i in range(600)]  # > the 4,096-token budget

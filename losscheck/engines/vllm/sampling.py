@@ -1,0 +1,164 @@
+"""losscheck's request in vLLM's terms: `vllm.SamplingParams` keyword arguments (`sampling_kwargs`),
+the parameters vLLM serves itself (`VLLM_SERVES`), its dtypes, and its outputs read back as token
+ids (`to_tensor`) and logprobs (`to_logprobs`). Needs no vLLM to import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from losscheck.engines import EngineOutputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from losscheck.core.sampling import SamplingParams
+
+VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# the logprobs vLLM reports: of the processed law (temperature, penalties, top-k / top-p applied),
+# the one losscheck's logprob check compares them with (`losscheck.cells.logprob_check`)
+LOGPROBS_MODE = "processed_logprobs"
+# what `sampling_kwargs` passes to vLLM's own mechanisms (`losscheck.engines.served`: the rest is refused)
+VLLM_SERVES = frozenset(
+    {
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "banned_ids",
+        "min_tokens",
+        "stop_ids",
+        "grammar",
+    }
+)
+PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
+
+
+def sampling_kwargs(
+    params: SamplingParams,
+    seed: int,
+    max_new_tokens: int,
+    eos: int | None = None,
+    vocab: int | None = None,
+    logprobs: bool = False,
+) -> dict[str, Any]:
+    """losscheck's request as keyword arguments of `vllm.SamplingParams`, each parameter passed to
+    vLLM's own field (`losscheck.core.history` follows vLLM V1's order, so the semantics are the
+    same); every knob the request leaves neutral is set neutral explicitly, so no model
+    generation-config default (repetition penalty, min-p, top-k) can creep in. Logprobs are off
+    unless `logprobs` (then the sampled token's alone: `logprobs=0`), and ids are not detokenized.
+
+    Banned ids become `allowed_token_ids`, every other id of the `vocab`: a mask vLLM applies to the
+    target's logits at every position, drafts included (`RejectionSampler.apply_logits_processors`),
+    where a -inf logit bias would be refused (vLLM takes finite biases and, with speculation on, no
+    bias at all) and `bad_words` needs a tokenizer. Min tokens names EOS as a stop id: vLLM built
+    without a tokenizer knows no EOS, and its min-tokens processor masks the stop ids. The
+    request's stop ids join EOS in `stop_token_ids`: vLLM ends the row at one and keeps it."""
+    from losscheck.engines.served import UnsupportedParameter, refuse
+
+    refuse(params, "vllm", VLLM_SERVES, eos=eos)
+    if vocab is not None:
+        params.check_vocab(vocab, "the engine's target")
+    allowed = None
+    if params.banned_ids:
+        if vocab is None:
+            raise UnsupportedParameter("engine 'vllm' cannot serve banned_ids without the target's vocabulary size")
+        banned = set(params.banned_ids)
+        allowed = [i for i in range(vocab) if i not in banned]
+    # EOS and the stop ids end a row (kept as its last token); min tokens masks every one of them
+    stops = list(dict.fromkeys([*([eos] if eos is not None else []), *params.stop_ids])) or None
+    if not (params.min_tokens or [i for i in params.stop_ids if i != eos]):
+        stops = None  # EOS ends a row anyway
+    structured = None
+    if params.grammar is not None:  # vLLM's structured outputs (its xgrammar backend by default)
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kind = {"regex": "regex", "json": "json"}[params.grammar.kind]
+        structured = StructuredOutputsParams(**{kind: params.grammar.source})
+    return {
+        "n": 1,
+        "temperature": params.temperature,  # 0: greedy
+        "top_k": params.top_k if params.top_k else -1,  # -1: off (older vLLM refuses 0)
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "logit_bias": dict(params.logit_bias) or None,
+        "allowed_token_ids": allowed,
+        "seed": None if params.greedy else seed,
+        "max_tokens": max_new_tokens,
+        "min_tokens": params.min_tokens,
+        "stop_token_ids": stops,
+        "structured_outputs": structured,
+        "ignore_eos": False,
+        "logprobs": 0 if logprobs else None,
+        "prompt_logprobs": None,
+        "detokenize": False,
+    }
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether `exc` is vLLM refusing a request's parameters (`VLLMValidationError`: e.g. min-p
+    and logit bias with speculation on, `vllm/sampling_params.py`, `_validate_spec_decode`)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return False
+    return isinstance(exc, VLLMValidationError)
+
+
+def to_tensor(
+    outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str, stops: Sequence[int] = ()
+) -> torch.Tensor:
+    """`RequestOutput`s of `n_prompts` x `n` requests (prompt-major) → LongTensor [n_prompts, n, max_new_tokens],
+    EOS-padded. A row that stops early on anything but EOS or one of the request's stop ids `stops`
+    (which vLLM keeps as its last token) is an error (a stop id of the model's generation config):
+    losscheck cannot tell what the model would have emitted next. A row that
+    goes on after EOS (vLLM built without a tokenizer does not know the EOS id) is cut after its
+    first EOS: what a row holds up to its EOS has the same law either way."""
+    import torch
+
+    if len(outputs) != n_prompts * n:
+        raise EngineOutputError(f"engine {name!r}: vLLM returned {len(outputs)} outputs for {n_prompts * n} requests")
+    out = torch.full((n_prompts * n, max_new_tokens), eos, dtype=torch.long)  # [P*n, L]
+    for row, request in enumerate(outputs):
+        ids = list(request.outputs[0].token_ids)[:max_new_tokens]
+        if eos in ids:
+            ids = ids[: ids.index(eos) + 1]
+        if len(ids) < max_new_tokens and (not ids or (ids[-1] != eos and ids[-1] not in stops)):
+            raise EngineOutputError(
+                f"engine {name!r}: request {row} stopped after {len(ids)} of {max_new_tokens} tokens on "
+                f"{ids[-1] if ids else 'nothing'}, not on EOS {eos}; give the model a single EOS id "
+                "(generation_config.json eos_token_id) or build the LLM with that stop id removed"
+            )
+        out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out.view(n_prompts, n, max_new_tokens)
+
+
+def to_logprobs(
+    outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: str, stops: Sequence[int] = ()
+) -> torch.Tensor:
+    """The sampled tokens' logprobs of `RequestOutput`s (requests made with `logprobs=0`) for their
+    ids `tokens` [P, n, L] (`to_tensor`'s) → float64 [P, n, L], 0 after a row's end."""
+    import torch
+
+    from losscheck.engines import lengths
+
+    flat = tokens.flatten(0, 1)  # [P*n, L]
+    out = torch.zeros(flat.shape, dtype=torch.float64)
+    for row, (request, length) in enumerate(zip(outputs, lengths(flat, eos, stops).tolist(), strict=True)):
+        reported = request.outputs[0].logprobs
+        if reported is None or len(reported) < length:
+            raise EngineOutputError(
+                f"engine {name!r}: request {row} reported {0 if reported is None else len(reported)} logprobs "
+                f"for {length} tokens"
+            )
+        for t in range(length):
+            entry = reported[t].get(int(flat[row, t]))
+            if entry is None:
+                raise EngineOutputError(f"engine {name!r}: request {row} reported no logprob of its token {t}")
+            out[row, t] = entry.logprob
+    return out.view(tokens.shape)
