@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from losscheck.engines.registry import EngineRequest, needs_assistant, option, register
+from losscheck.engines.registry import EngineSpec, needs_assistant, option, register
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import OptionError
 
@@ -492,7 +492,7 @@ class HFOptions:
     )
 
 
-def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssistedEngine:
+def _build(target: Target, request: EngineSpec, options: HFOptions) -> HFAssistedEngine:
     from losscheck.core.target import load_causal_lm
     from losscheck.drafters.dflash_config import is_dflash_dir
 
@@ -537,7 +537,7 @@ def _build(target: Target, request: EngineRequest, options: HFOptions) -> HFAssi
     return HFAssistedEngine(model, assistant, options.num_assistant_tokens, eos, name=name, ensemble_weight=weight)
 
 
-def _inputs(request: EngineRequest, engine: str) -> None:
+def _inputs(request: EngineSpec, engine: str) -> None:
     if request.args.get("use_mtp") is True:
         if request.assistant is not None:
             raise OptionError(

@@ -54,7 +54,7 @@ from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import (
     QUANTIZATION,
-    EngineRequest,
+    EngineSpec,
     arg_axis,
     needs_assistant,
     option,
@@ -372,7 +372,7 @@ class LlamaCppOptions:
     )
 
 
-def _build(target: Target, request: EngineRequest, options: LlamaCppOptions) -> LlamaCppEngine:
+def _build(target: Target, request: EngineSpec, options: LlamaCppOptions) -> LlamaCppEngine:
     assert request.assistant is not None
     eos = target.eos_id if target.eos_id is not None else 0
     name = f"llama-cpp-python[{Path(request.assistant).name}]"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 
-from losscheck.engines.registry import ADAPTERS, Adapter, EngineRequest, engine_args, speculative_config
+from losscheck.engines.registry import ADAPTERS, Adapter, EngineSpec, engine_args, speculative_config
 
 SHIPPED = (
     "losscheck.engines.hf",
@@ -56,4 +56,4 @@ def _discover() -> None:
 
 _discover()
 
-__all__ = ["ADAPTERS", "SHIPPED", "Adapter", "EngineRequest", "engine_args", "speculative_config"]
+__all__ = ["ADAPTERS", "SHIPPED", "Adapter", "EngineSpec", "engine_args", "speculative_config"]

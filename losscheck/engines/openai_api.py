@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from losscheck.engines import EngineOutputError
 from losscheck.engines.completions import COMPLETIONS_SERVES, get_json, post, post_json, sampling_fields
 from losscheck.engines.counters import EngineCounters
-from losscheck.engines.registry import EngineRequest, option, register
+from losscheck.engines.registry import EngineSpec, option, register
 from losscheck.errors import CellUnavailable, OptionError
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ class OpenAIOptions:
     max_in_flight: int = option(32, minimum=1, help="requests a certification call keeps in flight")
 
 
-def _inputs(request: EngineRequest, engine: str) -> None:
+def _inputs(request: EngineSpec, engine: str) -> None:
     opt = request.prefix
     if request.assistant is not None or request.speculative_config is not None:
         raise OptionError(
@@ -327,7 +327,7 @@ def _tokenizer(directory: str) -> Callable[[], Tokenizer | None]:
     return load
 
 
-def _build(target: Target, request: EngineRequest, options: OpenAIOptions) -> OpenAIEngine:
+def _build(target: Target, request: EngineSpec, options: OpenAIOptions) -> OpenAIEngine:
     assert options.base_url is not None and options.plain_base_url is not None and options.k is not None
     eos = target.eos_id if target.eos_id is not None else 0
     tokenizer = _tokenizer(request.target)

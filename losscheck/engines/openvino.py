@@ -45,7 +45,7 @@ from losscheck.engines.export import model_key
 from losscheck.engines.pool import Instances, Policy
 from losscheck.engines.registry import (
     QUANTIZATION,
-    EngineRequest,
+    EngineSpec,
     arg_axis,
     needs_assistant,
     option,
@@ -339,7 +339,7 @@ class OpenVINOOptions:
     properties: dict[str, Any] = rest("any other key: an OpenVINO property of both models")
 
 
-def _build(target: Target, request: EngineRequest, options: OpenVINOOptions) -> OpenVINOEngine:
+def _build(target: Target, request: EngineSpec, options: OpenVINOOptions) -> OpenVINOEngine:
     assert request.assistant is not None
     caching = options.enable_prefix_caching
     name = f"openvino-genai[{Path(request.assistant).name}]" + ("" if caching is None else f"+prefix-caching={caching}")

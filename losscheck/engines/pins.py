@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.hashing import model_sha256
 
 if TYPE_CHECKING:
-    from losscheck.engines.registry import EngineRequest
+    from losscheck.engines.registry import EngineSpec
 
 Identity = dict[str, object]
 
@@ -41,7 +41,7 @@ def package_versions(module: str) -> dict[str, str]:
     return versions
 
 
-def draft_model(request: EngineRequest) -> Identity | None:
+def draft_model(request: EngineSpec) -> Identity | None:
     """The draft model the request names, by path and content hash (None: it names none, e.g.
     n-gram speculation; sha256 None: not on disk here, e.g. a hub id)."""
     config = request.speculative_config or {}
@@ -51,7 +51,7 @@ def draft_model(request: EngineRequest) -> Identity | None:
     return {"path": path, "sha256": model_sha256(path)}
 
 
-def engine_pins(module: str, request: EngineRequest | None = None, options: object = None) -> Identity:
+def engine_pins(module: str, request: EngineSpec | None = None, options: object = None) -> Identity:
     """The pins of an engine driving `module`, built from `request` with `options` (a shipped
     adapter), or from its factory alone (a user's engine: `module` is the factory's)."""
     pins: Identity = {"package": package_versions(module)}

@@ -44,8 +44,11 @@ Options = TypeVar("Options")
 
 
 @dataclass(frozen=True)
-class EngineRequest:
-    """What the command line says about an adapter's engine."""
+class EngineSpec:
+    """An adapter's engine as the command line specifies it (`--target`, `--assistant`,
+    `--speculative-config`, `--engine-arg`): what the adapter builds from, once per run; a
+    `GenerationRequest` (`losscheck.engines.request`) is one generate call to the engine built.
+    Called `EngineRequest` before 2026-12-06 (the old name imports, with a DeprecationWarning)."""
 
     target: str  # the target's model directory (the bundled target's when --target is not given)
     assistant: str | None = None  # --assistant DIR
@@ -57,7 +60,7 @@ class EngineRequest:
 # the engine axis whose values are weight formats losscheck cannot load: its cells are two-sample
 QUANTIZATION = "quantization"
 
-Inputs = Callable[[EngineRequest, str], None]  # checks the model options of engine NAME; raises OptionError
+Inputs = Callable[[EngineSpec, str], None]  # checks the model options of engine NAME; raises OptionError
 AxisValue = int | str  # an engine or serving axis's value (`losscheck.serving.axis` too): 2, "bf16", "warm"
 
 
@@ -75,11 +78,11 @@ class EngineAxis:
     name: str  # its key in a cell's variant and in `--losscheck-scope=-NAME`
     values: tuple[AxisValue, ...]  # one variant each, one change from the engine as named
     # the request of the engine at `value`, or None when the request already has it
-    vary: Callable[[EngineRequest, AxisValue], EngineRequest | None]
+    vary: Callable[[EngineSpec, AxisValue], EngineSpec | None]
     doc: str  # one line: what the variant changes and what its cells check
 
 
-def with_args(request: EngineRequest, **args: Any) -> EngineRequest | None:
+def with_args(request: EngineSpec, **args: Any) -> EngineSpec | None:
     """`request` with `args` over its --engine-arg options, or None when it already has them: the
     `vary` of most axes."""
     varied = {**request.args, **args}
@@ -100,11 +103,11 @@ class Adapter:
     summary: str  # one line: the engine and what it takes
     options: type  # a frozen dataclass of its --engine-arg options
     inputs: Inputs
-    make: Callable[[Target, EngineRequest, Any], BlackBoxEngine]
+    make: Callable[[Target, EngineSpec, Any], BlackBoxEngine]
     package: str | None = None  # the engine library's import name (None: the adapter's own module)
     axes: tuple[EngineAxis, ...] = ()  # the knobs its engine certificate varies, one at a time
 
-    def variants(self, request: EngineRequest) -> list[tuple[str, AxisValue, EngineRequest]]:
+    def variants(self, request: EngineSpec) -> list[tuple[str, AxisValue, EngineSpec]]:
         """(axis, value, the variant's request) of every declared axis value `request` does not
         already have, each request checked as the command line's is."""
         found = []
@@ -116,15 +119,15 @@ class Adapter:
                     found.append((axis.name, value, varied))
         return found
 
-    def parse(self, request: EngineRequest) -> Any:
+    def parse(self, request: EngineSpec) -> Any:
         """The options record of `request`, its model options checked first."""
         self.inputs(request, self.name)
         return parse_options(self.options, request.args, f"{request.prefix}engine={self.name}", request.prefix)
 
-    def check(self, request: EngineRequest) -> None:
+    def check(self, request: EngineSpec) -> None:
         self.parse(request)
 
-    def build(self, target: Target, request: EngineRequest) -> BlackBoxEngine:
+    def build(self, target: Target, request: EngineSpec) -> BlackBoxEngine:
         return self.make(target, request, self.parse(request))
 
     @property
@@ -142,7 +145,7 @@ def register(
     *,
     options: type[Options],
     inputs: Inputs,
-    build: Callable[[Target, EngineRequest, Options], BlackBoxEngine],
+    build: Callable[[Target, EngineSpec, Options], BlackBoxEngine],
     package: str | None = None,
     axes: tuple[EngineAxis, ...] = (),
 ) -> Adapter:
@@ -266,7 +269,7 @@ def needs_assistant(what: str) -> Inputs:
     """The model options of an engine that drafts with a model directory: `--assistant DIR` (`what`
     it is, in the message when it is missing), and no vLLM speculative config."""
 
-    def check(request: EngineRequest, engine: str) -> None:
+    def check(request: EngineSpec, engine: str) -> None:
         opt = request.prefix
         if request.assistant is None:
             raise OptionError(f"{opt}engine={engine} needs {opt}assistant=DIR: {what}")
@@ -299,3 +302,17 @@ def speculative_config(text: str | None, option: str) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise OptionError(f"{option}={text!r} is a JSON {type(config).__name__}; pass a JSON object")
     return config
+
+
+def __getattr__(name: str) -> type[EngineSpec]:
+    if name == "EngineRequest":  # the old name (CHANGELOG.md, Deprecated)
+        import warnings
+
+        warnings.warn(
+            "losscheck.engines.registry.EngineRequest is deprecated: it is EngineSpec (what the command "
+            "line specifies about an engine); the old name goes after 0.1.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return EngineSpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.engines import EngineOutputError, row_by_row
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineRequest, option, register, rest
+from losscheck.engines.registry import EngineSpec, option, register, rest
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import OptionError
 
@@ -188,7 +188,7 @@ class SGLangOptions:
     engine: dict[str, Any] = rest("any other keyword argument of sglang.Engine (mem_fraction_static, tp_size, ...)")
 
 
-def _inputs(request: EngineRequest, engine: str) -> None:
+def _inputs(request: EngineSpec, engine: str) -> None:
     """`--speculative-config` of SGLang's speculative arguments, and no `--assistant`."""
     opt = request.prefix
     if request.speculative_config is None:
@@ -216,7 +216,7 @@ def _engine_class(path: str) -> Callable[..., Any]:
     return found
 
 
-def _build(target: Target, request: EngineRequest, options: SGLangOptions) -> SGLangEngine:
+def _build(target: Target, request: EngineSpec, options: SGLangOptions) -> SGLangEngine:
     from losscheck.engines.vllm import run_precision
 
     config = request.speculative_config

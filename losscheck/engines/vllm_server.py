@@ -43,7 +43,7 @@ from losscheck.engines import EngineOutputError
 from losscheck.engines.completions import COMPLETIONS_SERVES, Endpoint, RowOutput, post, sampling_fields
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineRequest, option, register, rest
+from losscheck.engines.registry import EngineSpec, option, register, rest
 from losscheck.engines.stream import Emission
 from losscheck.engines.vllm import (
     CPU_FIXES_ENV,
@@ -331,7 +331,7 @@ def _server_args(options: dict[str, Any]) -> list[str]:
     return args
 
 
-def _build(target: Target, request: EngineRequest, options: ServeOptions) -> VLLMServerEngine:
+def _build(target: Target, request: EngineSpec, options: ServeOptions) -> VLLMServerEngine:
     assert request.speculative_config is not None
     precision = run_precision(target, options.dtype)
     args = ["--dtype", VLLM_DTYPE[precision], *_server_args(options.server)]

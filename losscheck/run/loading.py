@@ -20,7 +20,7 @@ from losscheck.errors import OptionError
 
 if TYPE_CHECKING:
     from losscheck.engines.lossy import Found
-    from losscheck.engines.named import EngineRequest
+    from losscheck.engines.named import EngineSpec
     from losscheck.run.options import Options
 
 MODEL_DIR = "a local Hugging Face model directory (config.json and *.safetensors weights)"
@@ -312,12 +312,12 @@ def engine_models(options: Options) -> tuple[str, str | None, int]:
     return target, str(Path(str(draft)).expanduser()) if draft else None, tp
 
 
-def engine_request(options: Options, prefix: str = "--losscheck-") -> EngineRequest:
+def engine_request(options: Options, prefix: str = "--losscheck-") -> EngineSpec:
     """What the options give a shipped engine adapter (`losscheck.engines.named`)."""
     from losscheck import bundled
-    from losscheck.engines.named import EngineRequest, engine_args, speculative_config
+    from losscheck.engines.named import EngineSpec, engine_args, speculative_config
 
-    return EngineRequest(
+    return EngineSpec(
         target=str(Path(options.target).expanduser()) if options.target is not None else str(bundled.target_path()),
         assistant=options.assistant,
         speculative_config=speculative_config(options.speculative_config, f"{prefix}speculative-config"),

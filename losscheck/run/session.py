@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from losscheck.core.precision import Precision
     from losscheck.core.target import HFTarget
     from losscheck.engines import BlackBoxEngine
-    from losscheck.engines.registry import EngineRequest
+    from losscheck.engines.registry import EngineSpec
     from losscheck.plan.cell import Cell
     from losscheck.plan.matrix import Declares
     from losscheck.run.plant import Plant
@@ -238,7 +238,7 @@ class Session:
         return check_engine(engine, f"{flag('engine')}={name!r}")
 
     @cached_property
-    def engine_variants(self) -> dict[tuple[str, int | str], EngineRequest]:
+    def engine_variants(self) -> dict[tuple[str, int | str], EngineSpec]:
         """(axis, value) -> the request of each variant of the named engine, along the axes its
         adapter declares (`losscheck.engines.registry.EngineAxis`); none for a factory's engine."""
         from losscheck.engines.named import ADAPTERS

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from losscheck.engines.pool import Policy
-from losscheck.engines.registry import AxisValue, EngineAxis, EngineRequest, arg_axis, option, register, rest, with_args
+from losscheck.engines.registry import AxisValue, EngineAxis, EngineSpec, arg_axis, option, register, rest, with_args
 from losscheck.engines.vllm.engine import VLLMEngine, vllm_engine
 from losscheck.engines.vllm.sampling import PRECISION_OF
 from losscheck.errors import OptionError
@@ -55,7 +55,7 @@ class VLLMOptions:
     llm: dict[str, Any] = rest("any other keyword argument of vllm.LLM")
 
 
-def needs_speculative_config(request: EngineRequest, engine: str) -> None:
+def needs_speculative_config(request: EngineSpec, engine: str) -> None:
     opt = request.prefix
     config = request.speculative_config
     if config is None:
@@ -80,8 +80,8 @@ def run_precision(target: Target, dtype: str | None) -> str:
     return dtype_precision(next(target.model.parameters()).dtype)  # type: ignore[attr-defined]
 
 
-def _builder(cpu_fixes: bool) -> Callable[[Target, EngineRequest, VLLMOptions], VLLMEngine]:
-    def build(target: Target, request: EngineRequest, options: VLLMOptions) -> VLLMEngine:
+def _builder(cpu_fixes: bool) -> Callable[[Target, EngineSpec, VLLMOptions], VLLMEngine]:
+    def build(target: Target, request: EngineSpec, options: VLLMOptions) -> VLLMEngine:
         assert request.speculative_config is not None
         precision = run_precision(target, options.dtype)
         eos = target.eos_id if target.eos_id is not None else 0
@@ -113,13 +113,13 @@ NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # d
 CHUNK_TOKENS = 16  # a step's token budget under chunked prefill: below most prompts, a few decodes
 
 
-def _vary_k(request: EngineRequest, k: AxisValue) -> EngineRequest | None:
+def _vary_k(request: EngineSpec, k: AxisValue) -> EngineSpec | None:
     config = request.speculative_config or {}
     varied = {**config, "num_speculative_tokens": k}
     return None if varied == config else replace(request, speculative_config=varied)
 
 
-def _vary_method(request: EngineRequest, method: AxisValue) -> EngineRequest | None:
+def _vary_method(request: EngineSpec, method: AxisValue) -> EngineSpec | None:
     """n-gram drafts from the context itself; EAGLE-3 from the checkpoint `losscheck_eagle3` names
     (none named: no such variant)."""
     config = request.speculative_config or {}
@@ -137,7 +137,7 @@ def eagle3_config(checkpoint: str, k: int) -> dict[str, Any]:
     return {"method": "eagle3", "model": str(checkpoint), "num_speculative_tokens": k}
 
 
-def _vary_split(request: EngineRequest, ranks: AxisValue) -> EngineRequest | None:
+def _vary_split(request: EngineSpec, ranks: AxisValue) -> EngineSpec | None:
     # the mp executor: one worker process per rank (vLLM's CPU build has no other; a GPU's default)
     return with_args(request, tensor_parallel_size=ranks, distributed_executor_backend="mp")
 

@@ -15,7 +15,7 @@ from losscheck import bundled
 from losscheck.engines import GenerationRequest
 from losscheck.engines.named import ADAPTERS
 from losscheck.engines.pool import Instances, Policy
-from losscheck.engines.registry import EngineAxis, EngineRequest, option, register
+from losscheck.engines.registry import EngineAxis, EngineSpec, option, register
 
 LIVE: list[str] = []  # the instances alive now, of every variant
 BUILDS: list[tuple[str, bool]] = []  # (engine name, side) of every build, in order
@@ -91,7 +91,7 @@ def quantize_rows(model, levels: int) -> None:
 
 
 def _set(key: str):
-    def vary(request: EngineRequest, value):
+    def vary(request: EngineSpec, value):
         args = {**request.args, key: value}
         return None if args == request.args else dataclasses.replace(request, args=args)
 

@@ -190,11 +190,11 @@ def test_a_tempered_assistant_drafts_from_logits_divided_by_its_factor():
     ],
 )
 def test_the_openvino_adapter_checks_its_options_before_loading_anything(request_args, message):
-    from losscheck.engines.named import ADAPTERS, EngineRequest
+    from losscheck.engines.named import ADAPTERS, EngineSpec
     from losscheck.errors import OptionError
 
     with pytest.raises(OptionError, match=re.escape(message)):
-        ADAPTERS["openvino"].check(EngineRequest(target="t", **request_args))
+        ADAPTERS["openvino"].check(EngineSpec(target="t", **request_args))
 
 
 def test_an_old_signature_engine_is_wrapped_with_a_warning_naming_the_new_form():

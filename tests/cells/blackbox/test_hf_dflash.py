@@ -66,11 +66,11 @@ def test_the_planted_generator_hands_the_verifier_raw_logits_where_the_honest_on
 
 def test_engine_hf_with_a_dflash_assistant_runs_transformers_dflash_generator(target):
     from losscheck.engines.named import ADAPTERS
-    from losscheck.engines.registry import EngineRequest
+    from losscheck.engines.registry import EngineSpec
 
-    given = EngineRequest(str(bundled.target_path()), assistant=str(DFLASH))
+    given = EngineSpec(str(bundled.target_path()), assistant=str(DFLASH))
     engine = ADAPTERS["hf"].build(target, given)
     assert engine.speculation == "dflash" and engine.k == 8 and engine.draft_model() is None
     assert engine.name.startswith("hf-dflash[dflash]")
     with pytest.raises(OptionError, match="block_size - 1 = 8"):
-        ADAPTERS["hf"].build(target, EngineRequest(given.target, str(DFLASH), args={"num_assistant_tokens": 4}))
+        ADAPTERS["hf"].build(target, EngineSpec(given.target, str(DFLASH), args={"num_assistant_tokens": 4}))

@@ -89,14 +89,14 @@ def test_a_target_without_mtp_layers_is_a_clear_error(target):
 
 def test_use_mtp_is_an_engine_arg_of_hf_without_an_assistant(mtp_target, target):
     from losscheck.engines.named import ADAPTERS
-    from losscheck.engines.registry import EngineRequest
+    from losscheck.engines.registry import EngineSpec
 
-    engine = ADAPTERS["hf"].build(mtp_target, EngineRequest(str(MTP_TARGET), args={"use_mtp": True}))
+    engine = ADAPTERS["hf"].build(mtp_target, EngineSpec(str(MTP_TARGET), args={"use_mtp": True}))
     assert engine.speculation == "mtp" and engine.k == 1 and engine.assistant is None
     with pytest.raises(OptionError, match="no MTP layers"):
-        ADAPTERS["hf"].build(target, EngineRequest(str(bundled.target_path()), args={"use_mtp": True}))
+        ADAPTERS["hf"].build(target, EngineSpec(str(bundled.target_path()), args={"use_mtp": True}))
     with pytest.raises(OptionError, match="leave --losscheck-assistant out"):
-        ADAPTERS["hf"].inputs(EngineRequest(str(MTP_TARGET), assistant="x", args={"use_mtp": True}), "hf")
+        ADAPTERS["hf"].inputs(EngineSpec(str(MTP_TARGET), assistant="x", args={"use_mtp": True}), "hf")
 
 
 @pytest.mark.usefixtures("one_thread")

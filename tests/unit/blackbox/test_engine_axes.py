@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from losscheck.engines.registry import Adapter, EngineAxis, EngineRequest, option, register
+from losscheck.engines.registry import Adapter, EngineAxis, EngineSpec, option, register
 from losscheck.errors import LosscheckError, OptionError
 from losscheck.plan import matrix
 from losscheck.plan.cell import ENGINE, OWN_TARGET
@@ -22,7 +22,7 @@ class Knobs:
 
 
 def _set(key: str):
-    def vary(request: EngineRequest, value):
+    def vary(request: EngineSpec, value):
         return None if request.args.get(key) == value else replace(request, args={**request.args, key: value})
 
     return vary
@@ -40,7 +40,7 @@ class Engine:
 
 
 def test_an_adapter_derives_one_variant_per_axis_value_the_request_does_not_have():
-    request = EngineRequest("target", args={"k": 4})
+    request = EngineSpec("target", args={"k": 4})
     found = [(name, value, varied.args) for name, value, varied in ADAPTER.variants(request)]
     assert found == [("k", 2, {"k": 2}), ("cache", "warm", {"k": 4, "cache": "warm"})]
 
@@ -48,7 +48,7 @@ def test_an_adapter_derives_one_variant_per_axis_value_the_request_does_not_have
 def test_a_variant_the_adapter_cannot_parse_is_refused_before_any_model_loads():
     bad = replace(ADAPTER, axes=(EngineAxis("cache", ("hot",), _set("cache"), "cache"),))
     with pytest.raises(OptionError, match="cache='hot': need one of"):
-        bad.variants(EngineRequest("target"))
+        bad.variants(EngineSpec("target"))
 
 
 def test_register_refuses_two_axes_of_one_name():
@@ -95,17 +95,17 @@ def test_a_quantization_variant_of_a_one_sample_engine_is_two_sample():
 def test_the_llamacpp_adapter_declares_a_block_length_and_a_q8_0_target():
     from losscheck.engines.named import ADAPTERS
 
-    request = EngineRequest("target", assistant="drafter")
+    request = EngineSpec("target", assistant="drafter")
     found = {(name, value): varied.args for name, value, varied in ADAPTERS["llamacpp"].variants(request)}
     assert found == {("k", 2): {"n_draft": 2}, ("quantization", "q8_0"): {"target_weights": "q8_0"}}
     with pytest.raises(OptionError, match="target_weights='q4_k'"):
-        ADAPTERS["llamacpp"].parse(EngineRequest("target", assistant="drafter", args={"target_weights": "q4_k"}))
+        ADAPTERS["llamacpp"].parse(EngineSpec("target", assistant="drafter", args={"target_weights": "q4_k"}))
 
 
 def test_the_openvino_adapter_declares_a_block_length_and_an_int8_target():
     from losscheck.engines.named import ADAPTERS
 
-    request = EngineRequest("target", assistant="drafter")
+    request = EngineSpec("target", assistant="drafter")
     found = {(name, value): varied.args for name, value, varied in ADAPTERS["openvino"].variants(request)}
     assert found == {("k", 2): {"num_assistant_tokens": 2}, ("quantization", "int8"): {"target_weights": "int8"}}
 
@@ -133,7 +133,7 @@ def test_the_vllm_adapter_declares_its_axes_as_variants_of_the_request():
     from losscheck.engines.named import ADAPTERS
 
     spec = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 4}
-    request = EngineRequest("target", speculative_config=spec, args={"max_model_len": 256})
+    request = EngineSpec("target", speculative_config=spec, args={"max_model_len": 256})
     found = {(name, value): varied for name, value, varied in ADAPTERS["vllm"].variants(request)}
     assert list(found) == [
         ("k", 2),

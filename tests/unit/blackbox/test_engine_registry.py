@@ -17,7 +17,7 @@ import pytest
 
 from losscheck.engines.pool import Policy
 from losscheck.engines.registry import (
-    EngineRequest,
+    EngineSpec,
     engine_args,
     needs_assistant,
     option,
@@ -53,7 +53,7 @@ def toy():
     """The adapter "toy", registered for one test: its build returns what it was given."""
     from losscheck.engines.named import ADAPTERS
 
-    def build(target: Any, request: EngineRequest, options: ToyOptions) -> Any:
+    def build(target: Any, request: EngineSpec, options: ToyOptions) -> Any:
         return SimpleNamespace(target=target, request=request, options=options)
 
     adapter = register("toy", "a toy engine", options=ToyOptions, inputs=lambda request, name: None, build=build)
@@ -61,8 +61,8 @@ def toy():
     del ADAPTERS["toy"]
 
 
-def toy_request(*pairs: str) -> EngineRequest:
-    return EngineRequest(target="t", args=engine_args(pairs))
+def toy_request(*pairs: str) -> EngineSpec:
+    return EngineSpec(target="t", args=engine_args(pairs))
 
 
 def test_a_registered_adapter_is_listed_and_gets_its_typed_options(toy):
@@ -194,7 +194,7 @@ CONFIG = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
 def test_each_shipped_adapter_reads_todays_engine_args(name, request_args, pairs, expected):
     from losscheck.engines.named import ADAPTERS
 
-    assert repr(ADAPTERS[name].parse(EngineRequest(target="t", args=engine_args(pairs), **request_args))) == expected
+    assert repr(ADAPTERS[name].parse(EngineSpec(target="t", args=engine_args(pairs), **request_args))) == expected
 
 
 @pytest.mark.parametrize(
@@ -230,7 +230,7 @@ def test_each_shipped_adapter_refuses_a_bad_option_by_name(name, request_args, m
     from losscheck.engines.named import ADAPTERS
 
     with pytest.raises(OptionError, match=re.escape(message)):
-        ADAPTERS[name].check(EngineRequest(target="t", **request_args))
+        ADAPTERS[name].check(EngineSpec(target="t", **request_args))
 
 
 @pytest.mark.parametrize(
@@ -288,7 +288,7 @@ def test_each_shipped_adapter_builds_the_engine_it_built(
     monkeypatch.setattr(module, function, fake)
     model_option = {"speculative_config": CONFIG} if name.startswith("vllm") else {"assistant": "dir/d"}
     engine = ADAPTERS[name].build(
-        SimpleNamespace(eos_id=2, vocab_size=64), EngineRequest("t", args=engine_args(pairs), **model_option)
+        SimpleNamespace(eos_id=2, vocab_size=64), EngineSpec("t", args=engine_args(pairs), **model_option)
     )
     assert calls == [(expected_args, expected_kwargs)]
     assert expected_name is None or engine.name == expected_name
@@ -300,12 +300,12 @@ def test_listing_and_checking_the_adapters_imports_no_engine_library_nor_torch()
     code = (
         "import sys\n"
         "import losscheck.engines.llamacpp\n"
-        "from losscheck.engines.named import ADAPTERS, EngineRequest\n"
+        "from losscheck.engines.named import ADAPTERS, EngineSpec\n"
         "config = {'method': 'ngram', 'num_speculative_tokens': 4}\n"
-        "ADAPTERS['vllm'].check(EngineRequest('t', speculative_config=config, args={'dtype': 'bf16'}))\n"
-        "ADAPTERS['openvino'].check(EngineRequest('t', assistant='d', args={'enable_prefix_caching': False}))\n"
-        "ADAPTERS['llamacpp'].check(EngineRequest('t', assistant='d', args={'n_draft': 2}))\n"
-        "ADAPTERS['hf'].check(EngineRequest('t', assistant='d'))\n"
+        "ADAPTERS['vllm'].check(EngineSpec('t', speculative_config=config, args={'dtype': 'bf16'}))\n"
+        "ADAPTERS['openvino'].check(EngineSpec('t', assistant='d', args={'enable_prefix_caching': False}))\n"
+        "ADAPTERS['llamacpp'].check(EngineSpec('t', assistant='d', args={'n_draft': 2}))\n"
+        "ADAPTERS['hf'].check(EngineSpec('t', assistant='d'))\n"
         "heavy = ('torch', 'numpy', 'transformers', 'vllm', 'openvino', 'openvino_genai', 'llama_cpp')\n"
         "print(list(ADAPTERS), [m for m in heavy if m in sys.modules])\n"
     )
@@ -313,3 +313,13 @@ def test_listing_and_checking_the_adapters_imports_no_engine_library_nor_torch()
     assert (
         out.strip() == "['hf', 'vllm', 'vllm+cpu-fixes', 'vllm-serve', 'openvino', 'llamacpp', 'openai', 'sglang'] []"
     )
+
+
+def test_the_old_name_of_an_engine_spec_imports_with_a_warning():
+    from losscheck.engines import registry
+
+    with pytest.warns(DeprecationWarning, match="it is EngineSpec"):
+        old = registry.EngineRequest
+    assert old is registry.EngineSpec
+    with pytest.raises(AttributeError, match="no attribute 'EngineRequests'"):
+        registry.EngineRequests  # noqa: B018

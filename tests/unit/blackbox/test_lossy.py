@@ -173,9 +173,9 @@ def test_the_hf_engine_verifies_with_the_weight_it_was_given():
 
     from losscheck.core.sampling import SamplingParams
     from losscheck.engines.hf import HFAssistedEngine, HFOptions
-    from losscheck.engines.registry import EngineRequest
+    from losscheck.engines.registry import EngineSpec
 
-    options = ADAPTERS["hf"].parse(EngineRequest("t", ASSISTANT, args={"assistant_ensemble_weight": 0.25}))
+    options = ADAPTERS["hf"].parse(EngineSpec("t", ASSISTANT, args={"assistant_ensemble_weight": 0.25}))
     assert options == HFOptions(assistant_ensemble_weight=0.25)
     from transformers import GenerationConfig
 

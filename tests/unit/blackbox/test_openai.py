@@ -13,7 +13,7 @@ import torch
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.named import ADAPTERS
 from losscheck.engines.openai_api import OpenAIEngine, ServerLacks, Side
-from losscheck.engines.registry import EngineRequest
+from losscheck.engines.registry import EngineSpec
 from losscheck.engines.request import GenerationRequest
 from losscheck.errors import CellUnavailable, OptionError
 from losscheck.selftest.fake_openai import Behaviour, FakeOpenAI, ToyChain
@@ -23,8 +23,8 @@ TARGET = SimpleNamespace(eos_id=EOS, vocab_size=VOCAB)  # what the adapter reads
 SAMPLED = SamplingParams(temperature=1.0)
 
 
-def request(spec: str, plain: str, **args: object) -> EngineRequest:
-    return EngineRequest(target="unused", args={"base_url": spec, "plain_base_url": plain, "k": 4, **args})
+def request(spec: str, plain: str, **args: object) -> EngineSpec:
+    return EngineSpec(target="unused", args={"base_url": spec, "plain_base_url": plain, "k": 4, **args})
 
 
 def build(spec: FakeOpenAI, plain: FakeOpenAI) -> OpenAIEngine:
@@ -117,7 +117,7 @@ def test_missing_or_bad_options_are_named(args, message):
         args = {"base_url": spec.url, "plain_base_url": plain.url, "k": 4, **args}
         given = {k: v for k, v in args.items() if v is not None}
         with pytest.raises(OptionError, match=message.replace("[", r"\[").replace("]", r"\]")):
-            ADAPTERS["openai"].check(EngineRequest(target="unused", args=given))
+            ADAPTERS["openai"].check(EngineSpec(target="unused", args=given))
 
 
 class LetterTokenizer:

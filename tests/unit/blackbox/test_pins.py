@@ -9,7 +9,7 @@ import hashlib
 import importlib.metadata
 
 from losscheck.engines.pins import draft_model, engine_pins, package_versions
-from losscheck.engines.registry import EngineRequest
+from losscheck.engines.registry import EngineSpec
 from losscheck.hashing import content_hash, model_sha256
 from losscheck.report.manifest import nvidia_driver
 
@@ -30,10 +30,10 @@ def test_a_draft_model_is_pinned_by_its_content_whatever_its_form(tmp_path):
     assert model_sha256(hf) == content_hash(hf)
     assert model_sha256(gguf) == hashlib.sha256(b"draft.gguf" + b"GGUF").hexdigest()
     assert model_sha256(tmp_path / "org/model-on-a-hub") is None
-    request = EngineRequest(target="t", speculative_config={"method": "draft_model", "model": str(gguf)})
+    request = EngineSpec(target="t", speculative_config={"method": "draft_model", "model": str(gguf)})
     assert draft_model(request) == {"path": str(gguf), "sha256": model_sha256(gguf)}
-    assert draft_model(EngineRequest(target="t", assistant=str(hf)))["sha256"] == content_hash(hf)  # type: ignore[index]
-    assert draft_model(EngineRequest(target="t", speculative_config={"method": "ngram"})) is None
+    assert draft_model(EngineSpec(target="t", assistant=str(hf)))["sha256"] == content_hash(hf)  # type: ignore[index]
+    assert draft_model(EngineSpec(target="t", speculative_config={"method": "ngram"})) is None
 
 
 class Policy(enum.Enum):
@@ -48,7 +48,7 @@ class Options:
 
 def test_the_options_and_the_speculative_config_are_pinned_as_json():
     config = {"method": "ngram", "num_speculative_tokens": 4}
-    pins = engine_pins("transformers", EngineRequest(target="t", speculative_config=config), Options())
+    pins = engine_pins("transformers", EngineSpec(target="t", speculative_config=config), Options())
     assert pins["options"] == {"seed": 0, "policy": "keep-all", "speculative_config": config}
     assert "draft_model" not in pins and pins["package"] == package_versions("transformers")
 
