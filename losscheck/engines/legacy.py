@@ -1,6 +1,6 @@
 """The old engine contract, `generate(prompts, n, params, seed, max_new_tokens, speculative)`, behind
-the current one (`LegacyEngine`; `losscheck.engines.checks.check_engine` wraps such an engine with a
-DeprecationWarning, CHANGELOG.md, Deprecated).
+the current one (`LegacyEngine`): `losscheck.engines.checks.check_engine` wraps such an engine and
+warns (docs/deprecations.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-import subprocess
 import sys
 from importlib.metadata import version
 
@@ -16,21 +15,11 @@ import losscheck
 from losscheck.cli import main
 from tests.support import ROOT
 
-ALIAS, MOVED = ROOT / "losscheck" / "certify", ROOT / "losscheck" / "plugin" / "certify"
-
 
 def fresh_import(name: str):
     """Import `name` anew (its top-level code, the warning, runs again)."""
     sys.modules.pop(name, None)
     return importlib.import_module(name)
-
-
-def test_the_old_sampling_path_warns_and_gives_the_same_functions():
-    from losscheck.core import sampling
-
-    with pytest.warns(DeprecationWarning, match=r"losscheck\.core\.sampling.*from losscheck"):
-        old = fresh_import("losscheck.sampling")
-    assert old.process_logits is sampling.process_logits and old.SamplingParams is sampling.SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -71,48 +60,10 @@ def test_version_comes_from_the_installed_metadata(capsys):
     )
 
 
-def test_the_old_certify_package_mirrors_every_test_module_and_warns():
-    modules = sorted(p.name for p in MOVED.glob("test_*.py"))
-    assert sorted(p.name for p in ALIAS.glob("test_*.py")) == modules, "add an alias module to losscheck/certify/"
-    with pytest.warns(DeprecationWarning, match=r"losscheck\.plugin\.certify"):
-        fresh_import("losscheck.certify")
-    for name in modules:
-        stem = name.removesuffix(".py")
-        new = importlib.import_module(f"losscheck.plugin.certify.{stem}")
-        with pytest.warns(DeprecationWarning):  # the package's warning, imported anew with each module
-            sys.modules.pop("losscheck.certify", None)
-            old = fresh_import(f"losscheck.certify.{stem}")
-        tests = {n for n in vars(new) if n.startswith("test_")}
-        assert tests and {n: getattr(old, n) for n in tests} == {n: getattr(new, n) for n in tests}, stem
-        assert getattr(old, "pytestmark", None) == getattr(new, "pytestmark", None), stem
-
-
-def test_plain_pytest_does_not_collect_the_alias():
-    """The certification tests are collected once, from their new path (a testpath holding the
-    alias would collect each cell twice)."""
+def test_plain_pytest_collects_the_certification_tests_from_their_path():
     line = re.search(r"^testpaths = (\[.*\])$", (ROOT / "pyproject.toml").read_text(), re.M)
     assert line, "pyproject.toml sets no testpaths"
-    testpaths = ast.literal_eval(line[1])
-    assert "losscheck/plugin/certify" in testpaths
-    assert not [p for p in testpaths if ALIAS.is_relative_to(ROOT / p)], testpaths
-
-
-@pytest.mark.e2e
-def test_pyargs_of_the_old_path_collects_the_planned_cells_with_a_warning(tmp_path):
-    """`--pyargs losscheck.certify` collects every cell of the plan, as the new path does
-    (tests/e2e/test_plan_weight_free.py), and warns where the tests moved."""
-    from losscheck.run.options import Options
-    from losscheck.run.session import Session
-
-    args = [sys.executable, "-m", "pytest", "--pyargs", "losscheck.certify", "--collect-only", "-q", "-m", "lossless"]
-    done = subprocess.run(
-        [*args, "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    collected = {m.group(1) for line in done.stdout.splitlines() if (m := re.search(r"\[(.+)\]$", line))}
-    planned = {c.id for cells in Session(Options(), skeleton=True).plan.values() for c in cells}
-    assert planned and planned <= collected, sorted(planned - collected)[:5]
-    assert "DeprecationWarning: losscheck.certify moved to losscheck.plugin.certify" in done.stdout
+    assert "losscheck/plugin/certify" in ast.literal_eval(line[1])
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ PACKAGE = ROOT / "losscheck"
 # outside production: only the entry points (the CLI, the certification tests) may import them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "definitions", "bundled", "progress", "jsonrecord", "acceptance", "hashing", "stats"),
-    ("core", "sampling"),  # sampling: the deprecated alias of core.sampling
+    ("core",),
     ("drafters", "engines", "verifiers"),
     ("serving",),
     ("plan",),
@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cells",),
     ("report",),
     ("selftest", "perf"),
-    ("plugin", "cli", "certify"),  # certify: the deprecated alias of plugin.certify
+    ("plugin", "cli"),
 )
 ROOT_MODULE = "losscheck"  # the package's __init__: the public contract's lazy re-exports
 

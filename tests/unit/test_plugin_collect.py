@@ -50,7 +50,6 @@ def test_a_run_naming_nothing_keeps_its_paths(pytester):
     [
         ["--pyargs", "losscheck.plugin.certify"],  # CI's form
         ["--pyargs", "losscheck.plugin.certify.test_greedy::test_greedy_equals_baseline"],  # a part of it, chosen
-        ["--pyargs", "losscheck.certify"],  # the deprecated alias
         [str(MATRIX / "test_sampling.py")],
         [str(ROOT)],  # a directory pytest recurses into down to the matrix (this repository)
     ],
