@@ -3,8 +3,8 @@
 A user who names what to certify (`--losscheck-target`, `--losscheck-drafter` or
 `--losscheck-engine`, on the command line or in the ini file's `addopts`) and runs plain
 `pytest -m lossless` in their own repository gets the matrix: its test modules join the run's
-paths, unless those paths already reach them (`--pyargs losscheck.plugin.certify`, the deprecated
-`losscheck.certify`, a path inside the losscheck package, or a directory pytest recurses into that
+paths, unless those paths already reach them (`--pyargs losscheck.plugin.certify`, a path inside
+the losscheck package, or a directory pytest recurses into that
 holds it), so nothing is collected twice. A run naming none of them is left as it is.
 """
 
