@@ -10,6 +10,8 @@ import argparse
 import pytest
 
 from losscheck.cli.command import Command, from_pytest
+from losscheck.errors import OptionError
+from losscheck.plan.arrivals import open_loop
 from losscheck.run.loading import check_options
 from losscheck.run.options import add_options, dest, from_parsed, pytest_args
 
@@ -41,12 +43,34 @@ PERF_OPTIONS = (
 def add_arguments(perf: argparse.ArgumentParser) -> None:
     add_options(perf.add_argument, "--", PERF_OPTIONS)
     perf.set_defaults(**{dest("out"): "reports"})
+    vllm = perf.add_argument_group("as vllm bench serve names them (an engine perf run's arrivals)")
+    vllm.add_argument(
+        "--request-rate",
+        type=float,
+        metavar="RATE",
+        help="requests per second of an open loop: --perf-arrivals poisson:RATE, or gamma:RATE@B with --burstiness",
+    )
+    vllm.add_argument(
+        "--burstiness",
+        type=float,
+        metavar="B",
+        help="with --request-rate: the gaps' gamma shape (1, the default: Poisson; below 1 burstier)",
+    )
 
 
 def perf_args(ns: argparse.Namespace) -> list[str]:
-    """The pytest command line that `losscheck perf` runs."""
+    """The pytest command line that `losscheck perf` runs; `--request-rate` and `--burstiness`
+    become the arrival process they name (`--perf-arrivals`)."""
     args = ["--pyargs", "losscheck.plugin.certify", "-m", "perf", "-p", "no:cacheprovider", "-q", "-rfEs"]
-    return args + pytest_args({name: getattr(ns, dest(name)) for name in PERF_OPTIONS})
+    values = {name: getattr(ns, dest(name)) for name in PERF_OPTIONS}
+    rate, burstiness = getattr(ns, "request_rate", None), getattr(ns, "burstiness", None)
+    if burstiness is not None and rate is None:
+        raise OptionError("--burstiness shapes the gaps of --request-rate RATE; give the rate too")
+    if rate is not None:
+        if values["perf-arrivals"] not in (None, "closed"):  # the default: the closed loop --request-rate replaces
+            raise OptionError("--request-rate names the arrival process; leave out --perf-arrivals, or use it alone")
+        values["perf-arrivals"] = open_loop(rate, 1.0 if burstiness is None else burstiness).label
+    return args + pytest_args(values)
 
 
 def run(ns: argparse.Namespace) -> int:

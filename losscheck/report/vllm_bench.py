@@ -10,7 +10,8 @@ latency percentiles of every run's requests pooled, the counts and durations the
 where a vLLM result is one run; a record written before the mean and standard deviation were kept
 has no `mean_*_ms` or `std_*_ms`, and they are left out rather than guessed; a burst arrival
 process (`burst:SIZE@SEC`) has no `burstiness` in vLLM's gamma sense (null), its `request_rate`
-the mean, SIZE / SEC.
+the mean, SIZE / SEC; `gamma:RATE@B` and `poisson:RATE` are vLLM's `--request-rate RATE
+--burstiness B` (B = 1 for Poisson).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def rung_result(doc: EnginePerfFile, rung: EngineRung, speculative: bool) -> dic
     """One rung's side (`speculative`: on, else off) as a `vllm bench serve` result."""
     side = rung.on if speculative else rung.off
     arrivals = parse_arrivals(rung.arrivals)[0]
-    rate = {"closed": math.inf, "poisson": arrivals.rate}.get(
-        arrivals.kind, arrivals.size / max(arrivals.period, 1e-300)
+    rate = {"closed": math.inf, "poisson": arrivals.rate, "gamma": arrivals.rate}.get(
+        arrivals.kind, arrivals.size / arrivals.period if arrivals.period > 0 else math.inf
     )
     duration = _mean([tokens / tps for tokens, tps in zip(side.output_tokens, side.throughput_tok_s) if tps > 0])
     output_tokens = _mean(side.output_tokens)
@@ -46,7 +47,7 @@ def rung_result(doc: EnginePerfFile, rung: EngineRung, speculative: bool) -> dic
         "model_id": str(doc.target.get("name")),
         "num_prompts": rung.requests,
         "request_rate": rate,
-        "burstiness": None if arrivals.kind == "burst" else 1.0,
+        "burstiness": None if arrivals.kind == "burst" else arrivals.burstiness,
         "max_concurrency": rung.concurrency,
         "completed": rung.requests,
         "duration": duration,

@@ -344,7 +344,8 @@ SPECS: dict[str, OptionSpec] = {
         "type": _checked(parse_arrivals),
         "default": "closed",
         "help": "with --losscheck-engine: how requests arrive, any of closed, poisson:RATE (requests/s), "
-        "burst:SIZE@SECONDS, comma-separated; each is timed over the ladder (default: %(default)s)",
+        "gamma:RATE@BURSTINESS (vllm bench serve's --request-rate and --burstiness), burst:SIZE@SECONDS, "
+        "comma-separated; each is timed over the ladder (default: %(default)s)",
     },
     "perf-k": {
         "metavar": "LIST",

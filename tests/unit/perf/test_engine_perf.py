@@ -23,13 +23,23 @@ T1 = SamplingParams()
 
 
 def test_arrivals_parse_and_name_themselves():
-    found = parse_arrivals("closed, poisson:4,burst:8@2.5")
-    assert found == (CLOSED, Arrivals("poisson", rate=4.0), Arrivals("burst", size=8, period=2.5))
-    assert [a.label for a in found] == ["closed", "poisson:4", "burst:8@2.5"]
+    found = parse_arrivals("closed, poisson:4,burst:8@2.5,gamma:4@0.5,gamma:3@1")
+    gamma = Arrivals("gamma", rate=4.0, burstiness=0.5)
+    assert found == (
+        CLOSED,
+        Arrivals("poisson", rate=4.0),
+        Arrivals("burst", size=8, period=2.5),
+        gamma,
+        Arrivals("poisson", rate=3.0),
+    )
+    assert [a.label for a in found] == ["closed", "poisson:4", "burst:8@2.5", "gamma:4@0.5", "poisson:3"]
     assert parse_concurrency("16,1,4,4") == (1, 4, 16)
 
 
-@pytest.mark.parametrize("text", ["", "open", "poisson", "poisson:0", "poisson:x", "burst:0@1", "burst:4", "closed:2"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "open", "poisson", "poisson:0", "poisson:x", "burst:0@1", "burst:4", "closed:2", "gamma:4", "gamma:4@0"],
+)
 def test_a_bad_arrival_process_is_named(text):
     with pytest.raises(OptionError, match="perf-arrivals"):
         parse_arrivals(text)
@@ -49,6 +59,25 @@ def test_arrival_times():
     # mean gap 1/50 s: 4,000 exponential gaps put the mean within 5% (sd of the mean 1.6%)
     assert times[-1] / 4000 == pytest.approx(1 / 50, rel=0.05)
     assert times == Arrivals("poisson", rate=50.0).times(4000, np.random.default_rng(1))
+    # gamma gaps of shape 0.25 (vLLM's burstiness): the same mean gap, a coefficient of variation of
+    # 1/sqrt(0.25) = 2 against the exponential's 1; 4,000 gaps put each within 10%
+    gaps = np.diff([0.0, *Arrivals("gamma", rate=50.0, burstiness=0.25).times(4000, np.random.default_rng(2))])
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.1) and gaps.std() / gaps.mean() == pytest.approx(2.0, rel=0.1)
+
+
+def test_vllm_bench_flags_name_the_arrival_process():
+    from losscheck import cli
+    from losscheck.cli.perf import perf_args
+
+    def arrivals(*argv: str) -> str:
+        args = perf_args(cli.parser().parse_args(["perf", *argv]))
+        return next(a for a in args if a.startswith("--losscheck-perf-arrivals="))
+
+    assert arrivals("--request-rate", "4") == "--losscheck-perf-arrivals=poisson:4"
+    assert arrivals("--request-rate", "4", "--burstiness", "0.5") == "--losscheck-perf-arrivals=gamma:4@0.5"
+    assert cli.main(["perf", "--burstiness", "0.5"]) == cli.EXIT_USAGE
+    assert cli.main(["perf", "--request-rate", "4", "--perf-arrivals", "burst:8@2"]) == cli.EXIT_USAGE
+    assert cli.main(["perf", "--request-rate", "0"]) == cli.EXIT_USAGE
 
 
 class ScriptedStream:
@@ -244,6 +273,10 @@ def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
     assert {
         f"{s}_{m}_ms" for s in ("mean", "median", "std", "p95", "p99") for m in ("ttft", "tpot", "itl", "e2el")
     } <= set(on)
+    import dataclasses
+
+    bursty = vllm_bench.rung_result(doc, dataclasses.replace(rung, arrivals="gamma:4@0.5"), speculative=True)
+    assert bursty["request_rate"] == 4.0 and bursty["burstiness"] == 0.5
     assert on["output_throughput"] == pytest.approx(sum(rung.on.throughput_tok_s) / 2)
     assert on["request_throughput"] == pytest.approx(4 / on["duration"])
     write_report(doc, tmp_path / "run")
