@@ -280,6 +280,13 @@ def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
     assert on["output_throughput"] == pytest.approx(sum(rung.on.throughput_tok_s) / 2)
     assert on["request_throughput"] == pytest.approx(4 / on["duration"])
     write_report(doc, tmp_path / "run")
+    from jsonschema import Draft202012Validator
+
+    from losscheck.report import schema
+
+    Draft202012Validator(schema.published("engine-perf.schema.json")).validate(
+        json.loads((tmp_path / "run" / "perf.json").read_text())
+    )
     assert cli.main(["export-perf", str(tmp_path / "run")]) == 0
     files = sorted(p.name for p in (tmp_path / "run" / "vllm-bench").iterdir())
     assert files == ["ladder-poisson4-c2-k4-off.json", "ladder-poisson4-c2-k4-on.json"]

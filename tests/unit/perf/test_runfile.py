@@ -48,6 +48,11 @@ def test_load_round_trips_and_refuses_what_it_cannot_read(tmp_path):
     path = tmp_path / "run" / "perf.json"
     perf_run.save(run_file(2.0, 4.0), path)
     assert perf_run.load(path) == run_file(2.0, 4.0)
+    from jsonschema import Draft202012Validator
+
+    from losscheck.report import schema
+
+    Draft202012Validator(schema.published("perf.schema.json")).validate(json.loads(path.read_text()))
     with pytest.raises(OptionError, match="no such file"):
         perf_run.load(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{")

@@ -45,6 +45,15 @@ def test_every_verdict_as_written_follows_the_schema(tmp_path, manifests, record
     assert_valid_certificate(written(build(manifests, records, status, interrupted), tmp_path))
 
 
+@pytest.mark.parametrize("name", ["certificate.schema.json", "perf.schema.json", "engine-perf.schema.json"])
+def test_each_published_schema_is_valid_and_the_one_its_records_generate(name):
+    from losscheck.report import schema
+
+    Draft202012Validator.check_schema(schema.published(name))
+    assert set(schema.PUBLISHED) == {"certificate.schema.json", "perf.schema.json", "engine-perf.schema.json"}
+    assert schema.published(name) == schema.generated(name), "run `python -m losscheck.report.schema` and commit"
+
+
 def test_the_published_schema_is_the_one_generated_from_the_record():
     """The record's definitions in certificate.schema.json are `CellRecord`'s, as
     `python -m losscheck.report.schema` writes them."""
