@@ -104,3 +104,20 @@ def test_engine_k_sweep(engine_perf_run, block_length: int | None) -> None:
     if block_length is None:
         pytest.skip("no k sweep asked (--losscheck-perf-k=2,4,...)")
     _check(engine_perf_run, "ladder", CLOSED, min(engine_perf_run.concurrency), block_length)
+
+
+def test_engine_compare_saved_run(engine_perf_run) -> None:
+    """`--losscheck-perf-compare=RUN` with an engine: no rung's speedup or τ below the saved engine
+    run's by more than the thresholds of `--losscheck-perf-compare-fail` (after every rung above)."""
+    from losscheck.report import engine_perf_run as saved_runs
+    from losscheck.report.perf_run import parse_thresholds
+
+    options = engine_perf_run.session.options
+    if options.perf_compare is None:
+        pytest.skip("no saved engine run to compare with (--losscheck-perf-compare=RUN)")
+    saved = saved_runs.load(options.perf_compare)
+    found = saved_runs.compare(engine_perf_run.document(), saved, parse_thresholds(options.perf_compare_fail))
+    if not found:
+        pytest.fail(f"{options.perf_compare} shares no rung with this run; nothing to compare", pytrace=False)
+    failed = [c.line() for c in found if c.failed]
+    assert not failed, f"regressed against {options.perf_compare}:\n  " + "\n  ".join(failed)

@@ -16,10 +16,38 @@ from losscheck import bundled
 pytestmark = pytest.mark.e2e  # starts a process
 
 
+def saved_run(path):
+    """A saved engine run sharing the ladder's first rung (closed, c1, k4) at a speedup and τ of
+    0.01, which no run falls below: the compare runs and passes."""
+    import dataclasses
+
+    import torch
+
+    from losscheck.perf.engine_suite import _record
+    from losscheck.plan.arrivals import CLOSED
+    from losscheck.plan.perf_profiles import ENGINE_SIZES
+    from losscheck.report.engine_perf import write_report
+    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
+    from losscheck.report.manifest import environment
+    from tests.unit.perf.test_engine_perf import T1, ScriptedStream, _requests, drive
+
+    requests = _requests(4)
+    runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 1, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
+    rung = _record("ladder", CLOSED, 1, 4, requests, runs, paired=True)
+    rung = dataclasses.replace(rung, speedup=dataclasses.replace(rung.speedup, ratio=0.01), tau=0.01)
+    doc = EnginePerfFile(
+        schema=SCHEMA, created="2026-12-06T00:00:00+00:00", statement="", environment=environment(torch.device("cpu")),
+        engine={"name": "hf", "k": 4}, target={"name": "target"}, streamed=True, counters_source="scripted",
+        profile="quick", sizes=ENGINE_SIZES["quick"], params=T1.label(), seed=1, rungs=(rung,),
+    )  # fmt: skip
+    return write_report(doc, path)[0]
+
+
 def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
     command = [sys.executable, "-m", "losscheck.cli", "perf", "--engine", "hf"]
     command += ["--assistant", str(bundled.fixtures_dir() / "drafter_a"), "--perf-concurrency", "1,4"]
     command += ["--perf-k", "2,4"]  # a k sweep: the engine's own 4 and 2
+    command += ["--perf-compare", str(saved_run(tmp_path / "saved"))]  # compared rung by rung (not skipped)
     command += ["--out", str(tmp_path)]
     # tiny models: a second thread only contends (timing not asserted); the run is no xdist worker
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"} | {"OMP_NUM_THREADS": "1"}
@@ -27,6 +55,7 @@ def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     # assisted generation runs one request at a time: concurrency 4 is skipped, saying so
     assert "runs one request at a time: timed at concurrency 1 only" in done.stdout
+    assert "no saved engine run to compare with" not in done.stdout  # the compare ran, and passed
     doc = json.loads((tmp_path / "perf-engine" / "perf.json").read_text())
     assert doc["schema"] == "losscheck.engine-perf/1" and doc["engine"]["k"] == 4
     assert doc["engine"]["draft_model"]["path"] == "bundled:drafter_a" and "transformers" in doc["engine"]["package"]

@@ -297,3 +297,45 @@ def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
     assert cli.main(["export-perf", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "not an engine perf run" in err and "no engine perf run at" in err
+
+
+def test_a_saved_engine_run_is_compared_rung_by_rung(tmp_path):
+    """`--losscheck-perf-compare` with an engine: the same rung (workload, arrivals, concurrency,
+    k) against each threshold; a speedup fallen past its limit fails; what is not an engine run
+    is refused by name."""
+    import dataclasses
+    import json
+
+    from losscheck.perf.engine_suite import _record
+    from losscheck.plan.perf_profiles import ENGINE_SIZES
+    from losscheck.report import engine_perf_run
+    from losscheck.report.engine_perf import write_report
+    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
+    from losscheck.report.manifest import environment
+    from losscheck.report.perf_run import parse_thresholds
+
+    requests = _requests(4)
+    runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
+    rung = _record("ladder", CLOSED, 2, 4, requests, runs, paired=True)
+    doc = EnginePerfFile(
+        schema=SCHEMA, created="2026-12-06T00:00:00+00:00", statement="", environment=environment(torch.device("cpu")),
+        engine={"name": "scripted(k=4)", "k": 4}, target={"name": "target"}, streamed=True, counters_source="scripted",
+        profile="quick", sizes=ENGINE_SIZES["quick"], params=T1.label(), seed=1, rungs=(rung,),
+    )  # fmt: skip
+    write_report(doc, tmp_path / "saved")
+    saved = engine_perf_run.load(tmp_path / "saved" / "perf.json")
+    assert saved == EnginePerfFile.from_json(doc.to_json())
+    thresholds = parse_thresholds("speedup:10%,tau:5%")
+    same = engine_perf_run.compare(doc, saved, thresholds)
+    assert [(c.metric, c.failed) for c in same] == [("speedup", False), ("tau", False)]
+    slower = dataclasses.replace(rung, speedup=dataclasses.replace(rung.speedup, ratio=rung.speedup.ratio * 0.8))
+    found = engine_perf_run.compare(dataclasses.replace(doc, rungs=(slower,)), saved, thresholds)
+    assert [(c.metric, c.failed) for c in found] == [("speedup", True), ("tau", False)]
+    assert "REGRESSED" in found[0].line() and "ladder closed k4" in found[0].line()
+    other = dataclasses.replace(rung, concurrency=4)
+    assert engine_perf_run.compare(dataclasses.replace(doc, rungs=(other,)), saved, thresholds) == []
+    (tmp_path / "loop.json").write_text(json.dumps({"schema": "losscheck.perf/1"}))
+    with pytest.raises(OptionError, match="an engine run compares with an engine run"):
+        engine_perf_run.load(tmp_path / "loop.json")
+    with pytest.raises(OptionError, match="no such file"):
+        engine_perf_run.load(tmp_path / "missing.json")

@@ -1,0 +1,64 @@
+"""A saved engine perf run (`perf.json`, schema `losscheck.engine-perf/1`) and the regression
+compare of `--losscheck-perf-compare=RUN` for an engine, as `losscheck.report.perf_run` does for
+losscheck's own loop: rungs matched by (workload, arrival process, concurrency, k), each failing
+when its speedup (or τ, where the engine counts rounds) fell by more than the threshold of
+`--losscheck-perf-compare-fail`; a rung in only one of the runs is not compared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from losscheck.errors import LosscheckError, OptionError, flag
+from losscheck.plan.perf_profiles import Threshold
+from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile, EngineRung
+from losscheck.report.perf_run import Comparison
+
+
+def load(path: str | Path) -> EnginePerfFile:
+    """A saved engine run; a missing file, bad JSON, another schema or a malformed record raises
+    `OptionError` naming `--losscheck-perf-compare`."""
+    path = Path(path)
+    said = f"{flag('perf-compare')}={str(path)!r}"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise OptionError(f"{said}: no such file; pass the perf.json of an earlier `losscheck perf --engine`") from None
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"{said} is not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise OptionError(f"{said} has schema {found!r}; an engine run compares with an engine run ({SCHEMA})")
+    try:
+        return EnginePerfFile.from_json(doc, "engine_perf_run")
+    except LosscheckError as exc:
+        raise OptionError(f"{said} is no engine perf run file: {exc}") from None
+
+
+def _key(rung: EngineRung) -> tuple[str, str, int, int]:
+    return rung.workload, rung.arrivals, rung.concurrency, rung.k
+
+
+def _metric(rung: EngineRung, name: str) -> float | None:
+    return rung.speedup.ratio if name == "speedup" else rung.tau
+
+
+def compare(now: EnginePerfFile, saved: EnginePerfFile, thresholds: tuple[Threshold, ...]) -> list[Comparison]:
+    """Every rung of `now` that `saved` also has, against each threshold whose figure both runs
+    have (τ only where the engine counts its rounds)."""
+    old = {_key(r): r for r in saved.rungs}
+    found = []
+    for rung in now.rungs:
+        before = old.get(_key(rung))
+        if before is None:
+            continue
+        for t in thresholds:
+            was, is_now = _metric(before, t.metric), _metric(rung, t.metric)
+            if was is None or is_now is None:
+                continue
+            where = f"{rung.workload} {rung.arrivals} k{rung.k}"
+            found.append(
+                Comparison(str(now.engine.get("name")), rung.concurrency, where, t.metric, was, is_now, t.max_drop)
+            )
+    return found
