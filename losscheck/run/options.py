@@ -325,8 +325,8 @@ SPECS: dict[str, OptionSpec] = {
     },
     "perf-compare": {
         "metavar": "RUN",
-        "help": "a perf.json of an earlier perf run: fail where speedup or tau fell "
-        "by more than --losscheck-perf-compare-fail",
+        "help": "a perf.json of an earlier perf run (with --losscheck-engine, of an earlier run of an engine): "
+        "fail where a rung's speedup or tau fell by more than --losscheck-perf-compare-fail",
     },
     "perf-compare-fail": {
         "metavar": "EXPR",
