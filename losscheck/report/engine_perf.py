@@ -19,11 +19,78 @@ WHOLE_CALLS = "whole generate calls (the engine does not stream): TTFT is the en
 
 
 def write_report(doc: EnginePerfFile, out: Path) -> list[Path]:
-    """Write `perf.json` and `perf.md` under `out`; return their paths."""
+    """Write `perf.json`, `perf.md` and the plots (`plot`) under `out`; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "perf.json").write_text(json.dumps(doc.to_json(), indent=1, allow_nan=True))
     (out / "perf.md").write_text(markdown(doc))
-    return [out / "perf.json", out / "perf.md"]
+    return [out / "perf.json", out / "perf.md", *plot(doc, out)]
+
+
+def plot(doc: EnginePerfFile, out: Path) -> list[Path]:
+    """The ladder at the engine's own k, one line per arrival process: `speedup.png`, speculation
+    on over off with its interval; `throughput_latency.png`, output throughput and TPOT (P50 solid,
+    P99 dotted), off dashed and on solid. Nothing when the ladder has fewer than one rung."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from losscheck.report.perf import _ladder_axis, _save
+
+    own_k = doc.engine.get("k")
+    ladder = [r for r in doc.rungs if r.workload == "ladder" and r.k == own_k]
+    if not ladder:
+        return []
+    processes = sorted({r.arrivals for r in ladder}, key=lambda a: (a != "closed", a))
+    colours = {a: f"C{i}" for i, a in enumerate(processes)}
+    title = f"{doc.engine.get('name')}, k={own_k}, {doc.params}"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arrivals in processes:
+        rungs = sorted((r for r in ladder if r.arrivals == arrivals), key=lambda r: r.concurrency)
+        c = [r.concurrency for r in rungs]
+        ratio = [r.speedup.ratio for r in rungs]
+        spread = [
+            [0.0 if math.isnan(r.speedup.low) else r.speedup.ratio - r.speedup.low for r in rungs],
+            [0.0 if math.isnan(r.speedup.high) else r.speedup.high - r.speedup.ratio for r in rungs],
+        ]
+        ax.errorbar(c, ratio, yerr=spread, marker="o", capsize=3, color=colours[arrivals], label=arrivals)
+    ax.axhline(1, color="grey", lw=0.8)
+    _ladder_axis(ax, ladder)  # type: ignore[arg-type]  # reads .concurrency only
+    ax.set_ylim(0, max(1.5, 1.3 * max(r.speedup.ratio for r in ladder)))
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("speedup, speculation on over off (throughput)")
+    ax.set_title(f"Speedup against concurrency: {title}; bars: 95% CI", fontsize=9)
+    ax.legend(fontsize=7)
+    written = [_save(fig, out / "speedup.png")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for arrivals in processes:
+        rungs = sorted((r for r in ladder if r.arrivals == arrivals), key=lambda r: r.concurrency)
+        c = [r.concurrency for r in rungs]
+        for side, style, mark in (("off", "--", "s"), ("on", "-", "o")):
+            sides = [getattr(r, side) for r in rungs]
+            colour = colours[arrivals]
+            label = f"{arrivals}, speculation {side}"
+            ax1.plot(
+                c,
+                [sum(s.throughput_tok_s) / len(s.throughput_tok_s) for s in sides],
+                ls=style,
+                marker="o",
+                color=colour,
+                label=label,
+            )
+            ax2.plot(
+                c, [s.latency_s["tpot"]["p50"] * 1e3 for s in sides], ls=style, marker="o", color=colour, label=label
+            )
+            ax2.plot(c, [s.latency_s["tpot"]["p99"] * 1e3 for s in sides], ls=":", color=colour)
+    for ax, label in ((ax1, "output tokens / s"), (ax2, "time per output token (ms)")):
+        _ladder_axis(ax, ladder)  # type: ignore[arg-type]
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+    ax1.set_title("Throughput: speculation off dashed (squares), on solid (dots)", fontsize=9)
+    ax2.set_title("TPOT: P50 (off dashed, on solid), P99 dotted", fontsize=9)
+    ax1.legend(fontsize=7)
+    written.append(_save(fig, out / "throughput_latency.png"))
+    return written
 
 
 def _headline(doc: EnginePerfFile) -> EngineRung | None:

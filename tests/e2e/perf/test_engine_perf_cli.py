@@ -76,6 +76,9 @@ def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
             and counted["emitted"] == counted["drafts"] + counted["accepted"]
         )
         assert 1 <= rung["tau"] <= rung["k"] + 1 and len(rung["conditional_acceptance"]) == rung["k"]
+    assert (tmp_path / "perf-engine" / "speedup.png").is_file() and (
+        tmp_path / "perf-engine" / "throughput_latency.png"
+    ).is_file()
     report = (tmp_path / "perf-engine" / "perf.md").read_text()
     assert doc["statement"].startswith("On ") and doc["statement"] in report
     assert "at concurrency 1 the speedup of speculation on over off is" in doc["statement"]

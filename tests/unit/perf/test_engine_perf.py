@@ -279,7 +279,9 @@ def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
     assert bursty["request_rate"] == 4.0 and bursty["burstiness"] == 0.5
     assert on["output_throughput"] == pytest.approx(sum(rung.on.throughput_tok_s) / 2)
     assert on["request_throughput"] == pytest.approx(4 / on["duration"])
-    write_report(doc, tmp_path / "run")
+    written = write_report(doc, tmp_path / "run")
+    assert [p.name for p in written] == ["perf.json", "perf.md", "speedup.png", "throughput_latency.png"]
+    assert all(p.stat().st_size > 1000 for p in written[2:])  # drawn, not empty
     from jsonschema import Draft202012Validator
 
     from losscheck.report import schema
