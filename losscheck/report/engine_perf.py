@@ -74,12 +74,12 @@ def plot(doc: EnginePerfFile, out: Path) -> list[Path]:
                 c,
                 [sum(s.throughput_tok_s) / len(s.throughput_tok_s) for s in sides],
                 ls=style,
-                marker="o",
+                marker=mark,
                 color=colour,
                 label=label,
             )
             ax2.plot(
-                c, [s.latency_s["tpot"]["p50"] * 1e3 for s in sides], ls=style, marker="o", color=colour, label=label
+                c, [s.latency_s["tpot"]["p50"] * 1e3 for s in sides], ls=style, marker=mark, color=colour, label=label
             )
             ax2.plot(c, [s.latency_s["tpot"]["p99"] * 1e3 for s in sides], ls=":", color=colour)
     for ax, label in ((ax1, "output tokens / s"), (ax2, "time per output token (ms)")):
