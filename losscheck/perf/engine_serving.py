@@ -31,6 +31,8 @@ class EngineTrace:
     requests: list[RequestTrace]
     wall_s: float  # first admission to last completion
     counters: EngineCounters | None  # the engine's own, over this run's requests (speculation on)
+    peak_memory_mib: float | None = None  # over this run (`losscheck.perf.memory`); None: not read
+    memory_source: str | None = None  # what `peak_memory_mib` measured
 
 
 def drive(

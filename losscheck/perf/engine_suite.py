@@ -24,6 +24,7 @@ from losscheck.engines.pool import instances_of, one_at_a_time
 from losscheck.engines.stream import Resizable, Stream, Streams, open_stream
 from losscheck.errors import OptionError, flag
 from losscheck.perf.engine_serving import EngineTrace, drive
+from losscheck.perf.memory import peak_memory
 from losscheck.perf.metrics import Latencies, speedup, throughput
 from losscheck.perf.workload import Request, distinct_prompts, make_workload
 from losscheck.plan.arrivals import CLOSED, Arrivals, parse_arrivals, parse_block_lengths, parse_concurrency
@@ -52,6 +53,7 @@ class EnginePerfRun:
         engine = session.blackbox
         if engine is None:
             raise OptionError(f"an engine perf run needs {flag('engine')}")
+        self.memory_source: str | None = None  # what the runs' peak memory measured (`losscheck.perf.memory`)
         self.session, self.profile, self.engine = session, profile, engine
         self.engines: dict[int, BlackBoxEngine] = {engine.k: engine}  # by block length (`--perf-k`)
         self.sizes = ENGINE_SIZES.get(profile.name, ENGINE_SIZES["quick"])
@@ -128,7 +130,12 @@ class EnginePerfRun:
         rng = np.random.default_rng(derive_seed(self.seed, "engine-arrivals", arrivals.label, c, *names))
         seeds = [derive_seed(self.seed, "engine-request", c, *names, i) for i in range(len(requests))]
         stream = self._stream(speculative, k)
-        return drive(stream, requests, arrivals.times(len(requests), rng), c, self.params, seeds)
+        with peak_memory() as peak:
+            trace = drive(stream, requests, arrivals.times(len(requests), rng), c, self.params, seeds)
+        trace.peak_memory_mib, trace.memory_source = peak.mib, peak.source
+        if peak.source is not None:
+            self.memory_source = peak.source
+        return trace
 
     def _warm_up(self, k: int) -> None:
         """One short closed-loop run a side, plain first (see the module's docstring)."""
@@ -198,6 +205,7 @@ class EnginePerfRun:
             params=self.params.label(),
             seed=self.seed,
             rungs=tuple(self._rungs.values()),
+            memory_source=self.memory_source,
         )
         return replace(doc, statement=statement(doc))
 
@@ -251,10 +259,12 @@ def _side(traces: list[EngineTrace]) -> Side:
     latencies = Latencies([], [], [], [])
     for trace in traces:
         latencies = latencies + Latencies.of(trace)
+    peaks = [t.peak_memory_mib for t in traces]
     return Side(
         output_tokens=tuple(sum(r.output_tokens for r in t.requests) for t in traces),
         throughput_tok_s=tuple(throughput(t) for t in traces),
         latency_s=latencies.summary(),
+        peak_memory_mib=None if None in peaks or not peaks else max(p for p in peaks if p is not None),
     )
 
 

@@ -49,9 +49,10 @@ def plot(doc: EnginePerfFile, out: Path) -> list[Path]:
         rungs = sorted((r for r in ladder if r.arrivals == arrivals), key=lambda r: r.concurrency)
         c = [r.concurrency for r in rungs]
         ratio = [r.speedup.ratio for r in rungs]
+        # an interval's half-widths (NaN with fewer than two runs: no bar; round-off: clipped at 0)
         spread = [
-            [0.0 if math.isnan(r.speedup.low) else r.speedup.ratio - r.speedup.low for r in rungs],
-            [0.0 if math.isnan(r.speedup.high) else r.speedup.high - r.speedup.ratio for r in rungs],
+            [0.0 if math.isnan(r.speedup.low) else max(0.0, r.speedup.ratio - r.speedup.low) for r in rungs],
+            [0.0 if math.isnan(r.speedup.high) else max(0.0, r.speedup.high - r.speedup.ratio) for r in rungs],
         ]
         ax.errorbar(c, ratio, yerr=spread, marker="o", capsize=3, color=colours[arrivals], label=arrivals)
     ax.axhline(1, color="grey", lw=0.8)
@@ -145,6 +146,10 @@ def _ms(x: float) -> str:
     return "-" if math.isnan(x) else f"{x * 1e3:.1f}"
 
 
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
 def _tail(percentiles: dict[str, float]) -> str:
     return f"{_ms(percentiles['p95'])} / {_ms(percentiles['p99'])}"
 
@@ -167,6 +172,7 @@ def markdown(doc: EnginePerfFile) -> str:
         f"- engine: {json.dumps(doc.engine, sort_keys=True)}",
         f"- timing: {STREAMED if doc.streamed else WHOLE_CALLS}",
         f"- acceptance from {doc.counters_source}",
+        f"- peak memory per timed run: {doc.memory_source or 'not read'}",
         "",
         "Speedup: output throughput with speculation on over off on runs of the same requests and seeds, "
         "the ratio of geometric means; taken in pairs (off then on) with a Student-t interval on the log "
@@ -191,6 +197,7 @@ def markdown(doc: EnginePerfFile) -> str:
                 *(f"{_ms(r.off.latency_s[m]['p50'])} / {_ms(r.on.latency_s[m]['p50'])}" for m in ("ttft", "tpot")),
                 *(f"{_ms(r.off.latency_s['e2e'][p])} / {_ms(r.on.latency_s['e2e'][p])}" for p in ("p50", "p95", "p99")),
                 "-" if r.tau is None else f"{r.tau:.2f}",
+                f"{_mib(r.off.peak_memory_mib)} / {_mib(r.on.peak_memory_mib)}",
             ]
             for r in rungs
         ]
@@ -207,6 +214,7 @@ def markdown(doc: EnginePerfFile) -> str:
             "e2e p95",
             "e2e p99",
             "τ",
+            "peak MiB off / on",
         ]
         lines += [markdown_table(header, rows), ""]
         tails = [

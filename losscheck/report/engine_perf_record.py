@@ -23,9 +23,15 @@ LADDER, LONG_INPUT, LONG_OUTPUT = "ladder", "long-input", "long-output"
 class Side(JsonRecord):
     """One side (speculation on or off) of a rung, over its timed runs."""
 
+    OMIT_NONE = True
+
     output_tokens: tuple[int, ...]  # per timed run
     throughput_tok_s: tuple[float, ...]  # per timed run
-    latency_s: dict[str, dict[str, float]]  # {"ttft", "tpot", "itl", "e2e"} → {"p50", "p95", "p99"}, runs pooled
+    # {"ttft", "tpot", "itl", "e2e"} → {"p50", "p95", "p99", "mean", "std"}, runs pooled (older files: percentiles)
+    latency_s: dict[str, dict[str, float]]
+    peak_memory_mib: float | None = field(
+        default=None, metadata=json_field(doc="the largest of its timed runs' peaks (the file's memory_source)")
+    )
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class EnginePerfFile(JsonRecord):
     """An engine perf run: the sentence it supports, its environment, the engine's identity and
     pins, the target, the sizes, and every rung measured."""
 
+    OMIT_NONE = True
+
     schema: str
     created: str  # ISO 8601, UTC
     statement: str  # the conditional statement the run supports (`losscheck.perf.engine_suite.statement`)
@@ -80,3 +88,4 @@ class EnginePerfFile(JsonRecord):
     params: str  # the sampling parameters' label
     seed: int
     rungs: tuple[EngineRung, ...]
+    memory_source: str | None = None  # what the sides' peak_memory_mib measured (`losscheck.perf.memory`)

@@ -65,8 +65,10 @@ def test_losscheck_perf_times_hf_assisted_generation(tmp_path):
         ("long-output", 1, 4),
         ("ladder", 1, 2),
     }
+    assert doc["memory_source"].startswith("this process's peak resident set")  # the CPU case
     for rung in doc["rungs"]:
         for side in ("off", "on"):
+            assert rung[side]["peak_memory_mib"] > 100  # torch and the models, at least
             assert set(rung[side]["latency_s"]) == {"ttft", "tpot", "itl", "e2e"}
             assert len(rung[side]["throughput_tok_s"]) == rung["repeats"] == 3
         assert rung["speedup"]["ci_low"] <= rung["speedup"]["ratio"] <= rung["speedup"]["ci_high"]

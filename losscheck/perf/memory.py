@@ -1,0 +1,60 @@
+"""Peak memory over one timed run: the accelerator's, where the run is on CUDA
+(`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`: what torch allocated, an
+engine's KV cache included when it allocates through torch, as vLLM does), else this process's peak
+resident set (`VmHWM` in /proc/self/status, reset before the run by writing 5 to
+/proc/self/clear_refs, Linux 4.0 and later). An engine serving from another process (a server) is
+not in this process's figure; where neither can be read the figure is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CUDA = "CUDA max_memory_allocated, reset per run"
+RSS = "this process's peak resident set (VmHWM), reset per run; an engine in another process is not counted"
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+@dataclass
+class Peak:
+    mib: float | None = None  # read when the run ends
+    source: str | None = None  # CUDA or RSS: what `mib` measured
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _rss_peak_mib() -> float | None:
+    try:
+        found = re.search(r"^VmHWM:\s+(\d+) kB", STATUS.read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) / 1024 if found else None
+
+
+@contextmanager
+def peak_memory() -> Iterator[Peak]:
+    """`with peak_memory() as peak: run()`, then `peak.mib` and `peak.source`."""
+    peak = Peak()
+    if _cuda():
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        yield peak
+        peak.mib, peak.source = torch.cuda.max_memory_allocated() / 2**20, CUDA
+        return
+    try:
+        CLEAR_REFS.write_text("5")  # the peak resident set starts again from the current one
+        reset = True
+    except OSError:
+        reset = False
+    yield peak
+    if reset:
+        peak.mib, peak.source = _rss_peak_mib(), RSS
