@@ -1,5 +1,6 @@
 """`losscheck`: certify a drafter, run the mutant catalogue, compare families, benchmark the loop,
-merge the certificates of a run's shards, run the verifier tier, show where the bundled fixtures are.
+time an engine and export its run in vLLM's terms, merge the certificates of a run's shards, run
+the verifier tier, show where the bundled fixtures are.
 Every subcommand exits by one table, `ExitStatus` (docs/errors.md).
 
 The options shared with the pytest plugin come from `losscheck.run.options` (same names without the
