@@ -16,9 +16,9 @@ def add_arguments(exp: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from losscheck.report import vllm_bench
+    from losscheck.report import engine_perf_run, vllm_bench
 
-    doc = vllm_bench.load(ns.run)
+    doc = engine_perf_run.load(ns.run, said=f"losscheck export-perf {ns.run}")
     run_dir = Path(ns.run) if Path(ns.run).is_dir() else Path(ns.run).parent
     written = vllm_bench.export(doc, ns.out or run_dir / "vllm-bench")
     print(f"wrote {len(written)} vllm bench serve result files under {written[0].parent}" if written else "no rungs")

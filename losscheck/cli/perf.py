@@ -48,7 +48,8 @@ def add_arguments(perf: argparse.ArgumentParser) -> None:
         "--request-rate",
         type=float,
         metavar="RATE",
-        help="requests per second of an open loop: --perf-arrivals poisson:RATE, or gamma:RATE@B with --burstiness",
+        help="requests per second of an open loop: --perf-arrivals poisson:RATE, or gamma:RATE@B with --burstiness; "
+        "it replaces the default closed loop, and is refused beside any other --perf-arrivals",
     )
     vllm.add_argument(
         "--burstiness",

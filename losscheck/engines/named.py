@@ -57,3 +57,11 @@ def _discover() -> None:
 _discover()
 
 __all__ = ["ADAPTERS", "SHIPPED", "Adapter", "EngineSpec", "engine_args", "speculative_config"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "EngineRequest":  # the old name of EngineSpec, exported here too (docs/deprecations.md)
+        from losscheck.engines import registry
+
+        return getattr(registry, name)  # warns
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

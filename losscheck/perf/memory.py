@@ -1,6 +1,7 @@
-"""Peak memory over one timed run: the accelerator's, where the run is on CUDA
-(`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`: what torch allocated, an
-engine's KV cache included when it allocates through torch, as vLLM does), else this process's peak
+"""Peak memory over one timed run: the accelerator's, where this process has CUDA initialised
+(`torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`: what torch allocated in this
+process; an engine whose model runs in a worker process, as vLLM's engine core does by default
+on a GPU, is not in it), else this process's peak
 resident set (`VmHWM` in /proc/self/status, reset before the run by writing 5 to
 /proc/self/clear_refs, Linux 4.0 and later). An engine serving from another process (a server) is
 not in this process's figure; where neither can be read the figure is None, never a guess.
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-CUDA = "CUDA max_memory_allocated, reset per run"
+CUDA = "this process's CUDA max_memory_allocated, reset per run; an engine in another process is not counted"
 RSS = "this process's peak resident set (VmHWM), reset per run; an engine in another process is not counted"
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 

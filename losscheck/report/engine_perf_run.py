@@ -7,33 +7,19 @@ when its speedup (or τ, where the engine counts rounds) fell by more than the t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from losscheck.errors import LosscheckError, OptionError, flag
+from losscheck.errors import flag
 from losscheck.plan.perf_profiles import Threshold
 from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile, EngineRung
-from losscheck.report.perf_run import Comparison
+from losscheck.report.perf_run import Comparison, read_run
 
 
-def load(path: str | Path) -> EnginePerfFile:
-    """A saved engine run; a missing file, bad JSON, another schema or a malformed record raises
-    `OptionError` naming `--losscheck-perf-compare`."""
-    path = Path(path)
-    said = f"{flag('perf-compare')}={str(path)!r}"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise OptionError(f"{said}: no such file; pass the perf.json of an earlier `losscheck perf --engine`") from None
-    except json.JSONDecodeError as exc:
-        raise OptionError(f"{said} is not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise OptionError(f"{said} has schema {found!r}; an engine run compares with an engine run ({SCHEMA})")
-    try:
-        return EnginePerfFile.from_json(doc, "engine_perf_run")
-    except LosscheckError as exc:
-        raise OptionError(f"{said} is no engine perf run file: {exc}") from None
+def load(path: str | Path, said: str | None = None) -> EnginePerfFile:
+    """A saved engine run (a run directory or its perf.json), through `perf_run.read_run`; `said`
+    names what pointed at it (default: `--losscheck-perf-compare`)."""
+    said = said or f"{flag('perf-compare')}={str(path)!r}"
+    return read_run(path, EnginePerfFile, SCHEMA, said, "`losscheck perf --engine`", "engine_perf_run")
 
 
 def _key(rung: EngineRung) -> tuple[str, str, int, int]:

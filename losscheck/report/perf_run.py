@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from losscheck.errors import LosscheckError, OptionError, flag
+from losscheck.jsonrecord import R
 from losscheck.plan.perf_profiles import (  # noqa: F401  (the compare's thresholds, parsed with the options)
     DEFAULT_COMPARE_FAIL,
     METRICS,
@@ -26,25 +27,32 @@ def save(doc: PerfRunFile, path: Path) -> None:
     path.write_text(json.dumps(doc.to_json(), indent=1, allow_nan=True))
 
 
-def load(path: str | Path) -> PerfRunFile:
-    """A saved run; a missing file, bad JSON, another schema or a malformed record raises `OptionError`."""
+def read_run(path: str | Path, record: type[R], schema: str, said: str, written_by: str, where: str) -> R:
+    """The run file at `path` (a run directory: its perf.json) as `record`, of schema `schema`; a
+    missing file, bad JSON, another schema or a malformed record raises `OptionError`, opening with
+    `said` (the option or command that named the file) and naming what writes such a file; `where`
+    names the record's root in a malformed record's message."""
     path = Path(path)
+    path = path / "perf.json" if path.is_dir() else path
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise OptionError(
-            f"{flag('perf-compare')}={str(path)!r}: no such file; pass a perf.json "
-            "written by an earlier `pytest -m perf` or `losscheck perf`"
-        ) from None
+        raise OptionError(f"{said}: no such file; pass a perf.json written by {written_by}") from None
     except json.JSONDecodeError as exc:
-        raise OptionError(f"{flag('perf-compare')}={str(path)!r} is not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise OptionError(f"{said} is not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise OptionError(f"{flag('perf-compare')}={str(path)!r} has schema {found!r}; this losscheck reads {SCHEMA}")
+        raise OptionError(f"{said} has schema {found!r}; this reads {schema}, written by {written_by}")
     try:
-        return PerfRunFile.from_json(doc, "perf_run")
+        return record.from_json(doc, where)
     except LosscheckError as exc:
-        raise OptionError(f"{flag('perf-compare')}={str(path)!r} is no perf run file: {exc}") from None
+        raise OptionError(f"{said} is no {schema} run file: {exc}") from None
+
+
+def load(path: str | Path) -> PerfRunFile:
+    """A saved run of the loop's perf tier (`--losscheck-perf-compare`), through `read_run`."""
+    said = f"{flag('perf-compare')}={str(path)!r}"
+    return read_run(path, PerfRunFile, SCHEMA, said, "an earlier `pytest -m perf` or `losscheck perf`", "perf_run")
 
 
 def metric(rung: Rung, name: str) -> float:

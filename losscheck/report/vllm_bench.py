@@ -96,29 +96,3 @@ def export(doc: EnginePerfFile, out: Path) -> list[Path]:
             path.write_text(json.dumps(rung_result(doc, rung, speculative), indent=1, allow_nan=True))
             written.append(path)
     return written
-
-
-def load(run: str | Path) -> EnginePerfFile:
-    """The engine perf run file at `run` (a run directory or its `perf.json`), checked to be one."""
-    from losscheck.errors import LosscheckError
-    from losscheck.report.engine_perf_record import SCHEMA
-
-    path = Path(run)
-    path = path / "perf.json" if path.is_dir() else path
-    if not path.is_file():
-        raise LosscheckError(
-            f"no engine perf run at {run}: pass a run directory of `losscheck perf --engine` or its perf.json"
-        )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise LosscheckError(
-            f"{path} is not JSON ({exc}); pass the perf.json `losscheck perf --engine` wrote"
-        ) from None
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if schema != SCHEMA:
-        raise LosscheckError(
-            f"{path} has schema {schema!r}, not an engine perf run ({SCHEMA}): only `losscheck perf --engine` "
-            "runs export to vllm bench's results"
-        )
-    return EnginePerfFile.from_json(data, str(path))

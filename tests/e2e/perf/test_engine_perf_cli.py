@@ -21,25 +21,15 @@ def saved_run(path):
     0.01, which no run falls below: the compare runs and passes."""
     import dataclasses
 
-    import torch
-
     from losscheck.perf.engine_suite import _record
     from losscheck.plan.arrivals import CLOSED
-    from losscheck.plan.perf_profiles import ENGINE_SIZES
     from losscheck.report.engine_perf import write_report
-    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
-    from losscheck.report.manifest import environment
-    from tests.unit.perf.test_engine_perf import T1, ScriptedStream, _requests, drive
+    from tests.unit.perf.test_engine_perf import T1, ScriptedStream, _engine_doc, _requests, drive
 
     requests = _requests(4)
     runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 1, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
     rung = _record("ladder", CLOSED, 1, 4, requests, runs, paired=True)
-    rung = dataclasses.replace(rung, speedup=dataclasses.replace(rung.speedup, ratio=0.01), tau=0.01)
-    doc = EnginePerfFile(
-        schema=SCHEMA, created="2026-12-06T00:00:00+00:00", statement="", environment=environment(torch.device("cpu")),
-        engine={"name": "hf", "k": 4}, target={"name": "target"}, streamed=True, counters_source="scripted",
-        profile="quick", sizes=ENGINE_SIZES["quick"], params=T1.label(), seed=1, rungs=(rung,),
-    )  # fmt: skip
+    doc = _engine_doc(dataclasses.replace(rung, speedup=dataclasses.replace(rung.speedup, ratio=0.01), tau=0.01), "hf")
     return write_report(doc, path)[0]
 
 

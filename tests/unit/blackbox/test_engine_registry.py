@@ -321,5 +321,9 @@ def test_the_old_name_of_an_engine_spec_imports_with_a_warning():
     with pytest.warns(DeprecationWarning, match="it is EngineSpec"):
         old = registry.EngineRequest
     assert old is registry.EngineSpec
+    from losscheck.engines import named
+
+    with pytest.warns(DeprecationWarning, match="it is EngineSpec"):
+        assert named.EngineRequest is registry.EngineSpec
     with pytest.raises(AttributeError, match="no attribute 'EngineRequests'"):
         registry.EngineRequests  # noqa: B018

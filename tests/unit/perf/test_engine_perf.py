@@ -194,11 +194,11 @@ def test_an_engine_without_a_stream_is_timed_by_whole_calls():
 
 
 def test_the_run_file_round_trips_and_its_report_says_what_it_supports():
+    import dataclasses
+
     from losscheck.perf.engine_suite import _record
-    from losscheck.plan.perf_profiles import ENGINE_SIZES
     from losscheck.report.engine_perf import markdown, statement
-    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
-    from losscheck.report.manifest import environment
+    from losscheck.report.engine_perf_record import EnginePerfFile
 
     requests = _requests(4)
     runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
@@ -209,21 +209,8 @@ def test_the_run_file_round_trips_and_its_report_says_what_it_supports():
     assert rung.conditional_acceptance == (1.0, 0.5, 0.5, 1.0) and rung.wasted_fraction == 0.5
     assert rung.speedup.ratio > 0 and math.isfinite(rung.speedup.ratio) and rung.k == 4
     engine = {"name": "scripted(k=4)", "k": 4, "package": {"scripted": "1.0"}}
-    doc = EnginePerfFile(
-        schema=SCHEMA,
-        created="2026-12-03T00:00:00+00:00",
-        statement="",
-        environment=environment(torch.device("cpu")),
-        engine=engine,
-        target={"name": "target", "sha256": "ab" * 32},
-        streamed=True,
-        counters_source="scripted",
-        profile="quick",
-        sizes=ENGINE_SIZES["quick"],
-        params=T1.label(),
-        seed=1,
-        rungs=(rung,),
-    )
+    target = {"name": "target", "sha256": "ab" * 32}
+    doc = dataclasses.replace(_engine_doc(rung), engine=engine, target=target)
     said = statement(doc)
     assert said.startswith("On cpu") and "scripted(k=4) (scripted 1.0)" in said and "at concurrency 2" in said
     assert f"{rung.speedup.ratio:.2f}x [{rung.speedup.low:.2f}, {rung.speedup.high:.2f}]" in said
@@ -233,6 +220,19 @@ def test_the_run_file_round_trips_and_its_report_says_what_it_supports():
     assert "1.00 / 0.50 / 0.25 / 0.25" in text and "1.00 / 0.50 / 0.50 / 1.00" in text
 
 
+def _engine_doc(rung, name: str = "scripted(k=4)"):
+    """An engine perf run file holding `rung`, as `losscheck perf --engine` writes one."""
+    from losscheck.plan.perf_profiles import ENGINE_SIZES
+    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
+    from losscheck.report.manifest import environment
+
+    return EnginePerfFile(
+        schema=SCHEMA, created="2026-12-06T00:00:00+00:00", statement="", environment=environment(torch.device("cpu")),
+        engine={"name": name, "k": 4}, target={"name": "target"}, streamed=True, counters_source="scripted",
+        profile="quick", sizes=ENGINE_SIZES["quick"], params=T1.label(), seed=1, rungs=(rung,),
+    )  # fmt: skip
+
+
 def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
     """Each rung's side is a flat `vllm bench serve` result: its keys, in milliseconds, from the
     record's seconds; `losscheck export-perf` writes them, and refuses what is not an engine run."""
@@ -240,30 +240,13 @@ def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
 
     from losscheck import cli
     from losscheck.perf.engine_suite import _record
-    from losscheck.plan.perf_profiles import ENGINE_SIZES
     from losscheck.report import vllm_bench
     from losscheck.report.engine_perf import write_report
-    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
-    from losscheck.report.manifest import environment
 
     requests = _requests(4)
     runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
     rung = _record("ladder", Arrivals("poisson", rate=4.0), 2, 4, requests, runs, paired=True)
-    doc = EnginePerfFile(
-        schema=SCHEMA,
-        created="2026-12-06T00:00:00+00:00",
-        statement="",
-        environment=environment(torch.device("cpu")),
-        engine={"name": "scripted(k=4)", "k": 4},
-        target={"name": "target"},
-        streamed=True,
-        counters_source="scripted",
-        profile="quick",
-        sizes=ENGINE_SIZES["quick"],
-        params=T1.label(),
-        seed=1,
-        rungs=(rung,),
-    )
+    doc = _engine_doc(rung)
     on = vllm_bench.rung_result(doc, rung, speculative=True)
     assert on["request_rate"] == 4.0 and on["burstiness"] == 1.0 and on["max_concurrency"] == 2
     assert on["completed"] == on["num_prompts"] == 4
@@ -298,7 +281,7 @@ def test_an_engine_perf_run_exports_as_vllm_bench_results(tmp_path, capsys):
     assert cli.main(["export-perf", str(tmp_path / "loop.json")]) == 2
     assert cli.main(["export-perf", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert "not an engine perf run" in err and "no engine perf run at" in err
+    assert "has schema 'losscheck.perf/1'; this reads losscheck.engine-perf/1" in err and "no such file" in err
 
 
 def test_a_saved_engine_run_is_compared_rung_by_rung(tmp_path):
@@ -309,21 +292,15 @@ def test_a_saved_engine_run_is_compared_rung_by_rung(tmp_path):
     import json
 
     from losscheck.perf.engine_suite import _record
-    from losscheck.plan.perf_profiles import ENGINE_SIZES
     from losscheck.report import engine_perf_run
     from losscheck.report.engine_perf import write_report
-    from losscheck.report.engine_perf_record import SCHEMA, EnginePerfFile
-    from losscheck.report.manifest import environment
+    from losscheck.report.engine_perf_record import EnginePerfFile
     from losscheck.report.perf_run import parse_thresholds
 
     requests = _requests(4)
     runs = [drive(ScriptedStream(chunk=c), requests, [0.0] * 4, 2, T1, [0, 1, 2, 3]) for c in (1, 3, 1, 3)]
     rung = _record("ladder", CLOSED, 2, 4, requests, runs, paired=True)
-    doc = EnginePerfFile(
-        schema=SCHEMA, created="2026-12-06T00:00:00+00:00", statement="", environment=environment(torch.device("cpu")),
-        engine={"name": "scripted(k=4)", "k": 4}, target={"name": "target"}, streamed=True, counters_source="scripted",
-        profile="quick", sizes=ENGINE_SIZES["quick"], params=T1.label(), seed=1, rungs=(rung,),
-    )  # fmt: skip
+    doc = _engine_doc(rung)
     write_report(doc, tmp_path / "saved")
     saved = engine_perf_run.load(tmp_path / "saved" / "perf.json")
     assert saved == EnginePerfFile.from_json(doc.to_json())
@@ -337,7 +314,7 @@ def test_a_saved_engine_run_is_compared_rung_by_rung(tmp_path):
     other = dataclasses.replace(rung, concurrency=4)
     assert engine_perf_run.compare(dataclasses.replace(doc, rungs=(other,)), saved, thresholds) == []
     (tmp_path / "loop.json").write_text(json.dumps({"schema": "losscheck.perf/1"}))
-    with pytest.raises(OptionError, match="an engine run compares with an engine run"):
+    with pytest.raises(OptionError, match=r"this reads losscheck.engine-perf/1, written by `losscheck perf --engine`"):
         engine_perf_run.load(tmp_path / "loop.json")
     with pytest.raises(OptionError, match="no such file"):
         engine_perf_run.load(tmp_path / "missing.json")
