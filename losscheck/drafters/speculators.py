@@ -2,7 +2,8 @@
 
 `--losscheck-drafter=speculators:DIR` reads the checkpoint natively (the config in
 `losscheck.drafters.speculators_config`, the weights by their published names) and runs the
-published inference of its algorithm with the target's own decoder-layer classes.
+published inference of its algorithm with the target's own decoder-layer classes. DFlash and
+DSpark checkpoints of the same format are `losscheck.drafters.dspark`'s; `from_path` takes any.
 
 **EAGLE-3** (`eagle3`). The drafter keeps one *entry* per committed token: entry e is
 `(x_e, g_{e-1})`, the token and the target's states before it, at rotary position e, where
@@ -22,8 +23,7 @@ the pending token's entry gives draft 1 and placeholder j gives draft j+1. Place
 the context and to the placeholders before them, never to a drafted token, so the k slots are
 drawn independently, each from its own `q_j`.
 
-**Vocabulary.** Draft id i is target id `i + d2t[i]` (`t2d` marks the target ids covered); `q`
-is reported over the draft vocabulary with that map (`Proposal.vocab_map`), zero elsewhere.
+**Vocabulary.** A sub-vocabulary and its d2t map, as `losscheck.drafters.speculators_parts` says.
 
 **Acceptance.** The greedy proposal's `verifier_accept_k > 1` with `accept_tolerance > 0`
 accepts a draft anywhere in the verifier's top-k within the tolerance of the top token's
@@ -36,8 +36,6 @@ committed tokens (built from the target's states) are kept, the drafted ones are
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -49,15 +47,17 @@ from losscheck.core.precision import torch_dtype
 from losscheck.core.ragged import RaggedKVCache
 from losscheck.core.sampling import SamplingParams, process_logits, sample
 from losscheck.core.verify import BlockOutcome, Verifier, acceptance_probability, point_mass, recovery_distribution
+from losscheck.drafters import dspark
 from losscheck.drafters.speculators_config import (
+    BLOCK_ALGORITHMS,
     CheckpointConfig,
     GreedyProposal,
-    TargetShape,
     check_against,
     read_config,
 )
-from losscheck.errors import LosscheckError, OptionError
-from losscheck.hashing import content_hash
+from losscheck.drafters.speculators_parts import draw, identity, is_full_vocab, load_weights, target_shape_of
+from losscheck.drafters.speculators_parts import vocab_map as map_of
+from losscheck.errors import LosscheckError
 
 
 def _layer_classes(layer_type: str) -> tuple[type, type, type, type]:
@@ -163,7 +163,7 @@ class Eagle3Network(nn.Module):
     @property
     def vocab_map(self) -> torch.Tensor:
         """[V_d] target id of each draft id."""
-        return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
+        return map_of(self.d2t)
 
 
 def causal_mask(slots: torch.Tensor, visible: int, dtype: torch.dtype) -> torch.Tensor:
@@ -175,64 +175,10 @@ def causal_mask(slots: torch.Tensor, visible: int, dtype: torch.dtype) -> torch.
 
 
 def load_network(cfg: CheckpointConfig, target: Target, dtype: torch.dtype) -> Eagle3Network:
-    """The network with the checkpoint's weights; the embedding from the target when the
-    checkpoint leaves it out (as published EAGLE-3 drafters may)."""
-    from safetensors.torch import load_file
-
+    """The network with the checkpoint's weights (`speculators_parts.load_weights`)."""
     net = Eagle3Network(cfg)
-    state: dict[str, torch.Tensor] = {}
-    for file in sorted(cfg.path.glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    # older EAGLE-3 releases name the first decoder layer `midlayer`
-    state = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
-    ignored = ("verifier_lm_head.", "verifier_norm.")
-    state = {k: v for k, v in state.items() if not k.startswith(ignored)}
-    if "embed_tokens.weight" not in state:
-        embed = getattr(getattr(target, "model", None), "get_input_embeddings", lambda: None)()
-        if embed is None or tuple(embed.weight.shape) != (cfg.target_vocab_size, cfg.hidden_size):
-            raise OptionError(
-                f"speculators checkpoint {str(cfg.path)!r} has no embed_tokens.weight and the target's "
-                "embedding cannot stand in for it (it is a Hugging Face target's, of the same shape)"
-            )
-        state["embed_tokens.weight"] = embed.weight.detach().float().cpu()
-    if "d2t" not in state and cfg.draft_vocab_size != cfg.target_vocab_size:
-        raise OptionError(
-            f"speculators checkpoint {str(cfg.path)!r} drafts over {cfg.draft_vocab_size} tokens of the "
-            f"target's {cfg.target_vocab_size} but has no d2t mapping"
-        )
-    expected = set(net.state_dict())
-    missing = sorted(expected - set(state) - {"d2t", "t2d"})
-    unexpected = sorted(set(state) - expected)
-    if missing or unexpected:
-        raise OptionError(
-            f"speculators checkpoint {str(cfg.path)!r} does not match its {cfg.model_type} config: "
-            f"missing weights {missing[:8]}, unexpected {unexpected[:8]}"
-        )
-    for name, tensor in net.state_dict().items():
-        if name in state and tuple(state[name].shape) != tuple(tensor.shape):
-            raise OptionError(
-                f"speculators checkpoint {str(cfg.path)!r}: {name} has shape {tuple(state[name].shape)}, "
-                f"its config implies {tuple(tensor.shape)}"
-            )
-    net.load_state_dict(state, strict=False)
-    _check_vocab_map(cfg, net)
+    load_weights(cfg, net, target)
     return net.to(device=target.device, dtype=dtype).eval()
-
-
-def _check_vocab_map(cfg: CheckpointConfig, net: Eagle3Network) -> None:
-    ids = net.vocab_map
-    where = f"speculators checkpoint {str(cfg.path)!r}"
-    if int(ids.min()) < 0 or int(ids.max()) >= cfg.target_vocab_size or int(ids.unique().numel()) != ids.numel():
-        raise OptionError(
-            f"{where}: d2t maps draft ids outside the target's {cfg.target_vocab_size} tokens or two "
-            "draft ids onto one target id"
-        )
-    covered = net.t2d.bool()
-    if int(covered.sum()) != cfg.draft_vocab_size or not bool(covered[ids].all()):
-        raise OptionError(
-            f"{where}: t2d marks {int(covered.sum())} target ids, not exactly the "
-            f"{cfg.draft_vocab_size} that d2t maps to"
-        )
 
 
 def top_k_acceptance(proposal: GreedyProposal) -> Verifier:
@@ -292,9 +238,7 @@ class SpeculatorsDrafter:
         self.identity = identity
         self.dtype = next(net.parameters()).dtype
         self.map = net.vocab_map  # [V_d]
-        self.full_vocab = cfg.draft_vocab_size == cfg.target_vocab_size and bool(
-            (self.map == torch.arange(len(self.map), device=self.map.device)).all()
-        )
+        self.full_vocab = is_full_vocab(cfg, self.map)
         if cfg.proposal.relaxed:
             self.verifier = top_k_acceptance(cfg.proposal)
             self.acceptance_rule = (
@@ -377,43 +321,17 @@ class SpeculatorsDrafter:
     def _draw(
         self, logits: torch.Tensor, ctx: DraftContext, drafted: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V_d] after `drafted [B, j]` (target ids) → (drafted target id [B], q over the
-        draft vocabulary [B, V_d]). History steps read target ids: with a sub-vocabulary the
-        logits are spread onto the target's (-inf where the drafter has no token) and back."""
-        if ctx.params.reads_history and not self.full_vocab:
-            spread = logits.float().new_full((len(logits), self.cfg.target_vocab_size), -math.inf)
-            q = ctx.process(spread.index_copy(-1, self.map, logits.float()), drafted)[:, self.map]
-        else:
-            q = ctx.process(logits.float(), drafted)
-        draft = q.argmax(-1) if ctx.params.greedy else sample(q, ctx.generator)
-        return self.map[draft], q
+        return draw(logits, ctx, drafted, self.map, None if self.full_vocab else self.cfg.target_vocab_size)
 
 
-def target_shape_of(target: Target) -> TargetShape:
-    return TargetShape(
-        f"target {target.name!r}",
-        target.vocab_size,
-        target.hidden_size,
-        int(getattr(target, "num_layers", 0)),
-        tuple(getattr(target, "architectures", ())),
-    )
-
-
-def from_path(path: str | Path, target: Target, precision: str = "fp32") -> SpeculatorsDrafter:
-    """A drafter from a local speculators checkpoint, checked against `target`, in `precision`."""
+def from_path(
+    path: str | Path, target: Target, precision: str = "fp32"
+) -> SpeculatorsDrafter | dspark.BlockSpeculatorsDrafter:
+    """A drafter from a local speculators checkpoint, checked against `target`, in `precision`:
+    EAGLE-3 and P-EAGLE here, DFlash and DSpark in `losscheck.drafters.dspark`."""
     cfg = read_config(path)
     check_against(cfg, target_shape_of(target))
+    if cfg.model_type in BLOCK_ALGORITHMS:
+        return dspark.build(cfg, target, precision)
     net = load_network(cfg, target, torch_dtype(precision))
-    identity: dict[str, object] = {
-        "format": "speculators",
-        "algorithm": cfg.algorithm,
-        "speculators_model_type": cfg.model_type,
-        "path": str(cfg.path.resolve()),
-        "sha256": content_hash(cfg.path),
-        "proposal": asdict(cfg.proposal),
-        "verifier": {"name_or_path": cfg.verifier_name, "architectures": list(cfg.verifier_architectures)},
-        "aux_hidden_state_layer_ids": list(cfg.aux_layers),
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "precision": precision,
-    }
-    return SpeculatorsDrafter(net, cfg, identity)
+    return SpeculatorsDrafter(net, cfg, identity(cfg, precision))

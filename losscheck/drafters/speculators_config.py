@@ -3,12 +3,15 @@
 A speculators checkpoint (the format vLLM serves; github.com/vllm-project/speculators) is a
 directory with `config.json` and `*.safetensors`. Its config is a Hugging Face config with:
 
-- `speculators_model_type`: the architecture (`eagle3`, `peagle`, ...);
+- `speculators_model_type`: the architecture (`eagle3`, `peagle`, `dflash`, `dspark`, ...);
 - `speculators_config`: `algorithm`, `proposal_methods` (each with a `proposal_type`; the greedy
   one has `speculative_tokens`, `verifier_accept_k`, `accept_tolerance`),
   `default_proposal_method`, and `verifier` (`name_or_path`, `architectures`);
 - the drafter's own fields: `transformer_layer_config` (a Llama / Qwen3 decoder config),
-  `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`, norm switches, `mask_token_id`.
+  `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids` (EAGLE) or `aux_hidden_state_layer_ids`
+  (DFlash, DSpark), norm switches, `mask_token_id`; DFlash and DSpark add `block_size` and
+  `sample_from_anchor`, DSpark its heads (`markov_rank`, `markov_head_type`,
+  `enable_confidence_head`, `confidence_head_with_markov`) and vLLM's `dspark_draft_topk`.
 
 This module parses and checks that much without torch, so `--losscheck-drafter=speculators:PATH`
 is checked at start-up against the target's config.json; `losscheck.drafters.speculators` builds
@@ -26,14 +29,17 @@ from typing import Any
 from losscheck.errors import OptionError
 
 PREFIX = "speculators:"
-ALGORITHMS = ("eagle3", "peagle")  # speculators_model_type values losscheck runs
-# speculators_model_type values of drafters that ship in 2026 and that losscheck recognises but does
-# not run yet, and what is missing (issue 56): named, not refused as unknown
+CHAIN_ALGORITHMS = ("eagle3", "peagle")  # losscheck.drafters.speculators
+BLOCK_ALGORITHMS = ("dflash", "dspark")  # losscheck.drafters.dspark
+ALGORITHMS = CHAIN_ALGORITHMS + BLOCK_ALGORITHMS  # speculators_model_type values losscheck runs
+# speculators_model_type values of drafters that losscheck recognises but does not run, and why:
+# named, not refused as unknown
 RECOGNISED = {
-    "dflash": "DFlash drafts a whole block per forward from the target's hidden states at several layers "
-    "(block diffusion, its own draft vocabulary and d2t map), and losscheck has no DFlash drafter yet; "
-    "certify an engine that serves it (--engine vllm or sglang) meanwhile",
+    "mtp": "a speculators-format MTP module (num_nextn_predict_layers) is not read yet; a target checkpoint "
+    "that carries its MTP layers is certified with losscheck.drafters.mtp:from_target, and an engine that "
+    "serves the module with --engine vllm",
 }
+MARKOV_HEADS = ("vanilla", "gated", "rnn")  # DSpark's markov_head_type values (speculators 0.9)
 LAYER_TYPES = ("llama", "qwen3")  # transformer_layer_config.model_type values losscheck builds
 # the library's defaults for fields a config may leave out (speculators 0.9 config classes)
 DEFAULT_SPECULATIVE_TOKENS = 5
@@ -86,12 +92,37 @@ class CheckpointConfig:
     target_vocab_size: int  # the verifier's (transformer_layer_config.vocab_size)
     draft_vocab_size: int
     aux_layers: tuple[int, ...]  # eagle_aux_hidden_state_layer_ids
-    mask_token_id: int | None = None  # P-EAGLE's placeholder token
+    mask_token_id: int | None = None  # P-EAGLE's placeholder token; DFlash's and DSpark's mask token
     flags: dict[str, bool] = field(default_factory=dict)  # norm_before_residual, norm_before_fc, fc_norm, norm_output
+    block: BlockDrafting | None = None  # DFlash and DSpark
 
     @property
     def layer_type(self) -> str:
         return str(self.layer_config.get("model_type", "llama"))
+
+
+@dataclass(frozen=True)
+class BlockDrafting:
+    """What a DFlash or DSpark checkpoint adds to the format: one forward drafts a block.
+
+    `sample_from_anchor` False (DFlash's layout): the block is the anchor (the last committed
+    token) and k mask tokens, and output j (1..k) is draft j-1, so at most `block_size - 1`
+    drafts. True (DSpark's): the anchor and k-1 mask tokens, and output j (0..k-1) is draft j,
+    at most `block_size`. DSpark's Markov head (`markov_rank` > 0) adds to each slot's logits a
+    low-rank bias read from the token before it (the anchor for the first); `draft_topk`
+    (vLLM's `dspark_draft_topk`) keeps only that many of the backbone's top logits per slot."""
+
+    block_size: int
+    sample_from_anchor: bool
+    markov_rank: int = 0  # 0: no Markov head (DFlash)
+    markov_head_type: str = "vanilla"
+    confidence_head: bool = False
+    confidence_with_markov: bool = False
+    draft_topk: int | None = None
+
+    @property
+    def max_drafts(self) -> int:
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
 
 
 def _fail(path: Path, problem: str) -> OptionError:
@@ -121,7 +152,7 @@ def read_config(path: str | Path) -> CheckpointConfig:
     model_type = raw.get("speculators_model_type")
     if model_type in RECOGNISED:
         raise _fail(
-            path, f"a {model_type} checkpoint, which losscheck recognises but does not run: {RECOGNISED[model_type]}"
+            path, f"an {model_type} checkpoint, which losscheck recognises but does not run: {RECOGNISED[model_type]}"
         )
     if model_type not in ALGORITHMS:
         raise _fail(path, f"speculators_model_type {model_type!r} is not supported; losscheck runs {list(ALGORITHMS)}")
@@ -137,16 +168,16 @@ def read_config(path: str | Path) -> CheckpointConfig:
             raise _fail(path, f"transformer_layer_config lacks the integer {key!r}")
     verifier = spec.get("verifier") or {}
     hidden = int(layer["hidden_size"])
-    aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    aux_key = "aux_hidden_state_layer_ids" if model_type in BLOCK_ALGORITHMS else "eagle_aux_hidden_state_layer_ids"
+    aux = raw.get(aux_key)
     if not isinstance(aux, list) or not aux or not all(isinstance(i, int) for i in aux):
         # the library resolves a missing list from the verifier's depth; a checkpoint losscheck
         # certifies must say which layers it was trained on
-        raise _fail(
-            path, f"eagle_aux_hidden_state_layer_ids is {aux!r}; it must list the verifier layers the drafter reads"
-        )
+        raise _fail(path, f"{aux_key} is {aux!r}; it must list the verifier layers the drafter reads")
     mask = raw.get("mask_token_id")
-    if model_type == "peagle" and not isinstance(mask, int):
-        raise _fail(path, "a peagle checkpoint needs an integer mask_token_id (the placeholder of its parallel slots)")
+    if model_type in ("peagle", *BLOCK_ALGORITHMS) and not isinstance(mask, int):
+        raise _fail(path, f"a {model_type} checkpoint needs an integer mask_token_id (the placeholder of its block)")
+    block = _block(path, raw, model_type, int(raw.get("draft_vocab_size") or layer["vocab_size"]))
     return CheckpointConfig(
         path=path,
         model_type=str(model_type),
@@ -165,7 +196,49 @@ def read_config(path: str | Path) -> CheckpointConfig:
             key: bool(raw.get(key, False))
             for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
         },
+        block=block,
     )
+
+
+def _block(path: Path, raw: dict[str, Any], model_type: str, draft_vocab: int) -> BlockDrafting | None:
+    """The block fields of a DFlash or DSpark config.json, with the library's defaults (speculators
+    0.9: block 8; DSpark samples from the anchor, rank-256 vanilla Markov head, confidence head
+    reading the Markov embedding)."""
+    if model_type not in BLOCK_ALGORITHMS:
+        return None
+    dspark = model_type == "dspark"
+    block = BlockDrafting(
+        block_size=_int(path, raw, "block_size", 8),
+        sample_from_anchor=bool(raw.get("sample_from_anchor", dspark)),
+        markov_rank=_int(path, raw, "markov_rank", 256) if dspark else 0,
+        markov_head_type=str(raw.get("markov_head_type", "vanilla")) if dspark else "vanilla",
+        confidence_head=bool(raw.get("enable_confidence_head", True)) if dspark else False,
+        confidence_with_markov=bool(raw.get("confidence_head_with_markov", True)) if dspark else False,
+        draft_topk=raw.get("dspark_draft_topk") if dspark else None,
+    )
+    if block.max_drafts < 1:
+        raise _fail(
+            path, f"block_size {block.block_size} leaves no draft slot; need at least 2 (1 with sample_from_anchor)"
+        )
+    if block.markov_rank < 0 or block.markov_head_type not in MARKOV_HEADS:
+        raise _fail(
+            path,
+            f"markov_rank {block.markov_rank}, markov_head_type {block.markov_head_type!r}: need rank >= 0 "
+            f"(0: no head) and a type in {list(MARKOV_HEADS)}",
+        )
+    if block.confidence_head and block.confidence_with_markov and block.markov_rank == 0:
+        raise _fail(path, "confidence_head_with_markov needs a Markov head (markov_rank > 0); set it false")
+    topk = block.draft_topk
+    if topk is not None and not (isinstance(topk, int) and 1 <= topk <= draft_vocab):
+        raise _fail(path, f"dspark_draft_topk {topk!r}: need an integer in 1..{draft_vocab} (the draft vocabulary)")
+    return block
+
+
+def _int(path: Path, raw: dict[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _fail(path, f"{key} is {value!r}; it must be an integer")
+    return value
 
 
 def _proposal(path: Path, spec: dict[str, Any]) -> GreedyProposal:
@@ -242,9 +315,11 @@ def check_against(cfg: CheckpointConfig, target: TargetShape) -> None:
     bad = [i for i in cfg.aux_layers if not 0 <= i <= target.num_layers]
     if bad or len(set(cfg.aux_layers)) != len(cfg.aux_layers):
         problems.append(
-            f"eagle_aux_hidden_state_layer_ids {list(cfg.aux_layers)}: the target's layer ids are "
+            f"aux hidden state layer ids {list(cfg.aux_layers)}: the target's layer ids are "
             f"0..{target.num_layers}, each at most once"
         )
+    if cfg.block is not None and cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < target.vocab_size:
+        problems.append(f"mask_token_id {cfg.mask_token_id} is not an id of the target's {target.vocab_size} tokens")
     if cfg.draft_vocab_size > target.vocab_size:
         problems.append(
             f"draft vocabulary {cfg.draft_vocab_size} tokens is larger than the target's {target.vocab_size}"

@@ -16,7 +16,8 @@ from losscheck.plan.tiers import BASE_K, HISTORY_VARIANTS
 
 Selection = Callable[[Cell], bool]  # the cells of a family's matrix a set certifies
 
-FAMILIES = ("A", "B", "C", "D", "E", "eagle3", "peagle", "dflash", "tree")  # every bundled drafter, in plan order
+# every bundled drafter, in plan order
+FAMILIES = ("A", "B", "C", "D", "E", "eagle3", "peagle", "dflash", "dspark", "tree")
 
 
 def every_cell(cell: Cell) -> bool:

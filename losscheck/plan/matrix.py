@@ -107,6 +107,9 @@ FAMILY_SAMPLING = {
     # transformers-format DFlash (losscheck.drafters.dflash): one block per forward, as P-EAGLE's,
     # T=1 and T=0.3 (its slots past the first are drawn from marginals, far from p)
     "dflash": (SAMPLING_VARIANTS[:2], (8,), ()),
+    # speculators-format DSpark (losscheck.drafters.dspark): each slot's q reads the draft before
+    # it through the Markov head; T=1 and T=0.3, its longest block, and vLLM's top-k truncation
+    "dspark": (SAMPLING_VARIANTS[:2], (8,), (8,)),
 }
 
 

@@ -11,7 +11,16 @@ from typing import Any
 
 from losscheck import bundled as fixtures
 from losscheck.core.contract import Drafter, Target
-from losscheck.drafters import autoregressive, dflash, dflash_config, parallel, speculators, speculators_config, tree
+from losscheck.drafters import (
+    autoregressive,
+    dflash,
+    dflash_config,
+    dspark,
+    parallel,
+    speculators,
+    speculators_config,
+    tree,
+)
 from losscheck.errors import OptionError, flag
 from losscheck.plan import bundled_sets
 from losscheck.run.loading import is_model_dir, load_object
@@ -25,6 +34,7 @@ LOADERS: dict[str, tuple[Callable[[Path, Target, str], Drafter], str]] = {
     **{family: (parallel.from_path, f"drafter_{family.lower()}") for family in BLOCK_FAMILIES},
     **{name: (speculators.from_path, directory) for name, directory in SPECULATORS.items()},
     "dflash": (dflash.from_path, "dflash"),  # transformers-format DFlash (losscheck.drafters.dflash)
+    "dspark": (speculators.from_path, "speculators_dspark"),  # speculators-format DSpark (losscheck.drafters.dspark)
     "tree": (tree.bundled, "drafter_a"),  # family A's weights drafting a tree (losscheck.drafters.tree)
 }
 
@@ -80,6 +90,12 @@ def declared(target_name: str, which: str = "all") -> dict[str, Declared]:
         elif name in SPECULATORS:
             tokens = speculators_config.read_config(directory).proposal.speculative_tokens
             found[name] = Declared(name, tuple(range(1, tokens + 1)))
+        elif name == "dspark":
+            cfg = speculators_config.read_config(directory)
+            block = cfg.block
+            assert block is not None, f"{directory} is a DSpark checkpoint"
+            ks = tuple(range(1, min(block.max_drafts, cfg.proposal.speculative_tokens) + 1))
+            found[name] = Declared(name, ks, (None, block.draft_topk or dspark.DEFAULT_WIDTH), cfg.aux_layers)
         elif name == "dflash":
             block = json.loads((directory / "config.json").read_text())["block_size"]
             found[name] = Declared(name, tuple(range(1, block)))

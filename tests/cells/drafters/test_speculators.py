@@ -106,7 +106,7 @@ def _edited(tmp_path: Path, edit) -> Path:
     [
         (lambda c: c.pop("speculators_config"), "no speculators_config"),
         (lambda c: c.update(speculators_model_type="medusa"), "not supported"),
-        (lambda c: c.update(speculators_model_type="dflash"), "a dflash checkpoint, which losscheck recognises but"),
+        (lambda c: c.update(speculators_model_type="mtp"), "an mtp checkpoint, which losscheck recognises but"),
         (lambda c: c["transformer_layer_config"].update(vocab_size=128), "vocabulary 128 tokens, the target has 64"),
         (lambda c: c["transformer_layer_config"].update(hidden_size=64), "hidden size 64"),
         (lambda c: c["speculators_config"]["verifier"].update(architectures=["Qwen3ForCausalLM"]), "Qwen3ForCausalLM"),
