@@ -848,3 +848,24 @@ def test_vllm_refuses_mtp_on_the_bundled_mtp_target():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode != 0, "vLLM took the Mellum target's MTP layers: certify them through --engine vllm"
     assert "Unsupported speculative method: 'mtp'" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.slow  # ~30 s; its answer changes only with vLLM's version, which the vllm env pins
+def test_vllm_refuses_dspark_on_the_cpu():
+    """vLLM 0.32 runs DSpark (`{"method": "dspark"}`) only in its V2 model runner
+    (`vllm/v1/worker/gpu/spec_decode/dspark`), which needs Triton; the CPU build runs V1, which
+    refuses the method when the engine is configured. The bundled speculators DSpark checkpoint is
+    certified in losscheck's loop instead (`--drafter speculators:fixtures/speculators_dspark`). A
+    vLLM CPU build that takes it turns this red: then certify it through --engine vllm."""
+    from losscheck import bundled
+
+    checkpoint = str(bundled.fixtures_dir() / "speculators_dspark")
+    spec = {"method": "dspark", "model": checkpoint, "num_speculative_tokens": 4}
+    code = (
+        f"from vllm import LLM\nLLM(model={str(bundled.target_path())!r}, dtype='float32', max_model_len=256, "
+        f"enforce_eager=True, skip_tokenizer_init=True, speculative_config={spec!r})\n"
+    )
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode != 0, "vLLM's CPU build took the DSpark checkpoint: certify it through --engine vllm"
+    assert "Model Runner V1 does not support: dspark speculative decoding" in done.stderr, done.stderr[-2000:]
