@@ -20,7 +20,7 @@ def test_families_command_writes_table_json_and_plot(tmp_path):
     assert main(["families", "--out", str(out), "--ks", "2", "--max-new", "3", "--repeats", "1"]) == 0
     doc = json.loads((out / "table.json").read_text())
     labels = set(doc["drafters"])
-    assert labels == {"A", "B", "C", "D", "E", "eagle3", "peagle", "dflash", "self", "C w4", "E w4"}
+    assert labels == {"A", "B", "C", "D", "E", "eagle3", "peagle", "dflash", "dspark", "self", "C w4", "E w4"}
     assert len(doc["runs"]) == len(labels) * 1 * 2 * 4  # drafters x k x modes x groups
     for run in doc["runs"]:
         assert run["k"] == 2 and len(run["slot_acceptance"]) == 2
