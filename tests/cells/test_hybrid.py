@@ -263,3 +263,20 @@ def test_drafters_reading_the_hybrid_targets_hidden_states_run_exactly(family: s
     plain = Engine(target, None, k=0).generate(_prompts(), 24, GREEDY, torch.Generator())
     assert torch.equal(spec.tokens, plain.tokens)
     assert int((spec.stats.reached - spec.stats.accepted).sum()) > 50  # rollbacks, every one
+
+
+def test_a_dspark_release_for_the_hybrid_target_is_exact_under_greedy_and_accepts_drafts() -> None:
+    """The bundled DSpark checkpoint trained for the hybrid target (fixtures/build_dspark.py: the
+    speculators format, reading the target's layers 1-3, 2,048 of its 8,192 tokens drafted): its
+    greedy loop equals plain decoding through rollbacks of the recurrent state, and it accepts drafts."""
+    from losscheck.core.engine import Engine
+    from losscheck.core.sampling import GREEDY
+    from losscheck.drafters import speculators
+
+    target, _ = _models()
+    drafter = speculators.from_path(FIXTURES / "hybrid_dspark", target)
+    spec = Engine(target, drafter, k=4).generate(_prompts(), 24, GREEDY, torch.Generator())
+    plain = Engine(target, None, k=0).generate(_prompts(), 24, GREEDY, torch.Generator())
+    assert torch.equal(spec.tokens, plain.tokens)
+    rejected = int((spec.stats.reached - spec.stats.accepted).sum())
+    assert rejected > 10 and spec.stats.acceptance_length > 1.5, (rejected, spec.stats.acceptance_length)

@@ -24,7 +24,7 @@ from losscheck.drafters.speculators_config import read_config
 from losscheck.drafters.speculators_parts import draw
 from losscheck.errors import OptionError
 
-DSPARK = bundled.fixtures_dir() / "speculators_dspark"
+DSPARK, DFLASH = (bundled.fixtures_dir() / d for d in ("speculators_dspark", "speculators_dflash"))
 ROWS = [[0, 2, 7, 9, 11, 13, 15, 17], [0, 4, 20], [0, 3, 10, 11, 12]]
 
 
@@ -159,26 +159,20 @@ def test_a_truncation_width_keeps_the_backbones_top_w_and_biases_only_those(targ
     assert bool((cut.probs.gather(-1, top).sum(-1) - 1).abs().max() < 1e-5)  # all of q on the top 8
 
 
-def test_the_dflash_layout_of_the_same_format_loads_and_drafts_block_size_minus_one(tmp_path, target):
-    """A speculators DFlash checkpoint: no heads, the anchor is not a prediction slot."""
-    from safetensors.torch import load_file, save_file
-
-    def as_dflash(c):
-        c.update(speculators_model_type="dflash", sample_from_anchor=False)
-        c["speculators_config"].update(algorithm="dflash")
-        for key in ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"):
-            c.pop(key)
-
-    out = _edited(tmp_path, as_dflash)
-    state = load_file(str(out / "model.safetensors"))
-    backbone = {k: v for k, v in state.items() if not k.startswith(("markov_head.", "confidence_head."))}
-    save_file(backbone, str(out / "model.safetensors"))
-    dflash = speculators.from_path(out, target)
+def test_the_speculators_dflash_checkpoint_has_no_heads_and_drafts_block_size_minus_one(target):
+    """The bundled speculators DFlash checkpoint (the same backbone, DFlash's layout): the anchor is
+    not a prediction slot, its slots are drawn independently, and its greedy loop is exact."""
+    dflash = speculators.from_path(DFLASH, target)
     assert isinstance(dflash, BlockSpeculatorsDrafter) and dflash.net.markov_head is None
-    assert dflash.block_lengths == tuple(range(1, 8)) and dflash.widths == ()
+    assert dflash.block_lengths == tuple(range(1, 9)) and dflash.widths == ()  # block 9
+    params = SamplingParams(temperature=1.0)
+    first, second = (dflash.propose(_context(target, dflash, ROWS[:1] * 32, 3, params, seed)) for seed in (1, 2))
+    assert not torch.equal(first.tokens, second.tokens)
+    torch.testing.assert_close(first.probs, second.probs)  # q does not read the drafts before it
     prompts = [[0, 2, 5, 6], [0, 3, 20, 21, 22]]
-    out_tokens = Engine(target, dflash, 4).generate(prompts, 24, GREEDY, make_generator(1, "dflash")).tokens
-    assert torch.equal(out_tokens, Engine(target, None, 1).generate(prompts, 24, GREEDY, make_generator(1, "p")).tokens)
+    out = Engine(target, dflash, 8).generate(prompts, 24, GREEDY, make_generator(1, "dflash"))
+    assert torch.equal(out.tokens, Engine(target, None, 1).generate(prompts, 24, GREEDY, make_generator(1, "p")).tokens)
+    assert out.stats.acceptance_length > 2.0
 
 
 def test_the_bundled_checkpoint_is_exact_under_greedy_and_accepts_drafts(target, drafter):
