@@ -59,6 +59,7 @@ from losscheck.engines.vllm.bundled import (
     cpu_ngram_fixed,
     cpu_ngram_fixed_two_sample,
     cpu_speculative_config,
+    cpu_speculators_dflash_fixed,
 )
 from losscheck.engines.vllm.cpu_fixes import (
     CPU_FIXES_ENV,
@@ -98,6 +99,7 @@ __all__ = [
     "bundled_draft_model",
     "cpu_dflash",
     "cpu_dflash_fixed",
+    "cpu_speculators_dflash_fixed",
     "cpu_draft_model",
     "cpu_draft_model_fixed",
     "cpu_draft_model_fixed_two_sample",

@@ -72,10 +72,24 @@ def cpu_speculative_config(method: str) -> dict[str, Any]:
         "eagle3": {"method": "eagle3", "model": str(fixtures / "speculators_eagle3"), "num_speculative_tokens": K},
         # transformers' DFlash format with the two keys vLLM reads (fixtures/build_dflash.py)
         "dflash": {"method": "dflash", "model": str(fixtures / "dflash"), "num_speculative_tokens": K},
+        # the speculators format's DFlash (fixtures/build_dspark.py), which vLLM converts on load
+        "speculators_dflash": {
+            "method": "dflash",
+            "model": str(fixtures / "speculators_dflash"),
+            "num_speculative_tokens": K,
+        },
     }[method]
 
 
-CPU_METHODS = ("draft_model", "draft_probabilistic", "draft_tempered2", "ngram", "eagle3", "dflash")
+CPU_METHODS = (
+    "draft_model",
+    "draft_probabilistic",
+    "draft_tempered2",
+    "ngram",
+    "eagle3",
+    "dflash",
+    "speculators_dflash",
+)
 
 
 class CPUEngineFactory:
@@ -114,6 +128,7 @@ cpu_ngram_fixed = CPUEngineFactory("ngram", cpu_fixes=True)
 cpu_eagle3_fixed = CPUEngineFactory("eagle3", cpu_fixes=True)
 cpu_dflash = CPUEngineFactory("dflash")
 cpu_dflash_fixed = CPUEngineFactory("dflash", cpu_fixes=True)
+cpu_speculators_dflash_fixed = CPUEngineFactory("speculators_dflash", cpu_fixes=True)
 cpu_draft_model_fixed_two_sample = CPUEngineFactory("draft_model", cpu_fixes=True, two_sample=True)
 cpu_draft_probabilistic_fixed_two_sample = CPUEngineFactory("draft_probabilistic", cpu_fixes=True, two_sample=True)
 cpu_draft_tempered2_fixed_two_sample = CPUEngineFactory("draft_tempered2", cpu_fixes=True, two_sample=True)
