@@ -175,7 +175,7 @@ SPECS: dict[str, OptionSpec] = {
         "metavar": "NAME|MOD:FACTORY",
         "help": "a black-box engine, certified against itself with drafting off (one-sample PIT when it "
         "declares a precision, else two-sample): a shipped adapter by name (hf, vllm, vllm+cpu-fixes, vllm-serve, "
-        "openai, openvino, llamacpp, sglang; docs/black-box-engines.md) or the import path of a "
+        "openvino, llamacpp, openai, sglang; docs/black-box-engines.md) or the import path of a "
         "factory(target) -> engine. Without a drafter option the run certifies the engine's cells only",
     },
     "assistant": {

@@ -194,3 +194,17 @@ def test_the_rollback_table_states_both_variants(tmp_path):
 
     _, md = write([RollbackRow(4, 2.0, 5.0, 45, 204, 24.0, 8.0)], tmp_path)
     assert "| 4 | 2.0 | 5.0 | 2.50 | 45 / 204 | 24.0 / 8.0 |" in md.read_text()
+
+
+def test_the_engine_help_names_every_registered_adapter_and_no_other():
+    """`--engine`'s help lists the shipped adapters by hand (building it from the registry would
+    import every adapter module in each process that only parses options); this keeps the list equal
+    to the registry's."""
+    import re
+
+    from losscheck.engines.named import ADAPTERS
+    from losscheck.run.options import SPECS
+
+    listed = re.search(r"a shipped adapter by name \(([^;]+);", str(SPECS["engine"]["help"]))
+    assert listed, SPECS["engine"]["help"]
+    assert [name.strip() for name in listed.group(1).split(",")] == list(ADAPTERS)
