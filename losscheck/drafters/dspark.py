@@ -46,14 +46,12 @@ from torch.nn import functional as F
 from losscheck.core.contract import DraftContext, Proposal, Target
 from losscheck.core.precision import torch_dtype
 from losscheck.drafters.dflash import block_mask, block_positions
-from losscheck.drafters.speculators_config import BlockDrafting, CheckpointConfig
+from losscheck.drafters.speculators_config import BlockDrafting, CheckpointConfig, block_lengths, block_widths
 from losscheck.drafters.speculators_parts import draw, identity, is_full_vocab, load_weights, vocab_map
 from losscheck.errors import LosscheckError
 
 if TYPE_CHECKING:
     from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
-
-DEFAULT_WIDTH = 8  # the truncation width a DSpark checkpoint is also certified at when it sets none
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -214,11 +212,9 @@ class BlockSpeculatorsDrafter:
         self.net, self.cfg = net, cfg
         self.block = cast(BlockDrafting, cfg.block)
         self.name = f"speculators:{cfg.model_type}:{cfg.path.name}"
-        self.block_lengths = tuple(range(1, min(self.block.max_drafts, cfg.proposal.speculative_tokens) + 1))
+        self.block_lengths = block_lengths(cfg)
         self.uses_hidden: tuple[int, ...] = cfg.aux_layers
-        self.widths: tuple[int | None, ...] = (
-            (None, self.block.draft_topk or DEFAULT_WIDTH) if net.markov_head is not None else ()
-        )
+        self.widths = block_widths(cfg)
         self.identity = identity
         self.dtype = next(net.parameters()).dtype
         self.map = vocab_map(net.d2t)  # [V_d]

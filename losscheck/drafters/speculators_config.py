@@ -40,6 +40,7 @@ RECOGNISED = {
     "serves the module with --engine vllm",
 }
 MARKOV_HEADS = ("vanilla", "gated", "rnn")  # DSpark's markov_head_type values (speculators 0.9)
+DEFAULT_WIDTH = 8  # the truncation width a DSpark checkpoint is also certified at when it sets none
 LAYER_TYPES = ("llama", "qwen3")  # transformer_layer_config.model_type values losscheck builds
 # the library's defaults for fields a config may leave out (speculators 0.9 config classes)
 DEFAULT_SPECULATIVE_TOKENS = 5
@@ -152,7 +153,9 @@ def read_config(path: str | Path) -> CheckpointConfig:
     model_type = raw.get("speculators_model_type")
     if model_type in RECOGNISED:
         raise _fail(
-            path, f"an {model_type} checkpoint, which losscheck recognises but does not run: {RECOGNISED[model_type]}"
+            path,
+            f"speculators_model_type {model_type!r}, which losscheck recognises but does not run: "
+            + RECOGNISED[model_type],
         )
     if model_type not in ALGORITHMS:
         raise _fail(path, f"speculators_model_type {model_type!r} is not supported; losscheck runs {list(ALGORITHMS)}")
@@ -209,11 +212,11 @@ def _block(path: Path, raw: dict[str, Any], model_type: str, draft_vocab: int) -
     dspark = model_type == "dspark"
     block = BlockDrafting(
         block_size=_int(path, raw, "block_size", 8),
-        sample_from_anchor=bool(raw.get("sample_from_anchor", dspark)),
+        sample_from_anchor=_bool(path, raw, "sample_from_anchor", dspark),
         markov_rank=_int(path, raw, "markov_rank", 256) if dspark else 0,
         markov_head_type=str(raw.get("markov_head_type", "vanilla")) if dspark else "vanilla",
-        confidence_head=bool(raw.get("enable_confidence_head", True)) if dspark else False,
-        confidence_with_markov=bool(raw.get("confidence_head_with_markov", True)) if dspark else False,
+        confidence_head=_bool(path, raw, "enable_confidence_head", True) if dspark else False,
+        confidence_with_markov=_bool(path, raw, "confidence_head_with_markov", True) if dspark else False,
         draft_topk=raw.get("dspark_draft_topk") if dspark else None,
     )
     if block.max_drafts < 1:
@@ -232,6 +235,26 @@ def _block(path: Path, raw: dict[str, Any], model_type: str, draft_vocab: int) -
     if topk is not None and not (isinstance(topk, int) and 1 <= topk <= draft_vocab):
         raise _fail(path, f"dspark_draft_topk {topk!r}: need an integer in 1..{draft_vocab} (the draft vocabulary)")
     return block
+
+
+def _bool(path: Path, raw: dict[str, Any], key: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise _fail(path, f"{key} is {value!r}; it must be true or false")
+    return value
+
+
+def block_lengths(cfg: CheckpointConfig) -> tuple[int, ...]:
+    """The k a DFlash or DSpark checkpoint drafts: 1 up to its layout's and its proposal's limit."""
+    assert cfg.block is not None, "a DFlash or DSpark checkpoint"
+    return tuple(range(1, min(cfg.block.max_drafts, cfg.proposal.speculative_tokens) + 1))
+
+
+def block_widths(cfg: CheckpointConfig) -> tuple[int | None, ...]:
+    """A DSpark checkpoint's truncation widths: full, and its `dspark_draft_topk` (DEFAULT_WIDTH
+    when it sets none); none without a Markov head."""
+    assert cfg.block is not None, "a DFlash or DSpark checkpoint"
+    return (None, cfg.block.draft_topk or DEFAULT_WIDTH) if cfg.block.markov_rank else ()
 
 
 def _int(path: Path, raw: dict[str, Any], key: str, default: int) -> int:

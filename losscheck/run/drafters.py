@@ -15,7 +15,6 @@ from losscheck.drafters import (
     autoregressive,
     dflash,
     dflash_config,
-    dspark,
     parallel,
     speculators,
     speculators_config,
@@ -92,10 +91,9 @@ def declared(target_name: str, which: str = "all") -> dict[str, Declared]:
             found[name] = Declared(name, tuple(range(1, tokens + 1)))
         elif name == "dspark":
             cfg = speculators_config.read_config(directory)
-            block = cfg.block
-            assert block is not None, f"{directory} is a DSpark checkpoint"
-            ks = tuple(range(1, min(block.max_drafts, cfg.proposal.speculative_tokens) + 1))
-            found[name] = Declared(name, ks, (None, block.draft_topk or dspark.DEFAULT_WIDTH), cfg.aux_layers)
+            found[name] = Declared(
+                name, speculators_config.block_lengths(cfg), speculators_config.block_widths(cfg), cfg.aux_layers
+            )
         elif name == "dflash":
             block = json.loads((directory / "config.json").read_text())["block_size"]
             found[name] = Declared(name, tuple(range(1, block)))

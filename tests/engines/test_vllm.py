@@ -807,40 +807,25 @@ def test_vllm_misreads_a_dflash_checkpoint_as_transformers_writes_it(tmp_path):
     ]
 
 
-def test_vllm_dflash_on_the_bundled_checkpoint_equals_plain_greedy_decoding():
-    """vLLM's DFlash proposer (`{"method": "dflash"}`) with the bundled checkpoint, greedy: its tokens
+@pytest.mark.parametrize(
+    "factory",
+    [
+        "cpu_dflash_fixed",
+        # the speculators format's DFlash (its aux layer ids, 48-token draft vocabulary and d2t map):
+        # a second vLLM start-up beside CI's long pole, so the slow tier; docs/vllm.md has its certificate
+        pytest.param("cpu_speculators_dflash_fixed", marks=pytest.mark.slow),
+    ],
+)
+def test_vllm_dflash_on_the_bundled_checkpoint_equals_plain_greedy_decoding(factory):
+    """vLLM's DFlash proposer (`{"method": "dflash"}`) with a bundled checkpoint, greedy: its tokens
     equal vLLM's own without speculation on the bundled prompts, and it accepts drafts (its counters)."""
     from losscheck import bundled
     from losscheck.core.sampling import GREEDY
     from losscheck.core.target import HFTarget
+    from losscheck.engines import vllm
     from losscheck.engines.request import GenerationRequest
-    from losscheck.engines.vllm import cpu_dflash_fixed
 
-    engine = cpu_dflash_fixed(HFTarget.from_pretrained(str(bundled.target_path())))
-    prompts = [list(p) for tier in ("low", "mid", "high") for p in bundled_prompts(tier)[:4]]
-    on = engine.generate(
-        GenerationRequest(prompts=prompts, n=1, params=GREEDY, seed=1, max_new_tokens=32, speculative=True)
-    )
-    off = engine.generate(
-        GenerationRequest(prompts=prompts, n=1, params=GREEDY, seed=1, max_new_tokens=32, speculative=False)
-    )
-    assert torch.equal(on, off)
-    counters = engine.counters()
-    assert counters is not None and counters.accepted > counters.drafts, counters  # over one accepted a round
-
-
-@pytest.mark.slow  # a vLLM start-up beside CI's long pole; the certificate in docs/vllm.md is the evidence
-def test_vllm_dflash_from_the_speculators_format_equals_plain_greedy_decoding():
-    """vLLM reads the speculators-format DFlash checkpoint (fixtures/build_dspark.py: its aux layer
-    ids, its 48-token draft vocabulary and d2t map, DFlash's layout) as losscheck's drafter does: greedy
-    tokens equal vLLM's own without speculation, and it accepts drafts at about losscheck's rate."""
-    from losscheck import bundled
-    from losscheck.core.sampling import GREEDY
-    from losscheck.core.target import HFTarget
-    from losscheck.engines.request import GenerationRequest
-    from losscheck.engines.vllm import cpu_speculators_dflash_fixed
-
-    engine = cpu_speculators_dflash_fixed(HFTarget.from_pretrained(str(bundled.target_path())))
+    engine = getattr(vllm, factory)(HFTarget.from_pretrained(str(bundled.target_path())))
     prompts = [list(p) for tier in ("low", "mid", "high") for p in bundled_prompts(tier)[:4]]
     on = engine.generate(
         GenerationRequest(prompts=prompts, n=1, params=GREEDY, seed=1, max_new_tokens=32, speculative=True)

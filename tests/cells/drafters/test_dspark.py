@@ -7,8 +7,6 @@ drafter that samples with the Markov bias but reports q without it (the shape of
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from losscheck.drafters.dspark import BlockSpeculatorsDrafter
 from losscheck.drafters.speculators_config import read_config
 from losscheck.drafters.speculators_parts import draw
 from losscheck.errors import OptionError
+from tests.cells.drafters.test_speculators import _edited as edited_copy
 
 DSPARK, DFLASH = (bundled.fixtures_dir() / d for d in ("speculators_dspark", "speculators_dflash"))
 ROWS = [[0, 2, 7, 9, 11, 13, 15, 17], [0, 4, 20], [0, 3, 10, 11, 12]]
@@ -60,12 +59,7 @@ def test_the_bundled_checkpoint_reads_as_dspark_with_its_heads(drafter):
 
 
 def _edited(tmp_path: Path, edit) -> Path:
-    out = tmp_path / "ckpt"
-    shutil.copytree(DSPARK, out)
-    config = json.loads((out / "config.json").read_text())
-    edit(config)
-    (out / "config.json").write_text(json.dumps(config))
-    return out
+    return edited_copy(tmp_path, edit, DSPARK)
 
 
 @pytest.mark.parametrize(
@@ -77,11 +71,12 @@ def _edited(tmp_path: Path, edit) -> Path:
         (lambda c: c.update(dspark_draft_topk=49), "1..48"),
         (lambda c: c.update(markov_rank=0), "confidence_head_with_markov needs a Markov head"),
         (lambda c: c.update(block_size="8"), "block_size is '8'"),
+        (lambda c: c.update(sample_from_anchor="false"), "sample_from_anchor is 'false'; it must be true or false"),
         (lambda c: c.pop("mask_token_id"), "needs an integer mask_token_id"),
         (lambda c: c.update(mask_token_id=64), "mask_token_id 64 is not an id"),
         (lambda c: c.pop("aux_hidden_state_layer_ids"), "aux_hidden_state_layer_ids is None"),
         (lambda c: c.update(markov_rank=8), "markov_head.markov_w1.weight has shape"),
-        (lambda c: c.update(speculators_model_type="mtp"), "an mtp checkpoint, which losscheck recognises"),
+        (lambda c: c.update(speculators_model_type="mtp"), "speculators_model_type 'mtp', which losscheck recognises"),
     ],
 )
 def test_a_checkpoint_that_cannot_draft_for_the_target_is_a_clear_error(tmp_path, target, edit, problem):
@@ -144,6 +139,43 @@ def test_each_slots_q_carries_the_markov_bias_of_the_draft_before_it(target, dra
         for b in range(len(first)):
             expected = torch.softmax(base + head.markov_w2(head.markov_w1(first[b])), -1)
             torch.testing.assert_close(q1[b], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gated", "rnn"])
+def test_the_gated_and_rnn_heads_draw_what_the_librarys_block_formula_gives_their_drafts(tmp_path, target, kind):
+    """A checkpoint with the `gated` or `rnn` head (the bundled weights, the new head's own at
+    random): each slot's q is softmax(base + bias) with the bias computed over the whole block as
+    the library trains it, from the drafts as the previous tokens."""
+    from safetensors.torch import load_file, save_file
+
+    out = _edited(tmp_path, lambda c: c.update(markov_head_type=kind))
+    state = load_file(str(out / "model.safetensors"))
+    torch.manual_seed(0)
+    extra = {
+        "gated": {"markov_head.gate_proj.weight": (16, 128 + 16), "markov_head.gate_proj.bias": (16,)},
+        "rnn": {"markov_head.joint_proj.weight": (48, 32 + 128), "markov_head.joint_proj.bias": (48,)},
+    }[kind]
+    save_file({**state, **{k: torch.randn(shape) for k, shape in extra.items()}}, str(out / "model.safetensors"))
+    drafter = speculators.from_path(out, target)
+    ctx = _context(target, drafter, ROWS, 4, SamplingParams(temperature=1.0), seed=3)
+    proposal = drafter.propose(ctx)
+    head = drafter.net.markov_head
+    with torch.inference_mode():
+        states = drafter.backbone(ctx.tokens, ctx.lengths, ctx.hidden, 4)  # [B, k, H]
+        anchor = ctx.tokens[torch.arange(3), ctx.lengths - 1]
+        prev = torch.cat([anchor[:, None], proposal.tokens[:, :-1]], 1)  # [B, k] the token before each draft
+        e = head.markov_w1(prev)  # [B, k, r]
+        if kind == "gated":
+            bias = head.markov_w2(torch.sigmoid(head.gate_proj(torch.cat([states, e], -1))) * e)
+        else:
+            state, outs = e.new_zeros(3, 16), []
+            for j in range(4):
+                gate, cand, o = head.joint_proj(torch.cat([state, e[:, j], states[:, j]], -1)).chunk(3, -1)
+                state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(cand)
+                outs.append(head.markov_w2(torch.tanh(o)))
+            bias = torch.stack(outs, 1)
+        expected = torch.softmax(drafter.net.lm_head(states).float() + bias.float(), -1)
+    torch.testing.assert_close(proposal.probs, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_a_truncation_width_keeps_the_backbones_top_w_and_biases_only_those(target, drafter):

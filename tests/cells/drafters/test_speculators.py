@@ -92,9 +92,10 @@ def test_fixture_configs_read_as_published():
     assert relaxed.relaxed and relaxed.verifier_accept_k == 2
 
 
-def _edited(tmp_path: Path, edit) -> Path:
+def _edited(tmp_path: Path, edit, source: Path = EAGLE3) -> Path:
+    """A copy of the checkpoint `source` with `edit(config)` applied to its config.json."""
     out = tmp_path / "ckpt"
-    shutil.copytree(EAGLE3, out)
+    shutil.copytree(source, out)
     config = json.loads((out / "config.json").read_text())
     edit(config)
     (out / "config.json").write_text(json.dumps(config))
@@ -106,7 +107,7 @@ def _edited(tmp_path: Path, edit) -> Path:
     [
         (lambda c: c.pop("speculators_config"), "no speculators_config"),
         (lambda c: c.update(speculators_model_type="medusa"), "not supported"),
-        (lambda c: c.update(speculators_model_type="mtp"), "an mtp checkpoint, which losscheck recognises but"),
+        (lambda c: c.update(speculators_model_type="mtp"), "'mtp', which losscheck recognises but"),
         (lambda c: c["transformer_layer_config"].update(vocab_size=128), "vocabulary 128 tokens, the target has 64"),
         (lambda c: c["transformer_layer_config"].update(hidden_size=64), "hidden size 64"),
         (lambda c: c["speculators_config"]["verifier"].update(architectures=["Qwen3ForCausalLM"]), "Qwen3ForCausalLM"),
