@@ -35,7 +35,7 @@ from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFact
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, ReportsLogprobs, lengths
+from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, ReportsLogprobs, request_lengths
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.cell import OWN_TARGET
@@ -146,10 +146,11 @@ def request(
     )
 
 
-def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams) -> Generation:
+def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams, vocab: int) -> Generation:
     """EOS-padded engine rows `tokens` [N, L] as a `Generation`, each ending at its first EOS or stop
-    id of `params` (no loop counters: a black box reports none)."""
-    return Generation(tokens, lengths(tokens, eos, params.stop_ids), LoopStats.empty(k), params)
+    id of `params`, or the token that completes a stop string (no loop counters: a black box
+    reports none; `vocab` the target's vocabulary size)."""
+    return Generation(tokens, request_lengths(tokens, eos, params, vocab), LoopStats.empty(k), params)
 
 
 def _facts(ctx: CellContext, facts: SampleFacts) -> SampleFacts:
@@ -171,10 +172,10 @@ def engine_greedy(ctx: CellContext) -> EngineDraws:
     tiers = ctx.prompt_tiers
     asked = [request(ctx, ctx.prompts(tier), 1, GREEDY, max_new, side) for side in (True, False) for tier in tiers]
     drawn = yield tuple(asked)
-    eos = ctx.engine_vocab()[1]
+    vocab, eos = ctx.engine_vocab()
     outcome = CellOutcome(cell, strict=ctx.strict)
     for t, tier in enumerate(tiers):
-        on, off = (as_generation(drawn[s * len(tiers) + t][:, 0], eos, engine.k, GREEDY) for s in (0, 1))
+        on, off = (as_generation(drawn[s * len(tiers) + t][:, 0], eos, engine.k, GREEDY, vocab) for s in (0, 1))
         # the target is loaded only where on and off differ: a margin to read
         model = ctx.engine_target().model if scorable and not torch.equal(on.tokens, off.tokens) else None
         outcome.divergences += find_divergences(model, tier, ctx.prompts(tier), on, off, tolerance)
@@ -370,7 +371,8 @@ def _generation(
 ) -> Generation:
     """Engine samples [P, m, L] as one `Generation` on the target's device, with the engine's
     reported `logprobs` [P, m, L] of them when it gave them."""
-    gen = as_generation(tokens.flatten(0, 1), ctx.engine_vocab()[1], _engine(ctx).k, ctx.cell.params)
+    vocab, eos = ctx.engine_vocab()
+    gen = as_generation(tokens.flatten(0, 1), eos, _engine(ctx).k, ctx.cell.params, vocab)
     gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
     if logprobs is not None:
         gen.logprobs = logprobs.flatten(0, 1)

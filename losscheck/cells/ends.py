@@ -7,9 +7,9 @@ business; this is the part no law shows (a leaked token after a stop is drawn fr
 law all the same). For every row of a generation:
 
 - no more tokens than the budget;
-- nothing after the first end token (EOS or a stop id) — which must not come before
-  `min_tokens`, where the processing masks it;
-- a row shorter than the budget ends with an end token.
+- nothing after the first end: an end token (EOS or a stop id) — which must not come before
+  `min_tokens`, where the processing masks it — or the token that completes a stop string;
+- a row shorter than the budget ends with an end.
 
 `ends_in_blocks` counts how often the cell put that to the test: the rows that ended on an end
 token with drafted positions after it in its round.
@@ -20,35 +20,37 @@ from __future__ import annotations
 import torch
 
 from losscheck.core.generation import Generation
+from losscheck.core.sampling import SamplingParams
+from losscheck.core.stops import first_stop
 
 SHOWN = 3  # rows quoted per problem
 
 
-def end_problems(gen: Generation, eos: int | None) -> list[str]:
-    """What is wrong with where `gen`'s rows ended (empty: nothing); `eos` the target's EOS id."""
+def end_problems(gen: Generation, eos: int | None, vocab: int | None = None) -> list[str]:
+    """What is wrong with where `gen`'s rows ended (empty: nothing); `eos` the target's EOS id,
+    `vocab` its vocabulary size (what stop strings decode; needed when `gen` has them)."""
     tokens, lengths = gen.tokens, gen.lengths  # [B, T], [B]
     budget = tokens.shape[1]
-    ends = ([eos] if eos is not None else []) + list(gen.params.stop_ids)
+    params = gen.params
     problems = []
     over = (lengths > budget).nonzero().squeeze(1).tolist()
     if over:
         problems.append(f"{len(over)} rows longer than the budget of {budget} tokens (rows {over[:SHOWN]})")
-    if not ends:
+    if not _end_ids(params, eos) and params.stop_strings is None:
         short = (lengths < budget).nonzero().squeeze(1).tolist()
         if short:
             problems.append(f"{len(short)} rows stopped before their budget with no end token (rows {short[:SHOWN]})")
         return problems
-    slot = torch.arange(budget, device=tokens.device)[None, :]  # [1, T]
-    is_end = torch.isin(tokens, torch.tensor(ends, device=tokens.device)) & (slot < lengths[:, None])  # [B, T]
-    first = torch.where(is_end, slot, budget).amin(1)  # [B] first end token, budget: none
+    first, by_id = first_ends(gen, eos, vocab)
     ended = first < budget
     leaked = ended & (lengths > first + 1)  # tokens after the first end
-    early = ended & (first < gen.params.min_tokens)
+    early = ended & by_id & (first < params.min_tokens)
     silent = ~ended & (lengths < budget)  # stopped early with no end token
+    what_ends = "an end token (EOS or a stop id)" + (" or a completed stop string" if params.stop_strings else "")
     for rows, what in (
-        (leaked, "emitted tokens after an end token (EOS or a stop id) inside the output"),
-        (early, f"ended before min_tokens={gen.params.min_tokens}, where the end tokens are masked"),
-        (silent, "stopped before their budget with no end token"),
+        (leaked, f"emitted tokens after {what_ends} inside the output"),
+        (early, f"ended before min_tokens={params.min_tokens}, where the end tokens are masked"),
+        (silent, f"stopped before their budget with no end ({what_ends})"),
     ):
         found = rows.nonzero().squeeze(1).tolist()
         if found:
@@ -60,17 +62,47 @@ def end_problems(gen: Generation, eos: int | None) -> list[str]:
     return problems
 
 
-def ends_in_blocks(gen: Generation, eos: int | None) -> tuple[int, int] | None:
-    """(rows ending on an end token, of them those whose end came at a slot before its round's last,
-    with drafted positions after it in the block: where a stop leaks) of a loop generation; None
-    without slots or drafts (a baseline, an engine that reports none)."""
+def first_ends(gen: Generation, eos: int | None, vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] the index of each row's first end within its length, the budget T where it has none;
+    [B] bool whether that end is an end token rather than a stop string). An end token is EOS or
+    a stop id; a stop string ends a row at the token that completes it (`losscheck.core.stops`),
+    searched here over the row's whole output (a Python loop over the rows)."""
+    tokens, lengths = gen.tokens, gen.lengths  # [B, T], [B]
+    budget = tokens.shape[1]
+    slot = torch.arange(budget, device=tokens.device)[None, :]  # [1, T]
+    ends = _end_ids(gen.params, eos)
+    is_end = torch.isin(tokens, torch.tensor(ends, dtype=tokens.dtype, device=tokens.device)) & (
+        slot < lengths[:, None]
+    )
+    first = torch.where(is_end, slot, budget).amin(1)  # [B] first end token, budget: none
+    by_id = first < budget
+    stops = gen.params.stop_strings
+    if stops is None:
+        return first, by_id
+    if vocab is None:
+        raise ValueError("a generation with stop strings needs the target's vocabulary size to decode them")
+    decode = stops.decode(vocab)
+    for b, (row, length) in enumerate(zip(tokens.tolist(), lengths.tolist(), strict=True)):
+        at = first_stop(decode, row[: min(length, int(first[b]))], 0, stops.strings, gen.params.min_tokens)
+        if at is not None:
+            first[b], by_id[b] = at, False
+    return first, by_id
+
+
+def _end_ids(params: SamplingParams, eos: int | None) -> list[int]:
+    return ([eos] if eos is not None else []) + list(params.stop_ids)
+
+
+def ends_in_blocks(gen: Generation, eos: int | None, vocab: int | None = None) -> tuple[int, int] | None:
+    """(rows ending on an end token or a stop string, of them those whose end came at a slot before
+    its round's last, with drafted positions after it in the block: where a stop leaks) of a loop
+    generation; None without slots or drafts (a baseline, an engine that reports none)."""
     if gen.slots is None or gen.stats.k < 1:
         return None
-    ends = ([eos] if eos is not None else []) + list(gen.params.stop_ids)
-    if not ends:
+    if not _end_ids(gen.params, eos) and gen.params.stop_strings is None:
         return 0, 0
+    first, _ = first_ends(gen, eos, vocab)
+    ended = (gen.lengths > 0) & (first == gen.lengths - 1)  # [B] the row's last token ended it
     last = (gen.lengths - 1).clamp(min=0)[:, None]  # [B, 1] each row's last token
-    token = gen.tokens.gather(1, last).squeeze(1)  # [B]
     slot = gen.slots.to(gen.tokens.device).gather(1, last).squeeze(1)  # [B]
-    ended = (gen.lengths > 0) & torch.isin(token, torch.tensor(ends, device=token.device))
     return int(ended.sum()), int((ended & (slot < gen.stats.k)).sum())

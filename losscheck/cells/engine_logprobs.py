@@ -24,7 +24,7 @@ from losscheck.engines import (
     ReportsLogprobs,
     checked_logprobs,
     checked_samples,
-    lengths,
+    request_lengths,
 )
 from losscheck.errors import LosscheckError
 
@@ -67,7 +67,9 @@ def engine_logprob_check(
         reported = checked_logprobs(engine, reported, request)
         rows_of = [list(p) for p in request.prompts for _ in range(rows)]
         forced = teacher_forced_probs(target, rows_of, tokens.to(target.device), params, tolerance)
-        generated = (torch.arange(horizon) < lengths(tokens, eos, params.stop_ids)[:, None]).to(forced.probs.device)
+        generated = (torch.arange(horizon) < request_lengths(tokens, eos, params, target.vocab_size)[:, None]).to(
+            forced.probs.device
+        )
         check = LogprobCheck(tolerance, params.temperature)
         check.observe(reported.flatten(0, 1), tokens, generated & ~forced.ambiguous, forced.probs)
         checks[side] = check

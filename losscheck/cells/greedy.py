@@ -36,7 +36,7 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
             partial(_baseline, ctx, prompts, max_new, tier),
         )
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
-        outcome.problems += [f"ends: {tier} prompts: {p}" for p in end_problems(spec, target.eos_id)]
+        outcome.problems += [f"ends: {tier} prompts: {p}" for p in end_problems(spec, target.eos_id, target.vocab_size)]
         outcome.acceptance[tier] = spec.stats
     rejected = sum(int((s.reached - s.accepted).sum()) for s in outcome.acceptance.values())
     idle = sum(s.zero_drafts for s in outcome.acceptance.values())

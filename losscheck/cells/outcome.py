@@ -152,8 +152,9 @@ def oracle_problems(cell: Cell, acceptance: dict[str, LoopStats]) -> list[str]:
 
 def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation, facts: SampleFacts) -> CellOutcome:
     acceptance = {"all": gen.stats}
-    eos = ctx.target_named(ctx.cell.target).eos_id
-    counted = ends_in_blocks(gen, eos)
+    target = ctx.target_named(ctx.cell.target)
+    eos, vocab = target.eos_id, target.vocab_size
+    counted = ends_in_blocks(gen, eos, vocab)
     if counted is not None:
         facts = dataclasses.replace(facts, ends=counted[0], ends_in_block=counted[1])
     return CellOutcome(
@@ -161,7 +162,7 @@ def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation
         verdict=combine(ctx.cell.id, results, ctx.alpha),
         acceptance=acceptance,
         problems=oracle_problems(ctx.cell, acceptance)
-        + [f"ends: {p}" for p in end_problems(gen, eos)]
+        + [f"ends: {p}" for p in end_problems(gen, eos, vocab)]
         + logprob_problems(facts),
         facts=with_rule(ctx, facts),
     )

@@ -29,7 +29,7 @@ import torch
 
 from losscheck.cells.scoring import teacher_forced_probs
 from losscheck.core.sampling import SamplingParams, derive_seed, make_generator
-from losscheck.engines import BlackBoxEngine, GenerationRequest, lengths
+from losscheck.engines import BlackBoxEngine, GenerationRequest, request_lengths
 from losscheck.errors import LosscheckError
 from losscheck.stats import registry
 from losscheck.stats.gof import impossible_event
@@ -128,7 +128,9 @@ def _stream_values(
 
     eos = target.eos_id if target.eos_id is not None else -1
     n, horizon = tokens.shape
-    generated = torch.arange(horizon)[None, :] < lengths(tokens, eos, params.stop_ids)[:, None]  # [N, L]
+    generated = (
+        torch.arange(horizon)[None, :] < request_lengths(tokens, eos, params, target.vocab_size)[:, None]
+    )  # [N, L]
     forced = teacher_forced_probs(target, [list(prompt)] * n, tokens.to(target.device), params, tolerance)
     p = forced.probs.double().cpu()  # [N, L, V]
     tested = generated & ~forced.left_out.cpu()  # [N, L]

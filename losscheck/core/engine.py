@@ -35,6 +35,7 @@ from losscheck.core.history import History, HistoryStep, adjust_logits
 from losscheck.core.logprobs import LogprobRule, emitted_logprobs
 from losscheck.core.ragged import RaggedKVCache, RaggedLM, forward_rows, ragged_cache
 from losscheck.core.sampling import SamplingParams, process_logits
+from losscheck.core.stops import StopRule, first_stop
 from losscheck.core.verify import BlockOutcome, Verifier, capped, checked_outcome, verify_block
 from losscheck.errors import LosscheckError
 
@@ -227,6 +228,7 @@ class Engine:
         history: HistoryStep | None = None,
         ends: EndRule | None = None,
         logprobs: LogprobRule | None = None,
+        stop_rule: StopRule | None = None,
     ) -> None:
         if drafter is not None and k < 1:
             raise LosscheckError(f"block length k must be >= 1 with a drafter, got {k}")
@@ -239,6 +241,7 @@ class Engine:
         self.history: HistoryStep = history or adjust_logits  # a planted bug may replace it
         self.ends: EndRule = ends or emit_counts  # likewise
         self.logprobs: LogprobRule = logprobs or emitted_logprobs  # likewise
+        self.stop_rule: StopRule = stop_rule or first_stop  # likewise
         # the target layers whose states the drafter reads; only named layers are asked for by
         # id, so a Target without `layers=` still serves drafters of the last layer
         self.layers = hidden_layers(drafter, target) if drafter is not None else None
@@ -304,7 +307,7 @@ class Engine:
             reported = None  # [B, k+1] each verified token's log-probability, kept for sampled requests
             if batch.logprob_of is not None:
                 reported = self.logprobs(process_logits(logits, params), outcome.tokens, proposal.probs)
-        self._commit(batch, outcome, states, stats, proposal, params.stop_ids, reported)
+        self._commit(batch, outcome, states, stats, proposal, params, reported)
 
     def q_buffers(self, rows: int, capacity: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Zeroed `Batch.q_ids`, `Batch.q_probs` [rows, capacity, M] for a sampled request with a
@@ -441,17 +444,19 @@ class Engine:
         states: torch.Tensor,
         stats: LoopStats,
         proposal: Proposal,
-        stop_ids: tuple[int, ...],
+        params: SamplingParams,
         reported: torch.Tensor | None = None,
     ) -> None:
-        """Append each active row's emitted tokens (up to its budget, EOS or a stop id) and roll
-        the drafter back to what was kept."""
+        """Append each active row's emitted tokens (up to its budget, EOS, a stop id or a stop
+        string) and roll the drafter back to what was kept."""
         width = outcome.tokens.shape[1]  # k + 1
         active = ~batch.done
         accepted = torch.where(active, outcome.accepted, 0)  # [B]
         room = batch.budget - (batch.lengths - batch.prompt_lengths)  # [B] budget left
-        emit, ended = self.ends(outcome.tokens, accepted + 1, room, self.target.eos_id, stop_ids)
+        emit, ended = self.ends(outcome.tokens, accepted + 1, room, self.target.eos_id, params.stop_ids)
         emit = torch.where(active, emit, 0)
+        if params.stop_strings is not None:
+            emit, ended = self._stop_strings(batch, outcome.tokens, emit, ended, params)
         slot = torch.arange(width, device=emit.device)[None, :]  # [1, k+1]
         # every slot of the round is written, the kept ones and junk past a row's emit (and a
         # finished row's): nothing reads a row past its length, and the next round overwrites it
@@ -480,6 +485,24 @@ class Engine:
         stats.record_round(accepted, active, width - 1, proposal.counts)
         finished = emit >= room  # spent its budget (a row already done stays done)
         batch.done = batch.done | (finished if ended is None else finished | ended)
+
+    def _stop_strings(
+        self, batch: Batch, tokens: torch.Tensor, emit: torch.Tensor, ended: torch.Tensor | None, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`emit` [B] and `ended` [B] cut at the first token of each row's round `tokens` [B, k+1]
+        that completes a stop string (`losscheck.core.stops`), searched over the row's output so
+        far: a string may span the round's boundary. A Python loop over the rows that emit, in
+        the cells that set stop strings alone."""
+        assert params.stop_strings is not None
+        decode = params.stop_strings.decode(self.target.vocab_size)
+        emit, ended = emit.clone(), torch.zeros_like(emit, dtype=torch.bool) if ended is None else ended.clone()
+        for b in emit.nonzero().squeeze(1).tolist():
+            start, before = int(batch.prompt_lengths[b]), int(batch.lengths[b])
+            output = batch.tokens[b, start:before].tolist() + tokens[b, : int(emit[b])].tolist()
+            at = self.stop_rule(decode, output, before - start, params.stop_strings.strings, params.min_tokens)
+            if at is not None:
+                emit[b], ended[b] = at - (before - start) + 1, True
+        return emit, ended
 
 
 def _allocated(target: Target) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from losscheck.core.grammar import Grammar
+from losscheck.core.stops import StopStrings
 from losscheck.errors import OptionError
 
 
@@ -39,6 +40,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and `stop_ids` masked until the output has this many tokens
     stop_ids: tuple[int, ...] = ()  # ids that end the output like EOS (the id is emitted)
     grammar: Grammar | None = None  # structured output: the ids a regex / JSON schema allows (core.grammar)
+    stop_strings: StopStrings | None = None  # texts that end the output (core.stops; the token is emitted)
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -130,6 +132,8 @@ class SamplingParams:
             parts.append("stop" + "_".join(map(str, self.stop_ids)))
         if self.grammar is not None:
             parts.append(self.grammar.label())
+        if self.stop_strings is not None:
+            parts.append(self.stop_strings.label())
         return "-".join(parts)
 
 

@@ -100,7 +100,7 @@ class TreeEngine(Engine):
             reported = None
             if batch.logprob_of is not None:
                 reported = self.logprobs(process_logits(path_logits, params), chain.tokens, path_proposal.probs)
-        self._commit(batch, chain, path_states, stats, path_proposal, params.stop_ids, reported)
+        self._commit(batch, chain, path_states, stats, path_proposal, params, reported)
 
     def _pack(self, pending: torch.Tensor, outcome: TreeOutcome) -> None:
         """The kept path's keys and values moved behind the pending token (slot pending+1+d)."""

@@ -39,7 +39,14 @@ from losscheck.engines.contract import (
 )
 from losscheck.engines.counters import EngineCounters
 from losscheck.engines.legacy import LegacyEngine
-from losscheck.engines.outputs import checked_logprobs, checked_samples, engine_counters, lengths, row_by_row
+from losscheck.engines.outputs import (
+    checked_logprobs,
+    checked_samples,
+    engine_counters,
+    lengths,
+    request_lengths,
+    row_by_row,
+)
 from losscheck.engines.request import GenerationRequest
 
 __all__ = [
@@ -59,5 +66,6 @@ __all__ = [
     "draft_model",
     "engine_counters",
     "lengths",
+    "request_lengths",
     "row_by_row",
 ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from losscheck.core.stops import hf_tokenizer
 from losscheck.engines.registry import EngineSpec, needs_assistant, option, register
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import OptionError
@@ -60,12 +61,18 @@ def dtype_precision(dtype: torch.dtype) -> str:
 # transformers' order differs from vLLM's (min-p last, after top-k and top-p) and it has no
 # presence or frequency penalty: what losscheck's reference cannot judge, refused by name
 # what the adapter passes to transformers' own processors (`losscheck.engines.served`: the rest is refused)
-HF_SERVES = frozenset({"min_p", "repetition_penalty", "logit_bias", "banned_ids", "min_tokens", "stop_ids"})
+HF_SERVES = frozenset(
+    {"min_p", "repetition_penalty", "logit_bias", "banned_ids", "min_tokens", "stop_ids", "stop_strings"}
+)
 HF_UNSUPPORTED = {
     "presence_penalty": "transformers has no presence penalty",
     "frequency_penalty": "transformers has no frequency penalty",
     **GRAMMAR_UNSUPPORTED,
 }
+STOPS_BEFORE_MIN = (
+    "transformers matches stop strings from the first token, vLLM (and losscheck's reference) from min_tokens on; "
+    "certify stop strings alone"
+)
 MIN_P_ORDER = (
     "transformers applies min-p after top-k and top-p, vLLM (and losscheck's reference) before them; "
     "certify min-p alone"
@@ -92,6 +99,8 @@ def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None 
     refuse(params, engine, HF_SERVES, HF_UNSUPPORTED, eos)
     if params.min_p and (params.top_k or params.top_p < 1) and not params.greedy:
         raise UnsupportedParameter(f"engine {engine!r} cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
+    if params.stop_strings is not None and params.min_tokens:
+        raise UnsupportedParameter(f"engine {engine!r} cannot serve stop_strings with min_tokens: {STOPS_BEFORE_MIN}")
     sampling: dict[str, Any] = (
         {"do_sample": False}
         if params.greedy
@@ -108,6 +117,22 @@ def sampling_config(params: SamplingParams, engine: str = "hf", eos: int | None 
         "sequence_bias": {(i,): bias for i, bias in params.logit_bias} or None,
         "bad_words_ids": [[i] for i in params.banned_ids] or None,
         "min_new_tokens": params.min_tokens,
+    }
+
+
+def stop_criteria(params: SamplingParams) -> dict[str, Any]:
+    """`generate`'s keyword arguments for the request's stop strings: transformers' own
+    `StopStringCriteria` with the vocabulary's tokenizer, as a stopping criterion. Not as the
+    config's `stop_strings`: assisted generation hands its config to the assistant's `generate`
+    without the tokenizer, which then raises (transformers 5.25 `candidate_generator.py`,
+    `_prepare_generation_args`; docs/black-box-engines.md)."""
+    if params.stop_strings is None:
+        return {}
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    tokenizer = hf_tokenizer(params.stop_strings.vocabulary)
+    return {
+        "stopping_criteria": StoppingCriteriaList([StopStringCriteria(tokenizer, list(params.stop_strings.strings))])
     }
 
 
@@ -196,13 +221,14 @@ class HFAssistedEngine:
     def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         import torch
 
-        from losscheck.engines import lengths
+        from losscheck.engines import request_lengths
 
         speculative, n = request.speculative, request.n
         config = self.generation_config(request.params, request.max_new_tokens, speculative)
         config.output_scores = config.return_dict_in_generate = logprobs
         assistant = {"assistant_model": self.assistant} if speculative and self.assistant is not None else {}
         device = next(self.model.parameters()).device
+        words = stop_criteria(request.params)
         out = torch.full(request.shape, self.eos, dtype=torch.long)  # [P, n, L]
         reported = torch.zeros(request.shape) if logprobs else None  # [P, n, L]
         # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
@@ -216,7 +242,7 @@ class HFAssistedEngine:
                     # `generate` comes from GenerationMixin, which every *ForCausalLM has and
                     # transformers' PreTrainedModel type lacks
                     answer = self.model.generate(  # type: ignore[operator]
-                        batch, attention_mask=torch.ones_like(batch), generation_config=config, **assistant
+                        batch, attention_mask=torch.ones_like(batch), generation_config=config, **assistant, **words
                     )
                     sequences = answer.sequences if logprobs else answer
                     new = sequences[:, len(prompt) :].cpu()  # [rows, generated]; rows that end early pad with eos
@@ -226,7 +252,7 @@ class HFAssistedEngine:
                         chosen = scores.gather(-1, new[..., None]).squeeze(-1)  # [rows, generated]
                         reported[i, start : start + rows, : new.shape[1]] = chosen
         if reported is not None:  # nothing after a row's end
-            ends = lengths(out, self.eos, request.params.stop_ids)[..., None]
+            ends = request_lengths(out, self.eos, request.params, self.model.config.vocab_size)[..., None]
             generated = torch.arange(request.max_new_tokens) < ends  # [P, n, L]
             reported = torch.where(generated, reported, 0.0)
         return out, reported

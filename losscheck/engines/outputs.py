@@ -16,6 +16,8 @@ from losscheck.engines.request import GenerationRequest
 if TYPE_CHECKING:
     import torch
 
+    from losscheck.core.sampling import SamplingParams
+
 
 def engine_counters(engine: object) -> EngineCounters | None:
     """The engine's counters when it keeps them, validated; None when it has none."""
@@ -107,6 +109,17 @@ def checked_samples(
     if ((ended.cumsum(-1) - ended > 0) & (out != eos)).any():  # an end strictly before a non-EOS
         where = f"its first EOS ({eos})" if not [i for i in stops if i != eos] else f"its first EOS ({eos}) or stop id"
         raise EngineOutputError(f"{name}: a row has ids other than EOS after {where}; pad finished rows with EOS")
+    if request.params.stop_strings is not None:
+        ends = request_lengths(out, eos, request.params, vocab_size)  # [P, n]
+        after = torch.arange(max_new_tokens) >= ends[..., None]  # [P, n, L]
+        leaked = (after & (out != eos)).any(-1)  # [P, n]
+        if leaked.any():
+            p, row = (int(i) for i in leaked.nonzero()[0])
+            raise EngineOutputError(
+                f"{name}: {int(leaked.sum())} rows go on after the token that completed a stop string of "
+                f"{list(request.params.stop_strings.strings)} (prompt {p}, row {row}: token {int(ends[p, row]) - 1}); "
+                "a row ends there, padded with EOS"
+            )
     return out
 
 
@@ -137,6 +150,24 @@ def lengths(tokens: torch.Tensor, eos: int, stops: Sequence[int] = ()) -> torch.
 
     ends = _ends(tokens, eos, stops)  # [..., L]
     return torch.where(ends.any(-1), ends.long().argmax(-1) + 1, tokens.shape[-1])
+
+
+def request_lengths(tokens: torch.Tensor, eos: int, params: SamplingParams, vocab: int) -> torch.Tensor:
+    """`lengths` of EOS-padded `tokens` [..., L] under a request's `params`: at its first EOS or
+    stop id, or at the token that completes one of its stop strings (`losscheck.core.stops`, a
+    Python loop over the rows; `vocab` the target's vocabulary size, what the strings decode)."""
+    ends = lengths(tokens, eos, params.stop_ids)
+    if params.stop_strings is None:
+        return ends
+    from losscheck.core.stops import first_stop
+
+    decode = params.stop_strings.decode(vocab)
+    flat, found = tokens.reshape(-1, tokens.shape[-1]).tolist(), ends.reshape(-1).clone()
+    for b, row in enumerate(flat):
+        at = first_stop(decode, row[: int(found[b])], 0, params.stop_strings.strings, params.min_tokens)
+        if at is not None:
+            found[b] = at + 1
+    return found.reshape(ends.shape)
 
 
 def _ends(tokens: torch.Tensor, eos: int, stops: Sequence[int]) -> torch.Tensor:

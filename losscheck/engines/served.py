@@ -10,7 +10,8 @@ speculation, a two-sample cell PASS). An engine that declares nothing serves non
 ids: a row ends at its first EOS or stop id, which it keeps, and is padded with EOS after it
 (`losscheck.engines.lengths`); an adapter whose engine stops there serves `stop_ids` (vLLM's
 offline API and server, an OpenAI-compatible server, SGLang, Hugging Face), the others refuse any
-but EOS.
+but EOS. Stop strings: a row ends at the token that completes one (`losscheck.core.stops`), kept,
+EOS after it; Hugging Face (`stop_strings`) and vLLM (`stop`, with a tokenizer) take them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ SERVED = (
     "min_tokens",
     "stop_ids",
     "grammar",
+    "stop_strings",
 )
 ENDS_AT_EOS = (
     "the adapter passes no stop ids to its engine "
@@ -78,6 +80,8 @@ def refuse(
         value = getattr(params, name)
         if name == "grammar" and params.grammar is not None:
             value = params.grammar.label()
+        elif name == "stop_strings" and params.stop_strings is not None:
+            value = list(params.stop_strings.strings)
         elif name == "stop_ids":
             value = [i for i in params.stop_ids if i != eos]
         reason = (why or {}).get(name) or (ENDS_AT_EOS if name == "stop_ids" else UNDECLARED)

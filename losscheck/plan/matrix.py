@@ -20,6 +20,7 @@ from losscheck.errors import flag
 from losscheck.plan import bundled_sets
 from losscheck.plan.cell import ENGINE, ORACLE, OWN_TARGET, Cell
 from losscheck.plan.entry import MatrixEntry
+from losscheck.plan.sampling_spec import with_vocabulary
 from losscheck.plan.tiers import BASE_K, EDGE_VARIANTS, EXACT_K, HISTORY_VARIANTS, TierContext, in_slow_tier
 from losscheck.serving import axis as serving_axes
 from losscheck.serving.axis import serving
@@ -214,16 +215,14 @@ def plan(
 
 
 def history_variants(vocabulary: str | None) -> tuple[SamplingParams, ...]:
-    """`HISTORY_VARIANTS` for a main target whose tokens `vocabulary` spells: the grammar cell's
-    grammar compiled against it (a tokenizer directory), or left out (None: no tokenizer)."""
+    """`HISTORY_VARIANTS` for a main target whose tokens `vocabulary` spells: the grammar and the
+    stop strings read against it (a tokenizer directory), or their cells left out (None: no
+    tokenizer)."""
     if vocabulary == BUNDLED:
         return HISTORY_VARIANTS
     if vocabulary is None:
-        return tuple(params for params in HISTORY_VARIANTS if params.grammar is None)
-    return tuple(
-        params if params.grammar is None else replace(params, grammar=replace(params.grammar, vocabulary=vocabulary))
-        for params in HISTORY_VARIANTS
-    )
+        return tuple(p for p in HISTORY_VARIANTS if p.grammar is None and p.stop_strings is None)
+    return tuple(with_vocabulary(params, vocabulary) for params in HISTORY_VARIANTS)
 
 
 def serving_cells() -> list[Any]:

@@ -5,7 +5,8 @@ SPEC is `NAME=VALUE` pairs separated by spaces (a value with spaces quoted, shel
 keeps its neutral value (temperature 1). Lists are comma-separated: `banned_ids=3,7`,
 `stop_ids=2`, `logit_bias=5:2.0,7:-1.5` (id:bias); `grammar=regex:PATTERN` or `grammar=json:SCHEMA`
 (over the bundled target's `losscheck.core.grammar.BUNDLED_TEXTS`, or the `--target`'s tokenizer;
-`"grammar='regex:[a-z]+( [a-z]+)*'"`). For example
+`"grammar='regex:[a-z]+( [a-z]+)*'"`); `stop_strings=ab,cd` or a JSON list
+(`'stop_strings=["a,b"]'`), decoded with the same vocabulary. For example
 `--losscheck-sampling "repetition_penalty=1.2 min_p=0.05"`.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from losscheck.core.grammar import parse_grammar
 from losscheck.core.sampling import SamplingParams
+from losscheck.core.stops import parse_stop_strings
 from losscheck.errors import OptionError, flag
 
 EXAMPLE = '"repetition_penalty=1.2 min_p=0.05"'
@@ -50,6 +52,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "min_tokens": int,
     "stop_ids": _ids,
     "grammar": parse_grammar,
+    "stop_strings": parse_stop_strings,
 }
 assert set(PARSERS) == {f.name for f in dataclasses.fields(SamplingParams)}, "a SamplingParams field has no parser"
 
@@ -86,6 +89,15 @@ def parse_sampling(text: str, tokenizer: str | None = None) -> SamplingParams:
         raise OptionError(f"{where}: {exc}") from None
     if params.greedy:
         raise OptionError(f"{where}: temperature 0 is greedy; the sampled cells need temperature > 0")
-    if params.grammar is not None and tokenizer is not None:
-        params = dataclasses.replace(params, grammar=dataclasses.replace(params.grammar, vocabulary=tokenizer))
-    return params
+    return with_vocabulary(params, tokenizer) if tokenizer is not None else params
+
+
+def with_vocabulary(params: SamplingParams, vocabulary: str) -> SamplingParams:
+    """`params` with its grammar and stop strings over `vocabulary` (a tokenizer directory, or
+    `BUNDLED`)."""
+    changes = {
+        name: dataclasses.replace(value, vocabulary=vocabulary)
+        for name in ("grammar", "stop_strings")
+        if (value := getattr(params, name)) is not None
+    }
+    return dataclasses.replace(params, **changes) if changes else params

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from losscheck.core.grammar import Grammar
 from losscheck.core.precision import Precision
 from losscheck.core.sampling import SamplingParams
+from losscheck.core.stops import StopStrings
 from losscheck.plan.cell import ENGINE, Cell
 
 GREEDY_KS = (1, 2, 4, 8, 16)
@@ -30,6 +31,7 @@ EDGE_VARIANTS = (SamplingParams(temperature=1e-3), SamplingParams(temperature=5.
 # its most frequent T = 1 token (~2.7% of them), id 5 one it emits ~2% of the time. A PIT cell of
 # them costs what the base cell does (~4 s here): all are in the quick gate; the main job has all but
 # the grammar's, which needs xgrammar (`losscheck[grammar]`) and is in `--bundled all` and CI's tests.
+STOP_STRINGS = ("rR", "RS", "44", "xh", "P4")
 HISTORY_VARIANTS = (
     SamplingParams(repetition_penalty=1.5),
     SamplingParams(min_tokens=8, stop_ids=(25,)),
@@ -41,6 +43,10 @@ HISTORY_VARIANTS = (
     # structured output: letters and digits alternate (the bundled target's ids spell characters,
     # `losscheck.core.grammar.BUNDLED_TEXTS`), so the allowed ids change with every token
     SamplingParams(grammar=Grammar("regex", "([a-z][0-9])+")),
+    # stop strings: five of the bigrams the target draws most at T = 1 (each in ~7% of its 16-token
+    # rows after the bundled prompts), so that about a third of the rows stop on one, often on a
+    # string whose first character closed the round before (`losscheck.core.stops`)
+    SamplingParams(stop_strings=StopStrings(STOP_STRINGS)),
 )
 
 

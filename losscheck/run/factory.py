@@ -78,10 +78,8 @@ def planted_engine(
     if plant.wrap_target is not None:
         target = plant.wrap_target(target, k)
     # a plant registered before plants could replace the history step has no `history`
-    history, ends, logprobs = (getattr(plant, part, None) for part in ("history", "ends", "logprobs"))
-    return Engine(
-        target, drafter, k, width, verifier=plant.verifier or verifier, history=history, ends=ends, logprobs=logprobs
-    )
+    parts = {part: getattr(plant, part, None) for part in ("history", "ends", "logprobs", "stop_rule")}
+    return Engine(target, drafter, k, width, verifier=plant.verifier or verifier, **parts)
 
 
 _VERIFIERS: dict[str, Verifier] = {}  # spec -> the verifier its factory built, once per process

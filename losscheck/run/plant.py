@@ -17,6 +17,7 @@ from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import EndRule
 from losscheck.core.history import HistoryStep
 from losscheck.core.logprobs import LogprobRule
+from losscheck.core.stops import StopRule
 from losscheck.core.verify import Verifier
 from losscheck.errors import OptionError, flag
 from losscheck.serving.batching import PlantsScheduler
@@ -64,6 +65,12 @@ class Plant(PlantsPrefixCache, PlantsScheduler, Protocol):
     def logprobs(self) -> LogprobRule | None:
         """Used in place of the engine's rule for the log-probabilities it reports
         (`losscheck.core.logprobs.emitted_logprobs`); optional on a plant."""
+        ...
+
+    @property
+    def stop_rule(self) -> StopRule | None:
+        """Used in place of the engine's rule for the token that completes a stop string
+        (`losscheck.core.stops.first_stop`); optional on a plant."""
         ...
 
 

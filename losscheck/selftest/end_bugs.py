@@ -1,10 +1,14 @@
-"""Planted bugs in where a sequence ends (`losscheck.core.engine.emit_counts` is the correct rule)."""
+"""Planted bugs in where a sequence ends (`losscheck.core.engine.emit_counts` is the correct rule,
+and `losscheck.core.stops.first_stop` the correct stop-string rule)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from losscheck.core.engine import emit_counts
+from losscheck.core.stops import Decode, first_stop
 
 
 def stop_checked_on_last_token(
@@ -30,3 +34,23 @@ def budget_checked_before_stop(
     transformers #47912). Shows only in a row's last round, where an end token and the budget meet."""
     emit, ended = emit_counts(emitted, count, room, eos, stop_ids)
     return torch.where(count >= room, room, emit), ended  # BUG: the budget cut wins over the end token
+
+
+def stop_string_at_round_end(
+    decode: Decode, output: Sequence[int], start: int, strings: tuple[str, ...], min_tokens: int
+) -> int | None:
+    """A stop string matched only where the round's text ends (transformers' `StopStringCriteria`,
+    run once per assisted-generation round): one completed by a token inside the block is missed."""
+    last = len(output) - 1
+    if last < max(start, min_tokens):
+        return None
+    return last if decode(output).endswith(strings) else None
+
+
+def stop_string_tokens_kept(
+    decode: Decode, output: Sequence[int], start: int, strings: tuple[str, ...], min_tokens: int
+) -> int | None:
+    """A stop string found in the round's tokens ends the row after the round's last token: the
+    tokens after the completing one are kept."""
+    at = first_stop(decode, output, start, strings, min_tokens)
+    return None if at is None else len(output) - 1

@@ -20,6 +20,7 @@ from losscheck.core.contract import Drafter, Target
 from losscheck.core.engine import EndRule
 from losscheck.core.history import HistoryStep
 from losscheck.core.logprobs import LogprobRule
+from losscheck.core.stops import StopRule
 from losscheck.core.verify import Verifier
 from losscheck.plan.matrix import EXACT_CELL, GREEDY_CELL, ORACLE, PIT_CELL, Cell
 from losscheck.plan.profiles import Profile
@@ -51,6 +52,7 @@ class Mutant:
     history: HistoryStep | None = None  # the engine's history-dependent processing of p (`losscheck.core.history`)
     ends: EndRule | None = None  # the engine's rule for where a round's rows end (`losscheck.core.engine`)
     logprobs: LogprobRule | None = None  # the engine's reported log-probabilities (`losscheck.core.logprobs`)
+    stop_rule: StopRule | None = None  # the engine's token that completes a stop string (`losscheck.core.stops`)
 
     def cells(self, plan: Mapping[str, list[Cell]], profile: Profile, stress: bool = True) -> list[Cell]:
         """The cells of a gate `plan` where the bug manifests, in run order (`stress` False:
@@ -84,6 +86,10 @@ def _main_sampled(cell: Cell, horizon: int) -> bool:
 
 def _with_stop_ids(cell: Cell, horizon: int) -> bool:  # where ends inside a block can leak
     return _sampled()(cell, horizon) and bool(cell.params.stop_ids)
+
+
+def _with_stop_strings(cell: Cell, horizon: int) -> bool:  # where a string spans tokens and rounds
+    return _sampled()(cell, horizon) and cell.params.stop_strings is not None
 
 
 def _tempered(cell: Cell, horizon: int) -> bool:
@@ -552,6 +558,31 @@ CATALOGUE: tuple[Mutant, ...] = (
         None,
         "the bug changes where sequences end, not any token's law",
         ends=end_bugs.budget_checked_before_stop,
+    ),
+    Mutant(
+        "stop_string_at_round_end",
+        "sampling",
+        "A stop string matched only where a round's text ends: one completed inside an accepted block is missed.",
+        "The stop check reads whether the output ends with a stop string after each round, as transformers' "
+        "StopStringCriteria does in assisted generation (its own comment: the block is cropped at EOS and the "
+        "budget only). One token a round never misses a string; a block does, and the row runs on past it. "
+        "Each leaked token is drawn from the target's law; the end check of the stop-string cell sees it.",
+        _with_stop_strings,
+        None,
+        "the bug changes where sequences end, not any token's law",
+        stop_rule=end_bugs.stop_string_at_round_end,
+    ),
+    Mutant(
+        "stop_string_tokens_kept",
+        "sampling",
+        "A stop string completed inside an accepted block ends the row at the round's end: the tokens after it kept.",
+        "The string is found in the round's new text, but the row keeps every token the round accepted, the ones "
+        "after the string's last included (vLLM's detokenizer drops them: 'possible when multiple tokens are "
+        "appended in one step'). Each leaked token is drawn from the target's law; the end check sees it.",
+        _with_stop_strings,
+        None,
+        "the bug changes where sequences end, not any token's law",
+        stop_rule=end_bugs.stop_string_tokens_kept,
     ),
     Mutant(
         "logprobs_zero",
