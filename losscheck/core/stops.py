@@ -62,9 +62,7 @@ def parse_stop_strings(text: str) -> StopStrings:
             strings = json.loads(text)
         except ValueError as exc:
             raise OptionError(f"stop_strings {text!r}: not a JSON list ({exc})") from None
-        if not isinstance(strings, list):
-            raise OptionError(f"stop_strings {text!r}: write a JSON list of strings or a comma-separated list")
-        return StopStrings(tuple(strings))
+        return StopStrings(tuple(strings))  # a JSON text opening with "[" is a list
     return StopStrings(tuple(part for part in text.split(",") if part))
 
 

@@ -181,3 +181,22 @@ def test_reported_q_keeps_the_largest_entries_of_each_draft(entries):
     assert torch.equal(dense[:, :k], expected) and not dense[:, k].any()
     ids, probs = reported_q(Proposal(q.argmax(-1)), entries)
     assert torch.equal(DraftQ(ids, probs).dense(V)[:, :k], torch.nn.functional.one_hot(q.argmax(-1), V).double())
+
+
+def test_stop_strings_end_greedy_rows_where_plain_decoding_does(session):
+    """A stop string spans tokens and rounds (`losscheck.core.stops`); with the bundled target's
+    five most frequent bigrams, the speculative loop ends each row exactly where the baseline
+    does, at the token that completes the first string, many of them inside an accepted block."""
+    from losscheck.cells.ends import end_problems, ends_in_blocks
+    from losscheck.core.stops import StopStrings
+    from losscheck.plan.tiers import STOP_STRINGS
+
+    target = session.target()  # the bundled main target, whose ids spell characters
+    params = SamplingParams(temperature=0, stop_strings=StopStrings(STOP_STRINGS))
+    prompts = [list(range(2 + i, 8 + i)) for i in range(0, 48, 3)]
+    run = lambda engine: engine.generate(prompts, 24, params, torch.Generator())  # noqa: E731
+    base, spec = run(Engine(target)), run(Engine(target, noisy_drafter(target, 0.05), 4))
+    assert torch.equal(spec.lengths, base.lengths) and torch.equal(spec.tokens, base.tokens)
+    assert end_problems(spec, target.eos_id, target.vocab_size) == []
+    ended, inside = ends_in_blocks(spec, target.eos_id, target.vocab_size)
+    assert int((base.lengths < 24).sum()) >= 4 and inside >= 2, (ended, inside)
