@@ -46,11 +46,11 @@ def end_problems(gen: Generation, eos: int | None, vocab: int | None = None) -> 
     leaked = ended & (lengths > first + 1)  # tokens after the first end
     early = ended & by_id & (first < params.min_tokens)
     silent = ~ended & (lengths < budget)  # stopped early with no end token
-    what_ends = "an end token (EOS or a stop id)" + (" or a completed stop string" if params.stop_strings else "")
+    strings = " or a completed stop string" if params.stop_strings else ""
     for rows, what in (
-        (leaked, f"emitted tokens after {what_ends} inside the output"),
+        (leaked, f"emitted tokens after an end token (EOS or a stop id){strings} inside the output"),
         (early, f"ended before min_tokens={params.min_tokens}, where the end tokens are masked"),
-        (silent, f"stopped before their budget with no end ({what_ends})"),
+        (silent, f"stopped before their budget with no end token{strings}"),
     ):
         found = rows.nonzero().squeeze(1).tolist()
         if found:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from losscheck.core.stops import hf_tokenizer
 from losscheck.engines.registry import EngineSpec, needs_assistant, option, register
 from losscheck.engines.served import GRAMMAR_UNSUPPORTED
 from losscheck.errors import OptionError
@@ -129,6 +128,8 @@ def stop_criteria(params: SamplingParams) -> dict[str, Any]:
     if params.stop_strings is None:
         return {}
     from transformers import StoppingCriteriaList, StopStringCriteria
+
+    from losscheck.core.stops import hf_tokenizer
 
     tokenizer = hf_tokenizer(params.stop_strings.vocabulary)
     return {

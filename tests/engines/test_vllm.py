@@ -497,6 +497,23 @@ def test_vllm_applies_a_grammar_at_every_draft_position(tmp_path):
     assert "1 passed, 0 failed, 0 errored" in done.stdout
 
 
+def test_vllm_ends_rows_at_stop_strings_inside_a_block(tmp_path):
+    """vLLM's `stop` through speculation: the bundled target's five most frequent bigrams
+    (`losscheck.plan.tiers.STOP_STRINGS`, over `write_bundled_tokenizer`'s vocabulary), certified
+    one-sample against losscheck's loop: every row ends at the token that completed its first
+    string, nothing after it (vLLM's detokenizer drops the round's later tokens), and each token's
+    law is the target's. `--sampling` names the strings as a user does."""
+    from losscheck.core.grammar import write_bundled_tokenizer
+    from losscheck.plan.tiers import STOP_STRINGS
+
+    tokenizer = write_bundled_tokenizer(tmp_path / "tokenizer")
+    args = [a for a in CPU_ARGS if not a.startswith("skip_tokenizer_init")] + [f"tokenizer={tokenizer}"]
+    sampling = "--sampling=stop_strings=" + ",".join(STOP_STRINGS)
+    done = certify_by_name(tmp_path / "out", sampling, "--scope=-engine-axes", "--", "-k", "stopstr", args=args)
+    assert "engine-k4-T1-stopstr_rR_RS_44_xh_P4 PASS" in done.stdout, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "1 passed, 0 failed, 0 errored" in done.stdout
+
+
 CPU_ARGS = ["skip_tokenizer_init=true", "max_model_len=256", "enforce_eager=true", "seed=0"]
 # vLLM's counters (stats logging on) stay readable with one LLM alive at a time
 CPU_ARGS += ["disable_log_stats=false", "losscheck_instances=one-at-a-time"]

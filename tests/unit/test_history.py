@@ -156,7 +156,7 @@ def test_parameters_normalise_and_label_each_knob():
 def test_a_users_target_gets_the_grammar_cell_over_its_own_tokenizer_or_none(tmp_path):
     """The planned grammar cell spells its regex in the bundled target's characters; on a user's
     target it compiles against the target's tokenizer, and without one it is left out (it errored
-    on every user target with another vocabulary before)."""
+    on every user target with another vocabulary before). The stop-string cell likewise."""
     from losscheck.core.grammar import BUNDLED
     from losscheck.plan.matrix import history_variants
     from losscheck.plan.tiers import HISTORY_VARIANTS
@@ -165,7 +165,9 @@ def test_a_users_target_gets_the_grammar_cell_over_its_own_tokenizer_or_none(tmp
     assert history_variants(BUNDLED) == HISTORY_VARIANTS
     grammars = [p.grammar for p in history_variants("fixtures/hybrid_target") if p.grammar is not None]
     assert [g.vocabulary for g in grammars] == ["fixtures/hybrid_target"]
-    assert len(history_variants(None)) == len(HISTORY_VARIANTS) - 1
-    assert not any(p.grammar for p in history_variants(None))
+    stops = [p.stop_strings for p in history_variants("fixtures/hybrid_target") if p.stop_strings is not None]
+    assert [s.vocabulary for s in stops] == ["fixtures/hybrid_target"]
+    assert len(history_variants(None)) == len(HISTORY_VARIANTS) - 2
+    assert not any(p.grammar or p.stop_strings for p in history_variants(None))
     assert _vocabulary(None) == BUNDLED and _vocabulary(str(tmp_path)) is None
     assert _vocabulary("fixtures/hybrid_target") == "fixtures/hybrid_target"

@@ -89,7 +89,7 @@ def test_the_end_check_reads_stop_strings() -> None:
     assert "1 of 2 rows emitted tokens after an end token (EOS or a stop id) or a completed stop string" in leak
     assert "row 0: 4 tokens, first end at 2" in leak
     (silent,) = end_problems(_gen(["xa"]), EOS, V)
-    assert "stopped before their budget with no end" in silent
+    assert "stopped before their budget with no end token or a completed stop string" in silent
     assert end_problems(_gen(["abcab"], min_tokens=3), EOS, V) == []  # the first "ab" came before min tokens
     with pytest.raises(ValueError, match="vocabulary size"):
         end_problems(_gen(["xab"]), EOS)

@@ -79,14 +79,14 @@ class VLLMEngine:
         return self.llms
 
     def generate(self, request: GenerationRequest) -> torch.Tensor:
-        return to_tensor(self._outputs(request, False), *request.shape, self.eos, self.name, request.params.stop_ids)
+        return to_tensor(self._outputs(request, False), *request.shape, self.eos, self.name, *_ends(request.params))
 
     def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate`'s ids and the logprob vLLM reports for each (`logprobs_mode` processed: the
         law after the request's processing, the one `generate` samples from)."""
         outputs = self._outputs(request, True)
-        tokens = to_tensor(outputs, *request.shape, self.eos, self.name, request.params.stop_ids)
-        return tokens, to_logprobs(outputs, tokens, self.eos, self.name, request.params.stop_ids)
+        tokens = to_tensor(outputs, *request.shape, self.eos, self.name, *_ends(request.params))
+        return tokens, to_logprobs(outputs, tokens, self.eos, self.name, request.params, self.vocab)
 
     def _outputs(self, request: GenerationRequest, logprobs: bool) -> list[Any]:
         """vLLM's `RequestOutput`s of `request`'s rows, prompt-major."""
@@ -332,3 +332,8 @@ def vllm_engine(
         in_flight=in_flight,
         vocab=vocab,
     )
+
+
+def _ends(params: SamplingParams) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(stop ids, stop strings) of a request: where `to_tensor` lets a row end early."""
+    return params.stop_ids, params.stop_strings.strings if params.stop_strings is not None else ()

@@ -31,6 +31,7 @@ VLLM_SERVES = frozenset(
         "min_tokens",
         "stop_ids",
         "grammar",
+        "stop_strings",
     }
 )
 PRECISION_OF = {**{v: k for k, v in VLLM_DTYPE.items()}, **{k: k for k in VLLM_DTYPE}}  # either name → losscheck's
@@ -55,7 +56,10 @@ def sampling_kwargs(
     where a -inf logit bias would be refused (vLLM takes finite biases and, with speculation on, no
     bias at all) and `bad_words` needs a tokenizer. Min tokens names EOS as a stop id: vLLM built
     without a tokenizer knows no EOS, and its min-tokens processor masks the stop ids. The
-    request's stop ids join EOS in `stop_token_ids`: vLLM ends the row at one and keeps it."""
+    request's stop ids join EOS in `stop_token_ids`: vLLM ends the row at one and keeps it. Stop
+    strings are vLLM's `stop`, which needs the LLM built with a tokenizer (`tokenizer=DIR`; the
+    bundled target's is `losscheck.core.grammar.write_bundled_tokenizer`'s) and detokenizing on:
+    vLLM keeps the token that completed the string and drops the ones after it."""
     from losscheck.engines.served import UnsupportedParameter, refuse
 
     refuse(params, "vllm", VLLM_SERVES, eos=eos)
@@ -96,7 +100,8 @@ def sampling_kwargs(
         "ignore_eos": False,
         "logprobs": 0 if logprobs else None,
         "prompt_logprobs": None,
-        "detokenize": False,
+        "stop": list(params.stop_strings.strings) if params.stop_strings is not None else None,
+        "detokenize": params.stop_strings is not None,  # vLLM matches stop strings on its text
     }
 
 
@@ -111,12 +116,20 @@ def refused(exc: BaseException) -> bool:
 
 
 def to_tensor(
-    outputs: Sequence[Any], n_prompts: int, n: int, max_new_tokens: int, eos: int, name: str, stops: Sequence[int] = ()
+    outputs: Sequence[Any],
+    n_prompts: int,
+    n: int,
+    max_new_tokens: int,
+    eos: int,
+    name: str,
+    stops: Sequence[int] = (),
+    strings: Sequence[str] = (),
 ) -> torch.Tensor:
     """`RequestOutput`s of `n_prompts` x `n` requests (prompt-major) → LongTensor [n_prompts, n, max_new_tokens],
-    EOS-padded. A row that stops early on anything but EOS or one of the request's stop ids `stops`
-    (which vLLM keeps as its last token) is an error (a stop id of the model's generation config):
-    losscheck cannot tell what the model would have emitted next. A row that
+    EOS-padded. A row that stops early on anything but EOS, one of the request's stop ids `stops`
+    (which vLLM keeps as its last token) or one of its stop `strings` (vLLM's `stop_reason`) is an
+    error (a stop id of the model's generation config): losscheck cannot tell what the model would
+    have emitted next. A row that
     goes on after EOS (vLLM built without a tokenizer does not know the EOS id) is cut after its
     first EOS: what a row holds up to its EOS has the same law either way."""
     import torch
@@ -128,7 +141,8 @@ def to_tensor(
         ids = list(request.outputs[0].token_ids)[:max_new_tokens]
         if eos in ids:
             ids = ids[: ids.index(eos) + 1]
-        if len(ids) < max_new_tokens and (not ids or (ids[-1] != eos and ids[-1] not in stops)):
+        on_string = getattr(request.outputs[0], "stop_reason", None) in strings
+        if len(ids) < max_new_tokens and not on_string and (not ids or (ids[-1] != eos and ids[-1] not in stops)):
             raise EngineOutputError(
                 f"engine {name!r}: request {row} stopped after {len(ids)} of {max_new_tokens} tokens on "
                 f"{ids[-1] if ids else 'nothing'}, not on EOS {eos}; give the model a single EOS id "
@@ -139,17 +153,21 @@ def to_tensor(
 
 
 def to_logprobs(
-    outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: str, stops: Sequence[int] = ()
+    outputs: Sequence[Any], tokens: torch.Tensor, eos: int, name: str, params: SamplingParams, vocab: int | None
 ) -> torch.Tensor:
     """The sampled tokens' logprobs of `RequestOutput`s (requests made with `logprobs=0`) for their
-    ids `tokens` [P, n, L] (`to_tensor`'s) → float64 [P, n, L], 0 after a row's end."""
+    ids `tokens` [P, n, L] (`to_tensor`'s) → float64 [P, n, L], 0 after a row's end (that of the
+    request's `params`; `vocab` the target's vocabulary size, which its stop strings decode)."""
     import torch
 
-    from losscheck.engines import lengths
+    from losscheck.engines import lengths, request_lengths
 
     flat = tokens.flatten(0, 1)  # [P*n, L]
+    if params.stop_strings is not None and vocab is None:
+        raise EngineOutputError(f"engine {name!r}: stop strings need the target's vocabulary size (the engine's vocab)")
+    ends = lengths(flat, eos, params.stop_ids) if vocab is None else request_lengths(flat, eos, params, vocab)
     out = torch.zeros(flat.shape, dtype=torch.float64)
-    for row, (request, length) in enumerate(zip(outputs, lengths(flat, eos, stops).tolist(), strict=True)):
+    for row, (request, length) in enumerate(zip(outputs, ends.tolist(), strict=True)):
         reported = request.outputs[0].logprobs
         if reported is None or len(reported) < length:
             raise EngineOutputError(

@@ -120,6 +120,7 @@ AWAY = {
     "min_tokens": 8,
     "stop_ids": (5,),
     "grammar": "grammar",
+    "stop_strings": "stop_strings",
 }
 
 
@@ -148,9 +149,10 @@ def _adapters() -> dict[str, type]:
 
 def _away(name: str) -> SamplingParams:
     from losscheck.core.grammar import Grammar
+    from losscheck.core.stops import StopStrings
 
-    value = Grammar("regex", "[a-z]+") if name == "grammar" else AWAY[name]
-    return SamplingParams(**{name: value})
+    objects = {"grammar": Grammar("regex", "[a-z]+"), "stop_strings": StopStrings(("ab",))}
+    return SamplingParams(**{name: objects.get(name, AWAY[name])})
 
 
 def test_every_field_beyond_the_core_three_is_one_the_adapters_must_declare():

@@ -23,6 +23,7 @@ SPEC = {"method": "draft_model", "model": "drafter", "num_speculative_tokens": 3
 class Completion:
     token_ids: list[int]
     logprobs: list[dict[int, SimpleNamespace]] | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -62,6 +63,7 @@ def test_sampling_parameters_map_exactly_and_neutralise_everything_else():
         "ignore_eos": False,
         "logprobs": None,
         "prompt_logprobs": None,
+        "stop": None,
         "detokenize": False,
     }
     off = sampling_kwargs(SamplingParams(), 5, 4)
@@ -218,10 +220,11 @@ def test_logprobs_are_asked_for_the_sampled_token_and_read_at_each_emitted_posit
 def test_missing_logprobs_or_another_logprobs_mode_are_errors_naming_them():
     tokens = torch.tensor([[[5, 6]]])
     with pytest.raises(EngineOutputError, match="request 0 reported 1 logprobs for 2 tokens"):
-        to_logprobs([RequestOutput([Completion([5, 6], [{5: SimpleNamespace(logprob=-1.0)}])])], tokens, EOS, "vllm")
+        short = [RequestOutput([Completion([5, 6], [{5: SimpleNamespace(logprob=-1.0)}])])]
+        to_logprobs(short, tokens, EOS, "vllm", SamplingParams(), None)
     with pytest.raises(EngineOutputError, match="reported no logprob of its token 1"):
         odd = [{5: SimpleNamespace(logprob=-1.0)}, {7: SimpleNamespace(logprob=-1.0)}]
-        to_logprobs([RequestOutput([Completion([5, 6], odd)])], tokens, EOS, "vllm")
+        to_logprobs([RequestOutput([Completion([5, 6], odd)])], tokens, EOS, "vllm", SamplingParams(), None)
     with pytest.raises(OptionError, match="logprobs_mode='raw_logprobs'.*leave logprobs_mode out"):
         vllm_engine("model", SPEC, EOS, logprobs_mode="raw_logprobs")
 
@@ -231,6 +234,24 @@ def test_a_row_that_stops_early_on_another_id_than_eos_is_an_error_naming_the_en
         to_tensor([RequestOutput([Completion([7])])], 1, 1, 3, EOS, "vllm(draft_model, k=3)")
     with pytest.raises(EngineOutputError, match="returned 1 outputs for 2 requests"):
         to_tensor([RequestOutput([Completion([7])])], 1, 2, 3, EOS, "vllm")
+
+
+def test_stop_strings_are_vllms_stop_with_detokenizing_and_end_rows_early():
+    from losscheck.core.stops import StopStrings
+
+    params = SamplingParams(stop_strings=StopStrings(("ab", "c")))
+    kwargs = sampling_kwargs(params, 0, 3)
+    assert kwargs["stop"] == ["ab", "c"] and kwargs["detokenize"] is True
+    assert sampling_kwargs(SamplingParams(), 0, 3)["stop"] is None
+    a, b, x = 2, 3, 40  # the bundled vocabulary's "a", "b" and another character
+    ended = [RequestOutput([Completion([x, a, b], stop_reason="ab")]), RequestOutput([Completion([x, x, x, x])])]
+    tokens = to_tensor(ended, 1, 2, 4, EOS, "vllm", (), ("ab", "c"))
+    assert tokens.tolist() == [[[x, a, b, EOS], [x, x, x, x]]]
+    with pytest.raises(EngineOutputError, match="stopped after 3 of 4 tokens on 3, not on EOS"):
+        to_tensor(ended[:1], 1, 1, 4, EOS, "vllm")  # a stop string the request did not name
+    reported = [{t: SimpleNamespace(logprob=-1.0)} for t in (x, a, b)]
+    logprobs = to_logprobs([RequestOutput([Completion([x, a, b], reported)])], tokens[:, :1], EOS, "vllm", params, 64)
+    assert logprobs.tolist() == [[[-1.0, -1.0, -1.0, 0.0]]]  # three tokens: the pad after "ab" is no token
 
 
 def test_counters_that_cannot_be_read_for_a_call_are_never_reported_partially():
