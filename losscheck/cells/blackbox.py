@@ -35,7 +35,14 @@ from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFact
 from losscheck.core.divergence import find_divergences
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.sampling import GREEDY, SamplingParams, derive_seed
-from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, ReportsLogprobs, request_lengths
+from losscheck.engines import (
+    BlackBoxEngine,
+    DraftModel,
+    GenerationRequest,
+    ReportsLogprobs,
+    ReportsTopLogprobs,
+    request_lengths,
+)
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.plan.cell import OWN_TARGET
@@ -59,6 +66,9 @@ NO_SLOTS = frozenset({registry.SLOTS})  # an engine reports no slots: no slot te
 # A one-sample cell's power sums (what confirms its design) read this many tokens of its tested
 # sample, the first rows of every prompt: per-token effects are estimated there, the tests read all.
 CONFIRM_TOKENS = 4_096
+# the top ids a one-sample cell asks of an engine that reports them (`ReportsTopLogprobs`), checked
+# at every tested position beside the sampled token's logprob: 5, OpenAI's and vLLM's usual ask
+TOP_LOGPROBS = 5
 
 
 def run_engine_cell(ctx: CellContext) -> CellOutcome:
@@ -127,6 +137,7 @@ def request(
     speculative: bool,
     purpose: str = "",
     logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> GenerationRequest:
     """A request for `n` continuations of each prompt, whose answer is a validated LongTensor
     [len(prompts), n, horizon] (EOS-padded; with `logprobs`, then their reported log-probabilities),
@@ -143,6 +154,7 @@ def request(
         speculative=speculative,
         purpose=purpose or "sample",
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
 
 
@@ -228,7 +240,9 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
     # an engine that reports logprobs reports them for the tested sample: checked beside it
     logprobs = _checks_logprobs(engine, cell.params)
-    drawn, *reported = yield (request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs),)
+    top = TOP_LOGPROBS if logprobs and isinstance(engine, ReportsTopLogprobs) else 0
+    asked = request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs, top_logprobs=top)
+    drawn, *reported = yield (asked,)
     target = ctx.engine_target()
     power = PowerAccumulator(classes=TARGET_SIDE)
     rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, _first_token(engine))
@@ -367,15 +381,23 @@ def _logprob_tolerance(engine: BlackBoxEngine, tolerance: float) -> float:
 
 
 def _generation(
-    ctx: CellContext, tokens: torch.Tensor, target: HFTarget, logprobs: torch.Tensor | None = None
+    ctx: CellContext,
+    tokens: torch.Tensor,
+    target: HFTarget,
+    logprobs: torch.Tensor | None = None,
+    top_ids: torch.Tensor | None = None,
+    top_logprobs: torch.Tensor | None = None,
 ) -> Generation:
     """Engine samples [P, m, L] as one `Generation` on the target's device, with the engine's
-    reported `logprobs` [P, m, L] of them when it gave them."""
+    reported `logprobs` [P, m, L] of them when it gave them, and its top ids and their
+    log-probabilities [P, m, L, N] when asked."""
     vocab, eos = ctx.engine_vocab()
     gen = as_generation(tokens.flatten(0, 1), eos, _engine(ctx).k, ctx.cell.params, vocab)
     gen.tokens, gen.lengths = gen.tokens.to(target.device), gen.lengths.to(target.device)
     if logprobs is not None:
         gen.logprobs = logprobs.flatten(0, 1)
+    if top_ids is not None and top_logprobs is not None:
+        gen.top_ids, gen.top_logprobs = top_ids.flatten(0, 1), top_logprobs.flatten(0, 1)
     return gen
 
 

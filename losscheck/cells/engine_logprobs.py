@@ -22,8 +22,10 @@ from losscheck.engines import (
     BlackBoxEngine,
     GenerationRequest,
     ReportsLogprobs,
+    ReportsTopLogprobs,
     checked_logprobs,
     checked_samples,
+    checked_top_logprobs,
     request_lengths,
 )
 from losscheck.errors import LosscheckError
@@ -42,14 +44,20 @@ def engine_logprob_check(
     rows: int = 4,
     horizon: int = 16,
     tolerance: float = 0.0,
+    top: int = 0,
 ) -> dict[str, LogprobCheck]:
     """The check of each side ("speculative", "plain") of `engine` on `rows` rows of each of
     `prompts`, `horizon` tokens, scored by `target` (the engine's reference, logits within
-    `tolerance` of the engine's)."""
+    `tolerance` of the engine's); `top` > 0: the `top` most probable ids it reports at each
+    position too (`ReportsTopLogprobs`)."""
     if params.greedy:
         raise LosscheckError("engine_logprob_check needs a sampled request (temperature > 0): greedy reports no law")
     if not isinstance(engine, ReportsLogprobs):
         raise LosscheckError(f"engine {getattr(engine, 'name', engine)!r} reports no logprobs (no generate_logprobs)")
+    if top and not isinstance(engine, ReportsTopLogprobs):
+        raise LosscheckError(
+            f"engine {getattr(engine, 'name', engine)!r} reports no top logprobs (no generate_top_logprobs)"
+        )
     eos = target.eos_id if target.eos_id is not None else -1
     checks = {}
     for side, speculative in (("speculative", True), ("plain", False)):
@@ -61,8 +69,15 @@ def engine_logprob_check(
             max_new_tokens=horizon,
             speculative=speculative,
             purpose="logprobs",
+            logprobs=True,
+            top_logprobs=top,
         )
-        tokens, reported = engine.generate_logprobs(request)
+        if top:
+            assert isinstance(engine, ReportsTopLogprobs)
+            tokens, reported, ids, values = engine.generate_top_logprobs(request)
+            top_ids, top_values = checked_top_logprobs(engine, ids, values, request, target.vocab_size)
+        else:
+            tokens, reported = engine.generate_logprobs(request)
         tokens = checked_samples(engine, tokens, request, target.vocab_size, eos).flatten(0, 1)  # [N, L]
         reported = checked_logprobs(engine, reported, request)
         rows_of = [list(p) for p in request.prompts for _ in range(rows)]
@@ -72,5 +87,9 @@ def engine_logprob_check(
         )
         check = LogprobCheck(tolerance, params.temperature)
         check.observe(reported.flatten(0, 1), tokens, generated & ~forced.ambiguous, forced.probs)
+        if top:
+            check.observe_top(
+                top_ids.flatten(0, 1), top_values.flatten(0, 1), generated & ~forced.ambiguous, forced.probs
+            )
         checks[side] = check
     return checks

@@ -24,8 +24,10 @@ from losscheck.engines import (
     BlackBoxEngine,
     GenerationRequest,
     ReportsLogprobs,
+    ReportsTopLogprobs,
     checked_logprobs,
     checked_samples,
+    checked_top_logprobs,
     engine_counters,
 )
 from losscheck.plan.memory import PLAIN, SPECULATIVE, next_side
@@ -145,9 +147,22 @@ def draw_side_by_side(
 
 
 def _answer(engine: BlackBoxEngine, request: GenerationRequest, vocab_size: int, eos: int) -> tuple[torch.Tensor, ...]:
-    """The validated answer to `request`: its ids, and their logprobs when it asks for them."""
+    """The validated answer to `request`: its ids, and their logprobs when it asks for them (and
+    the top ids and theirs when it asks for those)."""
     if not request.logprobs:
         return (checked_samples(engine, engine.generate(request), request, vocab_size, eos),)
+    if request.top_logprobs:
+        if not isinstance(engine, ReportsTopLogprobs):
+            raise TypeError(
+                f"engine {engine.name!r} reports no top logprobs: a cell asked for them (a bug in the cell)"
+            )
+        tokens, logprobs, ids, values = engine.generate_top_logprobs(request)
+        top = checked_top_logprobs(engine, ids, values, request, vocab_size)
+        return (
+            checked_samples(engine, tokens, request, vocab_size, eos),
+            checked_logprobs(engine, logprobs, request),
+            *top,
+        )
     if not isinstance(engine, ReportsLogprobs):
         raise TypeError(f"engine {engine.name!r} reports no logprobs: a cell asked for them (a bug in the cell)")
     tokens, logprobs = engine.generate_logprobs(request)

@@ -7,10 +7,16 @@ log-probability by at most 2τ/T (`losscheck.stats.streams.precision_slack`); fl
 log add `ROUNDING`. Positions whose cut-off implementations may draw differently (`ambiguous`) are
 left out: their renormalised law depends on the set kept. Not a statistical test: any deviation
 past the bound is a problem of the cell, with the worst named.
+
+An engine that reports the N most probable ids at each position (`top_ids`, `top_logprobs`) is held
+to the same law there: each reported value within the bound of log p at its id, and each reported id
+among the N most probable up to the bound (log p of it at least log p of the N-th most probable,
+less the bound: near-ties may swap), no id twice. A position with any of these wrong is off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -30,6 +36,10 @@ class LogprobCheck:
     checked: int = 0  # tokens compared
     off: int = 0  # of them, past the bound
     worst: float = 0.0  # nats
+    top: int = 0  # N of the reported top ids, 0: none reported
+    top_checked: int = 0  # positions whose top N were compared
+    top_off: int = 0  # of them, with a value past the bound, an id outside the top N or an id twice
+    top_worst: float = 0.0  # nats, the worst value's deviation
 
     @property
     def bound(self) -> float:
@@ -46,21 +56,57 @@ class LogprobCheck:
         if gap.numel():
             self.worst = max(self.worst, float(gap.max()))
 
+    def observe_top(self, ids: torch.Tensor, values: torch.Tensor, read: torch.Tensor, p: torch.Tensor) -> None:
+        """One chunk of reported top ids [c, L, N] and their log-probabilities [c, L, N], read
+        [c, L] bool the positions compared, p [c, L, V] the teacher-forced law."""
+        ids, values, read = ids.to(p.device), values.to(p.device).double(), read.to(p.device)
+        self.top = ids.shape[-1]
+        logp = p.double().log()  # [c, L, V]
+        reference = logp.gather(-1, ids)  # [c, L, N]
+        both_impossible = (values == -math.inf) & (reference == -math.inf)
+        gap = torch.where(both_impossible, 0.0, (values - reference).abs().nan_to_num(math.inf))  # [c, L, N]
+        nth = logp.topk(self.top, dim=-1).values[..., -1:]  # [c, L, 1] the N-th most probable's log p
+        outside = reference < nth - self.bound  # [c, L, N] an id below the top N beyond round-off
+        ordered = ids.sort(-1).values
+        twice = (ordered[..., 1:] == ordered[..., :-1]).any(-1)  # [c, L]
+        off = read & ((gap > self.bound).any(-1) | outside.any(-1) | twice)
+        self.top_checked += int(read.sum())
+        self.top_off += int(off.sum())
+        if gap.numel():
+            self.top_worst = max(self.top_worst, float(torch.where(read[..., None], gap, 0.0).max()))
+
     def facts(self) -> SampleFacts:
         """What the certificate keeps (nothing when no token was compared)."""
         if not self.checked:
             return SampleFacts()
-        return SampleFacts(
+        facts = SampleFacts(
             logprobs_checked=self.checked, logprobs_off=self.off, logprob_worst=self.worst, logprob_bound=self.bound
+        )
+        if not self.top_checked:
+            return facts
+        return dataclasses.replace(
+            facts,
+            top_logprobs=self.top,
+            top_logprobs_checked=self.top_checked,
+            top_logprobs_off=self.top_off,
+            top_logprob_worst=self.top_worst,
         )
 
 
 def logprob_problems(facts: SampleFacts) -> list[str]:
-    """The cell's problem when reported log-probabilities left the bound (empty: none, or none checked)."""
-    if not facts.logprobs_off:
-        return []
-    return [
-        f"logprobs: {facts.logprobs_off} of {facts.logprobs_checked} reported log-probabilities differ from the "
-        f"teacher-forced target's by more than {facts.logprob_bound:.2g} nats (worst {facts.logprob_worst:.3g}); "
-        "each token's logprob must be log p(x) under the target's processed law at its own position"
-    ]
+    """The cell's problems when reported log-probabilities left the bound (empty: none, or none checked)."""
+    problems = []
+    if facts.logprobs_off:
+        problems.append(
+            f"logprobs: {facts.logprobs_off} of {facts.logprobs_checked} reported log-probabilities differ from the "
+            f"teacher-forced target's by more than {facts.logprob_bound:.2g} nats (worst {facts.logprob_worst:.3g}); "
+            "each token's logprob must be log p(x) under the target's processed law at its own position"
+        )
+    if facts.top_logprobs_off:
+        problems.append(
+            f"logprobs: at {facts.top_logprobs_off} of {facts.top_logprobs_checked} positions the reported top "
+            f"{facts.top_logprobs} ids are not the target's most probable or their log-probabilities differ by more "
+            f"than {facts.logprob_bound:.2g} nats (worst value {facts.top_logprob_worst:.3g}); each position's top N "
+            "must be the N most probable ids of the target's processed law there"
+        )
+    return problems

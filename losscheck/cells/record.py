@@ -265,6 +265,10 @@ class SampleFacts:
     logprobs_off: int | None = None
     logprob_worst: float | None = None
     logprob_bound: float | None = None
+    top_logprobs: int | None = None  # engines asked for the top N: N, the positions compared, how many off
+    top_logprobs_checked: int | None = None
+    top_logprobs_off: int | None = None
+    top_logprob_worst: float | None = None
     pit_histogram: tuple[float, ...] | None = None  # tested PIT values in 20 equal bins of [0, 1]
     pit_quantiles: tuple[float, ...] | None = None
     pooled_tv_upper: float | None = None  # upper confidence bound on the pooled PIT binned TV

@@ -269,6 +269,9 @@ class PitScores:
             p = forced.probs.double()
             if self.logprobs is not None and gen.logprobs is not None:
                 self.logprobs.observe(gen.logprobs[at], gen.tokens[at], generated[at] & ~forced.ambiguous, p)
+                if gen.top_ids is not None and gen.top_logprobs is not None:
+                    read = generated[at] & ~forced.ambiguous
+                    self.logprobs.observe_top(gen.top_ids[at], gen.top_logprobs[at], read, p)
             self._streams(rows[at], gen.tokens[at].to(p.device), generated[at].to(p.device), p, forced.left_out, ends)
             # the exact-conditional values read the engine's whole kept set (its acceptance ratio
             # and residual): an ambiguous position is left out of them whatever was drawn there

@@ -196,6 +196,10 @@ class Generation:
     # [B, max_new] float, each token's reported log-probability under the target's processed law
     # (`losscheck.core.logprobs`; sampled runs of an engine that reports them)
     logprobs: torch.Tensor | None = None
+    # [B, max_new, N] long and float: the N most probable ids an engine reported at each position and
+    # their log-probabilities (`losscheck.engines.ReportsTopLogprobs`; black-box cells that ask)
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
 
     def row(self, b: int) -> list[int]:
         return self.tokens[b, : int(self.lengths[b])].tolist()

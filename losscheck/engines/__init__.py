@@ -35,6 +35,7 @@ from losscheck.engines.contract import (
     EngineOutputError,
     ReportsCounters,
     ReportsLogprobs,
+    ReportsTopLogprobs,
     RunsDraftModel,
 )
 from losscheck.engines.counters import EngineCounters
@@ -42,6 +43,7 @@ from losscheck.engines.legacy import LegacyEngine
 from losscheck.engines.outputs import (
     checked_logprobs,
     checked_samples,
+    checked_top_logprobs,
     engine_counters,
     lengths,
     request_lengths,
@@ -59,10 +61,12 @@ __all__ = [
     "LegacyEngine",
     "ReportsCounters",
     "ReportsLogprobs",
+    "ReportsTopLogprobs",
     "RunsDraftModel",
     "check_engine",
     "checked_logprobs",
     "checked_samples",
+    "checked_top_logprobs",
     "draft_model",
     "engine_counters",
     "lengths",

@@ -72,6 +72,23 @@ class ReportsLogprobs(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsTopLogprobs(Protocol):
+    """An engine that reports, beside each sampled token's log-probability, the N most probable ids
+    at each position and theirs (optional; vLLM's `logprobs=N`, Hugging Face's scores): the
+    one-sample cells ask for `TOP_LOGPROBS` of them and check them against the reference target's
+    processed law (`losscheck.cells.logprob_check`)."""
+
+    def generate_top_logprobs(
+        self, request: GenerationRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`generate_logprobs`' answer and, beside it, LongTensor [P, n, L, N] the N =
+        `request.top_logprobs` most probable ids at each position, most probable first, and float
+        [P, n, L, N] their log-probabilities under the same processed law (-inf for ids the
+        processing removed); anything after a row's end (not read)."""
+        ...
+
+
 DraftLaw = Literal["processed", "temperature", "greedy"]
 """How an engine's drafts are drawn from its draft model's logits: `processed`, from the logits
 processed by the request's sampling parameters (Hugging Face assisted generation, losscheck's loop);

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from losscheck.engines.request import GenerationRequest
     from losscheck.engines.stream import Emission
 
+# `HFAssistedEngine._generate`'s answer: ids [P, n, L], their logprobs (when asked) and the top ids
+# and theirs [P, n, L, N] (when asked)
+HFAnswer = tuple["torch.Tensor", "torch.Tensor | None", "tuple[torch.Tensor, torch.Tensor] | None"]
+
 
 def __getattr__(name: str) -> Any:
     """`DTYPE_PRECISION`, the dtype -> precision table this module once exported (deprecated:
@@ -215,11 +219,20 @@ class HFAssistedEngine:
     def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate`'s answer and each token's log-probability [P, n, L]: the log-softmax of the
         scores transformers returns (`output_scores`: the logits after the request's processors)."""
-        tokens, logprobs = self._generate(request, logprobs=True)
+        tokens, logprobs, _ = self._generate(request, logprobs=True)
         assert logprobs is not None
         return tokens, logprobs
 
-    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def generate_top_logprobs(
+        self, request: GenerationRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`generate_logprobs`' answer and the `request.top_logprobs` most probable ids at each
+        position with their log-probabilities [P, n, L, N]: the top of the same log-softmaxed scores."""
+        tokens, logprobs, top = self._generate(request, logprobs=True)
+        assert logprobs is not None and top is not None
+        return tokens, logprobs, *top
+
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> HFAnswer:
         import torch
 
         from losscheck.engines import request_lengths
@@ -232,6 +245,9 @@ class HFAssistedEngine:
         words = stop_criteria(request.params)
         out = torch.full(request.shape, self.eos, dtype=torch.long)  # [P, n, L]
         reported = torch.zeros(request.shape) if logprobs else None  # [P, n, L]
+        top_shape = (*request.shape, request.top_logprobs)
+        top_ids = torch.zeros(top_shape, dtype=torch.long) if request.top_logprobs else None  # [P, n, L, N]
+        top_values = torch.zeros(top_shape) if request.top_logprobs else None
         # HF samples from the global generator: seed it inside a fork, leaving the caller's state alone.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(request.seed)
@@ -252,11 +268,16 @@ class HFAssistedEngine:
                         scores = torch.stack(answer.scores, 1).float().log_softmax(-1).cpu()  # [rows, generated, V]
                         chosen = scores.gather(-1, new[..., None]).squeeze(-1)  # [rows, generated]
                         reported[i, start : start + rows, : new.shape[1]] = chosen
+                        if top_ids is not None and top_values is not None:
+                            best = scores.topk(request.top_logprobs, dim=-1)  # [rows, generated, N]
+                            top_ids[i, start : start + rows, : new.shape[1]] = best.indices
+                            top_values[i, start : start + rows, : new.shape[1]] = best.values
         if reported is not None:  # nothing after a row's end
             ends = request_lengths(out, self.eos, request.params, self.model.config.vocab_size)[..., None]
             generated = torch.arange(request.max_new_tokens) < ends  # [P, n, L]
             reported = torch.where(generated, reported, 0.0)
-        return out, reported
+        top = None if top_ids is None or top_values is None else (top_ids, top_values)
+        return out, reported, top
 
     def draft_model(self) -> PreTrainedModel | None:
         """The assistant: transformers draws its candidates from the assistant's logits processed by

@@ -143,6 +143,34 @@ def checked_logprobs(engine: object, out: object, request: GenerationRequest) ->
     return out.double().cpu()
 
 
+def checked_top_logprobs(
+    engine: object, ids: object, values: object, request: GenerationRequest, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An engine's reported top ids and their log-probabilities (`ReportsTopLogprobs`) for
+    `request` as LongTensor and float64 [P, n, L, N] on the CPU, validated: shapes, dtypes, ids in
+    the vocabulary, no NaN. Whether they are the target's top N is the logprob check's to judge."""
+    import torch
+
+    name = f"engine {getattr(engine, 'name', engine)!r}"
+    shape = (*request.shape, request.top_logprobs)
+    for what, out, floating in (("ids", ids, False), ("log-probabilities", values, True)):
+        if not isinstance(out, torch.Tensor) or out.dtype.is_floating_point != floating or tuple(out.shape) != shape:
+            got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            kind = "float" if floating else "integer"
+            raise EngineOutputError(
+                f"{name}: generate_top_logprobs returned top {what} as {got}, expected a {kind} tensor "
+                f"[prompts, n, max_new_tokens, top_logprobs] = {list(shape)}"
+            )
+    assert isinstance(ids, torch.Tensor) and isinstance(values, torch.Tensor)
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise EngineOutputError(
+            f"{name}: generate_top_logprobs returned top ids outside the vocabulary [0, {vocab_size})"
+        )
+    if values.isnan().any():
+        raise EngineOutputError(f"{name}: generate_top_logprobs returned NaN; report -inf for impossible tokens")
+    return ids.long().cpu(), values.double().cpu()
+
+
 def lengths(tokens: torch.Tensor, eos: int, stops: Sequence[int] = ()) -> torch.Tensor:
     """Generated tokens per row of EOS-padded `tokens` [..., L] → [...]: up to its first end, EOS
     or one of the request's stop ids `stops` (the end included, as the engine emitted it)."""

@@ -36,6 +36,8 @@ class GenerationRequest:
     logprobs        True: the cell also wants each token's reported log-probability; the run then
                     calls `ReportsLogprobs.generate_logprobs` instead of `generate` (asked only of
                     engines that implement it; `losscheck.cells.engine_phases`).
+    top_logprobs    with `logprobs`, N > 0: also the N most probable ids at each position and their
+                    log-probabilities; the run then calls `ReportsTopLogprobs.generate_top_logprobs`.
 
     The answer is LongTensor [len(prompts), n, max_new_tokens]: row [i, j] is the j-th
     continuation of prompts[i], exactly `max_new_tokens` ids, except that a row that emits the
@@ -50,6 +52,7 @@ class GenerationRequest:
     speculative: bool
     purpose: str = ""
     logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         from losscheck.core.sampling import SamplingParams
@@ -70,6 +73,11 @@ class GenerationRequest:
         for name in ("speculative", "logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"GenerationRequest.{name} = {getattr(self, name)!r}: need True or False")
+        top = self.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0 or (top and not self.logprobs):
+            raise OptionError(
+                f"GenerationRequest.top_logprobs = {top!r}: need an int >= 0, and logprobs=True when it is > 0"
+            )
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -12,7 +12,7 @@ import torch
 from losscheck.core.contract import DraftContext, Target
 from losscheck.core.verify import Verifier
 from losscheck.drafters.autoregressive import AutoregressiveDrafter
-from losscheck.engines.hf import HFAssistedEngine
+from losscheck.engines.hf import HFAnswer, HFAssistedEngine
 from losscheck.engines.request import GenerationRequest
 from losscheck.engines.spec_loop import SpecLoopEngine
 from losscheck.selftest.verifiers import (
@@ -219,7 +219,7 @@ def raw_logits_dflash() -> type:
 class DFlashRawQ(HFAssistedEngine):
     """`hf_dflash` with `raw_logits_dflash`'s generator in transformers' place for each call."""
 
-    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> HFAnswer:
         from unittest import mock
 
         with mock.patch("transformers.generation.utils.DFlashTokenCandidateGenerator", raw_logits_dflash()):
@@ -229,7 +229,7 @@ class DFlashRawQ(HFAssistedEngine):
 class MTPRawQ(HFAssistedEngine):
     """`hf_mtp` with `raw_logits_mtp`'s generator in transformers' place for each call."""
 
-    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> HFAnswer:
         from unittest import mock
 
         with mock.patch("transformers.generation.utils.MTPCandidateGenerator", raw_logits_mtp()):

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from losscheck.core.contract import Target
-from losscheck.engines.hf import HFAssistedEngine, hf_assisted, hf_assisted_stress
+from losscheck.engines.hf import HFAnswer, HFAssistedEngine, hf_assisted, hf_assisted_stress
 from losscheck.engines.request import GenerationRequest
 
 # (the correct sampling step, the request) -> the buggy step, with transformers' signature
@@ -162,7 +162,7 @@ class HFPlanted(HFAssistedEngine):
         super().__init__(engine.model, engine.assistant, engine.k, engine.eos, name=name)
         self.bug = bug
 
-    def _generate(self, request: GenerationRequest, logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _generate(self, request: GenerationRequest, logprobs: bool) -> HFAnswer:
         # both public paths (`generate`, `generate_logprobs`) come through here: both planted
         if self.bug in STATE_PLANTED:
             if request.speculative:  # plain decoding never crops: the bug is speculation's alone

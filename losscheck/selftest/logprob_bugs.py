@@ -67,3 +67,28 @@ def logprobs_zero_when_speculating(target: Target) -> LogprobsZeroWhenSpeculatin
     from losscheck.engines.spec_loop import spec_loop
 
     return LogprobsZeroWhenSpeculating(spec_loop(target))
+
+
+class TopLogprobsOfNextPosition(LogprobsZeroWhenSpeculating):
+    """A black-box engine wrapper (`losscheck.engines.ReportsTopLogprobs`) whose speculative calls
+    report each position's top ids and logprobs from the position after it (a logits buffer the next
+    position overwrote: vLLM #30846's shape, on the top-N path); the sampled tokens' logprobs and its
+    plain calls as they are."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.name = f"{engine.name}+top-logprobs-of-next-position"
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.generate_logprobs(request)
+
+    def generate_top_logprobs(
+        self, request: GenerationRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, reported, ids, values = self.inner.generate_top_logprobs(request)
+        if request.speculative:  # BUG: position t reports position t + 1's top ids and values
+            ids, values = (
+                torch.cat([ids[:, :, 1:], ids[:, :, -1:]], 2),
+                torch.cat([values[:, :, 1:], values[:, :, -1:]], 2),
+            )
+        return tokens, reported, ids, values

@@ -460,6 +460,24 @@ def test_vllm_reports_the_processed_logprobs_at_min_tokens_without_speculation()
     assert plain.off == 0 and plain.checked > 900, f"{plain.off} off, worst {plain.worst:.3g}"
 
 
+def test_vllm_reports_the_top_logprobs_of_the_processed_law():
+    """vLLM's `logprobs=5` at T = 0.7 and top-k 8 (`logprobs_mode` processed): at every position,
+    speculation on and off, the five entries of rank 1-5 are the reference target's five most
+    probable ids of the processed law with their log p (0 off of 1,024 positions a side, worst
+    8e-6 nats on 2026-12-06; bound 9e-5)."""
+    from losscheck import bundled
+    from losscheck.cells.engine_logprobs import engine_logprob_check
+    from losscheck.core.target import HFTarget
+    from losscheck.engines.vllm import cpu_draft_model_fixed
+
+    target = HFTarget.from_pretrained(str(bundled.target_path()))
+    params = SamplingParams(temperature=0.7, top_k=8)
+    engine = cpu_draft_model_fixed(target)
+    checks = engine_logprob_check(engine, target, bundled_prompts("low")[:8], params, seed=5, rows=4, top=5)
+    for side, check in checks.items():
+        assert check.top_checked > 400 and check.top_off == 0, f"{side}: {check.top_off} off, {check.top_worst:.3g}"
+
+
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=MIN_TOKENS_BONUS)
 def test_vllm_bonus_token_at_the_min_tokens_edge_as_shipped():
     """Speculation on, as shipped: the reported logprobs at positions 8-11 (the bonus of a round

@@ -77,6 +77,7 @@ from losscheck.engines.vllm.sampling import (
     sampling_kwargs,
     to_logprobs,
     to_tensor,
+    to_top_logprobs,
 )
 
 __all__ = [
@@ -126,6 +127,7 @@ __all__ = [
     "staggered",
     "to_logprobs",
     "to_tensor",
+    "to_top_logprobs",
     "vllm_engine",
     "worker_environment",
 ]

@@ -23,6 +23,7 @@ from losscheck.engines.vllm.sampling import (
     sampling_kwargs,
     to_logprobs,
     to_tensor,
+    to_top_logprobs,
 )
 from losscheck.errors import OptionError
 
@@ -88,6 +89,16 @@ class VLLMEngine:
         tokens = to_tensor(outputs, *request.shape, self.eos, self.name, *_ends(request.params))
         return tokens, to_logprobs(outputs, tokens, self.eos, self.name, request.params, self.vocab)
 
+    def generate_top_logprobs(
+        self, request: GenerationRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`generate_logprobs`' answer and the `request.top_logprobs` most probable ids at each
+        position with their logprobs (vLLM's `logprobs=N`, the entries of rank 1..N)."""
+        outputs = self._outputs(request, True)
+        tokens = to_tensor(outputs, *request.shape, self.eos, self.name, *_ends(request.params))
+        logprobs = to_logprobs(outputs, tokens, self.eos, self.name, request.params, self.vocab)
+        return tokens, logprobs, *to_top_logprobs(outputs, tokens, request.top_logprobs, self.name)
+
     def _outputs(self, request: GenerationRequest, logprobs: bool) -> list[Any]:
         """vLLM's `RequestOutput`s of `request`'s rows, prompt-major."""
         if self._sampling_params is None:
@@ -99,7 +110,14 @@ class VLLMEngine:
         processing = (self.eos, self.vocab)
         sampling = [
             self._sampling_params(
-                **sampling_kwargs(request.params, request.row_seed(i, j), budget, *processing, logprobs=logprobs)
+                **sampling_kwargs(
+                    request.params,
+                    request.row_seed(i, j),
+                    budget,
+                    *processing,
+                    logprobs=logprobs,
+                    top=request.top_logprobs,
+                )
             )
             for i in range(len(prompts))
             for j in range(n)

@@ -44,12 +44,14 @@ def sampling_kwargs(
     eos: int | None = None,
     vocab: int | None = None,
     logprobs: bool = False,
+    top: int = 0,
 ) -> dict[str, Any]:
     """losscheck's request as keyword arguments of `vllm.SamplingParams`, each parameter passed to
     vLLM's own field (`losscheck.core.history` follows vLLM V1's order, so the semantics are the
     same); every knob the request leaves neutral is set neutral explicitly, so no model
     generation-config default (repetition penalty, min-p, top-k) can creep in. Logprobs are off
-    unless `logprobs` (then the sampled token's alone: `logprobs=0`), and ids are not detokenized.
+    unless `logprobs` (then the sampled token's and the `top` most probable: `logprobs=top`), and
+    ids are not detokenized.
 
     Banned ids become `allowed_token_ids`, every other id of the `vocab`: a mask vLLM applies to the
     target's logits at every position, drafts included (`RejectionSampler.apply_logits_processors`),
@@ -98,7 +100,7 @@ def sampling_kwargs(
         "stop_token_ids": stops,
         "structured_outputs": structured,
         "ignore_eos": False,
-        "logprobs": 0 if logprobs else None,
+        "logprobs": top if logprobs else None,
         "prompt_logprobs": None,
         "stop": list(params.stop_strings.strings) if params.stop_strings is not None else None,
         "detokenize": params.stop_strings is not None,  # vLLM matches stop strings on its text
@@ -180,3 +182,28 @@ def to_logprobs(
                 raise EngineOutputError(f"engine {name!r}: request {row} reported no logprob of its token {t}")
             out[row, t] = entry.logprob
     return out.view(tokens.shape)
+
+
+def to_top_logprobs(
+    outputs: Sequence[Any], tokens: torch.Tensor, top: int, name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `top` most probable ids at each position and their logprobs, as vLLM reports them
+    beside the sampled token's (requests made with `logprobs=top`: the entries of rank 1..top), for
+    rows `tokens` [P, n, L] → LongTensor and float64 [P, n, L, top]; zeros where vLLM reported no
+    position (after a row's end)."""
+    import torch
+
+    flat = tokens.flatten(0, 1)  # [P*n, L]
+    ids = torch.zeros((*flat.shape, top), dtype=torch.long)
+    values = torch.zeros((*flat.shape, top), dtype=torch.float64)
+    for row, request in enumerate(outputs):
+        for t, entries in enumerate((request.outputs[0].logprobs or [])[: flat.shape[1]]):
+            ranked = sorted((entry.rank, token, entry.logprob) for token, entry in entries.items() if entry.rank <= top)
+            if len(ranked) != top:
+                raise EngineOutputError(
+                    f"engine {name!r}: request {row} reported {len(ranked)} ids of rank 1..{top} at token {t}, "
+                    f"expected {top}"
+                )
+            ids[row, t] = torch.tensor([token for _, token, _ in ranked])
+            values[row, t] = torch.tensor([value for _, _, value in ranked], dtype=torch.float64)
+    return ids.view(*tokens.shape, top), values.view(*tokens.shape, top)

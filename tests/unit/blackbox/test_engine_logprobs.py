@@ -55,3 +55,60 @@ def test_a_greedy_request_or_an_engine_without_logprobs_is_refused(pair) -> None
 
     with pytest.raises(LosscheckError, match="reports no logprobs"):
         engine_logprob_check(Silent(), target, PROMPTS, SamplingParams(), 3)  # type: ignore[arg-type]
+
+
+def test_assisted_generation_reports_the_top_ids_of_the_processed_law_on_both_sides(pair) -> None:
+    """Hugging Face's top 5 at each position (the top of its processed scores) are the reference
+    target's five most probable ids with their log p, in rounds and in plain decoding."""
+    target, engine = pair
+    params = SamplingParams(temperature=0.7, top_k=8)
+    checks = engine_logprob_check(engine, target, PROMPTS, params, seed=3, rows=3, horizon=12, top=5)
+    for side, check in checks.items():
+        assert check.top == 5 and check.top_checked > 40 and check.top_off == 0, f"{side}: {check.top_worst:.3g}"
+        assert logprob_problems(check.facts()) == []
+
+
+def test_top_ids_read_from_the_next_position_are_caught_on_that_side_only(pair) -> None:
+    from losscheck.selftest.logprob_bugs import TopLogprobsOfNextPosition
+
+    target, engine = pair
+    checks = engine_logprob_check(TopLogprobsOfNextPosition(engine), target, PROMPTS, SamplingParams(), 3, top=5)
+    assert checks["plain"].top_off == 0 and checks["speculative"].off == 0  # the sampled tokens' are right
+    assert checks["speculative"].top_off > 20
+    (problem,) = logprob_problems(checks["speculative"].facts())
+    assert "reported top 5 ids are not the target's most probable" in problem
+
+
+def test_the_top_check_reads_values_sets_and_repeats() -> None:
+    """A hand-made law over 6 ids: right top 3; a wrong value; an id outside the top 3; an id
+    twice; a near-tie swapped within the bound (not off); -inf for an id the processing removed."""
+    import math
+
+    import torch
+
+    from losscheck.cells.logprob_check import LogprobCheck
+
+    p = torch.tensor([[[0.4, 0.3, 0.2, 0.1, 0.0, 0.0]]]).repeat(1, 5, 1)  # [1, 5, 6]
+    log = p.log()
+    ids = torch.tensor([[[0, 1, 2], [0, 1, 2], [0, 1, 3], [0, 0, 1], [0, 1, 4]]])  # [1, 5, 3]
+    values = log.gather(-1, ids).clone()
+    values[0, 1, 2] += 0.01  # a value off by 0.01 nats
+    check = LogprobCheck(tolerance=0.0)
+    check.observe_top(ids, values, torch.ones(1, 5, dtype=torch.bool), p)
+    # rows 1 (value), 2 (id 3 outside the top 3), 3 (id 0 twice), 4 (id 4: -inf where the 3rd is 0.2)
+    assert (check.top_checked, check.top_off) == (5, 4)
+    assert math.isclose(check.top_worst, 0.01, rel_tol=1e-3)
+    tied = torch.tensor([[[0.4, 0.3, 0.15, 0.15, 0.0, 0.0]]])
+    swap = LogprobCheck(tolerance=0.0)
+    swap.observe_top(
+        torch.tensor([[[0, 1, 3]]]),
+        tied.log().gather(-1, torch.tensor([[[0, 1, 3]]])),
+        torch.ones(1, 1, dtype=torch.bool),
+        tied,
+    )
+    assert swap.top_off == 0  # the 3rd and 4th tie: either is a top 3
+    gone = LogprobCheck(tolerance=0.0)
+    two = torch.tensor([[[0.6, 0.4, 0.0, 0.0, 0.0, 0.0]]])  # top-k 2 left two: the 3rd reported is -inf
+    reported = torch.tensor([[[0.6, 0.4, 0.0]]]).log()
+    gone.observe_top(torch.tensor([[[0, 1, 5]]]), reported, torch.ones(1, 1, dtype=torch.bool), two)
+    assert gone.top_off == 0
