@@ -122,12 +122,15 @@ def ir_dir(model_dir: str | Path, weights: str = "fp32") -> Path:
 # docs): a negative logit moves up, where OpenAI's and vLLM's subtract; it has no logit bias
 ABSOLUTE = "OpenVINO GenAI's penalty reduces a logit's absolute value, the OpenAI definition subtracts"
 # what the adapter passes to OpenVINO GenAI (`losscheck.engines.served`: the rest is refused)
-OPENVINO_SERVES = frozenset({"min_p", "repetition_penalty", "min_tokens"})
+OPENVINO_SERVES = frozenset({"min_p", "repetition_penalty", "min_tokens", "stop_ids"})
 OPENVINO_UNSUPPORTED = dict.fromkeys(("presence_penalty", "frequency_penalty"), ABSOLUTE) | {
     "logit_bias": "OpenVINO GenAI's GenerationConfig has no logit bias",
     "banned_ids": "OpenVINO GenAI's GenerationConfig has no logit bias or banned ids",
     **GRAMMAR_UNSUPPORTED,
 }
+STOPS_AND_MIN = (
+    "whether OpenVINO GenAI masks stop ids other than EOS before min_new_tokens is not pinned; certify each alone"
+)
 MIN_P_ORDER = (
     "where OpenVINO GenAI applies min-p against temperature, top-k and top-p is not pinned; certify it at T = 1 alone"
 )
@@ -145,6 +148,9 @@ def generation_config(params: SamplingParams, seed: int, max_new_tokens: int, eo
     refuse(params, "openvino", OPENVINO_SERVES, OPENVINO_UNSUPPORTED, eos)
     if params.min_p and not params.greedy and (params.temperature != 1 or params.top_k or params.top_p < 1):
         raise UnsupportedParameter(f"engine 'openvino' cannot serve min_p={params.min_p!r} here: {MIN_P_ORDER}")
+    stops = {eos, *params.stop_ids}
+    if params.min_tokens and stops != {eos}:
+        raise UnsupportedParameter(f"engine 'openvino' cannot serve stop_ids with min_tokens: {STOPS_AND_MIN}")
     import openvino_genai
 
     config = openvino_genai.GenerationConfig()
@@ -152,7 +158,7 @@ def generation_config(params: SamplingParams, seed: int, max_new_tokens: int, eo
     config.min_new_tokens = params.min_tokens
     config.ignore_eos = False
     config.eos_token_id = eos
-    config.stop_token_ids = {eos}
+    config.stop_token_ids = stops  # EOS and the request's stop ids: a row ends on one and keeps it
     config.repetition_penalty = params.repetition_penalty
     config.presence_penalty = 0.0
     config.frequency_penalty = 0.0

@@ -123,6 +123,24 @@ def test_greedy_speculation_drafts_and_equals_plain_decoding():
     assert counts.drafts > 0 and counts.drafted > 0 and counts.tau > 1.5, counts
 
 
+def test_greedy_rows_end_at_a_stop_id_inside_a_block_as_plain_decoding_does():
+    """Stop ids reach `stop_token_ids`: under greedy decoding at 32 tokens, with the id plain
+    decoding emits most often as the stop id, speculation on equals off token for token, the rows
+    that met it end there (kept, EOS after it), and many of them end early."""
+    from losscheck.engines import checked_samples, lengths
+
+    ov = engine()
+    prompts = all_prompts()
+    plain = ov.generate(engine_request(prompts, 1, GREEDY, 0, 32, False)).flatten(0, 1)
+    stop = int(torch.mode(plain[plain != EOS]).values)
+    params = SamplingParams(temperature=0, stop_ids=(stop,))
+    on, off = (engine_request(prompts, 1, params, 0, 32, side) for side in (True, False))
+    drawn = [checked_samples(ov, ov.generate(r), r, 64, EOS) for r in (on, off)]  # nothing after a stop
+    assert torch.equal(drawn[0], drawn[1])
+    ends = lengths(drawn[0].flatten(0, 1), EOS, (stop,))
+    assert int((ends < 32).sum()) >= len(prompts) // 4, (stop, ends.tolist())
+
+
 # --- 2. the black-box cells -------------------------------------------------------------------------
 def certify_engine(pytester: pytest.Pytester, factory: str, select: str, *args: str) -> pytest.RunResult:
     """The shipped black-box tests selected by `select` for `losscheck.engines.openvino:<factory>`, in

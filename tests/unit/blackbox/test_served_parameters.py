@@ -241,3 +241,10 @@ def test_an_engine_that_declares_nothing_serves_only_the_core_three_and_eos():
         refuse(SamplingParams(min_p=0.1), "mine", declared(anonymous), eos=EOS)
     with pytest.raises(UnsupportedParameter, match=r"cannot serve stop_ids=\[5\]: the adapter passes no stop ids"):
         refuse(SamplingParams(stop_ids=(5, EOS)), "mine", declared(anonymous), eos=EOS)
+
+
+def test_openvino_refuses_stop_ids_with_min_tokens_before_importing_its_library():
+    from losscheck.engines.openvino import generation_config
+
+    with pytest.raises(UnsupportedParameter, match="cannot serve stop_ids with min_tokens: whether OpenVINO GenAI"):
+        generation_config(SamplingParams(min_tokens=2, stop_ids=(5,)), 0, 16, EOS, 4)
