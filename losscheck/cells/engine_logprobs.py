@@ -54,6 +54,10 @@ def engine_logprob_check(
         raise LosscheckError("engine_logprob_check needs a sampled request (temperature > 0): greedy reports no law")
     if not isinstance(engine, ReportsLogprobs):
         raise LosscheckError(f"engine {getattr(engine, 'name', engine)!r} reports no logprobs (no generate_logprobs)")
+    if top > target.vocab_size:
+        raise LosscheckError(
+            f"top={top} logprobs asked of a target with {target.vocab_size} ids; ask for at most that many"
+        )
     if top and not isinstance(engine, ReportsTopLogprobs):
         raise LosscheckError(
             f"engine {getattr(engine, 'name', engine)!r} reports no top logprobs (no generate_top_logprobs)"

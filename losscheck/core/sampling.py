@@ -92,8 +92,8 @@ class SamplingParams:
         )
 
     def check_vocab(self, vocab: int, what: str = "the target") -> None:
-        """Raise `OptionError` when an id the parameters name lies outside `vocab` ids, or when
-        the banned ids leave no token to sample."""
+        """Raise `OptionError` when an id the parameters name lies outside `vocab` ids, when the
+        banned ids leave no token to sample, or when a stop string cannot be spelled."""
         for name, ids in (
             ("logit_bias", [i for i, _ in self.logit_bias]),
             ("banned_ids", self.banned_ids),
@@ -107,6 +107,8 @@ class SamplingParams:
                 )
         if len(self.banned_ids) >= vocab:
             raise OptionError(f"banned_ids bans every id of {what}'s {vocab}; leave at least one token")
+        if self.stop_strings is not None:
+            self.stop_strings.check(vocab)
 
     def label(self) -> str:
         parts = ["greedy" if self.greedy else f"T{self.temperature:g}"]

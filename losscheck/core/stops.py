@@ -53,6 +53,24 @@ class StopStrings:
         """The text of output ids of a target with `vocab` ids."""
         return decoder(self.vocabulary, vocab)
 
+    def check(self, vocab: int) -> None:
+        """`OptionError` naming a string the vocabulary cannot spell (it could never end a row), or
+        the vocabulary when it cannot be read or does not fit a target of `vocab` ids."""
+        self.decode(vocab)
+        if self.vocabulary == BUNDLED:
+            spelled = set("".join(BUNDLED_TEXTS))
+            unspelled = [s for s in self.strings if not set(s) <= spelled]
+        else:
+            tokenizer = hf_tokenizer(self.vocabulary)
+            unspelled = [
+                s for s in self.strings if tokenizer.decode(tokenizer.encode(s, add_special_tokens=False)) != s
+            ]
+        if unspelled:
+            raise OptionError(
+                f"stop_strings {unspelled!r}: the target's vocabulary cannot spell them, so they could never end "
+                "a row; use text the tokenizer encodes and decodes back as it is"
+            )
+
 
 def parse_stop_strings(text: str) -> StopStrings:
     """ "ab,cd" (comma-separated) or a JSON list '["a,b", "c d"]' → `StopStrings` over the bundled
@@ -88,6 +106,8 @@ def hf_tokenizer(vocabulary: str) -> Any:
     from transformers import AutoTokenizer
 
     path = tokenizer_dir(vocabulary)
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise OptionError(f"stop strings need the target's tokenizer: {str(path)!r} has none (tokenizer.json)")
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:

@@ -260,10 +260,12 @@ def check_options(options: Options, prefix: str = "--losscheck-", weights: bool 
     vocab = _shape(target_config)[0]
     if options.sampling:
         from losscheck.plan.sampling_spec import parse_sampling  # imports torch
+    tokenizer = str(Path(options.target).expanduser().resolve()) if options.target else None  # as the session
     for spec in options.sampling:  # ids in the vocabulary (the values were checked when parsed)
         if vocab is not None:
             try:
-                parse_sampling(spec).check_vocab(vocab, "the target" if options.target is None else options.target)
+                params = parse_sampling(spec, tokenizer)
+                params.check_vocab(vocab, "the target" if options.target is None else options.target)
             except OptionError as exc:
                 raise OptionError(f"{opt('sampling')}={spec!r}: {exc}") from None
 

@@ -131,3 +131,24 @@ def test_engines_that_take_no_stop_strings_refuse_them_by_name() -> None:
     params = SamplingParams(stop_strings=StopStrings(("ab",)))
     with pytest.raises(UnsupportedParameter, match=r"engine 'x' cannot serve stop_strings=\['ab'\]"):
         refuse(params, "x", ())
+
+
+def test_a_string_the_vocabulary_cannot_spell_or_a_target_without_a_tokenizer_is_a_usage_error(tmp_path) -> None:
+    with pytest.raises(OptionError, match=r"stop_strings \['a!'\]: the target's vocabulary cannot spell them"):
+        SamplingParams(stop_strings=StopStrings(("ab", "a!"))).check_vocab(V)
+    with pytest.raises(OptionError, match="stop strings need the target's tokenizer: .* has none"):
+        StopStrings(("ab",), str(tmp_path)).check(V)
+    StopStrings(("the", ". "), "fixtures/text_target").check(8192)  # byte-level BPE spells any text
+
+
+def test_the_command_line_refuses_an_unspellable_stop_string_before_any_run() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "losscheck.cli", "certify", "--sampling", "stop_strings=a!", "--list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "the target's vocabulary cannot spell them" in done.stderr, done.stderr[-2000:]
