@@ -20,8 +20,10 @@ from losscheck.cells.scoring import teacher_forced_probs
 from losscheck.core.sampling import SamplingParams, derive_seed
 from losscheck.engines import (
     BlackBoxEngine,
+    EngineOutputError,
     GenerationRequest,
     ReportsLogprobs,
+    ReportsPromptLogprobs,
     ReportsTopLogprobs,
     checked_logprobs,
     checked_samples,
@@ -95,5 +97,38 @@ def engine_logprob_check(
             check.observe_top(
                 top_ids.flatten(0, 1), top_values.flatten(0, 1), generated & ~forced.ambiguous, forced.probs
             )
+        checks[side] = check
+    return checks
+
+
+def engine_prompt_logprob_check(
+    engine: BlackBoxEngine, target: HFTarget, prompts: Sequence[Sequence[int]], *, tolerance: float = 0.0
+) -> dict[str, LogprobCheck]:
+    """The check of each side ("speculative", "plain") of `engine`'s reported prompt logprobs
+    (`ReportsPromptLogprobs`): each prompt token's log p given the tokens before it, against the
+    reference `target`'s raw law (one forward of each prompt; logits within `tolerance`)."""
+    name = getattr(engine, "name", engine)
+    if not isinstance(engine, ReportsPromptLogprobs):
+        raise LosscheckError(f"engine {name!r} reports no prompt logprobs (no prompt_logprobs)")
+    checks = {}
+    for side, speculative in (("speculative", True), ("plain", False)):
+        reported = engine.prompt_logprobs([list(p) for p in prompts], speculative)
+        if len(reported) != len(prompts):
+            raise EngineOutputError(
+                f"engine {name!r}: prompt_logprobs gave {len(reported)} rows for {len(prompts)} prompts"
+            )
+        check = LogprobCheck(tolerance)
+        for i, (prompt, values) in enumerate(zip(prompts, reported, strict=True)):
+            values = torch.as_tensor(values, dtype=torch.float64)
+            if tuple(values.shape) != (len(prompt) - 1,) or values.isnan().any():
+                raise EngineOutputError(
+                    f"engine {name!r}: prompt {i}'s logprobs have shape {tuple(values.shape)}, expected "
+                    f"({len(prompt) - 1},) without NaN: one for each prompt token after the first"
+                )
+            ids = torch.tensor([list(prompt)], device=target.device)  # [1, P]
+            with torch.no_grad():
+                probs = target.model(ids).logits[:, :-1].double().softmax(-1)  # [1, P-1, V] predicting tokens 1..
+            read = torch.ones(1, len(prompt) - 1, dtype=torch.bool)
+            check.observe(values[None], ids[:, 1:], read, probs)
         checks[side] = check
     return checks

@@ -35,6 +35,7 @@ from losscheck.engines.contract import (
     EngineOutputError,
     ReportsCounters,
     ReportsLogprobs,
+    ReportsPromptLogprobs,
     ReportsTopLogprobs,
     RunsDraftModel,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "LegacyEngine",
     "ReportsCounters",
     "ReportsLogprobs",
+    "ReportsPromptLogprobs",
     "ReportsTopLogprobs",
     "RunsDraftModel",
     "check_engine",

@@ -14,6 +14,8 @@ from losscheck.engines.request import GenerationRequest
 from losscheck.errors import LosscheckError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
 
@@ -86,6 +88,19 @@ class ReportsTopLogprobs(Protocol):
         `request.top_logprobs` most probable ids at each position, most probable first, and float
         [P, n, L, N] their log-probabilities under the same processed law (-inf for ids the
         processing removed); anything after a row's end (not read)."""
+        ...
+
+
+@runtime_checkable
+class ReportsPromptLogprobs(Protocol):
+    """An engine that reports its prompts' log-probabilities (optional; vLLM's `prompt_logprobs`):
+    `losscheck.cells.engine_logprobs.engine_prompt_logprob_check` compares them, speculation on and
+    off, with the reference target's raw law (no sampling processing: prompt positions are not
+    sampled)."""
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]], speculative: bool) -> list[torch.Tensor]:
+        """float [len(prompt) - 1] per prompt: log p(prompt[t] | prompt[:t]) for t = 1 .. under the
+        target's raw law, with drafting on or off."""
         ...
 
 

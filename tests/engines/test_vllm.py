@@ -449,17 +449,19 @@ def _min_tokens_logprobs() -> dict:
     target = HFTarget.from_pretrained(str(bundled.target_path()))
     prompts = bundled_prompts("low")[:8]
     return engine_logprob_check(
-        cpu_draft_model_fixed(target), target, prompts, SamplingParams(min_tokens=8), seed=5, rows=8, horizon=16
+        cpu_draft_model_fixed(target), target, prompts, SamplingParams(min_tokens=8), seed=5, rows=8, horizon=16, top=5
     )
 
 
 def test_vllm_reports_the_processed_logprobs_at_min_tokens_without_speculation():
     """Speculation off, every reported logprob is log p under the processed law at its position
-    (worst ~5e-6 nats, within the fp32 bound of 9e-5)."""
+    (worst ~5e-6 nats, within the fp32 bound of 9e-5), and so is each position's top 5."""
     plain = _min_tokens_logprobs()["plain"]
     assert plain.off == 0 and plain.checked > 900, f"{plain.off} off, worst {plain.worst:.3g}"
+    assert plain.top_off == 0 and plain.top_checked == plain.checked, f"top 5: {plain.top_off} off"
 
 
+@pytest.mark.slow  # two LLMs of its own: ~40 s (the quick tier checks the plain side's top 5 at min tokens)
 def test_vllm_reports_the_top_logprobs_of_the_processed_law():
     """vLLM's `logprobs=5` at T = 0.7 and top-k 8 (`logprobs_mode` processed): at every position,
     speculation on and off, the five entries of rank 1-5 are the reference target's five most
@@ -476,6 +478,21 @@ def test_vllm_reports_the_top_logprobs_of_the_processed_law():
     checks = engine_logprob_check(engine, target, bundled_prompts("low")[:8], params, seed=5, rows=4, top=5)
     for side, check in checks.items():
         assert check.top_checked > 400 and check.top_off == 0, f"{side}: {check.top_off} off, {check.top_worst:.3g}"
+
+
+@pytest.mark.slow  # two LLMs of its own
+def test_vllm_reports_the_prompts_raw_logprobs_with_speculation_on_and_off():
+    """vLLM's `prompt_logprobs=0` (the target's raw log-softmax over the prompt, whatever the
+    sampling processing): each prompt token's value is the reference target's log p, on both sides."""
+    from losscheck import bundled
+    from losscheck.cells.engine_logprobs import engine_prompt_logprob_check
+    from losscheck.core.target import HFTarget
+    from losscheck.engines.vllm import cpu_draft_model_fixed
+
+    target = HFTarget.from_pretrained(str(bundled.target_path()))
+    checks = engine_prompt_logprob_check(cpu_draft_model_fixed(target), target, bundled_prompts("low")[:8])
+    for side, check in checks.items():
+        assert check.checked > 40 and check.off == 0, f"{side}: {check.off} off, worst {check.worst:.3g}"
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=MIN_TOKENS_BONUS)
@@ -515,6 +532,7 @@ def test_vllm_applies_a_grammar_at_every_draft_position(tmp_path):
     assert "1 passed, 0 failed, 0 errored" in done.stdout
 
 
+@pytest.mark.slow  # a by-name run with a tokenizer: ~45 s
 def test_vllm_ends_rows_at_stop_strings_inside_a_block(tmp_path):
     """vLLM's `stop` through speculation: the bundled target's five most frequent bigrams
     (`losscheck.plan.tiers.STOP_STRINGS`, over `write_bundled_tokenizer`'s vocabulary), certified

@@ -76,6 +76,7 @@ from losscheck.engines.vllm.sampling import (
     refused,
     sampling_kwargs,
     to_logprobs,
+    to_prompt_logprobs,
     to_tensor,
     to_top_logprobs,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "sampling_kwargs",
     "staggered",
     "to_logprobs",
+    "to_prompt_logprobs",
     "to_tensor",
     "to_top_logprobs",
     "vllm_engine",

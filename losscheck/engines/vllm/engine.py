@@ -22,6 +22,7 @@ from losscheck.engines.vllm.sampling import (
     refused,
     sampling_kwargs,
     to_logprobs,
+    to_prompt_logprobs,
     to_tensor,
     to_top_logprobs,
 )
@@ -98,6 +99,18 @@ class VLLMEngine:
         tokens = to_tensor(outputs, *request.shape, self.eos, self.name, *_ends(request.params))
         logprobs = to_logprobs(outputs, tokens, self.eos, self.name, request.params, self.vocab)
         return tokens, logprobs, *to_top_logprobs(outputs, tokens, request.top_logprobs, self.name)
+
+    def prompt_logprobs(self, prompts: Sequence[Sequence[int]], speculative: bool) -> list[torch.Tensor]:
+        """Each prompt's tokens' log p given the tokens before them (vLLM's `prompt_logprobs=0`,
+        from the target's raw logits), one greedy token generated, drafting on or off."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        from losscheck.core.sampling import GREEDY
+
+        asked = VLLMSamplingParams(**(sampling_kwargs(GREEDY, 0, 1, self.eos, self.vocab) | {"prompt_logprobs": 0}))
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llms.get(speculative).generate(requests, [asked] * len(requests), use_tqdm=False)
+        return [to_prompt_logprobs(out, prompt, self.name) for out, prompt in zip(outputs, prompts, strict=True)]
 
     def _outputs(self, request: GenerationRequest, logprobs: bool) -> list[Any]:
         """vLLM's `RequestOutput`s of `request`'s rows, prompt-major."""

@@ -207,3 +207,20 @@ def to_top_logprobs(
             ids[row, t] = torch.tensor([token for _, token, _ in ranked])
             values[row, t] = torch.tensor([value for _, _, value in ranked], dtype=torch.float64)
     return ids.view(*tokens.shape, top), values.view(*tokens.shape, top)
+
+
+def to_prompt_logprobs(output: Any, prompt: Sequence[int], name: str) -> torch.Tensor:
+    """A `RequestOutput`'s prompt logprobs (a request made with `prompt_logprobs=0`) of its
+    `prompt`'s tokens after the first → float64 [len(prompt) - 1]."""
+    import torch
+
+    entries = list(output.prompt_logprobs or [])[1:]  # vLLM's first entry, the first token's, is None
+    if len(entries) != len(prompt) - 1:
+        raise EngineOutputError(f"engine {name!r}: {len(entries)} prompt logprobs for a prompt of {len(prompt)} tokens")
+    values = []
+    for t, (token, entry) in enumerate(zip(prompt[1:], entries, strict=True)):
+        found = (entry or {}).get(int(token))
+        if found is None:
+            raise EngineOutputError(f"engine {name!r}: no prompt logprob of prompt token {t + 1} ({token})")
+        values.append(found.logprob)
+    return torch.tensor(values, dtype=torch.float64)

@@ -112,3 +112,53 @@ def test_the_top_check_reads_values_sets_and_repeats() -> None:
     reported = torch.tensor([[[0.6, 0.4, 0.0]]]).log()
     gone.observe_top(torch.tensor([[[0, 1, 5]]]), reported, torch.ones(1, 1, dtype=torch.bool), two)
     assert gone.top_off == 0
+
+
+class PromptScorer:
+    """An engine reporting its prompts' logprobs from `model` (the reference's own: right), or
+    each one shifted by `shift` nats on the speculative side (wrong)."""
+
+    name, k, precision = "prompt-scorer", 4, "fp32"
+
+    def __init__(self, model, shift: float = 0.0) -> None:
+        self.model, self.shift = model, shift
+
+    def generate(self, request):  # pragma: no cover - the prompt check draws nothing
+        raise AssertionError("not called")
+
+    def prompt_logprobs(self, prompts, speculative):
+        import torch
+
+        out = []
+        for prompt in prompts:
+            with torch.no_grad():
+                logp = self.model(torch.tensor([prompt])).logits[0, :-1].double().log_softmax(-1)
+            values = logp.gather(-1, torch.tensor(prompt[1:])[:, None]).squeeze(-1)
+            out.append(values + (self.shift if speculative else 0.0))
+        return out
+
+
+def test_prompt_logprobs_are_checked_on_both_sides_and_a_shift_is_caught(pair) -> None:
+    from losscheck.cells.engine_logprobs import engine_prompt_logprob_check
+
+    target, _ = pair
+    right = engine_prompt_logprob_check(PromptScorer(target.model), target, PROMPTS)
+    assert all(c.checked == 5 and c.off == 0 for c in right.values())  # 2 + 3 prompt tokens after the first
+    wrong = engine_prompt_logprob_check(PromptScorer(target.model, shift=0.01), target, PROMPTS)
+    assert wrong["plain"].off == 0 and wrong["speculative"].off == 5
+
+
+def test_malformed_prompt_logprobs_are_engine_output_errors(pair) -> None:
+    from losscheck.cells.engine_logprobs import engine_prompt_logprob_check
+    from losscheck.engines import EngineOutputError
+
+    target, engine = pair
+
+    class Short(PromptScorer):
+        def prompt_logprobs(self, prompts, speculative):
+            return [values[:-1] for values in super().prompt_logprobs(prompts, speculative)]
+
+    with pytest.raises(EngineOutputError, match=r"prompt 0's logprobs have shape \(1,\), expected \(2,\)"):
+        engine_prompt_logprob_check(Short(target.model), target, PROMPTS)
+    with pytest.raises(LosscheckError, match="reports no prompt logprobs"):
+        engine_prompt_logprob_check(engine, target, PROMPTS)
