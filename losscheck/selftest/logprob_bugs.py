@@ -12,6 +12,7 @@ from losscheck.core.logprobs import emitted_logprobs
 
 if TYPE_CHECKING:
     from losscheck.core.contract import Target
+    from losscheck.core.target import HFTarget
     from losscheck.engines.request import GenerationRequest
 
 
@@ -67,6 +68,46 @@ def logprobs_zero_when_speculating(target: Target) -> LogprobsZeroWhenSpeculatin
     from losscheck.engines.spec_loop import spec_loop
 
     return LogprobsZeroWhenSpeculating(spec_loop(target))
+
+
+class TopLogprobsByScoring(LogprobsZeroWhenSpeculating):
+    """A black-box engine wrapper that reports the top N of each position (`ReportsTopLogprobs`)
+    by scoring its own sample once more, teacher-forced through `target`: the honest stand-in the
+    one-sample cells' top-N path is tested with (losscheck's loop reports each token's logprob,
+    not a top N)."""
+
+    def __init__(self, engine: Any, target: HFTarget) -> None:
+        super().__init__(engine)
+        self.name, self.target = f"{engine.name}+top-logprobs", target
+
+    def generate_logprobs(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.generate_logprobs(request)
+
+    def generate_top_logprobs(
+        self, request: GenerationRequest
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        from losscheck.cells.scoring import teacher_forced_probs
+
+        tokens, reported = self.inner.generate_logprobs(request)
+        rows = [list(prompt) for prompt in request.rows()]
+        forced = teacher_forced_probs(self.target, rows, tokens.flatten(0, 1).to(self.target.device), request.params)
+        best = forced.probs.double().topk(request.top_logprobs, dim=-1)  # [P*n, L, N]
+        shape = (*request.shape, request.top_logprobs)
+        return tokens, reported, best.indices.cpu().view(shape), best.values.log().cpu().view(shape)
+
+
+def spec_loop_top_logprobs(target: HFTarget) -> TopLogprobsByScoring:
+    """losscheck's loop behind the black-box interface, reporting top-5 logprobs by scoring
+    (`--losscheck-engine=losscheck.selftest.logprob_bugs:spec_loop_top_logprobs`)."""
+    from losscheck.engines.spec_loop import spec_loop
+
+    return TopLogprobsByScoring(spec_loop(target), target)
+
+
+def top_logprobs_of_next_position(target: HFTarget) -> TopLogprobsOfNextPosition:
+    """`spec_loop_top_logprobs` whose speculative calls report each position's top N from the next
+    position (`TopLogprobsOfNextPosition`)."""
+    return TopLogprobsOfNextPosition(spec_loop_top_logprobs(target))
 
 
 class TopLogprobsOfNextPosition(LogprobsZeroWhenSpeculating):

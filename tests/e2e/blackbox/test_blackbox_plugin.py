@@ -125,6 +125,26 @@ def test_an_honest_engine_passes_greedy_on_every_prompt_and_one_sample_pit(pytes
     assert sampled["logprobs_checked"] > 1000 and sampled["logprobs_off"] == 0, sampled["logprob_worst"]
 
 
+def test_an_engine_reporting_top_logprobs_has_them_checked_and_one_reading_the_next_position_fails(pytester):
+    """An engine that reports each position's top 5 (`ReportsTopLogprobs`: losscheck's loop with a
+    scoring pass beside it) has them checked in its one-sample cell, none off; the same engine
+    reading each position's top from the next one when drafting fails its cell on them."""
+    import json
+
+    honest = certify(
+        pytester, "losscheck.selftest.logprob_bugs:spec_loop_top_logprobs", ONLY_T1, "--losscheck-out=reports"
+    )
+    outcomes(honest, HONEST_FAILS, passed=1)
+    (cert_path,) = (pytester.path / "reports").glob("*/certificate.json")
+    (sampled,) = json.loads(cert_path.read_text())["cells"]
+    assert sampled["top_logprobs"] == 5 and sampled["top_logprobs_checked"] > 1000 and sampled["top_logprobs_off"] == 0
+    planted = certify(pytester, "losscheck.selftest.logprob_bugs:top_logprobs_of_next_position", ONLY_T1)
+    outcomes(planted, BUG_MISSED, failed=1)
+    planted.stdout.fnmatch_lines(
+        ["*logprobs: at * positions the reported top 5 ids are not the target's most probable*"]
+    )
+
+
 def test_an_engine_reporting_zero_logprobs_when_speculating_fails_naming_them(pytester):
     """llama.cpp #27972's shape: the tokens are exact, every reported logprob 0.0 with drafting on.
     The one-sample cell's logprob check fails it (an exact check: no false-failure probability
