@@ -12,10 +12,12 @@ law all the same). For every row of a generation:
 - a row shorter than the budget ends with an end.
 
 `ends_in_blocks` counts how often the cell put that to the test: the rows that ended on an end
-token with drafted positions after it in its round.
+token, and those that ended on a stop string, with drafted positions after the end in its round.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -93,16 +95,33 @@ def _end_ids(params: SamplingParams, eos: int | None) -> list[int]:
     return ([eos] if eos is not None else []) + list(params.stop_ids)
 
 
-def ends_in_blocks(gen: Generation, eos: int | None, vocab: int | None = None) -> tuple[int, int] | None:
-    """(rows ending on an end token or a stop string, of them those whose end came at a slot before
-    its round's last, with drafted positions after it in the block: where a stop leaks) of a loop
-    generation; None without slots or drafts (a baseline, an engine that reports none)."""
+@dataclass(frozen=True)
+class EndCounts:
+    """How often a loop generation put a stop inside a block to the test: the rows that ended on
+    an end token (EOS or a stop id) and on a stop string, and of each those whose end came at a
+    slot before its round's last, with drafted positions after it (where a stop leaks)."""
+
+    ends: int
+    ends_in_block: int
+    string_ends: int
+    string_ends_in_block: int
+
+
+def ends_in_blocks(gen: Generation, eos: int | None, vocab: int | None = None) -> EndCounts | None:
+    """`EndCounts` of a loop generation; None without slots or drafts (a baseline, an engine that
+    reports none)."""
     if gen.slots is None or gen.stats.k < 1:
         return None
     if not _end_ids(gen.params, eos) and gen.params.stop_strings is None:
-        return 0, 0
-    first, _ = first_ends(gen, eos, vocab)
+        return EndCounts(0, 0, 0, 0)
+    first, by_id = first_ends(gen, eos, vocab)
     ended = (gen.lengths > 0) & (first == gen.lengths - 1)  # [B] the row's last token ended it
     last = (gen.lengths - 1).clamp(min=0)[:, None]  # [B, 1] each row's last token
-    slot = gen.slots.to(gen.tokens.device).gather(1, last).squeeze(1)  # [B]
-    return int(ended.sum()), int((ended & (slot < gen.stats.k)).sum())
+    inside = gen.slots.to(gen.tokens.device).gather(1, last).squeeze(1) < gen.stats.k  # [B]
+    by_id = by_id.to(ended.device)
+    return EndCounts(
+        int((ended & by_id).sum()),
+        int((ended & by_id & inside).sum()),
+        int((ended & ~by_id).sum()),
+        int((ended & ~by_id & inside).sum()),
+    )

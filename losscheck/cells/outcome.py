@@ -156,7 +156,14 @@ def sampled_outcome(ctx: CellContext, results: list[TestResult], gen: Generation
     eos, vocab = target.eos_id, target.vocab_size
     counted = ends_in_blocks(gen, eos, vocab)
     if counted is not None:
-        facts = dataclasses.replace(facts, ends=counted[0], ends_in_block=counted[1])
+        strings = ctx.cell.params.stop_strings is not None  # the string counts only where the cell has strings
+        facts = dataclasses.replace(
+            facts,
+            ends=counted.ends,
+            ends_in_block=counted.ends_in_block,
+            string_ends=counted.string_ends if strings else None,
+            string_ends_in_block=counted.string_ends_in_block if strings else None,
+        )
     return CellOutcome(
         ctx.cell,
         verdict=combine(ctx.cell.id, results, ctx.alpha),

@@ -244,6 +244,8 @@ class SampleFacts:
     zero_draft_rounds: int | None = None  # greedy cells: row-rounds whose row proposed no draft
     ends: int | None = None  # sampled loop cells: rows that ended on EOS or a stop id
     ends_in_block: int | None = None  # of them, at a slot before its round's last: drafts after it (a leak's chance)
+    string_ends: int | None = None  # cells with stop strings: rows that ended on one, and of them inside a block
+    string_ends_in_block: int | None = None
     sequences: int | None = None  # sampled cells: sequences tested
     horizon: int | None = None  # tokens per sequence
     prompt: tuple[int, ...] | None = None  # exact cells: the one prompt

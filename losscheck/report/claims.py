@@ -317,6 +317,14 @@ def _ends(cert: Certificate) -> list[str]:
         detected = "none" if detects is None else f"{detects:.2f}"
         said = f"{r.cell} ({share:.2f} of its ends in a block, detectable {detected})"
         (covered if detects is not None and detects <= share else short).append(said)
+    strings = [r for r in counted if r.sample.string_ends is not None]
+    if strings:
+        out.append(
+            f"  - rows ending on a stop string in {len(strings)} cells: "
+            f"{sum(r.sample.string_ends or 0 for r in strings):,}, "
+            f"{sum(r.sample.string_ends_in_block or 0 for r in strings):,} of them inside a block; where such a "
+            "row ends is a function of its tokens, which the end check reads exactly (`losscheck.cells.ends`)"
+        )
     if covered or short:
         out.append(
             "  - a stop dropped wherever it lands inside a block (the end lost, the row running on) loses about "

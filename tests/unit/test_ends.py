@@ -75,13 +75,13 @@ def test_the_budget_before_stop_mutant_leaks_only_where_an_end_meets_the_budget(
 def test_ends_inside_a_block_are_counted_by_their_slot() -> None:
     """k = 4: an end at slots 0-3 had drafted positions after it in its round; at slot 4 (the bonus
     after four accepted drafts) it closed its block; a row cut by its budget did not end."""
-    from losscheck.cells.ends import ends_in_blocks
+    from losscheck.cells.ends import EndCounts, ends_in_blocks
 
     gen = _gen([[3, 4, EOS], [3, STOP], [3, 4, 5, 6, 8, 9], [3, 4, 5, 6, 8, EOS]])
     gen.stats = LoopStats.empty(4)
     assert ends_in_blocks(gen, EOS) is None  # no slots: nothing to count
     gen.slots = torch.tensor([[0, 1, 2, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 0]])
     gen.slots[3, 5] = 0  # its EOS the first token of a new round
-    assert ends_in_blocks(gen, EOS) == (3, 3)
+    assert ends_in_blocks(gen, EOS) == EndCounts(3, 3, 0, 0)
     gen.slots[0, 2] = 4  # the EOS as a bonus: its block ended with it
-    assert ends_in_blocks(gen, EOS) == (3, 2)
+    assert ends_in_blocks(gen, EOS) == EndCounts(3, 2, 0, 0)

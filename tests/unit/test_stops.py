@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from losscheck.cells.ends import end_problems, ends_in_blocks
+from losscheck.cells.ends import EndCounts, end_problems, ends_in_blocks
 from losscheck.core.generation import Generation, LoopStats
 from losscheck.core.grammar import BUNDLED_TEXTS
 from losscheck.core.sampling import SamplingParams
@@ -98,7 +98,7 @@ def test_the_end_check_reads_stop_strings() -> None:
 def test_ends_in_blocks_counts_rows_ended_by_a_string_before_their_rounds_last_slot() -> None:
     # k = 2: slots 0, 1 are drafts' places, 2 the bonus; row 0 ends at slot 1 (inside), row 1 at slot 2
     gen = _gen(["xab", "xyab"], slots=[[0, 0, 1, 0, 0, 0], [0, 1, 0, 2, 0, 0]])
-    assert ends_in_blocks(gen, EOS, V) == (2, 1)
+    assert ends_in_blocks(gen, EOS, V) == EndCounts(ends=0, ends_in_block=0, string_ends=2, string_ends_in_block=1)
 
 
 def test_black_box_rows_end_at_the_completing_token_and_a_row_past_it_is_malformed() -> None:

@@ -199,10 +199,19 @@ def test_the_ends_inside_blocks_are_counted_and_the_cell_with_most_named():
             "ends_in_block": 53,
             "verdict": hazard("A-k4-T1-min8-stop25", 0.73),
         },
+        {
+            "cell": "A-k4-T1-stopstr_rR",
+            "ends": 0,
+            "ends_in_block": 0,
+            "string_ends": 40,
+            "string_ends_in_block": 31,
+            "verdict": hazard("A-k4-T1-stopstr_rR", 0.9),
+        },
         {"cell": "A-k4-greedy", "kind": "greedy"},
     )
     text = "\n".join(claims.lines(certificate_of(found)))
-    assert "- rows ending on EOS or a stop id in 2 sampled cells: 62, 56 of them with drafted positions" in text
+    assert "- rows ending on EOS or a stop id in 3 sampled cells: 62, 56 of them with drafted positions" in text
+    assert "rows ending on a stop string in 1 cells: 40, 31 of them inside a block" in text
     assert "most in A-k4-T1-min8-stop25: 53 of 59" in text
     assert (
         "every end's probability) in A-k4-T1-min8-stop25 (0.90 of its ends in a "
