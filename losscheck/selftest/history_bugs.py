@@ -52,8 +52,8 @@ def first_position_only(
 class PerRoundState:
     """A planted step with state kept across the rounds of one batch: it counts, per row, the
     rounds and one token per round (the last committed), as an engine whose penalty and
-    min-tokens state is updated once per step does (SGLang PR #33643). A new batch (another
-    token buffer) starts it afresh."""
+    min-tokens state is updated once per step does (SGLang PR #33643). A new batch starts it
+    afresh."""
 
     def __init__(self, counts_tokens: bool, counts_rounds: bool) -> None:
         self.counts_tokens, self.counts_rounds = counts_tokens, counts_rounds
@@ -64,7 +64,10 @@ class PerRoundState:
 
     def _update(self, history: History) -> None:
         rows, width = history.tokens.shape
-        if self._buffer != history.tokens.data_ptr() or len(self._seen) != rows:
+        # a new batch: another buffer, another row count, or every row at its prompt's end (a
+        # batch's first round; a freed buffer's address may be reused by the next batch's)
+        first_round = bool((history.lengths == history.prompt_lengths).all())
+        if self._buffer != history.tokens.data_ptr() or len(self._seen) != rows or first_round:
             self._buffer = history.tokens.data_ptr()
             self._seen = history.prompt_lengths.clone()
             self._rounds = torch.zeros_like(self._seen)

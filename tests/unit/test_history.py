@@ -171,3 +171,21 @@ def test_a_users_target_gets_the_grammar_cell_over_its_own_tokenizer_or_none(tmp
     assert not any(p.grammar or p.stop_strings for p in history_variants(None))
     assert _vocabulary(None) == BUNDLED and _vocabulary(str(tmp_path)) is None
     assert _vocabulary("fixtures/hybrid_target") == "fixtures/hybrid_target"
+
+
+def test_the_per_round_state_plant_starts_afresh_on_a_new_batch_in_a_reused_buffer():
+    """The planted per-round state (`PerRoundState`) restarts at a batch's first round even when
+    the new batch's token buffer sits at the freed one's address (the allocator reuses it): else
+    the rounds counted for the last batch carried into the next, and the plant's effect depended
+    on what ran before it (an engine cell's attribution stage once passed in CI for that)."""
+    from losscheck.selftest.history_bugs import PerRoundState
+
+    plant = PerRoundState(counts_tokens=False, counts_rounds=True)
+    params = SamplingParams(min_tokens=3, stop_ids=(5,))
+    tokens = torch.tensor([[2, 3, 7, 8, 9, 0]])  # one buffer, as a reused address would give
+    prompt = torch.tensor([2])
+    for length in (2, 3, 4):  # three rounds of the first batch
+        plant(torch.zeros(1, 2, 8), params, History(tokens, torch.tensor([length]), prompt, 1), tokens[:, :1])
+    assert plant._rounds.tolist() == [2]
+    plant(torch.zeros(1, 2, 8), params, History(tokens, prompt.clone(), prompt, 1), tokens[:, :1])  # a new batch
+    assert plant._rounds.tolist() == [0]
