@@ -330,24 +330,44 @@ def stop_hazard(values: StreamValues, alpha: float, power: float, name: str = "p
     if values.end_p is None or values.at_end is None:
         return TestResult.untestable(name, expected, "no end probabilities scored", alpha, power, effects=(effect,))
     check_open_unit("power", power)
-    tested = values.tested & torch.isfinite(values.end_p)
-    h = values.end_p[tested].double().clamp(0.0, 1.0).cpu().numpy()
-    count, n = int(values.at_end[tested].sum()), len(h)
+    count, h = _ends(values)
+    n = len(h)
     if n == 0:
         return TestResult.untestable(name, expected, f"no {what} to test", alpha, power, effects=(effect,))
-    low, high = h / values.slack, np.minimum(h * values.slack, 1.0)
-    # too few ends is too many positions that did not end, each with probability 1 - h: the
-    # upper-tail machinery (exact, or Hoeffding's bound) on the complement, and a share ρ of ends
-    # lost is `detectable_share`'s ρ of non-ends forced, 1 - (1 - ρ)·h = ρ + (1 - ρ)·(1 - h)
-    p_value = min(1.0, 2 * min(_tail(n - count, 1 - low), _tail(count, high)))
     return TestResult(
         name=name,
         expected=f"{expected}: {h.sum():.4g} ends of {n} {what} expected (Poisson-binomial)",
         observed=f"{count} ends over {n} {what}",
         statistic=float(count),
-        p_value=p_value,
+        p_value=_stop_p_value(count, h, values.slack),
         alpha=alpha,
         n=n,
         power=power,
-        detectable={effect: detectable_share(1 - low, alpha / 2, power) if alpha > 0 else math.inf},
+        # a share ρ of ends lost is `detectable_share`'s ρ of non-ends forced: 1 - (1 - ρ)·h = ρ + (1 - ρ)·(1 - h)
+        detectable={effect: detectable_share(1 - h / values.slack, alpha / 2, power) if alpha > 0 else math.inf},
     )
+
+
+def stop_hazard_p_value(values: StreamValues) -> float:
+    """`stop_hazard`'s p-value alone (1 where no end is scored), without the search for its
+    detectable share: what a Monte Carlo of its level and power draws hundreds of times."""
+    if values.end_p is None or values.at_end is None:
+        return 1.0
+    count, h = _ends(values)
+    return _stop_p_value(count, h, values.slack) if len(h) else 1.0
+
+
+def _ends(values: StreamValues) -> tuple[int, np.ndarray]:
+    """The rows' ends counted over the tested, scored positions, and the target's end probability
+    at each of them [n]."""
+    assert values.end_p is not None and values.at_end is not None
+    tested = values.tested & torch.isfinite(values.end_p)
+    return int(values.at_end[tested].sum()), values.end_p[tested].double().clamp(0.0, 1.0).cpu().numpy()
+
+
+def _stop_p_value(count: int, h: np.ndarray, slack: float) -> float:
+    """Two-sided: too few ends is too many positions that did not end, each with probability 1 - h,
+    read by the upper-tail machinery (exact, or Hoeffding's bound) on the complement; each tail at
+    the end probabilities moved by `slack` against it."""
+    low, high = h / slack, np.minimum(h * slack, 1.0)
+    return min(1.0, 2 * min(_tail(len(h) - count, 1 - low), _tail(count, high)))
