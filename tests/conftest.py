@@ -17,6 +17,7 @@ engines'.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -36,6 +37,10 @@ HERE = Path(__file__).parent
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist runs one worker per core: a second torch thread per worker only spins against the
+        # other worker on the tiny tensors of the suite (`one_thread`'s reason, for every module)
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
