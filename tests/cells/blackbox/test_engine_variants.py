@@ -122,13 +122,16 @@ def fake_axes_adapter():
     del ADAPTERS["fake-axes"]
 
 
-def _session(scope: str):
+def _session(scope: str, power: float = 0.99):
+    """A session of the fake adapter over `scope`; `power`: its cells' design power (a test of the
+    orchestration alone needs no more than a PASS, at the fewest rows)."""
     from losscheck.plan.profiles import PROFILES
     from losscheck.plan.scope import parse_scope
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
-    options = Options(engine="fake-axes", profile=PROFILES["ci"].with_detect_tv(0.1), scope=parse_scope(scope))
+    profile = dataclasses.replace(PROFILES["ci"].with_detect_tv(0.1), power=power)
+    options = Options(engine="fake-axes", profile=profile, scope=parse_scope(scope))
     session = Session(options)
     load, build = session.models.target, session._build_variant
 
@@ -164,7 +167,7 @@ def _certify(session, cells):
 
 @pytest.mark.usefixtures("one_thread")
 def test_an_engine_is_certified_over_its_axes_one_variant_alive_at_a_time():
-    session = _session("-broken,-quantization")
+    session = _session("-broken,-quantization", power=0.5)
     plan = session.plan
     assert [o["cell"] for o in session.out_of_scope] == [
         "engine-k4-T1-broken-True",
