@@ -261,11 +261,11 @@ class Session:
                 self._release_variant()
             return self.blackbox
         if self._variant is None or self._variant[0] != cell.variant:
-            self._release_variant()
+            self._release_variant(free=False)
             named = instances_of(self.blackbox)
             if named is not None:
-                named.close()
-            free_memory()
+                named.close(free=False)
+            free_memory()  # once, for the variant and the named engine's instances released here
             self._variant = (cell.variant, self._build_variant(cell))
         return self._variant[1]
 
@@ -288,16 +288,18 @@ class Session:
             )
         return engine
 
-    def _release_variant(self) -> None:
+    def _release_variant(self, free: bool = True) -> None:
+        """Drop the variant's engine and its instances; `free`: and collect what they held."""
         from losscheck.engines.pool import free_memory, instances_of
 
         if self._variant is None:
             return
         instances = instances_of(self._variant[1])
         if instances is not None:
-            instances.close()
+            instances.close(free=False)
         self._variant = None
-        free_memory()
+        if free:
+            free_memory()  # once, after the variant itself is dropped
 
     @cached_property
     def engine_pins(self) -> dict[str, object]:
