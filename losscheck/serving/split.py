@@ -17,6 +17,7 @@ import dataclasses
 import os
 import pickle
 import queue
+import signal
 import tempfile
 import time
 import traceback
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from losscheck.core.engine import Engine
 from losscheck.core.generation import Generation
 from losscheck.errors import CellUnavailable, LosscheckError, flag
-from losscheck.serving.axis import Axis, Call, Facts, RankRecipe, ServeContext, Server, Serving
+from losscheck.serving.axis import Axis, Call, Facts, RankRecipe, Scalar, ServeContext, Server, Serving
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -46,6 +47,7 @@ PRELOAD = [
 ]
 AXIS_NAME = "split"
 STOP_GRACE_S = 5.0  # a rank asked to terminate gets this long before it is killed
+PEER_GRACE_S = 2.0  # after a rank's error, how long its peers get to end, to tell a crash from a symptom
 
 
 class SplitUnavailable(CellUnavailable):
@@ -60,9 +62,10 @@ class SplitError(LosscheckError):
     """A split run failed: a rank raised (its traceback is in the message), died, disagreed with
     rank 0, or the run timed out. Every rank has been stopped by the time it is raised."""
 
-    def __init__(self, message: str, pids: tuple[int, ...] = ()) -> None:
+    def __init__(self, message: str, pids: tuple[int, ...] = (), crash: str | None = None) -> None:
         super().__init__(message)
         self.pids = pids  # the ranks' process ids, all ended
+        self.crash = crash  # "rank R died of SIGNAL" when a rank crashed in native code
 
 
 @dataclass
@@ -72,6 +75,16 @@ class SplitRun:
     ranks: int
     backend: str  # "gloo" / "nccl"
     identity: dict[str, str] = dataclasses.field(default_factory=dict)  # rank 0's target, with its "split"
+    crashed: str | None = None  # the crash that ended a first run, which this one repeated
+
+    def facts(self) -> Facts:
+        """The split axis's facts for the cell's record: ranks, backend, wall time, any crash."""
+        summary = f"target split over {self.ranks} ranks ({self.backend}), split run {self.wall_s:.1f} s wall"
+        facts: dict[str, Scalar] = {"ranks": self.ranks, "backend": self.backend, "wall_s": round(self.wall_s, 2)}
+        if self.crashed:
+            summary += f"; run twice: in the first, {self.crashed}"
+            facts["crashed"] = self.crashed
+        return {"split": {**facts, "summary": summary}}
 
 
 def check_split(config: Any, ranks: int) -> None:
@@ -115,12 +128,46 @@ def split_generate(
     """Run `calls` with the server `recipe.build(unsplit)` builds in each of `ranks` ranks, the
     main target split over them. `unsplit`: the cell's serving without the split.
 
+    A run where a rank died of a signal (a crash in native code, not a Python error) runs once
+    more, from new ranks, and the `SplitRun` names the crash (`crashed`): a rare heap corruption in
+    torch's CPU collectives must not fail a certificate, and a crash that repeats still does.
+
     Raises `SplitUnavailable` where the platform cannot split, `LosscheckError` for a split the
     model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
     """
     started = time.perf_counter()
     check_split(_config(recipe), ranks)
     backend = _backend(recipe.device, ranks)
+    try:
+        outputs, pids = _run_ranks(recipe, unsplit, ranks, calls, backend, started + timeout_s, timeout_s)
+        crashed = None
+    except SplitError as first:
+        if first.crash is None:
+            raise
+        crashed = first.crash
+        outputs, pids = _run_ranks(recipe, unsplit, ranks, calls, backend, started + timeout_s, timeout_s)
+    for rank in range(1, ranks):
+        differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
+        if differs:
+            raise SplitError(
+                f"ranks of split={ranks} diverged on cell {cell_id}: {differs}; every rank "
+                "runs the same seeds on an all-reduced target, so this is a bug",
+                pids,
+            )
+    identity, generations = outputs[0]
+    return SplitRun(generations, time.perf_counter() - started, ranks, backend, identity, crashed)
+
+
+def _run_ranks(
+    recipe: RankRecipe,
+    unsplit: Serving,
+    ranks: int,
+    calls: Sequence[Call],
+    backend: str,
+    deadline: float,
+    timeout_s: float,
+) -> tuple[dict[int, tuple[dict[str, str], list[Generation]]], tuple[int, ...]]:
+    """One split run: start the ranks, collect every rank's output (`_collect`), stop them all."""
     ctx = _context()
     with tempfile.TemporaryDirectory(prefix="losscheck-split-") as rendezvous:
         results = ctx.Queue()
@@ -137,21 +184,11 @@ def split_generate(
         try:
             for proc in procs:
                 proc.start()
-            outputs = _collect(procs, results, started + timeout_s, timeout_s)
+            outputs = _collect(procs, results, deadline, timeout_s)
         finally:
             _stop(procs)
             results.close()
-    pids = tuple(p.pid or 0 for p in procs)
-    for rank in range(1, ranks):
-        differs = rank_disagreement(rank, outputs[rank][1], outputs[0][1])
-        if differs:
-            raise SplitError(
-                f"ranks of split={ranks} diverged on cell {cell_id}: {differs}; every rank "
-                "runs the same seeds on an all-reduced target, so this is a bug",
-                pids,
-            )
-    identity, generations = outputs[0]
-    return SplitRun(generations, time.perf_counter() - started, ranks, backend, identity)
+    return outputs, tuple(p.pid or 0 for p in procs)
 
 
 def _backend(device_option: str | None, ranks: int) -> str:
@@ -232,6 +269,9 @@ def _collect(
             dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode is not None]
             if dead and results.empty():
                 r = dead[0]
+                crash = _crash(procs, r)
+                if crash:
+                    raise SplitError(f"{crash} without a result", pids, crash) from None
                 raise SplitError(
                     f"rank {r} of {len(procs)} (pid {pids[r]}) exited with code {procs[r].exitcode} "
                     "without a result (killed, or out of memory?)",
@@ -239,9 +279,35 @@ def _collect(
                 ) from None
             continue
         if kind == "error":
-            raise SplitError(f"rank {rank} of {len(procs)} (pid {pids[rank]}) failed:\n{payload}", pids)
+            crash = _peer_crash(procs, rank)
+            lead = f"{crash}; then " if crash else ""
+            raise SplitError(f"{lead}rank {rank} of {len(procs)} (pid {pids[rank]}) failed:\n{payload}", pids, crash)
         outputs[rank] = pickle.loads(payload)
     return outputs
+
+
+def _crash(procs: list[BaseProcess], rank: int) -> str | None:
+    """ "rank R of N (pid P) died of SIGNAL ..." when `rank` ended by a signal other than the
+    parent's own terminate/kill, else None."""
+    code = procs[rank].exitcode
+    if code is None or code >= 0 or -code in (signal.SIGTERM, signal.SIGKILL):
+        return None
+    return (
+        f"rank {rank} of {len(procs)} (pid {procs[rank].pid}) died of {signal.Signals(-code).name}, a crash "
+        "in native code (its Python stack, where faulthandler could print one, is in the captured stderr)"
+    )
+
+
+def _peer_crash(procs: list[BaseProcess], rank: int) -> str | None:
+    """The crash of a rank other than `rank`, waiting up to `PEER_GRACE_S` for the peers to end:
+    a rank that dies in native code sends nothing, and its peers then fail on the closed
+    connection, so their error is the symptom and its crash the cause."""
+    deadline = time.perf_counter() + PEER_GRACE_S
+    for r, proc in enumerate(procs):
+        if r != rank and proc.pid is not None:
+            proc.join(max(0.0, deadline - time.perf_counter()))
+    crashes = [c for r in range(len(procs)) if r != rank and (c := _crash(procs, r))]
+    return "; ".join(crashes) or None
 
 
 def _stop(procs: list[BaseProcess]) -> None:
@@ -271,9 +337,14 @@ def _rank_main(
 ) -> None:
     """One rank: join the group, build the cell's server, run every call, report to `results`
     ("ok", rank, pickled (target identity, generations on the CPU)) or ("error", rank, traceback text)."""
+    import faulthandler
+
     import torch
     import torch.distributed as dist
 
+    # a rank that dies of a signal (a crash in a native library) prints its Python stack to
+    # stderr, where the cell's captured output keeps it
+    faulthandler.enable(all_threads=True)
     # transformers' mesh reads the rank's device from LOCAL_RANK, and builds it on the machine's
     # accelerator: gloo ranks hide the GPUs (before anything asks CUDA) to get a CPU mesh
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks))
@@ -341,13 +412,7 @@ class Split:
         return self.run.generations
 
     def facts(self) -> Facts:
-        if self.run is None:
-            return {}
-        run = self.run
-        summary = f"target split over {run.ranks} ranks ({run.backend}), split run {run.wall_s:.1f} s wall"
-        return {
-            "split": {"ranks": run.ranks, "backend": run.backend, "wall_s": round(run.wall_s, 2), "summary": summary}
-        }
+        return {} if self.run is None else self.run.facts()
 
 
 AXIS = Axis(

@@ -8,7 +8,9 @@ The ranks come from one fork server per test process, which imports torch and tr
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
+import tempfile
 
 import pytest
 import torch
@@ -150,6 +152,64 @@ def test_a_rank_failure_surfaces_with_its_traceback_and_ends_every_rank(session)
     message = str(info.value)
     assert "rank 1 of 2" in message and "RuntimeError: planted drafter failure on rank 1" in message, message
     assert len(info.value.pids) == 2 and not [p for p in info.value.pids if alive(p)]
+
+
+def drafter_crashing_rank_1(target):
+    """A drafter factory whose rank 1 dies of SIGABRT, as a heap corruption in native code ends
+    it: no Python error, no result, and rank 0 then fails on the closed connection."""
+    import torch.distributed as dist
+
+    from losscheck.run import drafters as registry
+
+    if dist.get_rank() == 1:
+        os.abort()
+    return registry.self_draft(target)
+
+
+def crash_once_marker() -> str:
+    """The file that tells `drafter_crashing_rank_1_once` its first crash happened: one per fork
+    server (the ranks' parent), so parallel test processes do not share it."""
+    return os.path.join(tempfile.gettempdir(), f"losscheck-test-crash-once-{os.getppid()}")
+
+
+def drafter_crashing_rank_1_once(target):
+    """`drafter_crashing_rank_1` in the first run only: the next run's ranks find the marker."""
+    import torch.distributed as dist
+
+    from losscheck.run import drafters as registry
+
+    if dist.get_rank() == 1:
+        try:
+            os.close(os.open(crash_once_marker(), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return registry.self_draft(target)
+        os.abort()
+    return registry.self_draft(target)
+
+
+def test_a_rank_crash_is_named_as_the_cause_and_a_repeated_one_fails(session):
+    options = dataclasses.replace(OPTIONS, drafter=f"{__name__}:drafter_crashing_rank_1")
+    with pytest.raises(SplitError) as info:
+        run_split(Cell("user", 4, GREEDY), greedy_calls(session)[:1], options)
+    message = str(info.value)
+    assert message.startswith("rank 1 of 2") and "died of SIGABRT" in message, message
+    assert info.value.crash is not None and "rank 1 of 2" in info.value.crash
+    assert len(info.value.pids) == 2 and not [p for p in info.value.pids if alive(p)]
+
+
+def test_a_single_rank_crash_runs_the_split_again_and_is_recorded(session):
+    options = dataclasses.replace(OPTIONS, drafter=f"{__name__}:drafter_crashing_rank_1_once")
+    cell = Cell("user", 4, GREEDY)
+    markers = glob.glob(os.path.join(tempfile.gettempdir(), "losscheck-test-crash-once-*"))
+    try:
+        run = run_split(cell, greedy_calls(session)[:1], options)
+    finally:
+        for path in set(glob.glob(os.path.join(tempfile.gettempdir(), "losscheck-test-crash-once-*"))) - set(markers):
+            os.remove(path)
+    assert run.crashed is not None and "rank 1 of 2" in run.crashed and "SIGABRT" in run.crashed, run.crashed
+    assert len(run.generations) == 1 and run.generations[0].stats.all_accepted
+    summary = run.facts()["split"]
+    assert summary["crashed"] == run.crashed and "run twice" in str(summary["summary"]), summary
 
 
 def test_a_timeout_kills_every_rank(session):
