@@ -10,6 +10,7 @@ by Ville's inequality min(1, 1/e) is a p-value valid under any stopping rule. Th
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -59,9 +60,25 @@ def evalue_thresholds(w: np.ndarray, alpha: float, one_sided: bool = False) -> n
     method from above: the log mixture is a log-sum-exp of lines in S, so convex, and increasing
     for S > 0; from a point past the root each step lands between the root and that point, and
     the steps shrink quadratically. The power models call this tens of thousands of times per
-    cell, where a bracketing search cost a quarter of a PIT cell's seconds."""
-    target = -math.log(check_open_unit("alpha", alpha))
-    w = np.asarray(w, dtype=np.float64)[..., None]  # [..., 1]
+    cell, where a bracketing search cost a quarter of a PIT cell's seconds; about half of those
+    calls repeat an earlier one exactly (a family member's power at the tokens of another: its
+    H0 variance does not depend on the member), so results are memoised. Read-only."""
+    w = np.asarray(w, dtype=np.float64)
+    return _thresholds(w.shape, w.tobytes(), float(check_open_unit("alpha", alpha)), bool(one_sided))
+
+
+@functools.lru_cache(maxsize=8192)
+def _thresholds(shape: tuple[int, ...], w_bytes: bytes, alpha: float, one_sided: bool) -> np.ndarray:
+    """`evalue_thresholds` of the float64 array `w_bytes` of `shape`, computed, read-only."""
+    s = np.array(_solve_thresholds(np.frombuffer(w_bytes, dtype=np.float64).reshape(shape), alpha, one_sided))
+    s.flags.writeable = False
+    return s
+
+
+def _solve_thresholds(w: np.ndarray, alpha: float, one_sided: bool) -> np.ndarray:
+    """Newton's method of `evalue_thresholds`."""
+    target = -math.log(alpha)
+    w = w[..., None]  # [..., 1]
     psi = np.expm1(LAMBDAS) - LAMBDAS  # [K]
     # The mixture lies between its largest term and that term / (K, or 2K two-sided), so the
     # root lies between the best single λ's threshold and the same with log K (log 2K) added.

@@ -159,6 +159,20 @@ def test_evalue_thresholds_are_the_mixtures_roots(one_sided):
         assert evalue_threshold(float(w[7]), alpha, one_sided) == found[7]
 
 
+def test_evalue_thresholds_memo_returns_the_solved_roots_read_only():
+    """The memo keys on the array's bytes, shape, α and side: a repeat returns the first call's
+    roots (the same object), which no caller can change; other keys are solved afresh."""
+    w = np.geomspace(1e-3, 1e7, 9)
+    first = evalue_thresholds(w, 1e-3)
+    assert evalue_thresholds(w.copy(), 1e-3) is first and not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0] = 0.0
+    assert evalue_thresholds(w.reshape(3, 3), 1e-3).shape == (3, 3)
+    assert (evalue_thresholds(w, 1e-3, one_sided=True) < first).all()  # one side spends no e-value on the other
+    assert (evalue_thresholds(w, 1e-4) > first).all()
+    assert float(evalue_thresholds(np.float64(w[4]), 1e-3)) == first[4]
+
+
 @functools.cache
 def _h0_replicates(replicates: int = 2000, length: int = 200) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """p-values of each test on `replicates` H0 replicates of `length` steps (a fresh Markov table
