@@ -153,7 +153,7 @@ def lines(cert: Certificate) -> list[str]:
         for name, c in classes.items():
             best = c.best
             where = (
-                f"power ≥ {level:g} at ρ = 1 in {len(c.caught_by)} cells"
+                f"power ≥ {level:g} at ρ = 1 in {_cells(len(c.caught_by))}"
                 if c.caught_by
                 else f"power ≥ {level:g} at ρ = 1 in no cell"
             )
@@ -229,7 +229,7 @@ def lines(cert: Certificate) -> list[str]:
         state = " (the target's recurrent state included)" if any(r.sample.recurrent_state for r in greedy) else ""
         out.append(
             f"- greedy cells: {sum(r.sample.rollbacks or 0 for r in greedy):,} rejected drafts, each a rollback "
-            f"of the target's cache{state}, in {len(greedy) - len(idle)} of {len(greedy)} cells"
+            f"of the target's cache{state}, in {len(greedy) - len(idle)} of {_cells(len(greedy))}"
             + (f"; no rollback exercised, so their PASS says nothing of rollback: {', '.join(idle)}" if idle else "")
         )
         gapped = [r for r in greedy if r.sample.zero_draft_rounds]
@@ -261,6 +261,11 @@ def lines(cert: Certificate) -> list[str]:
     return out
 
 
+def _cells(n: int, kind: str = "") -> str:
+    """ "1 cell", "3 sampled cells": a count of cells with its noun in number."""
+    return f"{n} {kind + ' ' if kind else ''}cell{'' if n == 1 else 's'}"
+
+
 def _references(cert: Certificate) -> list[str]:
     """What a black-box engine's cells were scored against, where it is not an fp32 copy of the
     engine's target: a reduced-precision reference (one-sample) or the proxy (two-sample)."""
@@ -274,18 +279,18 @@ def _references(cert: Certificate) -> list[str]:
             reduced.setdefault(r.precision.split("/")[0], []).append(r.cell)
         if r.sample.proxy_precision is not None:
             proxies.setdefault(r.sample.proxy_precision, []).append(r.cell)
-    for precision, cells in reduced.items():
+    for precision, names in reduced.items():
         out.append(
-            f"- {len(cells)} one-sample engine cells scored by losscheck's copy of the target in {precision} "
-            f"({', '.join(cells[:4])}): their power figures are computed on that reference's p, from which the "
+            f"- {_cells(len(names), 'one-sample engine')} scored by losscheck's copy of the target in {precision} "
+            f"({', '.join(names[:4])}): their power figures are computed on that reference's p, from which the "
             f"engine's kernels may differ at the scale of the precision's logit tolerance "
             f"({LOGIT_TOLERANCE[precision]:g} nats; not measured per kernel); a first-stage rejection is put to "
             "the engine's own plain side before any blame"
         )
-    for precision, cells in proxies.items():
+    for precision, names in proxies.items():
         out.append(
-            f"- {len(cells)} two-sample engine cells sized through a proxy, losscheck's copy of the target in "
-            f"{precision} ({', '.join(cells[:4])}): their tests keep their level whatever the proxy is; their power "
+            f"- {_cells(len(names), 'two-sample engine')} sized through a proxy, losscheck's copy of the target in "
+            f"{precision} ({', '.join(names[:4])}): their tests keep their level whatever the proxy is; their power "
             "figures are the proxy's, kept only where the tested plain rows' surprisal agrees with it"
         )
     return out
@@ -302,7 +307,7 @@ def _ends(cert: Certificate) -> list[str]:
     inside = sum(r.sample.ends_in_block or 0 for r in counted)
     most = max(counted, key=lambda r: r.sample.ends_in_block or 0)
     out = [
-        f"- rows ending on EOS or a stop id in {len(counted)} sampled cells: {ends:,}, {inside:,} of them with "
+        f"- rows ending on EOS or a stop id in {_cells(len(counted), 'sampled')}: {ends:,}, {inside:,} of them with "
         "drafted positions after the end in its round (where an engine that commits past a stop leaks; "
         f"most in {most.cell}: {most.sample.ends_in_block or 0:,} of {most.sample.ends or 0:,})"
     ]
@@ -320,7 +325,7 @@ def _ends(cert: Certificate) -> list[str]:
     strings = [r for r in counted if r.sample.string_ends is not None]
     if strings:
         out.append(
-            f"  - rows ending on a stop string in {len(strings)} cells: "
+            f"  - rows ending on a stop string in {_cells(len(strings))}: "
             f"{sum(r.sample.string_ends or 0 for r in strings):,}, "
             f"{sum(r.sample.string_ends_in_block or 0 for r in strings):,} of them inside a block; where such a "
             "row ends is a function of its tokens, which the end check reads exactly (`losscheck.cells.ends`)"

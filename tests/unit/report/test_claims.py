@@ -179,9 +179,9 @@ def test_a_reduced_precision_reference_and_a_proxy_are_named_with_what_they_cost
         {"cell": "engine-k4-T1-q4", "mode": "two-sample", "proxy_precision": "bf16"},
     )
     text = "\n".join(claims.lines(certificate_of(found)))
-    assert "- 1 one-sample engine cells scored by losscheck's copy of the target in bf16 (engine-k4-T1-bf16)" in text
+    assert "- 1 one-sample engine cell scored by losscheck's copy of the target in bf16 (engine-k4-T1-bf16)" in text
     assert "logit tolerance (0.3 nats; not measured per kernel)" in text
-    assert "- 1 two-sample engine cells sized through a proxy, losscheck's copy of the target in bf16" in text
+    assert "- 1 two-sample engine cell sized through a proxy, losscheck's copy of the target in bf16" in text
     fp32 = "\n".join(claims.lines(certificate_of(records({"cell": "engine-k4-T1", "mode": "one-sample"}))))
     assert "scored by losscheck's copy" not in fp32 and "through a proxy" not in fp32
 
@@ -211,7 +211,7 @@ def test_the_ends_inside_blocks_are_counted_and_the_cell_with_most_named():
     )
     text = "\n".join(claims.lines(certificate_of(found)))
     assert "- rows ending on EOS or a stop id in 3 sampled cells: 62, 56 of them with drafted positions" in text
-    assert "rows ending on a stop string in 1 cells: 40, 31 of them inside a block" in text
+    assert "rows ending on a stop string in 1 cell: 40, 31 of them inside a block" in text
     assert "most in A-k4-T1-min8-stop25: 53 of 59" in text
     assert (
         "every end's probability) in A-k4-T1-min8-stop25 (0.90 of its ends in a "
