@@ -203,7 +203,7 @@ class BugClassRecord:
 @dataclass(frozen=True)
 class AttributionRecord:
     """A black-box engine cell's second stage, drawn after its first rejected
-    (`losscheck.cells.attribution`): fresh speculative and speculation-off rows compared on the
+    (`losscheck.cells.engine.attribution`): fresh speculative and speculation-off rows compared on the
     row scores of the tests that rejected."""
 
     finding: str  # "speculation" (the sides differ: a FAIL) or "reference" (they do not: the reference differs)
@@ -215,7 +215,7 @@ class AttributionRecord:
 @dataclass(frozen=True)
 class DraftLawRecord:
     """A one-sample engine cell's check of the draft law it teacher-forced the engine's draft model
-    under (`losscheck.cells.draft_law`): the engine's own counts of rounds and of rounds whose
+    under (`losscheck.cells.engine.draft_law`): the engine's own counts of rounds and of rounds whose
     first draft was accepted, against what the round filter predicts for the rows it read."""
 
     OMIT_NONE: ClassVar[bool] = True

@@ -38,7 +38,7 @@ BYTES_PER_LOGIT = 64
 
 class ChunkObserver(Protocol):
     """What else reads each scored chunk's p (a black-box engine's drafter,
-    `losscheck.cells.engine_rounds.RoundsScoring`)."""
+    `losscheck.cells.engine.rounds.RoundsScoring`)."""
 
     def observe(
         self,

@@ -62,7 +62,7 @@ class ReportsCounters(Protocol):
 @runtime_checkable
 class ReportsLogprobs(Protocol):
     """An engine that reports each sampled token's log-probability (optional): its one-sample
-    cells and `losscheck.cells.engine_logprobs.engine_logprob_check` compare them with the
+    cells and `losscheck.cells.engine.logprobs.engine_logprob_check` compare them with the
     reference target's. An engine whose reference scores in another precision than it computes in
     (vLLM's `losscheck_reference`) names its own in an attribute `logprob_precision`: the check's
     bound is then that precision's round-off."""
@@ -94,7 +94,7 @@ class ReportsTopLogprobs(Protocol):
 @runtime_checkable
 class ReportsPromptLogprobs(Protocol):
     """An engine that reports its prompts' log-probabilities (optional; vLLM's `prompt_logprobs`):
-    `losscheck.cells.engine_logprobs.engine_prompt_logprob_check` compares them, speculation on and
+    `losscheck.cells.engine.logprobs.engine_prompt_logprob_check` compares them, speculation on and
     off, with the reference target's raw law (no sampling processing: prompt positions are not
     sampled)."""
 

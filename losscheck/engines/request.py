@@ -35,7 +35,7 @@ class GenerationRequest:
                     record's phase timings name it; an adapter has no reason to read it.
     logprobs        True: the cell also wants each token's reported log-probability; the run then
                     calls `ReportsLogprobs.generate_logprobs` instead of `generate` (asked only of
-                    engines that implement it; `losscheck.cells.engine_phases`).
+                    engines that implement it; `losscheck.cells.engine.phases`).
     top_logprobs    with `logprobs`, N > 0: also the N most probable ids at each position and their
                     log-probabilities; the run then calls `ReportsTopLogprobs.generate_top_logprobs`.
 

@@ -7,13 +7,13 @@ Terms:
   (a one-sample cell's pilot sizes its sample);
 - *phase*: the run's cells' draws of one side, or the scoring between them (`Phase`).
 
-The run draws the cells side by side (`losscheck.cells.engine_phases`): while any cell waits for
+The run draws the cells side by side (`losscheck.cells.engine.phases`): while any cell waits for
 a speculative draw, every waiting speculative draw is answered; only when every cell waits for
 the plain side is it answered (`next_side`); then every cell whose draws are all answered
 scores. A one-sample run is then two speculative engine phases (pilots; samples) with their
 scoring phases, and, for the cells whose first stage rejected, a speculative and a plain phase of
 attribution rows scored last; a two-sample run a plain phase (pilots), its scoring, then a
-speculative and a plain phase whose rows the proxy scores (`losscheck.cells.proxy_design`).
+speculative and a plain phase whose rows the proxy scores (`losscheck.cells.engine.proxy`).
 Under `Policy.ONE_AT_A_TIME` each phase holds one thing: the engine instance of its side, or the
 reference target. Torch-free: `losscheck certify --list` prints it (`memory_lines`).
 """

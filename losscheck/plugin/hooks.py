@@ -133,7 +133,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if PLAN_ERROR_KEY in session.config.stash and not hasattr(session.config, "workerinput"):
         raise pytest.UsageError(session.config.stash[PLAN_ERROR_KEY])
     if SESSION_KEY in session.config.stash and not hasattr(session.config, "workerinput"):
-        # the engine cells this process runs, in order: drawn side by side (`losscheck.cells.engine_phases`)
+        # the engine cells this process runs, in order: drawn side by side (`losscheck.cells.engine.phases`)
         from losscheck.plan.cell import ENGINE, Cell
 
         params = (getattr(getattr(item, "callspec", None), "params", {}) for item in session.items)

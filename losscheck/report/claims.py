@@ -193,7 +193,7 @@ def lines(cert: Certificate) -> list[str]:
             verdicts.setdefault(law.verdict.split(":")[0], []).append(cell)
         out.append(
             "- the draft law each one-sample engine cell teacher-forced, against the engine's own counts of "
-            "first drafts accepted (`losscheck.cells.draft_law`): "
+            "first drafts accepted (`losscheck.cells.engine.draft_law`): "
             + "; ".join(f"{verdict} in {len(cells)} ({', '.join(cells[:4])})" for verdict, cells in verdicts.items())
             + (
                 " — where inconsistent, the drafter-side classes are withdrawn there"

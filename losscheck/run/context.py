@@ -126,7 +126,7 @@ class CellContext:
         return self.memo(("engine-vocab", self.cell.precision.target), read)
 
     def engine_batch(self) -> tuple[Cell, ...]:
-        """The engine cells drawn side by side with this one (`losscheck.cells.engine_phases`): every
+        """The engine cells drawn side by side with this one (`losscheck.cells.engine.phases`): every
         engine cell of this cell's engine variant this process runs when the engine keeps one
         instance alive at a time (each side is then built as few times as the cells allow), else
         this cell alone."""

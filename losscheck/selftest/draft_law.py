@@ -1,6 +1,6 @@
 """`python -m losscheck.selftest.draft_law --engine MOD:FACTORY [CELL ...]`: one-sample engine cells
 of an engine-only run, each line the engine's counted first-draft acceptances and rounds against
-what the round filter predicts under the declared draft law (`losscheck.cells.draft_law`), the
+what the round filter predicts under the declared draft law (`losscheck.cells.engine.draft_law`), the
 verdict, and the drafter-side classes withdrawn. Default cells: engine-k4-T1 and engine-k4-T0.3."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 
 
 def lines(engine: str, cells: list[str], seed: int) -> list[str]:
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

@@ -44,7 +44,7 @@ def calibrate(cells: int, cell_alpha: float, seed: int) -> Calibration:
 
     from scipy import stats
 
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

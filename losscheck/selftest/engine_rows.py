@@ -31,7 +31,7 @@ PARAMS = (
 
 def rows_table(sequences: int, seed: int) -> list[str]:
     from losscheck.cells.draw import generate_rows
-    from losscheck.cells.engine_rounds import RoundsScoring, as_target
+    from losscheck.cells.engine.rounds import RoundsScoring, as_target
     from losscheck.cells.scoring import measure_power
     from losscheck.core.generation import Generation, LoopStats
     from losscheck.core.sampling import SamplingParams

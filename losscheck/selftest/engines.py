@@ -132,7 +132,7 @@ class DeclaresArgmax(SpecLoopEngine):
 
 def biased_argmax_drafts(target: Target) -> SpecLoopEngine:
     """Drafts argmax(logits + bias) while declaring argmax(logits) (`BiasedArgmax`): lossless, but
-    its drafter-side claims rest on the wrong q and are withdrawn (`losscheck.cells.draft_law`)."""
+    its drafter-side claims rest on the wrong q and are withdrawn (`losscheck.cells.engine.draft_law`)."""
     from losscheck import bundled
     from losscheck.drafters.autoregressive import from_path
 

@@ -1,6 +1,6 @@
 """Planted random-stream bugs, as wrappers around any black-box engine (the HF adapter, the spec
 loop): each request's law stays exact, only the streams behind requests are wrong, so only
-`losscheck.cells.streams` sees them. Speculation off is left as it is (the bugs shipped on the
+`losscheck.cells.engine.streams` sees them. Speculation off is left as it is (the bugs shipped on the
 speculative path). Select one like any engine:
 `--losscheck-engine=losscheck.selftest.streams:seed_ignored_when_speculating`.
 """

@@ -203,7 +203,7 @@ class BugClass:
     # slot (`Step.q_prev_known`)
     reads_q_prev: bool = False
     # True: the law reads the target's p alone (no q, no slots), so it can be evaluated on the
-    # samples of a black-box engine, which reports neither (`losscheck.cells.blackbox`)
+    # samples of a black-box engine, which reports neither (`losscheck.cells.engine`)
     target_side: bool = False
 
 

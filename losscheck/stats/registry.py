@@ -35,7 +35,7 @@ CONFORMANCE = "conformance"
 EXACT = "exact"
 TWO_SAMPLE = "two_sample"
 ROUNDS = "rounds"  # a black-box engine's verifier classes through its drafter (`losscheck.stats.hidden_rounds`)
-STREAMS = "streams"  # a black-box engine's random streams across requests (`losscheck.cells.streams`)
+STREAMS = "streams"  # a black-box engine's random streams across requests (`losscheck.cells.engine.streams`)
 # Inputs a test may read that a cell may lack (`StatTest.needs`): a black-box engine reports no slots.
 SLOTS = "slots"
 # ... and what a sample's rows say about their random streams (`losscheck.stats.streams.StreamValues`):

@@ -19,7 +19,7 @@ one position needs (a conservative figure: the positions' tests add power).
 Marginals dilute a bug that tilts every step a little (a temperature) across the prompts' many
 prefixes. The proxy itself gives a sharper two-sample test: each row's *surprisal score* under the
 proxy, S = Σ_t (-log p(x_t) - H(p_t)), compared between the sides by a Mann–Whitney U test
-(`losscheck.cells.attribution`). The proxy is fixed before either side is drawn, so the test
+(`losscheck.cells.engine.attribution`). The proxy is fixed before either side is drawn, so the test
 keeps its level whatever the proxy is; its power is the proxy's approximation. Under H0, S has
 mean 0 and variance Σ_t Var_p(-log p) (a martingale); under a class, mean Σ_t δ_t with
 δ_t = E_{p'}[-log p] - H(p). With d = E[Σ δ_t] / sqrt(E[Σ Var_p(-log p)]) over the rows, n rows a

@@ -442,7 +442,7 @@ def _min_tokens_logprobs() -> dict:
     """vLLM's reported logprobs at min tokens 8, T = 1, k = 4, 8 prompts x 8 rows of 16 tokens,
     each side against the teacher-forced processed law (EOS allowed from position 8 on)."""
     from losscheck import bundled
-    from losscheck.cells.engine_logprobs import engine_logprob_check
+    from losscheck.cells.engine.logprobs import engine_logprob_check
     from losscheck.core.target import HFTarget
     from losscheck.engines.vllm import cpu_draft_model_fixed
 
@@ -468,7 +468,7 @@ def test_vllm_reports_the_top_logprobs_of_the_processed_law():
     probable ids of the processed law with their log p (0 off of 1,024 positions a side, worst
     8e-6 nats on 2026-12-06; bound 9e-5)."""
     from losscheck import bundled
-    from losscheck.cells.engine_logprobs import engine_logprob_check
+    from losscheck.cells.engine.logprobs import engine_logprob_check
     from losscheck.core.target import HFTarget
     from losscheck.engines.vllm import cpu_draft_model_fixed
 
@@ -485,7 +485,7 @@ def test_vllm_reports_the_prompts_raw_logprobs_with_speculation_on_and_off():
     """vLLM's `prompt_logprobs=0` (the target's raw log-softmax over the prompt, whatever the
     sampling processing): each prompt token's value is the reference target's log p, on both sides."""
     from losscheck import bundled
-    from losscheck.cells.engine_logprobs import engine_prompt_logprob_check
+    from losscheck.cells.engine.logprobs import engine_prompt_logprob_check
     from losscheck.core.target import HFTarget
     from losscheck.engines.vllm import cpu_draft_model_fixed
 

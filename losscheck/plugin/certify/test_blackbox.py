@@ -1,5 +1,5 @@
 """Black-box engines (`--losscheck-engine`): the engine with speculation on against itself with it
-off (`losscheck.cells.blackbox`).
+off (`losscheck.cells.engine`).
 
 The greedy cell asserts equality on every prompt; each sampled cell is one statistical assertion
 with its Bonferroni share of --losscheck-alpha — one-sample PIT when losscheck loads the engine's
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.lossless
 
 def test_engine_greedy_equals_baseline(engine_greedy_cell, losscheck_context, losscheck_record):
     """Speculation on == off, token for token, near-ties triaged by the float64 margin."""
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
 
     certify(run_engine_cell, losscheck_context(engine_greedy_cell), losscheck_record)
 
@@ -27,6 +27,6 @@ def test_engine_greedy_equals_baseline(engine_greedy_cell, losscheck_context, lo
 def test_engine_sampling(engine_cell, losscheck_context, losscheck_record):
     """The engine's speculative samples follow the target's distribution (one-sample PIT) or its
     samples with drafting off (two-sample)."""
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
 
     certify(run_engine_cell, losscheck_context(engine_cell), losscheck_record)

@@ -1,4 +1,4 @@
-"""The draft law checked in one-sample engine cells (`losscheck.cells.draft_law`): an engine that
+"""The draft law checked in one-sample engine cells (`losscheck.cells.engine.draft_law`): an engine that
 drafts argmax(logits + bias) while giving its model as drafting argmax(logits) is lossless and
 PASSes, but its counters contradict the filter's prediction and every drafter-side claim is
 withdrawn by name; the same engine without the bias matches its counters to the unit."""
@@ -9,7 +9,7 @@ import pytest
 
 
 def _t1(engine: str):
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

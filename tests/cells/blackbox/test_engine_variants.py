@@ -151,7 +151,7 @@ def _session(scope: str, power: float = 0.99):
 
 
 def _certify(session, cells):
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
 
     LIVE.clear()
@@ -254,7 +254,7 @@ def test_a_quantized_variant_is_certified_two_sample_sized_by_bug_classes_throug
 def test_a_proxy_that_is_not_the_engines_law_withdraws_every_claim_by_name():
     """The q2 target (2-bit rows) is lossless two-sample, but its plain rows' surprisal under the
     fp32 proxy is far from centred: the cell PASSes claiming no class, each withdrawn with the proxy's
-    z (`losscheck.cells.proxy_design.proxy_withdrawn`), where the q4 target's keep theirs (above)."""
+    z (`losscheck.cells.engine.proxy.proxy_withdrawn`), where the q4 target's keep theirs (above)."""
     cells, outcomes = _quantized(_session("-broken,-k,-batch"), "q2")
     sampled = outcomes[0]
     assert sampled.passed, sampled.message()

@@ -30,7 +30,7 @@ def undeclared_engine(target):
 
 @pytest.mark.usefixtures("one_thread")
 def test_a_served_cell_of_an_engine_that_declares_nothing_is_refused_before_any_draw():
-    from losscheck.cells.blackbox import engine_draws
+    from losscheck.cells.engine import engine_draws
     from losscheck.plan.scope import parse_scope
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options

@@ -17,7 +17,7 @@ DFLASH = bundled.fixtures_dir() / "dflash"
 
 
 def _cell(engine: str, cell_id: str, kind: str = "engine_cell"):
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

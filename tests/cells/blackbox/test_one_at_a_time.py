@@ -1,6 +1,6 @@
 """One GPU's memory: an engine that keeps one instance alive at a time (`Policy.ONE_AT_A_TIME`) is
 certified end to end through the real engine cells, its sides drawn side by side
-(`losscheck.cells.engine_phases`), with a fake whose build fails while another instance or
+(`losscheck.cells.engine.phases`), with a fake whose build fails while another instance or
 losscheck's reference target is alive, and whose builds follow the memory plan `--list` prints."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _session(alongside: bool, some: bool = False):
 
 
 def _certify(alongside: bool, some: bool = False):
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
 
     BUILDS.clear()
@@ -216,7 +216,7 @@ def test_an_engine_reference_and_draft_model_on_one_device_are_certified_within_
     each refuse to be built past a simulated device's budget, and the engine is certified end to
     end, the verifier's classes judged through the draft model; kept on the device beside the
     instances, the draft model refuses the next build."""
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.plan.profiles import PROFILES
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options

@@ -12,7 +12,7 @@ from losscheck.core.sampling import SamplingParams
 
 
 def _cell(engine: str, cell_id: str):
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session
@@ -46,7 +46,7 @@ def test_each_direction_and_a_cut_off_fail_too(engine, cell_id):
 
 
 def test_where_the_two_laws_are_one_the_classes_are_not_judged_and_spend_nothing():
-    from losscheck.cells.engine_rounds import has_other_q, not_judged
+    from losscheck.cells.engine.rounds import has_other_q, not_judged
     from losscheck.stats import registry
 
     t1, cooled = SamplingParams(), SamplingParams(temperature=0.3)

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.usefixtures("one_thread")
 def test_the_tree_loop_engine_passes_its_greedy_and_t1_cells():
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.usefixtures("one_thread")
 def test_an_engine_that_counts_min_tokens_in_rounds_fails_on_where_its_rows_end():
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

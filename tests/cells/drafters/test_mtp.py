@@ -101,7 +101,7 @@ def test_use_mtp_is_an_engine_arg_of_hf_without_an_assistant(mtp_target, target)
 
 @pytest.mark.usefixtures("one_thread")
 def test_transformers_use_mtp_passes_its_greedy_engine_cell():
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session
@@ -129,7 +129,7 @@ def test_the_planted_mtp_generator_hands_the_verifier_raw_logits_where_the_hones
 @pytest.mark.slow  # the cell's two stages, one row per generate call: 268 s (2026-12-05)
 @pytest.mark.usefixtures("one_thread")
 def test_mtp_sampling_processed_logits_and_verifying_raw_ones_fails_blamed_on_speculation():
-    from losscheck.cells.blackbox import run_engine_cell
+    from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session

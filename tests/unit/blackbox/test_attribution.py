@@ -1,4 +1,4 @@
-"""The second stage of a black-box cell (`losscheck.cells.attribution`): which row scores a failing
+"""The second stage of a black-box cell (`losscheck.cells.engine.attribution`): which row scores a failing
 test reads, and the U tests' level and stated power on samples of known law."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from scipy import stats
 
-from losscheck.cells.attribution import attribution_tests, scores_for
+from losscheck.cells.engine.attribution import attribution_tests, scores_for
 
 
 def test_each_failing_test_is_compared_on_the_row_scores_it_sums():

@@ -1,4 +1,4 @@
-"""The draft law checked against an engine's own counters (`losscheck.cells.draft_law`,
+"""The draft law checked against an engine's own counters (`losscheck.cells.engine.draft_law`,
 `losscheck.stats.hidden_rounds.Acceptance`): on Markov-table engines (V 6, k 3, 10 tokens a row)
 the filter's predicted rounds and first-draft acceptances match the loop's own counts within their
 stated noise; a drafter whose argmax a bias flips is told apart; and the record withdraws the
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from losscheck.cells.draft_law import TOLERANCE, Z, checked, predicted
+from losscheck.cells.engine.draft_law import TOLERANCE, Z, checked, predicted
 from losscheck.cells.record import BugClassRecord, SampleFacts
 from losscheck.engines.counters import EngineCounters
 from losscheck.stats.hidden_rounds import Acceptance, RoundsSample

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from losscheck import bundled
-from losscheck.cells.engine_rounds import draft_params, not_judged
+from losscheck.cells.engine.rounds import draft_params, not_judged
 from losscheck.core.sampling import SamplingParams
 from losscheck.engines import DraftModel, draft_model
 from losscheck.engines.vllm import VLLMEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from losscheck.cells.engine_logprobs import engine_logprob_check
+from losscheck.cells.engine.logprobs import engine_logprob_check
 from losscheck.cells.logprob_check import logprob_problems
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.hf import HFAssistedEngine
@@ -139,7 +139,7 @@ class PromptScorer:
 
 
 def test_prompt_logprobs_are_checked_on_both_sides_and_a_shift_is_caught(pair) -> None:
-    from losscheck.cells.engine_logprobs import engine_prompt_logprob_check
+    from losscheck.cells.engine.logprobs import engine_prompt_logprob_check
 
     target, _ = pair
     right = engine_prompt_logprob_check(PromptScorer(target.model), target, PROMPTS)
@@ -149,7 +149,7 @@ def test_prompt_logprobs_are_checked_on_both_sides_and_a_shift_is_caught(pair) -
 
 
 def test_malformed_prompt_logprobs_are_engine_output_errors(pair) -> None:
-    from losscheck.cells.engine_logprobs import engine_prompt_logprob_check
+    from losscheck.cells.engine.logprobs import engine_prompt_logprob_check
     from losscheck.engines import EngineOutputError
 
     target, engine = pair

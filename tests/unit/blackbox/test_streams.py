@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from losscheck.cells.streams import stream_check
+from losscheck.cells.engine.streams import stream_check
 from losscheck.core.sampling import GREEDY, SamplingParams
 from losscheck.engines.spec_loop import SpecLoopEngine
 from losscheck.errors import LosscheckError

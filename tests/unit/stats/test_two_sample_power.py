@@ -102,7 +102,7 @@ def test_a_proxy_that_is_the_rows_law_centres_their_scores_and_another_checkpoin
     variance."""
     from scipy import stats
 
-    from losscheck.cells.proxy_design import PROXY_Z
+    from losscheck.cells.engine.proxy import PROXY_Z
 
     generator = torch.Generator().manual_seed(20261205)
     logits = 1.5 * torch.randn(400, 16, 12, generator=generator, dtype=torch.float64)

@@ -16,13 +16,18 @@ the larger of the model's and the rows' measured variance.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.cells.record import BugClassRecord
+from losscheck.cells.engine.handle import CONFIRM_TOKENS, generation, request
+from losscheck.cells.record import BugClassRecord, SampleFacts
+from losscheck.engines import GenerationRequest
+from losscheck.stats import registry
 from losscheck.stats.buglaws import CATALOGUE
 from losscheck.stats.sample_size import DESIGN_MARGIN
 from losscheck.stats.two_sample_power import MarginalSums, SurprisalSums
@@ -164,3 +169,71 @@ def proxy_not_judged() -> dict[str, str]:
 
     reason = "a two-sample cell reads no q or slots: only the target-side classes (p alone) have a power model"
     return {bug.name: reason for bug in CATALOGUE if not bug.target_side} | dict.fromkeys(Q_CONTRACT, reason)
+
+
+# --- the proxy phase of a two-sample cell ---------------------------------------------------------
+@dataclass(frozen=True)
+class TwoSampleDesign:
+    """A proxy-sized two-sample cell's design: the rows a side, the TV per position they detect at
+    the profile's power, the tests' levels and the classes' design."""
+
+    rows: int
+    detectable_tv: float
+    levels: Levels
+    classes: ProxyDesign
+    pilot_sequences: int
+
+
+def proxy_design(
+    ctx: CellContext, prompts: list[list[int]], horizon: int
+) -> Generator[tuple[GenerationRequest, ...], tuple[torch.Tensor, ...], TwoSampleDesign]:
+    """A pilot of the plain side (a seed of its own, never tested), scored by the proxy: the rows a
+    side each target-side class needs, within the profile's floor and cap (its PIT tokens as rows of
+    `horizon` tokens)."""
+    from losscheck.stats.power import chisquare_detectable_w
+
+    cell, profile = ctx.cell, ctx.profile
+    half = ctx.alpha / 2
+    levels = Levels(registry.split(half, registry.TWO_SAMPLE, positions=horizon).per_test, half / 2)
+    pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
+    (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, False, purpose="pilot"),)
+    target = ctx.engine_target()
+    rows = [p for p in prompts for _ in range(pilot_per_prompt)]
+    sums = proxy_sums(ctx, target, rows, generation(ctx, pilot, target))
+    floor, cap = (math.ceil(t / horizon) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
+    classes = ProxyDesign.of(sums, levels, profile.power, profile.two_sample_bins, floor, cap)
+    n = math.ceil(classes.rows / len(prompts)) * len(prompts)  # what the draw gives: whole rows per prompt
+    tv = chisquare_detectable_w(n / 2, profile.two_sample_bins, levels.position, profile.power) / 2
+    return TwoSampleDesign(classes.rows, tv, levels, classes, len(rows))
+
+
+def proxy_confirmed(
+    ctx: CellContext,
+    facts: SampleFacts,
+    design: TwoSampleDesign,
+    prompts: list[list[int]],
+    plain: torch.Tensor,
+    horizon: int,
+) -> SampleFacts:
+    """The facts of a proxy-sized cell: each class's coverage from the tested plain rows `plain`
+    [P, m, L] (the first rows of every prompt, up to `CONFIRM_TOKENS`), checked against the design."""
+    from losscheck.cells.sampled import confirmed_coverage
+
+    profile = ctx.profile
+    per_prompt = plain.shape[1]
+    first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
+    target = ctx.engine_target()
+    rows = [p for p in prompts for _ in range(first)]
+    sums = proxy_sums(ctx, target, rows, generation(ctx, plain[:, :first], target))
+    tested = per_prompt * len(prompts)
+    coverage = proxy_coverage(
+        design.classes, sums, tested, horizon, design.levels, profile.power, profile.two_sample_bins
+    )
+    coverage = confirmed_coverage(ctx.cell, coverage, profile.power)
+    return dataclasses.replace(
+        facts,
+        pilot_sequences=design.pilot_sequences,
+        design_tokens=design.classes.rows * horizon,
+        bug_classes=coverage,
+        classes_not_judged=proxy_not_judged(),
+    )

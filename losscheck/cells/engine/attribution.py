@@ -18,6 +18,7 @@ mismatch, and the cell's verdict is the second stage's, with its detectable shif
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -25,13 +26,19 @@ import numpy as np
 import torch
 from scipy import stats
 
+from losscheck.cells.engine.handle import engine_of, first_token, generation, request, with_engine_facts
+from losscheck.cells.logprob_check import logprob_problems
+from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.record import AttributionRecord, SampleFacts
 from losscheck.cells.scoring import ForcedProbs, teacher_forced_pit
 from losscheck.core.sampling import make_generator
-from losscheck.stats.result import TestResult
+from losscheck.engines import DraftModel
+from losscheck.stats.result import TestResult, combine
 from losscheck.stats.streams import top_tokens
 
 if TYPE_CHECKING:
-    from losscheck.cells.engine_rounds import RoundsScoring
+    from losscheck.cells.engine.phases import EngineDraws
+    from losscheck.cells.engine.rounds import RoundsScoring
     from losscheck.core.generation import Generation
     from losscheck.core.target import HFTarget
     from losscheck.run.context import CellContext
@@ -169,3 +176,55 @@ def attribution_tests(
             )
         )
     return results
+
+
+# --- the attribution phase of a one-sample cell ---------------------------------------------------
+def attribute(
+    ctx: CellContext,
+    prompts: list[list[int]],
+    per_prompt: int,
+    horizon: int,
+    failed: list[TestResult],
+    facts: SampleFacts,
+    drafter: DraftModel | None,
+) -> EngineDraws:
+    """The second stage after the first rejected with `failed`: as many fresh rows per side as the
+    first stage tested, compared on the failing tests' row scores."""
+    from losscheck.cells.engine.rounds import RoundsScoring
+
+    cell, engine = ctx.cell, engine_of(ctx)
+    names = scores_for([r.name for r in failed])
+    rows = [p for p in prompts for _ in range(per_prompt)]
+    asked = tuple(
+        request(ctx, prompts, per_prompt, cell.params, horizon, side, purpose="attribution") for side in (True, False)
+    )
+    drawn = yield asked
+    target = ctx.engine_target()
+    scorer = drafter if any(n.startswith("rounds.") for n in names) else None  # the drafter, if a score reads it
+    sides = [
+        row_scores(
+            ctx,
+            f"{cell.id}-attribution-{side}",
+            target,
+            rows,
+            generation(ctx, tokens, target),
+            cell.precision.tolerance,
+            None if scorer is None else RoundsScoring(scorer.model, engine.k, scorer.law, first_token(engine)),
+        )
+        for tokens, side in zip(drawn, ("on", "off"), strict=True)
+    ]
+    second = attribution_tests(sides[0], sides[1], names, ctx.alpha, ctx.profile.power)
+    blamed = any(not r.passed for r in second)
+    first = tuple(f"{r.name} (p = {r.p_value:.3g}, alpha = {r.alpha:.3g})" for r in failed)
+    record = AttributionRecord("speculation" if blamed else "reference", first, names, len(rows))
+    problems = logprob_problems(facts)  # the first stage's sample's reported logprobs
+    if blamed:
+        problems.append(
+            f"speculation changes the engine's output law: the first stage rejected {', '.join(first)} against "
+            f"losscheck's copy of the target, and {len(rows)} fresh speculative rows differ from {len(rows)} "
+            "speculation-off rows on the same row scores"
+        )
+    facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
+    return CellOutcome(
+        cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=with_engine_facts(ctx, facts)
+    )

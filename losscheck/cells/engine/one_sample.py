@@ -1,0 +1,286 @@
+"""The one-sample phase of a black-box engine cell: its speculative samples scored by losscheck's
+copy of its target (teacher-forced PIT, the exact-conditional tests and, with its draft model, the
+verifier's bug classes), sized by a pilot; a rejection goes on to the attribution phase
+(`losscheck.cells.engine.attribution.attribute`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from losscheck.cells.engine.attribution import attribute
+from losscheck.cells.engine.handle import (
+    CONFIRM_TOKENS,
+    NO_SLOTS,
+    draft_model_of,
+    engine_of,
+    first_token,
+    generation,
+    min_horizon,
+    request,
+    with_engine_facts,
+)
+from losscheck.cells.logprob_check import LogprobCheck, logprob_problems
+from losscheck.cells.outcome import CellOutcome
+from losscheck.cells.record import BugClassRecord
+from losscheck.core.sampling import SamplingParams
+from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, ReportsTopLogprobs
+from losscheck.run.context import CellContext
+from losscheck.stats import registry, sample_size
+from losscheck.stats.result import combine
+
+if TYPE_CHECKING:
+    from losscheck.cells.engine.phases import EngineDraws
+    from losscheck.cells.engine.rounds import RoundsScoring
+    from losscheck.cells.record import DraftLawRecord
+    from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.hidden_rounds import Acceptance, RoundsSample
+
+# the top ids a one-sample cell asks of an engine that reports them (`ReportsTopLogprobs`), checked
+# at every tested position beside the sampled token's logprob: 5, OpenAI's and vLLM's usual ask
+TOP_LOGPROBS = 5
+
+
+def one_sample(ctx: CellContext) -> EngineDraws:
+    """The engine's speculative samples, scored by losscheck's copy of its target in the engine's
+    precision (the *reference*): randomized PIT uniform (`losscheck.stats.pit`), the
+    exact-conditional tests and, when the engine gives its draft model (`RunsDraftModel`), the
+    verifier's bug classes through a filter over the hidden slots (`losscheck.stats.hidden_rounds`).
+    At a top-k / top-p cut-off another implementation may draw elsewhere within that precision's
+    logit tolerance, the law is conditioned on the tokens every implementation keeps
+    (`losscheck.cells.scoring.cutoff_law`).
+
+    Sized by bug classes, as a PIT cell is: a pilot of its own (one row per prompt, at least the
+    profile's `engine_pilot_sequences`), never tested, says what each class the cell can judge
+    needs — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`) and, with the
+    draft model, the verifier's (`hidden_rounds.CLASSES`) — within the profile's cap
+    (`_design`); the tested sample's own p and q confirm it (`confirmed_coverage`). The pooled
+    tests report the TV they detect; only a profile's `pooled_tv` sizes the cell for one.
+
+    Attribution (`losscheck.cells.engine.attribution`): only when this first stage rejects, fresh rows
+    of both sides are compared two-sample on the row scores of the failing tests. Both reject: a
+    FAIL blamed on speculation. The second does not: the reference differs from the engine,
+    reported as such, and the cell's verdict is the second stage's.
+
+    Rounds: the pilot; the sample; the attribution's two sides only after a rejection. The
+    reference target is read only between and after them."""
+    from losscheck.cells.engine.rounds import RoundsScoring, not_judged
+    from losscheck.cells.sampled import confirmed_coverage
+    from losscheck.cells.scoring import PitScores
+    from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.buglaws import TARGET_SIDE
+
+    cell, engine, profile = ctx.cell, engine_of(ctx), ctx.profile
+    horizon = max(profile.horizon, min_horizon(engine))
+    prompts = ctx.all_prompts()
+    drafter = draft_model_of(ctx)
+    families = (registry.PIT, registry.CONDITIONAL) + ((registry.ROUNDS,) if drafter is not None else ())
+    missing = missing_inputs(drafter, cell.params)
+    budget = registry.split(ctx.alpha, *families, missing=missing)
+    pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
+    (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
+    design = _design(ctx, prompts, pilot, budget.per_test, drafter)
+    per_prompt = math.ceil(design.classes.sequences(design.per_sequence) / len(prompts))
+    rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
+    # an engine that reports logprobs reports them for the tested sample: checked beside it
+    logprobs = _checks_logprobs(engine, cell.params)
+    top = TOP_LOGPROBS if logprobs and isinstance(engine, ReportsTopLogprobs) else 0
+    asked = request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs, top_logprobs=top)
+    drawn, *reported = yield (asked,)
+    target = ctx.engine_target()
+    power = PowerAccumulator(classes=TARGET_SIDE)
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
+    # the power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
+    first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
+    power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
+    scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds, power_rows=power_rows)
+    if logprobs:
+        scores.logprobs = LogprobCheck(_logprob_tolerance(engine, cell.precision.tolerance), cell.params.temperature)
+    scores.add(rows, generation(ctx, drawn, target, *reported))
+    results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
+    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.read_by_every_test)
+    if rounds is not None:
+        alpha_rounds = budget.share(registry.ROUNDS)
+        results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
+        unjudged = not_judged(rounds.law, cell.params)  # named in the record instead, with the reason
+        judged = rounds_coverage(design, rounds.sample, budget.per_test, profile.power)
+        coverage |= {name: c for name, c in judged.items() if name not in unjudged}
+    coverage = confirmed_coverage(cell, coverage, profile.power)
+    facts = dataclasses.replace(
+        facts,
+        sequences=len(rows),
+        prompts=len(prompts),
+        horizon=horizon,
+        pilot_sequences=pilot_per_prompt * len(prompts),
+        pilot_tokens=design.pilot_tokens,
+        pilot_tested_tokens=design.pilot_tested,
+        design_tokens=design.classes.tokens,
+        bug_classes=coverage,
+        classes_not_judged=not_judged(None if drafter is None else drafter.law, cell.params),
+        draft_law=_draft_law(design, rounds),
+    )
+    failed = [r for r in results if not r.passed]
+    if not failed:
+        verdict = combine(cell.id, results, ctx.alpha)
+        return CellOutcome(cell, verdict=verdict, problems=logprob_problems(facts), facts=with_engine_facts(ctx, facts))
+    return (yield from attribute(ctx, prompts, per_prompt, horizon, failed, facts, drafter))
+
+
+def missing_inputs(drafter: DraftModel | None, params: SamplingParams) -> frozenset[str]:
+    """The inputs a one-sample cell lacks (a test that cannot reject spends no α): slots always;
+    sampled drafts where the engine drafts its draft model's argmax; another q where the draft
+    model's raw law is the q it draws from at `params`."""
+    from losscheck.cells.engine.rounds import has_other_q
+
+    missing = set(NO_SLOTS)
+    if drafter is not None and drafter.law == "greedy":
+        missing.add(registry.SAMPLED_DRAFTS)
+    if drafter is not None and not has_other_q(params, drafter.law):
+        missing.add(registry.OTHER_Q)
+    return frozenset(missing)
+
+
+def _checks_logprobs(engine: BlackBoxEngine, params: SamplingParams) -> bool:
+    """Whether a one-sample cell checks `engine`'s reported logprobs: it reports them, the cell
+    samples, and the reference draws the cut-off the engine draws. An engine computing in another
+    precision than its reference (`logprob_precision`) keeps, near a top-k / top-p / min-p edge,
+    tokens the reference cuts (log p = -inf there): those cells' tokens are judged by the PIT
+    stage and its attribution alone."""
+    if not isinstance(engine, ReportsLogprobs) or params.greedy:
+        return False
+    cuts = params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0
+    return getattr(engine, "logprob_precision", None) is None or not cuts
+
+
+def _logprob_tolerance(engine: BlackBoxEngine, tolerance: float) -> float:
+    """The logit round-off bound of an engine's reported logprobs: the cell's, or that of the
+    precision the engine computes them in when it declares another (`ReportsLogprobs`)."""
+    from losscheck.core.precision import LOGIT_TOLERANCE
+
+    own = getattr(engine, "logprob_precision", None)
+    return max(tolerance, LOGIT_TOLERANCE[own]) if own is not None else tolerance
+
+
+@dataclass(frozen=True)
+class EngineDesign:
+    """What a one-sample engine cell's pilot fixes: the class design (in PIT-tested tokens), the
+    pilot's PIT-tested tokens per sequence, its generated and tested tokens, and its rounds
+    classes' power with their scored tokens per PIT-tested token."""
+
+    classes: sample_size.ClassDesign
+    per_sequence: float
+    pilot_tokens: int
+    pilot_tested: int
+    rounds_rate: float = 1.0
+    acceptance: Acceptance | None = None  # the pilot's: what the engine's counters should count of it
+
+
+def _design(
+    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float, drafter: DraftModel | None
+) -> EngineDesign:
+    """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
+    tested): the tokens each class the cell judges needs at the profile's power, with the design's
+    margin, in the tokens every test reads (a cut-off's ambiguous positions left out), within the
+    profile's floor and cap, which bound the tokens *generated*: scaled by the pilot's share of
+    generated tokens that every test reads, so an ambiguous cut-off leaves classes uncovered
+    rather than multiplying the rows."""
+    from losscheck.cells.engine.rounds import RoundsScoring
+    from losscheck.cells.scoring import measure_power
+    from losscheck.stats.bugclass import LR_BOUND
+    from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.pit import pit_required_values
+
+    cell, engine, profile = ctx.cell, engine_of(ctx), ctx.profile
+    target = ctx.engine_target()
+    gen = generation(ctx, pilot, target)
+    rows = [p for p in prompts for _ in range(pilot.shape[1])]
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
+    measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
+    needed = measured.tokens_needed(alpha_test, profile.power)
+    wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}
+    generated = int(gen.mask().sum())
+    read_share = measured.steps / max(generated, 1)  # of the generated tokens, those every test reads
+    rate = 1.0
+    if rounds is not None:
+        rate = rounds.sample.tokens / max(measured.steps, 1)
+        for name in rounds.sample.power.classes:
+            tokens = rounds.sample.power.tokens_needed(name, alpha_test, profile.power)
+            wanted[name] = {f"rounds.{name}": tokens / max(rate, 1e-9)}
+    pooled = 0
+    if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
+        alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
+        pooled = pit_required_values(alpha_pit, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
+    floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
+    design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
+    acceptance = None if rounds is None else rounds.sample.acceptance
+    return EngineDesign(design, measured.steps / len(rows), generated, measured.steps, rate, acceptance)
+
+
+def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRecord | None:
+    """What the engine's counters should count of the cell's speculative rows, pilot and tested
+    sample (`losscheck.cells.engine.draft_law`); None without a draft model."""
+    from losscheck.cells.engine.draft_law import predicted
+
+    if rounds is None or design.acceptance is None:
+        return None
+    return predicted(design.acceptance.plus(rounds.sample.acceptance))
+
+
+def target_side_coverage(
+    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float, tested: int
+) -> dict[str, BugClassRecord]:
+    """Per target-side bug class, from the tested sample's own p (`power`, its per-token effects):
+    its best test and the tokens that test needs at `level`, the cell's power against the catalogue
+    point at the `tested` tokens, whether the pilot's design covered it, and its curve (the smallest
+    member ρ of its family (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)."""
+    from losscheck.stats.bugclass import LR_BOUND
+    from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.sequential import PARTIAL_POWER
+
+    tested = max(tested, 1)
+    needed = power.tokens_needed(alpha_test, level)
+    coverage: dict[str, BugClassRecord] = {}
+    for bug in TARGET_SIDE:
+        name = bug.name
+        test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
+        covered = name in design.covered
+        coverage[name] = BugClassRecord(
+            test=test,
+            tokens_needed=tokens,
+            pilot_tokens_needed=design.best[name][1],
+            power=power.best_power(name, tested, alpha_test),
+            covered=covered,
+            reach="covered" if covered else "none",
+            curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
+        )
+    return coverage
+
+
+def rounds_coverage(
+    design: EngineDesign, sample: RoundsSample, alpha_test: float, level: float
+) -> dict[str, BugClassRecord]:
+    """Per verifier class judged through the draft model, from the tested sample's own p and q:
+    the rounds test's tokens needed at `level` (scored tokens), its power at the tokens it scored,
+    whether the design covered it, and its curve over the family's members."""
+    from losscheck.stats.sequential import PARTIAL_POWER
+
+    power, scored = sample.power, sample.tokens
+    records = {}
+    for name in power.classes:
+        covered = name in design.classes.covered
+        needed = power.tokens_needed(name, alpha_test, level)
+        pilot = design.classes.best[name][1] * design.rounds_rate
+        records[name] = BugClassRecord(
+            test=f"rounds.{name}",
+            tokens_needed=needed if math.isfinite(needed) else None,
+            pilot_tokens_needed=pilot if math.isfinite(pilot) else None,
+            power=power.power(name, 1.0, scored, alpha_test),
+            covered=covered,
+            reach="covered" if covered else "none",
+            curve={f"{p:g}": power.smallest_rho(name, scored, alpha_test, p) for p in (level, PARTIAL_POWER)},
+        )
+    return records
