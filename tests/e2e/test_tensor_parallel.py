@@ -11,6 +11,7 @@ import dataclasses
 import glob
 import os
 import tempfile
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -133,37 +134,31 @@ def test_sampled_split_runs_identically_on_both_ranks(session, split_a):
     assert sampled.stats.row_rounds > 0
 
 
-def drafter_failing_on_rank_1(target):
-    """A drafter factory that raises on rank 1 only: rank 0 goes on into the loop and blocks in
-    the target's first all-reduce, so the parent must stop it."""
+def self_draft_after_fault_on_rank_1(target, fault: Callable[[], None]):
+    """The self-draft oracle, built after `fault()` on rank 1: a planted failure of that rank."""
     import torch.distributed as dist
 
     from losscheck.run import drafters as registry
 
     if dist.get_rank() == 1:
-        raise RuntimeError("planted drafter failure on rank 1")
+        fault()
     return registry.self_draft(target)
 
 
-def test_a_rank_failure_surfaces_with_its_traceback_and_ends_every_rank(session):
-    options = dataclasses.replace(OPTIONS, drafter=f"{__name__}:drafter_failing_on_rank_1")
-    with pytest.raises(SplitError) as info:
-        run_split(Cell("user", 4, GREEDY), greedy_calls(session)[:1], options)
-    message = str(info.value)
-    assert "rank 1 of 2" in message and "RuntimeError: planted drafter failure on rank 1" in message, message
-    assert len(info.value.pids) == 2 and not [p for p in info.value.pids if alive(p)]
+def drafter_failing_on_rank_1(target):
+    """A drafter factory that raises on rank 1 only: rank 0 goes on into the loop and blocks in
+    the target's first all-reduce, so the parent must stop it."""
+
+    def fail() -> None:
+        raise RuntimeError("planted drafter failure on rank 1")
+
+    return self_draft_after_fault_on_rank_1(target, fail)
 
 
 def drafter_crashing_rank_1(target):
     """A drafter factory whose rank 1 dies of SIGABRT, as a heap corruption in native code ends
     it: no Python error, no result, and rank 0 then fails on the closed connection."""
-    import torch.distributed as dist
-
-    from losscheck.run import drafters as registry
-
-    if dist.get_rank() == 1:
-        os.abort()
-    return registry.self_draft(target)
+    return self_draft_after_fault_on_rank_1(target, os.abort)
 
 
 def crash_once_marker() -> str:
@@ -174,26 +169,32 @@ def crash_once_marker() -> str:
 
 def drafter_crashing_rank_1_once(target):
     """`drafter_crashing_rank_1` in the first run only: the next run's ranks find the marker."""
-    import torch.distributed as dist
 
-    from losscheck.run import drafters as registry
-
-    if dist.get_rank() == 1:
+    def abort_once() -> None:
         try:
             os.close(os.open(crash_once_marker(), os.O_CREAT | os.O_EXCL))
         except FileExistsError:
-            return registry.self_draft(target)
+            return
         os.abort()
-    return registry.self_draft(target)
+
+    return self_draft_after_fault_on_rank_1(target, abort_once)
 
 
-def test_a_rank_crash_is_named_as_the_cause_and_a_repeated_one_fails(session):
-    options = dataclasses.replace(OPTIONS, drafter=f"{__name__}:drafter_crashing_rank_1")
+@pytest.mark.parametrize(
+    ("drafter", "said", "crashed"),
+    [
+        ("drafter_failing_on_rank_1", "RuntimeError: planted drafter failure on rank 1", False),
+        ("drafter_crashing_rank_1", "died of SIGABRT", True),  # again in the rerun: it fails
+    ],
+)
+def test_a_rank_that_fails_or_crashes_is_named_with_its_cause_and_every_rank_ends(session, drafter, said, crashed):
+    options = dataclasses.replace(OPTIONS, drafter=f"{__name__}:{drafter}")
     with pytest.raises(SplitError) as info:
         run_split(Cell("user", 4, GREEDY), greedy_calls(session)[:1], options)
     message = str(info.value)
-    assert message.startswith("rank 1 of 2") and "died of SIGABRT" in message, message
-    assert info.value.crash is not None and "rank 1 of 2" in info.value.crash
+    assert "rank 1 of 2" in message and said in message, message
+    # a crash is named first, before the closed connection its peer then failed on
+    assert (info.value.crash is not None) == crashed and (message.startswith("rank 1 of 2") or not crashed), message
     assert len(info.value.pids) == 2 and not [p for p in info.value.pids if alive(p)]
 
 
