@@ -129,8 +129,9 @@ def split_generate(
     main target split over them. `unsplit`: the cell's serving without the split.
 
     A run where a rank died of a signal (a crash in native code, not a Python error) runs once
-    more, from new ranks, and the `SplitRun` names the crash (`crashed`): a rare heap corruption in
-    torch's CPU collectives must not fail a certificate, and a crash that repeats still does.
+    more, from new ranks, and the `SplitRun` names the crash (`crashed`): a rare crash below
+    losscheck (seen once: glibc's heap check aborting a gloo rank) must not fail a certificate,
+    and a crash that repeats still does.
 
     Raises `SplitUnavailable` where the platform cannot split, `LosscheckError` for a split the
     model does not allow, `SplitError` when a rank fails, ranks disagree or `timeout_s` passes.
@@ -287,8 +288,8 @@ def _collect(
 
 
 def _crash(procs: list[BaseProcess], rank: int) -> str | None:
-    """ "rank R of N (pid P) died of SIGNAL ..." when `rank` ended by a signal other than the
-    parent's own terminate/kill, else None."""
+    """What ended `rank` when it was a signal other than the parent's own terminate or kill ("rank
+    R of N (pid P) died of SIGNAL, ..."), else None."""
     code = procs[rank].exitcode
     if code is None or code >= 0 or -code in (signal.SIGTERM, signal.SIGKILL):
         return None

@@ -3,8 +3,12 @@ paths it says are removed do not import."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
+import sys
+
+import pytest
 
 from tests.support import ROOT
 
@@ -34,3 +38,24 @@ def test_the_removed_paths_are_gone():
     assert len(removed) == 2
     for module in ("losscheck.sampling", "losscheck.certify"):
         assert importlib.util.find_spec(module) is None, module
+
+
+MOVED_CELL_MODULES = {  # the engine cell's modules before losscheck.cells.engine: old -> (new, a name)
+    "blackbox": ("losscheck.cells.engine", "run_engine_cell"),
+    "engine_phases": ("losscheck.cells.engine.phases", "draw_side_by_side"),
+    "engine_rounds": ("losscheck.cells.engine.rounds", "RoundsScoring"),
+    "engine_logprobs": ("losscheck.cells.engine.logprobs", "engine_logprob_check"),
+    "proxy_design": ("losscheck.cells.engine.proxy", "ProxyDesign"),
+    "attribution": ("losscheck.cells.engine.attribution", "attribution_tests"),
+    "draft_law": ("losscheck.cells.engine.draft_law", "checked"),
+    "streams": ("losscheck.cells.engine.streams", "stream_check"),
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_CELL_MODULES))
+def test_a_moved_engine_cell_module_warns_and_gives_the_same_objects(old):
+    new, name = MOVED_CELL_MODULES[old]
+    sys.modules.pop(f"losscheck.cells.{old}", None)  # the warning comes at import
+    with pytest.warns(DeprecationWarning, match=rf"losscheck\.cells\.{old} moved to .*{re.escape(new)}"):
+        alias = importlib.import_module(f"losscheck.cells.{old}")
+    assert getattr(alias, name) is getattr(importlib.import_module(new), name)
