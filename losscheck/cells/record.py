@@ -198,6 +198,26 @@ class BugClassRecord:
     short: tuple[ShortRecord, ...] = ()
     ids: IdsRecord | None = None
     withdrawn: str | None = None  # why the cell claims nothing of it: its tested sample fell short
+    # Wald's SPRT against it at the cell's α and power: expected tokens under it and under H0 (engine cells)
+    wald_tokens: float | None = None
+    wald_h0_tokens: float | None = None
+
+
+@dataclass(frozen=True)
+class BoundRecord:
+    """A one-sample engine cell's tokens against the information bound: its binding class (the
+    covered class that sized its sample), the tokens that class's test read, and Wald's SPRT's
+    expected tokens against the class at the cell's α and power (`losscheck.stats.effects.wald_size`),
+    under the class and under H0 (the certification case), each as a ratio: how many times the
+    bound the cell read."""
+
+    binding_class: str
+    test: str
+    tested_tokens: int
+    wald_tokens: float
+    wald_h0_tokens: float
+    ratio: float  # tested_tokens / wald_tokens
+    ratio_h0: float  # tested_tokens / wald_h0_tokens
 
 
 @dataclass(frozen=True)
@@ -283,6 +303,7 @@ class SampleFacts:
     # black-box cells: the catalogue's classes the cell has no power against, and why
     classes_not_judged: dict[str, str] | None = None
     draft_law: DraftLawRecord | None = None  # one-sample cells with a draft model: the engine's counters agree?
+    bound: BoundRecord | None = None  # one-sample engine cells: the tokens read against Wald's bound
     proxy_precision: str | None = None  # two-sample cells: the precision of the proxy they were sized by
     attribution: AttributionRecord | None = None  # black-box cells whose first stage rejected
 

@@ -16,6 +16,7 @@ cell, the members its early stop ruled out (down to which ρ, at which β).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -201,7 +202,7 @@ def lines(cert: Certificate) -> list[str]:
                 else ""
             )
         )
-    out += _references(cert) + _ends(cert)
+    out += _bounds(cert) + _references(cert) + _ends(cert)
     found = {
         "speculation": "speculation blamed",
         "reference": "the reference differs from the engine, judged two-sample",
@@ -264,6 +265,25 @@ def lines(cert: Certificate) -> list[str]:
 def _cells(n: int, kind: str = "") -> str:
     """ "1 cell", "3 sampled cells": a count of cells with its noun in number."""
     return f"{n} {kind + ' ' if kind else ''}cell{'' if n == 1 else 's'}"
+
+
+def _bounds(cert: Certificate) -> list[str]:
+    """The one-sample engine cells' tokens against Wald's bound at their binding classes."""
+    bounds = [(r.cell, r.sample.bound) for r in cert.cells if r.sample.bound is not None]
+    if not bounds:
+        return []
+    worst_cell, worst = max(bounds, key=lambda cb: cb[1].ratio_h0)
+    h0 = sorted(b.ratio_h0 for _, b in bounds)
+    bug = sorted(b.ratio for _, b in bounds)
+    return [
+        f"- tokens read against the information bound in {_cells(len(bounds), 'one-sample engine')}: "
+        "each binding class's test read, against the tokens Wald's sequential test needs on average at the "
+        "cell's α and power (`losscheck.stats.effects.wald_size`), "
+        f"{h0[0]:.1f}-{h0[-1]:.1f} times the bound under H0 (median {statistics.median(h0):.1f}) and "
+        f"{bug[0]:.1f}-{bug[-1]:.1f} times it under the class (median {statistics.median(bug):.1f}); "
+        f"the most, {worst_cell} (`{worst.binding_class}`, {worst.tested_tokens} tokens against "
+        f"{worst.wald_h0_tokens:.0f})"
+    ]
 
 
 def _references(cert: Certificate) -> list[str]:

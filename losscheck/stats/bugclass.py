@@ -50,7 +50,7 @@ from losscheck.stats.buglaws import CATALOGUE, BugClass, Step, chunk_steps, targ
 from losscheck.stats.bugperid import per_id_rule_out, per_id_sums
 from losscheck.stats.bugsums import NullSums, Sums, SumsShape, Tiles, law_sums, log_mixture_ratio, zeros
 from losscheck.stats.conditional import reported_q, surprisal_scores, targeted_scores
-from losscheck.stats.effects import ClassView, Effect, EvalueEffect
+from losscheck.stats.effects import ClassView, Effect, EvalueEffect, WaldSize
 from losscheck.stats.powermodels import count_effect, likelihood_ratio
 from losscheck.stats.sequential import id_key, member_key
 
@@ -334,6 +334,12 @@ class PowerAccumulator:
             ),
             default=0.0,
         )
+
+    def wald(self, name: str, alpha: float, power: float) -> WaldSize:
+        """Wald's SPRT of p against class `name`'s law over these steps: its expected tokens at
+        `alpha` and `power`, under the class and under H0 (`losscheck.stats.effects.wald_size`)."""
+        bug = next(b for b in self.classes if b.name == name)
+        return likelihood_ratio(self.class_view(bug)).wald(alpha, power)
 
     def smallest_rho(
         self, name: str, n_tokens: float, alpha_test: float, power: float, looks: int = 1, floor: float = RHO_FLOOR

@@ -16,6 +16,9 @@ tokens (`power`). A test's *power model* (`PowerModel`, carried by its registrat
 - the likelihood-ratio bound (`LikelihoodRatioEffect`): the Neyman–Pearson test that knows the
   bug's law at every step, its log-LR sum taken as Gaussian, or the support check where p' puts
   mass outside p's support. A benchmark, not a test a cell runs.
+- Wald's sequential probability ratio test (`wald_size`): the fewest tokens any test of p against
+  p' needs on average at error rates α and β = 1 - power, under the bug and under H0 — the
+  information bound a cell's draws are compared with.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -202,6 +205,10 @@ class LikelihoodRatioEffect:
         n = min(gauss, support)
         return float(max(1, math.ceil(n))) if n <= MAX_TOKENS else math.inf
 
+    def wald(self, alpha: float, power: float) -> WaldSize:
+        """Wald's SPRT of p against this p' at `alpha` and `power` (`wald_size`)."""
+        return wald_size(self.h1_mean, self.h0_mean, alpha, power, self.outside)
+
     def power(self, n: float, alpha: float) -> float:
         gap = self.h1_mean - self.h0_mean
         gauss = 0.0
@@ -212,6 +219,39 @@ class LikelihoodRatioEffect:
             gauss = float(stats.norm.cdf(z))
         support = 1.0 - (1.0 - self.outside) ** n if self.outside > 0 else 0.0
         return max(gauss, support)
+
+
+class WaldSize(NamedTuple):
+    """Wald's SPRT's expected tokens: under the bug and under H0 (the certification case)."""
+
+    under_bug: float
+    under_h0: float
+
+
+def wald_size(h1_drift: float, h0_drift: float, alpha: float, power: float, outside: float = 0.0) -> WaldSize:
+    """The expected tokens of Wald's sequential probability ratio test of p against p' at error
+    rates α and β = 1 - `power` — by Wald and Wolfowitz the fewest any test at those rates needs on
+    average — from the per-token drift of ℓ = log(p'/p): `h1_drift` = KL(p'‖p) under the bug,
+    `h0_drift` = -KL(p‖p') under H0. With A = (1 - β)/α and B = β/(1 - α), Wald's approximations
+    (the boundaries' overshoot neglected):
+
+        E_bug[N] = ((1 - β)·log A + β·log B) / KL(p'‖p)
+        E_H0[N]  = ((1 - α)·log(1/B) - α·log A) / KL(p‖p')
+
+    Mass `outside` p's support ends the test at its first token (expected 1/outside tokens under
+    the bug): the smaller of the two is taken. The drifts come from the tokens both laws can emit
+    (`bugsums.log_lr_moments`): a token only p can emit would end the test under H0 at once, so
+    where p' has such tokens E_H0[N] is an upper estimate and a cell's ratio to it a lower one.
+    math.inf where a drift is not positive."""
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise LosscheckError(f"wald_size needs 0 < alpha, power < 1, got {alpha}, {power}")
+    beta = 1.0 - power
+    log_a, log_b = math.log(power / alpha), math.log(beta / (1.0 - alpha))
+    bug = (power * log_a + beta * log_b) / h1_drift if h1_drift > 0 else math.inf
+    if outside > 0:
+        bug = min(bug, 1.0 / outside)
+    h0 = ((1.0 - alpha) * -log_b - alpha * log_a) / -h0_drift if h0_drift < 0 else math.inf
+    return WaldSize(bug, h0)
 
 
 def w2(masses: torch.Tensor, n_bins: int) -> float:

@@ -46,6 +46,7 @@ from scipy import stats
 
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import TOP_P, top_p
+from losscheck.stats.effects import WaldSize, wald_size
 from losscheck.stats.registry import OTHER_Q, ROUNDS, SAMPLED_DRAFTS, StatTest, register
 from losscheck.stats.result import TestResult
 from losscheck.stats.sequential import family
@@ -288,6 +289,8 @@ class RoundsPower:
     mean: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     second: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     outside: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
+    # Σ over scored positions of E_p[log(P'/p)] = -KL(p‖P') (tokens both give mass): Wald's drift under H0
+    null: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
 
     def update(
         self,
@@ -319,6 +322,7 @@ class RoundsPower:
                 self.mean[ci, gi] += float(weighted.sum())
                 self.second[ci, gi] += float((weighted * ratio).sum())
                 self.outside[ci, gi] += float(torch.where(support, 0.0, law).sum())
+                self.null[ci, gi] += float((ps * ratio).sum())
 
     def power(self, name: str, rho: float, tokens: float, alpha: float) -> float:
         """The power of `rounds_test` at level `alpha` after `tokens` scored tokens against member ρ."""
@@ -331,6 +335,14 @@ class RoundsPower:
         gauss = float(stats.norm.cdf((tokens * mu - threshold) / math.sqrt(tokens * var))) if mu > 0 else 0.0
         out = float(self.outside[ci, gi]) / self.tokens
         return max(gauss, 1 - (1 - min(out, 1.0)) ** tokens)
+
+    def wald(self, name: str, alpha: float, power: float, rho: float = 1.0) -> WaldSize:
+        """Wald's SPRT of p against member ρ's predictive law: its expected scored tokens at
+        `alpha` and `power`, under the member and under H0 (`losscheck.stats.effects.wald_size`)."""
+        ci, gi = self.classes.index(name), MEMBERS.index(rho)
+        per = max(self.tokens, 1)
+        h1, h0, out = (float(x[ci, gi]) / per for x in (self.mean, self.null, self.outside))
+        return wald_size(h1, h0, alpha, power, out) if self.tokens else WaldSize(math.inf, math.inf)
 
     def tokens_needed(self, name: str, alpha: float, level: float, rho: float = 1.0, cap: int = 10**9) -> float:
         """The fewest scored tokens at which `power` reaches `level` (inf beyond `cap`)."""

@@ -26,7 +26,7 @@ from losscheck.cells.engine.handle import (
 )
 from losscheck.cells.logprob_check import LogprobCheck, logprob_problems
 from losscheck.cells.outcome import CellOutcome
-from losscheck.cells.record import BugClassRecord
+from losscheck.cells.record import BoundRecord, BugClassRecord
 from losscheck.core.sampling import SamplingParams
 from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, ReportsTopLogprobs
 from losscheck.run.context import CellContext
@@ -102,12 +102,13 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         scores.logprobs = LogprobCheck(_logprob_tolerance(engine, cell.precision.tolerance), cell.params.temperature)
     scores.add(rows, generation(ctx, drawn, target, *reported))
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
-    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, scores.read_by_every_test)
+    tested = scores.read_by_every_test
+    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, tested, ctx.alpha)
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
         results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
         unjudged = not_judged(rounds.law, cell.params)  # named in the record instead, with the reason
-        judged = rounds_coverage(design, rounds.sample, budget.per_test, profile.power)
+        judged = rounds_coverage(design, rounds.sample, budget.per_test, profile.power, ctx.alpha)
         coverage |= {name: c for name, c in judged.items() if name not in unjudged}
     coverage = confirmed_coverage(cell, coverage, profile.power)
     facts = dataclasses.replace(
@@ -122,6 +123,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         bug_classes=coverage,
         classes_not_judged=not_judged(None if drafter is None else drafter.law, cell.params),
         draft_law=_draft_law(design, rounds),
+        bound=bound(design.classes, coverage, tested, None if rounds is None else rounds.sample.tokens),
     )
     failed = [r for r in results if not r.passed]
     if not failed:
@@ -231,12 +233,18 @@ def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRe
 
 
 def target_side_coverage(
-    design: sample_size.ClassDesign, power: PowerAccumulator, alpha_test: float, level: float, tested: int
+    design: sample_size.ClassDesign,
+    power: PowerAccumulator,
+    alpha_test: float,
+    level: float,
+    tested: int,
+    alpha_cell: float,
 ) -> dict[str, BugClassRecord]:
     """Per target-side bug class, from the tested sample's own p (`power`, its per-token effects):
     its best test and the tokens that test needs at `level`, the cell's power against the catalogue
-    point at the `tested` tokens, whether the pilot's design covered it, and its curve (the smallest
-    member ρ of its family (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)."""
+    point at the `tested` tokens, whether the pilot's design covered it, its curve (the smallest
+    member ρ of its family (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)
+    and Wald's SPRT against it at the cell's α `alpha_cell`."""
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
     from losscheck.stats.sequential import PARTIAL_POWER
@@ -248,6 +256,7 @@ def target_side_coverage(
         name = bug.name
         test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
         covered = name in design.covered
+        wald = power.wald(name, alpha_cell, level)
         coverage[name] = BugClassRecord(
             test=test,
             tokens_needed=tokens,
@@ -256,16 +265,19 @@ def target_side_coverage(
             covered=covered,
             reach="covered" if covered else "none",
             curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
+            wald_tokens=_finite(wald.under_bug),
+            wald_h0_tokens=_finite(wald.under_h0),
         )
     return coverage
 
 
 def rounds_coverage(
-    design: EngineDesign, sample: RoundsSample, alpha_test: float, level: float
+    design: EngineDesign, sample: RoundsSample, alpha_test: float, level: float, alpha_cell: float
 ) -> dict[str, BugClassRecord]:
     """Per verifier class judged through the draft model, from the tested sample's own p and q:
     the rounds test's tokens needed at `level` (scored tokens), its power at the tokens it scored,
-    whether the design covered it, and its curve over the family's members."""
+    whether the design covered it, its curve over the family's members and Wald's SPRT against it
+    at the cell's α `alpha_cell`."""
     from losscheck.stats.sequential import PARTIAL_POWER
 
     power, scored = sample.power, sample.tokens
@@ -274,6 +286,7 @@ def rounds_coverage(
         covered = name in design.classes.covered
         needed = power.tokens_needed(name, alpha_test, level)
         pilot = design.classes.best[name][1] * design.rounds_rate
+        wald = power.wald(name, alpha_cell, level)
         records[name] = BugClassRecord(
             test=f"rounds.{name}",
             tokens_needed=needed if math.isfinite(needed) else None,
@@ -282,5 +295,38 @@ def rounds_coverage(
             covered=covered,
             reach="covered" if covered else "none",
             curve={f"{p:g}": power.smallest_rho(name, scored, alpha_test, p) for p in (level, PARTIAL_POWER)},
+            wald_tokens=_finite(wald.under_bug),
+            wald_h0_tokens=_finite(wald.under_h0),
         )
     return records
+
+
+def bound(
+    design: sample_size.ClassDesign, coverage: dict[str, BugClassRecord], tested: int, scored: int | None
+) -> BoundRecord | None:
+    """The cell's tokens against Wald's bound at its binding class: of the classes the design
+    covered and the cell judges, the one the pilot said needs the most tokens (the one that sized
+    the sample); its test read `scored` rounds-scored tokens when it is a verifier class judged
+    through the draft model (`rounds.*`), else the `tested` tokens every test reads. None when no
+    class was covered or its bound is infinite."""
+    judged = [name for name in design.covered if name in coverage]
+    if not judged:
+        return None
+    name = max(judged, key=lambda c: design.best[c][1])
+    record = coverage[name]
+    tokens = scored if record.test.startswith("rounds.") and scored is not None else tested
+    if record.wald_tokens is None or record.wald_h0_tokens is None:
+        return None
+    return BoundRecord(
+        binding_class=name,
+        test=record.test,
+        tested_tokens=tokens,
+        wald_tokens=record.wald_tokens,
+        wald_h0_tokens=record.wald_h0_tokens,
+        ratio=tokens / record.wald_tokens,
+        ratio_h0=tokens / record.wald_h0_tokens,
+    )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None

@@ -36,6 +36,11 @@ def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_
     honest = _t1("honest_argmax_drafts")
     law = honest.facts.draft_law
     assert honest.passed and law is not None and law.verdict == "consistent", law
+    # its sample against Wald's bound, at the class that sized it (the biased one's are withdrawn)
+    bound, classes = honest.facts.bound, honest.facts.bug_classes
+    assert bound is not None and classes is not None and classes[bound.binding_class].covered, bound
+    assert bound.ratio_h0 == pytest.approx(bound.tested_tokens / bound.wald_h0_tokens)
+    assert bound.ratio > 1 and bound.ratio_h0 > 1  # Wald–Wolfowitz: no test at its α and power needs fewer on average
     assert (law.counted_first_accepted, law.counted_rounds) == (
         round(law.predicted_first_accepted),
         round(law.predicted_rounds),

@@ -220,3 +220,29 @@ def test_under_greedy_drafts_the_top_p_class_spends_no_alpha_and_is_not_run():
     assert registry.split(alpha, registry.ROUNDS, missing=sampled).per_test == alpha / len(CLASSES)
     names = {t.name for t in registry.registered(registry.ROUNDS) if not t.needs & greedy}
     assert "rounds.top_p_one_side" not in names and len(names) == len(CLASSES) - 1
+
+
+def test_the_null_drift_wald_reads_is_the_mean_of_the_log_lr_under_h0():
+    """Rows drawn from p: the realised log-LR of `residual_is_p` at ρ = 1 summed over 400 rows
+    (10 scored tokens each) is a martingale whose compensator is `RoundsPower.null`; the two agree
+    within 4 standard deviations of the realised sum (its variance from the per-row sums), and
+    Wald's expected tokens under H0 follow from that drift."""
+    from losscheck.stats.effects import wald_size
+
+    P, Q = tables(6)
+    rows = _draw(P, 400, torch.Generator().manual_seed(2))
+    sample = _score(P, Q, rows)
+    ci, gi = [c.name for c in CLASSES].index("residual_is_p"), MEMBERS.index(1.0)
+    per_row = torch.cat(sample.rows)[:, ci].double()  # [400] each row's log-LR at ρ = 1
+    drift = float(sample.power.null[ci, gi])
+    assert drift < 0
+    assert abs(float(per_row.sum()) - drift) <= 4 * float(per_row.std()) * math.sqrt(len(per_row))
+    wald = sample.power.wald("residual_is_p", 1e-3, 0.99)
+    expected = wald_size(
+        float(sample.power.mean[ci, gi]) / sample.tokens,
+        drift / sample.tokens,
+        1e-3,
+        0.99,
+        float(sample.power.outside[ci, gi]) / sample.tokens,
+    )
+    assert wald == expected and math.isfinite(wald.under_h0) and math.isfinite(wald.under_bug)
