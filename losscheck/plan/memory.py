@@ -10,8 +10,9 @@ Terms:
 The run draws the cells side by side (`losscheck.cells.engine.phases`): while any cell waits for
 a speculative draw, every waiting speculative draw is answered; only when every cell waits for
 the plain side is it answered (`next_side`); then every cell whose draws are all answered
-scores. A one-sample run is then two speculative engine phases (pilots; samples) with their
-scoring phases, and, for the cells whose first stage rejected, a speculative and a plain phase of
+scores. A one-sample run is then speculative engine phases (pilots; the sample's first look;
+each later look its stop rule asks for, `losscheck.cells.engine.looks`) with their scoring
+phases, and, for the cells whose first stage rejected, a speculative and a plain phase of
 attribution rows scored last; a two-sample run a plain phase (pilots), its scoring, then a
 speculative and a plain phase whose rows the proxy scores (`losscheck.cells.engine.proxy`).
 Under `Policy.ONE_AT_A_TIME` each phase holds one thing: the engine instance of its side, or the
@@ -52,7 +53,12 @@ def rounds(mode: Mode, scorable: bool) -> tuple[Round, ...]:
         attribution = "one-sample attribution (after a rejection only)"
         return (
             Round("one-sample pilot", None, "one-sample pilot (sizes the sample)"),
-            Round("one-sample sample", None, "one-sample PIT"),
+            Round("one-sample sample, first look", None, "one-sample PIT and stop rule"),
+            Round(
+                "one-sample sample, each later look (until the stop rule holds)",
+                None,
+                "one-sample PIT and stop rule (each later look)",
+            ),
             Round(attribution, attribution, "one-sample attribution (both sides' row scores)"),
         )
     if mode is Mode.TWO_SAMPLE:  # scored by losscheck's fp32 copy of the target, the proxy, whatever `scorable`

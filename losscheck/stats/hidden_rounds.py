@@ -49,7 +49,7 @@ from losscheck.stats.buglaws import TOP_P, top_p
 from losscheck.stats.effects import WaldSize, wald_size
 from losscheck.stats.registry import OTHER_Q, ROUNDS, SAMPLED_DRAFTS, StatTest, register
 from losscheck.stats.result import TestResult
-from losscheck.stats.sequential import family
+from losscheck.stats.sequential import family, member_key
 
 RHO_MIN = 1 / 8  # the smallest member of each family the mixture e-value spends weight on
 MEMBERS = family(RHO_MIN)  # (1, 0.707, 0.5, ..., 0.125): equal weights
@@ -232,21 +232,29 @@ def round_parts(
 
 class Filtered(NamedTuple):
     """The forward filter's output: per row the log-LR of every member, [n, C, G]; the belief in
-    the bonus slot and in slot 0 (a round's first draft) before each position, [n, L, C, G]."""
+    the bonus slot and in slot 0 (a round's first draft) before each position, [n, L, C, G]; per
+    row the log-LR over the positions the rule-out e-values read, [n, C, G]."""
 
     log_lr: torch.Tensor
     bonus_belief: torch.Tensor
     first_belief: torch.Tensor
+    rule_out_log_lr: torch.Tensor
 
 
 def filter_rounds(
-    parts: RoundParts, k: int, generated: torch.Tensor, scored: torch.Tensor, first: FirstToken | None = "round"
+    parts: RoundParts,
+    k: int,
+    generated: torch.Tensor,
+    scored: torch.Tensor,
+    first: FirstToken | None = "round",
+    rule_out: torch.Tensor | None = None,
 ) -> Filtered:
     """Run the slot filter along each row (`generated` [n, L]: positions the engine emitted;
     `scored` [n, L] ⊆ generated: those whose factor counts). Block length `k` >= 1. Where a row's
     first token comes from (`first`, `FirstToken`): "round", the first round's slot 0; "prefill",
     the prefill's sample of p (as a bonus slot: every class draws it from p, and the first round
-    starts after it); None (the engine does not say): either, half and half."""
+    starts after it); None (the engine does not say): either, half and half. `rule_out` [n, L] ⊆
+    scored: the positions whose factor the rule-out e-values read (None: `scored`)."""
     if k < 1:
         raise LosscheckError(f"the round filter needs a block length k >= 1, got {k}")
     if first not in (*FIRST_TOKEN, None):
@@ -257,6 +265,7 @@ def filter_rounds(
     for slot, weight in start.items():
         belief[..., slot] = weight
     log_lr = torch.zeros(n, c, g, dtype=torch.float64, device=belief.device)
+    rule_log_lr = torch.zeros_like(log_lr) if rule_out is not None else log_lr
     bonus_belief = torch.zeros(n, length, c, g, dtype=torch.float64, device=belief.device)
     first_belief = torch.zeros_like(bonus_belief)
     for t in range(length):
@@ -265,12 +274,15 @@ def filter_rounds(
         bonus_belief[:, t], first_belief[:, t] = last, belief[..., 0]
         predicted = draft * (accept + recover) + last * bonus  # [n, C, G]
         factor = predicted.clamp_min(TINY).log() - parts.p[:, t, None, None].clamp_min(TINY).log()
-        log_lr += torch.where(scored[:, t, None, None], torch.where(predicted > 0, factor, -math.inf), 0.0)
+        step = torch.where(predicted > 0, factor, -math.inf)
+        log_lr += torch.where(scored[:, t, None, None], step, 0.0)
+        if rule_out is not None:
+            rule_log_lr += torch.where(rule_out[:, t, None, None], step, 0.0)
         after = torch.cat([(draft * recover + last * bonus)[..., None], belief[..., :k] * accept[..., None]], -1)
         total = after.sum(-1, keepdim=True)
         after = torch.where(total > 0, after / total.clamp_min(TINY), _start(belief))  # an impossible token: restart
         belief = torch.where(generated[:, t, None, None, None], after, belief)
-    return Filtered(log_lr, bonus_belief, first_belief)
+    return Filtered(log_lr, bonus_belief, first_belief, rule_log_lr)
 
 
 def _start(belief: torch.Tensor) -> torch.Tensor:
@@ -417,6 +429,8 @@ class RoundsSample:
     power: RoundsPower = field(default_factory=RoundsPower)
     rows: list[torch.Tensor] = field(default_factory=list)  # [n_j, C] per chunk
     acceptance: Acceptance = field(default_factory=Acceptance)  # what the engine's counters should count
+    # per class and member, Σ log(p / P'_ρ) over the positions the rule-out e-values read (`rule_out_log_e`)
+    rule_out: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
 
     def update(
         self,
@@ -427,19 +441,37 @@ class RoundsSample:
         scored: torch.Tensor,
         power_rows: torch.Tensor | None = None,
         other: torch.Tensor | None = None,
+        rule_out: torch.Tensor | None = None,
     ) -> None:
         """Add a chunk: p, q [n, L, V] float64 teacher-forced over `tokens` [n, L]; `generated` and
         `scored` [n, L] as `filter_rounds` reads them; `power_rows` [n] bool, the rows whose
         positions the power sums read (None: every row); `other` [n, L, V], the draft model's other
-        q (`class_laws`; None where it is q itself)."""
-        filtered = filter_rounds(round_parts(p, q, tokens, other=other), self.k, generated, scored, self.first)
+        q (`class_laws`; None where it is q itself); `rule_out` [n, L] ⊆ scored, the positions the
+        rule-out e-values read (None: `scored`)."""
+        parts = round_parts(p, q, tokens, other=other)
+        filtered = filter_rounds(parts, self.k, generated, scored, self.first, rule_out)
         self.log_lr += filtered.log_lr.sum(0).cpu()
+        self.rule_out -= filtered.rule_out_log_lr.sum(0).cpu()
         self.tokens += int(scored.sum())
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())
         picked = scored if power_rows is None else scored & power_rows.to(scored.device)[:, None]
         self.power.update(p, q, filtered, picked, other)
         h0 = filter_rounds(round_parts(p, q, tokens, (CORRECT,)), self.k, generated, scored, self.first)
         self.acceptance.add(p, q, tokens, h0, generated)
+
+    def rule_out_log_e(self) -> dict[str, float]:
+        """Per class and member ρ, under `sequential.member_key`, the log of the e-value that rules
+        the member out (`losscheck.stats.sequential`): Π p(x) / P'_ρ(x | x_<t) over the positions
+        read, a supermartingale of mean at most 1 under the member, P' its exact predictive law
+        given the declared draft law and first token. Where the engine does not say where its first
+        token comes from, P' is the even mixture of the two filters' laws, whose product is at
+        least half the true one's: log 2 is taken off, so the threshold keeps its β."""
+        slack = math.log(2) if self.first is None else 0.0
+        return {
+            member_key(cls.name, rho): float(self.rule_out[ci, gi]) - slack
+            for ci, cls in enumerate(CLASSES)
+            for gi, rho in enumerate(MEMBERS)
+        }
 
     def row_scores(self, name: str) -> torch.Tensor:
         """[N] each row's log-LR of class `name` at ρ = 1, in the order the rows were added."""

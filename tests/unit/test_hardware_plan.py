@@ -131,7 +131,7 @@ def test_list_plan_for_sizes_a_weightless_27b_run_and_puts_the_split_out_of_scop
     )
     code, out = plan_for(tmp_path, capsys, "2xH100-80GB", "--list")
     assert code == 0 and "out of scope on" not in out
-    assert "then variant tensor_parallel=2: 2 cells in 7 phases, each instance 28.0 GiB a device" in out
+    assert "then variant tensor_parallel=2: 2 cells in 9 phases, each instance 28.0 GiB a device" in out
 
 
 @pytest.mark.parametrize(

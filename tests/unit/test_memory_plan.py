@@ -15,16 +15,18 @@ def test_the_speculative_side_is_drawn_while_any_cell_waits_for_it():
 
 
 def test_a_one_sample_run_draws_the_plain_side_last_and_only_to_attribute():
-    """Pilots (with the greedy cell's on side), their scoring, the samples, their PIT; then, at worst
-    (every first stage rejected), the attribution rows of both sides with every plain draw, scored last."""
+    """Pilots (with the greedy cell's on side), their scoring, the sample's first look, its PIT and
+    stop rule, each later look the stop rule asks for; then, at worst (every first stage rejected),
+    the attribution rows of both sides with every plain draw, scored last."""
     found = phases(ONE_SAMPLE_RUN)
-    assert [p.alive for p in found] == [SPECULATIVE, TARGET, SPECULATIVE, TARGET, SPECULATIVE, PLAIN, TARGET]
+    assert [p.alive for p in found] == [SPECULATIVE, TARGET] * 3 + [SPECULATIVE, PLAIN, TARGET]
     assert found[0].work == (("one-sample pilot", 5), ("greedy (on)", 1))
-    assert found[2].work == (("one-sample sample", 5),)
-    assert found[5].work == (("one-sample attribution (after a rejection only)", 5), ("greedy (off)", 1))
+    assert found[2].work == (("one-sample sample, first look", 5),)
+    assert found[4].work == (("one-sample sample, each later look (until the stop rule holds)", 5),)
+    assert found[7].work == (("one-sample attribution (after a rejection only)", 5), ("greedy (off)", 1))
     lines = memory_lines(ONE_SAMPLE_RUN, "one-at-a-time")
     assert lines[1] == "  phase 1: speculative engine  draws 5 x one-sample pilot, 1 x greedy (on)"
-    assert lines[-1].startswith("  engine instances built: 4; scoring phases: 3")
+    assert lines[-1].startswith("  engine instances built: 5; scoring phases: 4")
 
 
 def test_a_two_sample_run_scores_its_pilots_and_samples_through_the_proxy():

@@ -26,11 +26,11 @@ from losscheck.cells.engine.handle import (
 )
 from losscheck.cells.logprob_check import LogprobCheck, logprob_problems
 from losscheck.cells.outcome import CellOutcome
-from losscheck.cells.record import BoundRecord, BugClassRecord
+from losscheck.cells.record import BoundRecord, BugClassRecord, LooksRecord
 from losscheck.core.sampling import SamplingParams
 from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, ReportsTopLogprobs
 from losscheck.run.context import CellContext
-from losscheck.stats import registry, sample_size
+from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.result import combine
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from losscheck.cells.engine.rounds import RoundsScoring
     from losscheck.cells.record import DraftLawRecord
     from losscheck.stats.bugclass import PowerAccumulator
-    from losscheck.stats.hidden_rounds import Acceptance, RoundsSample
+    from losscheck.stats.hidden_rounds import Acceptance, RoundsPower, RoundsSample
 
 # the top ids a one-sample cell asks of an engine that reports them (`ReportsTopLogprobs`), checked
 # at every tested position beside the sampled token's logprob: 5, OpenAI's and vLLM's usual ask
@@ -68,11 +68,13 @@ def one_sample(ctx: CellContext) -> EngineDraws:
 
     Rounds: the pilot; the sample; the attribution's two sides only after a rejection. The
     reference target is read only between and after them."""
+    from losscheck.cells.engine.looks import LOOKS, EngineLooks
     from losscheck.cells.engine.rounds import RoundsScoring, not_judged
     from losscheck.cells.sampled import confirmed_coverage
     from losscheck.cells.scoring import PitScores
     from losscheck.stats.bugclass import PowerAccumulator
     from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.hidden_rounds import CLASSES
 
     cell, engine, profile = ctx.cell, engine_of(ctx), ctx.profile
     horizon = max(profile.horizon, min_horizon(engine))
@@ -83,45 +85,93 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     budget = registry.split(ctx.alpha, *families, missing=missing)
     pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
     (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
-    design = _design(ctx, prompts, pilot, budget.per_test, drafter)
-    per_prompt = math.ceil(design.classes.sequences(design.per_sequence) / len(prompts))
-    rows = [p for p in prompts for _ in range(per_prompt)]  # prompt-major, as the engine returns them
+    limit = LOOKS if profile.early_stop else 1  # fixed before any draw: the fixed-sample tests' divisor
+    design = _design(ctx, prompts, pilot, budget.per_test, drafter, limit)
+    unjudged = not_judged(None if drafter is None else drafter.law, cell.params)  # named in the record, with why
+    judged = tuple(c.name for c in CLASSES if c.name not in unjudged)
+    plan = EngineLooks.plan(
+        design.classes,
+        design.pilot,
+        design.pilot_rounds,
+        design.rounds_rate,
+        judged,
+        budget.per_test,
+        profile.power,
+        limit,
+    )
     # an engine that reports logprobs reports them for the tested sample: checked beside it
     logprobs = _checks_logprobs(engine, cell.params)
     top = TOP_LOGPROBS if logprobs and isinstance(engine, ReportsTopLogprobs) else 0
-    asked = request(ctx, prompts, per_prompt, cell.params, horizon, True, logprobs=logprobs, top_logprobs=top)
-    drawn, *reported = yield (asked,)
-    target = ctx.engine_target()
-    power = PowerAccumulator(classes=TARGET_SIDE)
+    power = PowerAccumulator(classes=TARGET_SIDE, grid=plan.grid)
     rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
-    # the power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
-    first = max(1, min(per_prompt, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts)))))
-    power_rows = (torch.arange(per_prompt) < first).repeat(len(prompts))  # [P * m], prompt-major
-    scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds, power_rows=power_rows)
-    if logprobs:
-        scores.logprobs = LogprobCheck(_logprob_tolerance(engine, cell.precision.tolerance), cell.params.temperature)
-    scores.add(rows, generation(ctx, drawn, target, *reported))
-    results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv)
+    scores: PitScores | None = None
+    # the rounds power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
+    confirm_rows = max(1, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts))))
+    per_prompt, last = 0, len(plan.looks.tokens)
+    stopped, unconfirmed = last, []
+    for look, tokens in enumerate(plan.looks.tokens, 1):
+        more = max(math.ceil(tokens / max(design.per_sequence, 1e-9) / len(prompts)) - per_prompt, 1)
+        purpose = "" if look == 1 else f"look{look}"  # each look's rows from a seed of their own
+        asked = request(ctx, prompts, more, cell.params, horizon, True, purpose, logprobs, top)
+        drawn, *reported = yield (asked,)
+        target = ctx.engine_target()  # loaded (its draft model placed beside it) only between draws
+        if scores is None:
+            scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds)
+            if logprobs:
+                tolerance = _logprob_tolerance(engine, cell.precision.tolerance)
+                scores.logprobs = LogprobCheck(tolerance, cell.params.temperature)
+        scores.target = target
+        scores.power_rows = (torch.arange(more) < confirm_rows - per_prompt).repeat(len(prompts))  # prompt-major
+        rows = [p for p in prompts for _ in range(more)]
+        scores.add(rows, generation(ctx, drawn, target, *reported), part="" if look == 1 else f"look{look}")
+        per_prompt += more
+        if look == last:
+            break
+        sample = None if rounds is None else rounds.sample
+        if all(plan.ruled_out(power, sample).values()):
+            if not plan.short(power, sample):
+                stopped = look
+                break
+            unconfirmed.append(look)  # the data rule every member out, the sample's own power does not confirm
+    early = stopped < last
+    assert scores is not None  # the first look always runs
+    results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv, limit)
     tested = scores.read_by_every_test
-    coverage = target_side_coverage(design.classes, power, budget.per_test, profile.power, tested, ctx.alpha)
+    at = (plan.design.tokens if early else tested) if limit > 1 else tested
+    sample = None if rounds is None else rounds.sample
+    ruled = plan.ruled_out(power, sample)
+    coverage = target_side_coverage(
+        design.classes, power, budget.per_test, profile.power, tested, ctx.alpha, limit, at, ruled
+    )
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
         results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
-        unjudged = not_judged(rounds.law, cell.params)  # named in the record instead, with the reason
-        judged = rounds_coverage(design, rounds.sample, budget.per_test, profile.power, ctx.alpha)
-        coverage |= {name: c for name, c in judged.items() if name not in unjudged}
+        scored = rounds.sample.tokens
+        at_scored = at * scored / max(tested, 1)  # in scored tokens, at the tested sample's own rate
+        judged_rounds = rounds_coverage(
+            design, rounds.sample, budget.per_test, profile.power, ctx.alpha, limit, at_scored, ruled
+        )
+        coverage |= {name: c for name, c in judged_rounds.items() if name not in unjudged}
     coverage = confirmed_coverage(cell, coverage, profile.power)
     facts = dataclasses.replace(
         facts,
-        sequences=len(rows),
+        sequences=per_prompt * len(prompts),
         prompts=len(prompts),
         horizon=horizon,
         pilot_sequences=pilot_per_prompt * len(prompts),
         pilot_tokens=design.pilot_tokens,
         pilot_tested_tokens=design.pilot_tested,
         design_tokens=design.classes.tokens,
+        looks=LooksRecord(
+            tokens=plan.looks.tokens,
+            allowed=limit,
+            stopped_at=stopped,
+            tested_tokens=tested,
+            early=early,
+            unconfirmed=tuple(unconfirmed),
+        ),
         bug_classes=coverage,
-        classes_not_judged=not_judged(None if drafter is None else drafter.law, cell.params),
+        classes_not_judged=unjudged,
         draft_law=_draft_law(design, rounds),
         bound=bound(design.classes, coverage, tested, None if rounds is None else rounds.sample.tokens),
     )
@@ -177,16 +227,25 @@ class EngineDesign:
     per_sequence: float
     pilot_tokens: int
     pilot_tested: int
+    pilot: PowerAccumulator  # the pilot's target-side sums (`EngineLooks.plan` reads them)
     rounds_rate: float = 1.0
     acceptance: Acceptance | None = None  # the pilot's: what the engine's counters should count of it
+    pilot_rounds: RoundsPower | None = None  # the pilot's rounds power sums, with a draft model
 
 
 def _design(
-    ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, alpha_test: float, drafter: DraftModel | None
+    ctx: CellContext,
+    prompts: list[list[int]],
+    pilot: torch.Tensor,
+    alpha_test: float,
+    drafter: DraftModel | None,
+    looks: int = 1,
 ) -> EngineDesign:
     """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
-    tested): the tokens each class the cell judges needs at the profile's power, with the design's
-    margin, in the tokens every test reads (a cut-off's ambiguous positions left out), within the
+    tested): the tokens each class the cell judges needs at the profile's power (for a cell of
+    `looks` > 1 looks, at `sequential.design_power` with its fixed-sample tests at α / looks:
+    `EngineLooks`), with the design's margin, in the tokens every test reads (a cut-off's
+    ambiguous positions left out), within the
     profile's floor and cap, which bound the tokens *generated*: scaled by the pilot's share of
     generated tokens that every test reads, so an ambiguous cut-off leaves classes uncovered
     rather than multiplying the rows."""
@@ -202,7 +261,8 @@ def _design(
     rows = [p for p in prompts for _ in range(pilot.shape[1])]
     rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
-    needed = measured.tokens_needed(alpha_test, profile.power)
+    level = profile.power if looks == 1 else sequential.design_power(profile.power)
+    needed = measured.tokens_needed(alpha_test, level, looks)
     wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}
     generated = int(gen.mask().sum())
     read_share = measured.steps / max(generated, 1)  # of the generated tokens, those every test reads
@@ -210,16 +270,17 @@ def _design(
     if rounds is not None:
         rate = rounds.sample.tokens / max(measured.steps, 1)
         for name in rounds.sample.power.classes:
-            tokens = rounds.sample.power.tokens_needed(name, alpha_test, profile.power)
+            tokens = rounds.sample.power.tokens_needed(name, alpha_test, level)
             wanted[name] = {f"rounds.{name}": tokens / max(rate, 1e-9)}
     pooled = 0
     if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
         alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
-        pooled = pit_required_values(alpha_pit, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
+        pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
     design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
-    acceptance = None if rounds is None else rounds.sample.acceptance
-    return EngineDesign(design, measured.steps / len(rows), generated, measured.steps, rate, acceptance)
+    acceptance, pilot_rounds = (None, None) if rounds is None else (rounds.sample.acceptance, rounds.sample.power)
+    per_sequence = measured.steps / len(rows)
+    return EngineDesign(design, per_sequence, generated, measured.steps, measured, rate, acceptance, pilot_rounds)
 
 
 def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRecord | None:
@@ -239,32 +300,42 @@ def target_side_coverage(
     level: float,
     tested: int,
     alpha_cell: float,
+    looks: int = 1,
+    at: int | None = None,
+    ruled: dict[str, bool] | None = None,
 ) -> dict[str, BugClassRecord]:
     """Per target-side bug class, from the tested sample's own p (`power`, its per-token effects):
     its best test and the tokens that test needs at `level`, the cell's power against the catalogue
-    point at the `tested` tokens, whether the pilot's design covered it, its curve (the smallest
-    member ρ of its family (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the tokens tested)
-    and Wald's SPRT against it at the cell's α `alpha_cell`."""
+    point, whether the pilot's design covered it, its curve (the smallest member ρ of its family
+    (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the `tested` tokens) and Wald's SPRT
+    against it at the cell's α `alpha_cell`. A cell of `looks` > 1 looks (`EngineLooks`) judges
+    its fixed-sample tests at α / looks, states its power at `at` tokens (the design's after an
+    early stop) less β_r for a covered class (the chance it was ruled out first), and `ruled`
+    says per class whether its early stop's members were ruled out."""
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
     from losscheck.stats.sequential import PARTIAL_POWER
 
     tested = max(tested, 1)
-    needed = power.tokens_needed(alpha_test, level)
+    at = tested if at is None else max(at, 1)
+    beta = _rule_out_beta(level, looks)
+    needed = power.tokens_needed(alpha_test, _design_level(level, looks), looks)
     coverage: dict[str, BugClassRecord] = {}
     for bug in TARGET_SIDE:
         name = bug.name
         test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
         covered = name in design.covered
         wald = power.wald(name, alpha_cell, level)
+        have = power.best_power(name, at, alpha_test, looks)
         coverage[name] = BugClassRecord(
             test=test,
             tokens_needed=tokens,
             pilot_tokens_needed=design.best[name][1],
-            power=power.best_power(name, tested, alpha_test),
+            power=max(0.0, have - beta) if covered else have,
             covered=covered,
             reach="covered" if covered else "none",
-            curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p) for p in (level, PARTIAL_POWER)},
+            ruled_out=bool(ruled and ruled.get(name)),
+            curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p, looks) for p in (level, PARTIAL_POWER)},
             wald_tokens=_finite(wald.under_bug),
             wald_h0_tokens=_finite(wald.under_h0),
         )
@@ -272,33 +343,56 @@ def target_side_coverage(
 
 
 def rounds_coverage(
-    design: EngineDesign, sample: RoundsSample, alpha_test: float, level: float, alpha_cell: float
+    design: EngineDesign,
+    sample: RoundsSample,
+    alpha_test: float,
+    level: float,
+    alpha_cell: float,
+    looks: int = 1,
+    at_scored: float | None = None,
+    ruled: dict[str, bool] | None = None,
 ) -> dict[str, BugClassRecord]:
     """Per verifier class judged through the draft model, from the tested sample's own p and q:
-    the rounds test's tokens needed at `level` (scored tokens), its power at the tokens it scored,
-    whether the design covered it, its curve over the family's members and Wald's SPRT against it
-    at the cell's α `alpha_cell`."""
+    the rounds test's tokens needed at `level` (scored tokens), its power, whether the design
+    covered it, its curve over the family's members at the tokens it scored and Wald's SPRT
+    against it at the cell's α `alpha_cell`. `looks`, `at_scored` (in scored tokens; None: those
+    scored) and `ruled` as `target_side_coverage`; the rounds tests hold at any stopping time,
+    so `looks` only sets the design's level and β_r."""
     from losscheck.stats.sequential import PARTIAL_POWER
 
     power, scored = sample.power, sample.tokens
+    beta = _rule_out_beta(level, looks)
     records = {}
     for name in power.classes:
         covered = name in design.classes.covered
-        needed = power.tokens_needed(name, alpha_test, level)
+        needed = power.tokens_needed(name, alpha_test, _design_level(level, looks))
         pilot = design.classes.best[name][1] * design.rounds_rate
         wald = power.wald(name, alpha_cell, level)
+        have = power.power(name, 1.0, scored if at_scored is None else at_scored, alpha_test)
         records[name] = BugClassRecord(
             test=f"rounds.{name}",
             tokens_needed=needed if math.isfinite(needed) else None,
             pilot_tokens_needed=pilot if math.isfinite(pilot) else None,
-            power=power.power(name, 1.0, scored, alpha_test),
+            power=max(0.0, have - beta) if covered else have,
             covered=covered,
             reach="covered" if covered else "none",
+            ruled_out=bool(ruled and ruled.get(name)),
             curve={f"{p:g}": power.smallest_rho(name, scored, alpha_test, p) for p in (level, PARTIAL_POWER)},
             wald_tokens=_finite(wald.under_bug),
             wald_h0_tokens=_finite(wald.under_h0),
         )
     return records
+
+
+def _design_level(level: float, looks: int) -> float:
+    """The power a design sizes its tests for: the profile's with one look, else
+    `sequential.design_power` (the rest of β spent on the early stops' rule-outs)."""
+    return level if looks == 1 else sequential.design_power(level)
+
+
+def _rule_out_beta(level: float, looks: int) -> float:
+    """β_r, the chance a covered class is ruled out before the last look (0 with one look)."""
+    return 0.0 if looks == 1 else (1.0 - level) * sequential.RULE_OUT_SHARE
 
 
 def bound(

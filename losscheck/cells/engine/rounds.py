@@ -68,8 +68,12 @@ class RoundsScoring:
         # implementation keeps, and a drawn token in S is scored against it (under H0 its law given
         # x ∈ S is p_S whatever the engine's cut-off keeps beyond S); a token outside S is left out
         scored = generated & ~forced.left_out.to(generated.device)
+        # the rule-out e-values read no ambiguous position: there the member's law given x ∈ S is not
+        # P' / p_S, and a factor 1 (the position's ambiguity known before the draw) keeps them valid
+        rule_out = scored & ~forced.ambiguous.to(generated.device)
         other = None if other is None else other.double().to(p.device)
-        self.sample.update(p, q.double().to(p.device), tokens.to(p.device), generated, scored, power_rows, other)
+        q = q.double().to(p.device)
+        self.sample.update(p, q, tokens.to(p.device), generated, scored, power_rows, other, rule_out)
 
 
 def draft_params(params: SamplingParams, law: DraftLaw) -> SamplingParams:

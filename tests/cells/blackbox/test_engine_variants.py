@@ -298,5 +298,5 @@ def test_list_prints_the_variant_cells_and_their_memory_plan():
     for cell in ("engine-k2-T1", "engine-k2-greedy", "engine-k4-T1-batch-7", "engine-k4-greedy-batch-7"):
         assert f"\n{cell} " in text
     assert "engine-k4-T1-broken-True" in text and "-broken declared out" in text
-    assert "  then variant k=2: 2 cells in 7 phases, 4 instances built" in text
-    assert "  then variant batch=7: 2 cells in 7 phases, 4 instances built" in text
+    assert "  then variant k=2: 2 cells in 9 phases, 5 instances built" in text
+    assert "  then variant batch=7: 2 cells in 9 phases, 5 instances built" in text

@@ -103,15 +103,17 @@ def test_a_one_at_a_time_engine_is_certified_side_by_side_with_three_builds():
     session, cells, outcomes, builds = _certify(alongside=True)
     assert all(o.passed for o in outcomes), [o.message() for o in outcomes if not o.passed]
     assert {c.mode for c in cells} == {"one-sample", "engine-greedy"} and len(cells) == 6
-    # speculative: pilots and the greedy cell's on side; speculative: samples; plain: the greedy off side
-    # (no first stage rejected, so no attribution rows: the plan's worst case has one more of each side)
+    # speculative: pilots and the greedy cell's on side; speculative: samples' first looks; plain: the
+    # greedy off side (every cell stopped at its first look, and no first stage rejected, so no later
+    # look and no attribution rows: the plan's worst case has a later look and one more of each side)
     assert builds == [True, True, False]
+    assert all(o.facts.looks is not None and o.facts.looks.stopped_at == 1 for o in outcomes if o.facts.looks)
     assert all(o.facts.attribution is None for o in outcomes)
     plan = memory.phases([(c.mode, True) for c in cells])
     engine_phases = [p.alive for p in plan if p.alive != memory.TARGET]
-    assert engine_phases == [memory.SPECULATIVE, memory.SPECULATIVE, memory.SPECULATIVE, memory.PLAIN]
+    assert engine_phases == [memory.SPECULATIVE] * 4 + [memory.PLAIN]
     assert memory.memory_lines([(c.mode, True) for c in cells], "one-at-a-time")[-1].startswith(
-        "  engine instances built: 4; scoring phases: 3"
+        "  engine instances built: 5; scoring phases: 4"
     )
     # every cell still has its own counts of the engine's speculative calls
     assert all(o.facts.engine_counters is not None and o.facts.engine_counters.drafts > 0 for o in outcomes)

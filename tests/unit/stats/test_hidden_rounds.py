@@ -246,3 +246,32 @@ def test_the_null_drift_wald_reads_is_the_mean_of_the_log_lr_under_h0():
         float(sample.power.outside[ci, gi]) / sample.tokens,
     )
     assert wald == expected and math.isfinite(wald.under_h0) and math.isfinite(wald.under_bug)
+
+
+@pytest.mark.parametrize(("engine_first", "declared"), [("round", "round"), ("prefill", "prefill"), ("prefill", None)])
+def test_a_rule_out_e_value_has_mean_at_most_one_under_the_member_it_rules_out(engine_first, declared):
+    """Exact, over every output of a loop with the residual bug (ρ = 1): E[Π p / P'] <= 1 under the
+    bug, where the filter's first token is declared as the engine draws it, and where it is not
+    declared (the filter mixes both; `rule_out_log_e` takes log 2 off, without which the mean is
+    1.0014 here). Positions outside the
+    rule-out mask add nothing: an empty mask leaves log e at 0 (less the slack)."""
+    P, Q = tables(7)
+    law = loop_law(P, Q, "residual_is_p", first=engine_first)
+    key = "residual_is_p"
+    mean = 0.0
+    for out, prob in law.items():
+        seq = torch.tensor([out])
+        everywhere = torch.ones(seq.shape, dtype=torch.bool)
+        sample = RoundsSample(K, declared)
+        sample.update(forced(seq, P), forced(seq, Q), seq, everywhere, everywhere)
+        mean += prob * math.exp(sample.rule_out_log_e()[key])
+    assert abs(sum(law.values()) - 1) < 1e-12
+    assert mean <= 1 + 1e-9, mean
+    if declared is None:  # the mixture's e-value without the slack: above 1 here, so the slack is needed
+        assert 2 * mean > 1 + 1e-4, mean
+    seq = torch.tensor([next(iter(law))])
+    everywhere = torch.ones(seq.shape, dtype=torch.bool)
+    sample = RoundsSample(K, declared)
+    sample.update(forced(seq, P), forced(seq, Q), seq, everywhere, everywhere, rule_out=torch.zeros_like(everywhere))
+    assert sample.rule_out_log_e()[key] == (-math.log(2) if declared is None else 0.0)
+    assert float(sample.log_lr.abs().sum()) > 0  # the test's own log-LR still reads every scored position

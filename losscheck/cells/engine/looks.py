@@ -1,0 +1,202 @@
+"""A one-sample engine cell's looks and stop rule: its tested sample grows look by look and stops
+at the first look where the data rule out every bug class its design reaches, as a PIT cell's
+does (`losscheck.cells.sequential_design`, `losscheck.stats.sequential`).
+
+The classes are of two kinds, each with its own rule-out e-values, both valid at any stopping
+time under the member they rule out:
+
+- the target-side classes (`buglaws.TARGET_SIDE`), from the tested sample's p alone
+  (`PowerAccumulator.rule_out_log_e`), their looks and family members planned as a PIT cell
+  plans them (`losscheck.stats.design.design_looks`);
+- with the engine's draft model, the verifier's classes (`losscheck.stats.hidden_rounds`), from
+  the round filter's predictive law of each member (`RoundsSample.rule_out_log_e`), their
+  members on the filter's grid (`hidden_rounds.MEMBERS`).
+
+Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens
+(`look_tokens`). Each look is an engine draw and a scoring phase, and an engine kept one
+instance at a time (`losscheck.plan.memory`) is built again for each: fewer, wider looks than a
+PIT cell's (`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for the fixed-sample tests.
+
+Level: the e-value tests (the rounds tests, and those the registry marks `anytime`) hold at any
+stopping time; every other test is judged at α / `LOOKS` (the looks allowed, fixed before any
+draw). Power: a covered class keeps the profile's power, its tests sized at
+`sequential.design_power` for the last look and ruled out at β_r = β / 2 before an early stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from losscheck.stats import sequential
+from losscheck.stats.bugclass import PowerAccumulator
+from losscheck.stats.design import design_looks
+from losscheck.stats.hidden_rounds import MEMBERS, RoundsPower, RoundsSample
+from losscheck.stats.sample_size import DESIGN_MARGIN, ClassDesign
+
+LOOKS = 3  # an engine cell's looks at most: the floor, one between, the design's tokens
+MIN_GROWTH = 1.25  # a look tests at least this many times the tokens of the one before
+
+
+def look_tokens(floor: int, tokens: int, limit: int = LOOKS) -> tuple[int, ...]:
+    """The tested tokens of an engine cell's looks: at most `limit` of them spaced geometrically
+    from `floor` to the design's `tokens`, each at least `MIN_GROWTH` times the one before (one
+    look when the design is at or below the floor)."""
+    while limit > 1 and tokens < floor * MIN_GROWTH ** (limit - 1):
+        limit -= 1
+    if tokens <= floor or limit == 1:
+        return (max(tokens, 1),)
+    ratio = (tokens / floor) ** (1 / (limit - 1))
+    inner = sorted({round(floor * ratio**i) for i in range(limit - 1)})
+    return (*inner, tokens)
+
+
+@dataclass(frozen=True)
+class EngineLooks:
+    """What an engine cell's pilot fixes of its looks.
+
+    looks:      the tested tokens of each look and the member keys an early stop must rule out
+    grid:       per target-side class, the members whose rule-out e-values the tested sample keeps
+    design:     the class design the last look reaches (its tokens, what it covers)
+    rounds:     the verifier classes judged through the draft model, in the design
+    alpha_test: one test's share of the cell's α
+    power:      the profile's power
+    """
+
+    looks: sequential.Looks
+    grid: dict[str, tuple[float, ...]]
+    design: ClassDesign
+    rounds: tuple[str, ...]
+    alpha_test: float
+    power: float
+
+    @classmethod
+    def plan(
+        cls,
+        design: ClassDesign,
+        pilot: PowerAccumulator,
+        pilot_rounds: RoundsPower | None,
+        rate: float,
+        judged: tuple[str, ...],
+        alpha_test: float,
+        power: float,
+        limit: int,
+    ) -> EngineLooks:
+        """From the pilot's target-side sums `pilot`, its rounds power sums `pilot_rounds` (None
+        without a draft model) with `rate` rounds-scored tokens per tested token, and the
+        verifier classes the cell `judged`: at most `limit` looks up to the design's tokens."""
+        target = {c.name for c in pilot.classes}
+        target_design = dataclasses.replace(
+            design,
+            best={n: b for n, b in design.best.items() if n in target},
+            covered=tuple(n for n in design.covered if n in target),
+        )
+        looks, _, grid = design_looks(pilot, target_design, alpha_test, power, limit)
+        rounds = tuple(n for n in design.best if n in judged and pilot_rounds is not None)
+        covered, partial, promised = list(looks.covered), list(looks.partial), list(looks.promised)
+        if pilot_rounds is not None:
+            keys = _rounds_keys(design, pilot_rounds, rate, rounds, alpha_test, power)
+            covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
+        merged = dataclasses.replace(
+            looks,
+            tokens=look_tokens(design.floor, design.tokens, limit),
+            covered=tuple(covered),
+            partial=tuple(partial),
+            promised=tuple(promised),
+        )
+        return cls(merged, grid, design, rounds, alpha_test, power)
+
+    @property
+    def limit(self) -> int:
+        """The looks the profile allows: the fixed-sample tests' Bonferroni divisor."""
+        return self.looks.limit
+
+    def may_stop(self, power: PowerAccumulator, rounds: RoundsSample | None) -> bool:
+        """Whether a cell at a look before its last stops: every required member ruled out, and
+        the tested sample's own p and q keep the design's promises (`short` is empty)."""
+        rule_out: dict[str, float | None] = dict(power.rule_out_log_e())
+        if rounds is not None:
+            rule_out |= rounds.rule_out_log_e()
+        return self.looks.may_stop(rule_out) and not self.short(power, rounds)
+
+    def short(self, power: PowerAccumulator, rounds: RoundsSample | None) -> list[str]:
+        """The promised member keys whose power, from the tested sample's own p and q at the
+        design's tokens, falls below the promise: `sequential.design_power` where the design
+        covers the member, `sequential.PARTIAL_POWER` where it reaches it partly."""
+        tokens = self.design.tokens
+        out = []
+        for key in self.looks.promised:
+            name, rho = _member(key)
+            strong = key in self.looks.covered
+            promise = sequential.design_power(self.power) if strong else sequential.PARTIAL_POWER
+            if name in self.rounds:
+                if rounds is None or rounds.power.tokens == 0 or power.steps == 0:
+                    out.append(key)
+                    continue
+                scored = tokens * rounds.tokens / power.steps  # the tested sample's own rate
+                have = rounds.power.power(name, _on_grid(rho), scored, self.alpha_test)
+            else:
+                have = power.best_power(name, tokens, self.alpha_test, self.limit, rho)
+            if have < promise:
+                out.append(key)
+        return out
+
+    def ruled_out(self, power: PowerAccumulator, rounds: RoundsSample | None) -> dict[str, bool]:
+        """Per class the looks name, whether every member an early stop needs is ruled out."""
+        rule_out: dict[str, float | None] = dict(power.rule_out_log_e())
+        if rounds is not None:
+            rule_out |= rounds.rule_out_log_e()
+        out: dict[str, bool] = {}
+        for key, done in self.looks.ruled_out(rule_out).items():
+            name = _member(key)[0]
+            out[name] = out.get(name, True) and done
+        return out
+
+
+def _rounds_keys(
+    design: ClassDesign,
+    pilot: RoundsPower,
+    rate: float,
+    names: tuple[str, ...],
+    alpha_test: float,
+    power: float,
+) -> tuple[list[str], list[str], list[str]]:
+    """The verifier classes' member keys an early stop must rule out, as `design_looks` chooses
+    them for the target side: each class's floor ρ_min is the smallest member on the filter's
+    grid its rounds test catches at `sequential.PARTIAL_POWER` within the design's tokens less
+    two margins (or 1, where it reaches only the catalogue point at the full design); the members
+    from 1 down to it and the one below are ruled out at β_r where the test has
+    `sequential.design_power` at the design's tokens less one margin (and at the catalogue point
+    of a covered class), else at β_p. Returns (covered, partial, promised) keys."""
+    level = sequential.design_power(power)
+    promised_tokens = design.tokens / DESIGN_MARGIN * rate
+    floor_tokens = promised_tokens / DESIGN_MARGIN
+    covered: list[str] = []
+    partial: list[str] = []
+    kept: list[str] = []
+    for name in names:
+        rho_min = pilot.smallest_rho(name, floor_tokens, alpha_test, sequential.PARTIAL_POWER)
+        if rho_min is None:
+            if pilot.power(name, 1.0, design.tokens * rate, alpha_test) < sequential.PARTIAL_POWER:
+                continue
+            rho_min = 1.0
+        for rho in sequential.required(MEMBERS, rho_min):
+            key = sequential.member_key(name, rho)
+            strong = (rho == 1.0 and name in design.covered) or pilot.power(
+                name, rho, promised_tokens, alpha_test
+            ) >= level
+            (covered if strong else partial).append(key)
+            if strong or pilot.power(name, rho, floor_tokens, alpha_test) >= sequential.PARTIAL_POWER:
+                kept.append(key)
+    return covered, partial, kept
+
+
+def _member(key: str) -> tuple[str, float]:
+    """A member key's class and ρ (`sequential.member_key`)."""
+    name, _, rho = key.partition("@")
+    return name, float(rho) if rho else 1.0
+
+
+def _on_grid(rho: float) -> float:
+    """The member of the filter's grid a member key's (rounded) ρ names."""
+    return min(MEMBERS, key=lambda m: abs(m - rho))
