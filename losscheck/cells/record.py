@@ -218,6 +218,7 @@ class BoundRecord:
     wald_h0_tokens: float
     ratio: float  # tested_tokens / wald_tokens
     ratio_h0: float  # tested_tokens / wald_h0_tokens
+    at_floor: bool = False  # the profile's floor sized the sample, not the class: what the floor costs
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,9 @@ def _bounds(cert: Certificate) -> list[str]:
         f"{h0[0]:.1f}-{h0[-1]:.1f} times the bound under H0 (median {statistics.median(h0):.1f}) and "
         f"{bug[0]:.1f}-{bug[-1]:.1f} times it under the class (median {statistics.median(bug):.1f}); "
         f"the most, {worst_cell} (`{worst.binding_class}`, {worst.tested_tokens} tokens against "
-        f"{worst.wald_h0_tokens:.0f})"
+        f"{worst.wald_h0_tokens:.0f}"
+        + (", sized by the profile's floor, not the class)" if worst.at_floor else ")")
+        + (f"; {_cells(floored)} sized by the floor" if (floored := sum(b.at_floor for _, b in bounds)) else "")
     ]
 
 

@@ -419,6 +419,7 @@ def bound(
         wald_h0_tokens=record.wald_h0_tokens,
         ratio=tokens / record.wald_tokens,
         ratio_h0=tokens / record.wald_h0_tokens,
+        at_floor=design.tokens <= design.floor,
     )
 
 

@@ -173,13 +173,15 @@ def test_the_engine_cells_tokens_against_wald_s_bound_are_summed_with_the_costli
 
     found = records(
         {"cell": "engine-k4-T1", "bound": bound("target_temperature_1.1", 9000, 1350.0, 1160.0)},
-        {"cell": "engine-k4-T0.3", "bound": bound("residual_is_p", 2000, 1000.0, 800.0)},
+        {"cell": "engine-k4-T0.3", "bound": {**bound("residual_is_p", 2000, 1000.0, 800.0), "at_floor": True}},
         {"cell": "engine-k4-greedy"},
     )
     text = "\n".join(claims.lines(certificate_of(found)))
     assert "tokens read against the information bound in 2 one-sample engine cells" in text
     assert "2.5-7.8 times the bound under H0 (median 5.1) and 2.0-6.7 times it under the class (median 4.3)" in text
-    assert "the most, engine-k4-T1 (`target_temperature_1.1`, 9000 tokens against 1160)" in text
+    assert (
+        "the most, engine-k4-T1 (`target_temperature_1.1`, 9000 tokens against 1160); 1 cell sized by the floor" in text
+    )
 
 
 def test_a_second_stage_that_puts_a_rejection_down_to_the_reference_says_what_its_pass_covers():
