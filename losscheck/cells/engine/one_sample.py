@@ -139,18 +139,14 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     tested = scores.read_by_every_test
     at = (plan.design.tokens if early else tested) if limit > 1 else tested
     sample = None if rounds is None else rounds.sample
-    ruled = plan.ruled_out(power, sample)
-    coverage = target_side_coverage(
-        design.classes, power, budget.per_test, profile.power, tested, ctx.alpha, limit, at, ruled
-    )
+    judging = Judging(budget.per_test, ctx.alpha, profile.power, limit, plan.ruled_out(power, sample))
+    coverage = target_side_coverage(design.classes, power, tested, judging, at)
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
         results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
         scored = rounds.sample.tokens
         at_scored = at * scored / max(tested, 1)  # in scored tokens, at the tested sample's own rate
-        judged_rounds = rounds_coverage(
-            design, rounds.sample, budget.per_test, profile.power, ctx.alpha, limit, at_scored, ruled
-        )
+        judged_rounds = rounds_coverage(design, rounds.sample, judging, at_scored)
         coverage |= {name: c for name, c in judged_rounds.items() if name not in unjudged}
     coverage = confirmed_coverage(cell, coverage, profile.power)
     facts = dataclasses.replace(
@@ -293,48 +289,62 @@ def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRe
     return predicted(design.acceptance.plus(rounds.sample.acceptance))
 
 
+@dataclass(frozen=True)
+class Judging:
+    """How a one-sample cell's coverage is judged: one test's share of its α and the cell's α,
+    the profile's power, the looks it allows (`EngineLooks`: its fixed-sample tests at α / looks,
+    a covered class's power less β_r, the chance it was ruled out first) and, per class, whether
+    every member its early stop needed was ruled out."""
+
+    alpha_test: float
+    alpha_cell: float
+    level: float
+    looks: int = 1
+    ruled: dict[str, bool] = dataclasses.field(default_factory=dict)
+
+    @property
+    def design_level(self) -> float:
+        """The power a design sizes its tests for: the profile's with one look, else
+        `sequential.design_power` (the rest of β spent on the early stops' rule-outs)."""
+        return self.level if self.looks == 1 else sequential.design_power(self.level)
+
+    @property
+    def beta(self) -> float:
+        """β_r, the chance a covered class is ruled out before the last look (0 with one look)."""
+        return 0.0 if self.looks == 1 else (1.0 - self.level) * sequential.RULE_OUT_SHARE
+
+
 def target_side_coverage(
-    design: sample_size.ClassDesign,
-    power: PowerAccumulator,
-    alpha_test: float,
-    level: float,
-    tested: int,
-    alpha_cell: float,
-    looks: int = 1,
-    at: int | None = None,
-    ruled: dict[str, bool] | None = None,
+    design: sample_size.ClassDesign, power: PowerAccumulator, tested: int, judging: Judging, at: int | None = None
 ) -> dict[str, BugClassRecord]:
     """Per target-side bug class, from the tested sample's own p (`power`, its per-token effects):
-    its best test and the tokens that test needs at `level`, the cell's power against the catalogue
-    point, whether the pilot's design covered it, its curve (the smallest member ρ of its family
-    (1 - ρ)·p + ρ·p' caught at power `level` and 0.8 at the `tested` tokens) and Wald's SPRT
-    against it at the cell's α `alpha_cell`. A cell of `looks` > 1 looks (`EngineLooks`) judges
-    its fixed-sample tests at α / looks, states its power at `at` tokens (the design's after an
-    early stop) less β_r for a covered class (the chance it was ruled out first), and `ruled`
-    says per class whether its early stop's members were ruled out."""
+    its best test and the tokens that test needs, the cell's power against the catalogue point at
+    `at` tokens (the design's after an early stop; None: the `tested` ones), whether the pilot's
+    design covered it, its curve (the smallest member ρ of its family (1 - ρ)·p + ρ·p' caught at
+    the profile's power and 0.8 at the tested tokens) and Wald's SPRT against it at the cell's α."""
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
     from losscheck.stats.sequential import PARTIAL_POWER
 
+    alpha_test, level, looks = judging.alpha_test, judging.level, judging.looks
     tested = max(tested, 1)
     at = tested if at is None else max(at, 1)
-    beta = _rule_out_beta(level, looks)
-    needed = power.tokens_needed(alpha_test, _design_level(level, looks), looks)
+    needed = power.tokens_needed(alpha_test, judging.design_level, looks)
     coverage: dict[str, BugClassRecord] = {}
     for bug in TARGET_SIDE:
         name = bug.name
         test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
         covered = name in design.covered
-        wald = power.wald(name, alpha_cell, level)
+        wald = power.wald(name, judging.alpha_cell, level)
         have = power.best_power(name, at, alpha_test, looks)
         coverage[name] = BugClassRecord(
             test=test,
             tokens_needed=tokens,
             pilot_tokens_needed=design.best[name][1],
-            power=max(0.0, have - beta) if covered else have,
+            power=max(0.0, have - judging.beta) if covered else have,
             covered=covered,
             reach="covered" if covered else "none",
-            ruled_out=bool(ruled and ruled.get(name)),
+            ruled_out=judging.ruled.get(name, False),
             curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p, looks) for p in (level, PARTIAL_POWER)},
             wald_tokens=_finite(wald.under_bug),
             wald_h0_tokens=_finite(wald.under_h0),
@@ -343,56 +353,37 @@ def target_side_coverage(
 
 
 def rounds_coverage(
-    design: EngineDesign,
-    sample: RoundsSample,
-    alpha_test: float,
-    level: float,
-    alpha_cell: float,
-    looks: int = 1,
-    at_scored: float | None = None,
-    ruled: dict[str, bool] | None = None,
+    design: EngineDesign, sample: RoundsSample, judging: Judging, at_scored: float | None = None
 ) -> dict[str, BugClassRecord]:
-    """Per verifier class judged through the draft model, from the tested sample's own p and q:
-    the rounds test's tokens needed at `level` (scored tokens), its power, whether the design
-    covered it, its curve over the family's members at the tokens it scored and Wald's SPRT
-    against it at the cell's α `alpha_cell`. `looks`, `at_scored` (in scored tokens; None: those
-    scored) and `ruled` as `target_side_coverage`; the rounds tests hold at any stopping time,
-    so `looks` only sets the design's level and β_r."""
+    """Per verifier class judged through the draft model, from the tested sample's own p and q,
+    as `target_side_coverage`: the rounds test's tokens needed (scored tokens), its power at
+    `at_scored` scored tokens (None: those scored), whether the design covered it, its curve at
+    the tokens it scored and Wald's SPRT against it. The rounds tests hold at any stopping time:
+    the looks set only the design's level and β_r."""
     from losscheck.stats.sequential import PARTIAL_POWER
 
     power, scored = sample.power, sample.tokens
-    beta = _rule_out_beta(level, looks)
+    alpha_test, level = judging.alpha_test, judging.level
     records = {}
     for name in power.classes:
         covered = name in design.classes.covered
-        needed = power.tokens_needed(name, alpha_test, _design_level(level, looks))
+        needed = power.tokens_needed(name, alpha_test, judging.design_level)
         pilot = design.classes.best[name][1] * design.rounds_rate
-        wald = power.wald(name, alpha_cell, level)
+        wald = power.wald(name, judging.alpha_cell, level)
         have = power.power(name, 1.0, scored if at_scored is None else at_scored, alpha_test)
         records[name] = BugClassRecord(
             test=f"rounds.{name}",
             tokens_needed=needed if math.isfinite(needed) else None,
             pilot_tokens_needed=pilot if math.isfinite(pilot) else None,
-            power=max(0.0, have - beta) if covered else have,
+            power=max(0.0, have - judging.beta) if covered else have,
             covered=covered,
             reach="covered" if covered else "none",
-            ruled_out=bool(ruled and ruled.get(name)),
+            ruled_out=judging.ruled.get(name, False),
             curve={f"{p:g}": power.smallest_rho(name, scored, alpha_test, p) for p in (level, PARTIAL_POWER)},
             wald_tokens=_finite(wald.under_bug),
             wald_h0_tokens=_finite(wald.under_h0),
         )
     return records
-
-
-def _design_level(level: float, looks: int) -> float:
-    """The power a design sizes its tests for: the profile's with one look, else
-    `sequential.design_power` (the rest of β spent on the early stops' rule-outs)."""
-    return level if looks == 1 else sequential.design_power(level)
-
-
-def _rule_out_beta(level: float, looks: int) -> float:
-    """β_r, the chance a covered class is ruled out before the last look (0 with one look)."""
-    return 0.0 if looks == 1 else (1.0 - level) * sequential.RULE_OUT_SHARE
 
 
 def bound(
