@@ -41,6 +41,8 @@ def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_
     assert bound is not None and classes is not None and classes[bound.binding_class].covered, bound
     assert bound.ratio_h0 == pytest.approx(bound.tested_tokens / bound.wald_h0_tokens)
     assert bound.ratio > 1 and bound.ratio_h0 > 1  # Wald–Wolfowitz: no test at its α and power needs fewer on average
+    looks = honest.facts.looks  # lossless: every class ruled out before the design's tokens
+    assert looks is not None and looks.early and looks.tested_tokens < looks.tokens[-1], looks
     assert (law.counted_first_accepted, law.counted_rounds) == (
         round(law.predicted_first_accepted),
         round(law.predicted_rounds),

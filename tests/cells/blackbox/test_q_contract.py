@@ -31,6 +31,9 @@ def test_a_verifier_using_the_raw_q_where_the_draft_drew_the_processed_one_fails
     first = " ".join(outcome.facts.attribution.first_stage_failed)
     assert "rounds.q_raw_in_verify" in first, first
     assert failed, outcome.message()
+    # the bug's own class is never ruled out: the cell draws to its last look
+    looks = outcome.facts.looks
+    assert looks is not None and not looks.early and looks.stopped_at == len(looks.tokens) > 1, looks
 
 
 @pytest.mark.slow  # the other direction and a cut-off (~40 s)
