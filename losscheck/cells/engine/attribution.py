@@ -196,7 +196,15 @@ def attribute(
     names = scores_for([r.name for r in failed])
     rows = [p for p in prompts for _ in range(per_prompt)]
     asked = tuple(
-        request(ctx, prompts, per_prompt, cell.params, horizon, side, purpose="attribution") for side in (True, False)
+        request(
+            ctx,
+            prompts=prompts,
+            n=per_prompt,
+            horizon=horizon,
+            speculative=side,
+            purpose="attribution",
+        )
+        for side in (True, False)
     )
     drawn = yield asked
     target = ctx.engine_target()

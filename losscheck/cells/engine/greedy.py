@@ -28,7 +28,11 @@ def engine_greedy(ctx: CellContext) -> EngineDraws:
     scorable = cell.target != OWN_TARGET
     tolerance = cell.precision.tolerance if scorable and cell.precision.reduced else 0.0
     tiers = ctx.prompt_tiers
-    asked = [request(ctx, ctx.prompts(tier), 1, GREEDY, max_new, side) for side in (True, False) for tier in tiers]
+    asked = [
+        request(ctx, prompts=ctx.prompts(tier), n=1, params=GREEDY, horizon=max_new, speculative=side)
+        for side in (True, False)
+        for tier in tiers
+    ]
     drawn = yield tuple(asked)
     vocab, eos = ctx.engine_vocab()
     outcome = CellOutcome(cell, strict=ctx.strict)

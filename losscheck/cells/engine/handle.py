@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,11 +44,12 @@ def min_horizon(engine: BlackBoxEngine) -> int:
 
 def request(
     ctx: CellContext,
+    *,
     prompts: list[list[int]],
     n: int,
-    params: SamplingParams,
     horizon: int,
     speculative: bool,
+    params: SamplingParams | None = None,
     purpose: str = "",
     logprobs: bool = False,
     top_logprobs: int = 0,
@@ -55,13 +57,13 @@ def request(
     """A request for `n` continuations of each prompt, whose answer is a validated LongTensor
     [len(prompts), n, horizon] (EOS-padded; with `logprobs`, then their reported log-probabilities),
     seeded from the run seed, the cell, the side and the `purpose` ("pilot": a sample of its own,
-    never tested)."""
+    never tested); `params` the cell's unless given."""
     side = "speculative" if speculative else "baseline"
     seed = derive_seed(ctx.seed, ctx.cell.id, *((side, purpose) if purpose else (side,)))
     return GenerationRequest(
         prompts=tuple(map(tuple, prompts)),
         n=n,
-        params=params,
+        params=ctx.cell.params if params is None else params,
         seed=seed,
         max_new_tokens=horizon,
         speculative=speculative,
@@ -69,6 +71,23 @@ def request(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
     )
+
+
+def pilot_request(
+    ctx: CellContext, prompts: list[list[int]], horizon: int, speculative: bool
+) -> tuple[GenerationRequest, int]:
+    """A cell's pilot of one side at its parameters (a seed of its own, never tested): one row per
+    prompt, at least the profile's `engine_pilot_sequences` rows; with its rows per prompt."""
+    per_prompt = max(1, math.ceil(ctx.profile.engine_pilot_sequences / len(prompts)))
+    asked = request(
+        ctx,
+        prompts=prompts,
+        n=per_prompt,
+        horizon=horizon,
+        speculative=speculative,
+        purpose="pilot",
+    )
+    return asked, per_prompt
 
 
 def as_generation(tokens: torch.Tensor, eos: int, k: int, params: SamplingParams, vocab: int) -> Generation:

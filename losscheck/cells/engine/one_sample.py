@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +22,7 @@ from losscheck.cells.engine.handle import (
     first_token,
     generation,
     min_horizon,
+    pilot_request,
     request,
     with_engine_facts,
 )
@@ -83,8 +85,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     families = (registry.PIT, registry.CONDITIONAL) + ((registry.ROUNDS,) if drafter is not None else ())
     missing = missing_inputs(drafter, cell.params)
     budget = registry.split(ctx.alpha, *families, missing=missing)
-    pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
-    (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, True, purpose="pilot"),)
+    asked, pilot_per_prompt = pilot_request(ctx, prompts, horizon, speculative=True)
+    (pilot,) = yield (asked,)
     limit = LOOKS if profile.early_stop else 1  # fixed before any draw: the fixed-sample tests' divisor
     design = _design(ctx, prompts, pilot, budget.per_test, drafter, limit)
     unjudged = not_judged(None if drafter is None else drafter.law, cell.params)  # named in the record, with why
@@ -109,10 +111,11 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     confirm_rows = max(1, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts))))
     per_prompt, last = 0, len(plan.looks.tokens)
     stopped, unconfirmed = last, []
+    ask = partial(request, ctx, prompts=prompts, horizon=horizon, speculative=True, logprobs=logprobs, top_logprobs=top)
     for look, tokens in enumerate(plan.looks.tokens, 1):
         more = max(math.ceil(tokens / max(design.per_sequence, 1e-9) / len(prompts)) - per_prompt, 1)
         purpose = "" if look == 1 else f"look{look}"  # each look's rows from a seed of their own
-        asked = request(ctx, prompts, more, cell.params, horizon, True, purpose, logprobs, top)
+        asked = ask(n=more, purpose=purpose)
         drawn, *reported = yield (asked,)
         target = ctx.engine_target()  # loaded (its draft model placed beside it) only between draws
         if scores is None:

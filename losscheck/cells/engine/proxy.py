@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.cells.engine.handle import CONFIRM_TOKENS, generation, request
+from losscheck.cells.engine.handle import CONFIRM_TOKENS, generation, pilot_request
 from losscheck.cells.record import BugClassRecord, SampleFacts
 from losscheck.engines import GenerationRequest
 from losscheck.stats import registry
@@ -192,11 +192,11 @@ def proxy_design(
     `horizon` tokens)."""
     from losscheck.stats.power import chisquare_detectable_w
 
-    cell, profile = ctx.cell, ctx.profile
+    profile = ctx.profile
     half = ctx.alpha / 2
     levels = Levels(registry.split(half, registry.TWO_SAMPLE, positions=horizon).per_test, half / 2)
-    pilot_per_prompt = max(1, math.ceil(profile.engine_pilot_sequences / len(prompts)))
-    (pilot,) = yield (request(ctx, prompts, pilot_per_prompt, cell.params, horizon, False, purpose="pilot"),)
+    asked, pilot_per_prompt = pilot_request(ctx, prompts, horizon, speculative=False)
+    (pilot,) = yield (asked,)
     target = ctx.engine_target()
     rows = [p for p in prompts for _ in range(pilot_per_prompt)]
     sums = proxy_sums(ctx, target, rows, generation(ctx, pilot, target))

@@ -38,7 +38,9 @@ def two_sample(ctx: CellContext) -> EngineDraws:
     design = yield from proxy_design(ctx, prompts, horizon)
     n, target_tv = design.rows, design.detectable_tv
     per_prompt = math.ceil(n / len(prompts))
-    drawn = yield tuple(request(ctx, prompts, per_prompt, cell.params, horizon, side) for side in (True, False))
+    drawn = yield tuple(
+        request(ctx, prompts=prompts, n=per_prompt, horizon=horizon, speculative=side) for side in (True, False)
+    )
     on, off = (tokens.flatten(0, 1) for tokens in drawn)  # [P*m, L] each
     vocab, bins = ctx.engine_vocab()[0], profile.two_sample_bins
     results = two_sample_tests(on, off, vocab, alpha_positions, profile.power, target_tv, max_bins=bins)
