@@ -141,6 +141,7 @@ class LooksRecord:
     tested_tokens: int
     early: bool
     unconfirmed: tuple[int, ...] = ()  # looks where the data ruled every member out, the power not yet
+    rejected: bool = False  # engine cells: stopped early because an e-value test crossed its level
 
 
 @dataclass(frozen=True)

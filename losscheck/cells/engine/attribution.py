@@ -188,8 +188,9 @@ def attribute(
     facts: SampleFacts,
     drafter: DraftModel | None,
 ) -> EngineDraws:
-    """The second stage after the first rejected with `failed`: as many fresh rows per side as the
-    first stage tested, compared on the failing tests' row scores."""
+    """The second stage after the first rejected with `failed`: `per_prompt` fresh rows per prompt
+    and side (a one-sample cell's: as many as its design's last look), compared on the failing
+    tests' row scores."""
     from losscheck.cells.engine.rounds import RoundsScoring
 
     cell, engine = ctx.cell, engine_of(ctx)

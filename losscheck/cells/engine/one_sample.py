@@ -110,7 +110,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     # the rounds power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
     confirm_rows = max(1, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts))))
     per_prompt, last = 0, len(plan.looks.tokens)
-    stopped, unconfirmed = last, []
+    stopped, unconfirmed, rejected = last, [], False
     ask = partial(request, ctx, prompts=prompts, horizon=horizon, speculative=True, logprobs=logprobs, top_logprobs=top)
     for look, tokens in enumerate(plan.looks.tokens, 1):
         more = max(math.ceil(tokens / max(design.per_sequence, 1e-9) / len(prompts)) - per_prompt, 1)
@@ -131,6 +131,9 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         if look == last:
             break
         sample = None if rounds is None else rounds.sample
+        if sample is not None and _rounds_reject(sample, budget.share(registry.ROUNDS), profile.power, missing):
+            stopped, rejected = look, True  # an e-value crossed: valid at any stopping time, no more draws
+            break
         if all(plan.ruled_out(power, sample).values()):
             if not plan.short(power, sample):
                 stopped = look
@@ -140,7 +143,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     assert scores is not None  # the first look always runs
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv, limit)
     tested = scores.read_by_every_test
-    at = (plan.design.tokens if early else tested) if limit > 1 else tested
+    # after a stop that ruled every class out, the tests' power at the design's tokens (the last look's)
+    at = plan.design.tokens if early and not rejected else tested
     sample = None if rounds is None else rounds.sample
     judging = Judging(budget.per_test, ctx.alpha, profile.power, limit, plan.ruled_out(power, sample))
     coverage = target_side_coverage(design.classes, power, tested, judging, at)
@@ -168,6 +172,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
             tested_tokens=tested,
             early=early,
             unconfirmed=tuple(unconfirmed),
+            rejected=rejected,
         ),
         bug_classes=coverage,
         classes_not_judged=unjudged,
@@ -178,7 +183,16 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     if not failed:
         verdict = combine(cell.id, results, ctx.alpha)
         return CellOutcome(cell, verdict=verdict, problems=logprob_problems(facts), facts=with_engine_facts(ctx, facts))
-    return (yield from attribute(ctx, prompts, per_prompt, horizon, failed, facts, drafter))
+    # the second stage draws as many rows a side as the first stage's design, wherever it stopped
+    designed = math.ceil(plan.looks.tokens[-1] / max(design.per_sequence, 1e-9) / len(prompts))
+    return (yield from attribute(ctx, prompts, max(per_prompt, designed), horizon, failed, facts, drafter))
+
+
+def _rounds_reject(sample: RoundsSample, alpha: float, power: float, missing: frozenset[str]) -> bool:
+    """Whether a rounds test rejects at a look: their e-values hold at any stopping time, so a
+    cell may stop drawing at the first crossing (the tests are run again, alongside every other,
+    where it stopped)."""
+    return any(not r.passed for r in registry.run_family(registry.ROUNDS, sample, alpha, power, missing=missing))
 
 
 def missing_inputs(drafter: DraftModel | None, params: SamplingParams) -> frozenset[str]:

@@ -31,9 +31,11 @@ def test_a_verifier_using_the_raw_q_where_the_draft_drew_the_processed_one_fails
     first = " ".join(outcome.facts.attribution.first_stage_failed)
     assert "rounds.q_raw_in_verify" in first, first
     assert failed, outcome.message()
-    # the bug's own class is never ruled out: the cell draws to its last look
-    looks = outcome.facts.looks
-    assert looks is not None and not looks.early and looks.stopped_at == len(looks.tokens) > 1, looks
+    # its rounds test crossed at a look before the last: the cell stopped drawing there, and its
+    # second stage drew as many rows a side as the design's last look would have
+    looks, attribution = outcome.facts.looks, outcome.facts.attribution
+    assert looks is not None and looks.rejected and looks.stopped_at < len(looks.tokens), looks
+    assert attribution.rows * 16 > looks.tokens[-1] > looks.tested_tokens, (attribution.rows, looks)
 
 
 @pytest.mark.slow  # the other direction and a cut-off (~40 s)
