@@ -12,6 +12,7 @@ from losscheck.core.generation import Generation
 from losscheck.core.sampling import GREEDY, make_generator
 from losscheck.plan.cell import ENGINE, ORACLE
 from losscheck.run.context import CellContext
+from losscheck.run.memo import GreedyBaseline
 from losscheck.serving.axis import Call, requests, rounds_differently
 
 
@@ -31,10 +32,8 @@ def run_greedy(ctx: CellContext) -> CellOutcome:
     for i, (tier, spec) in enumerate(zip(tiers, specs)):
         ctx.progress.update(cell.id, "prompt tiers", i, len(tiers))
         prompts = asked[tier]
-        base = ctx.memo(
-            ("greedy", cell.target, cell.precision.target, tuple(map(tuple, prompts))),
-            partial(_baseline, ctx, prompts, max_new, tier),
-        )
+        key = GreedyBaseline(cell.target, cell.precision.target, tuple(map(tuple, prompts)))
+        base = ctx.memo(key, partial(_baseline, ctx, prompts, max_new, tier))
         outcome.divergences += find_divergences(target.model, tier, prompts, spec, base, tolerance)
         outcome.problems += [f"ends: {tier} prompts: {p}" for p in end_problems(spec, target.eos_id, target.vocab_size)]
         outcome.acceptance[tier] = spec.stats

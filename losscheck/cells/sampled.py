@@ -20,6 +20,7 @@ from losscheck.plan.cell import Cell
 from losscheck.plan.modes import Mode
 from losscheck.plan.profiles import min_horizon
 from losscheck.run.context import CellContext
+from losscheck.run.memo import ExactContinuations
 from losscheck.serving.axis import Server, requests
 from losscheck.stats import registry, sample_size
 
@@ -186,7 +187,7 @@ def exact_continuations(ctx: CellContext, target: str, params: SamplingParams) -
         return process_logits(adjust_logits(logits, params, seen, context[:, :0])[:, 0], params).double().cpu()
 
     return ctx.memo(
-        ("exact", target, params, horizon),
+        ExactContinuations(target, params, horizon),
         lambda: enumerate_continuations(next_probs, exact_prompt(ctx), horizon, model.eos_id),
     )
 

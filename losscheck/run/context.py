@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from losscheck.progress import QUIET, Progress
+from losscheck.run.memo import EngineVocab, MemoKey
 
 if TYPE_CHECKING:
     from losscheck.core.engine import Engine
@@ -123,7 +124,7 @@ class CellContext:
             target = self.engine_target()
             return target.vocab_size, target.eos_id if target.eos_id is not None else 0
 
-        return self.memo(("engine-vocab", self.cell.precision.target), read)
+        return self.memo(EngineVocab(self.cell.precision.target), read)
 
     def engine_batch(self) -> tuple[Cell, ...]:
         """The engine cells drawn side by side with this one (`losscheck.cells.engine.phases`): every
@@ -160,7 +161,7 @@ class CellContext:
         `Session.engine_for`), or None."""
         return self._session.engine_for(self.cell)
 
-    def memo(self, key: Any, make: Callable[[], T]) -> T:
+    def memo(self, key: MemoKey, make: Callable[[], T]) -> T:
         """`make()`, computed once per key for the whole run (what cells share)."""
         result: T = self._session.memo(key, make)
         return result

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from losscheck.errors import OptionError, flag
 from losscheck.plan.sampling_spec import parse_sampling
+from losscheck.run.memo import MemoKey
 from losscheck.run.models import Models
 from losscheck.run.options import Options
 
@@ -37,7 +38,7 @@ class Session:
         self.options = options
         self.skeleton = skeleton
         self._n_statistical: int | None = None  # an explicit alpha split (calibration, mutants)
-        self._memo: dict[Any, Any] = {}
+        self._memo: dict[MemoKey, Any] = {}
         self.models = Models(options, skeleton)
         # the black-box engine cells this process runs, in run order (set by the plugin once its
         # collection is final; empty under xdist, whose workers do not know their share)
@@ -326,7 +327,7 @@ class Session:
 
         return chosen_proxy(self.options.proxy_precision, *engine_models(self.options))
 
-    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+    def memo(self, key: MemoKey, make: Callable[[], Any]) -> Any:
         """`make()`, computed once per key for the whole run: what cells share (a baseline of the
         same prompts, an exact enumeration of the same parameters)."""
         if key not in self._memo:

@@ -14,6 +14,7 @@ from losscheck.cells.engine.two_sample import two_sample
 from losscheck.cells.outcome import CellOutcome
 from losscheck.plan.modes import Mode
 from losscheck.run.context import CellContext
+from losscheck.run.memo import EngineBatch
 
 if TYPE_CHECKING:
     from losscheck.cells.engine.phases import EngineDraws
@@ -38,7 +39,7 @@ def run_engine_cell(ctx: CellContext) -> CellOutcome:
         finally:
             ctx.release_engine()  # the last phase's instance: nothing of the batch needs it
 
-    results = ctx.memo(("engine-cells", batch), drawn) if len(batch) > 1 else drawn()
+    results = ctx.memo(EngineBatch(batch), drawn) if len(batch) > 1 else drawn()
     result = results[ctx.cell.id]
     if isinstance(result, Exception):
         raise result

@@ -18,6 +18,7 @@ from losscheck.engines import BlackBoxEngine, DraftModel, GenerationRequest, req
 from losscheck.errors import LosscheckError, flag
 from losscheck.plan import profiles
 from losscheck.run.context import CellContext
+from losscheck.run.memo import EngineDrafter
 from losscheck.stats import registry
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def draft_model_of(ctx: CellContext) -> DraftModel | None:
         held = ctx.hold_draft(as_target(model.to("cpu"), f"{engine.name} draft model"))
         return dataclasses.replace(given, model=held)
 
-    return ctx.memo(("engine-drafter", engine.name), load)
+    return ctx.memo(EngineDrafter(engine.name), load)
 
 
 def first_token(engine: BlackBoxEngine) -> FirstToken | None:
