@@ -36,6 +36,8 @@ EXACT = "exact"
 TWO_SAMPLE = "two_sample"
 ROUNDS = "rounds"  # a black-box engine's verifier classes through its drafter (`losscheck.stats.hidden_rounds`)
 STREAMS = "streams"  # a black-box engine's random streams across requests (`losscheck.cells.engine.streams`)
+# a one-sample engine cell's second stage: its two sides' row scores (`losscheck.cells.engine.attribution`)
+ATTRIBUTION = "attribution"
 # Inputs a test may read that a cell may lack (`StatTest.needs`): a black-box engine reports no slots.
 SLOTS = "slots"
 # ... and what a sample's rows say about their random streams (`losscheck.stats.streams.StreamValues`):

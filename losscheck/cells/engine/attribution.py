@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +35,9 @@ from losscheck.cells.record import AttributionRecord, SampleFacts
 from losscheck.cells.scoring import ForcedProbs, teacher_forced_pit
 from losscheck.core.sampling import make_generator
 from losscheck.engines import DraftModel
+from losscheck.errors import LosscheckError
+from losscheck.stats.hidden_rounds import CLASSES
+from losscheck.stats.registry import ATTRIBUTION, StatTest, register, run_family
 from losscheck.stats.result import TestResult, combine
 from losscheck.stats.streams import top_tokens
 
@@ -145,37 +150,66 @@ def row_scores(
     return out
 
 
+@dataclass(frozen=True)
+class RowScorePair:
+    """What the second stage's tests read: each side's row scores, name -> [N] (`row_scores`)."""
+
+    on: dict[str, torch.Tensor]
+    off: dict[str, torch.Tensor]
+
+
+def _u_test(name: str, on: torch.Tensor, off: torch.Tensor, alpha: float, power: float) -> TestResult:
+    """The U test of row score `name`, speculative rows `on` against speculation-off rows `off` at
+    `alpha`: a rounds class's score one-sided (a verifier with the class scores higher), the others
+    two-sided. States the standardized shift it detects at `power`."""
+    a, b = on.numpy(), off.numpy()
+    side = "greater" if name.startswith("rounds.") else "two-sided"
+    test = stats.mannwhitneyu(a, b, alternative=side, method="asymptotic")
+    tail = alpha if side == "greater" else alpha / 2
+    z = float(stats.norm.isf(tail)) + float(stats.norm.ppf(power))
+    shift = z * math.sqrt(1 / len(a) + 1 / len(b)) / math.sqrt(ARE)
+    return TestResult(
+        name=f"attribution.{name}",
+        expected=f"speculative and speculation-off rows share one law of the row score {name} "
+        f"({SCORES.get(name, 'the class log-LR at rho = 1')})",
+        observed=f"median {np.median(a):.4g} with speculation, {np.median(b):.4g} without ({len(a)} and {len(b)} rows)",
+        statistic=float(test.statistic),
+        p_value=float(test.pvalue),
+        alpha=alpha,
+        n=len(a) + len(b),
+        power=power,
+        detectable={"d": shift},
+    )
+
+
+def _registered(name: str) -> Callable[[RowScorePair, float, float], TestResult]:
+    def run(values: RowScorePair, alpha: float, power: float) -> TestResult:
+        return _u_test(name, values.on[name], values.off[name], alpha, power)
+
+    return run
+
+
+def _needs(name: str) -> frozenset[str]:
+    """The input a row score's test reads: a second stage compares only the failing tests' scores."""
+    return frozenset({f"row_score:{name}"})
+
+
+ROW_SCORES = (*SCORES, *(f"rounds.{c.name}" for c in CLASSES))  # every score a second stage may compare
+for _name in ROW_SCORES:
+    register(StatTest(f"attribution.{_name}", ATTRIBUTION, "pooled", _registered(_name), needs=_needs(_name)))
+
+
 def attribution_tests(
     on: dict[str, torch.Tensor], off: dict[str, torch.Tensor], names: tuple[str, ...], alpha: float, power: float
 ) -> list[TestResult]:
-    """One U test per row score of `names`, speculative rows `on` against speculation-off rows
-    `off`, α split evenly; a rounds class's score one-sided (a verifier with the class scores
-    higher), the others two-sided. Each states the standardized shift it detects at `power`."""
-    share = alpha / len(names)
-    results = []
-    for name in names:
-        a, b = on[name].numpy(), off[name].numpy()
-        side = "greater" if name.startswith("rounds.") else "two-sided"
-        test = stats.mannwhitneyu(a, b, alternative=side, method="asymptotic")
-        tail = share if side == "greater" else share / 2
-        z = float(stats.norm.isf(tail)) + float(stats.norm.ppf(power))
-        shift = z * math.sqrt(1 / len(a) + 1 / len(b)) / math.sqrt(ARE)
-        results.append(
-            TestResult(
-                name=f"attribution.{name}",
-                expected=f"speculative and speculation-off rows share one law of the row score {name} "
-                f"({SCORES.get(name, 'the class log-LR at rho = 1')})",
-                observed=f"median {np.median(a):.4g} with speculation, {np.median(b):.4g} without "
-                f"({len(a)} and {len(b)} rows)",
-                statistic=float(test.statistic),
-                p_value=float(test.pvalue),
-                alpha=share,
-                n=len(a) + len(b),
-                power=power,
-                detectable={"d": shift},
-            )
-        )
-    return results
+    """One U test per row score of `names` (the registered `attribution.*` tests, family
+    `ATTRIBUTION`), speculative rows `on` against speculation-off rows `off`, α split evenly over
+    them: the scores not compared are inputs the stage lacks, and spend nothing."""
+    unknown = set(names) - set(ROW_SCORES)
+    if unknown:
+        raise LosscheckError(f"no row score named {sorted(unknown)}; the second stage compares {list(ROW_SCORES)}")
+    unread = frozenset().union(*(_needs(n) for n in ROW_SCORES if n not in names))
+    return run_family(ATTRIBUTION, RowScorePair(on, off), alpha, power, missing=unread)
 
 
 # --- the attribution phase of a one-sample cell ---------------------------------------------------

@@ -49,3 +49,24 @@ def test_a_shift_at_the_stated_detectable_size_is_caught_at_the_stated_power():
         on, off = _sides(d, 100, g)
         caught += not attribution_tests(on, off, ("rounds.residual_is_p",), 0.01, 0.9)[0].passed
     assert caught >= 34, (caught, d)
+
+
+def test_the_row_score_tests_are_registered_and_split_alpha_over_the_scores_compared():
+    """Every row score a second stage may compare is a registered test of family `attribution`
+    (so the certificate lists it); the scores not compared spend nothing, and a score no failing
+    test reads is refused by name."""
+    import pytest
+
+    from losscheck.cells.engine.attribution import ROW_SCORES, SCORES
+    from losscheck.errors import LosscheckError
+    from losscheck.stats import registry
+
+    names = {t.name for t in registry.registered(registry.ATTRIBUTION)}
+    assert names == {f"attribution.{n}" for n in ROW_SCORES} and {f"attribution.{s}" for s in SCORES} <= names
+    on, off = _sides(0.0, 50, torch.Generator().manual_seed(1))
+    (one,) = attribution_tests(on, off, ("surprisal",), 0.02, 0.9)
+    two = attribution_tests(on, off, ("surprisal", "rounds.residual_is_p"), 0.02, 0.9)
+    assert one.alpha == 0.02 and [r.alpha for r in two] == [0.01, 0.01]
+    assert [r.name for r in two] == ["attribution.surprisal", "attribution.rounds.residual_is_p"]
+    with pytest.raises(LosscheckError, match="no row score named \\['pit_median'\\]"):
+        attribution_tests(on, off, ("pit_median",), 0.02, 0.9)
