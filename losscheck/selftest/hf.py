@@ -11,6 +11,7 @@ e.g. `--losscheck-engine=losscheck.selftest.hf:hf_assisted_residual_from_p`.
 | `hf_assisted_bonus_off_by_one` | after k accepted drafts the bonus token is drawn from p at slot k - 1 |
 | `hf_assisted_temperature_draft_only` | the verifier's p without the request's temperature (q has it) |
 | `hf_assisted_stale_q` | the verifier reads the previous round's q while the drafts came from the current one |
+| `hf_assisted_q_raw_in_verify` | drafts from the assistant's processed logits, verified with its raw ones (#47932) |
 | `hf_assisted_state_not_rolled_back` | a hybrid target's recurrent state keeps the rejected drafts |
 | `hf_assisted_state_rollback_one_off` | a hybrid target's recurrent state restored one position late |
 
@@ -79,6 +80,18 @@ def _stale_q(correct: Callable[..., Any], request: GenerationRequest) -> Callabl
         stale = previous[-1] if previous and previous[-1].shape == candidate_logits.shape else candidate_logits
         previous[:] = [candidate_logits]
         return correct(candidate_input_ids, stale, candidate_length, new_logits, **kwargs)  # BUG: last round's q
+
+    return sampling
+
+
+def _q_raw_in_verify(correct: Callable[..., Any], request: GenerationRequest) -> Callable[..., Any]:
+    temperature = request.params.temperature
+
+    def sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+        # transformers' candidate logits are the assistant's processed ones, raw / T: times T is its
+        # raw law (within a cut-off, whose -inf stays); the drafts were drawn from the processed one
+        raw = candidate_logits * temperature  # BUG: q for acceptance and recovery is the raw law
+        return correct(candidate_input_ids, raw, candidate_length, new_logits, **kwargs)
 
     return sampling
 
@@ -179,6 +192,7 @@ PLANTED: dict[str, Planting] = {
     "bonus-off-by-one": _bonus_off_by_one,
     "temperature-draft-only": _temperature_draft_only,
     "stale-q": _stale_q,
+    "q-raw-in-verify": _q_raw_in_verify,
 }
 
 
@@ -214,6 +228,12 @@ def hf_assisted_temperature_draft_only(target: Target) -> HFPlanted:
 def hf_assisted_stale_q(target: Target) -> HFPlanted:
     """`hf_assisted` verifying with the previous round's q."""
     return _planted(hf_assisted(target), "stale-q")
+
+
+def hf_assisted_q_raw_in_verify(target: Target) -> HFPlanted:
+    """`hf_assisted` accepting and recovering with the assistant's raw law while drafting from its
+    processed one (transformers #47932's shape; lossless at temperature 1 with nothing processed)."""
+    return _planted(hf_assisted(target), "q-raw-in-verify")
 
 
 def hf_assisted_state_not_rolled_back(target: Target) -> HFPlanted:

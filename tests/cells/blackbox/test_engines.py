@@ -151,7 +151,15 @@ def test_hf_engine_with_another_block_length(target):
 
 
 @pytest.mark.parametrize(
-    "bug", ["residual-from-p", "residual-from-p-half", "bonus-off-by-one", "temperature-draft-only", "stale-q"]
+    "bug",
+    [
+        "residual-from-p",
+        "residual-from-p-half",
+        "bonus-off-by-one",
+        "temperature-draft-only",
+        "stale-q",
+        "q-raw-in-verify",
+    ],
 )
 def test_each_planted_hf_bug_changes_only_speculative_rows_and_is_removed_afterwards(target, bug):
     import transformers.generation.utils as hf_utils

@@ -17,7 +17,8 @@ def _cell(engine: str, cell_id: str):
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
-    session = Session(Options(engine=f"losscheck.selftest.engines:{engine}"))
+    path = engine if ":" in engine else f"losscheck.selftest.engines:{engine}"
+    session = Session(Options(engine=path))
     (cell,) = [c for c in session.plan["engine_cell"] if c.id == cell_id]
     return run_engine_cell(CellContext.of(session, cell))
 
@@ -48,6 +49,20 @@ def test_each_direction_and_a_cut_off_fail_too(engine, cell_id):
     assert not outcome.passed, outcome.message()
     assert outcome.facts.attribution is not None
     assert f"rounds.{engine}" in " ".join(outcome.facts.attribution.first_stage_failed)
+
+
+@pytest.mark.slow  # Hugging Face assisted generation draws a row per generate call (62 s, 2026-12-06)
+@pytest.mark.usefixtures("one_thread")
+def test_hugging_face_assisted_generation_verifying_with_the_raw_q_fails_at_t_0_3():
+    """transformers #47932's shape planted in transformers itself (`losscheck.selftest.hf`): the
+    assistant drafts from its processed logits, the verifier accepts and recovers with its raw ones.
+    The one-sample cell at T 0.3 fails through `rounds.q_raw_in_verify` (p = 1.0e-15 at α 1.1e-4,
+    its first look: 2,304 tokens, 2026-12-06), blamed on speculation."""
+    outcome = _cell("losscheck.selftest.hf:hf_assisted_q_raw_in_verify", "engine-k4-T0.3")
+    assert not outcome.passed, outcome.message()
+    assert outcome.facts.attribution is not None and outcome.facts.attribution.finding == "speculation"
+    first = " ".join(outcome.facts.attribution.first_stage_failed)
+    assert "rounds.q_raw_in_verify" in first, first
 
 
 def test_where_the_two_laws_are_one_the_classes_are_not_judged_and_spend_nothing():
