@@ -63,13 +63,18 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     (`_design`); the tested sample's own p and q confirm it (`confirmed_coverage`). The pooled
     tests report the TV they detect; only a profile's `pooled_tv` sizes the cell for one.
 
+    Looks (`losscheck.cells.engine.looks`): the tested sample is drawn in at most `LOOKS` looks up
+    to the design; the cell stops drawing at the first look where the data rule out every class
+    the design reaches (and its own p and q keep the promise), or where a rounds test crosses its
+    level (an e-value: valid at any stopping time). The fixed-sample tests are judged at α / `LOOKS`.
+
     Attribution (`losscheck.cells.engine.attribution`): only when this first stage rejects, fresh rows
     of both sides are compared two-sample on the row scores of the failing tests. Both reject: a
     FAIL blamed on speculation. The second does not: the reference differs from the engine,
     reported as such, and the cell's verdict is the second stage's.
 
-    Rounds: the pilot; the sample; the attribution's two sides only after a rejection. The
-    reference target is read only between and after them."""
+    Rounds: the pilot; each look of the sample; the attribution's two sides only after a
+    rejection. The reference target is read only between and after them."""
     from losscheck.cells.engine.looks import LOOKS, EngineLooks
     from losscheck.cells.engine.rounds import RoundsScoring, not_judged
     from losscheck.cells.sampled import confirmed_coverage
