@@ -106,19 +106,6 @@ class EngineLooks:
         )
         return cls(merged, grid, design, rounds, alpha_test, power)
 
-    @property
-    def limit(self) -> int:
-        """The looks the profile allows: the fixed-sample tests' Bonferroni divisor."""
-        return self.looks.limit
-
-    def may_stop(self, power: PowerAccumulator, rounds: RoundsSample | None) -> bool:
-        """Whether a cell at a look before its last stops: every required member ruled out, and
-        the tested sample's own p and q keep the design's promises (`short` is empty)."""
-        rule_out: dict[str, float | None] = dict(power.rule_out_log_e())
-        if rounds is not None:
-            rule_out |= rounds.rule_out_log_e()
-        return self.looks.may_stop(rule_out) and not self.short(power, rounds)
-
     def short(self, power: PowerAccumulator, rounds: RoundsSample | None) -> list[str]:
         """The promised member keys whose power, from the tested sample's own p and q at the
         design's tokens, falls below the promise: `sequential.design_power` where the design
@@ -136,7 +123,7 @@ class EngineLooks:
                 scored = tokens * rounds.tokens / power.steps  # the tested sample's own rate
                 have = rounds.power.power(name, _on_grid(rho), scored, self.alpha_test)
             else:
-                have = power.best_power(name, tokens, self.alpha_test, self.limit, rho)
+                have = power.best_power(name, tokens, self.alpha_test, self.looks.limit, rho)
             if have < promise:
                 out.append(key)
         return out
