@@ -277,8 +277,9 @@ def _bounds(cert: Certificate) -> list[str]:
     bug = sorted(b.ratio for _, b in bounds)
     return [
         f"- tokens read against the information bound in {_cells(len(bounds), 'one-sample engine')}: "
-        "each binding class's test read, against the tokens Wald's sequential test needs on average at the "
-        "cell's α and power (`losscheck.stats.effects.wald_size`), "
+        "each binding class's test read, against Wald's approximation (overshoot neglected) of the tokens "
+        "the sequential probability ratio test needs on average at the cell's α and power "
+        "(`losscheck.stats.effects.wald_size`), "
         f"{h0[0]:.1f}-{h0[-1]:.1f} times the bound under H0 (median {statistics.median(h0):.1f}) and "
         f"{bug[0]:.1f}-{bug[-1]:.1f} times it under the class (median {statistics.median(bug):.1f}); "
         f"the most, {worst_cell} (`{worst.binding_class}`, {worst.tested_tokens} tokens against "
