@@ -30,8 +30,11 @@ factor 1[x ∈ S]·P'(x)/p_S(x) + 1[x ∉ S] keeps mean at most 1.
 Power (`RoundsPower`): per member, the log-LR increment's mean and second moment under P' at each
 scored position (its law over the whole vocabulary, the belief from the filter along the observed
 tokens), averaged; the sum over n tokens taken as Gaussian, P(Σ ≥ log(G / α)), or caught outright
-by a token outside p's support. Like `losscheck.stats.bugclass`, it assumes the bug changes the
-emitted token's law, not which prefixes the run visits.
+by a token outside p's support. The mean drift is taken at its lower `DRIFT_CONFIDENCE` bound, rows
+as independent clusters: a bug that acts on rare slots (a bonus bug under argmax drafts) puts its
+drift in few rows, and a pilot's point estimate then sizes a cell too small. Like
+`losscheck.stats.bugclass`, it assumes the bug changes the emitted token's law, not which prefixes
+the run visits.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ RHO_MIN = 1 / 8  # the smallest member of each family the mixture e-value spends
 MEMBERS = family(RHO_MIN)  # (1, 0.707, 0.5, ..., 0.125): equal weights
 TINY = 1e-300
 TINY32 = 1e-38
+# Power is stated at the per-token drift's one-sided lower bound at this confidence (`RoundsPower.drift`)
+DRIFT_CONFIDENCE = 0.95
+_DRIFT_Z = float(stats.norm.ppf(DRIFT_CONFIDENCE))
 
 # (p, q, o) [..., V] -> [..., V]: the target's law, the q the draft is drawn from, and the draft
 # model's *other* q (its raw law where q is processed: `RoundsSample.update`), which only the
@@ -291,6 +297,10 @@ def _start(belief: torch.Tensor) -> torch.Tensor:
     return fresh
 
 
+def _per_member() -> torch.Tensor:
+    return torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64)
+
+
 @dataclass
 class RoundsPower:
     """Per class and member, sums over scored positions of the log-LR increment's mean, second
@@ -303,6 +313,12 @@ class RoundsPower:
     outside: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     # Σ over scored positions of E_p[log(P'/p)] = -KL(p‖P') (tokens both give mass): Wald's drift under H0
     null: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
+    # the drift's standard error, rows as clusters: with S_r a row's summed drift and N_r its scored
+    # positions, Σ S_r², Σ S_r·N_r, Σ N_r² and the rows with a scored position (`drift`)
+    row_second: torch.Tensor = field(default_factory=lambda: _per_member())
+    row_cross: torch.Tensor = field(default_factory=lambda: _per_member())
+    row_tokens_sq: float = 0.0
+    rows: int = 0
 
     def update(
         self,
@@ -318,6 +334,10 @@ class RoundsPower:
         p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)
         pick = scored.to(torch.bool)
         self.tokens += int(pick.sum())
+        per_row = pick.sum(1).double()  # [n]
+        self.row_tokens_sq += float((per_row * per_row).sum())
+        self.rows += int((per_row > 0).sum())
+        row_of = torch.arange(pick.shape[0], device=pick.device)[:, None].expand_as(pick)[pick]  # [m]
         # float32: moments for a power estimate need no more, and it halves the cost of 21 laws per token
         ps, qs, prev = (x[pick].float() for x in (p, q, p_prev))  # [m, V]
         os = None if other is None else other[pick].float()
@@ -331,18 +351,34 @@ class RoundsPower:
                 law = ps + rho * (laws.draft + last * towards - ps)  # [m, V]
                 ratio = torch.where(support & (law > 0), law.clamp_min(TINY32).log() - log_p, 0.0)
                 weighted = law * ratio
+                drift = torch.zeros_like(per_row).index_add_(0, row_of, weighted.sum(-1).double())  # [n]
+                self.row_second[ci, gi] += float((drift * drift).sum())
+                self.row_cross[ci, gi] += float((drift * per_row).sum())
                 self.mean[ci, gi] += float(weighted.sum())
                 self.second[ci, gi] += float((weighted * ratio).sum())
                 self.outside[ci, gi] += float(torch.where(support, 0.0, law).sum())
                 self.null[ci, gi] += float((ps * ratio).sum())
 
+    def drift(self, name: str, rho: float = 1.0) -> tuple[float, float]:
+        """Member ρ's mean per-token drift E_P'[log(P'/p)] and its standard error. Rows are the
+        independent units, so the ratio estimator's error is over rows:
+        SE² = R / (R - 1) · Σ_r (S_r - μ·N_r)² / (Σ_r N_r)²; inf with fewer than two rows."""
+        ci, gi = self.classes.index(name), MEMBERS.index(rho)
+        mu = float(self.mean[ci, gi]) / max(self.tokens, 1)
+        if self.rows < 2:
+            return mu, math.inf
+        spread = float(self.row_second[ci, gi]) - 2 * mu * float(self.row_cross[ci, gi]) + mu * mu * self.row_tokens_sq
+        return mu, math.sqrt(max(spread, 0.0) * self.rows / (self.rows - 1)) / self.tokens
+
     def power(self, name: str, rho: float, tokens: float, alpha: float) -> float:
-        """The power of `rounds_test` at level `alpha` after `tokens` scored tokens against member ρ."""
+        """The power of `rounds_test` at level `alpha` after `tokens` scored tokens against member ρ,
+        at the drift's lower `DRIFT_CONFIDENCE` bound (`drift`)."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
         if self.tokens == 0 or tokens <= 0:
             return 0.0
-        mu = float(self.mean[ci, gi]) / self.tokens
-        var = max(float(self.second[ci, gi]) / self.tokens - mu * mu, 1e-300)
+        estimate, error = self.drift(name, rho)
+        mu = estimate - _DRIFT_Z * error
+        var = max(float(self.second[ci, gi]) / self.tokens - estimate * estimate, 1e-300)
         threshold = math.log(len(MEMBERS) / alpha)
         gauss = float(stats.norm.cdf((tokens * mu - threshold) / math.sqrt(tokens * var))) if mu > 0 else 0.0
         out = float(self.outside[ci, gi]) / self.tokens
