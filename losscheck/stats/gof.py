@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from losscheck.stats.multinomial import exact_law_applies, multinomial_tail
+from losscheck.stats.multinomial import asymptotic_level, exact_law_applies, multinomial_tail
 from losscheck.stats.power import chisquare_detectable_w
 from losscheck.stats.result import TestResult
 
@@ -60,8 +60,8 @@ def goodness_of_fit(
     exp = np.asarray(expected, dtype=np.float64)  # [K]
     n = int(round(obs.sum()))
     result = stats.power_divergence(obs, exp, lambda_=statistic)
-    w = chisquare_detectable_w(n, len(exp), alpha, power)
-    p_value, log10_p, law = p_value_of(obs, exp, float(result.statistic), statistic)
+    p_value, log10_p, law, level = p_value_of(obs, exp, float(result.statistic), statistic, alpha)
+    w = chisquare_detectable_w(n, len(exp), level, power)
     return TestResult(
         name=name,
         expected=expected_desc,
@@ -77,17 +77,30 @@ def goodness_of_fit(
 
 
 def p_value_of(
-    observed: np.ndarray, expected: np.ndarray, value: float, statistic: Literal["pearson", "log-likelihood"]
-) -> tuple[float, float, str]:
-    """(p, log10 p, the law in words) of the statistic `value` of counts `observed` [K] against
-    `expected` [K]: from the exact multinomial law where its DP is affordable (exact for Pearson
-    on equal bins, else an upper bound on the exact p-value), else from the asymptotic χ² law."""
+    observed: np.ndarray,
+    expected: np.ndarray,
+    value: float,
+    statistic: Literal["pearson", "log-likelihood"],
+    alpha: float,
+) -> tuple[float, float, str, float]:
+    """(p, log10 p, the law in words, the level the detectable effect is stated at) of the
+    statistic `value` of counts `observed` [K] against `expected` [K], judged at `alpha`: from the
+    exact multinomial law where its DP is affordable (exact for Pearson on equal bins, else an
+    upper bound on the exact p-value); else from the asymptotic χ² law, for Pearson scaled by
+    α / a, a the level at which that law's test holds α (`multinomial.asymptotic_level`), so
+    that p <= α exactly when the χ² p <= a."""
     if exact_law_applies(observed, expected, statistic):
         tail = multinomial_tail(observed.round().astype(np.int64), expected, statistic)
         law = "p from the exact multinomial law" if tail.exact else "p an upper bound from the exact multinomial law"
-        return tail.p_value, tail.log10_p, law
+        return tail.p_value, tail.log10_p, law, alpha
     df = len(expected) - 1
-    return float(stats.chi2.sf(value, df)), chi2_log10_sf(value, df), "p from the asymptotic χ² law"
+    p, log10_p = float(stats.chi2.sf(value, df)), chi2_log10_sf(value, df)
+    if statistic != "pearson" or not 0 < alpha < 1:
+        return p, log10_p, "p from the asymptotic χ² law", alpha
+    level = asymptotic_level(len(expected), float(np.min(expected)), alpha)
+    scale = alpha / level
+    law = f"p from the asymptotic χ² law times {scale:.3g}, its excess false alarms at α (E {np.min(expected):.3g})"
+    return min(1.0, p * scale), min(0.0, log10_p + math.log10(scale)), law, level
 
 
 def support_check(name: str, n_impossible: int, n: int, power: float, what: str) -> TestResult:

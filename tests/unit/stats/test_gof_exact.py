@@ -15,6 +15,7 @@ from scipy import stats
 
 from losscheck.stats.gof import goodness_of_fit
 from losscheck.stats.multinomial import (
+    asymptotic_level,
     equal_bins_tail,
     exact_law_applies,
     false_alarm_rate,
@@ -174,13 +175,32 @@ def test_goodness_of_fit_takes_the_exact_law_where_affordable() -> None:
 
 
 def test_goodness_of_fit_keeps_the_chi2_law_beyond_the_budget() -> None:
-    """20,000 values (the DP would cost far more than its budget) and non-integer counts keep the
-    asymptotic law, named in the result."""
+    """20,000 values (the DP would cost far more than its budget) keep the asymptotic law, its p
+    scaled by α / a (`asymptotic_level`), named in the result with the factor; the detectable
+    effect is stated at a. The G statistic, and non-integer counts, keep the law unscaled."""
     counts = np.array([2100, 1950, 2000, 2010, 1940, 2000, 2000, 2000, 2000, 2000])
     result = goodness_of_fit("t", "uniform", counts, np.full(10, 2000.0), alpha=1e-6, power=0.9)
-    assert result.p_value == pytest.approx(float(stats.chisquare(counts).pvalue), rel=1e-12)
-    assert result.observed.endswith("p from the asymptotic χ² law")
+    scale = 1e-6 / asymptotic_level(10, 2000.0, 1e-6)
+    assert 1.0 < scale < 1.02  # E = 2,000: the χ² law's excess is small
+    assert result.p_value == pytest.approx(float(stats.chisquare(counts).pvalue) * scale, rel=1e-12)
+    assert result.log10_p == pytest.approx(math.log10(result.p_value), rel=1e-9)
+    assert "p from the asymptotic χ² law times" in result.observed
+    g = goodness_of_fit("t", "uniform", counts, np.full(10, 2000.0), 1e-6, 0.9, statistic="log-likelihood")
+    assert g.observed.endswith("p from the asymptotic χ² law")
     assert not exact_law_applies(np.array([2.5, 2.5]), np.array([2.5, 2.5]))
+
+
+@pytest.mark.parametrize(("e", "alpha", "before"), [(20, 1e-5, 1.39), (20, 1e-7, 2.41), (50, 1e-7, 1.50)])
+def test_past_the_cut_the_chi2_law_is_judged_at_a_level_that_holds_alpha(e: int, alpha: float, before: float) -> None:
+    """10 equal bins of E values each, past the exact law's cut (179 values): computed exactly
+    (`false_alarm_rate`), the χ² law's test at α rejects `before`·α or more of the time, and at
+    `asymptotic_level`'s level between 0.9α and 1.01α (its excess is read at 179 values and taken
+    down as 1/E: an approximation, checked here, not a bound)."""
+    n = 10 * e
+    assert not exact_law_applies(np.full(10, e), np.full(10, float(e)))
+    assert false_alarm_rate(n, 10, alpha, "asymptotic") >= before * alpha
+    rate = false_alarm_rate(n, 10, asymptotic_level(10, float(e), alpha), "asymptotic")
+    assert 0.9 * alpha <= rate <= 1.01 * alpha, rate / alpha
 
 
 def test_goodness_of_fit_g_test_reports_an_upper_bound() -> None:
