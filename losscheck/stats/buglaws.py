@@ -102,14 +102,43 @@ def tempered(p: torch.Tensor, exponent: float) -> torch.Tensor:
     return powered / powered.sum(-1, keepdim=True)
 
 
+# `top_p` ranks this many of a row's largest entries first, and sorts the whole row only where
+# its kept set does not end inside them (a flat q at a high temperature)
+_TOP_P_CANDIDATES = 256
+
+
 def top_p(q: torch.Tensor, top: float) -> torch.Tensor:
-    """q [..., V] truncated to its smallest most-probable set of mass >= `top`, renormalised."""
-    ranked, order = q.sort(dim=-1, descending=True, stable=True)
-    keep_ranked = (ranked.cumsum(-1) - ranked) < top  # the mass before each token is still short
-    keep = torch.zeros_like(keep_ranked).scatter(-1, order, keep_ranked)
-    kept = torch.where(keep, q, 0.0)
-    total = kept.sum(-1, keepdim=True)
-    return torch.where(total > 0, kept / total.clamp_min(1e-300), q)
+    """q [..., V] truncated to its smallest most-probable set of mass >= `top`, renormalised; ties
+    ranked by id, as a stable descending sort ranks them.
+
+    A row's kept set is read from its largest `_TOP_P_CANDIDATES` entries (ranked by value, then
+    id) when its smallest kept entry exceeds the smallest candidate: every entry ranked before a
+    kept one is then a candidate, so the masses before it agree with the whole row's, and the
+    kept mass already reaches `top`, so no entry outside is kept. Other rows are sorted whole."""
+    flat = q.reshape(-1, q.shape[-1])  # [m, V]
+    keep = torch.zeros(flat.shape, dtype=torch.bool, device=q.device)  # [m, V]
+    rest = torch.arange(len(flat), device=q.device)  # [r] rows sorted whole
+    if flat.shape[-1] > 2 * _TOP_P_CANDIDATES:
+        ids = flat.topk(_TOP_P_CANDIDATES, dim=-1).indices.sort(dim=-1).values  # [m, C] by id
+        values = flat.gather(-1, ids)  # [m, C]
+        kept = _nucleus(values, top)  # [m, C]
+        smallest_kept = torch.where(kept, values, torch.inf).amin(-1)  # [m]
+        found = smallest_kept > values.amin(-1)  # [m]
+        keep[found] = keep[found].scatter(-1, ids[found], kept[found])
+        rest = rest[~found]
+    if len(rest):
+        keep[rest] = _nucleus(flat[rest], top)
+    kept_q = torch.where(keep.reshape(q.shape), q, 0.0)
+    total = kept_q.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept_q / total.clamp_min(1e-300), q)
+
+
+def _nucleus(values: torch.Tensor, top: float) -> torch.Tensor:
+    """[m, C] bool: the entries of each row of `values` [m, C] whose mass ranked before them (by
+    value, descending; ties by position) is short of `top`."""
+    ranked, order = values.sort(dim=-1, descending=True, stable=True)
+    keep_ranked = (ranked.cumsum(-1) - ranked) < top  # the mass before each entry is still short
+    return torch.zeros_like(keep_ranked).scatter(-1, order, keep_ranked)
 
 
 def tilted(q: torch.Tensor, token: int, factor: float) -> torch.Tensor:

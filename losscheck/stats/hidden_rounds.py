@@ -87,36 +87,28 @@ def _accept_drawn_verified(drawn: torch.Tensor, p: torch.Tensor, verified: torch
     return drawn * ratio
 
 
-def _recover_drawn_verified(drawn: torch.Tensor, p: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
-    """The rejected mass of `_accept_drawn_verified`, recovered from norm(max(0, p - `verified`))."""
-    kept = _accept_drawn_verified(drawn, p, verified).sum(-1, keepdim=True)  # [..., 1]
+def _recover_rejected(accepted: torch.Tensor, p: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """The mass `accepted` [..., V] leaves, recovered from norm(max(0, p - `verified`))."""
+    kept = accepted.sum(-1, keepdim=True)  # [..., 1]
     residual = (p - verified).clamp_min(0.0)
     mass = residual.sum(-1, keepdim=True)
     return (1 - kept).clamp_min(0.0) * torch.where(mass > 1e-12, residual / mass.clamp_min(TINY), p)
 
 
-def _accept_top_p_draws(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return _accept_drawn_verified(top_p(q, TOP_P), p, q)
+# (p, q, o) -> (the law a draft is drawn from, the q the verifier accepts and recovers with)
+DrawnVerified = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _recover_top_p_draws(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return _recover_drawn_verified(top_p(q, TOP_P), p, q)
+def _top_p_draws(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return top_p(q, TOP_P), q
 
 
-def _accept_verified_with_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return _accept_drawn_verified(q, p, o)
+def _verified_with_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return q, o
 
 
-def _recover_verified_with_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return _recover_drawn_verified(q, p, o)
-
-
-def _accept_drawn_from_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return _accept_drawn_verified(o, p, q)
-
-
-def _recover_drawn_from_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    return _recover_drawn_verified(o, p, q)
+def _drawn_from_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return o, q
 
 
 def _bonus(p: torch.Tensor, p_prev: torch.Tensor) -> torch.Tensor:
@@ -130,27 +122,28 @@ def _bonus_from_previous(p: torch.Tensor, p_prev: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class RoundClass:
     """A bug class as the parts of a round it changes: `accept(p, q, o)`, `recover(p, q, o)` and
-    `bonus(p, p_prev)`, each [..., V]. A class of the catalogue (`losscheck.stats.buglaws`, same
-    name), or a q-contract class (`reads_other`), which engines alone are judged on: the loop's
-    drafters report the q they drew from, and its conformance tests judge its verifier directly."""
+    `bonus(p, p_prev)`, each [..., V], or, for a class whose draft is drawn from one law and
+    verified with another, `drawn_verified(p, q, o)`, the two laws (each read once: a top-p law
+    sorts the vocabulary). A class of the catalogue (`losscheck.stats.buglaws`, same name), or a
+    q-contract class (`reads_other`), which engines alone are judged on: the loop's drafters
+    report the q they drew from, and its conformance tests judge its verifier directly."""
 
     name: str
     accept: Law = _accept
     recover: Law = _recover
     bonus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _bonus
     reads_other: bool = False  # its law reads the draft model's other q (a cell without one: not run)
+    drawn_verified: DrawnVerified | None = None  # where set, accept and recover follow from it
 
 
 CLASSES: tuple[RoundClass, ...] = (
     RoundClass("residual_is_p", recover=_recover_from_p),
     RoundClass("bonus_from_previous_slot", bonus=_bonus_from_previous),
-    RoundClass("top_p_one_side", accept=_accept_top_p_draws, recover=_recover_top_p_draws),
+    RoundClass("top_p_one_side", drawn_verified=_top_p_draws),
     # the q contract (transformers #47932: DFlash, MTP and assisted candidates drawn from processed
     # logits, the raw ones returned as q; DeepSpec #31: drafted in bf16, q taken in fp32)
-    RoundClass(
-        "q_raw_in_verify", accept=_accept_verified_with_other, recover=_recover_verified_with_other, reads_other=True
-    ),
-    RoundClass("q_raw_in_draft", accept=_accept_drawn_from_other, recover=_recover_drawn_from_other, reads_other=True),
+    RoundClass("q_raw_in_verify", drawn_verified=_verified_with_other, reads_other=True),
+    RoundClass("q_raw_in_draft", drawn_verified=_drawn_from_other, reads_other=True),
 )
 # what each q-contract class is (the certificate's and docs' words)
 Q_CONTRACT = {
@@ -203,8 +196,13 @@ def class_laws(
     """`cls` at every position, from p, q, p_prev and the draft model's other q [..., V] (float64;
     None: q itself, under which a q-contract class is the correct round)."""
     o = q if other is None else other
-    accept = cls.accept(p, q, o)
-    return ClassLaws(accept + cls.recover(p, q, o), accept, cls.bonus(p, p_prev))
+    if cls.drawn_verified is None:
+        accept, recover = cls.accept(p, q, o), cls.recover(p, q, o)
+    else:
+        drawn, verified = cls.drawn_verified(p, q, o)
+        accept = _accept_drawn_verified(drawn, p, verified)
+        recover = _recover_rejected(accept, p, verified)
+    return ClassLaws(accept + recover, accept, cls.bonus(p, p_prev))
 
 
 def round_parts(
