@@ -30,11 +30,11 @@ factor 1[x ∈ S]·P'(x)/p_S(x) + 1[x ∉ S] keeps mean at most 1.
 Power (`RoundsPower`): per member, the log-LR increment's mean and second moment under P' at each
 scored position (its law over the whole vocabulary, the belief from the filter along the observed
 tokens), averaged; the sum over n tokens taken as Gaussian, P(Σ ≥ log(G / α)), or caught outright
-by a token outside p's support. The mean drift is taken at its lower `DRIFT_CONFIDENCE` bound, rows
-as independent clusters: a bug that acts on rare slots (a bonus bug under argmax drafts) puts its
-drift in few rows, and a pilot's point estimate then sizes a cell too small. Like
-`losscheck.stats.bugclass`, it assumes the bug changes the emitted token's law, not which prefixes
-the run visits.
+by a token outside p's support. The mean drift and the outside mass are taken at their lower
+`DRIFT_CONFIDENCE` bounds, rows as independent clusters: a bug that acts on rare slots (a bonus
+bug under argmax drafts) puts its effect in few rows, and a pilot's point estimate then sizes a
+cell too small. Like `losscheck.stats.bugclass`, it assumes the bug changes the emitted token's
+law, not which prefixes the run visits.
 """
 
 from __future__ import annotations
@@ -311,10 +311,13 @@ class RoundsPower:
     outside: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
     # Σ over scored positions of E_p[log(P'/p)] = -KL(p‖P') (tokens both give mass): Wald's drift under H0
     null: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
-    # the drift's standard error, rows as clusters: with S_r a row's summed drift and N_r its scored
-    # positions, Σ S_r², Σ S_r·N_r, Σ N_r² and the rows with a scored position (`drift`)
+    # standard errors, rows as clusters: with S_r a row's summed drift (or mass outside p's
+    # support) and N_r its scored positions, Σ S_r², Σ S_r·N_r, Σ N_r² and the rows with a scored
+    # position (`drift`, `outside_rate`)
     row_second: torch.Tensor = field(default_factory=lambda: _per_member())
     row_cross: torch.Tensor = field(default_factory=lambda: _per_member())
+    row_outside_second: torch.Tensor = field(default_factory=lambda: _per_member())
+    row_outside_cross: torch.Tensor = field(default_factory=lambda: _per_member())
     row_tokens_sq: float = 0.0
     rows: int = 0
 
@@ -354,23 +357,38 @@ class RoundsPower:
                 self.row_cross[ci, gi] += float((drift * per_row).sum())
                 self.mean[ci, gi] += float(weighted.sum())
                 self.second[ci, gi] += float((weighted * ratio).sum())
-                self.outside[ci, gi] += float(torch.where(support, 0.0, law).sum())
+                outside = torch.zeros_like(per_row).index_add_(
+                    0, row_of, torch.where(support, 0.0, law).sum(-1).double()
+                )  # [n]
+                self.row_outside_second[ci, gi] += float((outside * outside).sum())
+                self.row_outside_cross[ci, gi] += float((outside * per_row).sum())
+                self.outside[ci, gi] += float(outside.sum())
                 self.null[ci, gi] += float((ps * ratio).sum())
 
     def drift(self, name: str, rho: float = 1.0) -> tuple[float, float]:
-        """Member ρ's mean per-token drift E_P'[log(P'/p)] and its standard error. Rows are the
-        independent units, so the ratio estimator's error is over rows:
-        SE² = R / (R - 1) · Σ_r (S_r - μ·N_r)² / (Σ_r N_r)²; inf with fewer than two rows."""
+        """Member ρ's mean per-token drift E_P'[log(P'/p)] and its standard error (`_clustered`)."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
-        mu = float(self.mean[ci, gi]) / max(self.tokens, 1)
+        return self._clustered(self.mean[ci, gi], self.row_second[ci, gi], self.row_cross[ci, gi])
+
+    def outside_rate(self, name: str, rho: float = 1.0) -> tuple[float, float]:
+        """Member ρ's mean per-token mass outside p's support and its standard error."""
+        ci, gi = self.classes.index(name), MEMBERS.index(rho)
+        return self._clustered(self.outside[ci, gi], self.row_outside_second[ci, gi], self.row_outside_cross[ci, gi])
+
+    def _clustered(self, total: torch.Tensor, second: torch.Tensor, cross: torch.Tensor) -> tuple[float, float]:
+        """A per-token mean Σ_r S_r / Σ_r N_r and its standard error. Rows are the independent
+        units, so the ratio estimator's error is over rows:
+        SE² = R / (R - 1) · Σ_r (S_r - μ·N_r)² / (Σ_r N_r)²; inf with fewer than two rows."""
+        mu = float(total) / max(self.tokens, 1)
         if self.rows < 2:
             return mu, math.inf
-        spread = float(self.row_second[ci, gi]) - 2 * mu * float(self.row_cross[ci, gi]) + mu * mu * self.row_tokens_sq
+        spread = float(second) - 2 * mu * float(cross) + mu * mu * self.row_tokens_sq
         return mu, math.sqrt(max(spread, 0.0) * self.rows / (self.rows - 1)) / self.tokens
 
     def power(self, name: str, rho: float, tokens: float, alpha: float) -> float:
         """The power of `rounds_test` at level `alpha` after `tokens` scored tokens against member ρ,
-        at the drift's lower `DRIFT_CONFIDENCE` bound (`drift`)."""
+        at the lower `DRIFT_CONFIDENCE` bounds of its drift and of its mass outside p's support
+        (`drift`, `outside_rate`)."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
         if self.tokens == 0 or tokens <= 0:
             return 0.0
@@ -379,8 +397,9 @@ class RoundsPower:
         var = max(float(self.second[ci, gi]) / self.tokens - estimate * estimate, 1e-300)
         threshold = math.log(len(MEMBERS) / alpha)
         gauss = float(stats.norm.cdf((tokens * mu - threshold) / math.sqrt(tokens * var))) if mu > 0 else 0.0
-        out = float(self.outside[ci, gi]) / self.tokens
-        return max(gauss, 1 - (1 - min(out, 1.0)) ** tokens)
+        rate, rate_error = self.outside_rate(name, rho)
+        out = min(max(rate - _DRIFT_Z * rate_error, 0.0), 1.0)
+        return max(gauss, 1 - (1 - out) ** tokens)
 
     def wald(self, name: str, alpha: float, power: float, rho: float = 1.0) -> WaldSize:
         """Wald's SPRT of p against member ρ's predictive law: its expected scored tokens at

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from scipy.stats import norm
 
 from losscheck.errors import LosscheckError
 from losscheck.stats.buglaws import TOP_P, top_p
@@ -307,3 +308,21 @@ def test_the_drift_s_standard_error_is_the_spread_of_a_pilot_s_estimate():
     pilot.row_second.zero_(), pilot.row_cross.zero_()  # a standard error of 0: the point estimate's power
     pilot.row_tokens_sq = 0.0
     assert lower < pilot.power(bug, 1.0, 100 * L, 1e-3)
+
+
+def test_the_mass_outside_p_s_support_is_taken_at_its_lower_bound_too():
+    """P with zeros (no token twice in a row): the bonus bug's previous-slot law puts mass where p
+    has none, which catches the bug outright. 400 rows from p: the rate is the outside sum per token, its standard
+    error is finite and positive, and the power at a token count the Gaussian part cannot reach is
+    1 - (1 - rate + z·SE)^n, below the point estimate's."""
+    P, Q = tables(8)
+    P[torch.arange(V), torch.arange(V)] = 0.0  # no token twice in a row; the previous slot's law allows it
+    P /= P.sum(-1, keepdim=True)
+    sample = _score(P, Q, _draw(P, 400, torch.Generator().manual_seed(4)))
+    power, bug = sample.power, "bonus_from_previous_slot"
+    ci, gi = [c.name for c in CLASSES].index(bug), MEMBERS.index(1.0)
+    rate, error = power.outside_rate(bug)
+    assert rate == pytest.approx(float(power.outside[ci, gi]) / power.tokens) and 0 < error < rate
+    lower = rate - float(norm.ppf(0.95)) * error
+    assert power.power(bug, 1.0, 5, 0.5) == pytest.approx(max(1 - (1 - lower) ** 5, 0.0), rel=1e-9)
+    assert power.power(bug, 1.0, 5, 0.5) < 1 - (1 - rate) ** 5
