@@ -124,14 +124,14 @@ def pit_histograms(records: Sequence[CellRecord]) -> Any:
             lw=1.2,
             color="tab:blue" if r.passed else "tab:red",
         )
-        spread = max(high - 1, 1 - low, *(abs(d - 1) for d in density)) * 1.15
+        furthest = max(high - 1, 1 - low, *(abs(d - 1) for d in density))
+        spread = furthest * 1.15
         ax.set_ylim(1 - spread, 1 + spread)
         ax.set_title(r.cell, fontsize=7, color="black" if r.passed else "red")
         ax.set_xlim(0, 1)
         # fixed ticks: the locators' search over each of dozens of panels is most of the drawing time
         ax.set_xticks([0, 0.5, 1], ["0", "0.5", "1"])
-        edges = (1 - spread / 1.15, 1 + spread / 1.15)
-        ax.set_yticks([edges[0], 1, edges[1]], [f"{edges[0]:.2f}", "1", f"{edges[1]:.2f}"])
+        ax.set_yticks([1 - furthest, 1, 1 + furthest], [f"{1 - furthest:.2f}", "1", f"{1 + furthest:.2f}"])
         ax.tick_params(labelsize=6)
     for ax in list(axes.flat)[len(found) :]:
         ax.axis("off")

@@ -296,6 +296,7 @@ def _start(belief: torch.Tensor) -> torch.Tensor:
 
 
 def _per_member() -> torch.Tensor:
+    """[C, G] zeros: one sum per class and member."""
     return torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64)
 
 
@@ -306,18 +307,18 @@ class RoundsPower:
 
     classes: tuple[str, ...] = tuple(c.name for c in CLASSES)
     tokens: int = 0
-    mean: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
-    second: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
-    outside: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
+    mean: torch.Tensor = field(default_factory=_per_member)
+    second: torch.Tensor = field(default_factory=_per_member)
+    outside: torch.Tensor = field(default_factory=_per_member)
     # Σ over scored positions of E_p[log(P'/p)] = -KL(p‖P') (tokens both give mass): Wald's drift under H0
-    null: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
+    null: torch.Tensor = field(default_factory=_per_member)
     # standard errors, rows as clusters: with S_r a row's summed drift (or mass outside p's
     # support) and N_r its scored positions, Σ S_r², Σ S_r·N_r, Σ N_r² and the rows with a scored
     # position (`drift`, `outside_rate`)
-    row_second: torch.Tensor = field(default_factory=lambda: _per_member())
-    row_cross: torch.Tensor = field(default_factory=lambda: _per_member())
-    row_outside_second: torch.Tensor = field(default_factory=lambda: _per_member())
-    row_outside_cross: torch.Tensor = field(default_factory=lambda: _per_member())
+    row_second: torch.Tensor = field(default_factory=_per_member)
+    row_cross: torch.Tensor = field(default_factory=_per_member)
+    row_outside_second: torch.Tensor = field(default_factory=_per_member)
+    row_outside_cross: torch.Tensor = field(default_factory=_per_member)
     row_tokens_sq: float = 0.0
     rows: int = 0
 
@@ -477,13 +478,13 @@ class RoundsSample:
 
     k: int
     first: FirstToken | None = "round"  # where each row's first token comes from (`filter_rounds`)
-    log_lr: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
+    log_lr: torch.Tensor = field(default_factory=_per_member)
     tokens: int = 0
     power: RoundsPower = field(default_factory=RoundsPower)
     rows: list[torch.Tensor] = field(default_factory=list)  # [n_j, C] per chunk
     acceptance: Acceptance = field(default_factory=Acceptance)  # what the engine's counters should count
     # per class and member, Σ log(p / P'_ρ) over the positions the rule-out e-values read (`rule_out_log_e`)
-    rule_out: torch.Tensor = field(default_factory=lambda: torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64))
+    rule_out: torch.Tensor = field(default_factory=_per_member)
 
     def update(
         self,

@@ -315,7 +315,7 @@ def false_alarm_rate(n: int, k: int, alpha: float, law: Literal["asymptotic", "e
 
 # `asymptotic_level` reads the χ² law's excess at levels on this grid of log α (1% steps), so that
 # the tests of a run, whose levels repeat, share a handful of exact computations.
-_LEVEL_STEPS_PER_E = 100
+_LEVEL_GRID_STEPS = 100
 
 
 def asymptotic_level(k: int, smallest_expected: float, alpha: float) -> float:
@@ -327,7 +327,7 @@ def asymptotic_level(k: int, smallest_expected: float, alpha: float) -> float:
     shrink = min(1.0, n_ref / k / smallest_expected)
     level = alpha
     for _ in range(4):  # the excess grows as the level falls: a few steps of a = α / r(a) settle it
-        grid = math.exp(round(math.log(level) * _LEVEL_STEPS_PER_E) / _LEVEL_STEPS_PER_E)
+        grid = math.exp(round(math.log(level) * _LEVEL_GRID_STEPS) / _LEVEL_GRID_STEPS)
         level = alpha / (1.0 + (_excess_ratio(n_ref, k, grid) - 1.0) * shrink)
     return level
 

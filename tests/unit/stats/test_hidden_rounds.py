@@ -301,20 +301,22 @@ def test_the_drift_s_standard_error_is_the_spread_of_a_pilot_s_estimate():
     assert abs(float(drifts[:, 0].mean()) - exact) <= 4 * exact_se / math.sqrt(200)
     assert abs(float(drifts[:, 1].pow(2).mean().sqrt()) / exact_se - 1) <= 0.12
     assert abs(float(drifts[:, 0].std()) / exact_se - 1) <= 0.15
-    pilot = pilots[0]
+    pilot, n, alpha = pilots[0], 100 * L, 1e-3
     mu, se = pilot.drift(bug)
-    assert se > 0
-    lower = pilot.power(bug, 1.0, 100 * L, 1e-3)
-    pilot.row_second.zero_(), pilot.row_cross.zero_()  # a standard error of 0: the point estimate's power
-    pilot.row_tokens_sq = 0.0
-    assert lower < pilot.power(bug, 1.0, 100 * L, 1e-3)
+    sd = math.sqrt(float(pilot.second[ci, gi]) / pilot.tokens - mu * mu)
+
+    def gauss(drift: float) -> float:  # P(Σ >= log(G / α)), the sum over n tokens taken as Gaussian
+        return float(norm.cdf((n * drift - math.log(len(MEMBERS) / alpha)) / (sd * math.sqrt(n))))
+
+    assert se > 0 and pilot.power(bug, 1.0, n, alpha) == pytest.approx(gauss(mu - float(norm.ppf(0.95)) * se))
+    assert pilot.power(bug, 1.0, n, alpha) < gauss(mu)
 
 
 def test_the_mass_outside_p_s_support_is_taken_at_its_lower_bound_too():
     """P with zeros (no token twice in a row): the bonus bug's previous-slot law puts mass where p
-    has none, which catches the bug outright. 400 rows from p: the rate is the outside sum per token, its standard
-    error is finite and positive, and the power at a token count the Gaussian part cannot reach is
-    1 - (1 - rate + z·SE)^n, below the point estimate's."""
+    has none, which catches the bug outright. 400 rows from p: the rate is the outside sum per
+    token, its standard error is finite and positive, and the power at a token count the Gaussian
+    part cannot reach is 1 - (1 - (rate - z·SE))^n, below the point estimate's."""
     P, Q = tables(8)
     P[torch.arange(V), torch.arange(V)] = 0.0  # no token twice in a row; the previous slot's law allows it
     P /= P.sum(-1, keepdim=True)
