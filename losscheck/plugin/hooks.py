@@ -142,6 +142,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         session.config.stash[SESSION_KEY].engine_cells = engine_cells
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        from losscheck.engines.pool import freeze_long_lived
+
+        freeze_long_lived()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # in process, or the xdist controller
         session.config.pluginmanager.register(PlanErrorRelay(), "losscheck-plan-error")

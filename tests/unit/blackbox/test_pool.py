@@ -1,5 +1,5 @@
 """`losscheck.engines.pool.Instances`: what each memory policy builds and releases, and one
-collection (`free_memory`, a `gc.collect` of ~0.2 s with transformers loaded) per release however
+collection (`free_memory`, a full `gc.collect`) per release however
 many instances it drops."""
 
 from __future__ import annotations
@@ -39,3 +39,25 @@ def test_a_caller_that_drops_more_collects_once_itself(collections):
     assert released == [True, False, True] and len(collections) == 1
     instances.close()  # nothing alive: nothing to collect
     assert len(collections) == 1
+
+
+def test_the_long_lived_heap_is_frozen_once_and_what_dies_later_is_still_collected():
+    """The plugin froze this process's imports before its first test (`pytest_runtestloop`); a
+    second call freezes nothing more, and a cycle made afterwards is collected as before."""
+    import gc
+    import weakref
+
+    frozen = gc.get_freeze_count()
+    assert frozen > 100_000  # torch and transformers, at least
+    pool.freeze_long_lived()
+    assert gc.get_freeze_count() == frozen
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.itself = cycle
+    alive = weakref.ref(cycle)
+    del cycle
+    pool.free_memory()
+    assert alive() is None
