@@ -29,6 +29,19 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository's root, whatever a 
 PROMPTS = [[0], [0, 5], [0, 7, 9, 11], [0, 3, 3, 3, 3, 3, 3], [0, 20, 21], [0, 9, 8, 7, 6, 5, 4, 3, 2]]
 
 
+def few_prompts(path: Path, per_tier: int = 2) -> Path:
+    """A JSONL prompt file (`--prompts`) of the first `per_tier` bundled prompts of each tier: for
+    a test whose claim is that an integration runs and passes a cell, not the cell's full sample
+    (a generator that decodes one row per call pays per prompt; the main job runs all 48)."""
+    from losscheck import bundled
+
+    with path.open("w") as file:
+        for tier in ("low", "mid", "high"):
+            for ids in bundled.load_prompts(tier)[:per_tier]:
+                file.write(json.dumps({"ids": ids, "tier": tier}) + "\n")
+    return path
+
+
 def engine_request(
     prompts: list[list[int]], n: int, params: SamplingParams, seed: int, max_new_tokens: int, speculative: bool
 ) -> GenerationRequest:

@@ -5,15 +5,13 @@ prompts per tier (`--prompts`), as its greedy cell took 26 s on all 48 (2026-12-
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from losscheck import bundled
-from tests.support import ROOT
+from tests.support import ROOT, few_prompts
 
 # The own drafter: its greedy cells and its quick-tier sampled cells of temperature, top-k and top-p
 # on the bundled target (the served parameters' cells are the loop's, tested in tests/cells).
@@ -36,12 +34,7 @@ def test_the_own_drafter_example_is_certified(tmp_path):
 
 @pytest.mark.e2e
 def test_the_own_engine_example_is_certified(tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    with prompts.open("w") as file:
-        for tier in ("low", "mid", "high"):
-            for ids in bundled.load_prompts(tier)[:2]:
-                file.write(json.dumps({"ids": ids, "tier": tier}) + "\n")
-    scope = ("--scope=engine-greedy", "--prompts", str(prompts))
+    scope = ("--scope=engine-greedy", "--prompts", str(few_prompts(tmp_path / "prompts.jsonl")))
     done = certify("--engine", "examples.speculative_engine:factory", *scope, out=tmp_path / "reports")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "losscheck verdict: PASS of --scope=engine-greedy — 1 passed" in done.stdout

@@ -11,18 +11,18 @@ import pytest
 
 from losscheck import bundled
 from losscheck.errors import OptionError
-from tests.support import topk_request, verified_q
+from tests.support import few_prompts, topk_request, verified_q
 
 DFLASH = bundled.fixtures_dir() / "dflash"
 
 
-def _cell(engine: str, cell_id: str, kind: str = "engine_cell"):
+def _cell(engine: str, cell_id: str, kind: str = "engine_cell", prompts: str | None = None):
     from losscheck.cells.engine import run_engine_cell
     from losscheck.run.context import CellContext
     from losscheck.run.options import Options
     from losscheck.run.session import Session
 
-    session = Session(Options(engine=engine))
+    session = Session(Options(engine=engine, prompts=prompts))
     (cell,) = [c for c in session.plan[kind] if c.id == cell_id]
     return run_engine_cell(CellContext.of(session, cell))
 
@@ -43,8 +43,10 @@ def test_dflash_sampling_processed_logits_and_verifying_raw_ones_fails_blamed_on
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_the_bundled_dflash_checkpoint_in_transformers_is_exact_under_greedy():
-    outcome = _cell("losscheck.engines.hf:hf_dflash", "engine-k8-greedy", "engine_greedy_cell")
+def test_the_bundled_dflash_checkpoint_in_transformers_is_exact_under_greedy(tmp_path):
+    """On two prompts a tier: one row per generate call (16 s on all 48)."""
+    prompts = str(few_prompts(tmp_path / "prompts.jsonl"))
+    outcome = _cell("losscheck.engines.hf:hf_dflash", "engine-k8-greedy", "engine_greedy_cell", prompts)
     assert outcome.passed, outcome.message()
 
 
