@@ -107,7 +107,9 @@ def freeze_long_lived() -> None:
     a nested pytest session in process would otherwise freeze a test's live objects, and their
     cycles would outlive it."""
     if gc.get_freeze_count() == 0:
-        import transformers.modeling_utils  # noqa: F401  (imported by the first model a run loads: frozen with the rest)
+        # every run loads a model through it, so it is imported here to be frozen with the rest
+        # (~4 s, which only a test process that never loads a model would not have paid anyway)
+        import transformers.modeling_utils  # noqa: F401
 
         gc.collect()
         gc.freeze()
