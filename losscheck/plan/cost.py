@@ -13,11 +13,12 @@ that finished.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from losscheck.plan.cell import Cell
 from losscheck.plan.modes import MODES, Mode
+from losscheck.serving import axis as serving_axes
 
 
 def _weights(config: Mapping[str, Any]) -> int:
@@ -58,3 +59,23 @@ def estimated_seconds(cell: Cell) -> float:
     if cell.precision.reduced:
         base *= 4
     return base * (1 + len(cell.serving))
+
+
+def runs_elsewhere(cell: Cell) -> bool:
+    """Whether the cell's engine runs in processes of its own (a split run's ranks)."""
+    return any(serving_axes.axis(name).runs_elsewhere for name, _ in cell.serving)
+
+
+def run_order(cells: Sequence[Cell]) -> list[int]:
+    """The order a run takes `cells` in, as indices: costliest first (under pytest-xdist a long
+    cell started last leaves the other workers idle); the cells of each black-box engine variant
+    together (it is built once and released before the next); within a variant, the cells that
+    run elsewhere first and together. Their ranks fork from one forkserver per process, which
+    imports torch and transformers (~4 s), and xdist hands each worker a first chunk of
+    consecutive items (8 of the main job's 70): one worker starts it, not each. Deterministic,
+    so that every xdist worker collects the same order."""
+    costliest = sorted(range(len(cells)), key=lambda i: -estimated_seconds(cells[i]))
+    variants: dict[tuple[tuple[str, int | str], ...], int] = {}
+    for i in costliest:
+        variants.setdefault(cells[i].variant, len(variants))
+    return sorted(costliest, key=lambda i: (variants[cells[i].variant], not runs_elsewhere(cells[i])))

@@ -167,13 +167,12 @@ class PlanErrorRelay:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Certification tests run costliest cell first (`losscheck.plan.cost`), so that under xdist
-    no worker is left with a long cell while the others sit idle, the cells of each black-box
-    engine variant together; other tests keep their order after them. Sorting is deterministic,
-    so every xdist worker collects the same order. With `--losscheck-shard`, the cells of the
+    """Certification tests run in `losscheck.plan.cost.run_order` (costliest first, each black-box
+    engine variant's cells together, split cells together); other tests keep their order after
+    them. With `--losscheck-shard`, the cells of the
     other shards are deselected (`losscheck.plan.shard`)."""
     from losscheck.plan.cell import Cell
-    from losscheck.plan.cost import estimated_seconds
+    from losscheck.plan.cost import run_order
 
     def cell_of(item: pytest.Item) -> Cell | None:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -184,13 +183,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if others:
         config.hook.pytest_deselected(items=[i for i, c in costs if c is not None and c.id in others])
         costs = [(i, c) for i, c in costs if c is None or c.id not in others]
-    costly = sorted(((i, c) for i, c in costs if c is not None), key=lambda pair: -estimated_seconds(pair[1]))
-    # the cells of one engine variant run together: it is built once and released before the next
-    variants: dict[tuple[tuple[str, int | str], ...], int] = {}
-    for _, cell in costly:
-        variants.setdefault(cell.variant, len(variants))
-    costly.sort(key=lambda pair: variants[pair[1].variant])
-    items[:] = [i for i, _ in costly] + [i for i, c in costs if c is None]
+    cells = [(i, c) for i, c in costs if c is not None]
+    items[:] = [cells[j][0] for j in run_order([c for _, c in cells])] + [i for i, c in costs if c is None]
 
 
 def _other_shards(config: pytest.Config) -> frozenset[str]:

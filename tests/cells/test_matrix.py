@@ -219,6 +219,23 @@ def test_costly_cells_are_estimated_costlier():
     assert costs == sorted(costs, reverse=True) and len(set(costs)) == len(costs), costs
 
 
+def test_the_split_cells_lead_the_run_order_one_after_another():
+    """`run_order` on the main job's plan: costliest first, except that the split cells (whose
+    ranks fork from one forkserver per process) come first and together, so that the first
+    worker's first xdist chunk holds them all."""
+    from losscheck.plan.cost import estimated_seconds, run_order, runs_elsewhere
+
+    plan = bundled_plan("reference")
+    cells = [c for arg in matrix.CELL_ARGS for c in plan[arg]]
+    order = [cells[i] for i in run_order(cells)]
+    split = [runs_elsewhere(c) for c in order]
+    assert sorted(order, key=lambda c: c.id) == sorted(cells, key=lambda c: c.id)  # each cell once
+    assert 2 <= sum(split) <= 8 and split == sorted(split, reverse=True), [c.id for c in order][:10]
+    assert all("tp2" in c.id for c in order[: sum(split)])
+    rest = [estimated_seconds(c) for c in order[sum(split) :]]
+    assert rest == sorted(rest, reverse=True)
+
+
 def test_a_large_vocabulary_scales_the_estimate_of_sampled_cells_only():
     """The 8,192-token text target weighs about what the bundled target does, yet its black-box
     one-sample cells took 70-220 s (HF assisted generation, 2026-12-03, class-sized cells) where the
