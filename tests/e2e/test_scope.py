@@ -8,7 +8,6 @@ the same scope: tests/e2e/test_shards.py, merged from two shards).
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 
 import pytest
 
@@ -21,7 +20,7 @@ from losscheck.plan.scope import Scope, parse_scope
 from losscheck.progress import CellProgress
 from losscheck.report import certificate
 from losscheck.serving.axis import serving
-from tests.support import cell_record, manifest_record
+from tests.support import cell_record, manifest_record, run_in_process
 
 pytest_plugins = ["pytester"]
 
@@ -196,26 +195,21 @@ GREEDY_SCOPE = f"{GREEDY_AND_SPLIT},-split"
 
 
 @pytest.mark.e2e
-def test_on_hardware_that_cannot_split_the_run_is_partial_with_the_hint(pytester):
+def test_on_hardware_that_cannot_split_the_run_is_partial_with_the_hint(pytester, monkeypatch):
     """The split cells where the platform cannot split (simulated: the backend check refuses):
     PARTIAL, the reason names --losscheck-scope=-split, and --losscheck-require-pass makes plain
     pytest exit non-zero. Declaring the split out (GREEDY_SCOPE) makes the same cells PASS:
-    tests/e2e/test_shards.py."""
-    pytester.makeconftest(
-        textwrap.dedent(
-            """
-            from losscheck.serving import split
+    tests/e2e/test_shards.py. In process: the run reads this process's `split` module, patched
+    for the test alone."""
+    from losscheck.serving import split
 
-            def _no_backend(options, ranks):
-                raise split.SplitUnavailable(f"split={ranks} runs one rank per CUDA device and 1 is visible")
+    def no_backend(options, ranks):
+        raise split.SplitUnavailable(f"split={ranks} runs one rank per CUDA device and 1 is visible")
 
-            split._backend = _no_backend
-            """
-        )
-    )
+    monkeypatch.setattr(split, "_backend", no_backend)
     common = ["--pyargs", "losscheck.plugin.certify", "-m", "lossless", "-p", "no:cacheprovider"]
     common += ["--losscheck-bundled=reference"]
-    result = pytester.runpytest_subprocess(*common, f"--losscheck-scope={GREEDY_AND_SPLIT}", "--losscheck-require-pass")
+    result = run_in_process(pytester, *common, f"--losscheck-scope={GREEDY_AND_SPLIT}", "--losscheck-require-pass")
     result.stdout.fnmatch_lines(["*losscheck verdict: PARTIAL*could not run here*--losscheck-scope=-split*"])
     assert result.ret == 1
 
