@@ -144,7 +144,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
-    if not session.config.option.collectonly:
+    # in each process that runs tests: not the xdist controller, which runs none and loads no model
+    controller = session.config.pluginmanager.has_plugin("dsession")
+    if not session.config.option.collectonly and not controller:
         from losscheck.engines.pool import freeze_long_lived
 
         freeze_long_lived()
@@ -169,8 +171,8 @@ class PlanErrorRelay:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Certification tests run in `losscheck.plan.cost.run_order` (costliest first, each black-box
     engine variant's cells together, split cells together); other tests keep their order after
-    them. With `--losscheck-shard`, the cells of the
-    other shards are deselected (`losscheck.plan.shard`)."""
+    them. With `--losscheck-shard`, the cells of the other shards are deselected
+    (`losscheck.plan.shard`)."""
     from losscheck.plan.cell import Cell
     from losscheck.plan.cost import run_order
 
