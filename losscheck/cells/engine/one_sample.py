@@ -264,9 +264,9 @@ def _design(
     `looks` > 1 looks, at `sequential.design_power` with its fixed-sample tests at α / looks:
     `EngineLooks`), with the design's margin, in the tokens every test reads (a cut-off's
     ambiguous positions left out), within the
-    profile's floor and cap, which bound the tokens *generated*: scaled by the pilot's share of
-    generated tokens that every test reads, so an ambiguous cut-off leaves classes uncovered
-    rather than multiplying the rows."""
+    profile's engine floor (`engine_min_tokens`, and at least one row a prompt) and cap, which
+    bound the tokens *generated*: scaled by the pilot's share of generated tokens that every test
+    reads, so an ambiguous cut-off leaves classes uncovered rather than multiplying the rows."""
     from losscheck.cells.engine.rounds import RoundsScoring
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
@@ -294,10 +294,11 @@ def _design(
     if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
         alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
-    floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.min_pit_tokens, profile.max_pit_tokens))
+    per_sequence = measured.steps / len(rows)
+    floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.engine_min_tokens, profile.max_pit_tokens))
+    floor = max(floor, int(per_sequence * len(prompts)))  # a look draws at least one row a prompt (rounded down: one)
     design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
     acceptance, pilot_rounds = (None, None) if rounds is None else (rounds.sample.acceptance, rounds.sample.power)
-    per_sequence = measured.steps / len(rows)
     return EngineDesign(design, per_sequence, generated, measured.steps, measured, rate, acceptance, pilot_rounds)
 
 

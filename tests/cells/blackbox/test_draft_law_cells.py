@@ -21,6 +21,7 @@ def _t1(engine: str):
 
 @pytest.mark.usefixtures("one_thread")
 def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_withdrawn():
+    from losscheck.plan.profiles import get_profile
     from losscheck.stats.hidden_rounds import CLASSES
 
     biased = _t1("biased_argmax_drafts")
@@ -43,6 +44,10 @@ def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_
     assert bound.ratio > 1 and bound.ratio_h0 > 1  # Wald–Wolfowitz: no test at its α and power needs fewer on average
     looks = honest.facts.looks  # lossless: every class ruled out before the design's tokens
     assert looks is not None and looks.early and looks.tested_tokens < looks.tokens[-1], looks
+    # its first look is the engine floor: one row a prompt, the profile's `engine_min_tokens` below it here
+    facts = honest.facts
+    one_row = int(facts.pilot_tested_tokens / facts.pilot_sequences * facts.prompts)
+    assert looks.tokens[0] == one_row > get_profile("ci").engine_min_tokens, (looks, one_row)
     assert (law.counted_first_accepted, law.counted_rounds) == (
         round(law.predicted_first_accepted),
         round(law.predicted_rounds),

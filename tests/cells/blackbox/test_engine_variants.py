@@ -191,12 +191,12 @@ def test_an_engine_is_certified_over_its_axes_one_variant_alive_at_a_time():
         "engine-k4-greedy-batch-7",
     ]
     assert all(o.passed for o in outcomes), [o.message() for o in outcomes if not o.passed]
-    # each variant: its pilots and greedy on side, its samples, then every off side; released before the next
-    names = [name for name, _ in BUILDS]
-    assert (
-        names == ["fake-axes(k=4, batch=64)"] * 3 + ["fake-axes(k=2, batch=64)"] * 3 + ["fake-axes(k=4, batch=7)"] * 3
-    )
-    assert [side for _, side in BUILDS] == [True, True, False] * 3
+    # each variant: its pilots and greedy on side, its sample's first look, a build for each later
+    # look its T 1 cell drew, then every off side; released before the next
+    looks = [o.facts.looks.stopped_at for o in outcomes[::2]]  # the T 1 cells'
+    variants = ["fake-axes(k=4, batch=64)", "fake-axes(k=2, batch=64)", "fake-axes(k=4, batch=7)"]
+    assert [name for name, _ in BUILDS] == [v for v, n in zip(variants, looks, strict=True) for _ in range(n + 2)]
+    assert [side for _, side in BUILDS] == [side for n in looks for side in [True] * (n + 1) + [False]]
     # each cell's facts name the variant that drew it, at its block length
     assert [(o.facts.engine, o.facts.engine_k) for o in outcomes[2:4]] == [("fake-axes(k=2, batch=64)", 2)] * 2
     from losscheck.cells.record import RunFacts
