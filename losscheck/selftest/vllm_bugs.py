@@ -131,3 +131,4 @@ class PlantedEngineFactory:
 cpu_draft_model_recovered_from_target = PlantedEngineFactory("draft_model", "recovered-from-target")
 cpu_draft_probabilistic_recovered_from_target = PlantedEngineFactory("draft_probabilistic", "recovered-from-target")
 cpu_draft_tempered2_recovered_from_target = PlantedEngineFactory("draft_tempered2", "recovered-from-target")
+cpu_draft_model_bonus_from_last_draft = PlantedEngineFactory("draft_model", "bonus-from-last-draft")

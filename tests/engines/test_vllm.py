@@ -357,6 +357,25 @@ def test_a_planted_residual_bug_in_vllm_fails_blamed_on_speculation(pytester):
     assert "attribution.rounds.residual_is_p FAILED" in out
 
 
+
+@pytest.mark.slow  # ~1 min of vLLM's CPU engine: once, not in the quick tier CI waits on
+def test_a_planted_bonus_bug_in_vllm_fails_under_its_default_argmax_drafts(pytester):
+    """vLLM's default drafting (drafter_a32's argmax, k = 4) with the bonus token drawn from the
+    last draft position's logits (`BonusFromLastDraft`: the bonus index off by one): where the
+    argmax drafts all pass, the bonus is drawn from the wrong position's law, which the round
+    filter knows (it knows every argmax slot): the T = 1 one-sample cell rejects through
+    `rounds.bonus_from_previous_slot`, blamed on speculation by its second stage."""
+    result = certify_engine(
+        pytester,
+        "cpu_draft_model_bonus_from_last_draft",
+        "test_engine_sampling and T1]",
+        module="losscheck.selftest.vllm_bugs",
+        in_process=True,
+    )
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "speculation changes the engine's output law" in out and "rounds.bonus_from_previous_slot (p = " in out
+
 CHUNKED_SEEDED = """
 import sys
 from vllm import LLM, SamplingParams
