@@ -357,7 +357,6 @@ def test_a_planted_residual_bug_in_vllm_fails_blamed_on_speculation(pytester):
     assert "attribution.rounds.residual_is_p FAILED" in out
 
 
-
 @pytest.mark.slow  # ~1 min of vLLM's CPU engine: once, not in the quick tier CI waits on
 def test_a_planted_bonus_bug_in_vllm_fails_under_its_default_argmax_drafts(pytester):
     """vLLM's default drafting (drafter_a32's argmax, k = 4) with the bonus token drawn from the
@@ -375,6 +374,7 @@ def test_a_planted_bonus_bug_in_vllm_fails_under_its_default_argmax_drafts(pytes
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "speculation changes the engine's output law" in out and "rounds.bonus_from_previous_slot (p = " in out
+
 
 CHUNKED_SEEDED = """
 import sys
