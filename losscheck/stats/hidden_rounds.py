@@ -319,6 +319,9 @@ class RoundsPower:
     row_cross: torch.Tensor = field(default_factory=_per_member)
     row_outside_second: torch.Tensor = field(default_factory=_per_member)
     row_outside_cross: torch.Tensor = field(default_factory=_per_member)
+    # the same for a row's summed second moment M_r: Σ M_r², Σ M_r·N_r (`second_moment`)
+    row_moment_second: torch.Tensor = field(default_factory=_per_member)
+    row_moment_cross: torch.Tensor = field(default_factory=_per_member)
     row_tokens_sq: float = 0.0
     rows: int = 0
 
@@ -357,7 +360,10 @@ class RoundsPower:
                 self.row_second[ci, gi] += float((drift * drift).sum())
                 self.row_cross[ci, gi] += float((drift * per_row).sum())
                 self.mean[ci, gi] += float(weighted.sum())
-                self.second[ci, gi] += float((weighted * ratio).sum())
+                moment = torch.zeros_like(per_row).index_add_(0, row_of, (weighted * ratio).sum(-1).double())  # [n]
+                self.row_moment_second[ci, gi] += float((moment * moment).sum())
+                self.row_moment_cross[ci, gi] += float((moment * per_row).sum())
+                self.second[ci, gi] += float(moment.sum())
                 outside = torch.zeros_like(per_row).index_add_(
                     0, row_of, torch.where(support, 0.0, law).sum(-1).double()
                 )  # [n]
@@ -370,6 +376,11 @@ class RoundsPower:
         """Member ρ's mean per-token drift E_P'[log(P'/p)] and its standard error (`_clustered`)."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
         return self._clustered(self.mean[ci, gi], self.row_second[ci, gi], self.row_cross[ci, gi])
+
+    def second_moment(self, name: str, rho: float = 1.0) -> tuple[float, float]:
+        """Member ρ's mean per-token second moment E_P'[log(P'/p)²] and its standard error."""
+        ci, gi = self.classes.index(name), MEMBERS.index(rho)
+        return self._clustered(self.second[ci, gi], self.row_moment_second[ci, gi], self.row_moment_cross[ci, gi])
 
     def outside_rate(self, name: str, rho: float = 1.0) -> tuple[float, float]:
         """Member ρ's mean per-token mass outside p's support and its standard error."""
@@ -389,15 +400,19 @@ class RoundsPower:
     def power(self, name: str, rho: float, tokens: float, alpha: float) -> float:
         """The power of `rounds_test` at level `alpha` after `tokens` scored tokens against member ρ,
         at the lower `DRIFT_CONFIDENCE` bounds of its drift and of its mass outside p's support
-        (`drift`, `outside_rate`)."""
-        ci, gi = self.classes.index(name), MEMBERS.index(rho)
+        (`drift`, `outside_rate`), and the increment's variance at its upper bound (the second
+        moment's, less the drift bound squared) wherever that lowers the power (above one half)."""
         if self.tokens == 0 or tokens <= 0:
             return 0.0
         estimate, error = self.drift(name, rho)
         mu = estimate - _DRIFT_Z * error
-        var = max(float(self.second[ci, gi]) / self.tokens - estimate * estimate, 1e-300)
+        moment, moment_error = self.second_moment(name, rho)
         threshold = math.log(len(MEMBERS) / alpha)
-        gauss = float(stats.norm.cdf((tokens * mu - threshold) / math.sqrt(tokens * var))) if mu > 0 else 0.0
+        gauss = 0.0
+        if mu > 0:
+            point = max(moment - estimate * estimate, 1e-300)
+            upper = max(moment + _DRIFT_Z * moment_error - mu * mu, point) if math.isfinite(moment_error) else point
+            gauss = min(float(stats.norm.cdf((tokens * mu - threshold) / math.sqrt(tokens * v))) for v in (point, upper))
         rate, rate_error = self.outside_rate(name, rho)
         out = min(max(rate - _DRIFT_Z * rate_error, 0.0), 1.0)
         return max(gauss, 1 - (1 - out) ** tokens)

@@ -15,6 +15,7 @@ from losscheck.stats.buglaws import TOP_P, top_p
 from losscheck.stats.hidden_rounds import (
     CLASSES,
     MEMBERS,
+    RoundsPower,
     RoundsSample,
     filter_rounds,
     round_parts,
@@ -278,38 +279,46 @@ def test_a_rule_out_e_value_has_mean_at_most_one_under_the_member_it_rules_out(e
     assert float(sample.log_lr.abs().sum()) > 0  # the test's own log-LR still reads every scored position
 
 
-def test_the_drift_s_standard_error_is_the_spread_of_a_pilot_s_estimate():
+def test_the_drift_s_and_second_moment_s_standard_errors_are_the_spread_of_a_pilot_s_estimates():
     """The bonus bug, whose drift sits in the rows that reach a bonus slot. Exact: each of the
-    V^L rows scored alone gives its drift S_r; with p's law over rows that is the drift's mean
-    and the standard error of a 100-row pilot's estimate. 200 pilots of 100 rows drawn from p:
-    their mean is within 4 standard errors of the exact drift, and the root mean square of the
-    standard errors they state, and the spread of their estimates, are within 12% and 15% of the
-    exact one (the spread's own relative error at 200 pilots is 5%). The power a pilot states is
-    at the drift's lower bound, below that at its point estimate."""
+    V^L rows scored alone gives its drift S_r and second moment M_r; with p's law over rows those
+    are the per-token means and the standard errors of a 100-row pilot's estimates. 200 pilots of
+    100 rows drawn from p, for each of the two: their mean is within 4 standard errors of the
+    exact one, and the root mean square of the standard errors they state, and the spread of their
+    estimates, are within 12% and 15% of the exact one (the spread's own relative error at 200
+    pilots is 5%). The power a pilot states is at the drift's lower bound and the variance's upper
+    bound, below that at the point estimates."""
     P, Q = tables(4)
     bug = "bonus_from_previous_slot"
     ci, gi = [c.name for c in CLASSES].index(bug), MEMBERS.index(1.0)
     seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [V^L, L]
     weight = forced(seqs, P).gather(-1, seqs[..., None]).squeeze(-1).prod(-1)  # [V^L]
-    per_row = torch.tensor([float(_score(P, Q, row[None]).power.mean[ci, gi]) for row in seqs], dtype=torch.float64)
-    exact = float((weight * per_row).sum()) / L
-    exact_se = math.sqrt(float((weight * (per_row / L - exact) ** 2).sum()) / 100)
-
+    alone = [_score(P, Q, row[None]).power for row in seqs]
     g = torch.Generator().manual_seed(5)
     pilots = [_score(P, Q, _draw(P, 100, g)).power for _ in range(200)]
-    drifts = torch.tensor([pilot.drift(bug) for pilot in pilots], dtype=torch.float64)  # [200, 2]
-    assert abs(float(drifts[:, 0].mean()) - exact) <= 4 * exact_se / math.sqrt(200)
-    assert abs(float(drifts[:, 1].pow(2).mean().sqrt()) / exact_se - 1) <= 0.12
-    assert abs(float(drifts[:, 0].std()) / exact_se - 1) <= 0.15
-    pilot, n, alpha = pilots[0], 100 * L, 1e-3
-    mu, se = pilot.drift(bug)
-    sd = math.sqrt(float(pilot.second[ci, gi]) / pilot.tokens - mu * mu)
+    for per_row, estimate in (
+        ([float(a.mean[ci, gi]) for a in alone], RoundsPower.drift),
+        ([float(a.second[ci, gi]) for a in alone], RoundsPower.second_moment),
+    ):
+        rows = torch.tensor(per_row, dtype=torch.float64)
+        exact = float((weight * rows).sum()) / L
+        exact_se = math.sqrt(float((weight * (rows / L - exact) ** 2).sum()) / 100)
+        stated = torch.tensor([estimate(pilot, bug) for pilot in pilots], dtype=torch.float64)  # [200, 2]
+        assert abs(float(stated[:, 0].mean()) - exact) <= 4 * exact_se / math.sqrt(200), estimate
+        assert abs(float(stated[:, 1].pow(2).mean().sqrt()) / exact_se - 1) <= 0.12, estimate
+        assert abs(float(stated[:, 0].std()) / exact_se - 1) <= 0.15, estimate
+    pilot, alpha, z = pilots[0], 1e-3, float(norm.ppf(0.95))
+    n = pilot.tokens_needed(bug, alpha, 0.9)  # where the stated power is above one half
+    (mu, se), (moment, moment_se) = pilot.drift(bug), pilot.second_moment(bug)
 
-    def gauss(drift: float) -> float:  # P(Σ >= log(G / α)), the sum over n tokens taken as Gaussian
-        return float(norm.cdf((n * drift - math.log(len(MEMBERS) / alpha)) / (sd * math.sqrt(n))))
+    def gauss(drift: float, var: float) -> float:  # P(Σ >= log(G / α)), the sum over n tokens taken as Gaussian
+        return float(norm.cdf((n * drift - math.log(len(MEMBERS) / alpha)) / math.sqrt(var * n)))
 
-    assert se > 0 and pilot.power(bug, 1.0, n, alpha) == pytest.approx(gauss(mu - float(norm.ppf(0.95)) * se))
-    assert pilot.power(bug, 1.0, n, alpha) < gauss(mu)
+    lower = mu - z * se
+    stated_power = pilot.power(bug, 1.0, n, alpha)
+    assert se > 0 and moment_se > 0 and 0.9 <= stated_power < 0.91
+    assert stated_power == pytest.approx(gauss(lower, moment + z * moment_se - lower * lower))
+    assert stated_power < gauss(lower, moment - mu * mu) < gauss(mu, moment - mu * mu)
 
 
 def test_the_mass_outside_p_s_support_is_taken_at_its_lower_bound_too():
