@@ -412,7 +412,8 @@ class RoundsPower:
         if mu > 0:
             point = max(moment - estimate * estimate, 1e-300)
             upper = max(moment + _DRIFT_Z * moment_error - mu * mu, point) if math.isfinite(moment_error) else point
-            gauss = min(float(stats.norm.cdf((tokens * mu - threshold) / math.sqrt(tokens * v))) for v in (point, upper))
+            z = (tokens * mu - threshold) / math.sqrt(tokens)
+            gauss = min(float(stats.norm.cdf(z / math.sqrt(v))) for v in (point, upper))
         rate, rate_error = self.outside_rate(name, rho)
         out = min(max(rate - _DRIFT_Z * rate_error, 0.0), 1.0)
         return max(gauss, 1 - (1 - out) ** tokens)
