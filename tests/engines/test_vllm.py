@@ -344,17 +344,8 @@ def test_a_planted_residual_bug_in_vllm_fails_blamed_on_speculation(pytester):
     instead of p less the draft: the T = 1 one-sample cell judges the verifier's classes through
     the draft model vLLM runs (`VLLMEngine.draft_model`), rejects, and its second stage — fresh
     speculative against speculation-off rows — blames speculation."""
-    result = certify_engine(
-        pytester,
-        "cpu_draft_model_recovered_from_target",
-        "test_engine_sampling and T1]",
-        module="losscheck.selftest.vllm_bugs",
-        in_process=True,
-    )
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    assert "speculation changes the engine's output law" in out and "rounds.residual_is_p (p = " in out
-    assert "attribution.rounds.residual_is_p FAILED" in out
+    out = _planted_t1_fails_blamed_on_speculation(pytester, "cpu_draft_model_recovered_from_target")
+    assert "rounds.residual_is_p (p = " in out and "attribution.rounds.residual_is_p FAILED" in out
 
 
 @pytest.mark.slow  # ~1 min of vLLM's CPU engine: once, not in the quick tier CI waits on
@@ -364,16 +355,21 @@ def test_a_planted_bonus_bug_in_vllm_fails_under_its_default_argmax_drafts(pytes
     argmax drafts all pass, the bonus is drawn from the wrong position's law, which the round
     filter knows (it knows every argmax slot): the T = 1 one-sample cell rejects through
     `rounds.bonus_from_previous_slot`, blamed on speculation by its second stage."""
+    out = _planted_t1_fails_blamed_on_speculation(pytester, "cpu_draft_model_bonus_from_last_draft")
+    assert "rounds.bonus_from_previous_slot (p = " in out
+    assert "attribution.rounds.bonus_from_previous_slot FAILED" in out
+
+
+def _planted_t1_fails_blamed_on_speculation(pytester: pytest.Pytester, factory: str) -> str:
+    """The T = 1 one-sample cell of the planted engine `losscheck.selftest.vllm_bugs:<factory>`,
+    in this process: it FAILs, blamed on speculation; its output."""
     result = certify_engine(
-        pytester,
-        "cpu_draft_model_bonus_from_last_draft",
-        "test_engine_sampling and T1]",
-        module="losscheck.selftest.vllm_bugs",
-        in_process=True,
+        pytester, factory, "test_engine_sampling and T1]", module="losscheck.selftest.vllm_bugs", in_process=True
     )
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "speculation changes the engine's output law" in out and "rounds.bonus_from_previous_slot (p = " in out
+    assert "speculation changes the engine's output law" in out
+    return out
 
 
 CHUNKED_SEEDED = """
