@@ -8,7 +8,9 @@ this test with probability under 1e-3. Fixed seeds. The filter states power at t
 95% lower bound (`RoundsPower.drift`). Measured (2026-12-06): residual 50 and 48 of 50 (sampled,
 argmax drafts; 114 and 152 rows), bonus 48 of 50 (sampled; 3,267 rows) and 50 of 50 under argmax
 drafts (200,114 rows). Before the bound, the last was sized from the point estimate (the 400-row
-pilot's 7.2e-5 per token, where 40,000 rows say 4.6e-5): 44,333 rows, and 35 of 50 caught."""
+pilot's 7.2e-5 per token, where 40,000 rows say 4.6e-5): 44,333 rows, and 35 of 50 caught. With
+the increment's variance at its upper bound too (2026-12-07): 114, 153, 3,476 and 259,564 rows,
+caught 50, 49, 49 and 50 of 50."""
 
 from __future__ import annotations
 
