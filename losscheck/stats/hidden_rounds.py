@@ -347,30 +347,41 @@ class RoundsPower:
         ps, qs, prev = (x[pick].float() for x in (p, q, p_prev))  # [m, V]
         os = None if other is None else other[pick].float()
         support = ps > 0
-        log_p = ps.clamp_min(TINY32).log()
+        # no cut-off (p keeps every id): nothing lies outside p's support, and a member ρ < 1 gives
+        # every id mass ((1 - ρ)·p > 0), so its factor needs no mask; ρ = 1 is the class's law alone
+        whole = bool(support.all())
         for ci, name in enumerate(self.classes):
             laws = class_laws(BY_NAME[name], ps, qs, prev, os)
             towards = laws.bonus - laws.draft  # [m, V]
+            away = laws.draft - ps  # [m, V]
             for gi, rho in enumerate(MEMBERS):
                 last = filtered.bonus_belief[..., ci, gi][pick][:, None].float()  # [m, 1]
-                law = ps + rho * (laws.draft + last * towards - ps)  # [m, V]
-                ratio = torch.where(support & (law > 0), law.clamp_min(TINY32).log() - log_p, 0.0)
+                # P' - p = ρ·(draft + π·(bonus - draft) - p), and log(P'/p) = log1p((P' - p) / p): no
+                # cancellation between two logs of nearby values (float32 keeps a rare slot's drift)
+                delta = torch.addcmul(away, last, towards).mul_(rho)  # [m, V]
+                law = delta + ps
+                ratio = delta.div_(ps).log1p_()  # [m, V]
+                if not whole or rho == 1.0:  # where p or the member gives no mass: no factor
+                    ratio.masked_fill_(~(support & (law > 0)), 0.0)
                 weighted = law * ratio
-                drift = torch.zeros_like(per_row).index_add_(0, row_of, weighted.sum(-1).double())  # [n]
+                per_token = weighted.sum(-1)  # [m] E_P'[log(P'/p)]
+                drift = torch.zeros_like(per_row).index_add_(0, row_of, per_token.double())  # [n]
                 self.row_second[ci, gi] += float((drift * drift).sum())
                 self.row_cross[ci, gi] += float((drift * per_row).sum())
-                self.mean[ci, gi] += float(weighted.sum())
-                moment = torch.zeros_like(per_row).index_add_(0, row_of, (weighted * ratio).sum(-1).double())  # [n]
+                self.mean[ci, gi] += float(drift.sum())
+                moment = torch.zeros_like(per_row).index_add_(0, row_of, torch.linalg.vecdot(weighted, ratio).double())
                 self.row_moment_second[ci, gi] += float((moment * moment).sum())
                 self.row_moment_cross[ci, gi] += float((moment * per_row).sum())
                 self.second[ci, gi] += float(moment.sum())
+                self.null[ci, gi] += float(torch.dot(ps.flatten(), ratio.flatten()))
+                if whole:
+                    continue  # nothing lies outside p's support
                 outside = torch.zeros_like(per_row).index_add_(
                     0, row_of, torch.where(support, 0.0, law).sum(-1).double()
                 )  # [n]
                 self.row_outside_second[ci, gi] += float((outside * outside).sum())
                 self.row_outside_cross[ci, gi] += float((outside * per_row).sum())
                 self.outside[ci, gi] += float(outside.sum())
-                self.null[ci, gi] += float((ps * ratio).sum())
 
     def drift(self, name: str, rho: float = 1.0) -> tuple[float, float]:
         """Member ρ's mean per-token drift E_P'[log(P'/p)] and its standard error (`_clustered`)."""

@@ -17,6 +17,7 @@ from losscheck.stats.hidden_rounds import (
     MEMBERS,
     RoundsPower,
     RoundsSample,
+    class_laws,
     filter_rounds,
     round_parts,
     rounds_test,
@@ -337,3 +338,39 @@ def test_the_mass_outside_p_s_support_is_taken_at_its_lower_bound_too():
     lower = rate - float(norm.ppf(0.95)) * error
     assert power.power(bug, 1.0, 5, 0.5) == pytest.approx(max(1 - (1 - lower) ** 5, 0.0), rel=1e-9)
     assert power.power(bug, 1.0, 5, 0.5) < 1 - (1 - rate) ** 5
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["whole-support", "cut-off"])
+def test_the_power_sums_are_the_plain_formulas_per_class_and_member(cut):
+    """`RoundsPower.update` fuses its per-member work (float32, no mask where p keeps every id);
+    from the same float32 class laws, its sums equal the plain formulas in float64 within 1e-3 —
+    member ρ's law P' = p + ρ·(draft + π·(bonus - draft) - p), Σ E_P'[log(P'/p)], Σ E_P'[log²],
+    Σ E_p[log(P'/p)] over ids both give mass, Σ P' outside p's support — with p whole, and with a
+    cut-off that leaves ids out of it. (Two float32 logs subtracted, as before 2026-12-07, put
+    the bonus class's drift 11% off here.)"""
+    P, Q = tables(6)
+    if cut:
+        P[torch.arange(V), torch.arange(V)] = 0.0  # no id twice in a row; the previous slot's law allows it
+        P /= P.sum(-1, keepdim=True)
+    rows = _draw(P, 40, torch.Generator().manual_seed(8))
+    p, q = forced(rows, P), forced(rows, Q)
+    everywhere = torch.ones(rows.shape, dtype=torch.bool)
+    sample = RoundsSample(K)
+    sample.update(p, q, rows, everywhere, everywhere)
+    filtered = filter_rounds(round_parts(p, q, rows), K, everywhere, everywhere, "round")
+    p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)
+    for ci, cls in enumerate(CLASSES):
+        # the class's laws as the update forms them, in float32; everything after, in float64
+        laws = class_laws(cls, *(x.float() for x in (p, q, p_prev)))
+        laws = type(laws)(*(x.double() for x in laws))
+        p = p.float().double()
+        for gi, rho in enumerate(MEMBERS):
+            last = filtered.bonus_belief[..., ci, gi][..., None]  # [n, L, 1]
+            law = p + rho * (laws.draft + last * (laws.bonus - laws.draft) - p)
+            both = (p > 0) & (law > 0)
+            ratio = torch.where(both, law.clamp_min(1e-300).log() - p.clamp_min(1e-300).log(), 0.0)
+            expected = [(law * ratio).sum(), (law * ratio * ratio).sum(), (p * ratio).sum(), law[p == 0].sum()]
+            got = [sample.power.mean, sample.power.second, sample.power.null, sample.power.outside]
+            for want, have in zip(expected, got, strict=True):
+                assert float(have[ci, gi]) == pytest.approx(float(want), rel=1e-3, abs=1e-9), (cls.name, rho)
+    assert (float(sample.power.outside.abs().sum()) > 0) == cut  # mass outside p's support only with a cut-off
