@@ -350,6 +350,7 @@ class RoundsPower:
         # no cut-off (p keeps every id): nothing lies outside p's support, and a member ρ < 1 gives
         # every id mass ((1 - ρ)·p > 0), so its factor needs no mask; ρ = 1 is the class's law alone
         whole = bool(support.all())
+        p_floor = ps.clamp_min(TINY32)  # a subnormal float32 p: P'/p stays finite (as log p's floor did)
         for ci, name in enumerate(self.classes):
             laws = class_laws(BY_NAME[name], ps, qs, prev, os)
             towards = laws.bonus - laws.draft  # [m, V]
@@ -360,7 +361,7 @@ class RoundsPower:
                 # cancellation between two logs of nearby values (float32 keeps a rare slot's drift)
                 delta = torch.addcmul(away, last, towards).mul_(rho)  # [m, V]
                 law = delta + ps
-                ratio = delta.div_(ps).log1p_()  # [m, V]
+                ratio = delta.div_(p_floor).log1p_()  # [m, V]
                 if not whole or rho == 1.0:  # where p or the member gives no mass: no factor
                     ratio.masked_fill_(~(support & (law > 0)), 0.0)
                 weighted = law * ratio

@@ -374,3 +374,16 @@ def test_the_power_sums_are_the_plain_formulas_per_class_and_member(cut):
             for want, have in zip(expected, got, strict=True):
                 assert float(have[ci, gi]) == pytest.approx(float(want), rel=1e-3, abs=1e-9), (cls.name, rho)
     assert (float(sample.power.outside.abs().sum()) > 0) == cut  # mass outside p's support only with a cut-off
+
+
+def test_a_subnormal_float32_p_leaves_the_power_sums_finite():
+    """An id whose p is 1e-41 (subnormal in float32) where a class's law gives it mass (the
+    previous slot's law, for the bonus class): the member's factor is read against p's floor
+    (1e-38), never divided by the subnormal itself, so every sum stays finite."""
+    P, Q = tables(6)
+    P[torch.arange(V), torch.arange(V)] = 1e-41  # an id after itself: subnormal in float32, likely before
+    P /= P.sum(-1, keepdim=True)
+    rows = _draw(P, 40, torch.Generator().manual_seed(8))
+    sample = _score(P, Q, rows)
+    for sums in (sample.power.mean, sample.power.second, sample.power.null, sample.power.outside):
+        assert bool(torch.isfinite(sums).all()), sums
