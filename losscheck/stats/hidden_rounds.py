@@ -358,7 +358,7 @@ class RoundsPower:
             for gi, rho in enumerate(MEMBERS):
                 last = filtered.bonus_belief[..., ci, gi][pick][:, None].float()  # [m, 1]
                 # P' - p = ρ·(draft + π·(bonus - draft) - p), and log(P'/p) = log1p((P' - p) / p): no
-                # cancellation between two logs of nearby values (float32 keeps a rare slot's drift)
+                # cancellation between two logs of nearby values (float32 keeps a drift near zero)
                 delta = torch.addcmul(away, last, towards).mul_(rho)  # [m, V]
                 law = delta + ps
                 ratio = delta.div_(p_floor).log1p_()  # [m, V]
@@ -423,7 +423,7 @@ class RoundsPower:
         gauss = 0.0
         if mu > 0:
             point = max(moment - estimate * estimate, 1e-300)
-            upper = max(moment + _DRIFT_Z * moment_error - mu * mu, point) if math.isfinite(moment_error) else point
+            upper = moment + _DRIFT_Z * moment_error - mu * mu if math.isfinite(moment_error) else point  # >= point
             z = (tokens * mu - threshold) / math.sqrt(tokens)
             gauss = min(float(stats.norm.cdf(z / math.sqrt(v))) for v in (point, upper))
         rate, rate_error = self.outside_rate(name, rho)

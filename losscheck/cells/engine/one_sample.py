@@ -296,7 +296,8 @@ def _design(
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
     per_sequence = measured.steps / len(rows)
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.engine_min_tokens, profile.max_pit_tokens))
-    floor = max(floor, int(per_sequence * len(prompts)))  # a look draws at least one row a prompt (rounded down: one)
+    # a look draws at least one row a prompt; rounded down, so that the first look asks for exactly one
+    floor = max(floor, int(per_sequence * len(prompts)))
     design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
     acceptance, pilot_rounds = (None, None) if rounds is None else (rounds.sample.acceptance, rounds.sample.power)
     return EngineDesign(design, per_sequence, generated, measured.steps, measured, rate, acceptance, pilot_rounds)

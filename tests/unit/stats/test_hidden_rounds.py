@@ -346,8 +346,8 @@ def test_the_power_sums_are_the_plain_formulas_per_class_and_member(cut):
     from the same float32 class laws, its sums equal the plain formulas in float64 within 1e-3 —
     member ρ's law P' = p + ρ·(draft + π·(bonus - draft) - p), Σ E_P'[log(P'/p)], Σ E_P'[log²],
     Σ E_p[log(P'/p)] over ids both give mass, Σ P' outside p's support — with p whole, and with a
-    cut-off that leaves ids out of it. (Two float32 logs subtracted, as before 2026-12-07, put
-    the bonus class's drift 11% off here.)"""
+    cut-off that leaves ids out of it. (Two float32 logs subtracted, as before 2026-12-07, put a
+    drift near zero 13% off here: a q-contract class at its null, where it is the correct round.)"""
     P, Q = tables(6)
     if cut:
         P[torch.arange(V), torch.arange(V)] = 0.0  # no id twice in a row; the previous slot's law allows it
