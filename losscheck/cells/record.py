@@ -202,6 +202,8 @@ class BugClassRecord:
     # Wald's SPRT against it at the cell's α and power: expected tokens under it and under H0 (engine cells)
     wald_tokens: float | None = None
     wald_h0_tokens: float | None = None
+    # engine cells: the second stage's power against it (`power` is then both stages' product)
+    second_stage_power: float | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,18 @@ class AttributionRecord:
     first_stage_failed: tuple[str, ...]  # the first stage's failing tests, with their p-values
     scores: tuple[str, ...]  # the row scores compared
     rows: int  # rows per side
+
+
+@dataclass(frozen=True)
+class SecondStageRecord:
+    """A one-sample engine cell's second stage as planned before its first stage's verdict
+    (`losscheck.stats.second_stage`): its rows a side, the scores it compares whatever fails,
+    and the level each class's second-stage power (`BugClassRecord.second_stage_power`) is
+    stated at. Drawn only after a first-stage rejection (`AttributionRecord`)."""
+
+    rows: int
+    scores: tuple[str, ...]
+    score_alpha: float
 
 
 @dataclass(frozen=True)
@@ -308,6 +322,7 @@ class SampleFacts:
     bound: BoundRecord | None = None  # one-sample engine cells: the tokens read against Wald's bound
     proxy_precision: str | None = None  # two-sample cells: the precision of the proxy they were sized by
     attribution: AttributionRecord | None = None  # black-box cells whose first stage rejected
+    second_stage: SecondStageRecord | None = None  # one-sample engine cells: the second stage planned
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,7 @@ def lines(cert: Certificate) -> list[str]:
                 else ""
             )
         )
-    out += _bounds(cert) + _references(cert) + _ends(cert)
+    out += _bounds(cert) + _second_stages(cert) + _references(cert) + _ends(cert)
     found = {
         "speculation": "speculation blamed",
         "reference": "the reference differs from the engine, judged two-sample",
@@ -212,7 +212,8 @@ def lines(cert: Certificate) -> list[str]:
         said = "; ".join(
             f"{cell}: {found.get(a.finding, a.finding)}"
             + (
-                f" (a PASS of the row scores {', '.join(a.scores)} alone, no bug class claimed)"
+                f" (a PASS of the row scores {', '.join(a.scores)} alone; its bug-class claims are that "
+                "stage's own power)"
                 if a.finding == "reference"
                 else ""
             )
@@ -220,9 +221,10 @@ def lines(cert: Certificate) -> list[str]:
         )
         out.append(
             "- black-box cells whose first stage rejected against losscheck's copy of the target, then compared "
-            f"speculative with speculation-off rows on the failing tests' row scores: {said}. At reduced precision "
-            "a first-stage rejection may be the verify pass's kernel numerics against the decode pass's as much as "
-            "speculation's algorithm; the second stage tells the engine's two sides apart, not which of the two"
+            "speculative with speculation-off rows on the planned and the failing tests' row scores: "
+            f"{said}. At reduced precision a first-stage rejection may be the verify pass's kernel numerics "
+            "against the decode pass's as much as speculation's algorithm; the second stage tells the engine's "
+            "two sides apart, not which of the two"
         )
     greedy = [r for r in cert.cells if r.sample.rollbacks is not None]
     if greedy:
@@ -286,6 +288,20 @@ def _bounds(cert: Certificate) -> list[str]:
         f"{worst.wald_h0_tokens:.0f}"
         + (", sized by the profile's floor, not the class)" if worst.at_floor else ")")
         + (f"; {_cells(floored)} sized by the floor" if (floored := sum(b.at_floor for _, b in bounds)) else "")
+    ]
+
+
+def _second_stages(cert: Certificate) -> list[str]:
+    """The one-sample engine cells' second stages as planned: a claim is both stages' power."""
+    planned = [r.sample.second_stage for r in cert.cells if r.sample.second_stage is not None]
+    if not planned:
+        return []
+    rows = sorted(p.rows for p in planned)
+    return [
+        f"- the bug-class claims of {_cells(len(planned), 'one-sample engine')} are each cell's chance to FAIL, "
+        "both stages: the first stage's power times the second's (`losscheck.stats.second_stage`), the second "
+        f"planned before the first's verdict at {rows[0]:,}-{rows[-1]:,} rows a side and drawn only after a "
+        "first-stage rejection"
     ]
 
 

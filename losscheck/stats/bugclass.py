@@ -52,6 +52,7 @@ from losscheck.stats.bugsums import NullSums, Sums, SumsShape, Tiles, law_sums, 
 from losscheck.stats.conditional import reported_q, surprisal_scores, targeted_scores
 from losscheck.stats.effects import ClassView, Effect, EvalueEffect, WaldSize
 from losscheck.stats.powermodels import count_effect, likelihood_ratio
+from losscheck.stats.second_stage import RowShift, token_shift
 from losscheck.stats.sequential import id_key, member_key
 
 BINS = 10  # the PIT tests' equal bins of [0, 1]
@@ -452,6 +453,24 @@ class PowerAccumulator:
             surprisal_sq=sums.surprisal_sq[v],
             class_sq=sums.class_sq,
             chi2=sums.chi2[v],
+        )
+
+    def surprisal_shift(self, name: str, per_row: float) -> RowShift:
+        """The law of a second stage's `surprisal` row score (a row's sum of `pit.surprisal`'s
+        bounded score y over its tested tokens, `losscheck.cells.engine.attribution`) under class
+        `name` at its catalogue point and under H0, rows of `per_row` tested tokens
+        (`losscheck.stats.second_stage.token_shift`; y is centred under p at every position)."""
+        bug = next((b for b in self.classes if b.name == name), None)
+        if bug is None:
+            raise LosscheckError(f"PowerAccumulator: no class {name!r}; it holds {[b.name for b in self.classes]}")
+        view = self.class_view(bug)
+        n = view.steps
+        return token_shift(
+            per_row,
+            float(view.sums.surprisal_drift) / n,
+            float(view.sums.surprisal_var) / n,
+            float(view.sums.surprisal_sq) / n,
+            view.h0.surprisal_var / n,
         )
 
     @property

@@ -52,6 +52,7 @@ from losscheck.stats.buglaws import TOP_P, top_p
 from losscheck.stats.effects import WaldSize, wald_size
 from losscheck.stats.registry import OTHER_Q, ROUNDS, SAMPLED_DRAFTS, StatTest, register
 from losscheck.stats.result import TestResult
+from losscheck.stats.second_stage import RowShift, SupportShift, clustered_shift
 from losscheck.stats.sequential import family, member_key
 
 RHO_MIN = 1 / 8  # the smallest member of each family the mixture e-value spends weight on
@@ -295,6 +296,11 @@ def _start(belief: torch.Tensor) -> torch.Tensor:
     return fresh
 
 
+def _per_class() -> torch.Tensor:
+    """[C] zeros: one sum per class."""
+    return torch.zeros(len(CLASSES), dtype=torch.float64)
+
+
 def _per_member() -> torch.Tensor:
     """[C, G] zeros: one sum per class and member."""
     return torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64)
@@ -322,6 +328,10 @@ class RoundsPower:
     # the same for a row's summed second moment M_r: Σ M_r², Σ M_r·N_r (`second_moment`)
     row_moment_second: torch.Tensor = field(default_factory=_per_member)
     row_moment_cross: torch.Tensor = field(default_factory=_per_member)
+    # at the catalogue point (ρ = 1, a second stage's row score), per class under H0: Σ over
+    # positions of E_p[log(P'/p)²] and Σ over rows of (a row's summed E_p[log(P'/p)])² (`row_shift`)
+    null_second: torch.Tensor = field(default_factory=_per_class)
+    row_null_second: torch.Tensor = field(default_factory=_per_class)
     row_tokens_sq: float = 0.0
     rows: int = 0
 
@@ -374,7 +384,14 @@ class RoundsPower:
                 self.row_moment_second[ci, gi] += float((moment * moment).sum())
                 self.row_moment_cross[ci, gi] += float((moment * per_row).sum())
                 self.second[ci, gi] += float(moment.sum())
-                self.null[ci, gi] += float(torch.dot(ps.flatten(), ratio.flatten()))
+                if rho == 1.0:  # the second stage's row score: its law under H0 too
+                    under_p = ps * ratio  # [m, V]
+                    null = torch.zeros_like(per_row).index_add_(0, row_of, under_p.sum(-1).double())  # [n]
+                    self.null[ci, gi] += float(null.sum())
+                    self.null_second[ci] += float(torch.linalg.vecdot(under_p, ratio).sum())
+                    self.row_null_second[ci] += float((null * null).sum())
+                else:
+                    self.null[ci, gi] += float(torch.dot(ps.flatten(), ratio.flatten()))
                 if whole:
                     continue  # nothing lies outside p's support
                 outside = torch.zeros_like(per_row).index_add_(
@@ -408,6 +425,40 @@ class RoundsPower:
             return mu, math.inf
         spread = float(second) - 2 * mu * float(cross) + mu * mu * self.row_tokens_sq
         return mu, math.sqrt(max(spread, 0.0) * self.rows / (self.rows - 1)) / self.tokens
+
+    def row_shift(self, name: str) -> RowShift:
+        """The law of a second stage's row score for class `name` (a row's summed log-LR at ρ = 1,
+        `RoundsSample.row_scores`), speculative rows with the class against speculation-off rows
+        (`losscheck.stats.second_stage`): under the class the drift at its lower and the second
+        moment at its upper `DRIFT_CONFIDENCE` bound, under H0 the point sums (its mean, -KL, is
+        the smaller term and only widens the shift by being larger in size)."""
+        ci, gi = self.classes.index(name), MEMBERS.index(1.0)
+        if self.rows < 2:
+            return RowShift(0.0, math.inf, math.inf)
+        estimate, error = self.drift(name)
+        moment, moment_error = self.second_moment(name)
+        rows, per = float(self.rows), max(self.tokens, 1)
+
+        def spread(total: torch.Tensor, squares: torch.Tensor) -> float:  # Var over rows of a row's sum
+            return max(float(squares) / rows - (float(total) / rows) ** 2, 0.0)
+
+        return clustered_shift(
+            tokens=self.tokens,
+            rows=rows,
+            bug_mean=estimate - _DRIFT_Z * error,
+            bug_second=moment + _DRIFT_Z * moment_error,
+            bug_row_spread=spread(self.mean[ci, gi], self.row_second[ci, gi]),
+            h0_mean=float(self.null[ci, gi]) / per,
+            h0_second=float(self.null_second[ci]) / per,
+            h0_row_spread=spread(self.null[ci, gi], self.row_null_second[ci]),
+        )
+
+    def support_shift(self, name: str) -> SupportShift:
+        """The law of a second stage's `support` score under class `name` at ρ = 1: its mass
+        outside p's support per token at the lower `DRIFT_CONFIDENCE` bound, rows of this
+        sample's scored tokens a row."""
+        rate, error = self.outside_rate(name)
+        return SupportShift(max(rate - _DRIFT_Z * error, 0.0), self.tokens / max(self.rows, 1))
 
     def power(self, name: str, rho: float, tokens: float, alpha: float) -> float:
         """The power of `rounds_test` at level `alpha` after `tokens` scored tokens against member ρ,

@@ -10,7 +10,12 @@ argmax drafts; 114 and 152 rows), bonus 48 of 50 (sampled; 3,267 rows) and 50 of
 drafts (200,114 rows). Before the bound, the last was sized from the point estimate (the 400-row
 pilot's 7.2e-5 per token, where 40,000 rows say 4.6e-5): 44,333 rows, and 35 of 50 caught. With
 the increment's variance at its upper bound too (2026-12-07): 114, 153, 3,476 and 259,564 rows,
-caught 50, 49, 49 and 50 of 50."""
+caught 50, 49, 49 and 50 of 50.
+
+A cell FAILs only when its second stage, on fresh rows, confirms (`losscheck.cells.engine.attribution`):
+its power is checked the same way, the paired sign-flip test of the rows' log-LR at ρ = 1
+between rows of the buggy loop and rows of p, at the rows `RoundsPower.row_shift` says give power 0.9. The two stages
+draw independent rows, so a cell's chance to FAIL is the product of the two checked powers."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch
 from scipy import stats
 
 from losscheck.stats.hidden_rounds import RoundsSample, rounds_test
+from losscheck.stats.second_stage import sign_flip_test
 from tests.unit.stats.test_hidden_rounds import K, L, V, forced, loop_law, tables
 
 CELLS, POWER, ALPHA = 50, 0.9, 1e-3
@@ -62,4 +68,41 @@ def test_a_bug_is_caught_at_the_power_the_filter_states_with_prefill_alignment(b
     rows = math.ceil(needed / L)
     caught = sum(not rounds_test(_score(P, Q, draw(rows)), bug, ALPHA, POWER).passed for _ in range(CELLS))
     assert FLOOR == 37 and stats.binom.cdf(FLOOR - 1, CELLS, POWER) < 1e-3
+    assert caught >= FLOOR, (bug, greedy, caught, rows)
+
+
+CONFIGS = [("residual_is_p", False), ("residual_is_p", True), ("bonus_from_previous_slot", False)]
+
+
+@pytest.mark.parametrize(
+    ("bug", "greedy"),
+    [
+        *CONFIGS[:2],
+        pytest.param(*CONFIGS[2], marks=pytest.mark.slow),
+        pytest.param("bonus_from_previous_slot", True, marks=pytest.mark.slow),  # ~200,000 rows a side
+    ],
+    ids=["residual-sampled", "residual-argmax", "bonus-sampled", "bonus-argmax"],
+)
+def test_a_second_stage_confirms_at_the_power_its_plan_states(bug, greedy):
+    """A 400-row pilot of the buggy loop sizes the second stage at α 1e-3 and power 0.9
+    (`RoundsPower.row_shift`); 50 second stages of that many rows a side, the buggy loop's
+    against p's (the speculation-off side), must confirm at least 37 times (the one-sided
+    sign-flip test of the rows' log-LR at ρ = 1, as `attribution` runs it)."""
+    P, Q = tables(4)
+    if greedy:
+        Q = torch.nn.functional.one_hot(Q.argmax(-1), V).double()
+    laws = {side: loop_law(P, Q, name, first="prefill") for side, name in (("on", bug), ("off", None))}
+    g = torch.Generator().manual_seed(19)
+
+    def draw(side: str, n: int) -> torch.Tensor:
+        outputs = torch.tensor(list(laws[side]))
+        weights = torch.tensor(list(laws[side].values()), dtype=torch.float64)
+        return outputs[torch.multinomial(weights, n, True, generator=g)]
+
+    rows = _score(P, Q, draw("on", 400)).power.row_shift(bug).rows_needed(ALPHA, POWER)
+    assert math.isfinite(rows), (bug, greedy)
+    caught = 0
+    for _ in range(CELLS):
+        on, off = (_score(P, Q, draw(side, int(rows))).row_scores(bug) for side in ("on", "off"))
+        caught += sign_flip_test(on, off)[1] <= ALPHA
     assert caught >= FLOOR, (bug, greedy, caught, rows)

@@ -6,14 +6,22 @@ law, or the reference differs from the engine's own target (its kernels, precisi
 processing; on a GPU a bf16 engine never matches an fp32 reference exactly). Only after a
 rejection, the cell draws fresh rows from both sides, m each, and compares them two-sample on
 *row scores*: functions of one row under the reference that the failing tests sum
-(`SCORES`), one Mann–Whitney U test per score, α split over them.
+(`SCORES`), one paired sign-flip test per score (`losscheck.stats.second_stage`), α split over them.
 
-Level: rows of one side are independent and identically distributed, the sides independent of
-each other and of the first stage; a lossless engine gives both sides one law, so each U test
-has its level whatever the reference is. A cell FAILs only when both stages reject: its false
-alarm is at most α whether the reference is exact (the first stage's level) or not (the
-second's). A first-stage rejection the second does not confirm is reported as a reference
-mismatch, and the cell's verdict is the second stage's, with its detectable shift stated.
+Planned with the first (`SecondStagePlan`, `losscheck.stats.second_stage`): the scores that read
+the classes the cell claims (`surprisal`, `support` and each judged verifier class's log-LR) are
+compared whatever failed, the failing tests' own scores beside them, on as many rows as give every
+class the second stage's share of the power. A cell's claim against a class is then its chance
+to FAIL, P(S1)·P(S2); where the second stage does not confirm (the reference differs), the cell's
+claims are the second stage's own.
+
+Level: the sides draw as many rows per prompt, independent of each other and of the first stage;
+a lossless engine gives a prompt's rows one law on both sides, so each pair's two rows are
+exchangeable and each sign-flip test has its level whatever the reference is. A cell FAILs only
+when both stages reject: its false alarm is at most α whether the reference is exact (the first
+stage's level) or not (the second's). A first-stage rejection the second does not confirm is
+reported as a reference mismatch, and the cell's verdict is the second stage's, with its
+detectable shift and its claims stated.
 """
 
 from __future__ import annotations
@@ -26,19 +34,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from scipy import stats
 
 from losscheck.cells.engine.handle import engine_of, first_token, generation, request, with_engine_facts
 from losscheck.cells.logprob_check import logprob_problems
 from losscheck.cells.outcome import CellOutcome
-from losscheck.cells.record import AttributionRecord, SampleFacts
+from losscheck.cells.record import AttributionRecord, BugClassRecord, SampleFacts
 from losscheck.cells.scoring import ForcedProbs, teacher_forced_pit
 from losscheck.core.sampling import make_generator
 from losscheck.engines import DraftModel
 from losscheck.errors import LosscheckError
+from losscheck.stats.conditional import surprisal_scores
 from losscheck.stats.hidden_rounds import CLASSES
 from losscheck.stats.registry import ATTRIBUTION, StatTest, register, run_family
 from losscheck.stats.result import TestResult, combine
+from losscheck.stats.second_stage import RowShift, sign_flip_test
 from losscheck.stats.streams import top_tokens
 
 if TYPE_CHECKING:
@@ -51,7 +60,7 @@ if TYPE_CHECKING:
 TINY = 1e-300
 # Row scores, each a sum over the row's tested tokens (or their mean); which failing test reads which:
 SCORES = {
-    "surprisal": "Σ (-log p(x) - H(p)): the tokens' surprisal against its expectation (temperature, processors)",
+    "surprisal": "Σ y(x): pit.surprisal's bounded, centred score of the tokens' surprisal (temperature, processors)",
     "pit_mean": "mean of u - 1/2 over the row's randomized PITs (a shifted law)",
     "pit_spread": "mean of |u - 1/2| - 1/4 (a law too flat or too peaked)",
     "repeats": "Σ (1[x repeats an id of the output] - p(those ids)) (penalties)",
@@ -59,7 +68,33 @@ SCORES = {
     "argmax": "Σ (1[x is the top token] - p(top token)): tokens at the argmax beyond their law (a greedy fallback)",
     "ends": "Σ (1[x ends the row] - p(EOS or a stop id)): the row's end against the target's hazard (where rows stop)",
 }
-ARE = 3 / math.pi  # the U test's efficiency against the t test under normal scores
+# a second stage's rows a side at most, in generated tokens, as a multiple of the profile's cap:
+# drawn only after a first-stage rejection, so they cost nothing under H0
+SECOND_STAGE_CAP = 2
+
+
+@dataclass(frozen=True)
+class SecondStagePlan:
+    """A one-sample cell's second stage, fixed before its first stage's verdict: its rows a side
+    per prompt, the row scores it compares whatever failed, and per class the power of the score
+    that reads it at `alpha`, the level of one score when every score the stage may compare is
+    (`comparable`): a lower bound, whichever scores the failing tests add."""
+
+    per_prompt: int
+    scores: tuple[str, ...]
+    alpha: float
+    power: dict[str, float]
+
+
+def planned_scores(judged: tuple[str, ...]) -> tuple[str, ...]:
+    """The scores a second stage always compares: `surprisal` (the target-side classes),
+    `support` (a token the reference cannot emit) and the log-LR of each verifier class in `judged`."""
+    return ("surprisal", "support", *(f"rounds.{name}" for name in judged))
+
+
+def comparable(judged: tuple[str, ...]) -> int:
+    """How many row scores a second stage may compare, with the verifier classes `judged`."""
+    return len(SCORES) + len(judged)
 
 
 def scores_for(failed: list[str]) -> tuple[str, ...]:
@@ -113,8 +148,8 @@ def row_scores(
         tokens = gen.tokens[at].to(p.device)  # [c, L]
         scored = (generated[at].to(p.device) & ~forced.ambiguous).double()
         drawn = p.gather(-1, tokens[..., None]).squeeze(-1)  # [c, L]
-        entropy = -(p * p.clamp_min(TINY).log()).sum(-1)  # [c, L]
-        surprisal[at] = ((-drawn.clamp_min(TINY).log() - entropy) * scored).sum(-1).cpu()
+        y = surprisal_scores(p.flatten(0, 1))[0].view_as(p)  # [c, L, V] (what the power sums model)
+        surprisal[at] = (y.gather(-1, tokens[..., None]).squeeze(-1) * scored).sum(-1).cpu()
         impossible[at] = ((drawn <= 0) & generated[at].to(p.device)).double().sum(-1).cpu()
         seen = torch.zeros_like(p, dtype=torch.bool)  # [c, L, V] ids of the output before each position
         seen[:, 1:].scatter_(-1, tokens[:, :-1, None], True)
@@ -126,8 +161,8 @@ def row_scores(
         stops = end_ids.to(p.device)
         hazard = p[..., stops].sum(-1)  # [c, L]
         ends[at] = ((torch.isin(tokens, stops).double() - hazard) * scored).sum(-1).cpu()
-        if rounds is not None:
-            rounds.observe(rows[at], gen, at, forced)
+        if rounds is not None:  # its row scores alone: no power sums (most of the rounds scoring's cost)
+            rounds.observe(rows[at], gen, at, forced, power_rows=torch.zeros(len(rows[at]), dtype=torch.bool))
 
     v = torch.rand(gen.tokens.shape, generator=make_generator(ctx.seed, stream, "attribution-v"), dtype=torch.float64)
     u, _, left_out = teacher_forced_pit(
@@ -158,33 +193,35 @@ class RowScorePair:
     off: dict[str, torch.Tensor]
 
 
-def _u_test(name: str, on: torch.Tensor, off: torch.Tensor, alpha: float, power: float) -> TestResult:
-    """The U test of row score `name`, speculative rows `on` against speculation-off rows `off` at
-    `alpha`: a rounds class's score one-sided (a verifier with the class scores higher), the others
-    two-sided. States the standardized shift it detects at `power`."""
+def _paired_test(name: str, on: torch.Tensor, off: torch.Tensor, alpha: float, power: float) -> TestResult:
+    """Row score `name`, the i-th speculative row against the i-th speculation-off row (one
+    prompt's), by `second_stage.sign_flip_test` at `alpha`: a rounds class's score one-sided (a
+    verifier with the class scores higher), the others two-sided. States the mean difference, in
+    standard deviations of a pair's, that it detects at `power`."""
+    two_sided = not name.startswith("rounds.")
+    statistic, p_value = sign_flip_test(on, off, two_sided)
+    m = len(on)
+    shift = RowShift(1.0, 0.5, 0.5, two_sided)  # D of unit variance: the standardized shift it needs
+    need = shift.rows_needed(alpha, power)
     a, b = on.numpy(), off.numpy()
-    side = "greater" if name.startswith("rounds.") else "two-sided"
-    test = stats.mannwhitneyu(a, b, alternative=side, method="asymptotic")
-    tail = alpha if side == "greater" else alpha / 2
-    z = float(stats.norm.isf(tail)) + float(stats.norm.ppf(power))
-    shift = z * math.sqrt(1 / len(a) + 1 / len(b)) / math.sqrt(ARE)
     return TestResult(
         name=f"attribution.{name}",
-        expected=f"speculative and speculation-off rows share one law of the row score {name} "
+        expected=f"speculative and speculation-off rows of one prompt exchangeable in the row score {name} "
         f"({SCORES.get(name, 'the class log-LR at rho = 1')})",
-        observed=f"median {np.median(a):.4g} with speculation, {np.median(b):.4g} without ({len(a)} and {len(b)} rows)",
-        statistic=float(test.statistic),
-        p_value=float(test.pvalue),
+        observed=f"median {np.median(a):.4g} with speculation, {np.median(b):.4g} without ({m} pairs); "
+        f"sign-flip statistic {statistic:.3g}",
+        statistic=statistic,
+        p_value=p_value,
         alpha=alpha,
-        n=len(a) + len(b),
+        n=2 * m,
         power=power,
-        detectable={"d": shift},
+        detectable={"d": math.sqrt(need / max(m, 1)) if math.isfinite(need) else math.inf},
     )
 
 
 def _registered(name: str) -> Callable[[RowScorePair, float, float], TestResult]:
     def run(values: RowScorePair, alpha: float, power: float) -> TestResult:
-        return _u_test(name, values.on[name], values.off[name], alpha, power)
+        return _paired_test(name, values.on[name], values.off[name], alpha, power)
 
     return run
 
@@ -212,23 +249,42 @@ def attribution_tests(
     return run_family(ATTRIBUTION, RowScorePair(on, off), alpha, power, missing=unread)
 
 
+def second_stage_claims(
+    ctx: CellContext, claims: dict[str, BugClassRecord] | None, plan: SecondStagePlan
+) -> dict[str, BugClassRecord] | None:
+    """Where the second stage did not confirm a first-stage rejection, the cell's verdict is
+    the second stage's: each class's claim is that stage's power against it, withdrawn by name
+    below the profile's power (`confirmed_coverage`)."""
+    from losscheck.cells.sampled import confirmed_coverage
+
+    if claims is None:
+        return None
+    own = {
+        name: dataclasses.replace(c, power=plan.power.get(name, 0.0), second_stage_power=plan.power.get(name, 0.0))
+        for name, c in claims.items()
+    }
+    return confirmed_coverage(ctx.cell, own, ctx.profile.power)
+
+
 # --- the attribution phase of a one-sample cell ---------------------------------------------------
 def attribute(
     ctx: CellContext,
     prompts: list[list[int]],
-    per_prompt: int,
+    plan: SecondStagePlan,
     horizon: int,
     failed: list[TestResult],
     facts: SampleFacts,
     drafter: DraftModel | None,
 ) -> EngineDraws:
-    """The second stage after the first rejected with `failed`: `per_prompt` fresh rows per prompt
-    and side (a one-sample cell's: as many as its design's last look), compared on the failing
-    tests' row scores."""
+    """The second stage after the first rejected with `failed`: `plan`'s fresh rows per prompt and
+    side, compared on its scores and the failing tests'. It confirms: a FAIL blamed on
+    speculation. It does not: the reference differs, and the cell's claims are the second
+    stage's own power (`plan.power`)."""
     from losscheck.cells.engine.rounds import RoundsScoring
 
     cell, engine = ctx.cell, engine_of(ctx)
-    names = scores_for([r.name for r in failed])
+    names = tuple(dict.fromkeys((*plan.scores, *scores_for([r.name for r in failed]))))
+    per_prompt = plan.per_prompt
     rows = [p for p in prompts for _ in range(per_prompt)]
     asked = tuple(
         request(
@@ -267,7 +323,8 @@ def attribute(
             f"losscheck's copy of the target, and {len(rows)} fresh speculative rows differ from {len(rows)} "
             "speculation-off rows on the same row scores"
         )
-    facts = dataclasses.replace(facts, attribution=record, bug_classes=facts.bug_classes if blamed else None)
+    claims = facts.bug_classes if blamed else second_stage_claims(ctx, facts.bug_classes, plan)
+    facts = dataclasses.replace(facts, attribution=record, bug_classes=claims)
     return CellOutcome(
         cell, verdict=combine(cell.id, second, ctx.alpha), problems=problems, facts=with_engine_facts(ctx, facts)
     )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.cells.engine.attribution import attribute
+from losscheck.cells.engine.attribution import SECOND_STAGE_CAP, SecondStagePlan, attribute, comparable, planned_scores
 from losscheck.cells.engine.handle import (
     CONFIRM_TOKENS,
     NO_SLOTS,
@@ -28,12 +28,13 @@ from losscheck.cells.engine.handle import (
 )
 from losscheck.cells.logprob_check import LogprobCheck, logprob_problems
 from losscheck.cells.outcome import CellOutcome
-from losscheck.cells.record import BoundRecord, BugClassRecord, LooksRecord
+from losscheck.cells.record import BoundRecord, BugClassRecord, LooksRecord, SecondStageRecord
 from losscheck.core.sampling import SamplingParams
 from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, ReportsTopLogprobs
 from losscheck.run.context import CellContext
 from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.result import combine
+from losscheck.stats.second_stage import RowShift, SupportShift, stage_one_power, stage_two_power
 
 if TYPE_CHECKING:
     from losscheck.cells.engine.phases import EngineDraws
@@ -93,7 +94,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     asked, pilot_per_prompt = pilot_request(ctx, prompts, horizon, speculative=True)
     (pilot,) = yield (asked,)
     limit = LOOKS if profile.early_stop else 1  # fixed before any draw: the fixed-sample tests' divisor
-    design = _design(ctx, prompts, pilot, budget.per_test, drafter, limit)
+    first = stage_one_power(profile.power)  # the first stage's part of the power; the rest is the second's
+    design = _design(ctx, prompts, pilot, budget.per_test, drafter, first, limit)
     unjudged = not_judged(None if drafter is None else drafter.law, cell.params)  # named in the record, with why
     judged = tuple(c.name for c in CLASSES if c.name not in unjudged)
     plan = EngineLooks.plan(
@@ -103,7 +105,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         design.rounds_rate,
         judged,
         budget.per_test,
-        profile.power,
+        first,
         limit,
     )
     # an engine that reports logprobs reports them for the tested sample: checked beside it
@@ -151,7 +153,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     # after a stop that ruled every class out, the tests' power at the design's tokens (the last look's)
     at = plan.design.tokens if early and not rejected else tested
     sample = None if rounds is None else rounds.sample
-    judging = Judging(budget.per_test, ctx.alpha, profile.power, limit, plan.ruled_out(power, sample))
+    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, plan.ruled_out(power, sample))
     coverage = target_side_coverage(design.classes, power, tested, judging, at)
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
@@ -160,7 +162,18 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         at_scored = at * scored / max(tested, 1)  # in scored tokens, at the tested sample's own rate
         judged_rounds = rounds_coverage(design, rounds.sample, judging, at_scored)
         coverage |= {name: c for name, c in judged_rounds.items() if name not in unjudged}
-    coverage = confirmed_coverage(cell, coverage, profile.power)
+    # the second stage, planned before the first's verdict: its rows and each class's power there
+    designed = math.ceil(plan.looks.tokens[-1] / max(design.per_sequence, 1e-9) / len(prompts))
+    second = plan_second_stage(
+        ctx,
+        power,
+        sample,
+        tuple(n for n in judged if n in coverage),
+        {n for n, c in coverage.items() if c.covered},
+        design.per_sequence,
+        max(per_prompt, designed),
+    )
+    coverage = confirmed_coverage(cell, both_stages(coverage, second.power), profile.power)
     facts = dataclasses.replace(
         facts,
         sequences=per_prompt * len(prompts),
@@ -183,14 +196,13 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         classes_not_judged=unjudged,
         draft_law=_draft_law(design, rounds),
         bound=bound(design.classes, coverage, tested, None if rounds is None else rounds.sample.tokens),
+        second_stage=SecondStageRecord(second.per_prompt * len(prompts), second.scores, second.alpha),
     )
     failed = [r for r in results if not r.passed]
     if not failed:
         verdict = combine(cell.id, results, ctx.alpha)
         return CellOutcome(cell, verdict=verdict, problems=logprob_problems(facts), facts=with_engine_facts(ctx, facts))
-    # the second stage draws as many rows a side as the first stage's design, wherever it stopped
-    designed = math.ceil(plan.looks.tokens[-1] / max(design.per_sequence, 1e-9) / len(prompts))
-    return (yield from attribute(ctx, prompts, max(per_prompt, designed), horizon, failed, facts, drafter))
+    return (yield from attribute(ctx, prompts, second, horizon, failed, facts, drafter))
 
 
 def _rounds_reject(sample: RoundsSample, alpha: float, power: float, missing: frozenset[str]) -> bool:
@@ -257,10 +269,11 @@ def _design(
     pilot: torch.Tensor,
     alpha_test: float,
     drafter: DraftModel | None,
+    power: float,
     looks: int = 1,
 ) -> EngineDesign:
     """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
-    tested): the tokens each class the cell judges needs at the profile's power (for a cell of
+    tested): the tokens each class the cell judges needs at `power`, the first stage's (for a cell of
     `looks` > 1 looks, at `sequential.design_power` with its fixed-sample tests at α / looks:
     `EngineLooks`), with the design's margin, in the tokens every test reads (a cut-off's
     ambiguous positions left out), within the
@@ -279,7 +292,7 @@ def _design(
     rows = [p for p in prompts for _ in range(pilot.shape[1])]
     rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
-    level = profile.power if looks == 1 else sequential.design_power(profile.power)
+    level = power if looks == 1 else sequential.design_power(power)
     needed = measured.tokens_needed(alpha_test, level, looks)
     wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}
     generated = int(gen.mask().sum())
@@ -316,26 +329,28 @@ def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRe
 @dataclass(frozen=True)
 class Judging:
     """How a one-sample cell's coverage is judged: one test's share of its α and the cell's α,
-    the profile's power, the looks it allows (`EngineLooks`: its fixed-sample tests at α / looks,
-    a covered class's power less β_r, the chance it was ruled out first) and, per class, whether
-    every member its early stop needed was ruled out."""
+    the profile's power and the first stage's part of it (`second_stage.stage_one_power`), the
+    looks it allows (`EngineLooks`: its fixed-sample tests at α / looks, a covered class's power
+    less β_r, the chance it was ruled out first) and, per class, whether every member its early
+    stop needed was ruled out."""
 
     alpha_test: float
     alpha_cell: float
     level: float
+    stage_one: float
     looks: int = 1
     ruled: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     @property
     def design_level(self) -> float:
-        """The power a design sizes its tests for: the profile's with one look, else
-        `sequential.design_power` (the rest of β spent on the early stops' rule-outs)."""
-        return self.level if self.looks == 1 else sequential.design_power(self.level)
+        """The power a design sizes its tests for: the first stage's with one look, else
+        `sequential.design_power` of it (the rest of its β spent on the early stops' rule-outs)."""
+        return self.stage_one if self.looks == 1 else sequential.design_power(self.stage_one)
 
     @property
     def beta(self) -> float:
         """β_r, the chance a covered class is ruled out before the last look (0 with one look)."""
-        return 0.0 if self.looks == 1 else (1.0 - self.level) * sequential.RULE_OUT_SHARE
+        return 0.0 if self.looks == 1 else (1.0 - self.stage_one) * sequential.RULE_OUT_SHARE
 
 
 def target_side_coverage(
@@ -436,6 +451,56 @@ def bound(
         ratio_h0=tokens / record.wald_h0_tokens,
         at_floor=design.tokens <= design.floor,
     )
+
+
+def plan_second_stage(
+    ctx: CellContext,
+    power: PowerAccumulator,
+    rounds: RoundsSample | None,
+    judged: tuple[str, ...],
+    covered: set[str],
+    per_sequence: float,
+    floor: int,
+) -> SecondStagePlan:
+    """The second stage of a one-sample cell, fixed before its first stage's verdict
+    (`losscheck.stats.second_stage`): from the tested sample's own sums, per class the law of
+    the row scores that read it (`surprisal` for a target-side class; its own log-LR, and
+    `support` for its mass outside p's support, for a verifier class judged through the draft
+    model, `judged`), and the rows a side that give every
+    `covered` class at least `stage_two_power` — at least `floor` per prompt (the first stage's design),
+    at most `SECOND_STAGE_CAP` times the profile's cap in generated tokens. Its power is stated
+    at α / (every row score the stage may compare), whichever the first stage's failing tests
+    add. The rows are drawn only after a first-stage rejection: under H0 they cost nothing."""
+    from losscheck.stats.buglaws import TARGET_SIDE
+
+    profile, prompts = ctx.profile, len(ctx.all_prompts())
+    alpha = ctx.alpha / comparable(judged)
+    # per class the scores that read it: the best one sizes the stage and states its power
+    ways: dict[str, tuple[RowShift | SupportShift, ...]] = {
+        bug.name: (power.surprisal_shift(bug.name, max(per_sequence, 1e-9)),) for bug in TARGET_SIDE
+    }
+    if rounds is not None:
+        ways |= {name: (rounds.power.row_shift(name), rounds.power.support_shift(name)) for name in judged}
+    level = stage_two_power(profile.power)
+    wanted = (min(w.rows_needed(alpha, level) for w in ways[name]) for name in covered if name in ways)
+    needed = max((n for n in wanted if math.isfinite(n)), default=0.0)  # a class it cannot reach: withdrawn
+    cap = max(floor, math.ceil(SECOND_STAGE_CAP * profile.max_pit_tokens / max(profile.horizon, 1) / prompts))
+    per_prompt = min(max(floor, math.ceil(needed / prompts)), cap)
+    return SecondStagePlan(
+        per_prompt=per_prompt,
+        scores=planned_scores(judged),
+        alpha=alpha,
+        power={name: max(w.power(per_prompt * prompts, alpha) for w in found) for name, found in ways.items()},
+    )
+
+
+def both_stages(coverage: dict[str, BugClassRecord], second: dict[str, float]) -> dict[str, BugClassRecord]:
+    """Each class's claim as the cell's chance to FAIL under it: the first stage's power times
+    the second's (independent rows), the second's beside it."""
+    return {
+        name: dataclasses.replace(c, power=c.power * second.get(name, 0.0), second_stage_power=second.get(name, 0.0))
+        for name, c in coverage.items()
+    }
 
 
 def _finite(x: float) -> float | None:

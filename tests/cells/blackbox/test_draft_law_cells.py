@@ -52,6 +52,17 @@ def test_a_drafter_biased_before_its_argmax_passes_with_its_drafter_side_claims_
         round(law.predicted_first_accepted),
         round(law.predicted_rounds),
     )  # argmax drafts: the filter knows every slot
+    # the second stage, planned though never drawn: at least the design's last look, every covered
+    # class at its share of the power there, and each claim the product of the two stages' powers
+    from losscheck.stats.second_stage import stage_two_power
+
+    second = facts.second_stage
+    assert second is not None and second.rows >= looks.tokens[-1] / (one_row / facts.prompts), second
+    assert {"surprisal", "support", "rounds.residual_is_p"} <= set(second.scores), second
+    for name, c in classes.items():
+        assert c.second_stage_power is not None and c.power <= c.second_stage_power, name
+        if c.covered:
+            assert c.second_stage_power >= stage_two_power(0.99) and c.power >= 0.99, (name, c)
 
 
 def test_the_draft_law_table_names_a_cell_the_engine_does_not_have():

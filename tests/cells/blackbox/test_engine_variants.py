@@ -280,14 +280,15 @@ def test_a_planted_temperature_bug_in_a_quantized_variant_fails_where_its_design
 @pytest.mark.usefixtures("one_thread")
 def test_a_quantized_variant_scored_by_the_fp32_reference_is_put_down_to_the_reference():
     """Scored one-sample by losscheck's fp32 target instead, the q2 target's T = 1 rows are rejected in
-    the first stage and put down to the reference: the cell claims no bug class."""
+    the first stage and put down to the reference: the cell's claims are its second stage's own power."""
     session = _session("-broken,-k,-batch")
     cells, _ = _quantized(session, "q2")
     one_sample = dataclasses.replace(cells[0], target="main")
     _, (scored,) = _certify(session, [one_sample])  # the q4 variant is still alive: no precision check
     found = scored.facts.attribution
     assert found is not None and found.finding == "reference", "the fp32 reference reproduces the q2 target's rows"
-    assert scored.facts.bug_classes is None
+    claims = scored.facts.bug_classes
+    assert claims and all(c.power == c.second_stage_power for c in claims.values()), claims
 
 
 def test_list_prints_the_variant_cells_and_their_memory_plan():

@@ -253,7 +253,8 @@ def test_an_engine_without_a_loadable_target_is_compared_with_itself_two_sample(
 def test_a_lossless_engine_whose_reference_differs_passes_on_its_second_stage_not_blamed(pytester):
     """Speculation on and off truncate alike, by another rule than losscheck's copy assumes: the
     first stage rejects against the reference, the second finds no difference between the sides,
-    and the cell passes on it, its record saying the reference differs (no class claims kept)."""
+    and the cell passes on it, its record saying the reference differs, its class claims the
+    second stage's own power (a class it cannot reach withdrawn by name)."""
     import json
 
     result = certify(pytester, "bb:other_top_p", "engine-k4-T1-topp0.9", "--losscheck-out=reports")
@@ -261,7 +262,11 @@ def test_a_lossless_engine_whose_reference_differs_passes_on_its_second_stage_no
     (cert_path,) = (pytester.path / "reports").glob("*/certificate.json")
     (record,) = json.loads(cert_path.read_text())["cells"]
     assert record["attribution"]["finding"] == "reference" and record["attribution"]["first_stage_failed"]
-    assert record.get("bug_classes") is None
+    claims = record["bug_classes"]
+    assert all(c["power"] == c["second_stage_power"] for c in claims.values()), claims
+    assert any(c["covered"] for c in claims.values()), claims
+    assert all(c["power"] >= 0.99 for c in claims.values() if c["covered"]), claims
+    assert all(c["withdrawn"] for c in claims.values() if c["reach"] == "covered" and c["power"] < 0.99), claims
     assert all(r["name"].startswith("attribution.") for r in record["verdict"]["results"])
     summary = (cert_path.parent / "summary.md").read_text()
     assert "engine-k4-T1-topp0.9: the reference differs from the engine, judged two-sample" in summary

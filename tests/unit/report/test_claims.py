@@ -192,8 +192,21 @@ def test_a_second_stage_that_puts_a_rejection_down_to_the_reference_says_what_it
     )
     text = "\n".join(claims.lines(certificate_of(found)))
     assert "engine-k4-T1: the reference differs from the engine, judged two-sample (a PASS of the row scores " in text
-    assert "surprisal, pit_mean alone, no bug class claimed)" in text
+    assert "surprisal, pit_mean alone; its bug-class claims are that stage's own power)" in text
     assert "engine-k4-T0.3: speculation blamed. At reduced precision" in text and "kernel numerics" in text
+
+
+def test_the_engine_claims_say_they_are_both_stages_and_where_the_second_is_planned():
+    stage = {"scores": ["surprisal", "support"], "score_alpha": 2e-4}
+    found = records(
+        {"cell": "engine-k4-T1", "second_stage": {**stage, "rows": 1536}},
+        {"cell": "engine-k4-T0.3", "second_stage": {**stage, "rows": 9600}},
+        {"cell": "engine-k4-greedy"},
+    )
+    text = "\n".join(claims.lines(certificate_of(found)))
+    assert "the bug-class claims of 2 one-sample engine cells are each cell's chance to FAIL, both stages" in text
+    assert "at 1,536-9,600 rows a side and drawn only after a first-stage rejection" in text
+    assert "both stages" not in "\n".join(claims.lines(certificate_of(records({"cell": "engine-k4-greedy"}))))
 
 
 def test_a_reduced_precision_reference_and_a_proxy_are_named_with_what_they_cost_the_claims():
