@@ -238,8 +238,8 @@ class AttributionRecord:
 
 @dataclass(frozen=True)
 class SecondStageRecord:
-    """A one-sample engine cell's second stage as planned before its first stage's verdict
-    (`losscheck.stats.second_stage`): its rows a side, the scores it compares whatever fails,
+    """A one-sample engine cell's second stage as planned from its first stage's sums, whatever
+    its tests found (`losscheck.stats.second_stage`): its rows a side, the scores it compares whatever fails,
     and the level each class's second-stage power (`BugClassRecord.second_stage_power`) is
     stated at. Drawn only after a first-stage rejection (`AttributionRecord`)."""
 

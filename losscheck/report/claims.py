@@ -300,8 +300,8 @@ def _second_stages(cert: Certificate) -> list[str]:
     return [
         f"- the bug-class claims of {_cells(len(planned), 'one-sample engine')} are each cell's chance to FAIL, "
         "both stages: the first stage's power times the second's (`losscheck.stats.second_stage`), the second "
-        f"planned before the first's verdict at {rows[0]:,}-{rows[-1]:,} rows a side and drawn only after a "
-        "first-stage rejection"
+        f"planned from the first's sums, whatever its tests found, at {rows[0]:,}-{rows[-1]:,} rows a side "
+        "and drawn only after a first-stage rejection"
     ]
 
 

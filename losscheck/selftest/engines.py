@@ -7,6 +7,8 @@ load, so their one-sample cells judge the verifier's bug classes through the rou
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from losscheck.core.contract import DraftContext, Target
@@ -23,6 +25,7 @@ from losscheck.selftest.verifiers import (
     verify_residual_is_p,
     verify_temperature_on_q_only,
 )
+from losscheck.stats.buglaws import TARGET_TEMPERATURE_FACTOR
 
 PLANTED: dict[str, Verifier] = {
     "residual-is-p": in_sampled_rounds(verify_residual_is_p),
@@ -154,6 +157,28 @@ def honest_argmax_drafts(target: Target) -> SpecLoopEngine:
             return token, torch.nn.functional.one_hot(token, logits.shape[-1]).to(logits.dtype)
 
     return DeclaresArgmax(target, Argmax(honest.lm.model, "argmax"), name="spec-loop-argmax")
+
+
+class HotterWhenSpeculating(SpecLoopEngine):
+    """With speculation on, the whole request runs at 1.1·T: the output law is p at 1.1·T, the
+    catalogue's `target_temperature_1.1` exactly (a law of p alone; the drafts are hotter too)."""
+
+    def _generate(self, request: GenerationRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        if request.speculative:
+            hotter = dataclasses.replace(
+                request.params, temperature=request.params.temperature * TARGET_TEMPERATURE_FACTOR
+            )
+            request = dataclasses.replace(request, params=hotter)
+        return super()._generate(request)
+
+
+def hotter_when_speculating(target: Target) -> SpecLoopEngine:
+    """`target_temperature_1.1` planted on the speculative path (the bundled drafter A, k = 4)."""
+    from losscheck import bundled
+    from losscheck.drafters.autoregressive import from_path
+
+    drafter = from_path(bundled.fixtures_dir() / "drafter_a", target)
+    return HotterWhenSpeculating(target, drafter, name="spec-loop-hotter")
 
 
 def min_tokens_counted_in_rounds(target: Target) -> SpecLoopEngine:

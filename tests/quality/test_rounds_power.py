@@ -71,23 +71,22 @@ def test_a_bug_is_caught_at_the_power_the_filter_states_with_prefill_alignment(b
     assert caught >= FLOOR, (bug, greedy, caught, rows)
 
 
-CONFIGS = [("residual_is_p", False), ("residual_is_p", True), ("bonus_from_previous_slot", False)]
-
-
 @pytest.mark.parametrize(
     ("bug", "greedy"),
     [
-        *CONFIGS[:2],
-        pytest.param(*CONFIGS[2], marks=pytest.mark.slow),
-        pytest.param("bonus_from_previous_slot", True, marks=pytest.mark.slow),  # ~200,000 rows a side
+        ("residual_is_p", False),
+        ("residual_is_p", True),
+        pytest.param("bonus_from_previous_slot", False, marks=pytest.mark.slow),  # 9,467 rows a side, ~40 s
     ],
-    ids=["residual-sampled", "residual-argmax", "bonus-sampled", "bonus-argmax"],
+    ids=["residual-sampled", "residual-argmax", "bonus-sampled"],
 )
 def test_a_second_stage_confirms_at_the_power_its_plan_states(bug, greedy):
     """A 400-row pilot of the buggy loop sizes the second stage at α 1e-3 and power 0.9
     (`RoundsPower.row_shift`); 50 second stages of that many rows a side, the buggy loop's
     against p's (the speculation-off side), must confirm at least 37 times (the one-sided
-    sign-flip test of the rows' log-LR at ρ = 1, as `attribution` runs it)."""
+    sign-flip test of the rows' log-LR at ρ = 1, as `attribution` runs it). Measured (2026-12-07):
+    205, 274 and 9,467 rows a side, caught 50, 47 and 50 of 50. The bonus bug under argmax drafts
+    is left out: its second stage needs ~680,000 rows a side here (50 cells: hours)."""
     P, Q = tables(4)
     if greedy:
         Q = torch.nn.functional.one_hot(Q.argmax(-1), V).double()

@@ -43,11 +43,12 @@ from losscheck.cells.scoring import ForcedProbs, teacher_forced_pit
 from losscheck.core.sampling import make_generator
 from losscheck.engines import DraftModel
 from losscheck.errors import LosscheckError
+from losscheck.stats.buglaws import TARGET_SIDE
 from losscheck.stats.conditional import surprisal_scores
 from losscheck.stats.hidden_rounds import CLASSES
 from losscheck.stats.registry import ATTRIBUTION, StatTest, register, run_family
 from losscheck.stats.result import TestResult, combine
-from losscheck.stats.second_stage import RowShift, sign_flip_test
+from losscheck.stats.second_stage import RowShift, SupportShift, sign_flip_test, stage_two_power
 from losscheck.stats.streams import top_tokens
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from losscheck.core.generation import Generation
     from losscheck.core.target import HFTarget
     from losscheck.run.context import CellContext
+    from losscheck.stats.bugclass import PowerAccumulator
+    from losscheck.stats.hidden_rounds import RoundsSample
 
 TINY = 1e-300
 # Row scores, each a sum over the row's tested tokens (or their mean); which failing test reads which:
@@ -75,9 +78,9 @@ SECOND_STAGE_CAP = 2
 
 @dataclass(frozen=True)
 class SecondStagePlan:
-    """A one-sample cell's second stage, fixed before its first stage's verdict: its rows a side
-    per prompt, the row scores it compares whatever failed, and per class the power of the score
-    that reads it at `alpha`, the level of one score when every score the stage may compare is
+    """A one-sample cell's second stage, fixed from its first stage's sums, whatever its tests
+    found: its rows a side per prompt, the row scores it compares whatever failed, and per class
+    the power of the score that reads it at `alpha`, the level of one score when every score the stage may compare is
     (`comparable`): a lower bound, whichever scores the failing tests add."""
 
     per_prompt: int
@@ -247,6 +250,54 @@ def attribution_tests(
         raise LosscheckError(f"no row score named {sorted(unknown)}; the second stage compares {list(ROW_SCORES)}")
     unread = frozenset().union(*(_needs(n) for n in ROW_SCORES if n not in names))
     return run_family(ATTRIBUTION, RowScorePair(on, off), alpha, power, missing=unread)
+
+
+def plan_second_stage(
+    ctx: CellContext,
+    power: PowerAccumulator,
+    rounds: RoundsSample | None,
+    judged: tuple[str, ...],
+    covered: set[str],
+    per_sequence: float,
+    floor: int,
+) -> SecondStagePlan:
+    """The second stage of a one-sample cell (`losscheck.stats.second_stage`), from the tested
+    sample's own sums, whatever its tests found: per class the law of
+    the row scores that read it (`surprisal` for a target-side class; its own log-LR, and
+    `support` for its mass outside p's support, for a verifier class judged through the draft
+    model, `judged`), and the rows a side that give every
+    `covered` class at least `stage_two_power` — at least `floor` per prompt (the first stage's design),
+    at most `SECOND_STAGE_CAP` times the profile's cap in generated tokens. Its power is stated
+    at α / (every row score the stage may compare), whichever the first stage's failing tests
+    add. The rows are drawn only after a first-stage rejection: under H0 they cost nothing."""
+    profile, prompts = ctx.profile, len(ctx.all_prompts())
+    alpha = ctx.alpha / comparable(judged)
+    # per class the scores that read it: the best one sizes the stage and states its power
+    ways: dict[str, tuple[RowShift | SupportShift, ...]] = {
+        bug.name: (power.surprisal_shift(bug.name, max(per_sequence, 1e-9)),) for bug in TARGET_SIDE
+    }
+    if rounds is not None:
+        ways |= {name: (rounds.power.row_shift(name), rounds.power.support_shift(name)) for name in judged}
+    level = stage_two_power(profile.power)
+    wanted = (min(w.rows_needed(alpha, level) for w in ways[name]) for name in covered if name in ways)
+    needed = max((n for n in wanted if math.isfinite(n)), default=0.0)  # a class it cannot reach: withdrawn
+    cap = max(floor, math.ceil(SECOND_STAGE_CAP * profile.max_pit_tokens / max(profile.horizon, 1) / prompts))
+    per_prompt = min(max(floor, math.ceil(needed / prompts)), cap)
+    return SecondStagePlan(
+        per_prompt=per_prompt,
+        scores=planned_scores(judged),
+        alpha=alpha,
+        power={name: max(w.power(per_prompt * prompts, alpha) for w in found) for name, found in ways.items()},
+    )
+
+
+def both_stages(coverage: dict[str, BugClassRecord], second: dict[str, float]) -> dict[str, BugClassRecord]:
+    """Each class's claim as the cell's chance to FAIL under it: the first stage's power times
+    the second's (independent rows), the second's beside it."""
+    return {
+        name: dataclasses.replace(c, power=c.power * second.get(name, 0.0), second_stage_power=second.get(name, 0.0))
+        for name, c in coverage.items()
+    }
 
 
 def second_stage_claims(

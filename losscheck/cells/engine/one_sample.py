@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.cells.engine.attribution import SECOND_STAGE_CAP, SecondStagePlan, attribute, comparable, planned_scores
+from losscheck.cells.engine.attribution import attribute, both_stages, plan_second_stage
 from losscheck.cells.engine.handle import (
     CONFIRM_TOKENS,
     NO_SLOTS,
@@ -34,7 +34,7 @@ from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, Repor
 from losscheck.run.context import CellContext
 from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.result import combine
-from losscheck.stats.second_stage import RowShift, SupportShift, stage_one_power, stage_two_power
+from losscheck.stats.second_stage import stage_one_power
 
 if TYPE_CHECKING:
     from losscheck.cells.engine.phases import EngineDraws
@@ -69,10 +69,13 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     the design reaches (and its own p and q keep the promise), or where a rounds test crosses its
     level (an e-value: valid at any stopping time). The fixed-sample tests are judged at α / `LOOKS`.
 
-    Attribution (`losscheck.cells.engine.attribution`): only when this first stage rejects, fresh rows
-    of both sides are compared two-sample on the row scores of the failing tests. Both reject: a
-    FAIL blamed on speculation. The second does not: the reference differs from the engine,
-    reported as such, and the cell's verdict is the second stage's.
+    Attribution (`losscheck.cells.engine.attribution`): planned from the first stage's sums,
+    whatever its tests found (`plan_second_stage`: the first stage has a share of the power,
+    `stage_one_power`, the second the rest, and each claim is their product); only when this
+    first stage rejects, fresh rows of both sides are compared on the planned and the failing
+    tests' row scores. Both reject: a FAIL blamed on speculation. The second does not: the
+    reference differs from the engine, reported as such, and the cell's verdict and claims are
+    the second stage's.
 
     Rounds: the pilot; each look of the sample; the attribution's two sides only after a
     rejection. The reference target is read only between and after them."""
@@ -162,7 +165,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         at_scored = at * scored / max(tested, 1)  # in scored tokens, at the tested sample's own rate
         judged_rounds = rounds_coverage(design, rounds.sample, judging, at_scored)
         coverage |= {name: c for name, c in judged_rounds.items() if name not in unjudged}
-    # the second stage, planned before the first's verdict: its rows and each class's power there
+    # the second stage, planned from the first's sums (not its verdict): its rows and each class's power there
     designed = math.ceil(plan.looks.tokens[-1] / max(design.per_sequence, 1e-9) / len(prompts))
     second = plan_second_stage(
         ctx,
@@ -451,56 +454,6 @@ def bound(
         ratio_h0=tokens / record.wald_h0_tokens,
         at_floor=design.tokens <= design.floor,
     )
-
-
-def plan_second_stage(
-    ctx: CellContext,
-    power: PowerAccumulator,
-    rounds: RoundsSample | None,
-    judged: tuple[str, ...],
-    covered: set[str],
-    per_sequence: float,
-    floor: int,
-) -> SecondStagePlan:
-    """The second stage of a one-sample cell, fixed before its first stage's verdict
-    (`losscheck.stats.second_stage`): from the tested sample's own sums, per class the law of
-    the row scores that read it (`surprisal` for a target-side class; its own log-LR, and
-    `support` for its mass outside p's support, for a verifier class judged through the draft
-    model, `judged`), and the rows a side that give every
-    `covered` class at least `stage_two_power` — at least `floor` per prompt (the first stage's design),
-    at most `SECOND_STAGE_CAP` times the profile's cap in generated tokens. Its power is stated
-    at α / (every row score the stage may compare), whichever the first stage's failing tests
-    add. The rows are drawn only after a first-stage rejection: under H0 they cost nothing."""
-    from losscheck.stats.buglaws import TARGET_SIDE
-
-    profile, prompts = ctx.profile, len(ctx.all_prompts())
-    alpha = ctx.alpha / comparable(judged)
-    # per class the scores that read it: the best one sizes the stage and states its power
-    ways: dict[str, tuple[RowShift | SupportShift, ...]] = {
-        bug.name: (power.surprisal_shift(bug.name, max(per_sequence, 1e-9)),) for bug in TARGET_SIDE
-    }
-    if rounds is not None:
-        ways |= {name: (rounds.power.row_shift(name), rounds.power.support_shift(name)) for name in judged}
-    level = stage_two_power(profile.power)
-    wanted = (min(w.rows_needed(alpha, level) for w in ways[name]) for name in covered if name in ways)
-    needed = max((n for n in wanted if math.isfinite(n)), default=0.0)  # a class it cannot reach: withdrawn
-    cap = max(floor, math.ceil(SECOND_STAGE_CAP * profile.max_pit_tokens / max(profile.horizon, 1) / prompts))
-    per_prompt = min(max(floor, math.ceil(needed / prompts)), cap)
-    return SecondStagePlan(
-        per_prompt=per_prompt,
-        scores=planned_scores(judged),
-        alpha=alpha,
-        power={name: max(w.power(per_prompt * prompts, alpha) for w in found) for name, found in ways.items()},
-    )
-
-
-def both_stages(coverage: dict[str, BugClassRecord], second: dict[str, float]) -> dict[str, BugClassRecord]:
-    """Each class's claim as the cell's chance to FAIL under it: the first stage's power times
-    the second's (independent rows), the second's beside it."""
-    return {
-        name: dataclasses.replace(c, power=c.power * second.get(name, 0.0), second_stage_power=second.get(name, 0.0))
-        for name, c in coverage.items()
-    }
 
 
 def _finite(x: float) -> float | None:
