@@ -1,4 +1,4 @@
-"""The power of a black-box engine cell's second stage, planned with its first.
+"""A black-box engine cell's second stage: its test and its power, planned with its first.
 
 A one-sample engine cell FAILs only when both stages reject (`losscheck.cells.engine.attribution`):
 the first tests the engine's speculative rows against losscheck's reference, the second compares
@@ -25,7 +25,8 @@ for a two-sided score) and m pairs, Σ D² ≈ m·E D² and
 
 A row's variance splits into the positions' conditional variances and the spread of their
 conditional means over rows, Var R = E Σ_t Var_t(s_t) + Var(Σ_t E_t s_t); both constructors below
-bound the second part from above (a bound on v lowers the stated power, never raises it). Like the
+bound the second part from above (above one half, where claims are made, a larger v lowers the
+stated power). Like the
 first stage's models, they evaluate the class's law along the rows drawn (the bug changes the
 tokens' law, not which prefixes the rows visit).
 """
