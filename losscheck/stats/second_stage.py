@@ -125,6 +125,18 @@ class SupportShift:
         return float(high)
 
 
+def detectable_shift(rows: int, alpha: float, power: float, two_sided: bool = False) -> float:
+    """The mean difference, in standard deviations of a pair's difference, that `sign_flip_test`
+    with `rows` pairs catches at `power` (the root of `RowShift.power` at v = 1; inf when c² >= rows):
+    from sqrt(m)·d - z = c·sqrt(1 + d²), (m - c²)·d² - 2·z·sqrt(m)·d + z² - c² = 0."""
+    c, z = _threshold(alpha, two_sided), float(stats.norm.ppf(power))
+    m = float(rows)
+    if m <= c * c:
+        return math.inf
+    root = z * z * m - (m - c * c) * (z * z - c * c)
+    return (z * math.sqrt(m) + math.sqrt(max(root, 0.0))) / (m - c * c)
+
+
 def _threshold(alpha: float, two_sided: bool) -> float:
     """c: `sign_flip_test` rejects where Σ D >= c·sqrt(Σ D²) (|Σ D| for a two-sided score)."""
     check_open_unit("alpha", alpha)

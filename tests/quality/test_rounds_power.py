@@ -84,14 +84,15 @@ def test_a_second_stage_confirms_at_the_power_its_plan_states(bug, greedy):
     """A 400-row pilot of the buggy loop sizes the second stage at α 1e-3 and power 0.9
     (`RoundsPower.row_shift`); 50 second stages of that many rows a side, the buggy loop's
     against p's (the speculation-off side), must confirm at least 37 times (the one-sided
-    sign-flip test of the rows' log-LR at ρ = 1, as `attribution` runs it). Measured (2026-12-07):
-    205, 274 and 9,467 rows a side, caught 50, 47 and 50 of 50. The bonus bug under argmax drafts
+    sign-flip test of the rows' log-LR at ρ = 1, as `attribution` runs it). Measured (2026-12-07, this
+    seed, drawn after the test's design was fixed): 206, 274 and 8,461 rows a side, caught 46, 48
+    and 50 of 50. The bonus bug under argmax drafts
     is left out: its second stage needs ~680,000 rows a side here (50 cells: hours)."""
     P, Q = tables(4)
     if greedy:
         Q = torch.nn.functional.one_hot(Q.argmax(-1), V).double()
     laws = {side: loop_law(P, Q, name, first="prefill") for side, name in (("on", bug), ("off", None))}
-    g = torch.Generator().manual_seed(19)
+    g = torch.Generator().manual_seed(20261213)
 
     def draw(side: str, n: int) -> torch.Tensor:
         outputs = torch.tensor(list(laws[side]))

@@ -48,7 +48,13 @@ from losscheck.stats.conditional import surprisal_scores
 from losscheck.stats.hidden_rounds import CLASSES
 from losscheck.stats.registry import ATTRIBUTION, StatTest, register, run_family
 from losscheck.stats.result import TestResult, combine
-from losscheck.stats.second_stage import RowShift, SupportShift, sign_flip_test, stage_two_power
+from losscheck.stats.second_stage import (
+    RowShift,
+    SupportShift,
+    detectable_shift,
+    sign_flip_test,
+    stage_two_power,
+)
 from losscheck.stats.streams import top_tokens
 
 if TYPE_CHECKING:
@@ -80,8 +86,8 @@ SECOND_STAGE_CAP = 2
 class SecondStagePlan:
     """A one-sample cell's second stage, fixed from its first stage's sums, whatever its tests
     found: its rows a side per prompt, the row scores it compares whatever failed, and per class
-    the power of the score that reads it at `alpha`, the level of one score when every score the stage may compare is
-    (`comparable`): a lower bound, whichever scores the failing tests add."""
+    the power of the score that reads it at `alpha` — one score's level when the stage compares
+    every score it may (`comparable`): a lower bound, whichever scores the failing tests add."""
 
     per_prompt: int
     scores: tuple[str, ...]
@@ -199,13 +205,12 @@ class RowScorePair:
 def _paired_test(name: str, on: torch.Tensor, off: torch.Tensor, alpha: float, power: float) -> TestResult:
     """Row score `name`, the i-th speculative row against the i-th speculation-off row (one
     prompt's), by `second_stage.sign_flip_test` at `alpha`: a rounds class's score one-sided (a
-    verifier with the class scores higher), the others two-sided. States the mean difference, in
-    standard deviations of a pair's, that it detects at `power`."""
+    verifier with the class scores higher), the others two-sided. States the mean shift, in
+    standard deviations of one row's score (both sides' alike, so √2 of a pair's), that it
+    detects at `power`."""
     two_sided = not name.startswith("rounds.")
     statistic, p_value = sign_flip_test(on, off, two_sided)
     m = len(on)
-    shift = RowShift(1.0, 0.5, 0.5, two_sided)  # D of unit variance: the standardized shift it needs
-    need = shift.rows_needed(alpha, power)
     a, b = on.numpy(), off.numpy()
     return TestResult(
         name=f"attribution.{name}",
@@ -218,7 +223,7 @@ def _paired_test(name: str, on: torch.Tensor, off: torch.Tensor, alpha: float, p
         alpha=alpha,
         n=2 * m,
         power=power,
-        detectable={"d": math.sqrt(need / max(m, 1)) if math.isfinite(need) else math.inf},
+        detectable={"d": math.sqrt(2) * detectable_shift(m, alpha, power, two_sided)},
     )
 
 
@@ -260,14 +265,15 @@ def plan_second_stage(
     covered: set[str],
     per_sequence: float,
     floor: int,
+    horizon: int,
 ) -> SecondStagePlan:
     """The second stage of a one-sample cell (`losscheck.stats.second_stage`), from the tested
-    sample's own sums, whatever its tests found: per class the law of
-    the row scores that read it (`surprisal` for a target-side class; its own log-LR, and
-    `support` for its mass outside p's support, for a verifier class judged through the draft
-    model, `judged`), and the rows a side that give every
-    `covered` class at least `stage_two_power` — at least `floor` per prompt (the first stage's design),
-    at most `SECOND_STAGE_CAP` times the profile's cap in generated tokens. Its power is stated
+    sample's own sums, whatever its tests found: per class the law of the row scores that read it
+    (`surprisal` for a target-side class; its own log-LR, and `support` for its mass outside p's
+    support, for a verifier class judged through the draft model, `judged`), and the rows a side
+    that give every `covered` class at least `stage_two_power` — at least `floor` per prompt (the
+    first stage's design), at most `SECOND_STAGE_CAP` times the profile's cap in generated tokens
+    (rows of `horizon`). Its power is stated
     at α / (every row score the stage may compare), whichever the first stage's failing tests
     add. The rows are drawn only after a first-stage rejection: under H0 they cost nothing."""
     profile, prompts = ctx.profile, len(ctx.all_prompts())
@@ -281,7 +287,7 @@ def plan_second_stage(
     level = stage_two_power(profile.power)
     wanted = (min(w.rows_needed(alpha, level) for w in ways[name]) for name in covered if name in ways)
     needed = max((n for n in wanted if math.isfinite(n)), default=0.0)  # a class it cannot reach: withdrawn
-    cap = max(floor, math.ceil(SECOND_STAGE_CAP * profile.max_pit_tokens / max(profile.horizon, 1) / prompts))
+    cap = max(floor, math.ceil(SECOND_STAGE_CAP * profile.max_pit_tokens / max(horizon, 1) / prompts))
     per_prompt = min(max(floor, math.ceil(needed / prompts)), cap)
     return SecondStagePlan(
         per_prompt=per_prompt,

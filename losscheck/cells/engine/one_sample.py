@@ -175,6 +175,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         {n for n, c in coverage.items() if c.covered},
         design.per_sequence,
         max(per_prompt, designed),
+        horizon,
     )
     coverage = confirmed_coverage(cell, both_stages(coverage, second.power), profile.power)
     facts = dataclasses.replace(

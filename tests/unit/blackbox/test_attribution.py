@@ -1,5 +1,5 @@
 """The second stage of a black-box cell (`losscheck.cells.engine.attribution`): which row scores a failing
-test reads, and the U tests' level and stated power on samples of known law."""
+test reads, and the paired sign-flip tests' level and stated power on samples of known law."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_one_law_on_both_sides_rejects_within_alpha():
 def test_a_shift_at_the_stated_detectable_size_is_caught_at_the_stated_power():
     """A shift of the class score by the `d` the test states at power 0.9 is caught in at least
     34 of 40 cells (P(<34 | 0.9) = 0.07; normal scores, where the stated d is exact but for the
-    U test's normal approximation)."""
+    normal approximation of the sign-flip statistic)."""
     g = torch.Generator().manual_seed(4)
     on, off = _sides(0.0, 100, g)
     (result,) = attribution_tests(on, off, ("rounds.residual_is_p",), 0.01, 0.9)

@@ -13,7 +13,14 @@ import torch
 from scipy import stats
 
 from losscheck.errors import LosscheckError
-from losscheck.stats.second_stage import RowShift, sign_flip_test, stage_one_power, stage_two_power, token_shift
+from losscheck.stats.second_stage import (
+    RowShift,
+    detectable_shift,
+    sign_flip_test,
+    stage_one_power,
+    stage_two_power,
+    token_shift,
+)
 
 
 @pytest.mark.parametrize("power", [0.8, 0.9, 0.99, 0.999])
@@ -30,6 +37,14 @@ def test_the_rows_needed_are_the_fewest_that_reach_the_level(two_sided):
     rows = shift.rows_needed(1e-3, 0.99)
     assert shift.power(int(rows), 1e-3) >= 0.99 > shift.power(int(rows) - 1, 1e-3)
     assert shift.power(int(rows), 1e-3) > shift.power(int(rows), 1e-5)  # a lower level costs power
+
+
+@pytest.mark.parametrize("two_sided", [False, True])
+def test_the_detectable_shift_is_the_one_the_model_catches_at_the_power(two_sided):
+    for rows in (50, 400, 10_000):
+        d = detectable_shift(rows, 1e-3, 0.99, two_sided)
+        assert RowShift(d, 0.5, 0.5, two_sided).power(rows, 1e-3) == pytest.approx(0.99, abs=1e-9)
+    assert detectable_shift(10, 1e-3, 0.99) == math.inf  # c² = 13.8 pairs are the least that can reject
 
 
 def test_no_shift_has_no_power_and_needs_every_row():
