@@ -152,18 +152,23 @@ def _class_design(
 ) -> ClassDesign:
     """The tested tokens a PIT cell aims at from its pilot, for a cell that may stop at `looks`
     points: its tests at the power `sequential.design_power` leaves them (the profile's when the
-    cell has a single look), the fixed-sample ones at their level / `looks`."""
+    cell has a single look), the fixed-sample ones at their level / `looks`; with more than one
+    look, the cap where a class beyond it is reached at `sequential.PARTIAL_POWER` (its early stop
+    then waits for that class's rule-out)."""
     level = profile.power if looks == 1 else sequential.design_power(profile.power)
     alpha_pit = registry.split(alpha_scored, registry.PIT, registry.CONDITIONAL).share(registry.PIT)
     pooled = 0
     if profile.pooled_tv is not None:
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv)
+    # with looks to stop at, a class beyond the cap that the cap reaches partly takes the design to it
+    partial = pilot.tokens_needed(alpha_test, sequential.PARTIAL_POWER, looks) if looks > 1 else None
     return ClassDesign.of(
         pilot.tokens_needed(alpha_test, level, looks),
         LR_BOUND,
         profile.min_pit_tokens,
         profile.max_pit_tokens,
         pooled,
+        partial,
     )
 
 

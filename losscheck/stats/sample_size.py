@@ -28,6 +28,14 @@ def exact_sequences(n_continuations: int, horizon: int, alpha: float, power: flo
     return math.ceil(exact_required_n(n_continuations, horizon, alpha, power, detect_tv) * SAMPLE_MARGIN)
 
 
+def _best(needed: Mapping[str, Mapping[str, float]], lr_bound: str) -> dict[str, tuple[str, float]]:
+    """Per class, the test (not the benchmark `lr_bound`) that needs fewest tokens, and those tokens."""
+    return {
+        name: min(((t, n) for t, n in tests.items() if t != lr_bound), key=lambda tn: tn[1])
+        for name, tests in needed.items()
+    }
+
+
 # The tested sample aims this much above what the pilot says each covered class needs: the pilot's
 # estimate of a class's per-token effect varies with the prefixes it happened to visit.
 DESIGN_MARGIN = 1.25
@@ -39,8 +47,11 @@ class ClassDesign:
 
     best:    class -> (the test that needs fewest tokens to catch it, those tokens), from the pilot
     covered: the classes whose best test reaches the power within the cap, cheapest first
+    reached: the classes beyond the cap whose best test reaches the partial power within it
+             (`of`'s `partial`): they take the design to the cap
     tokens:  tested tokens the sample aims at: the most any covered class needs, with the margin,
-             within [floor, cap], and at least `pooled` (the pooled tests' own requirement, if any)
+             or the cap where a class is reached, within [floor, cap], and at least `pooled` (the
+             pooled tests' own requirement, if any)
     floor:   the fewest tested tokens any sample of the design has: the floor, and `pooled`
     """
 
@@ -49,21 +60,33 @@ class ClassDesign:
     tokens: int
     cap: int
     floor: int
+    reached: tuple[str, ...] = ()
 
     @classmethod
     def of(
-        cls, needed: Mapping[str, Mapping[str, float]], lr_bound: str, floor: int, cap: int, pooled: int = 0
+        cls,
+        needed: Mapping[str, Mapping[str, float]],
+        lr_bound: str,
+        floor: int,
+        cap: int,
+        pooled: int = 0,
+        partial: Mapping[str, Mapping[str, float]] | None = None,
     ) -> ClassDesign:
         """`needed`: class -> test -> tokens needed (`PowerAccumulator.tokens_needed`; math.inf:
-        no power); the entry `lr_bound` is a benchmark, not a test the cell runs."""
-        best = {
-            name: min(((t, n) for t, n in tests.items() if t != lr_bound), key=lambda tn: tn[1])
-            for name, tests in needed.items()
-        }
+        no power); the entry `lr_bound` is a benchmark, not a test the cell runs. `partial`: the
+        same at a partial power (`sequential.PARTIAL_POWER`). A class the cap leaves uncovered but
+        reaches at that power takes the design to the cap, so that the looks' early stop must rule
+        it out (`losscheck.stats.design.design_looks`) before the cell stops short of its tests'
+        reach: without it, a cell whose bug sits just beyond the cap stops at the covered classes'
+        tokens, where its tests barely see that bug."""
+        best = _best(needed, lr_bound)
         covered = tuple(sorted((c for c, (_, n) in best.items() if n * DESIGN_MARGIN <= cap), key=lambda c: best[c][1]))
-        most = max((best[c][1] for c in covered), default=0.0)
-        tokens = max(floor, math.ceil(most * DESIGN_MARGIN), pooled)
-        return cls(best, covered, min(tokens, max(cap, pooled)), cap, max(floor, pooled))
+        reached = tuple(
+            sorted(c for c, (_, n) in _best(partial or {}, lr_bound).items() if c in best and c not in covered and n <= cap)
+        )
+        most = max((best[c][1] * DESIGN_MARGIN for c in covered), default=0.0)
+        tokens = max(floor, math.ceil(cap if reached else most), pooled)
+        return cls(best, covered, min(tokens, max(cap, pooled)), cap, max(floor, pooled), reached)
 
     def sequences(self, tokens_per_sequence: float) -> int:
         """Sequences to draw when a sequence yields `tokens_per_sequence` tested tokens (the pilot's)."""

@@ -106,6 +106,14 @@ class EngineLooks:
         )
         return cls(merged, grid, design, rounds, alpha_test, power)
 
+    @property
+    def partly(self) -> frozenset[str]:
+        """The classes the design does not cover whose catalogue point an early stop must still
+        rule out: reached at `sequential.PARTIAL_POWER` or more at the last look (the design's
+        margin can leave a class just beyond the cap that its looks treat as covered)."""
+        points = (_member(key) for key in (*self.looks.covered, *self.looks.partial))
+        return frozenset(name for name, rho in points if rho == 1.0 and name not in self.design.covered)
+
     def short(self, power: PowerAccumulator, rounds: RoundsSample | None) -> list[str]:
         """The promised member keys whose power, from the tested sample's own p and q at the
         design's tokens, falls below the promise: `sequential.design_power` where the design

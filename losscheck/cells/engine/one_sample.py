@@ -156,7 +156,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     # after a stop that ruled every class out, the tests' power at the design's tokens (the last look's)
     at = plan.design.tokens if early and not rejected else tested
     sample = None if rounds is None else rounds.sample
-    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, plan.ruled_out(power, sample))
+    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, plan.ruled_out(power, sample), plan.partly)
     coverage = target_side_coverage(design.classes, power, tested, judging, at)
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
@@ -283,7 +283,9 @@ def _design(
     ambiguous positions left out), within the
     profile's engine floor (`engine_min_tokens`, and at least one row a prompt) and cap, which
     bound the tokens *generated*: scaled by the pilot's share of generated tokens that every test
-    reads, so an ambiguous cut-off leaves classes uncovered rather than multiplying the rows."""
+    reads, so an ambiguous cut-off leaves classes uncovered rather than multiplying the rows. With
+    looks, a class the cap leaves uncovered but reaches at `sequential.PARTIAL_POWER` takes the
+    design to the cap (`ClassDesign.of`): the early stop waits for its rule-out."""
     from losscheck.cells.engine.rounds import RoundsScoring
     from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
@@ -297,16 +299,21 @@ def _design(
     rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
     measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
     level = power if looks == 1 else sequential.design_power(power)
-    needed = measured.tokens_needed(alpha_test, level, looks)
-    wanted: dict[str, dict[str, float]] = {bug.name: needed[bug.name] for bug in TARGET_SIDE}
+    # at the design's power, and (with looks to stop at) at the partial power that takes a class beyond the cap into it
+    levels = (level, sequential.PARTIAL_POWER) if looks > 1 else (level,)
+    wanted: list[dict[str, dict[str, float]]] = []
+    for at in levels:
+        needed = measured.tokens_needed(alpha_test, at, looks)
+        wanted.append({bug.name: needed[bug.name] for bug in TARGET_SIDE})
     generated = int(gen.mask().sum())
     read_share = measured.steps / max(generated, 1)  # of the generated tokens, those every test reads
     rate = 1.0
     if rounds is not None:
         rate = rounds.sample.tokens / max(measured.steps, 1)
         for name in rounds.sample.power.classes:
-            tokens = rounds.sample.power.tokens_needed(name, alpha_test, level)
-            wanted[name] = {f"rounds.{name}": tokens / max(rate, 1e-9)}
+            for at, want in zip(levels, wanted):
+                tokens = rounds.sample.power.tokens_needed(name, alpha_test, at)
+                want[name] = {f"rounds.{name}": tokens / max(rate, 1e-9)}
     pooled = 0
     if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
         alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
@@ -315,7 +322,7 @@ def _design(
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.engine_min_tokens, profile.max_pit_tokens))
     # a look draws at least one row a prompt; rounded down, so that the first look asks for exactly one
     floor = max(floor, int(per_sequence * len(prompts)))
-    design = sample_size.ClassDesign.of(wanted, LR_BOUND, floor, cap, pooled)
+    design = sample_size.ClassDesign.of(wanted[0], LR_BOUND, floor, cap, pooled, partial=wanted[-1] if looks > 1 else None)
     acceptance, pilot_rounds = (None, None) if rounds is None else (rounds.sample.acceptance, rounds.sample.power)
     return EngineDesign(design, per_sequence, generated, measured.steps, measured, rate, acceptance, pilot_rounds)
 
@@ -335,8 +342,9 @@ class Judging:
     """How a one-sample cell's coverage is judged: one test's share of its α and the cell's α,
     the profile's power and the first stage's part of it (`second_stage.stage_one_power`), the
     looks it allows (`EngineLooks`: its fixed-sample tests at α / looks, a covered class's power
-    less β_r, the chance it was ruled out first) and, per class, whether every member its early
-    stop needed was ruled out."""
+    less β_r, the chance it was ruled out first), per class whether every member its early stop
+    needed was ruled out, and the classes the looks reach only partly (`EngineLooks.partly`:
+    beyond the cap at the design's power, their power less β_p)."""
 
     alpha_test: float
     alpha_cell: float
@@ -344,6 +352,18 @@ class Judging:
     stage_one: float
     looks: int = 1
     ruled: dict[str, bool] = dataclasses.field(default_factory=dict)
+    partly: frozenset[str] = frozenset()
+
+    def reach(self, name: str, covered: bool) -> str:
+        """A class's reach in its record: covered by the design, reached partly, or not at all."""
+        return "covered" if covered else "partial" if name in self.partly else "none"
+
+    def claimed(self, have: float, reach: str) -> float:
+        """The power a class record states from its tests' power `have`: less β_r where the design
+        covers it and β_p where it reaches it partly, the chance it was ruled out first."""
+        if reach == "none" or self.looks == 1:
+            return have
+        return max(0.0, have - (self.beta if reach == "covered" else sequential.PARTIAL_BETA))
 
     @property
     def design_level(self) -> float:
@@ -378,15 +398,16 @@ def target_side_coverage(
         name = bug.name
         test, tokens = min(((t, n) for t, n in needed[name].items() if t != LR_BOUND), key=lambda tn: tn[1])
         covered = name in design.covered
+        reach = judging.reach(name, covered)
         wald = power.wald(name, judging.alpha_cell, level)
         have = power.best_power(name, at, alpha_test, looks)
         coverage[name] = BugClassRecord(
             test=test,
             tokens_needed=tokens,
             pilot_tokens_needed=design.best[name][1],
-            power=max(0.0, have - judging.beta) if covered else have,
+            power=judging.claimed(have, reach),
             covered=covered,
-            reach="covered" if covered else "none",
+            reach=reach,
             ruled_out=judging.ruled.get(name, False),
             curve={f"{p:g}": power.smallest_rho(name, tested, alpha_test, p, looks) for p in (level, PARTIAL_POWER)},
             wald_tokens=_finite(wald.under_bug),
@@ -410,6 +431,7 @@ def rounds_coverage(
     records = {}
     for name in power.classes:
         covered = name in design.classes.covered
+        reach = judging.reach(name, covered)
         needed = power.tokens_needed(name, alpha_test, judging.design_level)
         pilot = design.classes.best[name][1] * design.rounds_rate
         wald = power.wald(name, judging.alpha_cell, level)
@@ -418,9 +440,9 @@ def rounds_coverage(
             test=f"rounds.{name}",
             tokens_needed=needed if math.isfinite(needed) else None,
             pilot_tokens_needed=pilot if math.isfinite(pilot) else None,
-            power=max(0.0, have - judging.beta) if covered else have,
+            power=judging.claimed(have, reach),
             covered=covered,
-            reach="covered" if covered else "none",
+            reach=reach,
             ruled_out=judging.ruled.get(name, False),
             curve={f"{p:g}": power.smallest_rho(name, scored, alpha_test, p) for p in (level, PARTIAL_POWER)},
             wald_tokens=_finite(wald.under_bug),
