@@ -81,9 +81,8 @@ class ClassDesign:
         tokens, where its tests barely see that bug."""
         best = _best(needed, lr_bound)
         covered = tuple(sorted((c for c, (_, n) in best.items() if n * DESIGN_MARGIN <= cap), key=lambda c: best[c][1]))
-        reached = tuple(
-            sorted(c for c, (_, n) in _best(partial or {}, lr_bound).items() if c in best and c not in covered and n <= cap)
-        )
+        partly = _best(partial or {}, lr_bound)
+        reached = tuple(sorted(c for c, (_, n) in partly.items() if c in best and c not in covered and n <= cap))
         most = max((best[c][1] * DESIGN_MARGIN for c in covered), default=0.0)
         tokens = max(floor, math.ceil(cap if reached else most), pooled)
         return cls(best, covered, min(tokens, max(cap, pooled)), cap, max(floor, pooled), reached)

@@ -156,7 +156,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     # after a stop that ruled every class out, the tests' power at the design's tokens (the last look's)
     at = plan.design.tokens if early and not rejected else tested
     sample = None if rounds is None else rounds.sample
-    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, plan.ruled_out(power, sample), plan.partly)
+    ruled = plan.ruled_out(power, sample)
+    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, ruled, plan.partly)
     coverage = target_side_coverage(design.classes, power, tested, judging, at)
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
@@ -322,7 +323,8 @@ def _design(
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.engine_min_tokens, profile.max_pit_tokens))
     # a look draws at least one row a prompt; rounded down, so that the first look asks for exactly one
     floor = max(floor, int(per_sequence * len(prompts)))
-    design = sample_size.ClassDesign.of(wanted[0], LR_BOUND, floor, cap, pooled, partial=wanted[-1] if looks > 1 else None)
+    partly = wanted[-1] if looks > 1 else None
+    design = sample_size.ClassDesign.of(wanted[0], LR_BOUND, floor, cap, pooled, partly)
     acceptance, pilot_rounds = (None, None) if rounds is None else (rounds.sample.acceptance, rounds.sample.power)
     return EngineDesign(design, per_sequence, generated, measured.steps, measured, rate, acceptance, pilot_rounds)
 
