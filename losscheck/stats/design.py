@@ -23,7 +23,8 @@ def design_looks(
 
     A class's family is its mixtures (1 - ρ)·p + ρ·p' (`losscheck.stats.sequential`). Its floor
     ρ_min is the smallest member whose best test has power `sequential.PARTIAL_POWER` at the
-    design's tokens less `DESIGN_MARGIN` twice: the design *promises* the members down to it, and
+    design's promising tokens (`ClassDesign.promising`: the covered classes', not the cap a class
+    reached partly takes the last look to) less `DESIGN_MARGIN` twice: the design *promises* the members down to it, and
     the tested sample must confirm each promise at the design's tokens (`bug_class_coverage`) —
     the pilot's estimate of a small member's effect is noisier than of the catalogue point, which
     the covered classes are sized for with one margin. An early stop rules out every member of
@@ -35,7 +36,7 @@ def design_looks(
     confirmed by the tested sample): the ids share one family (the smallest ρ_min of its ids and
     of its aimed id), each ruled out down to its own ρ_min and the member below it."""
     level = sequential.design_power(power)
-    promised = design.tokens / sample_size.DESIGN_MARGIN
+    promised = design.promising / sample_size.DESIGN_MARGIN
     floor_tokens = promised / sample_size.DESIGN_MARGIN
     covered: list[str] = []
     partial: list[str] = []

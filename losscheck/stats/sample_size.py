@@ -53,6 +53,7 @@ class ClassDesign:
              or the cap where a class is reached, within [floor, cap], and at least `pooled` (the
              pooled tests' own requirement, if any)
     floor:   the fewest tested tokens any sample of the design has: the floor, and `pooled`
+    covering: the tokens the covered classes alone need (as `tokens`, no class reached); None: `tokens`
     """
 
     best: dict[str, tuple[str, float]]
@@ -61,6 +62,15 @@ class ClassDesign:
     cap: int
     floor: int
     reached: tuple[str, ...] = ()
+    covering: int | None = None
+
+    @property
+    def promising(self) -> int:
+        """The tokens the design's promises to its covered classes' family members are made at
+        (`losscheck.stats.design.design_looks`): the covered classes' own, not the cap a reached
+        class takes the last look to — a promise made at the cap would hold the early stop until
+        members far smaller than the covered classes need were ruled out."""
+        return self.tokens if self.covering is None else self.covering
 
     @classmethod
     def of(
@@ -84,8 +94,10 @@ class ClassDesign:
         partly = _best(partial or {}, lr_bound)
         reached = tuple(sorted(c for c, (_, n) in partly.items() if c in best and c not in covered and n <= cap))
         most = max((best[c][1] * DESIGN_MARGIN for c in covered), default=0.0)
-        tokens = max(floor, math.ceil(cap if reached else most), pooled)
-        return cls(best, covered, min(tokens, max(cap, pooled)), cap, max(floor, pooled), reached)
+        top = max(cap, pooled)
+        covering = min(max(floor, math.ceil(most), pooled), top)
+        tokens = min(max(covering, cap), top) if reached else covering
+        return cls(best, covered, tokens, cap, max(floor, pooled), reached, covering)
 
     def sequences(self, tokens_per_sequence: float) -> int:
         """Sequences to draw when a sequence yields `tokens_per_sequence` tested tokens (the pilot's)."""

@@ -1,7 +1,7 @@
 """How a cell's design sizes its tested sample from its classes' needs (`ClassDesign.of`): the
 covered classes' largest need with the margin, and the cap when a class beyond it is reached at
 the partial power, so that a cell's early stop waits for that class's rule-out instead of stopping
-at the covered classes' tokens. Each answer is read off the needs by hand (margin 1.25, cap 1,000)."""
+at the covered classes' tokens (the covered classes' promises still made at their own tokens). Each answer is read off the needs by hand (margin 1.25, cap 1,000)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ def test_a_class_beyond_the_cap_reached_at_the_partial_power_takes_the_design_to
     design = ClassDesign.of(needs(a=200, b=600, c=5_000), BENCH, FLOOR, CAP, partial=needs(a=80, b=240, c=900))
     assert design.covered == ("a", "b") and design.reached == ("c",)
     assert design.tokens == CAP
+    # the covered classes' family members are promised at their own tokens, not at the cap
+    assert design.promising == 750
 
 
 def test_a_class_the_cap_does_not_reach_even_partly_leaves_the_design_at_the_covered_need():
     design = ClassDesign.of(needs(a=200, b=600, c=5_000), BENCH, FLOOR, CAP, partial=needs(a=80, b=240, c=1_001))
-    assert design.reached == () and design.tokens == 750
+    assert design.reached == () and design.tokens == design.promising == 750
 
 
 def test_a_class_just_beyond_the_cap_by_its_margin_is_reached_not_covered():
