@@ -161,14 +161,14 @@ def _class_design(
     if profile.pooled_tv is not None:
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv)
     # with looks to stop at, a class beyond the cap that the cap reaches partly takes the design to it
-    partial = pilot.tokens_needed(alpha_test, sequential.PARTIAL_POWER, looks) if looks > 1 else None
+    needed = pilot.tokens_needed_at(alpha_test, (level, sequential.PARTIAL_POWER) if looks > 1 else (level,), looks)
     return ClassDesign.of(
-        pilot.tokens_needed(alpha_test, level, looks),
+        needed[0],
         LR_BOUND,
         profile.min_pit_tokens,
         profile.max_pit_tokens,
         pooled,
-        partial,
+        needed[1] if looks > 1 else None,
     )
 
 

@@ -294,15 +294,22 @@ class PowerAccumulator:
         stopping points (`losscheck.stats.sequential`) — its fixed-sample tests (the χ² ones) are
         judged at `alpha_test / looks`, the e-value tests, valid at any stopping time, at `alpha_test`.
         `rho`: each class's family member (1 - ρ)·p + ρ·p' instead of its catalogue point (`Sums.mixed`)."""
+        return self.tokens_needed_at(alpha_test, (power,), looks, rho)[0]
+
+    def tokens_needed_at(
+        self, alpha_test: float, powers: tuple[float, ...], looks: int = 1, rho: float = 1.0
+    ) -> list[dict[str, dict[str, float]]]:
+        """`tokens_needed` at each of `powers` (a design's and the partial power), every test's
+        effect computed once."""
         check_open_unit("alpha_test", alpha_test)
-        check_open_unit("power", power)
-        return {
-            bug.name: {
-                name: effect.tokens_needed(level, power)
-                for name, (effect, level) in self._effects(bug, rho, alpha_test, looks).items()
-            }
-            for bug in self.classes
-        }
+        for power in powers:
+            check_open_unit("power", power)
+        out: list[dict[str, dict[str, float]]] = [{} for _ in powers]
+        for bug in self.classes:
+            effects = self._effects(bug, rho, alpha_test, looks).items()
+            for at, power in zip(out, powers):
+                at[bug.name] = {name: effect.tokens_needed(level, power) for name, (effect, level) in effects}
+        return out
 
     def power_at(
         self, n_tokens: float, alpha_test: float, power_level: float, looks: int = 1, rho: float = 1.0

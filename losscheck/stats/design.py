@@ -24,15 +24,16 @@ def design_looks(
     A class's family is its mixtures (1 - ρ)·p + ρ·p' (`losscheck.stats.sequential`). Its floor
     ρ_min is the smallest member whose best test has power `sequential.PARTIAL_POWER` at the
     design's promising tokens (`ClassDesign.promising`: the covered classes', not the cap a class
-    reached partly takes the last look to) less `DESIGN_MARGIN` twice: the design *promises* the members down to it, and
-    the tested sample must confirm each promise at the design's tokens (`bug_class_coverage`) —
+    reached partly takes the last look to) less `DESIGN_MARGIN` twice: the design *promises* the
+    members down to it, and the tested sample must confirm each promise at the design's tokens
+    (`bug_class_coverage`) —
     the pilot's estimate of a small member's effect is noisier than of the catalogue point, which
     the covered classes are sized for with one margin. An early stop rules out every member of
     `sequential.family(ρ_min)`: at β_r the catalogue point of a covered class and every member
-    whose tests have power `sequential.design_power` at the design's tokens less one margin, at
+    whose tests have power `sequential.design_power` at the promising tokens less one margin, at
     β_p the rest. A class the design reaches at power 0.8 at its full tokens only (not promised)
     must still be ruled out at its catalogue point, at β_p. So must every id of the misreporting
-    drafter's class whose count test has power 0.8 at the design's tokens less one margin (not
+    drafter's class whose count test has power 0.8 at the promising tokens less one margin (not
     confirmed by the tested sample): the ids share one family (the smallest ρ_min of its ids and
     of its aimed id), each ruled out down to its own ρ_min and the member below it."""
     level = sequential.design_power(power)

@@ -236,6 +236,17 @@ def test_the_class_test_scores_only_the_classes_known_in_advance():
         PowerAccumulator.merge([aimed, blind])
 
 
+def test_tokens_needed_at_several_powers_is_tokens_needed_at_each_and_grows_with_the_power():
+    chain = bugtable.make_chain(0.88, seed=5)
+    acc = bugtable.accumulate(chain, bugtable.simulate(chain, rows=20, seed=6), misreported=3)
+    design, partial = acc.tokens_needed_at(1e-4, (0.995, 0.8), looks=3)
+    assert design == acc.tokens_needed(1e-4, 0.995, 3) and partial == acc.tokens_needed(1e-4, 0.8, 3)
+    finite = [(c, t) for c, tests in design.items() for t, n in tests.items() if math.isfinite(n)]
+    assert finite and all(partial[c][t] < design[c][t] for c, t in finite)
+    with pytest.raises(LosscheckError, match="power must lie strictly between 0 and 1, got 1.5"):
+        acc.tokens_needed_at(1e-4, (0.995, 1.5))
+
+
 SIM_ALPHA, SIM_POWER, SIM_REPLICATES = 0.01, 0.9, 200
 
 

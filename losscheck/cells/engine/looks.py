@@ -159,10 +159,11 @@ def _rounds_keys(
     """The verifier classes' member keys an early stop must rule out, as `design_looks` chooses
     them for the target side: each class's floor ρ_min is the smallest member on the filter's
     grid its rounds test catches at `sequential.PARTIAL_POWER` within the design's promising
-    tokens (`ClassDesign.promising`) less two margins (or 1, where it reaches only the catalogue point at the full design); the members
-    from 1 down to it and the one below are ruled out at β_r where the test has
-    `sequential.design_power` at the design's tokens less one margin (and at the catalogue point
-    of a covered class), else at β_p. Returns (covered, partial, promised) keys."""
+    tokens (`ClassDesign.promising`) less two margins (or 1, where it reaches only the catalogue
+    point at the full design); the members from 1 down to it and the one below are ruled out at
+    β_r where the test has `sequential.design_power` at the promising tokens less one margin (and
+    at the catalogue point of a covered class), else at β_p. Returns (covered, partial, promised)
+    keys."""
     level = sequential.design_power(power)
     promised_tokens = design.promising / DESIGN_MARGIN * rate
     floor_tokens = promised_tokens / DESIGN_MARGIN

@@ -302,10 +302,9 @@ def _design(
     level = power if looks == 1 else sequential.design_power(power)
     # at the design's power, and (with looks to stop at) at the partial power that takes a class beyond the cap into it
     levels = (level, sequential.PARTIAL_POWER) if looks > 1 else (level,)
-    wanted: list[dict[str, dict[str, float]]] = []
-    for at in levels:
-        needed = measured.tokens_needed(alpha_test, at, looks)
-        wanted.append({bug.name: needed[bug.name] for bug in TARGET_SIDE})
+    wanted = [
+        {bug.name: at[bug.name] for bug in TARGET_SIDE} for at in measured.tokens_needed_at(alpha_test, levels, looks)
+    ]
     generated = int(gen.mask().sum())
     read_share = measured.steps / max(generated, 1)  # of the generated tokens, those every test reads
     rate = 1.0

@@ -1,7 +1,8 @@
 """How a cell's design sizes its tested sample from its classes' needs (`ClassDesign.of`): the
 covered classes' largest need with the margin, and the cap when a class beyond it is reached at
 the partial power, so that a cell's early stop waits for that class's rule-out instead of stopping
-at the covered classes' tokens (the covered classes' promises still made at their own tokens). Each answer is read off the needs by hand (margin 1.25, cap 1,000)."""
+at the covered classes' tokens (the covered classes' promises still made at their own tokens).
+Each answer is read off the needs by hand (margin 1.25, cap 1,000)."""
 
 from __future__ import annotations
 
