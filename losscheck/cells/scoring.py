@@ -139,7 +139,10 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
     logits = logits.float()
     # a repetition penalty r scales a seen token's logit, and its error, by up to max(r, 1/r)
     tolerance *= max(params.repetition_penalty, 1 / params.repetition_penalty)
-    ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
+    if params.top_p < 1:  # top-p reads every token's rank
+        ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
+    else:  # top-k and min-p read the first k + 1 ranks: a partial sort (at a tied edge, kept or not, both are uncertain)
+        ranked_logits, order = logits.topk(min(max(params.top_k, 0) + 1, vocab), dim=-1)  # [n, L, k + 1]
     uncertain = torch.zeros_like(logits, dtype=torch.bool)  # [n, L, V]
     if params.min_p and not params.greedy:  # kept iff logit - max >= T ln(min_p); both ends may move
         edge = ranked_logits[..., :1] + params.temperature * math.log(params.min_p)  # [n, L, 1]

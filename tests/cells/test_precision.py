@@ -4,6 +4,7 @@ and top-k / top-p cut-off ambiguity in the teacher-forced pass."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -250,3 +251,35 @@ def test_with_top_k_and_top_p_only_a_top_k_ambiguity_makes_every_token_uncertain
     assert clear_edge[0, 0].tolist() == [False, True, True, False, False, False]
     tied_edge = cutoff_uncertain(logits, SamplingParams(top_k=2, top_p=0.6), tolerance=1e-3)
     assert tied_edge[0, 0].all()
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 3, 15, 16])
+@pytest.mark.parametrize("min_p", [0.0, 0.2])
+@pytest.mark.parametrize("tolerance", [1e-3, 0.6])
+def test_the_top_k_edge_read_from_a_partial_sort_is_the_order_free_definition(top_k, min_p, tolerance):
+    """Without top-p, `cutoff_uncertain` ranks only the first k + 1 logits (`torch.topk`, which
+    orders ties as it likes). With a the k-th largest logit and b the (k+1)-th, a token is
+    uncertain iff a <= v <= b + tol (kept, within tol of the first out) or a - tol <= v <= b (out,
+    within tol of the last kept): a definition that needs no order among ties. Logits on a 0.5
+    grid over 16 tokens tie at most edges."""
+    from losscheck.cells.scoring import cutoff_uncertain
+
+    if top_k == 0 and min_p == 0.0:
+        pytest.skip("no cut-off: nothing is uncertain either way")
+    gen = torch.Generator().manual_seed(20261207 + top_k)
+    logits = torch.randint(-4, 5, (3, 40, 16), generator=gen).float() * 0.5  # [n, L, V]
+    params = SamplingParams(top_k=top_k, min_p=min_p)
+    got = cutoff_uncertain(logits, params, tolerance)
+    expected = torch.zeros_like(got)
+    if min_p:
+        edge = logits.amax(-1, keepdim=True) + math.log(min_p)
+        expected |= (logits - edge).abs() <= 2 * tolerance
+        if top_k:
+            expected |= expected.any(-1, keepdim=True)
+    if 0 < top_k < logits.shape[-1]:
+        ranked = logits.sort(-1, descending=True).values
+        a, b = ranked[..., top_k - 1 : top_k], ranked[..., top_k : top_k + 1]  # [n, L, 1] each
+        expected |= ((logits >= a) & (logits <= b + tolerance)) | ((logits <= b) & (logits >= a - tolerance))
+    assert torch.equal(got, expected)
+    if not min_p and top_k < logits.shape[-1]:
+        assert 0 < got.sum() < got.numel()  # the grid puts some tokens at the edge, not all
