@@ -141,7 +141,7 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
     tolerance *= max(params.repetition_penalty, 1 / params.repetition_penalty)
     if params.top_p < 1:  # top-p reads every token's rank
         ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
-    else:  # top-k and min-p read the first k + 1 ranks: a partial sort (at a tied edge, kept or not, both are uncertain)
+    else:  # top-k and min-p read the first k + 1 ranks: a partial sort (at a tied edge both are uncertain)
         ranked_logits, order = logits.topk(min(max(params.top_k, 0) + 1, vocab), dim=-1)  # [n, L, k + 1]
     uncertain = torch.zeros_like(logits, dtype=torch.bool)  # [n, L, V]
     if params.min_p and not params.greedy:  # kept iff logit - max >= T ln(min_p); both ends may move
