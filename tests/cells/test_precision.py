@@ -260,12 +260,10 @@ def test_the_top_k_edge_read_from_a_partial_sort_is_the_order_free_definition(to
     """Without top-p, `cutoff_uncertain` ranks only the first k + 1 logits (`torch.topk`, which
     orders ties as it likes). With a the k-th largest logit and b the (k+1)-th, a token is
     uncertain iff a <= v <= b + tol (kept, within tol of the first out) or a - tol <= v <= b (out,
-    within tol of the last kept): a definition that needs no order among ties. Logits on a 0.5
-    grid over 16 tokens tie at most edges."""
+    within tol of the last kept): a definition that needs no order among ties; with no cut-off at
+    all (top-k 0, min-p 0) nothing is. Logits on a 0.5 grid over 16 tokens tie at most edges."""
     from losscheck.cells.scoring import cutoff_uncertain
 
-    if top_k == 0 and min_p == 0.0:
-        pytest.skip("no cut-off: nothing is uncertain either way")
     gen = torch.Generator().manual_seed(20261207 + top_k)
     logits = torch.randint(-4, 5, (3, 40, 16), generator=gen).float() * 0.5  # [n, L, V]
     params = SamplingParams(top_k=top_k, min_p=min_p)
@@ -281,5 +279,5 @@ def test_the_top_k_edge_read_from_a_partial_sort_is_the_order_free_definition(to
         a, b = ranked[..., top_k - 1 : top_k], ranked[..., top_k : top_k + 1]  # [n, L, 1] each
         expected |= ((logits >= a) & (logits <= b + tolerance)) | ((logits <= b) & (logits >= a - tolerance))
     assert torch.equal(got, expected)
-    if not min_p and top_k < logits.shape[-1]:
+    if not min_p and 0 < top_k < logits.shape[-1]:
         assert 0 < got.sum() < got.numel()  # the grid puts some tokens at the edge, not all
