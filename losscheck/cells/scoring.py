@@ -159,16 +159,73 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
     if params.top_p < 1:
         before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
         ranked = before.gather(-1, order)  # [n, L, V], in descending logit order
-        cum = torch.nn.functional.pad(ranked.cumsum(-1), (1, 0))  # [n, L, V + 1] mass of the first c tokens
-        rising = (-ranked_logits).contiguous()  # [n, L, V] ascending, for searchsorted
-        may_rank_above = torch.searchsorted(rising, rising + tolerance, right=True)  # [n, L, V] counts
-        surely_above = torch.searchsorted(rising, rising - tolerance, right=False)  # [n, L, V] counts
-        band = top_p_band(tolerance, vocab)
-        most = cum.gather(-1, may_rank_above) - ranked  # [n, L, V] the largest mass before, itself excluded
-        least = cum.gather(-1, surely_above)  # [n, L, V] the smallest
-        unsure_sorted = (ranked > 0) & (most > params.top_p - band) & (least < params.top_p + band)
-        uncertain |= torch.zeros_like(uncertain).scatter_(-1, order, unsure_sorted)
+        uncertain |= _top_p_unsure(ranked, ranked_logits, order, params.top_p, top_p_band(tolerance, vocab), tolerance)
     return uncertain
+
+
+def _top_p_unsure(
+    ranked: torch.Tensor, ranked_logits: torch.Tensor, order: torch.Tensor, top_p: float, band: float, tolerance: float
+) -> torch.Tensor:
+    """The top-p rule of `cutoff_uncertain` → tokens [n, L, V] bool, from the probabilities
+    `ranked` [n, L, V] in descending logit order (`ranked_logits`; `order` the ids): uncertain
+    where the largest mass before a token (over every token whose logit is within `tolerance` of
+    its own or higher) exceeds top_p - band and the smallest (over the tokens above it by more
+    than `tolerance`) falls short of top_p + band.
+
+    Both masses grow with the rank, so only a window of ranks can qualify: from the first whose
+    logit is within `tolerance` of the last token before the mass passes top_p - band, to the
+    last within `tolerance` of the token at which it reaches top_p + band (widened by as much
+    again, for rounding). The binary searches over the vocabulary that count the tokens above a
+    rank run in that window only, as wide as the widest position's, or over every rank where that
+    is half the vocabulary or more (flat logits, a wide band).
+
+    On the text target's logits at top-p 0.9 ([48, 16, 8,192], one thread, 2026-12-07, best of
+    5): 0.57-0.64 s against 1.42-1.73 s over every rank at float32's tolerance; at bfloat16's
+    (0.3) every token of every position is uncertain and every rank is read (1.27-1.58 s against
+    1.41-1.42 s)."""
+    vocab = ranked.shape[-1]
+    cum = torch.nn.functional.pad(ranked.cumsum(-1), (1, 0))  # [n, L, V + 1] mass of the first c tokens
+    rising = (-ranked_logits).contiguous()  # [n, L, V] ascending, for searchsorted
+    below = (cum <= top_p - band).sum(-1, keepdim=True)  # [n, L, 1] J: c_i <= top_p - band for i < J
+    under = (cum < top_p + band).sum(-1, keepdim=True)  # [n, L, 1] K: c_i < top_p + band for i < K
+    slack = 2 * tolerance + 1e-4
+    low = rising.gather(-1, (below - 1).clamp(0, vocab - 1)) - slack  # [n, L, 1] -logit_(J - 1), widened
+    high = rising.gather(-1, (under - 1).clamp(0, vocab - 1)) + slack  # -logit_(K - 1), widened
+    first = torch.where(below > 0, torch.searchsorted(rising, low, right=False), 0)  # [n, L, 1]
+    last = torch.where(under <= vocab, torch.searchsorted(rising, high, right=True), vocab)  # [n, L, 1]
+    width = max(int((last - first).max()), 1) if ranked.numel() else 1
+    if 2 * width > vocab:  # as wide as half the vocabulary (bf16's band on flat rows): every rank
+        every = _unsure(ranked, rising, cum, top_p, band, tolerance)  # [n, L, V]
+        return torch.zeros_like(every).scatter_(-1, order, every)
+    window = first + torch.arange(width, device=ranked.device)  # [n, L, W]
+    inside = window < last
+    ranks = window.clamp(max=vocab - 1)
+    unsure = inside & _unsure(ranked.gather(-1, ranks), rising, cum, top_p, band, tolerance, rising.gather(-1, ranks))
+    # ranks past a position's window point at a column of their own, dropped: scatter_ keeps one
+    # value of a repeated index, and a repeated in-window id could lose its flag
+    ids = torch.where(inside, order.gather(-1, ranks), vocab)  # [n, L, W]
+    flags = torch.zeros(*ranked.shape[:-1], vocab + 1, dtype=torch.bool, device=ranked.device)
+    return flags.scatter_(-1, ids, unsure)[..., :vocab]
+
+
+def _unsure(
+    mass: torch.Tensor,
+    rising: torch.Tensor,
+    cum: torch.Tensor,
+    top_p: float,
+    band: float,
+    tolerance: float,
+    at: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The ranks [n, L, W] whose probability is `mass` and negated logit `at` (None: `rising`,
+    every rank) that `_top_p_unsure` calls uncertain, from every rank's negated logits `rising`
+    [n, L, V] (ascending) and masses before `cum` [n, L, V + 1]."""
+    at = rising if at is None else at
+    may_rank_above = torch.searchsorted(rising, at + tolerance, right=True)  # [n, L, W] counts
+    surely_above = torch.searchsorted(rising, at - tolerance, right=False)  # [n, L, W] counts
+    most = cum.gather(-1, may_rank_above) - mass  # the largest mass before, itself excluded
+    least = cum.gather(-1, surely_above)  # the smallest
+    return (mass > 0) & (most > top_p - band) & (least < top_p + band)
 
 
 def teacher_forced_pit(

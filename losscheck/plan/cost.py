@@ -5,15 +5,15 @@ it starts.
 Seconds on one worker of a 2-core CPU for the bundled target, fitted to the main job's
 certificate of 2026-12-01 (a base PIT cell of family A ~3.5 s, a greedy cell ~1.2 s, an exact cell
 ~3 s; reduced precision ~4x, CPU torch emulating bf16 / fp16) and, for black-box engines, to
-Hugging Face assisted generation (one row per call: ~300 s a sampled cell, ~80 s the greedy
-one). `target_scale` scales them for another target by its size. Only the order of cells and
-the estimate shown depend on it, never a result; the progress lines extrapolate from the cells
-that finished.
+Hugging Face assisted generation (~20 s a sampled cell on the bundled target; the greedy one
+23-29 s on the text target, 2026-12-07). `target_scale` scales them for another target by its
+size. Only the order of cells and the estimate shown depend on it, never a result; the progress
+lines extrapolate from the cells that finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from losscheck.plan.cell import Cell
@@ -31,11 +31,12 @@ def _weights(config: Mapping[str, Any]) -> int:
 
 # A sampled cell draws, processes and scores every token over the whole vocabulary (softmax, the
 # top-k / top-p sort, the sampler, the teacher-forced PIT and its cut-off), work that grows with the
-# vocabulary however small the layers are: black-box one-sample cells of Hugging Face assisted
-# generation took ~300 s on the bundled 64-token target and 2,300-4,000 s on the 8,192-token text
-# target of about the same weights (2026-12-02, 2-core CPU), about 1 + V / 1,000 times as long.
-# One target fitted: a rough figure, as every estimate here.
-VOCAB_COST_TOKENS = 1000
+# vocabulary however small the layers are. Fitted on 2026-12-07 (2-core CPU) to Hugging Face
+# assisted generation's cut-off-free one-sample cells on the 8,192-token text target of about the
+# bundled target's weights: 36-103 s (mean 64, nine cells over three runs), against the 20 s of
+# `MODES` for a bundled one, 1 + V / 3,500 times as long. One target fitted: a rough figure, as
+# every estimate here (on 2026-12-02, before class-sized cells, 1 + V / 1,000 fitted).
+VOCAB_COST_TOKENS = 3500
 
 
 def target_scale(config: Mapping[str, Any], mode: Mode) -> float:
@@ -54,10 +55,36 @@ def target_scale(config: Mapping[str, Any], mode: Mode) -> float:
     return scale
 
 
+# A black-box sampled cell with a top-k or top-p cut-off took 111-357 s on the text target against
+# 36-103 s for the cut-off-free ones (Hugging Face assisted generation, 2026-12-07, three seeds):
+# its scores sort or partially sort the vocabulary, and its tests read only the positions whose
+# cut-off every implementation draws alike, so its design asks for more rows.
+ENGINE_CUTOFF_COST = 3.0
+
+
+def target_config(target: str | None) -> dict[str, Any]:
+    """The config.json of the target at `target` (a model directory; None: the bundled target)."""
+    import json
+    from pathlib import Path
+
+    from losscheck import bundled
+
+    return dict(json.loads((Path(target or bundled.target_path()).expanduser() / "config.json").read_text()))
+
+
+def seconds_on(target: str | None) -> Callable[[Cell], float]:
+    """`estimated_seconds` scaled to the target at `target` (`target_config`) by `target_scale`."""
+    config = target_config(target)
+    return lambda cell: estimated_seconds(cell) * target_scale(config, cell.mode)
+
+
 def estimated_seconds(cell: Cell) -> float:
     base = MODES[cell.mode].seconds(cell.k)
     if cell.precision.reduced:
         base *= 4
+    facts = MODES[cell.mode]
+    if facts.engine and facts.statistical and (cell.params.top_k > 0 or cell.params.top_p < 1):
+        base *= ENGINE_CUTOFF_COST
     return base * (1 + len(cell.serving))
 
 
@@ -66,16 +93,41 @@ def runs_elsewhere(cell: Cell) -> bool:
     return any(serving_axes.axis(name).runs_elsewhere for name, _ in cell.serving)
 
 
-def run_order(cells: Sequence[Cell]) -> list[int]:
-    """The order a run takes `cells` in, as indices: costliest first (under pytest-xdist a long
-    cell started last leaves the other workers idle); the cells of each black-box engine variant
-    together (it is built once and released before the next); within a variant, the cells that
-    run elsewhere first and together. Their ranks fork from one forkserver per process, which
-    imports torch and transformers (~4 s), and xdist hands each worker a first chunk of
-    consecutive items (8 of the main job's 70): one worker starts it, not each. Deterministic,
-    so that every xdist worker collects the same order."""
-    costliest = sorted(range(len(cells)), key=lambda i: -estimated_seconds(cells[i]))
+def run_order(
+    cells: Sequence[Cell], seconds: Callable[[Cell], float] = estimated_seconds, workers: int = 1, chunk: int = 1
+) -> list[int]:
+    """The order a run takes `cells` in, as indices: costliest by `seconds` first (under
+    pytest-xdist a long cell started last leaves the other workers idle); the cells of each
+    black-box engine variant together (it is built once and released before the next); within a
+    variant, the cells that run elsewhere first and together. Their ranks fork from one
+    forkserver per process, which imports torch and transformers (~4 s): one worker starts it,
+    not each. Then `dealt` over `workers` first chunks of `chunk` items. Deterministic, so that
+    every xdist worker collects the same order."""
+    costliest = sorted(range(len(cells)), key=lambda i: -seconds(cells[i]))
     variants: dict[tuple[tuple[str, int | str], ...], int] = {}
     for i in costliest:
         variants.setdefault(cells[i].variant, len(variants))
-    return sorted(costliest, key=lambda i: (variants[cells[i].variant], not runs_elsewhere(cells[i])))
+    order = sorted(costliest, key=lambda i: (variants[cells[i].variant], not runs_elsewhere(cells[i])))
+    split = [i for i in order if runs_elsewhere(cells[i])]
+    units = [split] * bool(split) + [[i] for i in order if not runs_elsewhere(cells[i])]
+    return dealt(units, workers, chunk)
+
+
+def dealt(units: Sequence[Sequence[int]], workers: int, chunk: int) -> list[int]:
+    """`units` (items that run one after another on one worker), in order, dealt in turn into
+    `workers` first chunks of `chunk` items each (pytest-xdist's `load` scheduling gives worker w
+    the items [w·chunk, (w + 1)·chunk) first), the rest after them in order: each worker's chunk
+    starts with one of the costliest units instead of the first worker's holding them all. A
+    unit that fits no chunk's room ends the dealing; where that leaves a chunk before the last one
+    short (its worker's items would shift), the units stay as they are."""
+    chunks: list[list[int]] = [[] for _ in range(workers)]
+    turn, rest = 0, list(units)
+    while rest and workers > 1:
+        room = [w for w in (*range(turn, workers), *range(turn)) if len(chunks[w]) + len(rest[0]) <= chunk]
+        if not room:
+            break
+        chunks[room[0]] += rest.pop(0)
+        turn = (room[0] + 1) % workers
+    if any(len(c) < chunk for c in chunks[:-1]):  # a chunk left short would shift the next ones
+        return [i for unit in units for i in unit]
+    return [i for c in chunks for i in c] + [i for unit in rest for i in unit]

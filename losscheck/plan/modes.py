@@ -41,7 +41,7 @@ MODES: dict[Mode, ModeFacts] = {
     Mode.GREEDY: ModeFacts(False, False, 0.8, (1.0, 1 / 8)),
     Mode.PIT: ModeFacts(True, False, 3.5, (1 / 5, 1 / 5)),
     Mode.EXACT: ModeFacts(True, False, 3.2),
-    Mode.ENGINE_GREEDY: ModeFacts(False, True, 80.0),
+    Mode.ENGINE_GREEDY: ModeFacts(False, True, 30.0),
     Mode.ONE_SAMPLE: ModeFacts(True, True, 20.0),
     Mode.TWO_SAMPLE: ModeFacts(True, True, 300.0),
 }

@@ -40,6 +40,7 @@ PLAN_ERROR_KEY = pytest.StashKey[str]()  # what made the plan fail (`pytest_gene
 _PLAN_ERROR_SENT = pytest.StashKey[bool]()  # an xdist worker has sent it to the controller
 PLAN_ERROR_PREFIX = "losscheck cannot plan the run: "  # how the controller tells a worker's plan error
 RECORD_PROPERTY = "losscheck"
+SCHEDULING = "losscheck_scheduling"  # pytest-xdist's (--dist, --maxschedchunk), in each worker's workerinput
 MANIFEST_PROPERTY = "losscheck-manifest"
 
 MARKERS = {
@@ -168,13 +169,14 @@ class PlanErrorRelay:
             raise pytest.UsageError(text.removeprefix(PLAN_ERROR_PREFIX))
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselect: xdist's chunks count the items that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Certification tests run in `losscheck.plan.cost.run_order` (costliest first, each black-box
-    engine variant's cells together, split cells together); other tests keep their order after
-    them. With `--losscheck-shard`, the cells of the other shards are deselected
-    (`losscheck.plan.shard`)."""
+    """Certification tests run in `losscheck.plan.cost.run_order` (costliest on the run's target
+    first, dealt over xdist's first chunks, each black-box engine variant's cells together, split
+    cells together); other tests keep their order after them. With `--losscheck-shard`, the cells
+    of the other shards are deselected (`losscheck.plan.shard`)."""
     from losscheck.plan.cell import Cell
-    from losscheck.plan.cost import run_order
+    from losscheck.plan.cost import estimated_seconds, run_order, seconds_on
 
     def cell_of(item: pytest.Item) -> Cell | None:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -186,7 +188,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=[i for i, c in costs if c is not None and c.id in others])
         costs = [(i, c) for i, c in costs if c is None or c.id not in others]
     cells = [(i, c) for i, c in costs if c is not None]
-    items[:] = [cells[j][0] for j in run_order([c for _, c in cells])] + [i for i, c in costs if c is None]
+    seconds = seconds_on(config.stash[SESSION_KEY].options.target) if cells else estimated_seconds
+    order = run_order([c for _, c in cells], seconds, *_first_chunks(config, len(costs)))
+    items[:] = [cells[j][0] for j in order] + [i for i, c in costs if c is None]
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on its controller, once per worker
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker how the controller schedules (a worker's own options say "no"):
+    `_first_chunks` deals the run order for it."""
+    option = node.config.option
+    node.workerinput[SCHEDULING] = (option.dist, getattr(option, "maxschedchunk", None))
+
+
+def _first_chunks(config: pytest.Config, count: int) -> tuple[int, int]:
+    """(workers, items in each worker's first chunk) of pytest-xdist's `load` scheduling over
+    `count` items, as xdist 3 computes them: each worker gets a chunk of a quarter of its share
+    (at least 2, at most `--maxschedchunk`), or one item in turn when there are fewer than two a
+    worker; (1, 1) in process or under another scheduling."""
+    workerinput = getattr(config, "workerinput", None)
+    dist, most = (workerinput or {}).get(SCHEDULING, ("no", None))
+    if workerinput is None or dist != "load":
+        return 1, 1
+    workers = int(workerinput["workercount"])
+    if count < 2 * workers:
+        return workers, 1
+    return workers, max(min(count // workers // 4, most or count), 2)
 
 
 def _other_shards(config: pytest.Config) -> frozenset[str]:

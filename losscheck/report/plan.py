@@ -23,13 +23,11 @@ def planned(session: Session) -> tuple[list[MatrixEntry], list[dict[str, str]]]:
     """(matrix entries in scope, each with its `estimated_s` scaled to the run's target; cells out
     of scope), planned the way the run plans them: the drafters are built (their declared block
     lengths and widths make the matrix) against the target's weightless skeleton, and no cell runs."""
-    from losscheck import bundled
     from losscheck.plan import matrix
-    from losscheck.plan.cost import target_scale
+    from losscheck.plan.cost import target_config, target_scale
     from losscheck.plan.modes import Mode
 
-    target = session.options.target or bundled.target_path()
-    config = json.loads((Path(target).expanduser() / "config.json").read_text())
+    config = target_config(session.options.target)
     entries = [
         dataclasses.replace(e, estimated_s=round((e.estimated_s or 0.0) * target_scale(config, Mode(e.mode)), 1))
         for e in matrix.entries(session.plan)

@@ -238,8 +238,8 @@ def test_the_split_cells_lead_the_run_order_one_after_another():
 
 def test_a_large_vocabulary_scales_the_estimate_of_sampled_cells_only():
     """The 8,192-token text target weighs about what the bundled target does, yet its black-box
-    one-sample cells took 70-220 s (HF assisted generation, 2026-12-03, class-sized cells) where the
-    bundled target's take a few seconds: sampled cells scale by 1 + V / 1,000, greedy ones by
+    one-sample cells without a cut-off took 36-103 s (HF assisted generation, 2026-12-07) where the
+    bundled target's take a few seconds: sampled cells scale by 1 + V / 3,500, greedy ones by
     weights alone."""
     import json
 
@@ -251,7 +251,7 @@ def test_a_large_vocabulary_scales_the_estimate_of_sampled_cells_only():
     reference = json.loads((bundled.target_path() / "config.json").read_text())
     assert target_scale(text, Mode.ENGINE_GREEDY) == target_scale(text, Mode.GREEDY) == 1.0
     one_sample = target_scale(text, Mode.ONE_SAMPLE) * MODES[Mode.ONE_SAMPLE].base_seconds
-    assert 70 < one_sample < 400, one_sample
+    assert 36 < one_sample < 103, one_sample
     assert target_scale(reference, Mode.ONE_SAMPLE) == target_scale(reference, Mode.PIT) == 1.0
 
 

@@ -281,3 +281,42 @@ def test_the_top_k_edge_read_from_a_partial_sort_is_the_order_free_definition(to
     assert torch.equal(got, expected)
     if not min_p and 0 < top_k < logits.shape[-1]:
         assert 0 < got.sum() < got.numel()  # the grid puts some tokens at the edge, not all
+
+
+@pytest.mark.parametrize("grid", [True, False])
+@pytest.mark.parametrize("top_p", [0.5, 0.9])
+@pytest.mark.parametrize("tolerance", [0.0, 1e-3, 0.3])
+def test_the_top_p_window_is_the_order_free_definition(grid, top_p, tolerance):
+    """`cutoff_uncertain`'s top-p rule counts the tokens above each rank in a window of ranks
+    only. Against the definition over sets (no order, no window): token v is uncertain iff
+    p(v) > 0, the mass of the other tokens whose logit is at least v's - tol exceeds top_p - band
+    and the mass of those above v's + tol falls short of top_p + band. Logits on a 0.5 grid over
+    16 tokens (ties at most edges), Gaussian ones over 512, and a flat row (every token tied: the
+    window is the whole vocabulary, every token uncertain). Positions with a mass within 1e-6 of
+    a threshold (where float sums in another order may land either side) are left out; they are
+    rare."""
+    from losscheck.cells.scoring import cutoff_uncertain
+    from losscheck.core.sampling import process_logits, top_p_band
+
+    gen = torch.Generator().manual_seed(20261207)
+    if grid:
+        logits = torch.randint(-4, 5, (4, 40, 16), generator=gen).float() * 0.5  # [n, L, V]
+    else:
+        logits = torch.randn(4, 10, 512, generator=gen) * 2.0
+    logits[0, 0] = 0.0  # a flat row
+    params = SamplingParams(top_p=top_p)
+    got = cutoff_uncertain(logits, params, tolerance)
+    p = process_logits(logits, dataclasses.replace(params, top_p=1.0)).double()  # [n, L, V]
+    band = top_p_band(tolerance, logits.shape[-1])
+    v, u = logits[..., :, None], logits[..., None, :]  # [n, L, V, 1], [n, L, 1, V]
+    others = ~torch.eye(logits.shape[-1], dtype=torch.bool)
+    most = ((u >= v - tolerance) & others).double() @ p[..., None]  # [n, L, V, 1]
+    least = (u > v + tolerance).double() @ p[..., None]
+    most, least = most.squeeze(-1), least.squeeze(-1)
+    expected = (p > 0) & (most > top_p - band) & (least < top_p + band)
+    near = ((most - (top_p - band)).abs() < 1e-6) | ((least - (top_p + band)).abs() < 1e-6)  # [n, L, V]
+    clear = ~near.any(-1)  # [n, L]
+    assert clear.float().mean() > 0.9 and clear[0, 0]
+    assert torch.equal(got[clear], expected[clear])
+    assert got[0, 0].all()  # the flat row: every token may fall either side of the cut
+    assert got.any() and (band > 0.5 or not got.all())  # bf16's band, expm1(0.6) = 0.82, may leave nothing sure
