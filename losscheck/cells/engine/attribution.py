@@ -271,7 +271,8 @@ def plan_second_stage(
     sample's own sums, whatever its tests found: per class the law of the row scores that read it
     (`surprisal` for a target-side class; its own log-LR, and `support` for its mass outside p's
     support, for a verifier class judged through the draft model, `judged`), and the rows a side
-    that give every `covered` class at least `stage_two_power` — at least `floor` per prompt (the
+    that give every class in `covered` (those the first stage covers or reaches partly) at least
+    `stage_two_power` — at least `floor` per prompt (the
     first stage's design), at most `SECOND_STAGE_CAP` times the profile's cap in generated tokens
     (rows of `horizon`). Its power is stated
     at α / (every row score the stage may compare), whichever the first stage's failing tests

@@ -173,7 +173,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         power,
         sample,
         tuple(n for n in judged if n in coverage),
-        {n for n, c in coverage.items() if c.covered},
+        {n for n, c in coverage.items() if c.reach in ("covered", "partial")},
         design.per_sequence,
         max(per_prompt, designed),
         horizon,

@@ -109,6 +109,14 @@ def test_a_one_at_a_time_engine_is_certified_side_by_side_within_its_memory_plan
     later = max(o.facts.looks.stopped_at for o in outcomes if o.facts.looks) - 1
     assert builds == [True, True, *[True] * later, False]
     assert later == 1  # the top-k cell's design reaches target_temperature_1.1 at its cap: ruled out at look 2
+    # a class reached partly has its second stage sized for it too (drawn only after a rejection)
+    from losscheck.stats.second_stage import stage_two_power
+
+    partial = [
+        (o.cell.id, n, c) for o in outcomes for n, c in (o.facts.bug_classes or {}).items() if c.reach == "partial"
+    ]
+    assert partial, "no class reached partly: the top-k cell's design changed"
+    assert all(c.second_stage_power >= stage_two_power(session.options.profile.power) for _, _, c in partial), partial
     assert all(o.facts.attribution is None for o in outcomes)
     plan = memory.phases([(c.mode, True) for c in cells])
     engine_phases = [p.alive for p in plan if p.alive != memory.TARGET]
