@@ -136,19 +136,23 @@ def bounded_scores(
     Returns y [m, V], var [m] = Var_p(h) / b² and scored [m] bool (s > 0: steps whose score
     varies at all; the others have y = 0 and var = 0).
     """
-    positive = p > 0
-    raw = torch.where(positive, raw, 0.0)  # [m, V]
-    centred = torch.where(positive, raw - (p * raw).sum(-1, keepdim=True), 0.0)  # [m, V]
-    sd = (p * centred**2).sum(-1, keepdim=True).sqrt()  # [m, 1]
-    scored = sd.squeeze(-1) > _MIN_SCORE_SD  # [m]
-    g = centred / sd.clamp_min(_MIN_SCORE_SD)  # [m, V]
-    h = torch.where(positive, g.clamp(-clip, clip), outside)  # [m, V]
-    mean = (p * h).sum(-1, keepdim=True)  # [m, 1]
-    var = ((p * h**2).sum(-1) - mean.squeeze(-1) ** 2).clamp_min(0.0)  # [m]
-    scale = clip - mean if one_sided else torch.full_like(mean, 2 * clip)  # [m, 1]
-    scale = scale.clamp_min(_MIN_SCORE_SD)
-    y = torch.where(scored[:, None], (h - mean) / scale, 0.0)  # [m, V]
-    return y, torch.where(scored, var / scale.squeeze(-1) ** 2, 0.0), scored
+    # in place where it can (the [m, V] float64 passes are the cost): no cut-off, no mask
+    off = None if bool((p > 0).all()) else p <= 0  # [m, V] tokens outside the support
+    centred = raw.masked_fill(off, 0.0) if off is not None else raw.clone()  # [m, V]
+    centred -= torch.linalg.vecdot(p, centred)[:, None]
+    if off is not None:
+        centred.masked_fill_(off, 0.0)
+    sd = torch.linalg.vecdot(p * centred, centred).sqrt()  # [m]
+    scored = sd > _MIN_SCORE_SD  # [m]
+    h = centred.div_(sd.clamp_min(_MIN_SCORE_SD)[:, None]).clamp_(-clip, clip)  # [m, V] g clipped
+    if off is not None:
+        h.masked_fill_(off, outside)
+    ph = p * h  # [m, V]
+    mean = ph.sum(-1)  # [m]
+    var = (torch.linalg.vecdot(ph, h) - mean**2).clamp_min(0.0)  # [m]
+    scale = (clip - mean if one_sided else torch.full_like(mean, 2 * clip)).clamp_min(_MIN_SCORE_SD)  # [m]
+    y = h.sub_(mean[:, None]).div_(scale[:, None]).masked_fill_(~scored[:, None], 0.0)  # [m, V]
+    return y, torch.where(scored, var / scale**2, 0.0), scored
 
 
 def surprisal_scores(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

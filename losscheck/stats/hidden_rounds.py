@@ -358,8 +358,12 @@ class RoundsPower:
         os = None if other is None else other[pick].float()
         support = ps > 0
         # no cut-off (p keeps every id): nothing lies outside p's support, and a member ρ < 1 gives
-        # every id mass ((1 - ρ)·p > 0), so its factor needs no mask; ρ = 1 is the class's law alone
+        # every id of p's support mass ((1 - ρ)·p > 0), so its factor needs no mask there; ρ = 1 is
+        # the class's law alone
         whole = bool(support.all())
+        off = ~support  # [m, V]
+        # [m, V] 1 outside p's support (a law's mass there is one vecdot), read only with a cut-off
+        off_mass = torch.empty(0) if whole else off.float()
         p_floor = ps.clamp_min(TINY32)  # a subnormal float32 p: P'/p stays finite (as log p's floor did)
         for ci, name in enumerate(self.classes):
             laws = class_laws(BY_NAME[name], ps, qs, prev, os)
@@ -372,8 +376,10 @@ class RoundsPower:
                 delta = torch.addcmul(away, last, towards).mul_(rho)  # [m, V]
                 law = delta + ps
                 ratio = delta.div_(p_floor).log1p_()  # [m, V]
-                if not whole or rho == 1.0:  # where p or the member gives no mass: no factor
+                if rho == 1.0:  # where p or the member gives no mass: no factor
                     ratio.masked_fill_(~(support & (law > 0)), 0.0)
+                elif not whole:
+                    ratio.masked_fill_(off, 0.0)
                 weighted = law * ratio
                 per_token = weighted.sum(-1)  # [m] E_P'[log(P'/p)]
                 drift = torch.zeros_like(per_row).index_add_(0, row_of, per_token.double())  # [n]
@@ -395,7 +401,7 @@ class RoundsPower:
                 if whole:
                     continue  # nothing lies outside p's support
                 outside = torch.zeros_like(per_row).index_add_(
-                    0, row_of, torch.where(support, 0.0, law).sum(-1).double()
+                    0, row_of, torch.linalg.vecdot(law, off_mass).double()
                 )  # [n]
                 self.row_outside_second[ci, gi] += float((outside * outside).sum())
                 self.row_outside_cross[ci, gi] += float((outside * per_row).sum())
