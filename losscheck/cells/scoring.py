@@ -188,7 +188,8 @@ def _top_p_unsure(
     rising = (-ranked_logits).contiguous()  # [n, L, V] ascending, for searchsorted
     below = (cum <= top_p - band).sum(-1, keepdim=True)  # [n, L, 1] J: c_i <= top_p - band for i < J
     under = (cum < top_p + band).sum(-1, keepdim=True)  # [n, L, 1] K: c_i < top_p + band for i < K
-    slack = 2 * tolerance + 1e-4
+    # a few float32 round-offs of the largest logit besides: `rising ± tolerance` is rounded too
+    slack = 2 * tolerance + 1e-4 + 4 * torch.finfo(torch.float32).eps * rising.abs().amax(-1, keepdim=True)
     low = rising.gather(-1, (below - 1).clamp(0, vocab - 1)) - slack  # [n, L, 1] -logit_(J - 1), widened
     high = rising.gather(-1, (under - 1).clamp(0, vocab - 1)) + slack  # -logit_(K - 1), widened
     first = torch.where(below > 0, torch.searchsorted(rising, low, right=False), 0)  # [n, L, 1]

@@ -283,18 +283,20 @@ def test_the_top_k_edge_read_from_a_partial_sort_is_the_order_free_definition(to
         assert 0 < got.sum() < got.numel()  # the grid puts some tokens at the edge, not all
 
 
+@pytest.mark.parametrize("offset", [0.0, 5000.0])
 @pytest.mark.parametrize("grid", [True, False])
 @pytest.mark.parametrize("top_p", [0.5, 0.9])
-@pytest.mark.parametrize("tolerance", [0.0, 1e-3, 0.3])
-def test_the_top_p_window_is_the_order_free_definition(grid, top_p, tolerance):
+@pytest.mark.parametrize("tolerance", [0.0, 3e-4, 1e-3, 0.3])
+def test_the_top_p_window_is_the_order_free_definition(grid, top_p, tolerance, offset):
     """`cutoff_uncertain`'s top-p rule counts the tokens above each rank in a window of ranks
     only. Against the definition over sets (no order, no window): token v is uncertain iff
     p(v) > 0, the mass of the other tokens whose logit is at least v's - tol exceeds top_p - band
     and the mass of those above v's + tol falls short of top_p + band. Logits on a 0.5 grid over
     16 tokens (ties at most edges), Gaussian ones over 512, and a flat row (every token tied: the
-    window is the whole vocabulary, every token uncertain). Positions with a mass within 1e-6 of
-    a threshold (where float sums in another order may land either side) are left out; they are
-    rare."""
+    window is the whole vocabulary, every token uncertain); each again shifted by 5,000 (the
+    softmax is the same, float32's rounding of the logits 500 times coarser). Positions with a
+    mass within 1e-6 of a threshold (where float sums in another order may land either side) are
+    left out; they are rare."""
     from losscheck.cells.scoring import cutoff_uncertain
     from losscheck.core.sampling import process_logits, top_p_band
 
@@ -304,6 +306,7 @@ def test_the_top_p_window_is_the_order_free_definition(grid, top_p, tolerance):
     else:
         logits = torch.randn(4, 10, 512, generator=gen) * 2.0
     logits[0, 0] = 0.0  # a flat row
+    logits += offset
     params = SamplingParams(top_p=top_p)
     got = cutoff_uncertain(logits, params, tolerance)
     p = process_logits(logits, dataclasses.replace(params, top_p=1.0)).double()  # [n, L, V]
