@@ -275,9 +275,9 @@ class PitScores:
     `misreported_id`: the id the bug-class score test judges the misreporting-drafter class at —
     chosen by a pilot, never by the sample tested (None: that class is left out of the test).
     `rounds`: a black-box engine's drafter, scoring the verifier's classes from the same p.
-    `power_rows` [N] bool: the rows of the next `add` whose steps the rounds classes' power sums
-    read (an estimate of the per-token moments, chosen before the sample is drawn; None: every
-    row); the tests, the rule-out e-values and `power` read every row.
+    `power_rows` [N] bool: the rows of the next `add` whose steps the power sums read, the
+    rounds classes' and `power`'s (an estimate of the per-token moments, chosen before the sample
+    is drawn; None: every row); the tests and the rule-out e-values read every row.
     """
 
     ctx: CellContext
@@ -355,7 +355,8 @@ class PitScores:
             # implementation may cut, so a claim at these positions' count holds for both
             if self.power is not None:
                 read = generated[at] & ~forced.ambiguous
-                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, read)
+                summed = None if some is None else read & some[:, None].to(read.device)
+                self.power.update(p, q, gen.tokens[at], slots, gen.stats.k, read, moments=summed)
             if self.rounds is not None:
                 self.rounds.observe(rows[at], gen, at, forced, some)
 

@@ -38,6 +38,7 @@ def normalized_rows(probs: torch.Tensor, what: str) -> torch.Tensor:
     that it is a distribution up to rounding (finite, >= 0, sum within 1e-2 of 1)."""
     p = probs.to(torch.float64)
     total = p.sum(-1, keepdim=True)  # [..., 1]
-    if not torch.isfinite(p).all() or (p < 0).any() or ((total - 1).abs() > _PROB_SUM_TOL).any():
+    # a row holding NaN or inf sums to NaN or inf: its total says so without a pass over every entry
+    if not torch.isfinite(total).all() or (p < 0).any() or ((total - 1).abs() > _PROB_SUM_TOL).any():
         raise LosscheckError(f"{what}: rows must be probability distributions (finite, >= 0, summing to 1)")
     return p / total

@@ -104,6 +104,7 @@ class PowerAccumulator:
         tested: torch.Tensor,
         *,
         q_prev: torch.Tensor | None = None,
+        moments: torch.Tensor | None = None,
     ) -> None:
         """Add one chunk of rows.
 
@@ -118,12 +119,15 @@ class PowerAccumulator:
                           bugs' laws. None: approximated from the slots (`chunk_steps`). The
                           class scores of pit.bug_classes always use the approximation, as the
                           test in a cell does (it sees only the recorded slots).
+        moments [n, L]    bool ⊆ tested, the steps whose full-vocabulary sums (every power
+                          estimate, `steps`) are added; the rule-out sums read every tested step.
+                          None: tested. A per-token effect is a mean: a subset estimates it.
         """
         what = "PowerAccumulator.update"
         if p.dim() != 3:
             raise LosscheckError(f"{what} needs p [n, L, V], got {tuple(p.shape)}")
         shape2 = tuple(p.shape[:2])
-        for name, t in (("tokens", tokens), ("slots", slots), ("tested", tested)):
+        for name, t in (("tokens", tokens), ("slots", slots), ("tested", tested), ("moments", moments)):
             if t is not None and tuple(t.shape) != shape2:
                 raise LosscheckError(f"{what} needs {name} [n, L] = {shape2}, got {tuple(t.shape)}")
         vocab = p.shape[-1]
@@ -137,9 +141,12 @@ class PowerAccumulator:
             q_prev = reported_q(q_prev, p.shape, f"{what} q_prev")
             step = chunk_steps(p, q, slots, k, tested, what, q_prev=q_prev, misreported=self.misreported)
         self._start(vocab, k, slots is not None, q is not None)
-        emitted = tokens.to(p.device)[tested.to(torch.bool).to(p.device)]  # [m] row-major, as `chunk_steps`
+        pick = tested.to(torch.bool).to(p.device)
+        emitted = tokens.to(p.device)[pick]  # [m] row-major, as `chunk_steps`
+        summed = None if moments is None else moments.to(torch.bool).to(p.device)[pick]  # [m]
         for (part, block), (_, scored_block) in zip(step.blocks(), scored.blocks()):
-            self._add(block, block if step is scored else scored_block, emitted[part])
+            keep = None if summed is None else summed[part]
+            self._add(block, block if step is scored else scored_block, emitted[part], keep)
 
     @property
     def _shape(self) -> SumsShape:
@@ -163,10 +170,26 @@ class PowerAccumulator:
         self.has_slots = self.has_slots and has_slots
         self.has_q = self.has_q and has_q
 
-    def _add(self, step: Step, scored: Step, emitted: torch.Tensor) -> None:
+    def _add(self, step: Step, scored: Step, emitted: torch.Tensor, summed: torch.Tensor | None = None) -> None:
         """Add a block of steps: `step` for the bugs' laws, `scored` (the same steps, q_prev as
         the test approximates it) for the class scores and the rule-out sums, `emitted` [m] the
-        tokens the steps emitted."""
+        tokens the steps emitted, `summed` [m] bool the steps whose power sums are added (None: all)."""
+        if len(step.p) == 0:
+            return
+        laws = {bug.name: bug.law(step) for bug in self.classes if not bug.per_id}  # name -> p' [m, V]
+        if self.misreported is not None:
+            laws.update({bug.name: bug.law(step) for bug in self.classes if bug.per_id})
+        self._add_rule_out(laws, step, scored, emitted)
+        if summed is not None and not bool(summed.all()):
+            kept = summed.nonzero().squeeze(1)  # [m']
+            same = scored is step
+            step = step.rows(kept)
+            scored = step if same else scored.rows(kept)
+            laws = {name: law[kept] for name, law in laws.items()}
+        self._add_sums(step, scored, laws)
+
+    def _add_sums(self, step: Step, scored: Step, laws: dict[str, torch.Tensor]) -> None:
+        """The power sums of a block of steps, whose classes' laws `laws` are evaluated."""
         m = len(step.p)
         if m == 0:
             return
@@ -179,17 +202,12 @@ class PowerAccumulator:
         self.slot_steps.index_add_(0, slot[slot >= 0], torch.ones(int((slot >= 0).sum()), dtype=torch.float64))
         self.count_h0_var += (p * (1 - p)).sum(0).cpu()
         self.surprisal_h0_var += float(y_var.sum())
-        laws = {}  # name -> p' [m, V], the classes evaluated at explicit laws
         for bug in self.classes:
             if bug.per_id:
                 self.sums[bug.name].add(per_id_sums(step, tiles_p, tiles_r, y, self.n_bins, len(self.classes)))
             else:
-                laws[bug.name] = bug.law(step)
                 self.sums[bug.name].add(law_sums(laws[bug.name], step, tiles_p, tiles_r, y, self._shape))
-        if self.misreported is not None:
-            laws.update({bug.name: bug.law(step) for bug in self.classes if bug.per_id})
         self._add_class_scores(laws, step, scored)
-        self._add_rule_out(laws, step, scored, emitted)
 
     def members(self, name: str) -> tuple[float, ...]:
         """The members ρ of class `name`'s family whose rule-out e-values are kept."""

@@ -56,8 +56,8 @@ class Step:
     misreported: int | None = None
     q_prev_known: torch.Tensor | None = None
 
-    def rows(self, part: slice) -> Step:
-        """The steps `part` of a flat batch of steps [m, ...]."""
+    def rows(self, part: slice | torch.Tensor) -> Step:
+        """The steps `part` (a slice, or long indices) of a flat batch of steps [m, ...]."""
         known = None if self.q_prev_known is None else self.q_prev_known[part]
         return Step(
             self.p[part],

@@ -365,3 +365,31 @@ def test_a_class_that_changes_nothing_needs_infinitely_many_tokens_even_through_
     nothing = LikelihoodRatioEffect(h1_mean=-9.1e-21, h1_var=-1.8e-20, h0_mean=9.1e-21, h0_var=-1.8e-20, outside=0.0)
     assert nothing.tokens_needed(1.4e-4, 0.995) == math.inf
     assert nothing.power(10_000, 1.4e-4) == 0.0
+
+
+def test_power_sums_read_the_moment_steps_and_the_rule_out_every_tested_step():
+    """An engine cell's power sums read a subset of its rows (`moments`), its rule-out e-values
+    every tested step: the sums equal an accumulation of the subset alone, the rule-out sums
+    one of every step."""
+    from losscheck.stats.buglaws import TARGET_SIDE
+
+    gen = torch.Generator().manual_seed(11)
+    n, length, vocab = 6, 5, 12
+    p = torch.randn(n, length, vocab, generator=gen, dtype=torch.float64).mul(2).softmax(-1)
+    tokens = torch.multinomial(p.reshape(-1, vocab).float(), 1, generator=gen).reshape(n, length)
+    tested = torch.rand(n, length, generator=gen) < 0.8
+    subset = torch.tensor([True, False, True, False, False, True])[:, None] & tested
+    grid = {TARGET_SIDE[0].name: (1.0, 0.5, 0.25)}
+
+    def fed(rows: torch.Tensor, moments: torch.Tensor | None) -> PowerAccumulator:
+        acc = PowerAccumulator(classes=TARGET_SIDE, grid=grid)
+        acc.update(p, None, tokens, None, 4, rows, moments=moments)
+        return acc
+
+    split, alone, whole = fed(tested, subset), fed(subset, None), fed(tested, None)
+    assert split.steps == alone.steps == int(subset.sum()) < whole.steps
+    for name, tokens_needed in alone.tokens_needed(1e-3, 0.9).items():
+        assert split.tokens_needed(1e-3, 0.9)[name] == pytest.approx(tokens_needed, rel=1e-9), name
+    for name, sums in whole.rule_out.items():
+        assert torch.equal(split.rule_out[name], sums), name
+    assert not torch.equal(alone.rule_out[TARGET_SIDE[0].name], whole.rule_out[TARGET_SIDE[0].name])

@@ -128,7 +128,8 @@ class EngineLooks:
                 if rounds is None or rounds.power.tokens == 0 or power.steps == 0:
                     out.append(key)
                     continue
-                scored = tokens * rounds.tokens / power.steps  # the tested sample's own rate
+                # the tested sample's own rate, on the rows both power sums read
+                scored = tokens * rounds.power.tokens / power.steps
                 have = rounds.power.power(name, _on_grid(rho), scored, self.alpha_test)
             else:
                 have = power.best_power(name, tokens, self.alpha_test, self.looks.limit, rho)
