@@ -12,10 +12,13 @@ time under the member they rule out:
   the round filter's predictive law of each member (`RoundsSample.rule_out_log_e`), their
   members on the filter's grid (`hidden_rounds.MEMBERS`).
 
-Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens
-(`look_tokens`). Each look is an engine draw and a scoring phase, and an engine kept one
-instance at a time (`losscheck.plan.memory`) is built again for each: fewer, wider looks than a
-PIT cell's (`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for the fixed-sample tests.
+Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each about
+double the one before (`GROWTH`, `look_tokens`). Each look is an engine draw and a scoring phase,
+and an engine kept one instance at a time (`losscheck.plan.memory`) is built again for each:
+wider looks than a PIT cell's (`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for
+the fixed-sample tests. The design's tokens are sized at the 0.99 quantile, several times what a
+lossless engine needs before its rule-outs pass: with three looks (until 2026-12-07), a cell
+whose rule-outs passed just after the middle one read the whole design.
 
 Level: the e-value tests (the rounds tests, and those the registry marks `anytime`) hold at any
 stopping time; every other test is judged at α / `LOOKS` (the looks allowed, fixed before any
@@ -26,6 +29,7 @@ draw). Power: a covered class keeps the profile's power, its tests sized at
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from losscheck.stats import sequential
@@ -34,14 +38,28 @@ from losscheck.stats.design import design_looks
 from losscheck.stats.hidden_rounds import MEMBERS, RoundsPower, RoundsSample
 from losscheck.stats.sample_size import DESIGN_MARGIN, ClassDesign
 
-LOOKS = 3  # an engine cell's looks at most: the floor, one between, the design's tokens
+LOOKS = 5  # an engine cell's looks at most: the floor, up to three between, the design's tokens
+# where each later look builds the engine again (`Policy.ONE_AT_A_TIME`: a GPU's memory holds one
+# instance, and a build costs more than the tokens a closer look saves): the floor, one between, the design
+REBUILT_LOOKS = 3
+GROWTH = 2.0  # a look tests at most this many times the tokens of the one before, where `LOOKS` allow
 MIN_GROWTH = 1.25  # a look tests at least this many times the tokens of the one before
 
 
+def looks_allowed(rebuilt: bool, early_stop: bool = True) -> int:
+    """The looks an engine cell allows, fixed before any draw (its fixed-sample tests' divisor):
+    `REBUILT_LOOKS` where each later look `rebuilt` the engine, else `LOOKS`; one without
+    `early_stop`."""
+    return (REBUILT_LOOKS if rebuilt else LOOKS) if early_stop else 1
+
+
 def look_tokens(floor: int, tokens: int, limit: int = LOOKS) -> tuple[int, ...]:
-    """The tested tokens of an engine cell's looks: at most `limit` of them spaced geometrically
-    from `floor` to the design's `tokens`, each at least `MIN_GROWTH` times the one before (one
-    look when the design is at or below the floor)."""
+    """The tested tokens of an engine cell's looks, spaced geometrically from `floor` to the
+    design's `tokens`: as few as keep each within `GROWTH` times the one before, at most `limit`,
+    each at least `MIN_GROWTH` times the one before (one look when the design is at or below the
+    floor)."""
+    if tokens > floor:  # the looks that keep each step within GROWTH (a float's ceil: 1e-9 of slack)
+        limit = min(limit, 1 + math.ceil(math.log(tokens / floor) / math.log(GROWTH) - 1e-9))
     while limit > 1 and tokens < floor * MIN_GROWTH ** (limit - 1):
         limit -= 1
     if tokens <= floor or limit == 1:

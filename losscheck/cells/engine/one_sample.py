@@ -31,6 +31,7 @@ from losscheck.cells.outcome import CellOutcome
 from losscheck.cells.record import BoundRecord, BugClassRecord, LooksRecord, SecondStageRecord
 from losscheck.core.sampling import SamplingParams
 from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, ReportsTopLogprobs
+from losscheck.engines.pool import one_at_a_time
 from losscheck.run.context import CellContext
 from losscheck.stats import registry, sample_size, sequential
 from losscheck.stats.result import combine
@@ -65,9 +66,10 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     tests report the TV they detect; only a profile's `pooled_tv` sizes the cell for one.
 
     Looks (`losscheck.cells.engine.looks`): the tested sample is drawn in at most `LOOKS` looks up
-    to the design; the cell stops drawing at the first look where the data rule out every class
-    the design reaches (and its own p and q keep the promise), or where a rounds test crosses its
-    level (an e-value: valid at any stopping time). The fixed-sample tests are judged at α / `LOOKS`.
+    to the design (`REBUILT_LOOKS` where each later look builds the engine again); the cell stops
+    drawing at the first look where the data rule out every class the design reaches (and its own
+    p and q keep the promise), or where a rounds test crosses its level (an e-value: valid at any
+    stopping time). The fixed-sample tests are judged at α over the looks allowed.
 
     Attribution (`losscheck.cells.engine.attribution`): planned from the first stage's sums,
     whatever its tests found (`plan_second_stage`: the first stage has a share of the power,
@@ -79,7 +81,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
 
     Rounds: the pilot; each look of the sample; the attribution's two sides only after a
     rejection. The reference target is read only between and after them."""
-    from losscheck.cells.engine.looks import LOOKS, EngineLooks
+    from losscheck.cells.engine.looks import EngineLooks, looks_allowed
     from losscheck.cells.engine.rounds import RoundsScoring, not_judged
     from losscheck.cells.sampled import confirmed_coverage
     from losscheck.cells.scoring import PitScores
@@ -96,7 +98,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     budget = registry.split(ctx.alpha, *families, missing=missing)
     asked, pilot_per_prompt = pilot_request(ctx, prompts, horizon, speculative=True)
     (pilot,) = yield (asked,)
-    limit = LOOKS if profile.early_stop else 1  # fixed before any draw: the fixed-sample tests' divisor
+    # fixed before any draw: the fixed-sample tests' divisor
+    limit = looks_allowed(one_at_a_time(engine), profile.early_stop)
     first = stage_one_power(profile.power)  # the first stage's part of the power; the rest is the second's
     design = _design(ctx, prompts, pilot, budget.per_test, drafter, first, limit)
     unjudged = not_judged(None if drafter is None else drafter.law, cell.params)  # named in the record, with why
