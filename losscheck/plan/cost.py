@@ -55,10 +55,11 @@ def target_scale(config: Mapping[str, Any], mode: Mode) -> float:
     return scale
 
 
-# A black-box sampled cell with a top-k or top-p cut-off took 111-357 s on the text target against
-# 36-103 s for the cut-off-free ones (Hugging Face assisted generation, 2026-12-07, three seeds):
-# its scores sort or partially sort the vocabulary, and its tests read only the positions whose
-# cut-off every implementation draws alike, so its design asks for more rows.
+# A black-box sampled cell with a top-p cut-off took 173-181 s on the text target against 25-91 s
+# for the others (Hugging Face assisted generation, five looks, 2026-12-07, two seeds): its scores
+# sort the vocabulary, and its rule-outs read only the positions whose cut-off every
+# implementation draws alike (a quarter at top-p 0.9), so it runs to its last look. A top-k cell
+# stops as early as a cut-off-free one since the five looks (with three it took 111-357 s).
 ENGINE_CUTOFF_COST = 3.0
 
 
@@ -83,7 +84,7 @@ def estimated_seconds(cell: Cell) -> float:
     if cell.precision.reduced:
         base *= 4
     facts = MODES[cell.mode]
-    if facts.engine and facts.statistical and (cell.params.top_k > 0 or cell.params.top_p < 1):
+    if facts.engine and facts.statistical and cell.params.top_p < 1:
         base *= ENGINE_CUTOFF_COST
     return base * (1 + len(cell.serving))
 
@@ -114,20 +115,25 @@ def run_order(
 
 
 def dealt(units: Sequence[Sequence[int]], workers: int, chunk: int) -> list[int]:
-    """`units` (items that run one after another on one worker), in order, dealt in turn into
-    `workers` first chunks of `chunk` items each (pytest-xdist's `load` scheduling gives worker w
-    the items [w·chunk, (w + 1)·chunk) first), the rest after them in order: each worker's chunk
-    starts with one of the costliest units instead of the first worker's holding them all. A
-    unit that fits no chunk's room ends the dealing; where that leaves a chunk before the last one
-    short (its worker's items would shift), the units stay as they are."""
+    """`units` (items that run one after another on one worker), in order, dealt into `workers`
+    first chunks of `chunk` items each (pytest-xdist's `load` scheduling gives worker w the items
+    [w·chunk, (w + 1)·chunk) first) in snake order — workers 0 to w - 1, then w - 1 to 0, and so
+    on — the rest after them in order: each worker's chunk starts with one of the costliest units
+    instead of the first worker's holding them all, and the worker holding the costliest takes the
+    cheapest of the next round behind it (dealt in turn, it took the costliest of every round).
+    A unit goes to the next worker in that order with room for it; one that fits no chunk's room
+    ends the dealing, and where that leaves a chunk before the last one short (its worker's items
+    would shift), the units stay as they are."""
     chunks: list[list[int]] = [[] for _ in range(workers)]
-    turn, rest = 0, list(units)
+    snake = [w for r in range(chunk) for w in (range(workers) if r % 2 == 0 else reversed(range(workers)))]
+    at, rest = 0, list(units)
     while rest and workers > 1:
-        room = [w for w in (*range(turn, workers), *range(turn)) if len(chunks[w]) + len(rest[0]) <= chunk]
+        turns = [*range(at, len(snake)), *range(at)]
+        room = [i for i in turns if len(chunks[snake[i]]) + len(rest[0]) <= chunk]
         if not room:
             break
-        chunks[room[0]] += rest.pop(0)
-        turn = (room[0] + 1) % workers
+        chunks[snake[room[0]]] += rest.pop(0)
+        at = (room[0] + 1) % len(snake)
     if any(len(c) < chunk for c in chunks[:-1]):  # a chunk left short would shift the next ones
         return [i for unit in units for i in unit]
     return [i for c in chunks for i in c] + [i for unit in rest for i in unit]
