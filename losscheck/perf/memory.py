@@ -3,7 +3,8 @@
 process; an engine whose model runs in a worker process, as vLLM's engine core does by default
 on a GPU, is not in it), else this process's peak
 resident set (`VmHWM` in /proc/self/status, reset before the run by writing 5 to
-/proc/self/clear_refs, Linux 4.0 and later). An engine serving from another process (a server) is
+/proc/self/clear_refs, Linux 4.0 and later, and checked: right after it the peak must equal the
+resident set). An engine serving from another process (a server) is
 not in this process's figure; where neither can be read the figure is None, never a guess.
 """
 
@@ -32,12 +33,29 @@ def _cuda() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def _rss_peak_mib() -> float | None:
+# right after the reset the peak equals the resident set, up to what the reads allocate: a peak
+# further above it says the reset did not take (a kernel that ignores the write), and then the
+# run's figure would be an older peak's
+RESET_SLACK_MIB = 4.0
+
+
+def _status_mib(field: str) -> float | None:
+    """A field of /proc/self/status in MiB (`VmHWM`, `VmRSS`), None where it cannot be read."""
     try:
-        found = re.search(r"^VmHWM:\s+(\d+) kB", STATUS.read_text(), re.M)
+        found = re.search(rf"^{field}:\s+(\d+) kB", STATUS.read_text(), re.M)
     except OSError:
         return None
     return int(found.group(1)) / 1024 if found else None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset this process's peak resident set to the current one; whether that took effect."""
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    peak, now = _status_mib("VmHWM"), _status_mib("VmRSS")
+    return peak is not None and now is not None and peak <= now + RESET_SLACK_MIB
 
 
 @contextmanager
@@ -51,11 +69,7 @@ def peak_memory() -> Iterator[Peak]:
         yield peak
         peak.mib, peak.source = torch.cuda.max_memory_allocated() / 2**20, CUDA
         return
-    try:
-        CLEAR_REFS.write_text("5")  # the peak resident set starts again from the current one
-        reset = True
-    except OSError:
-        reset = False
+    reset = _reset_rss_peak()  # the peak resident set starts again from the current one
     yield peak
     if reset:
-        peak.mib, peak.source = _rss_peak_mib(), RSS
+        peak.mib, peak.source = _status_mib("VmHWM"), RSS
