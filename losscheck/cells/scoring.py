@@ -109,8 +109,14 @@ def cutoff_law(logits: torch.Tensor, params: SamplingParams, tolerance: float) -
     """The sampling law of `logits [n, L, V]` under `params`, conditioned on the tokens every
     implementation of its cut-off keeps → (p [n, L, V], uncertain [n, L, V] bool, `cutoff_uncertain`).
     Where no token is surely kept, p is `process_logits`' own and every token is uncertain."""
-    probs = process_logits(logits, params)  # [n, L, V]
-    uncertain = cutoff_uncertain(logits, params, tolerance)  # [n, L, V]
+    if params.top_p < 1 and not params.greedy:  # one sort of the vocabulary serves both
+        ranking = Ranking.of(logits, params)
+        probs = ranking.top_p_law(params.top_p)
+        probs = process_logits(logits, params) if probs is None else probs  # [n, L, V]
+        uncertain = cutoff_uncertain(logits, params, tolerance, ranking)  # [n, L, V]
+    else:
+        probs = process_logits(logits, params)  # [n, L, V]
+        uncertain = cutoff_uncertain(logits, params, tolerance)  # [n, L, V]
     sure = probs.masked_fill(uncertain, 0.0)  # [n, L, V]
     mass = sure.sum(-1, keepdim=True)  # [n, L, 1], 0 where no token is surely kept
     conditioned = torch.where(mass > 0, sure / mass.clamp(min=torch.finfo(mass.dtype).tiny), probs)
@@ -123,7 +129,46 @@ def cutoff_ambiguous(logits: torch.Tensor, params: SamplingParams, tolerance: fl
     return cutoff_uncertain(logits, params, tolerance).any(-1)
 
 
-def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> torch.Tensor:
+@dataclass(frozen=True)
+class Ranking:
+    """Logits [n, L, V] in descending order (a stable sort): `ranked_logits` and the ids `order`;
+    the law before the top-p stage (`process_logits` at top_p 1) as `before`, and as `ranked` in
+    that order. The top-p law and its uncertain tokens both read it (`cutoff_law`)."""
+
+    ranked_logits: torch.Tensor
+    order: torch.Tensor
+    before: torch.Tensor
+    ranked: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, params: SamplingParams) -> Ranking:
+        logits = logits.float()
+        ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
+        before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
+        return cls(ranked_logits, order, before, before.gather(-1, order))
+
+    def top_p_law(self, top_p: float) -> torch.Tensor | None:
+        """`process_logits`' top-p law [n, L, V] from this ranking, the same to the bit, or None
+        where it could differ. `process_logits` sorts the probabilities: the logits' order gives
+        the same sequence of values wherever the law falls with the logit (a float32 exp need
+        not: then None), and another id at a rank only among tokens of equal probability, which
+        matters where two of them, positive, straddle the cut (then None)."""
+        ranked = self.ranked  # [n, L, V]
+        if not bool((ranked[..., 1:] <= ranked[..., :-1]).all()):
+            return None
+        mass_before = ranked.cumsum(-1) - ranked  # the mass strictly above each rank, summed as process_logits does
+        drop_sorted = mass_before >= top_p  # [n, L, V]
+        cut = drop_sorted[..., 1:] & ~drop_sorted[..., :-1]  # [n, L, V - 1] the first rank dropped
+        if bool((cut & (ranked[..., 1:] == ranked[..., :-1]) & (ranked[..., 1:] > 0)).any()):
+            return None
+        drop = torch.zeros_like(drop_sorted).scatter(-1, self.order, drop_sorted)
+        probs = self.before.masked_fill(drop, 0.0)
+        return probs / probs.sum(-1, keepdim=True)
+
+
+def cutoff_uncertain(
+    logits: torch.Tensor, params: SamplingParams, tolerance: float, ranking: Ranking | None = None
+) -> torch.Tensor:
     """Tokens [n, L, V] bool that one implementation of the top-k / top-p cut-off of `params`, on
     logits within `tolerance` of `logits [n, L, V]`, may keep and another cut.
 
@@ -134,13 +179,15 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
     implementation (its logit + `tolerance` and up) lies at least the band above. A position that
     is ambiguous for top-k and also cut by top-p is uncertain throughout: which tokens reach the
     top-p stage changes every token's mass. (llama.cpp and torch.topk keep different 8 of the 64
-    tied logits that follow a lone BOS: no token is surely kept there.)"""
+    tied logits that follow a lone BOS: no token is surely kept there.) `ranking`: the logits'
+    sort and the law before top-p, where the caller has them (`Ranking`; read at top-p only)."""
     vocab = logits.shape[-1]
     logits = logits.float()
     # a repetition penalty r scales a seen token's logit, and its error, by up to max(r, 1/r)
     tolerance *= max(params.repetition_penalty, 1 / params.repetition_penalty)
     if params.top_p < 1:  # top-p reads every token's rank
-        ranked_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # [n, L, V]
+        ranking = Ranking.of(logits, params) if ranking is None else ranking
+        ranked_logits, order = ranking.ranked_logits, ranking.order  # [n, L, V] each
     else:  # top-k and min-p read the first k + 1 ranks: a partial sort (at a tied edge both are uncertain)
         ranked_logits, order = logits.topk(min(max(params.top_k, 0) + 1, vocab), dim=-1)  # [n, L, k + 1]
     uncertain = torch.zeros_like(logits, dtype=torch.bool)  # [n, L, V]
@@ -157,9 +204,9 @@ def cutoff_uncertain(logits: torch.Tensor, params: SamplingParams, tolerance: fl
         if params.top_p < 1:  # the set reaching the top-p stage is uncertain: so is every mass
             uncertain |= uncertain.any(-1, keepdim=True)
     if params.top_p < 1:
-        before = process_logits(logits, dataclasses.replace(params, top_p=1.0))  # [n, L, V]
-        ranked = before.gather(-1, order)  # [n, L, V], in descending logit order
-        uncertain |= _top_p_unsure(ranked, ranked_logits, order, params.top_p, top_p_band(tolerance, vocab), tolerance)
+        assert ranking is not None  # set above for every top-p
+        band = top_p_band(tolerance, vocab)
+        uncertain |= _top_p_unsure(ranking.ranked, ranked_logits, order, params.top_p, band, tolerance)
     return uncertain
 
 

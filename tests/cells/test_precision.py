@@ -323,3 +323,39 @@ def test_the_top_p_window_is_the_order_free_definition(grid, top_p, tolerance, o
     assert torch.equal(got[clear], expected[clear])
     assert got[0, 0].all()  # the flat row: every token may fall either side of the cut
     assert got.any() and (band > 0.5 or not got.all())  # bf16's band, expm1(0.6) = 0.82, may leave nothing sure
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(top_p=0.9),
+        SamplingParams(top_p=0.5, temperature=0.3),
+        SamplingParams(top_p=0.9, top_k=5),
+        SamplingParams(top_p=0.8, min_p=0.05, temperature=1.5),
+    ],
+    ids=["top-p", "cold", "with-top-k", "with-min-p"],
+)
+def test_the_top_p_law_from_the_logits_sort_is_process_logits_to_the_bit(params):
+    """`cutoff_law` sorts the vocabulary once (`Ranking`): its top-p law is `process_logits`',
+    which sorts the probabilities, bit for bit, or it is left to `process_logits`. Gaussian logits
+    over 512 tokens (no ties: the logits' order serves), logits on a 0.5 grid over 16 (ties of
+    positive probability across some cut: `process_logits` decides), and two logits 1e-9 apart,
+    distinct as logits and one probability after the softmax, straddling the cut (the logits'
+    order would keep the other id)."""
+    from losscheck.cells.scoring import Ranking, cutoff_law
+    from losscheck.core.sampling import process_logits
+
+    gen = torch.Generator().manual_seed(20261208)
+    gaussian = torch.randn(4, 10, 512, generator=gen) * 2.0  # [n, L, V]
+    grid = torch.randint(-4, 5, (4, 40, 16), generator=gen).float() * 0.5
+    law = Ranking.of(gaussian, params).top_p_law(params.top_p)
+    assert law is not None and torch.equal(law, process_logits(gaussian, params))
+    assert Ranking.of(grid, params).top_p_law(params.top_p) is None
+    for logits in (gaussian, grid):  # cutoff_law: process_logits' law on the surely kept tokens
+        probs, _ = cutoff_law(logits, params, 0.0)
+        sure = torch.where(probs > 0, process_logits(logits, params), 0.0)
+        assert torch.allclose(probs, sure / sure.sum(-1, keepdim=True))
+    straddle = torch.tensor([[[0.0, 1e-9, -20.0, -20.0]]])  # one probability, 1/2, at ranks 0 and 1
+    cut = SamplingParams(top_p=0.4)
+    assert Ranking.of(straddle, cut).top_p_law(0.4) is None
+    assert process_logits(straddle, cut)[0, 0, :2].tolist() == [1.0, 0.0]  # the stable sort keeps id 0
