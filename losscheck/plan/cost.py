@@ -59,7 +59,7 @@ def target_scale(config: Mapping[str, Any], mode: Mode) -> float:
 # for the others (Hugging Face assisted generation, five looks, 2026-12-07, two seeds): its scores
 # sort the vocabulary, and its rule-outs read only the positions whose cut-off every
 # implementation draws alike (a quarter at top-p 0.9), so it runs to its last look. A top-k cell
-# stops as early as a cut-off-free one since the five looks (with three it took 111-357 s).
+# costs about what a cut-off-free one does since the five looks (61-104 s; with three, 111-357 s).
 ENGINE_CUTOFF_COST = 3.0
 
 
