@@ -142,6 +142,8 @@ class LooksRecord:
     early: bool
     unconfirmed: tuple[int, ...] = ()  # looks where the data ruled every member out, the power not yet
     rejected: bool = False  # engine cells: stopped early because an e-value test crossed its level
+    # engine cells: per covered member key, β_r (the chance its rule-out fires under it), fixed from the pilot
+    rule_out_betas: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -361,6 +361,17 @@ class PowerAccumulator:
             default=0.0,
         )
 
+    def rule_out_rate(self, name: str, rho: float = 1.0) -> float | None:
+        """How fast member ρ of class `name`'s family is ruled out under H0: the mean growth per
+        tested token of its log rule-out e-value, KL(p‖p_ρ) over these steps (the log-LR's H0
+        drift, `likelihood_ratio`: exact at ρ = 1, its local form ρ²·χ²/2 below); None where
+        `rule_out_log_e` has none (the class's law not evaluable, a per-id class, no step)."""
+        bug = next(b for b in self.classes if b.name == name)
+        scored = targeted(self.classes, self.has_slots, self.misreported, self.has_q)
+        if bug.per_id or not self.steps or bug not in scored:
+            return None
+        return -likelihood_ratio(self.class_view(bug, rho)).h0_mean
+
     def wald(self, name: str, alpha: float, power: float) -> WaldSize:
         """Wald's SPRT of p against class `name`'s law over these steps: its expected tokens at
         `alpha` and `power`, under the class and under H0 (`losscheck.stats.effects.wald_size`)."""

@@ -487,6 +487,13 @@ class RoundsPower:
         out = min(max(rate - _DRIFT_Z * rate_error, 0.0), 1.0)
         return max(gauss, 1 - (1 - out) ** tokens)
 
+    def rule_out_rate(self, name: str, rho: float) -> float | None:
+        """How fast member ρ of class `name`'s family is ruled out under H0: the mean growth per
+        scored token of its log rule-out e-value, KL(p‖P'_ρ) (the tokens both give mass); None
+        before any token."""
+        ci, gi = self.classes.index(name), MEMBERS.index(rho)
+        return -float(self.null[ci, gi]) / self.tokens if self.tokens else None
+
     def wald(self, name: str, alpha: float, power: float, rho: float = 1.0) -> WaldSize:
         """Wald's SPRT of p against member ρ's predictive law: its expected scored tokens at
         `alpha` and `power`, under the member and under H0 (`losscheck.stats.effects.wald_size`)."""

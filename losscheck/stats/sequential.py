@@ -33,6 +33,11 @@ per token with variance ρ²·χ², so it crosses log(1/β) with probability β^
 ρ* >= ρ. It rests on what the power table already assumes: the emitted token's law at each step
 is the bug's given everything before it (the bug changes the token's law, not the steps).
 
+β_r per member: Ville's bound holds for any threshold fixed before the tested sample is drawn,
+so a cell may fix each covered member's β_r from its pilot (`rule_out_beta`): where the pilot
+says the member's rule-out e-value passes the first look by far, a smaller β_r costs nothing
+under H0 and leaves the last look's tests 1 - β + β_r to reach instead of 1 - β/2.
+
 Cost under H0: log R_{c,ρ} grows by KL(p‖p_ρ) ≈ ρ²·χ²(p'‖p) / 2 per token; a cell stops as soon as
 its slowest required member — one at its class's ρ_min — is ruled out.
 """
@@ -41,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from losscheck.errors import LosscheckError
 from losscheck.stats._checks import check_open_unit
@@ -53,6 +58,11 @@ RULE_OUT_SHARE = 0.5  # the part of β (1 - power) spent on ruling classes out; 
 # stop: the stop then keeps all but β_p of the power a fixed-sample design had against it.
 PARTIAL_POWER = 0.8
 PARTIAL_BETA = 0.1
+# A covered member's threshold from its pilot (`rule_out_beta`): this many standard deviations
+# below the log e-value the pilot predicts at the first look (under H0 its variance is about twice
+# its mean, in the local limit), and β_r at least the default's / RULE_OUT_SHRINK.
+RULE_OUT_Z = 2.5
+RULE_OUT_SHRINK = 100.0
 # Consecutive members of a family a cell rules out differ by this factor in ρ (`family`).
 GRID_RATIO = math.sqrt(2)
 
@@ -87,6 +97,23 @@ def rule_out_threshold(power: float) -> float:
     """log(1/β_r): the log rule-out e-value at which a class is ruled out."""
     check_open_unit("power", power)
     return -math.log((1.0 - power) * RULE_OUT_SHARE)
+
+
+def rule_out_beta(power: float, predicted_log_e: float | None) -> float:
+    """β_r of a covered member whose rule-out log e-value at the first look a pilot predicts
+    (None: no prediction): its threshold log(1/β_r) `RULE_OUT_Z` standard deviations below the
+    prediction μ (μ - z·√(2μ)), between the default's (`rule_out_threshold`) and
+    log(`RULE_OUT_SHRINK`) above it. Under H0 a member the prediction holds for is ruled out at
+    the first look either way; the β_r it does not spend goes to the last look's tests (their
+    promise is 1 - β + β_r)."""
+    low = rule_out_threshold(power)
+    if predicted_log_e is None or math.isnan(predicted_log_e) or predicted_log_e <= 0:
+        return math.exp(-low)
+    high = low + math.log(RULE_OUT_SHRINK)
+    if math.isinf(predicted_log_e):
+        return math.exp(-high)
+    below = predicted_log_e - RULE_OUT_Z * math.sqrt(2 * predicted_log_e)
+    return math.exp(-min(max(below, low), high))
 
 
 def id_key(name: str, v: int) -> str:
@@ -133,6 +160,7 @@ class Looks:
     power:    the profile's power (1 - β)
     promised: the keys whose power the design promises with a margin, which the tested sample
               must confirm (the rest are ruled out to stop, a cost, and not asserted)
+    betas:    the covered keys whose β_r a pilot fixed (`rule_out_beta`); the rest at the default
     """
 
     tokens: tuple[int, ...]
@@ -141,11 +169,21 @@ class Looks:
     partial: tuple[str, ...]
     power: float
     promised: tuple[str, ...] = ()
+    betas: Mapping[str, float] = field(default_factory=dict)
+
+    def beta(self, key: str) -> float:
+        """β_r of a covered key: the chance the data rule it out wrongly."""
+        return self.betas.get(key, (1.0 - self.power) * RULE_OUT_SHARE)
+
+    def promise(self, key: str) -> float:
+        """The power a covered key's tests must have at the last look so that it keeps the
+        profile's: 1 - β + β_r (`design_power` at the default β_r)."""
+        return self.power + self.beta(key)
 
     def thresholds(self) -> dict[str, float]:
         """Per class or id key that must be ruled out, the log e-value that does it."""
         partial = -math.log(PARTIAL_BETA)
-        return {**dict.fromkeys(self.partial, partial), **dict.fromkeys(self.covered, rule_out_threshold(self.power))}
+        return {**dict.fromkeys(self.partial, partial), **{key: -math.log(self.beta(key)) for key in self.covered}}
 
     def ruled_out(self, rule_out: Mapping[str, float | None]) -> dict[str, bool]:
         """Per class or id key that must be ruled out: whether these log e-values rule it out

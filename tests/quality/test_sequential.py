@@ -48,6 +48,29 @@ def test_the_power_is_split_between_ruling_out_and_the_last_look():
     assert looks.ruled_out({"a": 6.0, "b": None, "c": 0.0, "d": 9.0}) == {"a": True, "b": False, "c": False}
 
 
+def test_a_pilot_may_fix_a_covered_members_beta_r_below_the_default():
+    """β_r from what the pilot predicts of the member's log rule-out e-value at the first look, μ:
+    the threshold μ - 2.5·√(2μ), between the default's log(200) and log(200 · 100)."""
+    default = (1 - 0.99) * sequential.RULE_OUT_SHARE
+    assert sequential.rule_out_beta(0.99, None) == pytest.approx(default)
+    assert sequential.rule_out_beta(0.99, 14.0) == pytest.approx(default)  # 14 - 2.5·√28 = 0.8, below log 200
+    assert sequential.rule_out_beta(0.99, 24.0) == pytest.approx(math.exp(-(24 - 2.5 * math.sqrt(48))))
+    assert sequential.rule_out_beta(0.99, 500.0) == pytest.approx(default / sequential.RULE_OUT_SHRINK)
+    assert sequential.rule_out_beta(0.99, math.inf) == pytest.approx(default / sequential.RULE_OUT_SHRINK)
+    for unknown in (math.nan, -3.0):
+        assert sequential.rule_out_beta(0.99, unknown) == pytest.approx(default)
+    looks = sequential.Looks((500, 1000), 5, ("a", "b"), ("c",), 0.99, betas={"a": math.exp(-7.0)})
+    assert looks.thresholds() == {
+        "a": pytest.approx(7.0),
+        "b": pytest.approx(math.log(200)),
+        "c": pytest.approx(math.log(10)),
+    }
+    assert not looks.may_stop({"a": 6.0, "b": 5.4, "c": 2.4})  # a's β_r is e^-7 now
+    # the last look's tests keep 1 - β + β_r: the profile's power after a wrong rule-out
+    assert looks.promise("a") == pytest.approx(0.99 + math.exp(-7.0))
+    assert looks.promise("b") == pytest.approx(sequential.design_power(0.99))
+
+
 @functools.cache
 def _run() -> tuple[bugtable.Chain, bugtable.Steps]:
     chain = bugtable.make_chain(0.88, seed=SEED)
@@ -199,3 +222,26 @@ def test_the_real_cell_stops_early_under_h0_and_not_under_its_bug(session):
     looks, classes = planted.facts.looks, planted.facts.bug_classes
     assert looks is not None and classes is not None
     assert not looks.early and not classes["residual_is_p"].ruled_out
+
+
+@pytest.mark.parametrize(
+    ("name", "exact"), [("residual_is_p", True), ("target_temperature_1.1", True), ("top_p_one_side", False)]
+)
+def test_the_rule_out_rate_a_pilot_predicts_is_the_log_e_values_growth_under_h0(name, exact):
+    """`PowerAccumulator.rule_out_rate`, which fixes a member's β_r from a pilot
+    (`sequential.rule_out_beta`): at ρ = 1, KL(p‖p') per token over the tokens both laws give
+    mass — the mean growth of the log rule-out e-value under H0, over REPLICATES runs of the same
+    steps, within 4 standard errors. A class whose law leaves some of p's tokens out
+    (`top_p_one_side`) grows faster (each such token adds up to 690 nats): a lower bound there,
+    which only keeps β_r nearer the default."""
+    chain, steps = _run()
+    acc = bugtable.accumulate(chain, steps, misreported=MISREPORTED)
+    ratios = _log_ratios(name, None)  # [m, R]
+    final = ratios.sum(0)  # [R] the log e-value after every step
+    rate = acc.rule_out_rate(name)
+    assert rate is not None and rate > 0
+    predicted = rate * ratios.shape[0]
+    mean, error = float(final.mean()), float(final.std()) / math.sqrt(REPLICATES)
+    assert mean > predicted - 4 * error, (mean, predicted, error)
+    if exact:
+        assert mean < predicted + 4 * error, (mean, predicted, error)

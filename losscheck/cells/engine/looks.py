@@ -23,7 +23,9 @@ whose rule-outs passed just after the middle one read the whole design.
 Level: the e-value tests (the rounds tests, and those the registry marks `anytime`) hold at any
 stopping time; every other test is judged at α / `LOOKS` (the looks allowed, fixed before any
 draw). Power: a covered class keeps the profile's power, its tests sized at
-`sequential.design_power` for the last look and ruled out at β_r = β / 2 before an early stop.
+`sequential.design_power` for the last look and ruled out at β_r before an early stop: β / 2, or
+less where the pilot predicts its rule-out e-value passes the first look by far
+(`sequential.rule_out_beta`), so that the tested sample confirms 1 - β + β_r at the last look.
 """
 
 from __future__ import annotations
@@ -102,7 +104,9 @@ class EngineLooks:
     ) -> EngineLooks:
         """From the pilot's target-side sums `pilot`, its rounds power sums `pilot_rounds` (None
         without a draft model) with `rate` rounds-scored tokens per tested token, and the
-        verifier classes the cell `judged`: at most `limit` looks up to the design's tokens."""
+        verifier classes the cell `judged`: at most `limit` looks up to the design's tokens, each
+        covered member's β_r fixed from what the pilot predicts of its rule-out at the first look
+        (`sequential.rule_out_beta`)."""
         target = {c.name for c in pilot.classes}
         target_design = dataclasses.replace(
             design,
@@ -115,14 +119,13 @@ class EngineLooks:
         if pilot_rounds is not None:
             keys = _rounds_keys(design, pilot_rounds, rate, rounds, alpha_test, power)
             covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
-        merged = dataclasses.replace(
-            looks,
-            tokens=look_tokens(design.floor, design.tokens, limit),
-            covered=tuple(covered),
-            partial=tuple(partial),
-            promised=tuple(promised),
-        )
-        return cls(merged, grid, design, rounds, alpha_test, power)
+        looks = dataclasses.replace(looks, covered=tuple(covered), partial=tuple(partial), promised=tuple(promised))
+        tokens = look_tokens(design.floor, design.tokens, limit)
+        betas = {}
+        if len(tokens) > 1:  # a β_r matters only where the cell may stop before its last look
+            rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in covered}
+            betas = {key: sequential.rule_out_beta(power, _times(rates[key], tokens[0])) for key in covered}
+        return cls(dataclasses.replace(looks, tokens=tokens, betas=betas), grid, design, rounds, alpha_test, power)
 
     @property
     def partly(self) -> frozenset[str]:
@@ -134,14 +137,14 @@ class EngineLooks:
 
     def short(self, power: PowerAccumulator, rounds: RoundsSample | None) -> list[str]:
         """The promised member keys whose power, from the tested sample's own p and q at the
-        design's tokens, falls below the promise: `sequential.design_power` where the design
-        covers the member, `sequential.PARTIAL_POWER` where it reaches it partly."""
+        design's tokens, falls below the promise: 1 - β + β_r (`sequential.Looks.promise`) where
+        the design covers the member, `sequential.PARTIAL_POWER` where it reaches it partly."""
         tokens = self.design.tokens
         out = []
         for key in self.looks.promised:
             name, rho = _member(key)
             strong = key in self.looks.covered
-            promise = sequential.design_power(self.power) if strong else sequential.PARTIAL_POWER
+            promise = self.looks.promise(key) if strong else sequential.PARTIAL_POWER
             if name in self.rounds:
                 if rounds is None or rounds.power.tokens == 0 or power.steps == 0:
                     out.append(key)
@@ -165,6 +168,23 @@ class EngineLooks:
             name = _member(key)[0]
             out[name] = out.get(name, True) and done
         return out
+
+
+def _rule_out_rate(key: str, pilot: PowerAccumulator, pilot_rounds: RoundsPower | None, rate: float) -> float | None:
+    """The growth per tested token under H0 of a member key's log rule-out e-value, as the pilot
+    predicts it: a target-side class's from its sums, a verifier class's from the filter's (per
+    scored token, times `rate`); None for a per-id key or a class the pilot cannot evaluate."""
+    name, rho = _member(key)
+    if name in {c.name for c in pilot.classes}:
+        return pilot.rule_out_rate(name, rho)
+    if pilot_rounds is not None and name in pilot_rounds.classes:
+        per_scored = pilot_rounds.rule_out_rate(name, _on_grid(rho))
+        return None if per_scored is None else per_scored * rate
+    return None
+
+
+def _times(rate: float | None, tokens: int) -> float | None:
+    return None if rate is None else rate * tokens
 
 
 def _rounds_keys(

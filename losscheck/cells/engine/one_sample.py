@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -160,7 +161,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     at = plan.design.tokens if early and not rejected else tested
     sample = None if rounds is None else rounds.sample
     ruled = plan.ruled_out(power, sample)
-    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, ruled, plan.partly)
+    judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, ruled, plan.partly, plan.looks.betas)
     coverage = target_side_coverage(design.classes, power, tested, judging, at)
     if rounds is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
@@ -199,6 +200,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
             early=early,
             unconfirmed=tuple(unconfirmed),
             rejected=rejected,
+            rule_out_betas=dict(plan.looks.betas),
         ),
         bug_classes=coverage,
         classes_not_judged=unjudged,
@@ -357,17 +359,18 @@ class Judging:
     looks: int = 1
     ruled: dict[str, bool] = dataclasses.field(default_factory=dict)
     partly: frozenset[str] = frozenset()
+    betas: Mapping[str, float] = dataclasses.field(default_factory=dict)  # covered keys' β_r the pilot fixed
 
     def reach(self, name: str, covered: bool) -> str:
         """A class's reach in its record: covered by the design, reached partly, or not at all."""
         return "covered" if covered else "partial" if name in self.partly else "none"
 
-    def claimed(self, have: float, reach: str) -> float:
-        """The power a class record states from its tests' power `have`: less β_r where the design
-        covers it and β_p where it reaches it partly, the chance it was ruled out first."""
+    def claimed(self, name: str, have: float, reach: str) -> float:
+        """The power class `name`'s record states from its tests' power `have`: less β_r where the
+        design covers it and β_p where it reaches it partly, the chance it was ruled out first."""
         if reach == "none" or self.looks == 1:
             return have
-        return max(0.0, have - (self.beta if reach == "covered" else sequential.PARTIAL_BETA))
+        return max(0.0, have - (self.beta(name) if reach == "covered" else sequential.PARTIAL_BETA))
 
     @property
     def design_level(self) -> float:
@@ -375,10 +378,12 @@ class Judging:
         `sequential.design_power` of it (the rest of its β spent on the early stops' rule-outs)."""
         return self.stage_one if self.looks == 1 else sequential.design_power(self.stage_one)
 
-    @property
-    def beta(self) -> float:
-        """β_r, the chance a covered class is ruled out before the last look (0 with one look)."""
-        return 0.0 if self.looks == 1 else (1.0 - self.stage_one) * sequential.RULE_OUT_SHARE
+    def beta(self, name: str) -> float:
+        """β_r of covered class `name`'s catalogue point, the chance it is ruled out before the
+        last look: the default, or the one the pilot fixed (`sequential.rule_out_beta`); 0 with one look."""
+        if self.looks == 1:
+            return 0.0
+        return self.betas.get(name, (1.0 - self.stage_one) * sequential.RULE_OUT_SHARE)
 
 
 def target_side_coverage(
@@ -409,7 +414,7 @@ def target_side_coverage(
             test=test,
             tokens_needed=tokens,
             pilot_tokens_needed=design.best[name][1],
-            power=judging.claimed(have, reach),
+            power=judging.claimed(name, have, reach),
             covered=covered,
             reach=reach,
             ruled_out=judging.ruled.get(name, False),
@@ -444,7 +449,7 @@ def rounds_coverage(
             test=f"rounds.{name}",
             tokens_needed=needed if math.isfinite(needed) else None,
             pilot_tokens_needed=pilot if math.isfinite(pilot) else None,
-            power=judging.claimed(have, reach),
+            power=judging.claimed(name, have, reach),
             covered=covered,
             reach=reach,
             ruled_out=judging.ruled.get(name, False),

@@ -110,7 +110,7 @@ def test_a_one_at_a_time_engine_is_certified_side_by_side_within_its_memory_plan
     assert builds == [True, True, *[True] * later, False]
     assert later == 1  # the top-k cell's design reaches target_temperature_1.1 at its cap: ruled out at look 2
     # a class reached partly has its second stage sized for it too (drawn only after a rejection)
-    from losscheck.stats.second_stage import stage_two_power
+    from losscheck.stats.second_stage import stage_one_power, stage_two_power
 
     partial = [
         (o.cell.id, n, c) for o in outcomes for n, c in (o.facts.bug_classes or {}).items() if c.reach == "partial"
@@ -118,6 +118,21 @@ def test_a_one_at_a_time_engine_is_certified_side_by_side_within_its_memory_plan
     assert partial, "no class reached partly: the top-k cell's design changed"
     assert all(c.second_stage_power >= stage_two_power(session.options.profile.power) for _, _, c in partial), partial
     assert all(o.facts.attribution is None for o in outcomes)
+    # β_r of each covered member the looks rule out, fixed from the pilot: at most the default, at
+    # least the default / RULE_OUT_SHRINK; the claims are the tests' power less it
+    from losscheck.stats import sequential
+
+    default = (1 - stage_one_power(session.options.profile.power)) * sequential.RULE_OUT_SHARE
+    betas = [
+        b
+        for o in outcomes
+        if o.facts.looks and len(o.facts.looks.tokens) > 1
+        for b in o.facts.looks.rule_out_betas.values()
+    ]
+    assert betas and all(
+        default / sequential.RULE_OUT_SHRINK * (1 - 1e-9) <= b <= default * (1 + 1e-9) for b in betas
+    ), betas
+    assert min(betas) < default / 10  # some rule-outs pass the first look by far: their β_r is the pilot's
     plan = memory.phases([(c.mode, True) for c in cells])
     engine_phases = [p.alive for p in plan if p.alive != memory.TARGET]
     assert engine_phases == [memory.SPECULATIVE] * 4 + [memory.PLAIN]

@@ -249,6 +249,13 @@ def test_the_null_drift_wald_reads_is_the_mean_of_the_log_lr_under_h0():
         float(sample.power.outside[ci, gi]) / sample.tokens,
     )
     assert wald == expected and math.isfinite(wald.under_h0) and math.isfinite(wald.under_bug)
+    # the same compensator, per scored token, is how fast the member's rule-out grows under H0
+    # (`rule_out_rate`, which fixes its β_r from a pilot): the realised log rule-out e-value agrees
+    rate = sample.power.rule_out_rate("residual_is_p", 1.0)
+    assert rate is not None and rate * sample.power.tokens == pytest.approx(-drift)
+    realised = sample.rule_out_log_e()["residual_is_p"]
+    assert abs(realised + drift) <= 4 * float(per_row.std()) * math.sqrt(len(per_row))
+    assert RoundsPower().rule_out_rate("residual_is_p", 1.0) is None  # before any token
 
 
 @pytest.mark.parametrize("seed", [4, 6])
