@@ -12,8 +12,9 @@ time under the member they rule out:
   the round filter's predictive law of each member (`RoundsSample.rule_out_log_e`), their
   members on the filter's grid (`hidden_rounds.MEMBERS`).
 
-Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each about
-double the one before (`GROWTH`, `look_tokens`). Each look is an engine draw and a scoring phase,
+Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each at most
+double the one before (`GROWTH`, `look_tokens`), at whole rows a prompt as a look draws them
+(`on_rounds`). Each look is an engine draw and a scoring phase,
 and an engine kept one instance at a time (`losscheck.plan.memory`) is built again for each:
 wider looks than a PIT cell's (`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for
 the fixed-sample tests. The design's tokens are sized at the 0.99 quantile, several times what a
@@ -101,12 +102,14 @@ class EngineLooks:
         alpha_test: float,
         power: float,
         limit: int,
+        per_round: float = 0.0,
     ) -> EngineLooks:
         """From the pilot's target-side sums `pilot`, its rounds power sums `pilot_rounds` (None
         without a draft model) with `rate` rounds-scored tokens per tested token, and the
-        verifier classes the cell `judged`: at most `limit` looks up to the design's tokens, each
-        covered member's β_r fixed from what the pilot predicts of its rule-out at the first look
-        (`sequential.rule_out_beta`)."""
+        verifier classes the cell `judged`: at most `limit` looks from the design's floor up to its
+        tokens, each at whole rows a prompt (`per_round` tested tokens a row for every prompt; 0:
+        as planned, `on_rounds`); each covered member's β_r fixed from what the pilot predicts of
+        its rule-out at the first look (`sequential.rule_out_beta`)."""
         target = {c.name for c in pilot.classes}
         target_design = dataclasses.replace(
             design,
@@ -120,7 +123,7 @@ class EngineLooks:
             keys = _rounds_keys(design, pilot_rounds, rate, rounds, alpha_test, power)
             covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
         looks = dataclasses.replace(looks, covered=tuple(covered), partial=tuple(partial), promised=tuple(promised))
-        tokens = look_tokens(design.floor, design.tokens, limit)
+        tokens = on_rounds(look_tokens(design.floor, design.tokens, limit), per_round, design.floor)
         betas = {}
         if len(tokens) > 1:  # a β_r matters only where the cell may stop before its last look
             rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in covered}
@@ -168,6 +171,24 @@ class EngineLooks:
             name = _member(key)[0]
             out[name] = out.get(name, True) and done
         return out
+
+
+def on_rounds(tokens: tuple[int, ...], per_round: float, floor: int) -> tuple[int, ...]:
+    """The looks `tokens` at whole rows a prompt, as a look draws them (`per_round` tested tokens
+    a row for every prompt): each before the last at its nearest number of rounds, the first at
+    least those that reach the `floor`, one that meets a neighbour dropped; the last at the
+    rounds that reach the design's tokens. A look's tokens are its rounds' rounded down, so that
+    the rows it asks for (tokens / `per_round`, rounded up) are its rounds exactly."""
+    if per_round <= 0 or len(tokens) == 1:
+        return tokens
+    last = math.ceil(tokens[-1] / per_round - 1e-9)
+    rounds = [min(max(round(tokens[0] / per_round), math.ceil(floor / per_round - 1e-9), 1), last)]
+    for t in tokens[1:-1]:
+        if rounds[-1] < (r := round(t / per_round)) < last:
+            rounds.append(r)
+    if rounds[-1] < last:
+        rounds.append(last)
+    return tuple(max(1, math.floor(r * per_round)) for r in rounds)
 
 
 def _rule_out_rate(key: str, pilot: PowerAccumulator, pilot_rounds: RoundsPower | None, rate: float) -> float | None:

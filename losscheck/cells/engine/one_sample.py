@@ -114,6 +114,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         budget.per_test,
         first,
         limit,
+        design.per_sequence * len(prompts),
     )
     # an engine that reports logprobs reports them for the tested sample: checked beside it
     logprobs = _checks_logprobs(engine, cell.params)
@@ -127,7 +128,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     stopped, unconfirmed, rejected = last, [], False
     ask = partial(request, ctx, prompts=prompts, horizon=horizon, speculative=True, logprobs=logprobs, top_logprobs=top)
     for look, tokens in enumerate(plan.looks.tokens, 1):
-        more = max(math.ceil(tokens / max(design.per_sequence, 1e-9) / len(prompts)) - per_prompt, 1)
+        # a look's tokens are whole rounds' rounded down (`on_rounds`): its rows a prompt, rounded up
+        more = max(math.ceil(tokens / max(design.per_sequence, 1e-9) / len(prompts) - 1e-9) - per_prompt, 1)
         purpose = "" if look == 1 else f"look{look}"  # each look's rows from a seed of their own
         asked = ask(n=more, purpose=purpose)
         drawn, *reported = yield (asked,)

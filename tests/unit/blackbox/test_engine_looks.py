@@ -61,3 +61,36 @@ def test_a_covered_classs_claim_is_its_power_less_the_beta_r_its_pilot_fixed():
     one = Judging(1e-4, 2e-3, 0.99, 0.991, looks=1, betas={"a": 1e-5})
     assert one.beta("a") == 0.0 and one.claimed("a", 0.9925, "covered") == 0.9925
     assert math.isclose(sum(judging.betas.values()), 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "per_round", "floor", "rounds"),
+    [
+        (
+            (768, 1471, 2818, 5397, 10337),
+            768.0,
+            768,
+            (1, 2, 4, 7, 14),
+        ),  # T 0.3: the nearest, the last reaching the design
+        ((755, 1529, 3097, 6272, 12703), 753.6, 753, (1, 2, 4, 8, 17)),  # top-k 8: 1,529 was 3 rounds rounded up, now 2
+        ((160, 295, 543, 1000, 1841), 160.5, 160, (1, 2, 3, 6, 12)),
+        ((500, 900), 400.0, 500, (2, 3)),  # the first look's rounds reach the floor
+        ((750, 800, 1307), 750.7, 750, (1, 2)),  # a look that meets its neighbour is dropped
+        ((9000,), 768.0, 768, None),  # one look: as planned
+    ],
+)
+def test_looks_are_drawn_at_whole_rows_a_prompt(tokens, per_round, floor, rounds):
+    """A look draws the same rows for every prompt (`per_round` tested tokens a row each): the
+    plan puts each look at its nearest whole number of rounds, and the rows a look asks for
+    (tokens / per_round rounded up, as `one_sample` asks) are those rounds exactly."""
+    import math
+
+    from losscheck.cells.engine.looks import on_rounds
+
+    looks = on_rounds(tokens, per_round, floor)
+    if rounds is None:
+        assert looks == tokens
+        return
+    assert tuple(math.ceil(t / per_round - 1e-9) for t in looks) == rounds
+    assert rounds[0] * per_round >= floor  # the first look's rounds reach the floor
+    assert looks[-1] >= tokens[-1] - per_round * 1e-9  # the last look keeps the design's tokens
