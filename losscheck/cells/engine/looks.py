@@ -123,7 +123,7 @@ class EngineLooks:
             keys = _rounds_keys(design, pilot_rounds, rate, rounds, alpha_test, power)
             covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
         looks = dataclasses.replace(looks, covered=tuple(covered), partial=tuple(partial), promised=tuple(promised))
-        tokens = on_rounds(look_tokens(design.floor, design.tokens, limit), per_round, design.floor)
+        tokens = on_rounds(look_tokens(design.floor, design.tokens, limit), per_round)
         betas = {}
         if len(tokens) > 1:  # a β_r matters only where the cell may stop before its last look
             rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in covered}
@@ -173,21 +173,16 @@ class EngineLooks:
         return out
 
 
-def on_rounds(tokens: tuple[int, ...], per_round: float, floor: int) -> tuple[int, ...]:
-    """The looks `tokens` at whole rows a prompt, as a look draws them (`per_round` tested tokens
-    a row for every prompt): each before the last at its nearest number of rounds, the first at
-    least those that reach the `floor`, one that meets a neighbour dropped; the last at the
-    rounds that reach the design's tokens. A look's tokens are its rounds' rounded down, so that
-    the rows it asks for (tokens / `per_round`, rounded up) are its rounds exactly."""
-    if per_round <= 0 or len(tokens) == 1:
+def on_rounds(tokens: tuple[int, ...], per_round: float) -> tuple[int, ...]:
+    """The looks `tokens` as a look draws them, at whole rows a prompt (`per_round` tested tokens a
+    row for every prompt): each at the rounds that reach it, at least one more than the look
+    before. A look's tokens are its rounds' rounded down, so that the rows it asks for (tokens /
+    `per_round`, rounded up) are its rounds exactly, and its record says what was drawn."""
+    if per_round <= 0:
         return tokens
-    last = math.ceil(tokens[-1] / per_round - 1e-9)
-    rounds = [min(max(round(tokens[0] / per_round), math.ceil(floor / per_round - 1e-9), 1), last)]
-    for t in tokens[1:-1]:
-        if rounds[-1] < (r := round(t / per_round)) < last:
-            rounds.append(r)
-    if rounds[-1] < last:
-        rounds.append(last)
+    rounds: list[int] = []
+    for t in tokens:
+        rounds.append(max(math.ceil(t / per_round - 1e-9), rounds[-1] + 1 if rounds else 1))
     return tuple(max(1, math.floor(r * per_round)) for r in rounds)
 
 

@@ -64,33 +64,25 @@ def test_a_covered_classs_claim_is_its_power_less_the_beta_r_its_pilot_fixed():
 
 
 @pytest.mark.parametrize(
-    ("tokens", "per_round", "floor", "rounds"),
+    ("tokens", "per_round", "rounds"),
     [
-        (
-            (768, 1471, 2818, 5397, 10337),
-            768.0,
-            768,
-            (1, 2, 4, 7, 14),
-        ),  # T 0.3: the nearest, the last reaching the design
-        ((755, 1529, 3097, 6272, 12703), 753.6, 753, (1, 2, 4, 8, 17)),  # top-k 8: 1,529 was 3 rounds rounded up, now 2
-        ((160, 295, 543, 1000, 1841), 160.5, 160, (1, 2, 3, 6, 12)),
-        ((500, 900), 400.0, 500, (2, 3)),  # the first look's rounds reach the floor
-        ((750, 800, 1307), 750.7, 750, (1, 2)),  # a look that meets its neighbour is dropped
-        ((9000,), 768.0, 768, None),  # one look: as planned
+        ((768, 1471, 2818, 5397, 10337), 768.0, (1, 2, 4, 8, 14)),  # T 0.3: each at the rounds that reach it
+        ((755, 1529, 3097, 6272, 12703), 753.6, (2, 3, 5, 9, 17)),  # top-k 8: 1,529 tokens take 3 rounds
+        ((753, 1529, 3097), 753.6, (1, 3, 5)),
+        ((160, 295, 543, 1000, 1841), 160.5, (1, 2, 4, 7, 12)),
+        ((750, 800, 1307), 750.7, (1, 2, 3)),  # a look within its neighbour's round still draws one more
+        ((9000,), 768.0, (12,)),
     ],
 )
-def test_looks_are_drawn_at_whole_rows_a_prompt(tokens, per_round, floor, rounds):
-    """A look draws the same rows for every prompt (`per_round` tested tokens a row each): the
-    plan puts each look at its nearest whole number of rounds, and the rows a look asks for
-    (tokens / per_round rounded up, as `one_sample` asks) are those rounds exactly."""
+def test_looks_are_recorded_at_the_whole_rows_a_prompt_they_draw(tokens, per_round, rounds):
+    """A look draws the same rows for every prompt (`per_round` tested tokens a row each), at least
+    one more than the look before: the plan records each look at the rounds it draws, and the rows
+    a look asks for (tokens / per_round rounded up, as `one_sample` asks) are those rounds."""
     import math
 
     from losscheck.cells.engine.looks import on_rounds
 
-    looks = on_rounds(tokens, per_round, floor)
-    if rounds is None:
-        assert looks == tokens
-        return
+    looks = on_rounds(tokens, per_round)
     assert tuple(math.ceil(t / per_round - 1e-9) for t in looks) == rounds
-    assert rounds[0] * per_round >= floor  # the first look's rounds reach the floor
-    assert looks[-1] >= tokens[-1] - per_round * 1e-9  # the last look keeps the design's tokens
+    assert all(drawn >= planned - 1 for drawn, planned in zip(looks, tokens))  # never below the plan
+    assert on_rounds(tokens, 0.0) == tokens
