@@ -200,6 +200,7 @@ def _rule_out_rate(key: str, pilot: PowerAccumulator, pilot_rounds: RoundsPower 
 
 
 def _times(rate: float | None, tokens: int) -> float | None:
+    """A log e-value's predicted growth over `tokens` (None where its rate is unknown)."""
     return None if rate is None else rate * tokens
 
 
