@@ -290,6 +290,19 @@ def filter_rounds(
     return Filtered(log_lr, bonus_belief, first_belief, rule_log_lr)
 
 
+def exact_positions(scored: torch.Tensor, ambiguous: torch.Tensor) -> torch.Tensor:
+    """The `scored` positions [n, L] where the filter's predictive law is each member's exact
+    one, which a rule-out e-value needs (`RoundsSample.rule_out_log_e`): those with no
+    `ambiguous` [n, L] cut-off at or before them in their row. At an ambiguous position a
+    member's law depends on the tokens the engine keeps beyond the sure ones, and so does every
+    later position's: the belief over slots is updated there, and a bonus reads its p. (A filter
+    fed the sure tokens' law there and read after it gave the bonus bug's rule-out e-value an
+    infinite mean under that bug, where the engine kept one token more: `tests/unit/stats`.) The
+    tests' own log-LR needs no exact law (any predictable law keeps its mean under H0 at most 1)
+    and reads every scored position."""
+    return scored & (ambiguous.to(torch.int32).cumsum(-1) == 0)
+
+
 def _start(belief: torch.Tensor) -> torch.Tensor:
     fresh = torch.zeros_like(belief)
     fresh[..., 0] = 1.0
@@ -334,6 +347,7 @@ class RoundsPower:
     row_null_second: torch.Tensor = field(default_factory=_per_class)
     row_tokens_sq: float = 0.0
     rows: int = 0
+    rule_out_tokens: int = 0  # of `tokens`, those the rule-out e-values read (`rule_out_rate`)
 
     def update(
         self,
@@ -342,13 +356,16 @@ class RoundsPower:
         filtered: Filtered,
         scored: torch.Tensor,
         other: torch.Tensor | None = None,
+        rule_out: torch.Tensor | None = None,
     ) -> None:
-        """Add the scored positions [n, L] of a chunk: p, q, other [n, L, V] and the filter's beliefs.
+        """Add the scored positions [n, L] of a chunk: p, q, other [n, L, V] and the filter's beliefs;
+        `rule_out` [n, L], the positions the rule-out e-values read (None: every scored one).
         Member ρ's predictive law is p + ρ·((1 - π_k)·draft + π_k·bonus - p), π_k its belief in
         the bonus slot, draft and bonus its class's laws (`class_laws`)."""
         p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)
         pick = scored.to(torch.bool)
         self.tokens += int(pick.sum())
+        self.rule_out_tokens += int(pick.sum() if rule_out is None else (pick & rule_out).sum())
         per_row = pick.sum(1).double()  # [n]
         self.row_tokens_sq += float((per_row * per_row).sum())
         self.rows += int((per_row > 0).sum())
@@ -489,10 +506,12 @@ class RoundsPower:
 
     def rule_out_rate(self, name: str, rho: float) -> float | None:
         """How fast member ρ of class `name`'s family is ruled out under H0: the mean growth per
-        scored token of its log rule-out e-value, KL(p‖P'_ρ) (the tokens both give mass); None
-        before any token."""
+        scored token of its log rule-out e-value, KL(p‖P'_ρ) (the tokens both give mass) times the
+        share of scored tokens the rule-outs read (`exact_positions`); None before any token."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
-        return -float(self.null[ci, gi]) / self.tokens if self.tokens else None
+        if not self.tokens:
+            return None
+        return -float(self.null[ci, gi]) / self.tokens * self.rule_out_tokens / self.tokens
 
     def wald(self, name: str, alpha: float, power: float, rho: float = 1.0) -> WaldSize:
         """Wald's SPRT of p against member ρ's predictive law: its expected scored tokens at
@@ -601,7 +620,7 @@ class RoundsSample:
         self.tokens += int(scored.sum())
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())
         picked = scored if power_rows is None else scored & power_rows.to(scored.device)[:, None]
-        self.power.update(p, q, filtered, picked, other)
+        self.power.update(p, q, filtered, picked, other, rule_out)
         h0 = filter_rounds(round_parts(p, q, tokens, (CORRECT,)), self.k, generated, scored, self.first)
         self.acceptance.add(p, q, tokens, h0, generated)
 
@@ -609,9 +628,10 @@ class RoundsSample:
         """Per class and member ρ, under `sequential.member_key`, the log of the e-value that rules
         the member out (`losscheck.stats.sequential`): Π p(x) / P'_ρ(x | x_<t) over the positions
         read, a supermartingale of mean at most 1 under the member, P' its exact predictive law
-        given the declared draft law and first token. Where the engine does not say where its first
-        token comes from, P' is the even mixture of the two filters' laws, whose product is at
-        least half the true one's: log 2 is taken off, so the threshold keeps its β."""
+        given the declared draft law and first token (where the caller reads `exact_positions`).
+        Where the engine does not say where its first token comes from, P' is the even mixture of
+        the two filters' laws, whose product is at least half the true one's: log 2 is taken off,
+        so the threshold keeps its β."""
         slack = math.log(2) if self.first is None else 0.0
         return {
             member_key(cls.name, rho): float(self.rule_out[ci, gi]) - slack

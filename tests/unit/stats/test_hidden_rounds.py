@@ -18,6 +18,7 @@ from losscheck.stats.hidden_rounds import (
     RoundsPower,
     RoundsSample,
     class_laws,
+    exact_positions,
     filter_rounds,
     round_parts,
     rounds_test,
@@ -256,6 +257,13 @@ def test_the_null_drift_wald_reads_is_the_mean_of_the_log_lr_under_h0():
     realised = sample.rule_out_log_e()["residual_is_p"]
     assert abs(realised + drift) <= 4 * float(per_row.std()) * math.sqrt(len(per_row))
     assert RoundsPower().rule_out_rate("residual_is_p", 1.0) is None  # before any token
+    # rule-outs that read each row's first two positions only (`exact_positions` after an
+    # ambiguous cut-off) grow at 2 / L the rate per scored token
+    first_two = RoundsSample(K)
+    everywhere = torch.ones(rows.shape, dtype=torch.bool)
+    read = everywhere & (torch.arange(L) < 2)
+    first_two.update(forced(rows, P), forced(rows, Q), rows, everywhere, everywhere, rule_out=read)
+    assert first_two.power.rule_out_rate("residual_is_p", 1.0) == pytest.approx(rate * 2 / L)
 
 
 @pytest.mark.parametrize("seed", [4, 6])
@@ -421,3 +429,47 @@ def test_a_subnormal_float32_p_leaves_the_power_sums_finite():
     sample = _score(P, Q, rows)
     for sums in (sample.power.mean, sample.power.second, sample.power.null, sample.power.outside):
         assert bool(torch.isfinite(sums).all()), sums
+
+
+def _rule_out_mean(
+    P_seen: torch.Tensor, Q: torch.Tensor, law: dict, ambiguous_after: int, name: str, member: int, exact: bool
+) -> float:
+    """E[e] over every output of `law` of the rule-out e-value of class `name`'s member
+    `MEMBERS[member]`, the filter fed `P_seen` (the sure tokens' law after token
+    `ambiguous_after`, where the cut-off is ambiguous), reading `exact_positions` or (not
+    `exact`) every unambiguous position."""
+    seqs = torch.tensor(list(law))  # [N, L]
+    prob = torch.tensor(list(law.values()), dtype=torch.float64)  # [N]
+    before = torch.cat([torch.full((len(seqs), 1), V), seqs[:, :-1]], 1)
+    ambiguous = before == ambiguous_after
+    everywhere = torch.ones(seqs.shape, dtype=torch.bool)
+    scored = everywhere & ~(ambiguous & (seqs == ambiguous_after))  # a token outside the sure ones: left out
+    read = exact_positions(scored, ambiguous) if exact else scored & ~ambiguous
+    parts = round_parts(forced(seqs, P_seen), forced(seqs, Q), seqs)
+    filtered = filter_rounds(parts, K, everywhere, scored, "round", read)
+    e = (-filtered.rule_out_log_lr[:, [c.name for c in CLASSES].index(name), member]).exp()  # [N]
+    return float((prob * e).sum())
+
+
+def test_a_rule_out_e_value_reads_no_position_after_an_ambiguous_cut_off():
+    """Exact, over every output of a loop with each class (every member): after token 0 the
+    engine keeps token 0 where losscheck's cut-off is unsure of it, so the filter is fed the law
+    on the sure tokens there (`cells.scoring.cutoff_law`). Reading `exact_positions`, E[e] <= 1
+    under the member; reading every unambiguous position, the belief and a bonus's p after the
+    ambiguous one are not the member's, and the mean exceeds 1 (infinite for the bonus bug: its
+    law there can give no mass to a token the engine draws)."""
+    worst = 0.0
+    for seed in (0, 2):
+        P, Q = tables(seed)
+        P_seen = P.clone()
+        P_seen[0, 0] = 0.0  # after token 0: token 0 unsure, the law on the sure tokens {1, 2}
+        P_seen[0] /= P_seen[0].sum()
+        for name in ("residual_is_p", "bonus_from_previous_slot", "top_p_one_side"):
+            law = loop_law(P, Q, name)
+            for member in range(len(MEMBERS)):
+                assert _rule_out_mean(P_seen, Q, law, 0, name, member, exact=True) <= 1 + 1e-9, (seed, name, member)
+                worst = max(worst, _rule_out_mean(P_seen, Q, law, 0, name, member, exact=False))
+    assert worst > 1.05, worst
+    ambiguous = torch.tensor([[False, True, False], [False, False, False]])
+    scored = torch.tensor([[True, True, True], [True, False, True]])
+    assert exact_positions(scored, ambiguous).tolist() == [[True, False, False], [True, False, True]]
