@@ -144,6 +144,9 @@ class LooksRecord:
     rejected: bool = False  # engine cells: stopped early because an e-value test crossed its level
     # engine cells: per covered member key, β_r (the chance its rule-out fires under it), fixed from the pilot
     rule_out_betas: dict[str, float] = field(default_factory=dict)
+    # engine cells: the member keys whose rule-out the pilot predicted no look before the last
+    # could pass (`sequential.may_rule_out`); where any, the cell drew its design in one look
+    late: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

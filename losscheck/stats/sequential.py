@@ -116,6 +116,16 @@ def rule_out_beta(power: float, predicted_log_e: float | None) -> float:
     return math.exp(-min(max(below, low), high))
 
 
+def may_rule_out(predicted_log_e: float | None, threshold: float) -> bool:
+    """Whether a rule-out log e-value a pilot predicts at a look (None: no prediction) may reach
+    `threshold` there: its prediction μ `RULE_OUT_Z` standard deviations up (μ + z·√(2μ)) does.
+    A member this says no to is, under H0, still short of its threshold at that look in all but
+    a small share of runs."""
+    if predicted_log_e is None or math.isnan(predicted_log_e) or predicted_log_e <= 0:
+        return False
+    return predicted_log_e + RULE_OUT_Z * math.sqrt(2 * predicted_log_e) >= threshold
+
+
 def id_key(name: str, v: int) -> str:
     """The rule-out key of a per-id class at id `v`."""
     return f"{name}[{v}]"

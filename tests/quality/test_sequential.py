@@ -245,3 +245,17 @@ def test_the_rule_out_rate_a_pilot_predicts_is_the_log_e_values_growth_under_h0(
     assert mean > predicted - 4 * error, (mean, predicted, error)
     if exact:
         assert mean < predicted + 4 * error, (mean, predicted, error)
+
+
+def test_a_pilot_says_whether_a_member_may_be_ruled_out_at_a_look():
+    """`may_rule_out`: the predicted log e-value μ, `RULE_OUT_Z` standard deviations up (√(2μ)
+    each), against the look's threshold; no prediction, or none above 0, never reaches it."""
+    z = sequential.RULE_OUT_Z
+    assert not sequential.may_rule_out(None, 5.4)
+    assert not sequential.may_rule_out(0.0, 5.4) and not sequential.may_rule_out(-3.0, 0.1)
+    assert not sequential.may_rule_out(math.nan, 5.4)
+    assert not sequential.may_rule_out(1.0, 5.4)  # 1 + 2.5·√2 = 4.5
+    assert sequential.may_rule_out(2.0, 5.4)  # 2 + 2.5·2 = 7
+    mu = 1.5
+    assert sequential.may_rule_out(mu, mu + z * math.sqrt(2 * mu))
+    assert not sequential.may_rule_out(mu, mu + z * math.sqrt(2 * mu) + 1e-9)

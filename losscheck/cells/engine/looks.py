@@ -14,8 +14,12 @@ time under the member they rule out:
 
 Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each at most
 double the one before (`GROWTH`, `look_tokens`), at whole rows a prompt as a look draws them
-(`on_rounds`). Each look is an engine draw and a scoring phase,
-and an engine kept one instance at a time (`losscheck.plan.memory`) is built again for each:
+(`on_rounds`). Where the pilot predicts that some member an early stop needs cannot be ruled out
+before the last look (`EngineLooks.late`, `sequential.may_rule_out`: at top-p the verifier's
+rule-outs read only the positions before a row's first ambiguous cut-off), the cell is sized and
+drawn in one look instead: its fixed-sample tests at α, every test at the first stage's power.
+Each look is an engine draw and a scoring phase, and an engine kept one instance at a time
+(`losscheck.plan.memory`) is built again for each:
 wider looks than a PIT cell's (`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for
 the fixed-sample tests. The design's tokens are sized at the 0.99 quantile, several times what a
 lossless engine needs before its rule-outs pass: with three looks (until 2026-12-07), a cell
@@ -50,9 +54,9 @@ MIN_GROWTH = 1.25  # a look tests at least this many times the tokens of the one
 
 
 def looks_allowed(rebuilt: bool, early_stop: bool = True) -> int:
-    """The looks an engine cell allows, fixed before any draw (its fixed-sample tests' divisor):
-    `REBUILT_LOOKS` where each later look `rebuilt` the engine, else `LOOKS`; one without
-    `early_stop`."""
+    """The looks an engine cell allows, fixed before the tested draw (its fixed-sample tests'
+    divisor): `REBUILT_LOOKS` where each later look `rebuilt` the engine, else `LOOKS`; one
+    without `early_stop` (or where the pilot names members `EngineLooks.late`)."""
     return (REBUILT_LOOKS if rebuilt else LOOKS) if early_stop else 1
 
 
@@ -90,6 +94,8 @@ class EngineLooks:
     rounds: tuple[str, ...]
     alpha_test: float
     power: float
+    # the member keys the pilot predicts no look before the last rules out (`sequential.may_rule_out`)
+    late: tuple[str, ...] = ()
 
     @classmethod
     def plan(
@@ -124,11 +130,16 @@ class EngineLooks:
             covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
         looks = dataclasses.replace(looks, covered=tuple(covered), partial=tuple(partial), promised=tuple(promised))
         tokens = on_rounds(look_tokens(design.floor, design.tokens, limit), per_round)
-        betas = {}
+        betas: dict[str, float] = {}
+        late: list[str] = []
         if len(tokens) > 1:  # a β_r matters only where the cell may stop before its last look
-            rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in covered}
+            rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in (*covered, *partial)}
             betas = {key: sequential.rule_out_beta(power, _times(rates[key], tokens[0])) for key in covered}
-        return cls(dataclasses.replace(looks, tokens=tokens, betas=betas), grid, design, rounds, alpha_test, power)
+            looks = dataclasses.replace(looks, tokens=tokens, betas=betas)
+            thresholds = looks.thresholds()
+            late = [k for k in thresholds if not sequential.may_rule_out(_times(rates[k], tokens[-2]), thresholds[k])]
+        looks = dataclasses.replace(looks, tokens=tokens, betas=betas)
+        return cls(looks, grid, design, rounds, alpha_test, power, tuple(late))
 
     @property
     def partly(self) -> frozenset[str]:

@@ -70,7 +70,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     to the design (`REBUILT_LOOKS` where each later look builds the engine again); the cell stops
     drawing at the first look where the data rule out every class the design reaches (and its own
     p and q keep the promise), or where a rounds test crosses its level (an e-value: valid at any
-    stopping time). The fixed-sample tests are judged at α over the looks allowed.
+    stopping time). The fixed-sample tests are judged at α over the looks allowed. Where the pilot
+    predicts an early stop cannot happen (`EngineLooks.late`), one look: the design drawn at once.
 
     Attribution (`losscheck.cells.engine.attribution`): planned from the first stage's sums,
     whatever its tests found (`plan_second_stage`: the first stage has a share of the power,
@@ -99,23 +100,24 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     budget = registry.split(ctx.alpha, *families, missing=missing)
     asked, pilot_per_prompt = pilot_request(ctx, prompts, horizon, speculative=True)
     (pilot,) = yield (asked,)
-    # fixed before any draw: the fixed-sample tests' divisor
+    # fixed before the tested draw: the fixed-sample tests' divisor
     limit = looks_allowed(one_at_a_time(engine), profile.early_stop)
     first = stage_one_power(profile.power)  # the first stage's part of the power; the rest is the second's
-    design = _design(ctx, prompts, pilot, budget.per_test, drafter, first, limit)
+    sums = _measure(ctx, prompts, pilot, drafter)
     unjudged = not_judged(None if drafter is None else drafter.law, cell.params)  # named in the record, with why
     judged = tuple(c.name for c in CLASSES if c.name not in unjudged)
-    plan = EngineLooks.plan(
-        design.classes,
-        design.pilot,
-        design.pilot_rounds,
-        design.rounds_rate,
-        judged,
-        budget.per_test,
-        first,
-        limit,
-        design.per_sequence * len(prompts),
-    )
+
+    def planned(looks: int) -> tuple[EngineDesign, EngineLooks]:
+        design = _design(ctx, prompts, sums, budget.per_test, first, looks)
+        rate, per_round = design.rounds_rate, design.per_sequence * len(prompts)
+        args = (design.pilot, design.pilot_rounds, rate, judged, budget.per_test, first, looks, per_round)
+        return design, EngineLooks.plan(design.classes, *args)
+
+    design, plan = planned(limit)
+    late = plan.late
+    if late:  # the pilot predicts no early stop: one look, its tests at α and at the first stage's power
+        limit = 1
+        design, plan = planned(limit)
     # an engine that reports logprobs reports them for the tested sample: checked beside it
     logprobs = _checks_logprobs(engine, cell.params)
     top = TOP_LOGPROBS if logprobs and isinstance(engine, ReportsTopLogprobs) else 0
@@ -203,6 +205,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
             unconfirmed=tuple(unconfirmed),
             rejected=rejected,
             rule_out_betas=dict(plan.looks.betas),
+            late=late,
         ),
         bug_classes=coverage,
         classes_not_judged=unjudged,
@@ -275,17 +278,44 @@ class EngineDesign:
     pilot_rounds: RoundsPower | None = None  # the pilot's rounds power sums, with a draft model
 
 
+@dataclass(frozen=True)
+class PilotSums:
+    """A pilot's scored sums, which `_design` sizes the cell from (at any number of looks): the
+    target-side power sums, the rounds sample (None without a draft model), the tokens generated
+    and the rows drawn."""
+
+    measured: PowerAccumulator
+    rounds: RoundsSample | None
+    generated: int
+    rows: int
+
+
+def _measure(ctx: CellContext, prompts: list[list[int]], pilot: torch.Tensor, drafter: DraftModel | None) -> PilotSums:
+    """Score a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
+    tested) with the reference target and, with a draft model, the round filter."""
+    from losscheck.cells.engine.rounds import RoundsScoring
+    from losscheck.cells.scoring import measure_power
+    from losscheck.stats.buglaws import TARGET_SIDE
+
+    cell, engine = ctx.cell, engine_of(ctx)
+    target = ctx.engine_target()
+    gen = generation(ctx, pilot, target)
+    rows = [p for p in prompts for _ in range(pilot.shape[1])]
+    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
+    measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
+    return PilotSums(measured, None if rounds is None else rounds.sample, int(gen.mask().sum()), len(rows))
+
+
 def _design(
     ctx: CellContext,
     prompts: list[list[int]],
-    pilot: torch.Tensor,
+    pilot: PilotSums,
     alpha_test: float,
-    drafter: DraftModel | None,
     power: float,
     looks: int = 1,
 ) -> EngineDesign:
-    """From a pilot of the engine's speculative samples `pilot` [P, m, L] (a seed of its own, never
-    tested): the tokens each class the cell judges needs at `power`, the first stage's (for a cell of
+    """From a pilot's sums (`_measure`): the tokens each class the cell judges needs at `power`, the
+    first stage's (for a cell of
     `looks` > 1 looks, at `sequential.design_power` with its fixed-sample tests at α / looks:
     `EngineLooks`), with the design's margin, in the tokens every test reads (a cut-off's
     ambiguous positions left out), within the
@@ -294,45 +324,37 @@ def _design(
     reads, so an ambiguous cut-off leaves classes uncovered rather than multiplying the rows. With
     looks, a class the cap leaves uncovered but reaches at `sequential.PARTIAL_POWER` takes the
     design to the cap (`ClassDesign.of`): the early stop waits for its rule-out."""
-    from losscheck.cells.engine.rounds import RoundsScoring
-    from losscheck.cells.scoring import measure_power
     from losscheck.stats.bugclass import LR_BOUND
     from losscheck.stats.buglaws import TARGET_SIDE
     from losscheck.stats.pit import pit_required_values
 
-    cell, engine, profile = ctx.cell, engine_of(ctx), ctx.profile
-    target = ctx.engine_target()
-    gen = generation(ctx, pilot, target)
-    rows = [p for p in prompts for _ in range(pilot.shape[1])]
-    rounds = None if drafter is None else RoundsScoring(drafter.model, engine.k, drafter.law, first_token(engine))
-    measured = measure_power(ctx, target, rows, gen, cell.precision.tolerance, rounds, TARGET_SIDE)
+    profile, measured, sample = ctx.profile, pilot.measured, pilot.rounds
     level = power if looks == 1 else sequential.design_power(power)
     # at the design's power, and (with looks to stop at) at the partial power that takes a class beyond the cap into it
     levels = (level, sequential.PARTIAL_POWER) if looks > 1 else (level,)
     wanted = [
         {bug.name: at[bug.name] for bug in TARGET_SIDE} for at in measured.tokens_needed_at(alpha_test, levels, looks)
     ]
-    generated = int(gen.mask().sum())
-    read_share = measured.steps / max(generated, 1)  # of the generated tokens, those every test reads
+    read_share = measured.steps / max(pilot.generated, 1)  # of the generated tokens, those every test reads
     rate = 1.0
-    if rounds is not None:
-        rate = rounds.sample.tokens / max(measured.steps, 1)
-        for name in rounds.sample.power.classes:
+    if sample is not None:
+        rate = sample.tokens / max(measured.steps, 1)
+        for name in sample.power.classes:
             for at, want in zip(levels, wanted):
-                tokens = rounds.sample.power.tokens_needed(name, alpha_test, at)
+                tokens = sample.power.tokens_needed(name, alpha_test, at)
                 want[name] = {f"rounds.{name}": tokens / max(rate, 1e-9)}
     pooled = 0
     if profile.pooled_tv is not None:  # a profile that asks the pooled tests for a TV sizes for it too
         alpha_pit = alpha_test * registry.budget_count(registry.PIT, missing=NO_SLOTS)  # the PIT family's share
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
-    per_sequence = measured.steps / len(rows)
+    per_sequence = measured.steps / pilot.rows
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.engine_min_tokens, profile.max_pit_tokens))
     # a look draws at least one row a prompt; rounded down, so that the first look asks for exactly one
     floor = max(floor, int(per_sequence * len(prompts)))
     partly = wanted[-1] if looks > 1 else None
     design = sample_size.ClassDesign.of(wanted[0], LR_BOUND, floor, cap, pooled, partly)
-    acceptance, pilot_rounds = (None, None) if rounds is None else (rounds.sample.acceptance, rounds.sample.power)
-    return EngineDesign(design, per_sequence, generated, measured.steps, measured, rate, acceptance, pilot_rounds)
+    acceptance, pilot_rounds = (None, None) if sample is None else (sample.acceptance, sample.power)
+    return EngineDesign(design, per_sequence, pilot.generated, measured.steps, measured, rate, acceptance, pilot_rounds)
 
 
 def _draft_law(design: EngineDesign, rounds: RoundsScoring | None) -> DraftLawRecord | None:

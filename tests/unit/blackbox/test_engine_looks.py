@@ -83,3 +83,44 @@ def test_looks_are_recorded_at_the_whole_rows_a_prompt_they_draw(tokens, per_rou
     assert tuple(math.ceil(t / per_round - 1e-9) for t in looks) == rounds
     assert all(drawn >= planned - 1 for drawn, planned in zip(looks, tokens))  # never below the plan
     assert on_rounds(tokens, 0.0) == tokens
+
+
+def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
+    """`EngineLooks.plan` names the member keys whose rule-out e-value the pilot predicts falls
+    short of its threshold at the look before the last (`sequential.may_rule_out`): none of
+    `residual_is_p`'s where its rule-outs read every position of a Markov loop's pilot; every
+    one where they read the first position of one row in four (1/64 of them, as where top-p
+    cut-offs are ambiguous early in most rows: `hidden_rounds.exact_positions`). `one_sample`
+    then draws such a cell's design in one look."""
+    import torch
+
+    from losscheck.cells.engine.looks import EngineLooks
+    from losscheck.selftest import bugtable
+    from losscheck.stats import sample_size, sequential
+    from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
+    from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.hidden_rounds import RoundsSample
+
+    chain = bugtable.make_chain(0.88, seed=3)
+    steps = bugtable.simulate(chain, 200, seed=4)
+    p, q, tokens = chain.p[steps.before], chain.q[steps.before], steps.tokens
+    everywhere = torch.ones(tokens.shape, dtype=torch.bool)
+    target = PowerAccumulator(classes=TARGET_SIDE)
+    target.update(p, None, tokens, None, bugtable.K, everywhere)
+    alpha, power = bugtable.CELL_ALPHA, 0.991
+    level = sequential.design_power(power)
+
+    def plan(read: torch.Tensor) -> EngineLooks:
+        sample = RoundsSample(bugtable.K)
+        sample.update(p, q, tokens, everywhere, everywhere, rule_out=read)
+        needed = target.tokens_needed(alpha, level, LOOKS)
+        needed["residual_is_p"] = {"rounds.residual_is_p": sample.power.tokens_needed("residual_is_p", alpha, level)}
+        design = sample_size.ClassDesign.of(needed, LR_BOUND, 500, 200_000)
+        return EngineLooks.plan(design, target, sample.power, 1.0, ("residual_is_p",), alpha, power, LOOKS)
+
+    full = plan(everywhere)
+    first_only = plan(everywhere & (torch.arange(tokens.shape[1]) < 1) & (torch.arange(len(tokens)) % 4 == 0)[:, None])
+    residual = [k for k in first_only.looks.covered + first_only.looks.partial if k.startswith("residual_is_p")]
+    assert len(full.looks.tokens) > 1 and residual
+    assert not [k for k in full.late if k.startswith("residual_is_p")], full.late
+    assert set(residual) <= set(first_only.late), (residual, first_only.late)
