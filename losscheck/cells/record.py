@@ -147,6 +147,9 @@ class LooksRecord:
     # engine cells: the member keys whose rule-out the pilot predicted no look before the last
     # could pass (`sequential.may_rule_out`); where any, the cell drew its design in one look
     late: tuple[str, ...] = ()
+    # engine cells with a draft model: of the rounds-scored positions the power sums read, the share
+    # the verifier's rule-outs read (`hidden_rounds.exact_positions`: none after an ambiguous cut-off)
+    rule_out_share: float | None = None
 
 
 @dataclass(frozen=True)

@@ -504,14 +504,17 @@ class RoundsPower:
         out = min(max(rate - _DRIFT_Z * rate_error, 0.0), 1.0)
         return max(gauss, 1 - (1 - out) ** tokens)
 
+    def rule_out_share(self) -> float | None:
+        """Of the scored tokens, the share the rule-out e-values read (None before any token)."""
+        return self.rule_out_tokens / self.tokens if self.tokens else None
+
     def rule_out_rate(self, name: str, rho: float) -> float | None:
         """How fast member ρ of class `name`'s family is ruled out under H0: the mean growth per
         scored token of its log rule-out e-value, KL(p‖P'_ρ) (the tokens both give mass) times the
         share of scored tokens the rule-outs read (`exact_positions`); None before any token."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
-        if not self.tokens:
-            return None
-        return -float(self.null[ci, gi]) / self.tokens * self.rule_out_tokens / self.tokens
+        share = self.rule_out_share()
+        return None if share is None else -float(self.null[ci, gi]) / self.tokens * share
 
     def wald(self, name: str, alpha: float, power: float, rho: float = 1.0) -> WaldSize:
         """Wald's SPRT of p against member ρ's predictive law: its expected scored tokens at

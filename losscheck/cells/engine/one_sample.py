@@ -206,6 +206,7 @@ def one_sample(ctx: CellContext) -> EngineDraws:
             rejected=rejected,
             rule_out_betas=dict(plan.looks.betas),
             late=late,
+            rule_out_share=None if sample is None else sample.power.rule_out_share(),
         ),
         bug_classes=coverage,
         classes_not_judged=unjudged,

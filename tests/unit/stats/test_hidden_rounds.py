@@ -264,6 +264,7 @@ def test_the_null_drift_wald_reads_is_the_mean_of_the_log_lr_under_h0():
     read = everywhere & (torch.arange(L) < 2)
     first_two.update(forced(rows, P), forced(rows, Q), rows, everywhere, everywhere, rule_out=read)
     assert first_two.power.rule_out_rate("residual_is_p", 1.0) == pytest.approx(rate * 2 / L)
+    assert first_two.power.rule_out_share() == pytest.approx(2 / L) and RoundsPower().rule_out_share() is None
 
 
 @pytest.mark.parametrize("seed", [4, 6])
