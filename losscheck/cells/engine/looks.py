@@ -130,16 +130,17 @@ class EngineLooks:
             covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
         looks = dataclasses.replace(looks, covered=tuple(covered), partial=tuple(partial), promised=tuple(promised))
         tokens = on_rounds(look_tokens(design.floor, design.tokens, limit), per_round)
-        betas: dict[str, float] = {}
-        late: list[str] = []
-        if len(tokens) > 1:  # a β_r matters only where the cell may stop before its last look
-            rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in (*covered, *partial)}
-            betas = {key: sequential.rule_out_beta(power, _times(rates[key], tokens[0])) for key in covered}
-            looks = dataclasses.replace(looks, tokens=tokens, betas=betas)
-            thresholds = looks.thresholds()
-            late = [k for k in thresholds if not sequential.may_rule_out(_times(rates[k], tokens[-2]), thresholds[k])]
+        # a β_r, and a member's chance of being ruled out early, matter only with looks before the last
+        early = len(tokens) > 1
+        rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in (*covered, *partial) if early}
+        betas = {key: sequential.rule_out_beta(power, _times(rates[key], tokens[0])) for key in covered if early}
         looks = dataclasses.replace(looks, tokens=tokens, betas=betas)
-        return cls(looks, grid, design, rounds, alpha_test, power, tuple(late))
+        late = tuple(
+            key
+            for key, threshold in looks.thresholds().items()
+            if early and not sequential.may_rule_out(_times(rates[key], tokens[-2]), threshold)
+        )
+        return cls(looks, grid, design, rounds, alpha_test, power, late)
 
     @property
     def partly(self) -> frozenset[str]:

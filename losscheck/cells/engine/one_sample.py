@@ -108,10 +108,14 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     judged = tuple(c.name for c in CLASSES if c.name not in unjudged)
 
     def planned(looks: int) -> tuple[EngineDesign, EngineLooks]:
+        """The design, and its looks, with `looks` looks allowed."""
         design = _design(ctx, prompts, sums, budget.per_test, first, looks)
-        rate, per_round = design.rounds_rate, design.per_sequence * len(prompts)
-        args = (design.pilot, design.pilot_rounds, rate, judged, budget.per_test, first, looks, per_round)
-        return design, EngineLooks.plan(design.classes, *args)
+        per_round = design.per_sequence * len(prompts)
+        plan = EngineLooks.plan(
+            design.classes, design.pilot, design.pilot_rounds, design.rounds_rate, judged, budget.per_test,
+            first, looks, per_round,
+        )  # fmt: skip
+        return design, plan
 
     design, plan = planned(limit)
     late = plan.late
