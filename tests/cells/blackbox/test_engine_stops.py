@@ -96,3 +96,34 @@ def test_hf_refuses_stop_strings_with_min_tokens(target):
 
     with pytest.raises(UnsupportedParameter, match="stop_strings with min_tokens: transformers matches stop strings"):
         sampling_config(SamplingParams(min_tokens=2, stop_strings=StopStrings(("ab",))))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_cell_whose_pilot_predicts_no_early_stop_draws_its_design_in_one_look(monkeypatch):
+    """Where the pilot predicts that no look before the last rules out a member an early stop
+    needs (`sequential.may_rule_out`, here forced to say so), the one-sample cell is sized again
+    for one look and draws it at once: one look allowed and drawn, the members named `late`, its
+    fixed-sample tests at the cell's α (not α / 5), and a lossless engine still PASSes."""
+    from losscheck.cells.engine import run_engine_cell
+    from losscheck.run.context import CellContext
+    from losscheck.run.options import Options
+    from losscheck.run.session import Session
+    from losscheck.stats import sequential
+
+    session = Session(Options(engine="losscheck.engines.spec_loop:spec_loop"))
+    (cell,) = [c for c in session.plan["engine_cell"] if c.id == "engine-k4-T1"]
+    several = run_engine_cell(CellContext.of(session, cell))
+    looks = several.facts.looks
+    assert looks is not None and looks.allowed > 1 and not looks.late
+    monkeypatch.setattr(sequential, "may_rule_out", lambda predicted, threshold: False)
+    outcome = run_engine_cell(CellContext.of(session, cell))
+    one = outcome.facts.looks
+    assert outcome.passed, outcome.message()
+    assert one is not None and (one.allowed, len(one.tokens), one.stopped_at, one.early) == (1, 1, 1, False)
+    assert one.late and set(looks.rule_out_betas) <= set(one.late)  # every covered member is named
+    assert not one.rule_out_betas  # no β_r spent
+
+    def alpha(o):
+        return next(r.alpha for r in o.verdict.results if r.name == "pit.pooled_chisquare")
+
+    assert alpha(outcome) == pytest.approx(looks.allowed * alpha(several))
