@@ -148,7 +148,7 @@ class LooksRecord:
     # could pass (`sequential.may_rule_out`); where any, the cell drew its design in one look
     late: tuple[str, ...] = ()
     # engine cells with a draft model: of the rounds-scored positions the power sums read, the share
-    # the verifier's rule-outs read (`hidden_rounds.exact_positions`: none after an ambiguous cut-off)
+    # the verifier's rule-outs read (`hidden_rounds.bounded_positions`: none after a position with no sure token)
     rule_out_share: float | None = None
 
 

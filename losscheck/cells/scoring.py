@@ -64,11 +64,16 @@ class ForcedProbs(NamedTuple):
     ambiguous [n, L]     bool, positions where implementations may keep different sets of tokens
     left_out  [n, L]     bool, positions whose drawn token one implementation may keep and another cut
                          (every token of a position where no token is surely kept)
+    wide      [n, L, V]  the law before the cut-off on every token some implementation may keep
+                         (`widest_law`), `probs` where the cut-off is not ambiguous; None where none is
+    no_sure   [n, L]     bool, positions where no token is surely kept (None where none is ambiguous)
     """
 
     probs: torch.Tensor
     ambiguous: torch.Tensor
     left_out: torch.Tensor
+    wide: torch.Tensor | None = None
+    no_sure: torch.Tensor | None = None
 
 
 def teacher_forced_probs(
@@ -102,7 +107,11 @@ def teacher_forced_probs(
     logits = adjust_logits(logits, params, History(prompt_ids, plen, plen, target.eos_id), tokens[:, :-1])
     probs, uncertain = cutoff_law(logits, params, tolerance)  # [n, L, V] each
     left_out = uncertain.gather(-1, tokens[..., None].clamp(0, logits.shape[-1] - 1)).squeeze(-1)  # [n, L]
-    return ForcedProbs(probs, uncertain.any(-1), left_out)
+    ambiguous = uncertain.any(-1)  # [n, L]
+    if not bool(ambiguous.any()):
+        return ForcedProbs(probs, ambiguous, left_out)
+    wide = widest_law(logits, params, probs, uncertain)
+    return ForcedProbs(probs, ambiguous, left_out, wide, uncertain.all(-1))
 
 
 def cutoff_law(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +130,21 @@ def cutoff_law(logits: torch.Tensor, params: SamplingParams, tolerance: float) -
     mass = sure.sum(-1, keepdim=True)  # [n, L, 1], 0 where no token is surely kept
     conditioned = torch.where(mass > 0, sure / mass.clamp(min=torch.finfo(mass.dtype).tiny), probs)
     return conditioned, uncertain | (mass == 0)
+
+
+def widest_law(
+    logits: torch.Tensor, params: SamplingParams, conditioned: torch.Tensor, uncertain: torch.Tensor
+) -> torch.Tensor:
+    """The law before the cut-off [n, L, V] (temperature and penalties, no top-k, top-p or min-p)
+    on every token some implementation may keep — the sure ones S, where `conditioned` [n, L, V]
+    (`cutoff_law`'s) gives mass, and the `uncertain` ones U [n, L, V] — at the ambiguous positions;
+    `conditioned` elsewhere. Every implementation's law there is this law on its own kept set K,
+    S ⊆ K ⊆ S ∪ U, renormalized: what the round filter's bounds read
+    (`losscheck.stats.hidden_rounds.kept_bounds`)."""
+    free = process_logits(logits, dataclasses.replace(params, top_k=0, top_p=1.0, min_p=0.0))  # [n, L, V]
+    wide = free.masked_fill(~((conditioned > 0) | uncertain), 0.0)
+    wide = wide / wide.sum(-1, keepdim=True).clamp_min(torch.finfo(wide.dtype).tiny)
+    return torch.where(uncertain.any(-1, keepdim=True), wide, conditioned)
 
 
 def cutoff_ambiguous(logits: torch.Tensor, params: SamplingParams, tolerance: float) -> torch.Tensor:

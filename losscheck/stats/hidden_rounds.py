@@ -112,6 +112,26 @@ def _drawn_from_other(p: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> tupl
     return o, q
 
 
+def _recover_bound(lo: torch.Tensor, hi: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return (hi - q).clamp_min(0.0)  # max(0, p - q) grows with p
+
+
+def _recover_from_p_bound(lo: torch.Tensor, hi: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return (1 - torch.minimum(lo, q).sum(-1, keepdim=True)).clamp_min(0.0) * hi
+
+
+def _recover_rejected_bound(
+    drawn: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, verified: torch.Tensor
+) -> torch.Tensor:
+    """At least `_recover_rejected` for every p with lo <= p <= hi: the rejected mass at its
+    largest (the accepted at lo), times the residual's share at its largest (its mass at lo: every
+    p above lo has at least that residual mass; 1 where that mass may be 0)."""
+    rejected = (1 - _accept_drawn_verified(drawn, lo, verified).sum(-1, keepdim=True)).clamp_min(0.0)
+    mass = (lo - verified).clamp_min(0.0).sum(-1, keepdim=True)
+    share = ((hi - verified).clamp_min(0.0) / mass.clamp_min(TINY)).clamp(max=1.0)
+    return rejected * torch.where(mass > 1e-12, share, 1.0)
+
+
 def _bonus(p: torch.Tensor, p_prev: torch.Tensor) -> torch.Tensor:
     return p
 
@@ -135,10 +155,26 @@ class RoundClass:
     bonus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _bonus
     reads_other: bool = False  # its law reads the draft model's other q (a cell without one: not run)
     drawn_verified: DrawnVerified | None = None  # where set, accept and recover follow from it
+    # (lo, hi, q, o) -> at least `recover` for every p between lo and hi (`bounds`)
+    recover_bound: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = _recover_bound
+
+    def bounds(
+        self, lo: torch.Tensor, hi: torch.Tensor, q: torch.Tensor, hi_prev: torch.Tensor, o: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The class's accepted, recovered and bonus laws [..., V], each at least its value for
+        every target law p with lo <= p <= hi (and a previous one at most `hi_prev`): accepting
+        and the bonus grow with p, the recovered part is bounded by `recover_bound` (or, for a
+        drawn-and-verified class, `_recover_rejected_bound`). The laws a draft is drawn from and
+        verified with read q and o, not p."""
+        if self.drawn_verified is None:
+            return self.accept(hi, q, o), self.recover_bound(lo, hi, q, o), self.bonus(hi, hi_prev)
+        drawn, verified = self.drawn_verified(hi, q, o)
+        accept = _accept_drawn_verified(drawn, hi, verified)
+        return accept, _recover_rejected_bound(drawn, lo, hi, verified), self.bonus(hi, hi_prev)
 
 
 CLASSES: tuple[RoundClass, ...] = (
-    RoundClass("residual_is_p", recover=_recover_from_p),
+    RoundClass("residual_is_p", recover=_recover_from_p, recover_bound=_recover_from_p_bound),
     RoundClass("bonus_from_previous_slot", bonus=_bonus_from_previous),
     RoundClass("top_p_one_side", drawn_verified=_top_p_draws),
     # the q contract (transformers #47932: DFlash, MTP and assisted candidates drawn from processed
@@ -218,32 +254,80 @@ def round_parts(
     teacher-forced over the same tokens."""
     p_prev = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], dim=1)  # [n, L, V], zeros at t = 0
     at = tokens[..., None].clamp(0, p.shape[-1] - 1)  # [n, L, 1]
-
-    def gathered(x: torch.Tensor) -> torch.Tensor:
-        return x.gather(-1, at).squeeze(-1)  # [n, L]
-
-    p_x, accept_h0 = gathered(p), gathered(torch.minimum(p, q))
-    rho = torch.tensor(MEMBERS, dtype=torch.float64, device=p.device)  # [G]
-    parts: list[list[torch.Tensor]] = [[], [], []]
+    p_x, accept_h0 = _gather(p, at), _gather(torch.minimum(p, q), at)
+    per_class = []
     for cls in classes:
         laws = class_laws(cls, p, q, p_prev, other)
-        draft, accept, bonus = (gathered(x)[..., None] for x in laws)  # [n, L, 1] each
-        parts[0].append(rho * accept + (1 - rho) * accept_h0[..., None])  # [n, L, G]
-        parts[1].append(rho * (draft - accept) + (1 - rho) * (p_x - accept_h0)[..., None])
-        parts[2].append(rho * bonus + (1 - rho) * p_x[..., None])
+        per_class.append((laws.accept, laws.draft - laws.accept, laws.bonus))
+    return _mixed(per_class, (accept_h0, p_x - accept_h0, p_x), p_x, at)
+
+
+def _gather(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """x [n, L, V] at the ids `at` [n, L, 1] → [n, L]."""
+    return x.gather(-1, at).squeeze(-1)
+
+
+def _mixed(
+    per_class: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    h0: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    numerator: torch.Tensor,
+    at: torch.Tensor,
+) -> RoundParts:
+    """Each class's (accepted, recovered, bonus) law [n, L, V] at the ids `at` [n, L, 1], mixed
+    with H0's parts `h0` (each [n, L], at those ids) over the members: ρ·class + (1 - ρ)·H0, as
+    `RoundParts` whose `p` is `numerator` [n, L]."""
+    rho = torch.tensor(MEMBERS, dtype=torch.float64, device=numerator.device)  # [G]
+    parts: list[list[torch.Tensor]] = [[], [], []]
+    for laws in per_class:
+        for part, law, null in zip(parts, laws, h0, strict=True):
+            part.append(rho * _gather(law, at)[..., None] + (1 - rho) * null[..., None])  # [n, L, G]
     accept, recover, bonus = (torch.stack(part, -2) for part in parts)  # [n, L, C, G]
-    return RoundParts(accept, recover, bonus, p_x)
+    return RoundParts(accept, recover, bonus, numerator)
+
+
+def kept_bounds(p: torch.Tensor, wide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds lo <= p_K <= hi [n, L, V] on the law of every kept set K an implementation of an
+    ambiguous cut-off may keep, S ⊆ K ⊆ S ∪ U: `p` [n, L, V] the law on the sure tokens S (p_S,
+    `losscheck.cells.scoring.cutoff_law`), `wide` the law before the cut-off on S ∪ U
+    (`widest_law`; equal to p where the cut-off is not ambiguous, and then lo = hi = p). With w
+    that law, p_K(x) = w(x) / w(K) on K: at most w(x) / w(S) for x in S and w(x) / (w(S) + w(x))
+    for x in U (K at its smallest), at least w(x) / w(S ∪ U) for x in S, and 0 for x in U."""
+    sure = p > 0
+    mass = (wide * sure).sum(-1, keepdim=True)  # [n, L, 1] w(S) / w(S ∪ U)
+    lo = wide * sure
+    hi = torch.where(sure, wide / mass.clamp_min(TINY), wide / (mass + wide).clamp_min(TINY))
+    exact = (wide == p).all(-1, keepdim=True)  # [n, L, 1] not ambiguous
+    return torch.where(exact, p, lo), torch.where(exact, p, hi)
+
+
+def round_bounds(
+    p: torch.Tensor,
+    wide: torch.Tensor,
+    q: torch.Tensor,
+    tokens: torch.Tensor,
+    classes: tuple[RoundClass, ...] = CLASSES,
+    other: torch.Tensor | None = None,
+) -> RoundParts:
+    """`round_parts` for a rule-out e-value where the cut-off is ambiguous: each part the largest
+    any kept set gives it (`kept_bounds`, `RoundClass.bounds`), so that the filter's product is at
+    least each member's law of the row whatever the engine kept; and `wide` at the emitted token
+    as its numerator, a law that sums to 1 (p_S would give a token in U no mass). `p`, `wide`, q,
+    `other` [n, L, V] float64; `tokens` [n, L]."""
+    lo, hi = kept_bounds(p, wide)
+    hi_prev = torch.cat([torch.zeros_like(hi[:, :1]), hi[:, :-1]], dim=1)
+    at = tokens[..., None].clamp(0, p.shape[-1] - 1)
+    h0 = (_gather(torch.minimum(hi, q), at), _gather((hi - q).clamp_min(0.0), at), _gather(hi, at))
+    per_class = [cls.bounds(lo, hi, q, hi_prev, q if other is None else other) for cls in classes]
+    return _mixed(per_class, h0, _gather(wide, at), at)
 
 
 class Filtered(NamedTuple):
     """The forward filter's output: per row the log-LR of every member, [n, C, G]; the belief in
-    the bonus slot and in slot 0 (a round's first draft) before each position, [n, L, C, G]; per
-    row the log-LR over the positions the rule-out e-values read, [n, C, G]."""
+    the bonus slot and in slot 0 (a round's first draft) before each position, [n, L, C, G]."""
 
     log_lr: torch.Tensor
     bonus_belief: torch.Tensor
     first_belief: torch.Tensor
-    rule_out_log_lr: torch.Tensor
 
 
 def filter_rounds(
@@ -252,14 +336,14 @@ def filter_rounds(
     generated: torch.Tensor,
     scored: torch.Tensor,
     first: FirstToken | None = "round",
-    rule_out: torch.Tensor | None = None,
 ) -> Filtered:
     """Run the slot filter along each row (`generated` [n, L]: positions the engine emitted;
     `scored` [n, L] ⊆ generated: those whose factor counts). Block length `k` >= 1. Where a row's
     first token comes from (`first`, `FirstToken`): "round", the first round's slot 0; "prefill",
     the prefill's sample of p (as a bonus slot: every class draws it from p, and the first round
-    starts after it); None (the engine does not say): either, half and half. `rule_out` [n, L] ⊆
-    scored: the positions whose factor the rule-out e-values read (None: `scored`)."""
+    starts after it); None (the engine does not say): either, half and half. Fed `round_bounds`,
+    the product of its factors' denominators is at least the member's law of the row's scored
+    prefix (every part is, and the filter's recursion only adds and multiplies them)."""
     if k < 1:
         raise LosscheckError(f"the round filter needs a block length k >= 1, got {k}")
     if first not in (*FIRST_TOKEN, None):
@@ -270,7 +354,6 @@ def filter_rounds(
     for slot, weight in start.items():
         belief[..., slot] = weight
     log_lr = torch.zeros(n, c, g, dtype=torch.float64, device=belief.device)
-    rule_log_lr = torch.zeros_like(log_lr) if rule_out is not None else log_lr
     bonus_belief = torch.zeros(n, length, c, g, dtype=torch.float64, device=belief.device)
     first_belief = torch.zeros_like(bonus_belief)
     for t in range(length):
@@ -281,26 +364,24 @@ def filter_rounds(
         factor = predicted.clamp_min(TINY).log() - parts.p[:, t, None, None].clamp_min(TINY).log()
         step = torch.where(predicted > 0, factor, -math.inf)
         log_lr += torch.where(scored[:, t, None, None], step, 0.0)
-        if rule_out is not None:
-            rule_log_lr += torch.where(rule_out[:, t, None, None], step, 0.0)
         after = torch.cat([(draft * recover + last * bonus)[..., None], belief[..., :k] * accept[..., None]], -1)
         total = after.sum(-1, keepdim=True)
         after = torch.where(total > 0, after / total.clamp_min(TINY), _start(belief))  # an impossible token: restart
         belief = torch.where(generated[:, t, None, None, None], after, belief)
-    return Filtered(log_lr, bonus_belief, first_belief, rule_log_lr)
+    return Filtered(log_lr, bonus_belief, first_belief)
 
 
-def exact_positions(scored: torch.Tensor, ambiguous: torch.Tensor) -> torch.Tensor:
-    """The `scored` positions [n, L] where the filter's predictive law is each member's exact
-    one, which a rule-out e-value needs (`RoundsSample.rule_out_log_e`): those with no
-    `ambiguous` [n, L] cut-off at or before them in their row. At an ambiguous position a
-    member's law depends on the tokens the engine keeps beyond the sure ones, and so does every
-    later position's: the belief over slots is updated there, and a bonus reads its p. (A filter
-    fed the sure tokens' law there and read after it gave the bonus bug's rule-out e-value an
-    infinite mean under that bug, where the engine kept one token more: `tests/unit/stats`.) The
-    tests' own log-LR needs no exact law (any predictable law keeps its mean under H0 at most 1)
-    and reads every scored position."""
-    return scored & (ambiguous.to(torch.int32).cumsum(-1) == 0)
+def bounded_positions(generated: torch.Tensor, no_sure: torch.Tensor | None) -> torch.Tensor:
+    """The `generated` positions [n, L] a rule-out e-value reads (`RoundsSample.rule_out_log_e`):
+    every one before its row's first position where no token is surely kept (`no_sure` [n, L];
+    None: none), where `kept_bounds` would bound nothing (the row stops there, a stopping time,
+    and its prefix's e-value keeps its mean). Every read position needs a factor, a token the
+    cut-off may have dropped included: a filter fed the sure tokens' law p_S at an ambiguous
+    position, and read after it, gave the bonus bug's rule-out e-value an infinite mean under
+    that bug where the engine kept one token more (`tests/unit/stats`)."""
+    if no_sure is None:
+        return generated.clone()
+    return generated & (no_sure.to(torch.int32).cumsum(-1) == 0)
 
 
 def _start(belief: torch.Tensor) -> torch.Tensor:
@@ -511,7 +592,7 @@ class RoundsPower:
     def rule_out_rate(self, name: str, rho: float) -> float | None:
         """How fast member ρ of class `name`'s family is ruled out under H0: the mean growth per
         scored token of its log rule-out e-value, KL(p‖P'_ρ) (the tokens both give mass) times the
-        share of scored tokens the rule-outs read (`exact_positions`); None before any token."""
+        share of scored tokens the rule-outs read (`bounded_positions`); None before any token."""
         ci, gi = self.classes.index(name), MEMBERS.index(rho)
         share = self.rule_out_share()
         return None if share is None else -float(self.null[ci, gi]) / self.tokens * share
@@ -609,21 +690,30 @@ class RoundsSample:
         scored: torch.Tensor,
         power_rows: torch.Tensor | None = None,
         other: torch.Tensor | None = None,
-        rule_out: torch.Tensor | None = None,
+        wide: torch.Tensor | None = None,
+        no_sure: torch.Tensor | None = None,
     ) -> None:
         """Add a chunk: p, q [n, L, V] float64 teacher-forced over `tokens` [n, L]; `generated` and
         `scored` [n, L] as `filter_rounds` reads them; `power_rows` [n] bool, the rows whose
         positions the power sums read (None: every row); `other` [n, L, V], the draft model's other
-        q (`class_laws`; None where it is q itself); `rule_out` [n, L] ⊆ scored, the positions the
-        rule-out e-values read (None: `scored`)."""
+        q (`class_laws`; None where it is q itself). Where a cut-off is ambiguous, p is the law on
+        its sure tokens, `wide` [n, L, V] the law on every token it may keep and `no_sure` [n, L]
+        the positions with no sure token (`losscheck.cells.scoring.ForcedProbs`; None: no position
+        is ambiguous): the rule-out e-values then read the filter of `round_bounds`."""
         parts = round_parts(p, q, tokens, other=other)
-        filtered = filter_rounds(parts, self.k, generated, scored, self.first, rule_out)
+        filtered = filter_rounds(parts, self.k, generated, scored, self.first)
         self.log_lr += filtered.log_lr.sum(0).cpu()
-        self.rule_out -= filtered.rule_out_log_lr.sum(0).cpu()
+        if wide is None:  # every member's law is exact: its own log-LR rules it out
+            read, rule_log_lr = scored, filtered.log_lr
+        else:
+            read = bounded_positions(generated, no_sure)
+            bounds = round_bounds(p, wide.to(p), q, tokens, other=other)
+            rule_log_lr = filter_rounds(bounds, self.k, generated, read, self.first).log_lr
+        self.rule_out -= rule_log_lr.sum(0).cpu()
         self.tokens += int(scored.sum())
         self.rows.append(filtered.log_lr[..., MEMBERS.index(1.0)].cpu())
         picked = scored if power_rows is None else scored & power_rows.to(scored.device)[:, None]
-        self.power.update(p, q, filtered, picked, other, rule_out)
+        self.power.update(p, q, filtered, picked, other, read)
         h0 = filter_rounds(round_parts(p, q, tokens, (CORRECT,)), self.k, generated, scored, self.first)
         self.acceptance.add(p, q, tokens, h0, generated)
 
@@ -631,7 +721,8 @@ class RoundsSample:
         """Per class and member ρ, under `sequential.member_key`, the log of the e-value that rules
         the member out (`losscheck.stats.sequential`): Π p(x) / P'_ρ(x | x_<t) over the positions
         read, a supermartingale of mean at most 1 under the member, P' its exact predictive law
-        given the declared draft law and first token (where the caller reads `exact_positions`).
+        given the declared draft law and first token, or a bound on it at least as large where a
+        cut-off is ambiguous (`round_bounds`, read at `bounded_positions`).
         Where the engine does not say where its first token comes from, P' is the even mixture of
         the two filters' laws, whose product is at least half the true one's: log 2 is taken off,
         so the threshold keeps its β."""

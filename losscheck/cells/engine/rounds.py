@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from losscheck.stats.hidden_rounds import CLASSES, NOT_JUDGED, FirstToken, RoundsSample, exact_positions
+from losscheck.stats.hidden_rounds import CLASSES, NOT_JUDGED, FirstToken, RoundsSample
 
 if TYPE_CHECKING:
     from losscheck.cells.scoring import ForcedProbs
@@ -68,12 +68,13 @@ class RoundsScoring:
         # implementation keeps, and a drawn token in S is scored against it (under H0 its law given
         # x ∈ S is p_S whatever the engine's cut-off keeps beyond S); a token outside S is left out
         scored = generated & ~forced.left_out.to(generated.device)
-        # the rule-out e-values read no ambiguous position, nor any after it in its row: there the
-        # member's law depends on what the engine's cut-off keeps beyond S (`exact_positions`)
-        rule_out = exact_positions(scored, forced.ambiguous.to(generated.device))
         other = None if other is None else other.double().to(p.device)
         q = q.double().to(p.device)
-        self.sample.update(p, q, tokens.to(p.device), generated, scored, power_rows, other, rule_out)
+        # the rule-out e-values read every position, bounding each member's law over the kept sets an
+        # ambiguous cut-off allows (`forced.wide`; `hidden_rounds.round_bounds`)
+        wide = None if forced.wide is None else forced.wide.double().to(p.device)
+        no_sure = None if forced.no_sure is None else forced.no_sure.to(p.device)
+        self.sample.update(p, q, tokens.to(p.device), generated, scored, power_rows, other, wide, no_sure)
 
 
 def draft_params(params: SamplingParams, law: DraftLaw) -> SamplingParams:

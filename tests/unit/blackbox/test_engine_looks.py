@@ -90,8 +90,8 @@ def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
     short of its threshold at the look before the last (`sequential.may_rule_out`): none of
     `residual_is_p`'s where its rule-outs read every position of a Markov loop's pilot; every
     one where they read the first position of one row in four (1/64 of them, as where top-p
-    cut-offs are ambiguous early in most rows: `hidden_rounds.exact_positions`). `one_sample`
-    then draws such a cell's design in one look."""
+    cut-offs leave no token sure early in most rows: `hidden_rounds.bounded_positions`).
+    `one_sample` then draws such a cell's design in one look."""
     import torch
 
     from losscheck.cells.engine.looks import EngineLooks
@@ -110,16 +110,17 @@ def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
     alpha, power = bugtable.CELL_ALPHA, 0.991
     level = sequential.design_power(power)
 
-    def plan(read: torch.Tensor) -> EngineLooks:
+    def plan(no_sure: torch.Tensor | None) -> EngineLooks:
         sample = RoundsSample(bugtable.K)
-        sample.update(p, q, tokens, everywhere, everywhere, rule_out=read)
+        sample.update(p, q, tokens, everywhere, everywhere, wide=None if no_sure is None else p, no_sure=no_sure)
         needed = target.tokens_needed(alpha, level, LOOKS)
         needed["residual_is_p"] = {"rounds.residual_is_p": sample.power.tokens_needed("residual_is_p", alpha, level)}
         design = sample_size.ClassDesign.of(needed, LR_BOUND, 500, 200_000)
         return EngineLooks.plan(design, target, sample.power, 1.0, ("residual_is_p",), alpha, power, LOOKS)
 
-    full = plan(everywhere)
-    first_only = plan(everywhere & (torch.arange(tokens.shape[1]) < 1) & (torch.arange(len(tokens)) % 4 == 0)[:, None])
+    full = plan(None)
+    quarter = (torch.arange(len(tokens)) % 4 == 0)[:, None]  # [n, 1] the rows read at their first position
+    first_only = plan(torch.arange(tokens.shape[1]) == torch.where(quarter, 1, 0))
     residual = [k for k in first_only.looks.covered + first_only.looks.partial if k.startswith("residual_is_p")]
     assert len(full.looks.tokens) > 1 and residual
     assert not [k for k in full.late if k.startswith("residual_is_p")], full.late

@@ -17,9 +17,11 @@ from losscheck.stats.hidden_rounds import (
     MEMBERS,
     RoundsPower,
     RoundsSample,
+    bounded_positions,
     class_laws,
-    exact_positions,
     filter_rounds,
+    kept_bounds,
+    round_bounds,
     round_parts,
     rounds_test,
 )
@@ -257,12 +259,13 @@ def test_the_null_drift_wald_reads_is_the_mean_of_the_log_lr_under_h0():
     realised = sample.rule_out_log_e()["residual_is_p"]
     assert abs(realised + drift) <= 4 * float(per_row.std()) * math.sqrt(len(per_row))
     assert RoundsPower().rule_out_rate("residual_is_p", 1.0) is None  # before any token
-    # rule-outs that read each row's first two positions only (`exact_positions` after an
-    # ambiguous cut-off) grow at 2 / L the rate per scored token
+    # rule-outs that read each row's first two positions only (`bounded_positions` before a
+    # position with no sure token) grow at 2 / L the rate per scored token
     first_two = RoundsSample(K)
     everywhere = torch.ones(rows.shape, dtype=torch.bool)
-    read = everywhere & (torch.arange(L) < 2)
-    first_two.update(forced(rows, P), forced(rows, Q), rows, everywhere, everywhere, rule_out=read)
+    no_sure = everywhere & (torch.arange(L) == 2)
+    wide = forced(rows, P)
+    first_two.update(forced(rows, P), forced(rows, Q), rows, everywhere, everywhere, wide=wide, no_sure=no_sure)
     assert first_two.power.rule_out_rate("residual_is_p", 1.0) == pytest.approx(rate * 2 / L)
     assert first_two.power.rule_out_share() == pytest.approx(2 / L) and RoundsPower().rule_out_share() is None
 
@@ -299,8 +302,8 @@ def test_a_rule_out_e_value_has_mean_at_most_one_under_the_member_it_rules_out(e
     """Exact, over every output of a loop with the residual bug (ρ = 1): E[Π p / P'] <= 1 under the
     bug, where the filter's first token is declared as the engine draws it, and where it is not
     declared (the filter mixes both; `rule_out_log_e` takes log 2 off, without which the mean is
-    1.0014 here). Positions outside the
-    rule-out mask add nothing: an empty mask leaves log e at 0 (less the slack)."""
+    1.0014 here). Positions the rule-outs do not read add nothing: a row with no sure token at its
+    first position leaves log e at 0 (less the slack)."""
     P, Q = tables(7)
     law = loop_law(P, Q, "residual_is_p", first=engine_first)
     key = "residual_is_p"
@@ -318,7 +321,7 @@ def test_a_rule_out_e_value_has_mean_at_most_one_under_the_member_it_rules_out(e
     seq = torch.tensor([next(iter(law))])
     everywhere = torch.ones(seq.shape, dtype=torch.bool)
     sample = RoundsSample(K, declared)
-    sample.update(forced(seq, P), forced(seq, Q), seq, everywhere, everywhere, rule_out=torch.zeros_like(everywhere))
+    sample.update(forced(seq, P), forced(seq, Q), seq, everywhere, everywhere, wide=forced(seq, P), no_sure=everywhere)
     assert sample.rule_out_log_e()[key] == (-math.log(2) if declared is None else 0.0)
     assert float(sample.log_lr.abs().sum()) > 0  # the test's own log-LR still reads every scored position
 
@@ -433,44 +436,104 @@ def test_a_subnormal_float32_p_leaves_the_power_sums_finite():
 
 
 def _rule_out_mean(
-    P_seen: torch.Tensor, Q: torch.Tensor, law: dict, ambiguous_after: int, name: str, member: int, exact: bool
-) -> float:
-    """E[e] over every output of `law` of the rule-out e-value of class `name`'s member
-    `MEMBERS[member]`, the filter fed `P_seen` (the sure tokens' law after token
-    `ambiguous_after`, where the cut-off is ambiguous), reading `exact_positions` or (not
-    `exact`) every unambiguous position."""
+    P: torch.Tensor, P_sure: torch.Tensor, Q: torch.Tensor, law: dict, name: str, bounded: bool
+) -> torch.Tensor:
+    """E[e] [G] over every output of `law` of the rule-out e-values of class `name`'s members,
+    the filter fed the sure tokens' law `P_sure` where `P` (the law before the cut-off on every
+    token it may keep) differs from it. `bounded`: `round_bounds` at every position (as
+    `RoundsSample.update` reads them); else `round_parts` of `P_sure`, read at every position whose
+    cut-off is not ambiguous."""
     seqs = torch.tensor(list(law))  # [N, L]
     prob = torch.tensor(list(law.values()), dtype=torch.float64)  # [N]
-    before = torch.cat([torch.full((len(seqs), 1), V), seqs[:, :-1]], 1)
-    ambiguous = before == ambiguous_after
+    p, wide, q = forced(seqs, P_sure), forced(seqs, P), forced(seqs, Q)
     everywhere = torch.ones(seqs.shape, dtype=torch.bool)
-    scored = everywhere & ~(ambiguous & (seqs == ambiguous_after))  # a token outside the sure ones: left out
-    read = exact_positions(scored, ambiguous) if exact else scored & ~ambiguous
-    parts = round_parts(forced(seqs, P_seen), forced(seqs, Q), seqs)
-    filtered = filter_rounds(parts, K, everywhere, scored, "round", read)
-    e = (-filtered.rule_out_log_lr[:, [c.name for c in CLASSES].index(name), member]).exp()  # [N]
-    return float((prob * e).sum())
+    if bounded:
+        parts, read = round_bounds(p, wide, q, seqs), bounded_positions(everywhere, None)
+    else:
+        parts, read = round_parts(p, q, seqs), (wide == p).all(-1)
+    log_lr = filter_rounds(parts, K, everywhere, read, "round").log_lr
+    e = (-log_lr[:, [c.name for c in CLASSES].index(name)]).exp()  # [N, G]
+    return (prob[:, None] * e).sum(0)
 
 
-def test_a_rule_out_e_value_reads_no_position_after_an_ambiguous_cut_off():
-    """Exact, over every output of a loop with each class (every member): after token 0 the
-    engine keeps token 0 where losscheck's cut-off is unsure of it, so the filter is fed the law
-    on the sure tokens there (`cells.scoring.cutoff_law`). Reading `exact_positions`, E[e] <= 1
-    under the member; reading every unambiguous position, the belief and a bonus's p after the
-    ambiguous one are not the member's, and the mean exceeds 1 (infinite for the bonus bug: its
-    law there can give no mass to a token the engine draws)."""
+def _sure_only(P: torch.Tensor) -> torch.Tensor:
+    """P with token 0 cut after token 0 (the law on the sure tokens {1, 2} there), renormalized."""
+    P_sure = P.clone()
+    P_sure[0, 0] = 0.0
+    P_sure[0] /= P_sure[0].sum()
+    return P_sure
+
+
+def test_a_rule_out_e_value_bounds_the_member_s_law_over_the_kept_sets_of_an_ambiguous_cut_off():
+    """Exact, over every output of a loop with each class (every member): after token 0,
+    losscheck's cut-off is unsure of token 0, sure of {1, 2}; the engine keeps {1, 2} or all three
+    (its target `P_sure` or `P`). Fed the law on the sure tokens there and read at every other
+    position, the belief and a bonus's p after the ambiguous one are not the member's and E[e]
+    exceeds 1 (infinite for the bonus bug, whose law there can give no mass to a token the engine
+    draws). Fed `round_bounds` — each part at its largest over the kept sets, the law on all three
+    as numerator — and read at every position, E[e] <= 1 under the member whichever set the engine
+    keeps. The price is about the unsure token's mass at each ambiguous position: where it is
+    0.005 (a top-p cut's unsure tokens on the text target hold about 1e-3), the bounded e-value
+    grows under H0 within 5% of the rate of a filter that knows the engine's set."""
     worst = 0.0
     for seed in (0, 2):
         P, Q = tables(seed)
-        P_seen = P.clone()
-        P_seen[0, 0] = 0.0  # after token 0: token 0 unsure, the law on the sure tokens {1, 2}
-        P_seen[0] /= P_seen[0].sum()
+        P_sure = _sure_only(P)
         for name in ("residual_is_p", "bonus_from_previous_slot", "top_p_one_side"):
-            law = loop_law(P, Q, name)
-            for member in range(len(MEMBERS)):
-                assert _rule_out_mean(P_seen, Q, law, 0, name, member, exact=True) <= 1 + 1e-9, (seed, name, member)
-                worst = max(worst, _rule_out_mean(P_seen, Q, law, 0, name, member, exact=False))
+            for engine in (P, P_sure):
+                mean = _rule_out_mean(P, P_sure, Q, loop_law(engine, Q, name), name, bounded=True)
+                assert bool((mean <= 1 + 1e-9).all()), (seed, name, mean)
+            worst = max(worst, float(_rule_out_mean(P, P_sure, Q, loop_law(P, Q, name), name, bounded=False).max()))
     assert worst > 1.05, worst
-    ambiguous = torch.tensor([[False, True, False], [False, False, False]])
-    scored = torch.tensor([[True, True, True], [True, False, True]])
-    assert exact_positions(scored, ambiguous).tolist() == [[True, False, False], [True, False, True]]
+    # the price of not knowing the set, under H0 (the engine keeps all three): E[log e] per row
+    P, Q = tables(0)
+    P[0, 0] = 0.005 * P[0, 1:].sum() / 0.995  # the unsure token's mass: 0.005
+    P[0] /= P[0].sum()
+    law = loop_law(P, Q, None)
+    seqs, prob = torch.tensor(list(law)), torch.tensor(list(law.values()), dtype=torch.float64)
+    everywhere = torch.ones(seqs.shape, dtype=torch.bool)
+    p, wide, q = forced(seqs, _sure_only(P)), forced(seqs, P), forced(seqs, Q)
+    bounded = -filter_rounds(round_bounds(p, wide, q, seqs), K, everywhere, everywhere).log_lr
+    known = -filter_rounds(round_parts(wide, q, seqs), K, everywhere, everywhere).log_lr
+    at_one = MEMBERS.index(1.0)
+    for name in ("residual_is_p", "bonus_from_previous_slot"):
+        ci = [c.name for c in CLASSES].index(name)
+        grown, ideal = (float((prob * x[:, ci, at_one]).sum()) for x in (bounded, known))
+        assert 0.95 * ideal <= grown <= ideal, (name, grown, ideal)
+
+
+def test_kept_bounds_hold_every_kept_set_s_law_and_each_class_s_parts():
+    """Random laws w on 6 ids, sure set S of 3, uncertain U of the other 3: for every K with
+    S ⊆ K ⊆ S ∪ U, lo <= w on K renormalized <= hi (`kept_bounds`), and every class's accepted,
+    recovered and bonus laws at that p (the previous position's at its own K) are at most
+    `RoundClass.bounds`. Where nothing is ambiguous (the law before the cut-off is p itself)
+    lo = hi = p."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.rand(50, 1, 6, generator=g, dtype=torch.float64) ** 2
+    q, o = (x / x.sum(-1, keepdim=True) for x in torch.rand(2, 50, 1, 6, generator=g, dtype=torch.float64) ** 2)
+    sure = torch.tensor([True, True, True, False, False, False])
+    wide = w / w.sum(-1, keepdim=True)
+    p_sure = wide * sure / (wide * sure).sum(-1, keepdim=True)
+    lo, hi = kept_bounds(p_sure, wide)
+    checked = 0
+    for extra in itertools.product((False, True), repeat=3):
+        kept = sure | torch.tensor((False, False, False, *extra))
+        p_k = wide * kept / (wide * kept).sum(-1, keepdim=True)
+        assert bool((lo <= p_k + 1e-15).all() and (p_k <= hi + 1e-15).all())
+        for cls in CLASSES:
+            laws = class_laws(cls, p_k, q, torch.roll(p_k, 1, 0), o)
+            bound = cls.bounds(lo, hi, q, torch.roll(hi, 1, 0), o)
+            for part, top in zip((laws.accept, laws.draft - laws.accept, laws.bonus), bound, strict=True):
+                assert bool((part <= top + 1e-12).all()), cls.name
+                checked += 1
+    assert checked == 8 * len(CLASSES) * 3
+    lo, hi = kept_bounds(wide, wide)
+    assert torch.equal(lo, wide) and torch.equal(hi, wide)
+
+
+def test_the_rule_outs_read_no_position_after_one_with_no_sure_token():
+    """`bounded_positions`: a row's positions before its first with no sure token."""
+    no_sure = torch.tensor([[False, True, False], [False, False, False]])
+    generated = torch.tensor([[True, True, True], [True, True, False]])
+    assert bounded_positions(generated, no_sure).tolist() == [[True, False, False], [True, True, False]]
+    assert bounded_positions(generated, None).tolist() == generated.tolist()
