@@ -57,9 +57,10 @@ def target_scale(config: Mapping[str, Any], mode: Mode) -> float:
 
 # A black-box sampled cell with a top-p cut-off took 173-181 s on the text target against 25-91 s
 # for the others (Hugging Face assisted generation, five looks, 2026-12-07, two seeds): its scores
-# sort the vocabulary, and its rule-outs read only the positions whose cut-off every
-# implementation draws alike (a quarter at top-p 0.9), so it runs to its last look. A top-k cell
-# costs about what a cut-off-free one does since the five looks (61-104 s; with three, 111-357 s).
+# sort the vocabulary, and its rule-outs then read only the positions whose cut-off every
+# implementation draws alike, so it ran to its last look. Reading every position through bounds
+# (2026-12-07, night, a slower day), it took 189 s against 38-124 s: still about three times. A
+# top-k cell costs about what a cut-off-free one does since the five looks (61-104 s).
 ENGINE_CUTOFF_COST = 3.0
 
 

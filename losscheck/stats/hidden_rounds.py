@@ -25,7 +25,10 @@ not score move the belief and contribute no factor. At a cut-off that implementa
 differently (`losscheck.cells.scoring`) the caller passes p_S, the law conditioned on the tokens S
 every one of them keeps, and scores a drawn token in S only: under H0 a token in S has law p_S
 whatever else the engine keeps, and each member's law restricted to S sums to at most 1, so the
-factor 1[x ∈ S]·P'(x)/p_S(x) + 1[x ∉ S] keeps mean at most 1.
+factor 1[x ∈ S]·P'(x)/p_S(x) + 1[x ∉ S] keeps mean at most 1. A member's rule-out e-value (the
+looks' early stop) runs the other way, Π p / P'_ρ under the member, and needs P'_ρ exact or
+larger: there every part of the round is bounded over the kept sets the cut-off allows
+(`round_bounds`), over a numerator that is a law.
 
 Power (`RoundsPower`): per member, the log-LR increment's mean and second moment under P' at each
 scored position (its law over the whole vocabulary, the belief from the filter along the observed

@@ -15,8 +15,8 @@ time under the member they rule out:
 Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each at most
 double the one before (`GROWTH`, `look_tokens`), at whole rows a prompt as a look draws them
 (`on_rounds`). Where the pilot predicts that some member an early stop needs cannot be ruled out
-before the last look (`EngineLooks.late`, `sequential.may_rule_out`: at top-p the verifier's
-rule-outs read only the positions before a row's first ambiguous cut-off), the cell is sized and
+before the last look (`EngineLooks.late`, `sequential.may_rule_out`: a class whose drift is too small, or rule-outs
+that stop early in most rows, at cut-offs with no sure token), the cell is sized and
 drawn in one look instead: its fixed-sample tests at α, every test at the first stage's power.
 Each look is an engine draw and a scoring phase, and an engine kept one instance at a time
 (`losscheck.plan.memory`) is built again for each:
