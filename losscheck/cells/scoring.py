@@ -141,6 +141,8 @@ def widest_law(
     `conditioned` elsewhere. Every implementation's law there is this law on its own kept set K,
     S ⊆ K ⊆ S ∪ U, renormalized: what the round filter's bounds read
     (`losscheck.stats.hidden_rounds.kept_bounds`)."""
+    if params.greedy:  # a point mass: no cut-off changes it
+        return conditioned
     free = process_logits(logits, dataclasses.replace(params, top_k=0, top_p=1.0, min_p=0.0))  # [n, L, V]
     wide = free.masked_fill(~((conditioned > 0) | uncertain), 0.0)
     wide = wide / wide.sum(-1, keepdim=True).clamp_min(torch.finfo(wide.dtype).tiny)

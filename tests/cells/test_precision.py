@@ -121,6 +121,40 @@ def test_a_token_just_past_the_top_p_mass_is_ambiguous_and_one_further_is_not():
         assert bool(forced.left_out[0, 0]) is expected  # drawn where one cut keeps it: left out
 
 
+def test_at_an_ambiguous_cut_off_the_wide_law_is_the_law_before_it_on_every_token_it_may_keep():
+    """`ForcedProbs.wide` (`widest_law`): where the fourth token's keep is ambiguous, the softmax
+    on the three sure tokens and that one, renormalized; the law of either kept set lies between
+    the round filter's bounds (`hidden_rounds.kept_bounds`). Where no position is ambiguous
+    there is no wide law, and a greedy cell's is its own point mass."""
+    from losscheck.cells.scoring import widest_law
+    from losscheck.stats.hidden_rounds import kept_bounds
+
+    target = tiny_target()
+    prompt = [0, 3, 4]
+    with torch.no_grad():
+        logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    probs = logits.softmax(-1).double()
+    order = probs.argsort(descending=True)
+    top_p = float(probs[order[:3]].sum()) - 1e-6  # the fourth token: kept by one cut, not another
+    token = torch.tensor([[int(order[3])]])
+    forced = teacher_forced_probs(target, [prompt], token, SamplingParams(top_p=top_p), 0.0)
+    assert forced.wide is not None and forced.no_sure is not None and not bool(forced.no_sure.any())
+    wide = forced.wide[0, 0].double()
+    expected = torch.zeros_like(probs)
+    expected[order[:4]] = probs[order[:4]] / probs[order[:4]].sum()
+    assert torch.allclose(wide, expected, atol=1e-6)
+    lo, hi = kept_bounds(forced.probs.double(), forced.wide.double())
+    for kept in (order[:3], order[:4]):
+        law = torch.zeros_like(probs)
+        law[kept] = probs[kept] / probs[kept].sum()
+        assert bool((lo[0, 0] <= law + 1e-6).all() and (law <= hi[0, 0] + 1e-6).all())
+    sure = teacher_forced_probs(target, [prompt], token, SamplingParams(top_p=top_p - 1e-2), 0.0)
+    assert sure.wide is None and sure.no_sure is None
+    point = torch.zeros(1, 1, probs.shape[-1])
+    point[..., 0] = 1.0
+    assert widest_law(logits[None, None], GREEDY, point, torch.ones_like(point, dtype=torch.bool)) is point
+
+
 def test_every_token_hugging_faces_top_p_keeps_and_losscheck_cuts_is_in_the_band():
     """The finding behind the band: Hugging Face's `TopPLogitsWarper` (ascending cumulative sum,
     `<= 1 - top_p`) and `process_logits` (descending, mass before `>= top_p`) are one rule, yet on
