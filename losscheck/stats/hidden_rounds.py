@@ -310,18 +310,32 @@ def round_bounds(
     tokens: torch.Tensor,
     classes: tuple[RoundClass, ...] = CLASSES,
     other: torch.Tensor | None = None,
+    exact: RoundParts | None = None,
 ) -> RoundParts:
     """`round_parts` for a rule-out e-value where the cut-off is ambiguous: each part the largest
     any kept set gives it (`kept_bounds`, `RoundClass.bounds`), so that the filter's product is at
     least each member's law of the row whatever the engine kept; and `wide` at the emitted token
     as its numerator, a law that sums to 1 (p_S would give a token in U no mass). `p`, `wide`, q,
-    `other` [n, L, V] float64; `tokens` [n, L]."""
+    `other` [n, L, V] float64; `tokens` [n, L]. Only the positions a bound changes are computed
+    (the ambiguous ones and, for a bonus that reads the previous p, each one after them); the
+    others are `round_parts`' (`exact`, where the caller has them, for these classes)."""
+    exact = round_parts(p, q, tokens, classes, other) if exact is None else exact
+    ambiguous = (wide != p).any(-1)  # [n, L]
+    touched = ambiguous | torch.cat([torch.zeros_like(ambiguous[:, :1]), ambiguous[:, :-1]], dim=1)
+    if not bool(touched.any()):
+        return exact
     lo, hi = kept_bounds(p, wide)
     hi_prev = torch.cat([torch.zeros_like(hi[:, :1]), hi[:, :-1]], dim=1)
-    at = tokens[..., None].clamp(0, p.shape[-1] - 1)
-    h0 = (_gather(torch.minimum(hi, q), at), _gather((hi - q).clamp_min(0.0), at), _gather(hi, at))
-    per_class = [cls.bounds(lo, hi, q, hi_prev, q if other is None else other) for cls in classes]
-    return _mixed(per_class, h0, _gather(wide, at), at)
+    o = q if other is None else other
+    lo, hi, hi_prev, q_t, o_t, wide_t = (x[touched] for x in (lo, hi, hi_prev, q, o, wide))  # [m, V]
+    at = tokens[touched][:, None].clamp(0, p.shape[-1] - 1)  # [m, 1]
+    h0 = (_gather(torch.minimum(hi, q_t), at), _gather((hi - q_t).clamp_min(0.0), at), _gather(hi, at))
+    per_class = [cls.bounds(lo, hi, q_t, hi_prev, o_t) for cls in classes]
+    bounded = _mixed(per_class, h0, _gather(wide_t, at), at)  # [m, C, G] parts, [m] numerator
+    out = [part.clone() for part in exact]
+    for whole, part in zip(out, bounded, strict=True):
+        whole[touched] = part
+    return RoundParts(*out)
 
 
 class Filtered(NamedTuple):
@@ -710,7 +724,7 @@ class RoundsSample:
             read, rule_log_lr = scored, filtered.log_lr
         else:
             read = bounded_positions(generated, no_sure)
-            bounds = round_bounds(p, wide.to(p), q, tokens, other=other)
+            bounds = round_bounds(p, wide.to(p), q, tokens, other=other, exact=parts)
             rule_log_lr = filter_rounds(bounds, self.k, generated, read, self.first).log_lr
         self.rule_out -= rule_log_lr.sum(0).cpu()
         self.tokens += int(scored.sum())

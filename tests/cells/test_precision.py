@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -96,15 +97,21 @@ def test_tied_logits_at_a_cut_off_edge_are_ambiguous_at_tolerance_zero():
     assert not cutoff_ambiguous(logits, SamplingParams(), tolerance=0.0).any()
 
 
-def test_a_token_just_past_the_top_p_mass_is_ambiguous_and_one_further_is_not():
-    """The mass before a token within `top_p_band(tolerance, V)` above top_p: ambiguous; further: a
-    support failure. V = 64: the band is 64 unit round-offs (3.8e-6) plus e^(2 tolerance) - 1."""
+def _next_token_law() -> tuple[Any, list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tiny target, a prompt, and its next token's logits [V], softmax [V] (float64) and ids
+    by descending probability [V]."""
     target = tiny_target()
     prompt = [0, 3, 4]
     with torch.no_grad():
         logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1]
     probs = logits.softmax(-1).double()
-    order = probs.argsort(descending=True)
+    return target, prompt, logits, probs, probs.argsort(descending=True)
+
+
+def test_a_token_just_past_the_top_p_mass_is_ambiguous_and_one_further_is_not():
+    """The mass before a token within `top_p_band(tolerance, V)` above top_p: ambiguous; further: a
+    support failure. V = 64: the band is 64 unit round-offs (3.8e-6) plus e^(2 tolerance) - 1."""
+    target, prompt, logits, probs, order = _next_token_law()
     first_out = order[3]
     before = float(probs[order[:3]].sum())  # the mass before the fourth token
     for top_p, tolerance, expected in (
@@ -129,12 +136,7 @@ def test_at_an_ambiguous_cut_off_the_wide_law_is_the_law_before_it_on_every_toke
     from losscheck.cells.scoring import widest_law
     from losscheck.stats.hidden_rounds import kept_bounds
 
-    target = tiny_target()
-    prompt = [0, 3, 4]
-    with torch.no_grad():
-        logits = target.model(input_ids=torch.tensor([prompt])).logits[0, -1]
-    probs = logits.softmax(-1).double()
-    order = probs.argsort(descending=True)
+    target, prompt, logits, probs, order = _next_token_law()
     top_p = float(probs[order[:3]].sum()) - 1e-6  # the fourth token: kept by one cut, not another
     token = torch.tensor([[int(order[3])]])
     forced = teacher_forced_probs(target, [prompt], token, SamplingParams(top_p=top_p), 0.0)

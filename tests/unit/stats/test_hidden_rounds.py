@@ -537,3 +537,31 @@ def test_the_rule_outs_read_no_position_after_one_with_no_sure_token():
     generated = torch.tensor([[True, True, True], [True, True, False]])
     assert bounded_positions(generated, no_sure).tolist() == [[True, False, False], [True, True, False]]
     assert bounded_positions(generated, None).tolist() == generated.tolist()
+
+
+def test_round_bounds_computes_only_the_positions_a_bound_changes():
+    """Random laws where about a third of the positions are ambiguous: `round_bounds` (the bounds
+    at those positions and the ones after them, `round_parts` elsewhere) equals every class's
+    bounds computed at every position (where nothing is ambiguous they are the exact parts)."""
+    from losscheck.stats.hidden_rounds import _gather, _mixed
+
+    g = torch.Generator().manual_seed(0)
+    n, length, vocab = 6, 7, 9
+    w = torch.rand(n, length, vocab, generator=g, dtype=torch.float64) ** 2
+    w[..., -1] = 0.0  # an id no implementation keeps
+    wide = w / w.sum(-1, keepdim=True)
+    ambiguous = torch.rand(n, length, generator=g) < 0.3
+    sure = torch.ones(n, length, vocab, dtype=torch.bool)
+    sure[ambiguous] = torch.arange(vocab) < 6
+    p = wide * sure / (wide * sure).sum(-1, keepdim=True)
+    wide = torch.where(ambiguous[..., None], wide, p)
+    q, o = (x / x.sum(-1, keepdim=True) for x in torch.rand(2, n, length, vocab, generator=g, dtype=torch.float64))
+    tokens = torch.randint(0, vocab - 1, (n, length), generator=g)
+    lo, hi = kept_bounds(p, wide)
+    hi_prev = torch.cat([torch.zeros_like(hi[:, :1]), hi[:, :-1]], dim=1)
+    at = tokens[..., None]
+    h0 = (_gather(torch.minimum(hi, q), at), _gather((hi - q).clamp_min(0.0), at), _gather(hi, at))
+    whole = _mixed([c.bounds(lo, hi, q, hi_prev, o) for c in CLASSES], h0, _gather(wide, at), at)
+    assert 0 < int(ambiguous.sum()) < n * length
+    for want, have in zip(whole, round_bounds(p, wide, q, tokens, other=o), strict=True):
+        assert torch.allclose(want, have, rtol=0.0, atol=1e-15)
