@@ -148,7 +148,8 @@ def lines(cert: Certificate) -> list[str]:
     classes = cert.bug_classes or {}
     if classes:
         out.append(
-            f"- bug classes (each cell's power from its tested sample's own p and q; ρ: the mixture "
+            f"- bug classes (each cell's power from its own p and q: a PIT cell's tested sample's, an engine cell's "
+            f"pilot and tested rows together; ρ: the mixture "
             f"(1 - ρ)·p + ρ·p', the bug at magnitude ρ or on a share ρ of the tokens; caught: at power {level:g}):"
         )
         for name, c in classes.items():

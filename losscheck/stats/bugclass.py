@@ -250,8 +250,11 @@ class PowerAccumulator:
                 sums.class_sq[c] += float((drift**2).sum())
 
     @staticmethod
-    def merge(parts: list[PowerAccumulator]) -> PowerAccumulator:
-        """One accumulator holding all `parts` (same classes, vocabulary, k)."""
+    def merge(parts: list[PowerAccumulator], moments_only: bool = False) -> PowerAccumulator:
+        """One accumulator holding all `parts` (same classes, vocabulary, k). `moments_only`: the
+        parts' power sums alone, whatever members their rule-out e-values keep (a pilot's and a
+        tested sample's steps as one estimate of the per-token effects); the result has no
+        rule-out e-values."""
         started = [part for part in parts if part.vocab is not None]
         if not parts:
             raise LosscheckError("PowerAccumulator.merge needs at least one part")
@@ -263,26 +266,28 @@ class PowerAccumulator:
         first = started[0]
 
         def design(a: PowerAccumulator) -> tuple:
-            return a.vocab, a.k, a.n_bins, a.classes, a.misreported, a.grid
+            return a.vocab, a.k, a.n_bins, a.classes, a.misreported, None if moments_only else a.grid
 
         if any(design(a) != design(first) for a in started):
             raise LosscheckError(
                 "PowerAccumulator.merge: parts differ in vocabulary, k, bins, classes, misreported id or grid"
             )
-        out = PowerAccumulator(
-            classes=first.classes, n_bins=first.n_bins, misreported=first.misreported, grid=first.grid
-        )
+        grid = {} if moments_only else first.grid
+        out = PowerAccumulator(classes=first.classes, n_bins=first.n_bins, misreported=first.misreported, grid=grid)
         assert first.vocab is not None and first.k is not None
         out._start(first.vocab, first.k, all(a.has_slots for a in started), all(a.has_q for a in started))
+        if moments_only:  # no rule-out sums: `rule_out_log_e` of the result fails rather than reads zeros
+            out.rule_out, out.rule_out_ids = {}, zeros(0)
         for part in started:
             out.steps += part.steps
             out.slot_steps += part.slot_steps
             out.count_h0_var += part.count_h0_var
             out.surprisal_h0_var += part.surprisal_h0_var
             out.class_h0_var += part.class_h0_var
-            for name, log_e in part.rule_out.items():
-                out.rule_out[name] += log_e
-            out.rule_out_ids += part.rule_out_ids
+            if not moments_only:
+                for name, log_e in part.rule_out.items():
+                    out.rule_out[name] += log_e
+                out.rule_out_ids += part.rule_out_ids
             for name, sums in part.sums.items():
                 out.sums[name].add(sums)
         return out

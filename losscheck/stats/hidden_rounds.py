@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, NamedTuple
 
 import torch
 from scipy import stats
@@ -417,6 +417,11 @@ def _per_member() -> torch.Tensor:
     return torch.zeros(len(CLASSES), len(MEMBERS), dtype=torch.float64)
 
 
+def _sum(a: Any, b: Any) -> Any:
+    """Two samples' sums of one field (a tuple, the classes, is the same in both)."""
+    return a if isinstance(a, tuple) else a + b
+
+
 @dataclass
 class RoundsPower:
     """Per class and member, sums over scored positions of the log-LR increment's mean, second
@@ -521,6 +526,15 @@ class RoundsPower:
                 self.row_outside_second[ci, gi] += float((outside * outside).sum())
                 self.row_outside_cross[ci, gi] += float((outside * per_row).sum())
                 self.outside[ci, gi] += float(outside.sum())
+
+    def plus(self, other: RoundsPower) -> RoundsPower:
+        """The sums of both samples (the same classes): a pilot's and a tested sample's rows as one
+        estimate of the per-token moments, the rows of each still clusters."""
+        if other.classes != self.classes:
+            raise LosscheckError(
+                f"RoundsPower.plus: the samples judge different classes ({self.classes} and {other.classes})"
+            )
+        return RoundsPower(**{f.name: _sum(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
 
     def drift(self, name: str, rho: float = 1.0) -> tuple[float, float]:
         """Member ρ's mean per-token drift E_P'[log(P'/p)] and its standard error (`_clustered`)."""

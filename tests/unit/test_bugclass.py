@@ -336,6 +336,17 @@ def test_merge_equals_one_accumulation():
     merged = PowerAccumulator.merge(halves)
     for bug, row in whole.tokens_needed(1e-3, 0.9).items():
         assert row == pytest.approx(merged.tokens_needed(1e-3, 0.9)[bug], rel=1e-6), bug
+    # a pilot and a tested sample keep rule-outs for other members: their power sums still pool
+    # (`moments_only`), and the pooled accumulator has no rule-out e-values to misread
+    gridded = [halves[0], dataclasses.replace(halves[1], grid={"residual_is_p": (0.5, 1.0)})]
+    with pytest.raises(LosscheckError, match="grid"):
+        PowerAccumulator.merge(gridded)
+    pooled = PowerAccumulator.merge(gridded, moments_only=True)
+    assert pooled.steps == whole.steps
+    for bug, row in whole.tokens_needed(1e-3, 0.9).items():
+        assert row == pytest.approx(pooled.tokens_needed(1e-3, 0.9)[bug], rel=1e-6), bug
+    with pytest.raises(KeyError):
+        pooled.rule_out_log_e()
     with pytest.raises(LosscheckError, match="k = 4"):
         whole.update(
             torch.full((1, 2, bugtable.VOCAB), 1 / bugtable.VOCAB),

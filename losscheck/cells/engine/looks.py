@@ -150,10 +150,11 @@ class EngineLooks:
         points = (_member(key) for key in (*self.looks.covered, *self.looks.partial))
         return frozenset(name for name, rho in points if rho == 1.0 and name not in self.design.covered)
 
-    def short(self, power: PowerAccumulator, rounds: RoundsSample | None) -> list[str]:
-        """The promised member keys whose power, from the tested sample's own p and q at the
-        design's tokens, falls below the promise: 1 - β + β_r (`sequential.Looks.promise`) where
-        the design covers the member, `sequential.PARTIAL_POWER` where it reaches it partly."""
+    def short(self, power: PowerAccumulator, rounds: RoundsPower | None) -> list[str]:
+        """The promised member keys whose power, from the engine's own p and q at the design's
+        tokens (`power` and `rounds`: the power sums of the rows read so far, `confirming`), falls
+        below the promise: 1 - β + β_r (`sequential.Looks.promise`) where the design covers the
+        member, `sequential.PARTIAL_POWER` where it reaches it partly."""
         tokens = self.design.tokens
         out = []
         for key in self.looks.promised:
@@ -161,12 +162,12 @@ class EngineLooks:
             strong = key in self.looks.covered
             promise = self.looks.promise(key) if strong else sequential.PARTIAL_POWER
             if name in self.rounds:
-                if rounds is None or rounds.power.tokens == 0 or power.steps == 0:
+                if rounds is None or rounds.tokens == 0 or power.steps == 0:
                     out.append(key)
                     continue
-                # the tested sample's own rate, on the rows both power sums read
-                scored = tokens * rounds.power.tokens / power.steps
-                have = rounds.power.power(name, _on_grid(rho), scored, self.alpha_test)
+                # the rows' own rate, on the rows both power sums read
+                scored = tokens * rounds.tokens / power.steps
+                have = rounds.power(name, _on_grid(rho), scored, self.alpha_test)
             else:
                 have = power.best_power(name, tokens, self.alpha_test, self.looks.limit, rho)
             if have < promise:

@@ -63,7 +63,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     profile's `engine_pilot_sequences`), never tested, says what each class the cell can judge
     needs — those whose law reads the target's p alone (`buglaws.TARGET_SIDE`) and, with the
     draft model, the verifier's (`hidden_rounds.CLASSES`) — within the profile's cap
-    (`_design`); the tested sample's own p and q confirm it (`confirmed_coverage`). The pooled
+    (`_design`); the engine's own p and q, over the pilot's and the tested sample's rows together
+    (`confirming`), confirm it (`confirmed_coverage`). The pooled
     tests report the TV they detect; only a profile's `pooled_tv` sizes the cell for one.
 
     Looks (`losscheck.cells.engine.looks`): the tested sample is drawn in at most `LOOKS` looks up
@@ -157,10 +158,10 @@ def one_sample(ctx: CellContext) -> EngineDraws:
             stopped, rejected = look, True  # an e-value crossed: valid at any stopping time, no more draws
             break
         if all(plan.ruled_out(power, sample).values()):
-            if not plan.short(power, sample):
+            if not plan.short(*confirming(power, sample, sums)):
                 stopped = look
                 break
-            unconfirmed.append(look)  # the data rule every member out, the sample's own power does not confirm
+            unconfirmed.append(look)  # the data rule every member out, the rows' own power does not confirm
     early = stopped < last
     assert scores is not None  # the first look always runs
     results, facts = scores.tests(budget.share(registry.PIT, registry.CONDITIONAL), profile.pooled_tv, limit)
@@ -170,13 +171,14 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     sample = None if rounds is None else rounds.sample
     ruled = plan.ruled_out(power, sample)
     judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, ruled, plan.partly, plan.looks.betas)
-    coverage = target_side_coverage(design.classes, power, tested, judging, at)
-    if rounds is not None:
+    moments, rounds_moments = confirming(power, sample, sums)
+    coverage = target_side_coverage(design.classes, moments, tested, judging, at)
+    if rounds is not None and rounds_moments is not None:
         alpha_rounds = budget.share(registry.ROUNDS)
         results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
         scored = rounds.sample.tokens
         at_scored = at * scored / max(tested, 1)  # in scored tokens, at the tested sample's own rate
-        judged_rounds = rounds_coverage(design, rounds.sample, judging, at_scored)
+        judged_rounds = rounds_coverage(design, rounds_moments, scored, judging, at_scored)
         coverage |= {name: c for name, c in judged_rounds.items() if name not in unjudged}
     # the second stage, planned from the first's sums (not its verdict): its rows and each class's power there
     designed = math.ceil(plan.looks.tokens[-1] / max(design.per_sequence, 1e-9) / len(prompts))
@@ -415,10 +417,25 @@ class Judging:
         return self.betas.get(name, (1.0 - self.stage_one) * sequential.RULE_OUT_SHARE)
 
 
+def confirming(
+    power: PowerAccumulator, sample: RoundsSample | None, pilot: PilotSums
+) -> tuple[PowerAccumulator, RoundsPower | None]:
+    """The power sums a cell's claims are confirmed from: the tested sample's (`power`, `sample`)
+    and its pilot's, one estimate of the per-token moments over every row the engine drew for the
+    cell. The pilot is never tested, but it is the engine's own sample of the same prompts: a look
+    of few rows confirms from more, the rows of each still clusters (`RoundsPower.drift`)."""
+    from losscheck.stats.bugclass import PowerAccumulator
+
+    pooled = PowerAccumulator.merge([power, pilot.measured], moments_only=True)
+    if sample is None or pilot.rounds is None:
+        return pooled, None
+    return pooled, sample.power.plus(pilot.rounds.power)
+
+
 def target_side_coverage(
     design: sample_size.ClassDesign, power: PowerAccumulator, tested: int, judging: Judging, at: int | None = None
 ) -> dict[str, BugClassRecord]:
-    """Per target-side bug class, from the tested sample's own p (`power`, its per-token effects):
+    """Per target-side bug class, from the engine's own p (`power`, its per-token effects, `confirming`):
     its best test and the tokens that test needs, the cell's power against the catalogue point at
     `at` tokens (the design's after an early stop; None: the `tested` ones), whether the pilot's
     design covered it, its curve (the smallest member ρ of its family (1 - ρ)·p + ρ·p' caught at
@@ -455,16 +472,15 @@ def target_side_coverage(
 
 
 def rounds_coverage(
-    design: EngineDesign, sample: RoundsSample, judging: Judging, at_scored: float | None = None
+    design: EngineDesign, power: RoundsPower, scored: int, judging: Judging, at_scored: float | None = None
 ) -> dict[str, BugClassRecord]:
-    """Per verifier class judged through the draft model, from the tested sample's own p and q,
-    as `target_side_coverage`: the rounds test's tokens needed (scored tokens), its power at
-    `at_scored` scored tokens (None: those scored), whether the design covered it, its curve at
-    the tokens it scored and Wald's SPRT against it. The rounds tests hold at any stopping time:
-    the looks set only the design's level and β_r."""
+    """Per verifier class judged through the draft model, from the engine's own p and q (`power`,
+    `confirming`), as `target_side_coverage`: the rounds test's tokens needed (scored tokens), its
+    power at `at_scored` scored tokens (None: the `scored` ones), whether the design covered it,
+    its curve at the tokens it scored and Wald's SPRT against it. The rounds tests hold at any
+    stopping time: the looks set only the design's level and β_r."""
     from losscheck.stats.sequential import PARTIAL_POWER
 
-    power, scored = sample.power, sample.tokens
     alpha_test, level = judging.alpha_test, judging.level
     records = {}
     for name in power.classes:

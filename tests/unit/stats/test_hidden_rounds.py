@@ -191,6 +191,25 @@ def _score(P: torch.Tensor, Q: torch.Tensor, rows: torch.Tensor) -> RoundsSample
     return sample
 
 
+def test_two_samples_power_sums_are_the_sums_of_both_rows():
+    """A pilot's and a tested sample's power sums pooled (`RoundsPower.plus`) are those of one
+    sample of both's rows, the drift's clustered bound and the power included."""
+    P, Q = tables(6)
+    rows = _draw(P, 120, torch.Generator().manual_seed(8))
+    whole, first, second = _score(P, Q, rows), _score(P, Q, rows[:50]), _score(P, Q, rows[50:])
+    pooled = first.power.plus(second.power)
+    assert pooled.tokens == whole.power.tokens and pooled.rows == whole.power.rows == 120
+    for name in ("residual_is_p", "bonus_from_previous_slot"):
+        assert pooled.drift(name, MEMBERS[2]) == pytest.approx(whole.power.drift(name, MEMBERS[2]), rel=1e-9)
+        assert pooled.second_moment(name) == pytest.approx(whole.power.second_moment(name), rel=1e-9)
+        assert pooled.power(name, 1.0, 300, 1e-3) == pytest.approx(whole.power.power(name, 1.0, 300, 1e-3), rel=1e-9)
+    # the pooled drift's standard error is smaller than either part's: more rows
+    errors = [s.drift("residual_is_p")[1] for s in (pooled, first.power, second.power)]
+    assert errors[0] < min(errors[1:])
+    with pytest.raises(LosscheckError, match="different classes"):
+        first.power.plus(RoundsPower(classes=("residual_is_p",)))
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_a_loop_with_the_residual_bug_is_caught_where_its_power_says(greedy):
     """Rows drawn from the buggy loop's exact law; the power model's tokens are enough to catch it
