@@ -230,6 +230,12 @@ class BoundRecord:
     ratio: float  # tested_tokens / wald_tokens
     ratio_h0: float  # tested_tokens / wald_h0_tokens
     at_floor: bool = False  # the profile's floor sized the sample, not the class: what the floor costs
+    # the early stop's promise (every member down to the design's limits ruled out): the member key
+    # whose rule-out Wald's SPRT needs the most tokens for under H0 (`EngineLooks.family_bound`),
+    # those tokens, and the tokens every test read over them; None with one look
+    family_key: str | None = None
+    family_tokens: float | None = None
+    ratio_family: float | None = None
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ class Profile:
     engine_pilot_sequences: int = 48  # a black-box one-sample cell's pilot: at least one row per prompt
     min_pit_tokens: int = 2_000
     max_pit_tokens: int = 20_000
-    # a one-sample engine cell's floor, its first look (and at least one row a prompt): lower than a
-    # PIT cell's, as each look is an engine draw and the cell may stop there under H0; its rule-out
-    # e-values hold at any stopping time, and its claims are its tested sample's own power
-    engine_min_tokens: int = 500
+    # a one-sample engine cell's floor, its first look (below one row a prompt: over part of the
+    # prompts): lower than a PIT cell's, as each look is an engine draw and the cell may stop there
+    # under H0 (near Wald's bound, 110-240 tokens on the text pair at T 1 and T 1.5); its rule-out
+    # e-values hold at any stopping time, and its claims are its pilot's and tested rows' own power
+    engine_min_tokens: int = 200
     # False: a PIT cell draws its fixed-sample design in one look and never stops early (the
     # baseline the sequential stop's power is measured against, `losscheck.selftest.curve --fixed`)
     early_stop: bool = True

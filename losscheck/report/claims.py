@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from losscheck.cells.record import CellRecord
+from losscheck.cells.record import BoundRecord, CellRecord
 from losscheck.report.document import BestCell, BugClassClaim, Conformance, CurvePoint, RuledOut, Tested
 
 if TYPE_CHECKING:
@@ -289,7 +289,21 @@ def _bounds(cert: Certificate) -> list[str]:
         f"{worst.wald_h0_tokens:.0f}"
         + (", sized by the profile's floor, not the class)" if worst.at_floor else ")")
         + (f"; {_cells(floored)} sized by the floor" if (floored := sum(b.at_floor for _, b in bounds)) else "")
+        + _family(bounds)
     ]
+
+
+def _family(bounds: list[tuple[str, BoundRecord]]) -> str:
+    """The tokens every test read against the early stop's promise, where cells had looks."""
+    family = sorted(b.ratio_family for _, b in bounds if b.ratio_family is not None)
+    if not family:
+        return ""
+    return (
+        f"; against the early stop's promise (every family member down to the design's limits ruled out: "
+        f"Wald's bound under H0 for the slowest member's rule-out, `EngineLooks.family_bound`) "
+        f"{family[0]:.1f}-{family[-1]:.1f} times (median {statistics.median(family):.1f}) in "
+        f"{_cells(len(family))}"
+    )
 
 
 def _second_stages(cert: Certificate) -> list[str]:

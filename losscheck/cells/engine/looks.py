@@ -13,17 +13,18 @@ time under the member they rule out:
   members on the filter's grid (`hidden_rounds.MEMBERS`).
 
 Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each at most
-double the one before (`GROWTH`, `look_tokens`), at whole rows a prompt as a look draws them
-(`on_rounds`). Where the pilot predicts that some member an early stop needs cannot be ruled out
-before the last look (`EngineLooks.late`, `sequential.may_rule_out`: a class whose drift is too small, or rule-outs
-that stop early in most rows, at cut-offs with no sure token), the cell is sized and
-drawn in one look instead: its fixed-sample tests at α, every test at the first stage's power.
-Each look is an engine draw and a scoring phase, and an engine kept one instance at a time
-(`losscheck.plan.memory`) is built again for each:
-wider looks than a PIT cell's (`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for
-the fixed-sample tests. The design's tokens are sized at the 0.99 quantile, several times what a
-lossless engine needs before its rule-outs pass: with three looks (until 2026-12-07), a cell
-whose rule-outs passed just after the middle one read the whole design.
+double the one before (`GROWTH`, `look_tokens`), at the whole rows a look draws (`on_rows`), dealt
+to the prompts in a seeded order (`one_sample.deal`): a look below one row a prompt reads a part of
+them. Where the pilot
+predicts that some member an early stop needs cannot be ruled out before the last look
+(`EngineLooks.late`, `sequential.may_rule_out`: a class whose drift is too small, or rule-outs that
+stop early in most rows, at cut-offs with no sure token), the cell is sized and drawn in one look
+instead: its fixed-sample tests at α, every test at the first stage's power. Each look is an engine
+draw and a scoring phase, and an engine kept one instance at a time (`losscheck.plan.memory`) is
+built again for each: wider looks than a PIT cell's (`sequential.LOOK_GROWTH`), and a smaller
+Bonferroni divisor for the fixed-sample tests. The design's tokens are sized at the 0.99 quantile,
+several times what a lossless engine needs before its rule-outs pass: with three looks (until
+2026-12-07), a cell whose rule-outs passed just after the middle one read the whole design.
 
 Level: the e-value tests (the rounds tests, and those the registry marks `anytime`) hold at any
 stopping time; every other test is judged at α / `LOOKS` (the looks allowed, fixed before any
@@ -64,7 +65,9 @@ def look_tokens(floor: int, tokens: int, limit: int = LOOKS) -> tuple[int, ...]:
     """The tested tokens of an engine cell's looks, spaced geometrically from `floor` to the
     design's `tokens`: as few as keep each within `GROWTH` times the one before, at most `limit`,
     each at least `MIN_GROWTH` times the one before (one look when the design is at or below the
-    floor)."""
+    floor). The first is at least the design over `GROWTH` to the power `LOOKS` - 1: a floor far
+    below a large design does not stretch its looks beyond `GROWTH` apart."""
+    floor = max(floor, math.floor(tokens / GROWTH ** (LOOKS - 1)))
     if tokens > floor:  # the looks that keep each step within GROWTH (a float's ceil: 1e-9 of slack)
         limit = min(limit, 1 + math.ceil(math.log(tokens / floor) / math.log(GROWTH) - 1e-9))
     while limit > 1 and tokens < floor * MIN_GROWTH ** (limit - 1):
@@ -108,14 +111,14 @@ class EngineLooks:
         alpha_test: float,
         power: float,
         limit: int,
-        per_round: float = 0.0,
+        per_row: float = 0.0,
     ) -> EngineLooks:
         """From the pilot's target-side sums `pilot`, its rounds power sums `pilot_rounds` (None
-        without a draft model) with `rate` rounds-scored tokens per tested token, and the
-        verifier classes the cell `judged`: at most `limit` looks from the design's floor up to its
-        tokens, each at whole rows a prompt (`per_round` tested tokens a row for every prompt; 0:
-        as planned, `on_rounds`); each covered member's β_r fixed from what the pilot predicts of
-        its rule-out at the first look (`sequential.rule_out_beta`)."""
+        without a draft model) with `rate` rounds-scored tokens per tested token, and the verifier
+        classes the cell `judged`: at most `limit` looks from the design's floor up to its tokens,
+        each at whole rows (`per_row` tested tokens a row; 0: as planned; `on_rows`); each covered
+        member's β_r fixed from what the pilot predicts of its rule-out at the first look
+        (`sequential.rule_out_beta`)."""
         target = {c.name for c in pilot.classes}
         target_design = dataclasses.replace(
             design,
@@ -129,7 +132,7 @@ class EngineLooks:
             keys = _rounds_keys(design, pilot_rounds, rate, rounds, alpha_test, power)
             covered, partial, promised = covered + keys[0], partial + keys[1], promised + keys[2]
         looks = dataclasses.replace(looks, covered=tuple(covered), partial=tuple(partial), promised=tuple(promised))
-        tokens = on_rounds(look_tokens(design.floor, design.tokens, limit), per_round)
+        tokens = on_rows(look_tokens(design.floor, design.tokens, limit), per_row)
         # a β_r, and a member's chance of being ruled out early, matter only with looks before the last
         early = len(tokens) > 1
         rates = {key: _rule_out_rate(key, pilot, pilot_rounds, rate) for key in (*covered, *partial) if early}
@@ -174,6 +177,25 @@ class EngineLooks:
                 out.append(key)
         return out
 
+    def family_bound(self, power: PowerAccumulator, rounds: RoundsPower | None) -> tuple[str, float] | None:
+        """Wald's bound for the early stop's promise: of the member keys an early stop must rule
+        out, the one whose rule-out Wald's SPRT needs the most tested tokens for under H0 (its
+        threshold over its growth per token, overshoot neglected), from the engine's own p and q
+        (`power`, `rounds`: `confirming`), with those tokens. No stop needing every key ruled out
+        can expect fewer: a lower bound from the keys the sums can evaluate. None with one look
+        (no early stop), or where a key's rule-out never grows."""
+        rate = rounds.tokens / power.steps if rounds is not None and power.steps else 0.0
+        largest: tuple[str, float] | None = None
+        for key, threshold in self.looks.thresholds().items() if len(self.looks.tokens) > 1 else ():
+            growth = _rule_out_rate(key, power, rounds, rate)
+            if growth is None:
+                continue
+            if growth <= 0:
+                return None
+            if largest is None or threshold / growth > largest[1]:
+                largest = (key, threshold / growth)
+        return largest
+
     def ruled_out(self, power: PowerAccumulator, rounds: RoundsSample | None) -> dict[str, bool]:
         """Per class the looks name, whether every member an early stop needs is ruled out."""
         rule_out: dict[str, float | None] = dict(power.rule_out_log_e())
@@ -186,17 +208,17 @@ class EngineLooks:
         return out
 
 
-def on_rounds(tokens: tuple[int, ...], per_round: float) -> tuple[int, ...]:
-    """The looks `tokens` as a look draws them, at whole rows a prompt (`per_round` tested tokens a
-    row for every prompt): each at the rounds that reach it, at least one more than the look
-    before. A look's tokens are its rounds' rounded down, so that the rows it asks for (tokens /
-    `per_round`, rounded up) are its rounds exactly, and its record says what was drawn."""
-    if per_round <= 0:
+def on_rows(tokens: tuple[int, ...], per_row: float) -> tuple[int, ...]:
+    """The looks `tokens` as a cell draws them, at whole rows (`per_row` tested tokens a row): each
+    at the rows that reach it, at least one more than the look before. A look's tokens are its
+    rows' rounded down, so that the rows it asks for (tokens / `per_row`, rounded up) are its rows
+    exactly, and its record says what was drawn."""
+    if per_row <= 0:
         return tokens
-    rounds: list[int] = []
+    rows: list[int] = []
     for t in tokens:
-        rounds.append(max(math.ceil(t / per_round - 1e-9), rounds[-1] + 1 if rounds else 1))
-    return tuple(max(1, math.floor(r * per_round)) for r in rounds)
+        rows.append(max(math.ceil(t / per_row - 1e-9), rows[-1] + 1 if rows else 1))
+    return tuple(max(1, math.floor(r * per_row)) for r in rows)
 
 
 def _rule_out_rate(key: str, pilot: PowerAccumulator, pilot_rounds: RoundsPower | None, rate: float) -> float | None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from losscheck.cells.engine.attribution import attribute, both_stages, plan_second_stage
+from losscheck.cells.engine.deal import Dealer
 from losscheck.cells.engine.handle import (
     CONFIRM_TOKENS,
     NO_SLOTS,
@@ -30,7 +31,7 @@ from losscheck.cells.engine.handle import (
 from losscheck.cells.logprob_check import LogprobCheck, logprob_problems
 from losscheck.cells.outcome import CellOutcome
 from losscheck.cells.record import BoundRecord, BugClassRecord, LooksRecord, SecondStageRecord
-from losscheck.core.sampling import SamplingParams
+from losscheck.core.sampling import SamplingParams, derive_seed
 from losscheck.engines import BlackBoxEngine, DraftModel, ReportsLogprobs, ReportsTopLogprobs
 from losscheck.engines.pool import one_at_a_time
 from losscheck.run.context import CellContext
@@ -111,10 +112,9 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     def planned(looks: int) -> tuple[EngineDesign, EngineLooks]:
         """The design, and its looks, with `looks` looks allowed."""
         design = _design(ctx, prompts, sums, budget.per_test, first, looks)
-        per_round = design.per_sequence * len(prompts)
         plan = EngineLooks.plan(
             design.classes, design.pilot, design.pilot_rounds, design.rounds_rate, judged, budget.per_test,
-            first, looks, per_round,
+            first, looks, design.per_sequence,
         )  # fmt: skip
         return design, plan
 
@@ -131,15 +131,21 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     scores: PitScores | None = None
     # the rounds power sums read the first rows of every prompt, up to `CONFIRM_TOKENS` (chosen before the draw)
     confirm_rows = max(1, math.ceil(CONFIRM_TOKENS / (horizon * len(prompts))))
-    per_prompt, last = 0, len(plan.looks.tokens)
+    dealer = Dealer.seeded(len(prompts), derive_seed(ctx.seed, cell.id, "deal"))
+    last = len(plan.looks.tokens)
     stopped, unconfirmed, rejected = last, [], False
-    ask = partial(request, ctx, prompts=prompts, horizon=horizon, speculative=True, logprobs=logprobs, top_logprobs=top)
+    ask = partial(request, ctx, horizon=horizon, speculative=True, logprobs=logprobs, top_logprobs=top)
     for look, tokens in enumerate(plan.looks.tokens, 1):
-        # a look's tokens are whole rounds' rounded down (`on_rounds`): its rows a prompt, rounded up
-        more = max(math.ceil(tokens / max(design.per_sequence, 1e-9) / len(prompts) - 1e-9) - per_prompt, 1)
-        purpose = "" if look == 1 else f"look{look}"  # each look's rows from a seed of their own
-        asked = ask(n=more, purpose=purpose)
-        drawn, *reported = yield (asked,)
+        # a look's tokens are whole rows' rounded down (`on_rows`): its rows, rounded up
+        hands = dealer.deal(math.ceil(tokens / max(design.per_sequence, 1e-9) - 1e-9))
+        # each look's rows from a seed of their own, the rows of a part of the prompts from another
+        purposes = [
+            ("" if look == 1 else f"look{look}") + ("part" if len(h.prompts) < len(prompts) else "") for h in hands
+        ]
+        requests = tuple(
+            ask(n=h.n, purpose=p, prompts=[prompts[i] for i in h.prompts]) for h, p in zip(hands, purposes)
+        )
+        answers = yield requests
         target = ctx.engine_target()  # loaded (its draft model placed beside it) only between draws
         if scores is None:
             scores = PitScores(ctx, cell.id, target, cell.precision.tolerance, power, rounds=rounds)
@@ -147,10 +153,12 @@ def one_sample(ctx: CellContext) -> EngineDraws:
                 tolerance = _logprob_tolerance(engine, cell.precision.tolerance)
                 scores.logprobs = LogprobCheck(tolerance, cell.params.temperature)
         scores.target = target
-        scores.power_rows = (torch.arange(more) < confirm_rows - per_prompt).repeat(len(prompts))  # prompt-major
-        rows = [p for p in prompts for _ in range(more)]
-        scores.add(rows, generation(ctx, drawn, target, *reported), part="" if look == 1 else f"look{look}")
-        per_prompt += more
+        each = len(answers) // len(requests)  # a request's answer: its ids, then any reported logprobs
+        for j, (hand, purpose) in enumerate(zip(hands, purposes)):
+            drawn, *reported = answers[j * each : (j + 1) * each]
+            scores.power_rows = hand.first_rows(confirm_rows)
+            rows = [prompts[i] for i in hand.prompts for _ in range(hand.n)]
+            scores.add(rows, generation(ctx, drawn, target, *reported), part=purpose)
         if look == last:
             break
         sample = None if rounds is None else rounds.sample
@@ -189,13 +197,13 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         tuple(n for n in judged if n in coverage),
         {n for n, c in coverage.items() if c.reach in ("covered", "partial")},
         design.per_sequence,
-        max(per_prompt, designed),
+        max(math.ceil(dealer.dealt / len(prompts)), designed),
         horizon,
     )
     coverage = confirmed_coverage(cell, both_stages(coverage, second.power), profile.power)
     facts = dataclasses.replace(
         facts,
-        sequences=per_prompt * len(prompts),
+        sequences=dealer.dealt,
         prompts=len(prompts),
         horizon=horizon,
         pilot_sequences=pilot_per_prompt * len(prompts),
@@ -217,7 +225,13 @@ def one_sample(ctx: CellContext) -> EngineDraws:
         bug_classes=coverage,
         classes_not_judged=unjudged,
         draft_law=_draft_law(design, rounds),
-        bound=bound(design.classes, coverage, tested, None if rounds is None else rounds.sample.tokens),
+        bound=bound(
+            design.classes,
+            coverage,
+            tested,
+            None if rounds is None else rounds.sample.tokens,
+            plan.family_bound(moments, rounds_moments),
+        ),
         second_stage=SecondStageRecord(second.per_prompt * len(prompts), second.scores, second.alpha),
     )
     failed = [r for r in results if not r.passed]
@@ -326,7 +340,7 @@ def _design(
     `looks` > 1 looks, at `sequential.design_power` with its fixed-sample tests at α / looks:
     `EngineLooks`), with the design's margin, in the tokens every test reads (a cut-off's
     ambiguous positions left out), within the
-    profile's engine floor (`engine_min_tokens`, and at least one row a prompt) and cap, which
+    profile's engine floor (`engine_min_tokens`, and at least one row) and cap, which
     bound the tokens *generated*: scaled by the pilot's share of generated tokens that every test
     reads, so an ambiguous cut-off leaves classes uncovered rather than multiplying the rows. With
     looks, a class the cap leaves uncovered but reaches at `sequential.PARTIAL_POWER` takes the
@@ -356,8 +370,8 @@ def _design(
         pooled = pit_required_values(alpha_pit / looks, profile.power, profile.pooled_tv, profile.pit_bins, NO_SLOTS)
     per_sequence = measured.steps / pilot.rows
     floor, cap = (max(1, math.ceil(t * read_share)) for t in (profile.engine_min_tokens, profile.max_pit_tokens))
-    # a look draws at least one row a prompt; rounded down, so that the first look asks for exactly one
-    floor = max(floor, int(per_sequence * len(prompts)))
+    # a look draws at least one row; rounded down, so that a first look at the floor asks for whole rows
+    floor = max(floor, int(per_sequence), 1)
     partly = wanted[-1] if looks > 1 else None
     design = sample_size.ClassDesign.of(wanted[0], LR_BOUND, floor, cap, pooled, partly)
     acceptance, pilot_rounds = (None, None) if sample is None else (sample.acceptance, sample.power)
@@ -506,13 +520,18 @@ def rounds_coverage(
 
 
 def bound(
-    design: sample_size.ClassDesign, coverage: dict[str, BugClassRecord], tested: int, scored: int | None
+    design: sample_size.ClassDesign,
+    coverage: dict[str, BugClassRecord],
+    tested: int,
+    scored: int | None,
+    family: tuple[str, float] | None = None,
 ) -> BoundRecord | None:
     """The cell's tokens against Wald's bound at its binding class: of the classes the design
     covered and the cell judges, the one the pilot said needs the most tokens (the one that sized
     the sample); its test read `scored` rounds-scored tokens when it is a verifier class judged
-    through the draft model (`rounds.*`), else the `tested` tokens every test reads. None when no
-    class was covered or its bound is infinite."""
+    through the draft model (`rounds.*`), else the `tested` tokens every test reads. With it, the
+    `tested` tokens against the early stop's promise (`family`: `EngineLooks.family_bound`). None
+    when no class was covered or its bound is infinite."""
     judged = [name for name in design.covered if name in coverage]
     if not judged:
         return None
@@ -521,6 +540,7 @@ def bound(
     tokens = scored if record.test.startswith("rounds.") and scored is not None else tested
     if record.wald_tokens is None or record.wald_h0_tokens is None:
         return None
+    family_key, family_tokens = family if family is not None else (None, None)
     return BoundRecord(
         binding_class=name,
         test=record.test,
@@ -530,6 +550,9 @@ def bound(
         ratio=tokens / record.wald_tokens,
         ratio_h0=tokens / record.wald_h0_tokens,
         at_floor=design.tokens <= design.floor,
+        family_key=family_key,
+        family_tokens=family_tokens,
+        ratio_family=None if family_tokens is None else tested / family_tokens,
     )
 
 

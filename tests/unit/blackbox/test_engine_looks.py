@@ -1,6 +1,7 @@
 """An engine cell's looks (`losscheck.cells.engine.looks.look_tokens`): at most `LOOKS`, from the
-floor to the design's tokens, geometric, as few as keep each within `GROWTH` times the one before,
-each at least `MIN_GROWTH` times it."""
+floor (or the design over `GROWTH` to the `LOOKS` - 1, where that is larger) to the design's
+tokens, geometric, as few as keep each within `GROWTH` times the one before, each at least
+`MIN_GROWTH` times it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from losscheck.cells.engine.looks import GROWTH, LOOKS, MIN_GROWTH, REBUILT_LOOK
     [
         (2000, 9683, (2000, 3383, 5724, 9683)),  # the bundled T1 cell's design: 4.8 times the floor
         (768, 10067, (768, 1461, 2781, 5291, 10067)),  # the text target's T 0.3 cell: 13 times, five looks
-        (753, 13249, (753, 1542, 3159, 6469, 13249)),  # top-k 8's: 17.6 times, more than LOOKS would double
+        (753, 13249, (828, 1656, 3312, 6624, 13249)),  # top-k 8's: 17.6 times, the first at the design / 2⁴
+        (200, 1570, (200, 397, 790, 1570)),  # the engine floor at T 1: four looks, each within GROWTH
+        (200, 9693, (605, 1210, 2422, 4845, 9693)),  # far below the design: the first at the design / 2⁴
         (2000, 4000, (2000, 4000)),  # one doubling: two looks
         (2000, 4001, (2000, 2829, 4001)),
         (2000, 2000, (2000,)),  # at the floor: one look
@@ -61,28 +64,28 @@ def test_a_covered_classs_claim_is_its_power_less_the_beta_r_its_pilot_fixed():
 
 
 @pytest.mark.parametrize(
-    ("tokens", "per_round", "rounds"),
+    ("tokens", "per_row", "rows"),
     [
-        ((768, 1471, 2818, 5397, 10337), 768.0, (1, 2, 4, 8, 14)),  # T 0.3: each at the rounds that reach it
-        ((755, 1529, 3097, 6272, 12703), 753.6, (2, 3, 5, 9, 17)),  # top-k 8: 1,529 tokens take 3 rounds
+        ((203, 397, 790, 1570), 15.9, (13, 25, 50, 99)),  # T 1 from the floor: each at the rows that reach it
+        ((768, 1471, 2818, 5397, 10337), 768.0, (1, 2, 4, 8, 14)),  # rows of 768 tokens: whole rows
+        ((755, 1529, 3097, 6272, 12703), 753.6, (2, 3, 5, 9, 17)),  # 1,529 tokens take 3 rows
         ((753, 1529, 3097), 753.6, (1, 3, 5)),
-        ((160, 295, 543, 1000, 1841), 160.5, (1, 2, 4, 7, 12)),
-        ((750, 800, 1307), 750.7, (1, 2, 3)),  # a look within its neighbour's round still draws one more
+        ((750, 800, 1307), 750.7, (1, 2, 3)),  # a look within its neighbour's row still draws one more
         ((9000,), 768.0, (12,)),
     ],
 )
-def test_looks_are_recorded_at_the_whole_rows_a_prompt_they_draw(tokens, per_round, rounds):
-    """A look draws the same rows for every prompt (`per_round` tested tokens a row each), at least
-    one more than the look before: the plan records each look at the rounds it draws, and the rows
-    a look asks for (tokens / per_round rounded up, as `one_sample` asks) are those rounds."""
+def test_looks_are_recorded_at_the_whole_rows_they_draw(tokens, per_row, rows):
+    """A look draws whole rows (`per_row` tested tokens each), at least one more than the look
+    before: the plan records each look at the rows it draws, and the rows a look asks for (tokens
+    / per_row rounded up, as `one_sample` asks) are those rows."""
     import math
 
-    from losscheck.cells.engine.looks import on_rounds
+    from losscheck.cells.engine.looks import on_rows
 
-    looks = on_rounds(tokens, per_round)
-    assert tuple(math.ceil(t / per_round - 1e-9) for t in looks) == rounds
+    looks = on_rows(tokens, per_row)
+    assert tuple(math.ceil(t / per_row - 1e-9) for t in looks) == rows
     assert all(drawn >= planned - 1 for drawn, planned in zip(looks, tokens))  # never below the plan
-    assert on_rounds(tokens, 0.0) == tokens
+    assert on_rows(tokens, 0.0) == tokens
 
 
 def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
@@ -125,3 +128,49 @@ def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
     assert len(full.looks.tokens) > 1 and residual
     assert not [k for k in full.late if k.startswith("residual_is_p")], full.late
     assert set(residual) <= set(first_only.late), (residual, first_only.late)
+
+
+def test_the_promise_s_bound_is_its_slowest_rule_out_under_h0():
+    """`EngineLooks.family_bound`: of the member keys an early stop must rule out (catalogue points
+    and members of smaller ρ, whose rule-outs grow at about ρ² the rate), the one whose threshold
+    over its growth under H0 is largest (the Markov loop's pilot); none with one look (no early
+    stop)."""
+    import dataclasses
+
+    import torch
+
+    from losscheck.cells.engine.looks import EngineLooks, _member
+    from losscheck.selftest import bugtable
+    from losscheck.stats import sample_size, sequential
+    from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
+    from losscheck.stats.buglaws import TARGET_SIDE
+    from losscheck.stats.hidden_rounds import RoundsSample
+
+    chain = bugtable.make_chain(0.88, seed=3)
+    steps = bugtable.simulate(chain, 200, seed=4)
+    p, q, tokens = chain.p[steps.before], chain.q[steps.before], steps.tokens
+    everywhere = torch.ones(tokens.shape, dtype=torch.bool)
+    target = PowerAccumulator(classes=TARGET_SIDE)
+    target.update(p, None, tokens, None, bugtable.K, everywhere)
+    sample = RoundsSample(bugtable.K)
+    sample.update(p, q, tokens, everywhere, everywhere)
+    alpha, power = bugtable.CELL_ALPHA, 0.991
+    level = sequential.design_power(power)
+    needed = target.tokens_needed(alpha, level, LOOKS)
+    needed["residual_is_p"] = {"rounds.residual_is_p": sample.power.tokens_needed("residual_is_p", alpha, level)}
+    design = sample_size.ClassDesign.of(needed, LR_BOUND, 500, 200_000)
+    plan = EngineLooks.plan(design, target, sample.power, 1.0, ("residual_is_p",), alpha, power, LOOKS)
+    found = plan.family_bound(target, sample.power)
+    assert found is not None and len(plan.looks.tokens) > 1
+    key, bound = found
+    thresholds = plan.looks.thresholds()
+    waits = {}  # each key's threshold over its growth under H0
+    for k, t in thresholds.items():
+        n, rho = _member(k)
+        growth = target.rule_out_rate(n, rho) if n != "residual_is_p" else sample.power.rule_out_rate(n, rho)
+        assert growth is not None and growth > 0
+        waits[k] = t / growth
+    assert bound == pytest.approx(waits[key]) and bound == pytest.approx(max(waits.values()))
+    assert len({_member(k)[1] for k in waits}) > 1  # members below the catalogue points count too
+    one = dataclasses.replace(plan, looks=dataclasses.replace(plan.looks, tokens=(plan.looks.tokens[-1],)))
+    assert one.family_bound(target, sample.power) is None
