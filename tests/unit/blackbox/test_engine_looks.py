@@ -88,13 +88,10 @@ def test_looks_are_recorded_at_the_whole_rows_they_draw(tokens, per_row, rows):
     assert on_rows(tokens, 0.0) == tokens
 
 
-def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
-    """`EngineLooks.plan` names the member keys whose rule-out e-value the pilot predicts falls
-    short of its threshold at the look before the last (`sequential.may_rule_out`): none of
-    `residual_is_p`'s where its rule-outs read every position of a Markov loop's pilot; every
-    one where they read the first position of one row in four (1/64 of them, as where top-p
-    cut-offs leave no token sure early in most rows: `hidden_rounds.bounded_positions`).
-    `one_sample` then draws such a cell's design in one look."""
+def _markov_plan(no_sure=None):
+    """`EngineLooks.plan` from a Markov loop's pilot (200 rows, k 4) judging `residual_is_p` with
+    the target-side classes; `no_sure(tokens)`: the positions with no sure token (None: none).
+    Returns the plan, the pilot's target-side sums and its rounds power sums."""
     import torch
 
     from losscheck.cells.engine.looks import EngineLooks
@@ -112,18 +109,29 @@ def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
     target.update(p, None, tokens, None, bugtable.K, everywhere)
     alpha, power = bugtable.CELL_ALPHA, 0.991
     level = sequential.design_power(power)
+    sample = RoundsSample(bugtable.K)
+    cut = None if no_sure is None else no_sure(tokens)
+    sample.update(p, q, tokens, everywhere, everywhere, wide=None if cut is None else p, no_sure=cut)
+    needed = target.tokens_needed(alpha, level, LOOKS)
+    needed["residual_is_p"] = {"rounds.residual_is_p": sample.power.tokens_needed("residual_is_p", alpha, level)}
+    design = sample_size.ClassDesign.of(needed, LR_BOUND, 500, 200_000)
+    plan = EngineLooks.plan(design, target, sample.power, 1.0, ("residual_is_p",), alpha, power, LOOKS)
+    return plan, target, sample.power
 
-    def plan(no_sure: torch.Tensor | None) -> EngineLooks:
-        sample = RoundsSample(bugtable.K)
-        sample.update(p, q, tokens, everywhere, everywhere, wide=None if no_sure is None else p, no_sure=no_sure)
-        needed = target.tokens_needed(alpha, level, LOOKS)
-        needed["residual_is_p"] = {"rounds.residual_is_p": sample.power.tokens_needed("residual_is_p", alpha, level)}
-        design = sample_size.ClassDesign.of(needed, LR_BOUND, 500, 200_000)
-        return EngineLooks.plan(design, target, sample.power, 1.0, ("residual_is_p",), alpha, power, LOOKS)
 
-    full = plan(None)
-    quarter = (torch.arange(len(tokens)) % 4 == 0)[:, None]  # [n, 1] the rows read at their first position
-    first_only = plan(torch.arange(tokens.shape[1]) == torch.where(quarter, 1, 0))
+def test_members_a_pilot_predicts_no_early_look_rules_out_are_named_late():
+    """`EngineLooks.plan` names the member keys whose rule-out e-value the pilot predicts falls
+    short of its threshold at the look before the last (`sequential.may_rule_out`): none of
+    `residual_is_p`'s where its rule-outs read every position of a Markov loop's pilot; every
+    one where they read the first position of one row in four (1/64 of them, as where top-p
+    cut-offs leave no token sure early in most rows: `hidden_rounds.bounded_positions`).
+    `one_sample` then draws such a cell's design in one look."""
+    import torch
+
+    full = _markov_plan(None)[0]
+    rows = 200  # the loop's pilot (`_markov_plan`)
+    quarter = (torch.arange(rows) % 4 == 0)[:, None]  # [n, 1] the rows read at their first position
+    first_only = _markov_plan(lambda tokens: torch.arange(tokens.shape[1]) == torch.where(quarter, 1, 0))[0]
     residual = [k for k in first_only.looks.covered + first_only.looks.partial if k.startswith("residual_is_p")]
     assert len(full.looks.tokens) > 1 and residual
     assert not [k for k in full.late if k.startswith("residual_is_p")], full.late
@@ -137,40 +145,20 @@ def test_the_promise_s_bound_is_its_slowest_rule_out_under_h0():
     stop)."""
     import dataclasses
 
-    import torch
+    from losscheck.cells.engine.looks import _member
 
-    from losscheck.cells.engine.looks import EngineLooks, _member
-    from losscheck.selftest import bugtable
-    from losscheck.stats import sample_size, sequential
-    from losscheck.stats.bugclass import LR_BOUND, PowerAccumulator
-    from losscheck.stats.buglaws import TARGET_SIDE
-    from losscheck.stats.hidden_rounds import RoundsSample
-
-    chain = bugtable.make_chain(0.88, seed=3)
-    steps = bugtable.simulate(chain, 200, seed=4)
-    p, q, tokens = chain.p[steps.before], chain.q[steps.before], steps.tokens
-    everywhere = torch.ones(tokens.shape, dtype=torch.bool)
-    target = PowerAccumulator(classes=TARGET_SIDE)
-    target.update(p, None, tokens, None, bugtable.K, everywhere)
-    sample = RoundsSample(bugtable.K)
-    sample.update(p, q, tokens, everywhere, everywhere)
-    alpha, power = bugtable.CELL_ALPHA, 0.991
-    level = sequential.design_power(power)
-    needed = target.tokens_needed(alpha, level, LOOKS)
-    needed["residual_is_p"] = {"rounds.residual_is_p": sample.power.tokens_needed("residual_is_p", alpha, level)}
-    design = sample_size.ClassDesign.of(needed, LR_BOUND, 500, 200_000)
-    plan = EngineLooks.plan(design, target, sample.power, 1.0, ("residual_is_p",), alpha, power, LOOKS)
-    found = plan.family_bound(target, sample.power)
+    plan, target, rounds = _markov_plan()
+    found = plan.family_bound(target, rounds)
     assert found is not None and len(plan.looks.tokens) > 1
     key, bound = found
     thresholds = plan.looks.thresholds()
     waits = {}  # each key's threshold over its growth under H0
     for k, t in thresholds.items():
         n, rho = _member(k)
-        growth = target.rule_out_rate(n, rho) if n != "residual_is_p" else sample.power.rule_out_rate(n, rho)
+        growth = target.rule_out_rate(n, rho) if n != "residual_is_p" else rounds.rule_out_rate(n, rho)
         assert growth is not None and growth > 0
         waits[k] = t / growth
     assert bound == pytest.approx(waits[key]) and bound == pytest.approx(max(waits.values()))
     assert len({_member(k)[1] for k in waits}) > 1  # members below the catalogue points count too
     one = dataclasses.replace(plan, looks=dataclasses.replace(plan.looks, tokens=(plan.looks.tokens[-1],)))
-    assert one.family_bound(target, sample.power) is None
+    assert one.family_bound(target, rounds) is None
