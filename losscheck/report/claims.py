@@ -39,7 +39,10 @@ def tested(records: Sequence[CellRecord]) -> Tested:
         assert r.verdict is not None
         n = max((t.n for t in r.verdict.results if t.name.endswith(".support")), default=0)
         tokens += n * (r.sample.horizon or 1) if r.kind == "exact" else n  # exact: n counts sequences
-    looks = [r.sample.looks for r in sampled if r.sample.looks is not None]
+    # the PIT cells' looks: an engine cell has looks but no fixed-sample design to set them against
+    # (its tokens are set against Wald's bound instead, `_bounds`)
+    pit = [r for r in sampled if r.sample.looks is not None and r.sample.fixed_design_tokens is not None]
+    looks = [r.sample.looks for r in pit if r.sample.looks is not None]
     return Tested(
         cells=len(records),
         sampled_cells=len(sampled),
@@ -49,7 +52,7 @@ def tested(records: Sequence[CellRecord]) -> Tested:
         sequential_cells=len(looks),
         stopped_early=sum(look.early for look in looks),
         sequential_tokens=sum(look.tested_tokens for look in looks),
-        fixed_design_tokens=sum(r.sample.fixed_design_tokens or 0 for r in sampled if r.sample.looks is not None),
+        fixed_design_tokens=sum(r.sample.fixed_design_tokens or 0 for r in pit),
     )
 
 
@@ -275,11 +278,13 @@ def _bounds(cert: Certificate) -> list[str]:
     bounds = [(r.cell, r.sample.bound) for r in cert.cells if r.sample.bound is not None]
     if not bounds:
         return []
+    early = [r.sample.looks.early for r in cert.cells if r.sample.bound is not None and r.sample.looks is not None]
     worst_cell, worst = max(bounds, key=lambda cb: cb[1].ratio_h0)
     h0 = sorted(b.ratio_h0 for _, b in bounds)
     bug = sorted(b.ratio for _, b in bounds)
     return [
-        f"- tokens read against the information bound in {_cells(len(bounds), 'one-sample engine')}: "
+        f"- tokens read against the information bound in {_cells(len(bounds), 'one-sample engine')} "
+        f"({sum(early)} stopped before their last look): "
         "each binding class's test read, against Wald's approximation (overshoot neglected) of the tokens "
         "the sequential probability ratio test needs on average at the cell's α and power "
         "(`losscheck.stats.effects.wald_size`), "

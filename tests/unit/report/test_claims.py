@@ -171,13 +171,21 @@ def test_the_engine_cells_tokens_against_wald_s_bound_are_summed_with_the_costli
             "ratio_h0": tested / wald_h0,
         }
 
+    promise = {"family_key": "residual_is_p@0.5", "family_tokens": 800.0, "ratio_family": 2.5}
+    looks = {"tokens": [500, 1000, 2000], "allowed": 5, "stopped_at": 3, "tested_tokens": 2000, "early": False}
     found = records(
-        {"cell": "engine-k4-T1", "bound": bound("target_temperature_1.1", 9000, 1350.0, 1160.0)},
-        {"cell": "engine-k4-T0.3", "bound": {**bound("residual_is_p", 2000, 1000.0, 800.0), "at_floor": True}},
+        {"cell": "engine-k4-T1", "bound": bound("target_temperature_1.1", 9000, 1350.0, 1160.0), "looks": looks},
+        {
+            "cell": "engine-k4-T0.3",
+            "bound": {**bound("residual_is_p", 2000, 1000.0, 800.0), "at_floor": True, **promise},
+            "looks": {**looks, "stopped_at": 2, "early": True},
+        },
         {"cell": "engine-k4-greedy"},
     )
     text = "\n".join(claims.lines(certificate_of(found)))
-    assert "tokens read against the information bound in 2 one-sample engine cells" in text
+    assert "tokens read against the information bound in 2 one-sample engine cells (1 stopped before" in text
+    assert "against the early stop's promise" in text and "2.5-2.5 times (median 2.5) in 1 cell" in text
+    assert "sequential PIT cells" not in text  # engine cells' looks have no fixed-sample design to set against
     assert "2.5-7.8 times the bound under H0 (median 5.1) and 2.0-6.7 times it under the class (median 4.3)" in text
     assert (
         "the most, engine-k4-T1 (`target_temperature_1.1`, 9000 tokens against 1160); 1 cell sized by the floor" in text
