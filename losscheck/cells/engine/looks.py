@@ -14,17 +14,17 @@ time under the member they rule out:
 
 Looks: at most `LOOKS`, spaced geometrically from the floor to the design's tokens, each at most
 double the one before (`GROWTH`, `look_tokens`), at the whole rows a look draws (`on_rows`), dealt
-to the prompts in a seeded order (`one_sample.deal`): a look below one row a prompt reads a part of
-them. Where the pilot
-predicts that some member an early stop needs cannot be ruled out before the last look
-(`EngineLooks.late`, `sequential.may_rule_out`: a class whose drift is too small, or rule-outs that
-stop early in most rows, at cut-offs with no sure token), the cell is sized and drawn in one look
-instead: its fixed-sample tests at α, every test at the first stage's power. Each look is an engine
-draw and a scoring phase, and an engine kept one instance at a time (`losscheck.plan.memory`) is
-built again for each: wider looks than a PIT cell's (`sequential.LOOK_GROWTH`), and a smaller
-Bonferroni divisor for the fixed-sample tests. The design's tokens are sized at the 0.99 quantile,
-several times what a lossless engine needs before its rule-outs pass: with three looks (until
-2026-12-07), a cell whose rule-outs passed just after the middle one read the whole design.
+to the prompts in a seeded order (`losscheck.cells.engine.deal`): a look below one row a prompt
+reads a part of them. Where the pilot predicts that some member an early stop needs cannot be ruled
+out before the last look (`EngineLooks.late`, `sequential.may_rule_out`: a class whose drift is too
+small, or rule-outs that stop early in most rows, at cut-offs with no sure token), the cell is
+sized and drawn in one look instead: its fixed-sample tests at α, every test at the first stage's
+power. Each look is an engine draw and a scoring phase, and an engine kept one instance at a time
+(`losscheck.plan.memory`) is built again for each: wider looks than a PIT cell's
+(`sequential.LOOK_GROWTH`), and a smaller Bonferroni divisor for the fixed-sample tests. The
+design's tokens are sized at the 0.99 quantile, several times what a lossless engine needs before
+its rule-outs pass: with three looks (until 2026-12-07), a cell whose rule-outs passed just after
+the middle one read the whole design.
 
 Level: the e-value tests (the rounds tests, and those the registry marks `anytime`) hold at any
 stopping time; every other test is judged at α / `LOOKS` (the looks allowed, fixed before any
