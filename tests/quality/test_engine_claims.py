@@ -1,13 +1,13 @@
 """A one-sample engine cell's claim against a target-side class, checked by simulation with both
 stages counted: losscheck's loop behind the black-box interface with the catalogue's
 `target_temperature_1.1` planted on its speculative path (`hotter_when_speculating`), 50 T 0.3
-cells of fresh run seeds, each sized from its own pilot (its claims confirmed from the pilot's
-and the tested rows together) and planned through its second stage. The class binds the design there, near the profile's cap.
-A cell whose pilot covers it claims power >= 0.99 (both stages); one whose pilot puts it just
-beyond the cap reaches it partly: its design runs to the cap and its early stop waits for the
-class's rule-out (`ClassDesign.of`), and it states the power it has there. In each group, at
-least the binomial 1e-3 quantile at the smallest power stated must FAIL blamed on speculation —
-claims that held would fail this test with probability under 1e-3 a group. Measured
+cells of fresh run seeds, each sized from its own pilot (its claims confirmed from the pilot's and
+the tested rows together) and planned through its second stage. The class binds the design there,
+near the profile's cap. A cell whose pilot covers it claims power >= 0.99 (both stages); one whose
+pilot puts it just beyond the cap reaches it partly: its design runs to the cap and its early stop
+waits for the class's rule-out (`ClassDesign.of`), and it states the power it has there. In each
+group, at least the binomial 1e-3 quantile at the smallest power stated must FAIL blamed on
+speculation — claims that held would fail this test with probability under 1e-3 a group. Measured
 (2026-12-07, 50 cells, ~22 s each): see docs/engine-power.md."""
 
 from __future__ import annotations
