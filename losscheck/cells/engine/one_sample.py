@@ -181,7 +181,8 @@ def one_sample(ctx: CellContext) -> EngineDraws:
     judging = Judging(budget.per_test, ctx.alpha, profile.power, first, limit, ruled, plan.partly, plan.looks.betas)
     moments, rounds_moments = confirming(power, sample, sums)
     coverage = target_side_coverage(design.classes, moments, tested, judging, at)
-    if rounds is not None and rounds_moments is not None:
+    if rounds is not None:
+        assert rounds_moments is not None  # a draft model scores the pilot's rounds too (`_measure`)
         alpha_rounds = budget.share(registry.ROUNDS)
         results += registry.run_family(registry.ROUNDS, rounds.sample, alpha_rounds, profile.power, missing=missing)
         scored = rounds.sample.tokens
